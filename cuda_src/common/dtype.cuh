@@ -1,0 +1,43 @@
+// Element types and conversions shared by every kernel.
+//
+// bf16 is handled as raw 16-bit storage plus shifts so the compute_75 path (which has
+// no bf16 arithmetic) can still read and write it; fp16 uses the hardware conversions.
+#pragma once
+#include <stdint.h>
+#include <cuda_fp16.h>
+
+namespace specdec {
+
+struct bf16_t { uint16_t bits; };   // storage only; math is done in float
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(bf16_t x) {
+  return __uint_as_float(static_cast<uint32_t>(x.bits) << 16);
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+// Round-to-nearest-even, NaN kept quiet: the same rounding numpy/ml_dtypes and torch use.
+template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float x) {
+  uint32_t u = __float_as_uint(x);
+  bf16_t r;
+  if ((u & 0x7fffffffu) > 0x7f800000u) { r.bits = static_cast<uint16_t>((u >> 16) | 0x40u); return r; }
+  u += 0x7fffu + ((u >> 16) & 1u);
+  r.bits = static_cast<uint16_t>(u >> 16);
+  return r;
+}
+
+// Same-size unsigned storage type, for dtype-agnostic data movement.
+template <int Bytes> struct storage;
+template <> struct storage<1> { using type = uint8_t; };
+template <> struct storage<2> { using type = uint16_t; };
+template <> struct storage<4> { using type = uint32_t; };
+template <> struct storage<8> { using type = unsigned long long; };
+
+__device__ __forceinline__ bool is_aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+}  // namespace specdec

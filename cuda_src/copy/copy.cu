@@ -1,0 +1,128 @@
+// copy family: generic strided copy and the paged KV append.
+//
+// Both are pure data movement, so the only things that matter are 16-byte accesses
+// where the layout allows them, enough independent loads in flight, and 64-bit index
+// math (a KV cache or a state pool can exceed 2^31 elements).
+#include "common/dtype.cuh"
+#include "copy/copy_params.h"
+
+using namespace specdec;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;   // 16-byte vectors per thread per step: loads in flight
+
+// Copies n bytes as 16-byte vectors (both pointers 16-byte aligned, n % 16 == 0).
+__device__ __forceinline__ void copy_vec16(char* d, const char* s, int64_t n) {
+  const int64_t nv = n >> 4;
+  const uint4* src = reinterpret_cast<const uint4*>(s);
+  uint4* dst = reinterpret_cast<uint4*>(d);
+  int64_t i = threadIdx.x;
+  for (; i + (kUnroll - 1) * blockDim.x < nv; i += kUnroll * blockDim.x) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(src + i + u * blockDim.x);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) dst[i + u * blockDim.x] = v[u];
+  }
+  for (; i < nv; i += blockDim.x) dst[i] = __ldg(src + i);
+}
+
+// dst[i0,i1,i2,i3] = src[i0,i1,i2,i3] over a 4-D index space (Python pads to 4-D and
+// merges dims that are contiguous in both tensors). A work unit is one chunk of one
+// innermost row, so a single huge row still spreads over the whole grid.
+template <int E>
+__device__ __forceinline__ void copy_strided(const CopyParams& p) {
+  using T = typename storage<E>::type;
+  const int64_t units = p.rows * p.chunks_per_row;
+  for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+    const int64_t row = u / p.chunks_per_row;
+    const int64_t c0 = (u - row * p.chunks_per_row) * p.chunk;
+    const int64_t n = min(p.chunk, p.shape[3] - c0);
+    const int64_t i2 = row % p.shape[2];
+    const int64_t r01 = row / p.shape[2];
+    const int64_t i1 = r01 % p.shape[1];
+    const int64_t i0 = r01 / p.shape[1];
+    T* d = static_cast<T*>(p.dst) + i0 * p.dst_stride[0] + i1 * p.dst_stride[1] +
+           i2 * p.dst_stride[2] + c0 * p.dst_stride[3];
+    const T* s = static_cast<const T*>(p.src) + i0 * p.src_stride[0] + i1 * p.src_stride[1] +
+                 i2 * p.src_stride[2] + c0 * p.src_stride[3];
+    if (p.dst_stride[3] == 1 && p.src_stride[3] == 1 && is_aligned16(d) && is_aligned16(s) &&
+        (n * E) % 16 == 0) {
+      copy_vec16(reinterpret_cast<char*>(d), reinterpret_cast<const char*>(s), n * E);
+    } else if (p.src_stride[3] == 0) {
+      const T v = *s;   // broadcast source: one load per row chunk
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) d[i * p.dst_stride[3]] = v;
+    } else {
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        d[i * p.dst_stride[3]] = s[i * p.src_stride[3]];
+    }
+  }
+}
+
+// Index of the sequence owning block row t: the last b with cu_q[b] <= t
+// (empty sequences share their offset with the next one, which is the owner).
+__device__ __forceinline__ int owner_of_row(const int32_t* cu_q, int batch, int t) {
+  int lo = 0, hi = batch;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (__ldg(cu_q + mid) <= t) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// k_src/v_src [T, Hkv, D] -> k_cache/v_cache [num_pages, page_size, Hkv, D] at position
+// L[b] + i of sequence b. One CTA per block row: K and V of all heads of that row are
+// moved together (2 * Hkv * D elements, 4 KiB for Hkv=8, D=128, bf16). A row whose
+// target lies outside the page table or the pool is skipped, never written: Python
+// validates those indices before launch unless the caller opted out.
+template <int E>
+__device__ __forceinline__ void append_kv(const AppendKVParams& p) {
+  using T = typename storage<E>::type;
+  const int64_t row_elems = static_cast<int64_t>(p.head_dim);
+  const bool vec = p.vectorize && (row_elems * E) % 16 == 0;
+  const int units_per_head = vec ? static_cast<int>(row_elems * E / 16) : p.head_dim;
+  const int units = 2 * p.num_heads * units_per_head;
+  for (int t = blockIdx.x; t < p.num_rows; t += gridDim.x) {
+    const int b = owner_of_row(p.cu_q, p.batch, t);
+    if (p.finished != nullptr && p.finished[b]) continue;
+    const int64_t pos = static_cast<int64_t>(__ldg(p.seq_lens + b)) + (t - __ldg(p.cu_q + b));
+    if (pos < 0) continue;
+    const int64_t page_idx = pos / p.page_size;
+    if (page_idx >= p.max_pages) continue;
+    const int32_t page = __ldg(p.page_table + b * p.page_table_stride + page_idx);
+    if (page < 0 || page >= p.num_pages) continue;
+    const int64_t slot = pos - page_idx * p.page_size;
+    for (int u = threadIdx.x; u < units; u += blockDim.x) {
+      const int kv = u / (p.num_heads * units_per_head);
+      const int rem = u - kv * p.num_heads * units_per_head;
+      const int h = rem / units_per_head;
+      const int x = rem - h * units_per_head;
+      const T* s = static_cast<const T*>(kv ? p.v_src : p.k_src) + t * p.src_stride_t[kv] +
+                   h * p.src_stride_h[kv];
+      T* d = static_cast<T*>(kv ? p.v_cache : p.k_cache) + page * p.cache_stride_page[kv] +
+             slot * p.cache_stride_slot[kv] + h * p.cache_stride_h[kv];
+      if (vec) {
+        reinterpret_cast<uint4*>(d)[x] = __ldg(reinterpret_cast<const uint4*>(s) + x);
+      } else {
+        d[x] = s[x];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+#define SPECDEC_COPY_KERNELS(E)                                                        \
+  extern "C" __global__ void __launch_bounds__(kThreads) copy_strided_e##E(const CopyParams p) { \
+    copy_strided<E>(p);                                                                \
+  }                                                                                    \
+  extern "C" __global__ void __launch_bounds__(kThreads) append_kv_e##E(const AppendKVParams p) { \
+    append_kv<E>(p);                                                                   \
+  }
+
+SPECDEC_COPY_KERNELS(1)
+SPECDEC_COPY_KERNELS(2)
+SPECDEC_COPY_KERNELS(4)
+SPECDEC_COPY_KERNELS(8)

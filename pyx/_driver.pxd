@@ -1,0 +1,15 @@
+# Driver layer: the only place that talks to the CUDA driver (through cuda-bindings'
+# cydriver, so nothing links libcuda and import works on a machine without one).
+from cuda.bindings cimport cydriver
+
+cdef class Kernel:
+    cdef cydriver.CUfunction func
+    cdef readonly str name
+    cdef readonly str module
+    cdef readonly int device
+    cdef readonly int max_dynamic_smem
+
+cdef int check(cydriver.CUresult err, str op) except -1
+cdef int launch(Kernel k, unsigned int gx, unsigned int gy, unsigned int gz,
+                unsigned int bx, unsigned int by, unsigned int bz,
+                unsigned int smem, size_t stream, void* params) except -1

@@ -1,0 +1,66 @@
+"""The kernel table: the one place where kernel dispatch lives.
+
+setup.py reads it to know what to compile, runtime.py to know what to load, and
+``specdec_lib.inspect --check`` to know what every shipped cubin must contain.
+This file must stay importable without the rest of the package (setup.py execs it).
+
+Build model: each module's source is compiled once per *code family* to PTX
+(compute_75, compute_80, compute_90 and, where asked, compute_90a); ptxas turns
+the PTX into the cubins below.  Inside a kernel ``__CUDA_ARCH__`` is therefore
+750, 800 or 900: three code paths, each of which can be run on a Hopper GPU by
+forcing the family's PTX (``SPECDEC_FORCE_ARCH=75|80|90``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# cubin arch -> the PTX family it is assembled from
+CUBIN_ARCHS = {"75": "75", "80": "80", "86": "80", "89": "80", "90": "90"}
+# families whose PTX ships (the loader's last resort, and the forced-arch test path)
+PTX_FAMILIES = ("75", "80", "90")
+
+
+@dataclass(frozen=True)
+class KernelModule:
+    name: str                 # cubin stem: _cubin/<name>.sm_90.cubin
+    source: str               # translation unit, relative to the repo root
+    params_header: str        # relative to cuda_src/ (also included by the Cython launcher)
+    kernels: dict = field(default_factory=dict)   # extern "C" symbol -> param struct name
+    sm90a: bool = False       # also build compute_90a PTX / sm_90a cubin (wgmma, setmaxnreg)
+    allow_local: tuple = ()   # kernels allowed a stack frame (inspect --check)
+
+    def cubin_archs(self):
+        archs = list(CUBIN_ARCHS)
+        if self.sm90a:
+            archs.append("90a")
+        return archs
+
+    def ptx_families(self):
+        fams = list(PTX_FAMILIES)
+        if self.sm90a:
+            fams.append("90a")
+        return fams
+
+
+def _copy_kernels():
+    ks = {}
+    for e in (1, 2, 4, 8):
+        ks[f"copy_strided_e{e}"] = "CopyParams"
+        ks[f"append_kv_e{e}"] = "AppendKVParams"
+    return ks
+
+
+MODULES: dict[str, KernelModule] = {}
+
+
+def register(module: KernelModule) -> KernelModule:
+    MODULES[module.name] = module
+    return module
+
+
+register(KernelModule(
+    name="copy",
+    source="cuda_src/copy/copy.cu",
+    params_header="copy/copy_params.h",
+    kernels=_copy_kernels(),
+))

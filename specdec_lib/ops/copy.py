@@ -1,0 +1,143 @@
+"""copy and append_kv on the GPU (kernels: cuda_src/copy/copy.cu)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import runtime
+from .._validate import DeviceArg, as_stream, check_shape
+from ..reference.copy import check_append_kv_indices
+
+_THREADS = 256
+_CHUNK_BYTES = 16384      # one work unit: 256 threads x 4 x 16 B in flight
+
+
+def _collapse(shape, dst_st, src_st):
+    """Drop size-1 dims and merge dims that are contiguous in both tensors."""
+    dims = [(s, d, r) for s, d, r in zip(shape, dst_st, src_st) if s != 1]
+    out = []
+    for s, d, r in dims:
+        if out:
+            ps, pd, pr = out[-1]
+            if pd == d * s and pr == r * s:
+                out[-1] = (ps * s, d, r)
+                continue
+        out.append((s, d, r))
+    return out or [(1, 1, 1)]
+
+
+def copy(dst, src, *, stream=None):
+    """dst[...] = src on the GPU: any 1..4-D strides, int64 indexing, element size 1/2/4/8.
+
+    ``src`` broadcasts to ``dst``'s shape by numpy rules (missing or size-1 dims, or
+    stride 0, are read repeatedly). dtypes must match (no conversion). Overlapping
+    src/dst gives unspecified results. Returns ``dst``.
+    """
+    d = DeviceArg("dst", dst)
+    s = DeviceArg("src", src, device=d.device)
+    if s.dtype != d.dtype:
+        raise TypeError(f"src: dtype {s.dtype} differs from dst's {d.dtype}")
+    if not 1 <= len(d.shape) <= 4:
+        raise ValueError(f"dst: 1 to 4 dimensions supported, got shape {list(d.shape)}")
+    if len(s.shape) > len(d.shape):
+        raise ValueError(f"src: shape {list(s.shape)} does not broadcast to dst's {list(d.shape)}")
+    pad = len(d.shape) - len(s.shape)
+    s_shape = (1,) * pad + tuple(s.shape)
+    s_st = (0,) * pad + tuple(s.strides)
+    src_st = []
+    for i, (ds, ss, st) in enumerate(zip(d.shape, s_shape, s_st)):
+        if ss == ds:
+            src_st.append(st if ds > 1 else 0)
+        elif ss == 1:
+            src_st.append(0)
+        else:
+            raise ValueError(f"src: shape {list(s.shape)} does not broadcast to dst's {list(d.shape)}")
+    if any(st == 0 for st, n in zip(d.strides, d.shape) if n > 1):
+        raise ValueError(f"dst: has a stride-0 dimension (strides {d.strides}); it must not alias")
+    n = int(np.prod(d.shape, dtype=np.int64))
+    if n == 0:
+        return dst
+    dims = _collapse(d.shape, d.strides, src_st)
+    if len(dims) > 4:
+        raise ValueError("dst/src: layout needs more than 4 dimensions after merging")
+    dims = [(1, 0, 0)] * (4 - len(dims)) + dims
+    shape = [x[0] for x in dims]
+    chunk = max(_CHUNK_BYTES // d.itemsize, 1)
+    units = shape[0] * shape[1] * shape[2] * -(-shape[3] // chunk)
+    grid = int(min(units, runtime.sm_count(d.device) * 16))
+    k = runtime.kernel("copy", f"copy_strided_e{d.itemsize}", d.device)
+    from .. import _copy
+    _copy.launch_copy_strided(k, grid, _THREADS, as_stream(stream), d.ptr, s.ptr, shape,
+                              [x[1] for x in dims], [x[2] for x in dims], chunk)
+    return dst
+
+
+def _host(arg):
+    """Small index array -> host numpy (synchronous copy); used only for validation."""
+    from ..dtypes import host_dtype
+    out = np.empty(arg.shape, dtype=host_dtype(arg.dtype))
+    drv = runtime.driver()
+    drv.ensure_context(arg.device)
+    drv.memcpy_dtoh(out.reshape(-1).view(np.uint8), arg.ptr)
+    return out
+
+
+def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None, *,
+              check_indices=True, stream=None):
+    """Write a round's block K/V rows into paged caches.
+
+    k, v: [T, Hkv, D]; k_cache, v_cache: [num_pages, page_size, Hkv, D] (same dtype, any
+    element size, D contiguous, other strides free); page_table: [B, max_pages] int32;
+    seq_lens: [B] int32 committed lengths L; cu_q: [B+1] int32 block offsets;
+    finished: optional [B] uint8/bool, rows of finished sequences are skipped.
+    Row i of sequence b goes to position L[b] + i.
+
+    ``check_indices=True`` (default) copies cu_q / seq_lens / page_table to the host and
+    raises ValueError before launch on bad offsets, negative lengths, a page table too
+    narrow for L+q, or page ids outside the pool. Pass False inside a captured graph or a
+    hot loop: the kernel then skips (never writes, never faults on) rows whose target is
+    outside the page table or the pool.
+    """
+    kc = DeviceArg("k_cache", k_cache, ndim=4)
+    dev = kc.device
+    num_pages, page_size, hkv, dim = kc.shape
+    vc = DeviceArg("v_cache", v_cache, dtype=kc.dtype, shape=kc.shape, device=dev)
+    ka = DeviceArg("k", k, dtype=kc.dtype, ndim=3, device=dev)
+    T = ka.shape[0]
+    check_shape("k", ka.shape, (None, hkv, dim))
+    va = DeviceArg("v", v, dtype=kc.dtype, shape=ka.shape, device=dev)
+    pt = DeviceArg("page_table", page_table, dtype="int32", ndim=2, device=dev)
+    B = pt.shape[0]
+    sl = DeviceArg("seq_lens", seq_lens, dtype="int32", shape=(B,), device=dev, contiguous=True)
+    cq = DeviceArg("cu_q", cu_q, dtype="int32", shape=(B + 1,), device=dev, contiguous=True)
+    fin = DeviceArg("finished", finished, dtype=("uint8", "bool"), shape=(B,), device=dev,
+                    contiguous=True, optional=True)
+    for a in (ka, va, kc, vc):
+        if a.strides[-1] != 1 and dim > 1:
+            raise ValueError(f"{a.name}: the head dimension must be contiguous (strides {a.strides})")
+    if pt.strides[1] != 1 and pt.shape[1] > 1:
+        raise ValueError(f"page_table: rows must be contiguous (strides {pt.strides})")
+    if T >= 2**31 or num_pages >= 2**31:
+        raise ValueError("k/k_cache: more than 2^31-1 rows or pages is not supported")
+    if check_indices:
+        stream_h = as_stream(stream)
+        if not runtime.driver().stream_is_capturing(stream_h):
+            check_append_kv_indices(_host(pt), _host(sl), _host(cq),
+                                    _host(fin) if finished is not None else None,
+                                    num_pages, page_size, T)
+    if T == 0 or B == 0:
+        return k_cache, v_cache
+    isz = kc.itemsize
+    strides = [a.strides[i] for a in (ka, va) for i in (0, 1)] + \
+              [a.strides[i] for a in (kc, vc) for i in (0, 1, 2)]
+    vectorize = all((st * isz) % 16 == 0 for st in strides) and \
+        all(a.ptr % 16 == 0 for a in (ka, va, kc, vc))
+    kern = runtime.kernel("copy", f"append_kv_e{isz}", dev)
+    grid = int(min(T, runtime.sm_count(dev) * 16))
+    from .. import _copy
+    _copy.launch_append_kv(
+        kern, grid, _THREADS, as_stream(stream), ka.ptr, va.ptr, kc.ptr, vc.ptr, pt.ptr, sl.ptr,
+        cq.ptr, fin.ptr, (ka.strides[0], va.strides[0]), (ka.strides[1], va.strides[1]),
+        (kc.strides[0], vc.strides[0]), (kc.strides[1], vc.strides[1]),
+        (kc.strides[2], vc.strides[2]), pt.strides[0], T, B, hkv, dim, page_size, num_pages,
+        pt.shape[1], vectorize)
+    return k_cache, v_cache

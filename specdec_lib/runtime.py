@@ -1,0 +1,181 @@
+"""Runtime: which image of each kernel module runs on which device, and the handles.
+
+Loader choice per (module, device): exact cubin (sm_90a first on cc 9.0 for modules
+that ship one) -> same-major lower-minor cubin (sm_86 runs sm_80) -> the PTX of the
+newest family not newer than the device (the driver JIT-compiles it; that is also
+how GPUs newer than sm_90 run). ``SPECDEC_FORCE_ARCH=75|80|90`` forces that family's
+PTX, which is how the Turing and Ampere code paths are tested on a Hopper GPU.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+from . import _kernels
+
+CUBIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cubin")
+_FAMILY_CC = {"75": (7, 5), "80": (8, 0), "90": (9, 0), "90a": (9, 0)}
+
+_lock = threading.Lock()
+_kernel_cache: dict = {}      # (device, module, symbol) -> Kernel
+_module_cache: dict = {}      # (device, module) -> (Module, choice dict)
+_device_cache: dict = {}      # device -> dict of properties
+
+
+class ExtensionMissing(ImportError):
+    pass
+
+
+def driver():
+    """The compiled driver layer (specdec_lib._driver); a clear error if it was not built."""
+    try:
+        from . import _driver
+    except ImportError as e:
+        raise ExtensionMissing(
+            "specdec_lib's compiled extension is not built/installed "
+            f"({e}); install with `pip install -e .`") from e
+    return _driver
+
+
+def gpu_unavailable_reason():
+    """None when a CUDA GPU can run specdec_lib's kernels, else why not (a sentence)."""
+    try:
+        drv = driver()
+    except ExtensionMissing as e:
+        return str(e)
+    try:
+        if drv.device_count() < 1:
+            return "no CUDA device"
+    except Exception as e:   # CudaUnavailable, or a driver that cannot be loaded
+        return f"no usable CUDA driver: {e}"
+    if not os.path.isdir(CUBIN_DIR):
+        return f"no kernel images in {CUBIN_DIR}"
+    return None
+
+
+def forced_family():
+    v = os.environ.get("SPECDEC_FORCE_ARCH", "").strip().lower().replace("sm_", "").replace("compute_", "")
+    if not v:
+        return None
+    if v not in _kernels.PTX_FAMILIES:
+        raise ValueError(f"SPECDEC_FORCE_ARCH={v!r}: expected one of {', '.join(_kernels.PTX_FAMILIES)}")
+    return v
+
+
+def device_props(device: int) -> dict:
+    p = _device_cache.get(device)
+    if p is None:
+        drv = driver()
+        p = {
+            "name": drv.device_name(device),
+            "cc": (drv.device_attribute(device, drv.ATTR_CC_MAJOR),
+                   drv.device_attribute(device, drv.ATTR_CC_MINOR)),
+            "sm_count": drv.device_attribute(device, drv.ATTR_SM_COUNT),
+            "l2_bytes": drv.device_attribute(device, drv.ATTR_L2_BYTES),
+            "smem_optin": drv.device_attribute(device, drv.ATTR_SMEM_OPTIN),
+        }
+        _device_cache[device] = p
+    return p
+
+
+def sm_count(device: int = 0) -> int:
+    return device_props(device)["sm_count"]
+
+
+def arch_family(device: int = 0) -> int:
+    """The code path kernels take on ``device``: 75, 80 or 90 (forced PTX counts)."""
+    f = forced_family()
+    if f is not None:
+        return int(f)
+    cc = device_props(device)["cc"]
+    if cc < (7, 5):
+        raise RuntimeError(f"device {device} has compute capability {cc[0]}.{cc[1]}; "
+                           "specdec_lib needs sm_75 (Turing) or newer")
+    return 75 if cc < (8, 0) else 80 if cc < (9, 0) else 90
+
+
+def choose_image(module: str, device: int = 0) -> dict:
+    """Which file of ``module`` loads on ``device``: {'kind','arch','path','reason'}."""
+    mod = _kernels.MODULES[module]
+    forced = forced_family()
+    if forced is not None:
+        path = os.path.join(CUBIN_DIR, f"{module}.compute_{forced}.ptx")
+        return {"kind": "ptx", "arch": f"compute_{forced}", "path": path,
+                "reason": f"SPECDEC_FORCE_ARCH={forced}"}
+    cc = device_props(device)["cc"]
+    cands = []
+    if cc == (9, 0) and mod.sm90a:
+        cands.append(("90a", "exact cubin (arch-specific)"))
+    exact = f"{cc[0]}{cc[1]}"
+    cands.append((exact, "exact cubin"))
+    lower = sorted((a for a in _kernels.CUBIN_ARCHS
+                    if int(a[:-1]) == cc[0] and int(a[-1]) < cc[1]), reverse=True)
+    cands += [(a, f"same-major lower-minor cubin for sm_{exact}") for a in lower]
+    for arch, why in cands:
+        path = os.path.join(CUBIN_DIR, f"{module}.sm_{arch}.cubin")
+        if os.path.isfile(path):
+            return {"kind": "cubin", "arch": f"sm_{arch}", "path": path, "reason": why}
+    fams = sorted((f for f in mod.ptx_families() if f != "90a" and _FAMILY_CC[f] <= cc),
+                  key=lambda f: _FAMILY_CC[f], reverse=True)
+    for f in fams:
+        path = os.path.join(CUBIN_DIR, f"{module}.compute_{f}.ptx")
+        if os.path.isfile(path):
+            return {"kind": "ptx", "arch": f"compute_{f}", "path": path,
+                    "reason": f"no cubin for sm_{exact}: JIT from PTX"}
+    raise FileNotFoundError(f"no image of kernel module {module!r} runs on device {device} "
+                            f"(sm_{exact}); looked in {CUBIN_DIR}")
+
+
+def _load(module: str, device: int):
+    key = (device, module)
+    hit = _module_cache.get(key)
+    if hit is None:
+        choice = choose_image(module, device)
+        with open(choice["path"], "rb") as f:
+            image = f.read()
+        if choice["kind"] == "ptx":
+            image += b"\0"
+        m = driver().load_module(image, module, device)
+        hit = (m, choice)
+        _module_cache[key] = hit
+    return hit
+
+
+def kernel(module: str, symbol: str, device: int = 0):
+    """The loaded kernel ``symbol`` of ``module`` on ``device`` (cached; context made current)."""
+    drv = driver()
+    drv.ensure_context(device)
+    k = _kernel_cache.get((device, module, symbol))
+    if k is None:
+        with _lock:
+            if symbol not in _kernels.MODULES[module].kernels:
+                raise KeyError(f"kernel {symbol!r} is not in the table of module {module!r}")
+            k = _load(module, device)[0].get_kernel(symbol)
+            _kernel_cache[(device, module, symbol)] = k
+    return k
+
+
+def info(device: int = 0, load: bool = False) -> dict:
+    """What runs where: driver, device, and for each kernel module the chosen image.
+
+    ``load=True`` also loads every module (JIT-compiling PTX where chosen).
+    """
+    out = {"cubin_dir": CUBIN_DIR, "forced_arch": forced_family()}
+    reason = gpu_unavailable_reason()
+    if reason:
+        out["gpu"] = None
+        out["reason"] = reason
+        return out
+    drv = driver()
+    props = device_props(device)
+    out["driver_version"] = drv.driver_version()
+    out["gpu"] = dict(props, device=device, family=arch_family(device))
+    mods = {}
+    for name in _kernels.MODULES:
+        try:
+            choice = dict(_load(name, device)[1]) if load else choose_image(name, device)
+        except Exception as e:
+            choice = {"error": str(e)}
+        mods[name] = choice
+    out["modules"] = mods
+    return out
