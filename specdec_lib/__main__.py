@@ -1,0 +1,40 @@
+"""``python -m specdec_lib {demo,inspect,bench,info}`` (also the ``specdec`` console script)."""
+import json
+import sys
+
+USAGE = """usage: python -m specdec_lib COMMAND [args]
+
+commands:
+  demo      run speculative decoding on the embedded tiny hybrid model (GPU if present,
+            else the CPU reference backend) and check it is lossless
+  inspect   list every shipped cubin's kernels, registers, shared/local memory, params
+            (--check: fail on missing cubins, local memory, param-size mismatches)
+  bench     benchmark ops against the copy bandwidth measured in the same run
+  info      which kernel image runs on this machine's GPU, as JSON
+"""
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "demo":
+        from .demo import main as run
+    elif cmd == "inspect":
+        from .inspect import main as run
+    elif cmd == "bench":
+        from .bench import main as run
+    elif cmd == "info":
+        from . import runtime
+        print(json.dumps(runtime.info(load="--load" in rest), indent=1, default=str))
+        return 0
+    else:
+        print(f"unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    return run(rest) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
