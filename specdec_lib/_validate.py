@@ -61,20 +61,26 @@ class DeviceArg:
 
     def __init__(self, name, obj, dtype=None, ndim=None, shape=None, device=None,
                  contiguous=False, optional=False):
+        # This runs for every array argument of every op call: keep it lean (host overhead).
         self.name = name
         self.obj = obj
         self._capsule = None
-        if obj is None:
+        if type(obj) is _device_array_type():
+            self.ptr, self.shape, self.strides = obj.ptr, obj.shape, obj.strides
+            self.dtype, self.device, self.itemsize = obj.dtype, obj.device, obj.itemsize
+        elif obj is None:
             if optional:
                 self.ptr, self.shape, self.strides, self.dtype, self.itemsize, self.device = \
                     0, (), (), None, 0, device
                 return
             raise TypeError(f"{name}: a device array is required, got None")
-        self._read(obj)
-        if dtype is not None:
+        else:
+            self._read(obj)
+            self.itemsize = _dt.DTYPES[self.dtype][1]
+        if dtype is not None and self.dtype != dtype and (isinstance(dtype, str) or
+                                                          self.dtype not in dtype):
             allowed = (dtype,) if isinstance(dtype, str) else tuple(dtype)
-            if self.dtype not in allowed:
-                raise TypeError(f"{name}: dtype must be {' or '.join(allowed)}, got {self.dtype}")
+            raise TypeError(f"{name}: dtype must be {' or '.join(allowed)}, got {self.dtype}")
         if ndim is not None and len(self.shape) != ndim:
             raise ValueError(f"{name}: expected {ndim} dimensions, got shape {self.shape}")
         if shape is not None:
@@ -87,8 +93,7 @@ class DeviceArg:
                              f"strides {self.strides} elements)")
 
     def _read(self, obj):
-        from .arrays import DeviceArray
-        if isinstance(obj, DeviceArray):
+        if isinstance(obj, _device_array_type()):   # a subclass
             self.ptr, self.shape, self.strides = obj.ptr, obj.shape, obj.strides
             self.dtype, self.device = obj.dtype, obj.device
         elif type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr"):
@@ -120,7 +125,6 @@ class DeviceArg:
         else:
             raise TypeError(f"{self.name}: expected a CUDA device array (DLPack or "
                             f"__cuda_array_interface__), got {type(obj).__name__}")
-        self.itemsize = _dt.itemsize(self.dtype)
 
     def _read_dlpack(self, capsule):
         # A versioned capsule (DLPack >= 1.0) starts with a version header before the tensor.
@@ -156,6 +160,17 @@ class DeviceArg:
         return f"DeviceArg({self.name}: {self.dtype}{list(self.shape)} on device {self.device})"
 
 
+_DA = None
+
+
+def _device_array_type():
+    global _DA
+    if _DA is None:
+        from .arrays import DeviceArray
+        _DA = DeviceArray
+    return _DA
+
+
 def _device_of(ptr):
     from .runtime import driver
     if ptr == 0:
@@ -166,7 +181,13 @@ def _device_of(ptr):
 
 def check_shape(name, got, want):
     """``want`` may contain None (any size)."""
-    if len(got) != len(want) or any(w is not None and g != w for g, w in zip(got, want)):
+    ok = len(got) == len(want)
+    if ok:
+        for g, w in zip(got, want):
+            if w is not None and g != w:
+                ok = False
+                break
+    if not ok:
         pretty = "[" + ", ".join("*" if w is None else str(w) for w in want) + "]"
         raise ValueError(f"{name}: expected shape {pretty}, got {list(got)}")
 

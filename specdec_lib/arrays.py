@@ -30,15 +30,11 @@ class DeviceArray:
         self.nbytes = self.size * self.itemsize
         drv.ensure_context(self.device)
         self.ptr = drv.mem_alloc(self.nbytes)
-
-    # strides in elements, C order
-    @property
-    def strides(self):
         st, acc = [], 1
         for s in reversed(self.shape):
             st.append(acc)
             acc *= s
-        return tuple(reversed(st))
+        self.strides = tuple(reversed(st))   # elements, C order
 
     @property
     def ndim(self):

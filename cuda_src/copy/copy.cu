@@ -73,17 +73,20 @@ __device__ __forceinline__ int owner_of_row(const int32_t* cu_q, int batch, int 
 }
 
 // k_src/v_src [T, Hkv, D] -> k_cache/v_cache [num_pages, page_size, Hkv, D] at position
-// L[b] + i of sequence b. One CTA per block row: K and V of all heads of that row are
-// moved together (2 * Hkv * D elements, 4 KiB for Hkv=8, D=128, bf16). A row whose
-// target lies outside the page table or the pool is skipped, never written: Python
-// validates those indices before launch unless the caller opted out.
+// L[b] + i of sequence b. One CTA per block row moves K and V of all heads of that row
+// (2 * Hkv * D elements, 4 KiB for Hkv=8, D=128, bf16). Each row starts with a chain of
+// dependent index loads (cu_q search, L, page id), so CTAs are kept small (Python picks
+// blockDim ~ units/4) to have many rows in flight per SM, and each thread issues all of
+// its 16-byte loads before its stores. A row whose target lies outside the page table or
+// the pool is skipped, never written: Python validates those indices before launch
+// unless the caller opted out.
 template <int E>
 __device__ __forceinline__ void append_kv(const AppendKVParams& p) {
   using T = typename storage<E>::type;
-  const int64_t row_elems = static_cast<int64_t>(p.head_dim);
-  const bool vec = p.vectorize && (row_elems * E) % 16 == 0;
-  const int units_per_head = vec ? static_cast<int>(row_elems * E / 16) : p.head_dim;
-  const int units = 2 * p.num_heads * units_per_head;
+  const bool vec = p.vectorize && (static_cast<int64_t>(p.head_dim) * E) % 16 == 0;
+  const int units_per_head = vec ? p.head_dim * E / 16 : p.head_dim;
+  const int units_per_kv = p.num_heads * units_per_head;
+  const int units = 2 * units_per_kv;
   for (int t = blockIdx.x; t < p.num_rows; t += gridDim.x) {
     const int b = owner_of_row(p.cu_q, p.batch, t);
     if (p.finished != nullptr && p.finished[b]) continue;
@@ -94,19 +97,44 @@ __device__ __forceinline__ void append_kv(const AppendKVParams& p) {
     const int32_t page = __ldg(p.page_table + b * p.page_table_stride + page_idx);
     if (page < 0 || page >= p.num_pages) continue;
     const int64_t slot = pos - page_idx * p.page_size;
-    for (int u = threadIdx.x; u < units; u += blockDim.x) {
-      const int kv = u / (p.num_heads * units_per_head);
-      const int rem = u - kv * p.num_heads * units_per_head;
+    // element offsets of unit u (a 16-byte vector, or one element when !vec)
+    auto src_of = [&](int u, int& kv, int& x) -> const T* {
+      kv = u >= units_per_kv;
+      const int rem = u - kv * units_per_kv;
       const int h = rem / units_per_head;
-      const int x = rem - h * units_per_head;
-      const T* s = static_cast<const T*>(kv ? p.v_src : p.k_src) + t * p.src_stride_t[kv] +
-                   h * p.src_stride_h[kv];
-      T* d = static_cast<T*>(kv ? p.v_cache : p.k_cache) + page * p.cache_stride_page[kv] +
+      x = rem - h * units_per_head;
+      return static_cast<const T*>(kv ? p.v_src : p.k_src) + t * p.src_stride_t[kv] +
+             h * p.src_stride_h[kv];
+    };
+    auto dst_of = [&](int u, int kv) -> T* {
+      const int h = (u - kv * units_per_kv) / units_per_head;
+      return static_cast<T*>(kv ? p.v_cache : p.k_cache) + page * p.cache_stride_page[kv] +
              slot * p.cache_stride_slot[kv] + h * p.cache_stride_h[kv];
-      if (vec) {
-        reinterpret_cast<uint4*>(d)[x] = __ldg(reinterpret_cast<const uint4*>(s) + x);
-      } else {
-        d[x] = s[x];
+    };
+    if (vec) {
+      for (int u0 = threadIdx.x; u0 < units; u0 += kUnroll * blockDim.x) {
+        uint4 v[kUnroll];
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) {
+          const int u = u0 + j * blockDim.x;
+          int kv, x;
+          if (u < units) v[j] = __ldg(reinterpret_cast<const uint4*>(src_of(u, kv, x)) + x);
+        }
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) {
+          const int u = u0 + j * blockDim.x;
+          int kv, x;
+          if (u < units) {
+            src_of(u, kv, x);
+            reinterpret_cast<uint4*>(dst_of(u, kv))[x] = v[j];
+          }
+        }
+      }
+    } else {
+      for (int u = threadIdx.x; u < units; u += blockDim.x) {
+        int kv, x;
+        const T* s = src_of(u, kv, x);
+        dst_of(u, kv)[x] = s[x];
       }
     }
   }
