@@ -82,7 +82,7 @@ def bindings_version():
     return major, minor, v
 
 
-def find_cuda_include(nvcc):
+def find_cuda_include(nvcc=None):
     """Include dirs for the Cython layer: a cuda.h at least as new as cuda-bindings.
 
     cuda-bindings' cydriver.pxd declares the newest driver API; an older cuda.h
@@ -97,7 +97,8 @@ def find_cuda_include(nvcc):
         cands += glob.glob(os.path.join(d, "nvidia", "cuda_runtime", "include"))
     if os.environ.get("CUDA_HOME"):
         cands.append(os.path.join(os.environ["CUDA_HOME"], "include"))
-    cands.append(os.path.join(os.path.dirname(os.path.dirname(nvcc)), "include"))
+    if nvcc:
+        cands.append(os.path.join(os.path.dirname(os.path.dirname(nvcc)), "include"))
     seen = []
     for c in cands:
         h = os.path.join(c, "cuda.h")
@@ -236,7 +237,10 @@ class BuildExt(build_ext):
 
 def extensions():
     from Cython.Build import cythonize
-    nvcc = find_nvcc()
+    try:
+        nvcc = find_nvcc()
+    except RuntimeError:   # asking for build requirements: the toolkit wheels come next
+        nvcc = None
     inc = find_cuda_include(nvcc)
     # stage the driver layer's .pxd where `cimport specdec_lib._driver` finds it
     pxd_root = os.path.join(ROOT, "build", "pxd")
