@@ -26,15 +26,21 @@ class ExtensionMissing(ImportError):
     pass
 
 
+_DRIVER = None
+
+
 def driver():
     """The compiled driver layer (specdec_lib._driver); a clear error if it was not built."""
-    try:
-        from . import _driver
-    except ImportError as e:
-        raise ExtensionMissing(
-            "specdec_lib's compiled extension is not built/installed "
-            f"({e}); install with `pip install -e .`") from e
-    return _driver
+    global _DRIVER
+    if _DRIVER is None:
+        try:
+            from . import _driver
+        except ImportError as e:
+            raise ExtensionMissing(
+                "specdec_lib's compiled extension is not built/installed "
+                f"({e}); install with `pip install -e .`") from e
+        _DRIVER = _driver
+    return _DRIVER
 
 
 def gpu_unavailable_reason():
@@ -143,8 +149,7 @@ def _load(module: str, device: int):
 
 def kernel(module: str, symbol: str, device: int = 0):
     """The loaded kernel ``symbol`` of ``module`` on ``device`` (cached; context made current)."""
-    drv = driver()
-    drv.ensure_context(device)
+    (_DRIVER or driver()).ensure_context(device)
     k = _kernel_cache.get((device, module, symbol))
     if k is None:
         with _lock:

@@ -127,13 +127,14 @@ def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None,
     if T == 0 or B == 0:
         return k_cache, v_cache
     isz = kc.itemsize
-    strides = [a.strides[i] for a in (ka, va) for i in (0, 1)] + \
-              [a.strides[i] for a in (kc, vc) for i in (0, 1, 2)]
-    vectorize = all((st * isz) % 16 == 0 for st in strides) and \
-        all(a.ptr % 16 == 0 for a in (ka, va, kc, vc))
+    # 16-byte vectors need every row start aligned: OR-ing the byte offsets tests all at once
+    bits = (ka.ptr | va.ptr | kc.ptr | vc.ptr | (dim * isz) |
+            (ka.strides[0] | ka.strides[1] | va.strides[0] | va.strides[1] | kc.strides[0] |
+             kc.strides[1] | kc.strides[2] | vc.strides[0] | vc.strides[1] | vc.strides[2]) * isz)
+    vectorize = bits % 16 == 0
     kern = runtime.kernel("copy", f"append_kv_e{isz}", dev)
     # ~4 units (16-byte vectors) per thread: small CTAs keep many rows' index chains in flight
-    units = 2 * hkv * (dim * isz // 16 if vectorize and (dim * isz) % 16 == 0 else dim)
+    units = 2 * hkv * (dim * isz // 16 if vectorize else dim)
     threads = min(_THREADS, max(32, -(-units // 128) * 32))
     grid = int(min(T, 2**31 - 1))
     from .. import _copy
