@@ -64,3 +64,36 @@ register(KernelModule(
     params_header="copy/copy_params.h",
     kernels=_copy_kernels(),
 ))
+
+register(KernelModule(
+    name="attention",
+    source="cuda_src/attention/verify_attention.cu",
+    params_header="attention/attention_params.h",
+    kernels={**{f"verify_attention_d{d}_{t}": "VerifyAttentionParams"
+                for d in (64, 128, 256) for t in ("f16", "bf16")},
+             **{f"verify_attention_merge_{t}": "VerifyAttentionMergeParams" for t in ("f16", "bf16")}},
+))
+
+register(KernelModule(
+    name="gdn",
+    source="cuda_src/gdn/gdn.cu",
+    params_header="gdn/gdn_params.h",
+    kernels={f"gdn_{op}_{lay}_d{d}_{t}": ("GdnVerifyParams" if op == "verify" else "GdnCommitParams")
+             for op in ("verify", "commit") for lay in ("kv", "vk") for d in (64, 128)
+             for t in ("f32", "f16", "bf16")},
+))
+
+register(KernelModule(
+    name="conv",
+    source="cuda_src/conv/conv.cu",
+    params_header="conv/conv_params.h",
+    kernels={"conv1d_verify": "ConvVerifyParams", "conv1d_commit": "ConvCommitParams"},
+))
+
+register(KernelModule(
+    name="sampling",
+    source="cuda_src/sampling/spec_sample.cu",
+    params_header="sampling/sampling_params.h",
+    kernels={f"spec_sample_{stage}_{t}": "SpecSampleParams"
+             for stage in ("tiles", "threshold", "finish") for t in ("f32", "f16", "bf16")},
+))

@@ -1,3 +1,7 @@
 """numpy reference backend: one function per op, same names and argument order as
 ``specdec_lib.ops``; float64 math. It is the executable spec and the test oracle."""
 from .copy import append_kv, copy  # noqa: F401
+from .sampling import spec_sample  # noqa: F401
+from .attention import verify_attention  # noqa: F401
+from .gdn import gdn_commit, gdn_decode_reference, gdn_journal_width, gdn_verify  # noqa: F401
+from .conv import conv1d_commit, conv1d_decode_reference, conv1d_verify  # noqa: F401

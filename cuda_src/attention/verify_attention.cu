@@ -1,0 +1,497 @@
+// verify_attention: the target pass's attention over one speculative verify block.
+//
+// Shapes: q [T, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D] read through
+// page_table [B, max_pages]; seq_lens [B] (committed L); cu_q [B+1]; out [T, Hq, D].
+// Row i of sequence b sits at position L+i and sees keys 0..L+i (bottom-right causal;
+// the block's own K/V are already in the pages).
+//
+// Why it looks like this:
+// * Decode-like: each KV byte is used by only q*group query rows (<= 256), so the kernel
+//   is bound by reading K/V. One CTA owns one (sequence, KV head, m-group, KV split) and
+//   packs the q x group query rows that share a KV head into the MMA M dimension
+//   (packed row r = i*group + h_in_group, 16 rows per warp m-tile), so a KV tile is read
+//   from memory once per KV head, not once per query head. Up to 4 m-tiles (64 rows) per
+//   CTA; more rows take more CTAs along grid.y (the KV tile then comes from L2).
+// * 4 warps = warps_m (m-tiles) x warps_n (key slices): with few rows (q*group <= 16)
+//   the four warps split each KV tile's 16-key sub-tiles between them and merge their
+//   softmax states at the end, so the tensor-core work is spread over the SM.
+// * KV tiles (64 keys, 32 for D=256) are gathered row by row through the page table
+//   with 16-byte cp.async into a 3-stage ring (sm_80+); the compute_75 build uses the
+//   same code with synchronous copies and one stage. Shared rows are XOR-swizzled in
+//   16-byte chunks so ldmatrix reads are conflict-free.
+// * Scores use mma m16n8k16 (two m16n8k8 on sm_75, see common/mma.cuh); P stays in
+//   registers as the A operand of P.V. Online softmax in the log2 domain; the causal
+//   mask is applied only to sub-tiles that reach past key L (or the split's end).
+// * Split-KV (grid.z): split s covers keys [s*kv_chunk, (s+1)*kv_chunk) of the
+//   sequence; a sequence needing one split writes `out` directly, otherwise each split
+//   writes a normalised partial output + log2 LSE and verify_attention_merge combines.
+// * Bad input never faults: a page id outside the pool / table, or a negative L, turns
+//   the CTA's rows into NaN; a sequence whose cu_q range is invalid is left unwritten.
+#include <math.h>
+
+#include "common/cp_async.cuh"
+#include "common/dtype.cuh"
+#include "common/mma.cuh"
+#include "attention/attention_params.h"
+
+using namespace specdec;
+
+namespace {
+
+constexpr int kThreads = VERIFY_ATTN_THREADS;
+constexpr int kWarps = kThreads / 32;
+constexpr int kEpiCols = 64;     // output columns combined per epilogue pass
+constexpr int kEpiStride = 72;   // floats per row of the epilogue buffer (padding: no bank conflicts)
+constexpr float kLn2 = 0.6931471805599453f;
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+constexpr int kStages = 3;
+constexpr bool kHasBf16Mma = true;
+#else
+constexpr int kStages = 1;
+constexpr bool kHasBf16Mma = false;
+#endif
+
+static_assert(VERIFY_ATTN_EPILOGUE_SMEM == kWarps * 16 * kEpiStride * 4 + 2 * kWarps * 16 * 4,
+              "epilogue smem constant out of sync with the kernel");
+
+template <int D>
+struct Tile {
+  static constexpr int kKeys = D <= 128 ? 64 : 32;              // keys per KV tile
+  static constexpr int kSubTiles = kKeys / 16;                  // 16-key MMA steps per tile
+  static constexpr int kChunks = D / 8;                         // 16-byte chunks per key row
+  static constexpr int kRowsPerPass = kThreads / kChunks;       // key rows per CTA-wide copy pass
+  static constexpr int kPasses = kKeys / kRowsPerPass;
+  static constexpr int kStageElems = 2 * kKeys * D;             // K then V, 16-bit elements
+  static constexpr int kPipeBytes = kStages * kStageElems * 2;
+  static constexpr int kSmemBytes =
+      kPipeBytes > VERIFY_ATTN_EPILOGUE_SMEM ? kPipeBytes : VERIFY_ATTN_EPILOGUE_SMEM;
+  static_assert(kKeys % kRowsPerPass == 0, "tile rows must split evenly over the copy passes");
+};
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t ld_u32(const uint16_t* p) {
+  return __ldg(reinterpret_cast<const unsigned int*>(p));
+}
+
+__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
+  uint32_t n;
+  asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(n));
+  return n;
+}
+
+// Keys of sequence b handled by `split`; false when the split (or the sequence) has none.
+struct SeqView {
+  int q0, qn, L, kv_begin, kv_end, num_splits;
+  bool bad_len;
+};
+
+__device__ __forceinline__ bool seq_view(const int32_t* cu_q, const int32_t* seq_lens, int b,
+                                         int max_q, int num_tokens, int num_splits, int kv_chunk,
+                                         SeqView& v) {
+  v.q0 = __ldg(cu_q + b);
+  const int q1 = __ldg(cu_q + b + 1);
+  v.qn = q1 - v.q0;
+  if (v.q0 < 0 || v.qn <= 0 || v.qn > max_q || q1 > num_tokens) return false;
+  v.L = __ldg(seq_lens + b);
+  v.bad_len = v.L < 0;
+  if (v.bad_len) v.L = 0;
+  const int n_ctx = v.L + v.qn;
+  v.num_splits = min(num_splits, (n_ctx + kv_chunk - 1) / kv_chunk);
+  return true;
+}
+
+template <int D, typename Mma>
+__device__ __forceinline__ void verify_attention_body(const VerifyAttentionParams& p) {
+  using TL = Tile<D>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int bad_input;
+
+  SeqView sv;
+  if (!seq_view(p.cu_q, p.seq_lens, blockIdx.x, p.max_q, p.num_tokens, p.num_splits, p.kv_chunk,
+                sv))
+    return;
+  const int b = blockIdx.x;
+  const int kvh = blockIdx.y % p.num_kv_heads;
+  const int row_base = (blockIdx.y / p.num_kv_heads) * p.warps_m * 16;
+  const int split = blockIdx.z;
+  const int group = p.group;
+  const int rows = sv.qn * group;
+  if (row_base >= rows || split >= sv.num_splits) return;
+  if (dynamic_smem_bytes() < static_cast<uint32_t>(TL::kSmemBytes)) return;   // launcher bug: leave out untouched
+  const int L = sv.L;
+  const int kv_begin = split * p.kv_chunk;
+  const int kv_end = split == sv.num_splits - 1 ? L + sv.qn : kv_begin + p.kv_chunk;
+  const bool direct = sv.num_splits == 1;
+
+  if (threadIdx.x == 0) bad_input = sv.bad_len;
+  __syncthreads();
+
+  // The host sized the grid for the longest block (p.warps_m m-tiles per CTA); this
+  // sequence may have fewer rows, so pick the warp split from the rows actually present:
+  // 1 m-tile -> 4 warps split the keys, 2 -> 2 x 2, 3..4 -> one m-tile per warp.
+  const int span_mtiles = (min(rows - row_base, p.warps_m * 16) + 15) >> 4;
+  const int warps_m = span_mtiles == 1 ? 1 : span_mtiles == 2 ? 2 : 4;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps_n = kWarps / warps_m;
+  const int wm = warp / warps_n;
+  const int wn = warp - wm * warps_n;
+  const int g = lane >> 2;
+  const int t4 = lane & 3;
+  const int r_lo = row_base + wm * 16 + g;   // packed rows of this thread's C fragment
+  const int r_hi = r_lo + 8;
+  const bool warp_has_rows = row_base + wm * 16 < rows;
+
+  // ---- Q fragments (A operand), straight from global: 16 rows x D per warp. Held in
+  // registers for the whole KV loop, except D=256 on sm_75 where that would spill: there
+  // they are re-read (L1 hits) per 16-key step.
+  constexpr bool kQInRegs = D <= 128 || kStages > 1;
+  const uint16_t* qlo = nullptr;
+  const uint16_t* qhi = nullptr;
+  if (r_lo < rows) {
+    const int i = r_lo / group;
+    qlo = static_cast<const uint16_t*>(p.q) + (int64_t)(sv.q0 + i) * p.q_stride_t +
+          (int64_t)(kvh * group + r_lo - i * group) * p.q_stride_h;
+  }
+  if (r_hi < rows) {
+    const int i = r_hi / group;
+    qhi = static_cast<const uint16_t*>(p.q) + (int64_t)(sv.q0 + i) * p.q_stride_t +
+          (int64_t)(kvh * group + r_hi - i * group) * p.q_stride_h;
+  }
+  auto load_q_frag = [&](int kk, uint32_t (&a)[4]) {
+    const int c = kk * 16 + 2 * t4;
+    a[0] = qlo ? ld_u32(qlo + c) : 0u;
+    a[1] = qhi ? ld_u32(qhi + c) : 0u;
+    a[2] = qlo ? ld_u32(qlo + c + 8) : 0u;
+    a[3] = qhi ? ld_u32(qhi + c + 8) : 0u;
+  };
+  uint32_t qa[kQInRegs ? D / 16 : 1][4];
+  if constexpr (kQInRegs) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) load_q_frag(kk, qa[kk]);
+  }
+  // Last key each of the thread's two rows may see inside this split.
+  const int lim_lo = min(L + r_lo / group, kv_end - 1);
+  const int lim_hi = min(L + r_hi / group, kv_end - 1);
+
+  // ---- KV tile loader: thread copies chunk `ld_chunk` of key rows ld_row0 + k*kRowsPerPass.
+  const int ld_chunk = threadIdx.x % TL::kChunks;
+  const int ld_row0 = threadIdx.x / TL::kChunks;
+  const uint16_t* k_head = static_cast<const uint16_t*>(p.k_cache) + (int64_t)kvh * p.k_stride_h +
+                           ld_chunk * 8;
+  const uint16_t* v_head = static_cast<const uint16_t*>(p.v_cache) + (int64_t)kvh * p.v_stride_h +
+                           ld_chunk * 8;
+  const int32_t* pt_row = p.page_table + (int64_t)b * p.page_table_stride;
+  const int slot_mask = (1 << p.page_size_log2) - 1;
+  uint16_t* const ring = reinterpret_cast<uint16_t*>(smem);
+
+  auto load_tile = [&](int tile, int stage) {
+    const int key_tile = kv_begin + tile * TL::kKeys;
+    uint16_t* sk = ring + stage * TL::kStageElems;
+    uint16_t* sv_ = sk + TL::kKeys * D;
+#pragma unroll
+    for (int pass = 0; pass < TL::kPasses; ++pass) {
+      const int row = ld_row0 + pass * TL::kRowsPerPass;
+      const int key = key_tile + row;
+      bool valid = key < kv_end;
+      int64_t page = 0;
+      int slot = 0;
+      if (valid) {
+        const int pidx = key >> p.page_size_log2;
+        page = pidx < p.max_pages ? __ldg(pt_row + pidx) : -1;
+        slot = key & slot_mask;
+        if (page < 0 || page >= p.num_pages) {
+          valid = false;
+          bad_input = 1;
+        }
+      }
+      const int soff = row * D + ((ld_chunk ^ (row & 7)) << 3);
+      const uint16_t* ksrc = valid ? k_head + page * p.k_stride_page + slot * p.k_stride_slot : k_head;
+      const uint16_t* vsrc = valid ? v_head + page * p.v_stride_page + slot * p.v_stride_slot : v_head;
+      cp_async_16(sk + soff, ksrc, valid);
+      cp_async_16(sv_ + soff, vsrc, valid);
+    }
+  };
+
+  // ---- per-warp online softmax state: rows r_lo / r_hi, log2 domain, unnormalised acc.
+  float acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  const int swz = lane & 7;   // every ldmatrix row address below has (row & 7) == (lane & 7)
+
+  auto compute_tile = [&](int tile, int stage) {
+    if (!warp_has_rows) return;
+    const int key_tile = kv_begin + tile * TL::kKeys;
+    const uint16_t* sk = ring + stage * TL::kStageElems;
+    const uint16_t* sv_ = sk + TL::kKeys * D;
+    for (int sub = wn; sub < TL::kSubTiles; sub += warps_n) {
+      const int key0 = key_tile + sub * 16;
+      if (key0 >= kv_end) break;
+      // S = Q K^T for 16 rows x 16 keys (two n-tiles of 8 keys)
+      float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      const int k_row = sub * 16 + ((lane >> 4) << 3) + (lane & 7);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t kb[4];
+        const int chunk = 2 * kk + ((lane >> 3) & 1);
+        ldmatrix_x4(kb, sk + k_row * D + ((chunk ^ swz) << 3));
+        if constexpr (kQInRegs) {
+          Mma::mma(s[0], qa[kk], kb[0], kb[1]);
+          Mma::mma(s[1], qa[kk], kb[2], kb[3]);
+        } else {
+          uint32_t a[4];
+          load_q_frag(kk, a);
+          Mma::mma(s[0], a, kb[0], kb[1]);
+          Mma::mma(s[1], a, kb[2], kb[3]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
+      if (key0 + 15 > L || key0 + 16 > kv_end) {   // causal edge or split end: mask
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = key0 + n * 8 + 2 * t4 + e;
+            if (key > lim_lo) s[n][e] = -INFINITY;
+            if (key > lim_hi) s[n][2 + e] = -INFINITY;
+          }
+      }
+      float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+      float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+      const float mn_lo = fmaxf(m_lo, mx_lo);
+      const float mn_hi = fmaxf(m_hi, mx_hi);
+      const float base_lo = mn_lo == -INFINITY ? 0.f : mn_lo;   // fully masked so far: keep 0s
+      const float base_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
+      const float alpha_lo = ex2(m_lo - base_lo);
+      const float alpha_hi = ex2(m_hi - base_hi);
+      m_lo = mn_lo;
+      m_hi = mn_hi;
+      float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        s[n][0] = ex2(s[n][0] - base_lo);
+        s[n][1] = ex2(s[n][1] - base_lo);
+        s[n][2] = ex2(s[n][2] - base_hi);
+        s[n][3] = ex2(s[n][3] - base_hi);
+        sum_lo += s[n][0] + s[n][1];
+        sum_hi += s[n][2] + s[n][3];
+      }
+      l_lo = l_lo * alpha_lo + sum_lo;
+      l_hi = l_hi * alpha_hi + sum_hi;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        acc[n][0] *= alpha_lo;
+        acc[n][1] *= alpha_lo;
+        acc[n][2] *= alpha_hi;
+        acc[n][3] *= alpha_hi;
+      }
+      // O += P V: P (16 x 16 keys) is already laid out as an A fragment.
+      const uint32_t pa[4] = {Mma::pack(s[0][0], s[0][1]), Mma::pack(s[0][2], s[0][3]),
+                              Mma::pack(s[1][0], s[1][1]), Mma::pack(s[1][2], s[1][3])};
+      const int v_row = sub * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+#pragma unroll
+      for (int dc = 0; dc < D / 8; dc += 2) {
+        uint32_t vb[4];
+        const int chunk = dc + (lane >> 4);
+        ldmatrix_x4_trans(vb, sv_ + v_row * D + ((chunk ^ swz) << 3));
+        Mma::mma(acc[dc], pa, vb[0], vb[1]);
+        Mma::mma(acc[dc + 1], pa, vb[2], vb[3]);
+      }
+    }
+  };
+
+  // ---- main loop over the split's KV tiles
+  const int num_tiles = (kv_end - kv_begin + TL::kKeys - 1) / TL::kKeys;
+  if constexpr (kStages == 1) {
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      if (tile > 0) __syncthreads();   // everyone is done with the previous tile
+      load_tile(tile, 0);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+      compute_tile(tile, 0);
+    }
+  } else {
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (st < num_tiles) load_tile(st, st);
+      cp_async_commit();
+    }
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();   // tile `tile` visible to all; stage (tile-1) % kStages free again
+      const int next = tile + kStages - 1;
+      if (next < num_tiles) load_tile(next, next % kStages);
+      cp_async_commit();
+      compute_tile(tile, tile % kStages);
+    }
+    cp_async_wait<0>();
+  }
+  __syncthreads();   // ring no longer read: reuse it for the epilogue
+
+  // ---- epilogue: merge the warps_n key slices of each m-tile, normalise, write
+  float* epi_o = reinterpret_cast<float*>(smem);          // [kWarps][16][kEpiStride]
+  float* epi_m = epi_o + kWarps * 16 * kEpiStride;        // [kWarps][16]
+  float* epi_l = epi_m + kWarps * 16;                     // [kWarps][16]
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+  if (t4 == 0) {
+    epi_m[warp * 16 + g] = m_lo;
+    epi_m[warp * 16 + g + 8] = m_hi;
+    epi_l[warp * 16 + g] = l_lo;
+    epi_l[warp * 16 + g + 8] = l_hi;
+  }
+  const bool bad = bad_input != 0;
+  const int64_t T = p.num_tokens;
+  const int Hq = p.num_qo_heads;
+#pragma unroll
+  for (int cp = 0; cp < D / kEpiCols; ++cp) {
+#pragma unroll
+    for (int j = 0; j < kEpiCols / 8; ++j) {
+      float* dst = epi_o + (warp * 16 + g) * kEpiStride + j * 8 + 2 * t4;
+      *reinterpret_cast<float2*>(dst) = make_float2(acc[cp * 8 + j][0], acc[cp * 8 + j][1]);
+      *reinterpret_cast<float2*>(dst + 8 * kEpiStride) =
+          make_float2(acc[cp * 8 + j][2], acc[cp * 8 + j][3]);
+    }
+    __syncthreads();
+    for (int it = threadIdx.x; it < warps_m * 16 * (kEpiCols / 4); it += kThreads) {
+      const int rl = it / (kEpiCols / 4);
+      const int c4 = it - rl * (kEpiCols / 4);
+      const int R = row_base + rl;
+      if (R >= rows) continue;
+      const int w0 = (rl >> 4) * warps_n;
+      const int r = rl & 15;
+      float M = -INFINITY;
+      for (int n = 0; n < warps_n; ++n) M = fmaxf(M, epi_m[(w0 + n) * 16 + r]);
+      const float base = M == -INFINITY ? 0.f : M;
+      float lsum = 0.f;
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int n = 0; n < warps_n; ++n) {
+        const int w = w0 + n;
+        const float f = ex2(epi_m[w * 16 + r] - base);
+        lsum += f * epi_l[w * 16 + r];
+        const float4 v = *reinterpret_cast<const float4*>(epi_o + (w * 16 + r) * kEpiStride + c4 * 4);
+        o.x += f * v.x;
+        o.y += f * v.y;
+        o.z += f * v.z;
+        o.w += f * v.w;
+      }
+      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+      o.x *= inv;
+      o.y *= inv;
+      o.z *= inv;
+      o.w *= inv;
+      float lse2 = lsum > 0.f ? base + __log2f(lsum) : -INFINITY;
+      if (bad) {
+        o = make_float4(NAN, NAN, NAN, NAN);
+        lse2 = direct ? NAN : 0.f;   // a NaN partial output poisons the merge; its LSE stays finite
+      }
+      const int i = R / group;
+      const int64_t tok = sv.q0 + i;
+      const int head = kvh * group + (R - i * group);
+      const int col = cp * kEpiCols + c4 * 4;
+      const bool write_lse = cp == 0 && c4 == 0;
+      if (direct) {
+        uint16_t* dst = static_cast<uint16_t*>(p.out) + tok * p.out_stride_t + head * p.out_stride_h + col;
+        *reinterpret_cast<uint2*>(dst) = make_uint2(Mma::pack(o.x, o.y), Mma::pack(o.z, o.w));
+        if (write_lse && p.lse_out != nullptr)
+          p.lse_out[tok * p.lse_stride_t + head * p.lse_stride_h] = lse2 * kLn2;
+      } else {
+        const int64_t prow = ((int64_t)split * T + tok) * Hq + head;
+        *reinterpret_cast<float4*>(p.partial_o + prow * D + col) = o;
+        if (write_lse) p.partial_lse[prow] = lse2;
+      }
+    }
+    if (cp + 1 < D / kEpiCols) __syncthreads();
+  }
+}
+
+// Combine the per-split partial outputs of sequences that needed more than one split.
+// grid (B, Hq), 4 warps; warp w takes block rows w, w+4, ...; lane covers 4 columns per pass.
+template <typename Mma>
+__device__ __forceinline__ void verify_attention_merge_body(const VerifyAttentionMergeParams& p) {
+  SeqView sv;
+  if (!seq_view(p.cu_q, p.seq_lens, blockIdx.x, p.max_q, p.num_tokens, p.num_splits, p.kv_chunk,
+                sv))
+    return;
+  if (sv.num_splits <= 1) return;   // written directly by the attention kernel
+  const int h = blockIdx.y;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int64_t T = p.num_tokens;
+  const int Hq = p.num_qo_heads;
+  const int D = p.head_dim;
+  const int64_t split_stride = T * Hq;
+  for (int i = warp; i < sv.qn; i += blockDim.x / 32) {
+    const int64_t tok = sv.q0 + i;
+    const int64_t row = tok * Hq + h;
+    float M = -INFINITY;
+    for (int s = 0; s < sv.num_splits; ++s) M = fmaxf(M, p.partial_lse[s * split_stride + row]);
+    const float base = M == -INFINITY ? 0.f : M;
+    float lsum = 0.f;
+    for (int s = 0; s < sv.num_splits; ++s) lsum += ex2(p.partial_lse[s * split_stride + row] - base);
+    const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+    for (int c = lane * 4; c < D; c += 128) {
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int s = 0; s < sv.num_splits; ++s) {
+        const float w = ex2(p.partial_lse[s * split_stride + row] - base) * inv;
+        const float4 v = *reinterpret_cast<const float4*>(p.partial_o + (s * split_stride + row) * D + c);
+        o.x += w * v.x;
+        o.y += w * v.y;
+        o.z += w * v.z;
+        o.w += w * v.w;
+      }
+      uint16_t* dst = static_cast<uint16_t*>(p.out) + tok * p.out_stride_t + h * p.out_stride_h + c;
+      *reinterpret_cast<uint2*>(dst) = make_uint2(Mma::pack(o.x, o.y), Mma::pack(o.z, o.w));
+    }
+    if (lane == 0 && p.lse_out != nullptr)
+      p.lse_out[tok * p.lse_stride_t + h * p.lse_stride_h] =
+          lsum > 0.f ? (base + __log2f(lsum)) * kLn2 : -INFINITY;
+  }
+}
+
+template <typename Mma>
+constexpr bool kRunsHere = kHasBf16Mma || !Mma::kIsBf16;
+
+}  // namespace
+
+// bf16 needs sm_80 tensor cores: the compute_75 build keeps the symbols (every cubin has
+// the same kernel table) but they trap; the Python layer never launches them there.
+#define SPECDEC_VERIFY_ATTENTION(D, TAG, MMA)                                                   \
+  extern "C" __global__ void __launch_bounds__(VERIFY_ATTN_THREADS)                             \
+      verify_attention_d##D##_##TAG(const VerifyAttentionParams p) {                            \
+    if constexpr (kRunsHere<MMA>) verify_attention_body<D, MMA>(p); else __trap();            \
+  }
+
+SPECDEC_VERIFY_ATTENTION(64, f16, mma_f16)
+SPECDEC_VERIFY_ATTENTION(128, f16, mma_f16)
+SPECDEC_VERIFY_ATTENTION(256, f16, mma_f16)
+SPECDEC_VERIFY_ATTENTION(64, bf16, mma_bf16)
+SPECDEC_VERIFY_ATTENTION(128, bf16, mma_bf16)
+SPECDEC_VERIFY_ATTENTION(256, bf16, mma_bf16)
+
+extern "C" __global__ void __launch_bounds__(128)
+    verify_attention_merge_f16(const VerifyAttentionMergeParams p) {
+  verify_attention_merge_body<mma_f16>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    verify_attention_merge_bf16(const VerifyAttentionMergeParams p) {
+  verify_attention_merge_body<mma_bf16>(p);   // bf16 packing only: fine on every arch
+}

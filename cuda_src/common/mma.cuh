@@ -1,0 +1,134 @@
+// Warp-level tensor-core building blocks: ldmatrix fragment loads and mma.sync wrappers.
+//
+// Fragment layouts (PTX ISA "Matrix fragments for mma.m16n8k16"), g = lane / 4, t = lane % 4:
+//   A 16x16 (row-major), 4 x b32 of two halves each:
+//       a0 = A[g][2t..2t+1]   a1 = A[g+8][2t..2t+1]   a2 = A[g][2t+8..]   a3 = A[g+8][2t+8..]
+//   B 16x8 ("col": k pairs packed per column), 2 x b32:
+//       b0 = B[2t..2t+1][g]   b1 = B[2t+8..2t+9][g]
+//   C/D 16x8 f32: c0,c1 = C[g][2t..2t+1]   c2,c3 = C[g+8][2t..2t+1]
+// m16n8k8 (the only f16 shape Turing has) uses exactly the first half of each operand
+// (a0,a1 / b0), so on sm_75 an m16n8k16 product is two m16n8k8 products with the same
+// registers: callers write one fragment layout for every architecture.
+//
+// The C fragment of two adjacent 16x8 tiles (columns 0-7, 8-15) is, register for register,
+// the A fragment of a 16x16 operand once packed to 16-bit pairs (see pack_*x2): that is
+// how an attention kernel feeds P = softmax(S) into P.V without touching shared memory.
+#pragma once
+#include <stdint.h>
+#include <cuda_fp16.h>
+
+namespace specdec {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 b16 matrices; lanes 8m..8m+7 give the 8 row addresses (16 bytes each) of
+// matrix m, and r[m] receives element pair [lane/4][2*(lane%4)..+1] of matrix m.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(smem_row)));
+}
+
+// Same with each matrix transposed: r[m] receives elements [2*(lane%4)..+1][lane/4].
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(smem_row)));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(smem_row)));
+}
+
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(smem_row)));
+}
+
+// D += A(16x8 f16) * B(8x8 f16), f32 accumulate. sm_75+.
+__device__ __forceinline__ void mma_m16n8k8_f16f32(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                   uint32_t b0) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// D += A(16x16 f16) * B(16x8 f16), f32 accumulate. One instruction on sm_80+, two
+// m16n8k8 on sm_75 (same fragments, see the header comment).
+__device__ __forceinline__ void mma_m16n8k16_f16f32(float (&d)[4], const uint32_t (&a)[4],
+                                                    uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  mma_m16n8k8_f16f32(d, a[0], a[1], b0);
+  mma_m16n8k8_f16f32(d, a[2], a[3], b1);
+#endif
+}
+
+// D += A(16x16 bf16) * B(16x8 bf16), f32 accumulate. sm_80+ only: Turing has no bf16
+// tensor-core path, so the compute_75 build traps (the Python layer rejects bf16 there).
+__device__ __forceinline__ void mma_m16n8k16_bf16f32(float (&d)[4], const uint32_t (&a)[4],
+                                                     uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+
+// Two floats -> one b32 of 16-bit values, `lo` in the low half (the lower column index).
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  // round-to-nearest-even by bit arithmetic (no bf16 cvt before sm_80)
+  auto rne = [](float x) -> uint32_t {
+    uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  };
+  return rne(lo) | (rne(hi) << 16);
+#endif
+}
+
+// Tag types selecting the 16-bit input format of a tensor-core product.
+struct mma_f16 {
+  static constexpr bool kIsBf16 = false;
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    mma_m16n8k16_f16f32(d, a, b0, b1);
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return pack_f16x2(lo, hi); }
+};
+struct mma_bf16 {
+  static constexpr bool kIsBf16 = true;
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    mma_m16n8k16_bf16f32(d, a, b0, b1);
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return pack_bf16x2(lo, hi); }
+};
+
+}  // namespace specdec

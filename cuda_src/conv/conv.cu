@@ -1,0 +1,124 @@
+// conv family: depthwise causal conv1d (+ optional bias, SiLU) of a speculative round.
+//
+//   conv1d_verify  x [T, dim], weight [dim, W], conv state [slots, dim, W-1] (read only)
+//                  -> out [T, dim] (+ optional journal = copy of x)
+//   conv1d_commit  journal [T, dim] + accept_len [B] -> conv state shifted in place
+//
+// One thread per (sequence, channel); grid (ceil(dim / 256), B). The work is tiny
+// (W multiply-adds per element) so this is pure data movement: consecutive threads touch
+// consecutive channels of x/out, and the per-channel state (W-1 contiguous elements)
+// of consecutive channels is contiguous, so every access pattern is coalesced.
+// The window lives right-aligned in a fixed 8-entry register array (newest input at
+// index 7), so W (2..8) can be a run-time value without local-memory indexing.
+// An input enters the window of later rows rounded to the state dtype, as one-token
+// decoding would have stored it; the current row uses it unrounded.
+#include "conv/conv_params.h"
+#include "gdn/gdn_tile.cuh"   // load_dt / store_dt (run-time dtype codes)
+
+using specdec::gdn::load_dt;
+using specdec::gdn::load_dt_rw;
+using specdec::gdn::store_dt;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxW = SPECDEC_CONV_MAX_WIDTH;
+
+__device__ __forceinline__ float round_dt(float x, int dt) {
+  if (dt == SPECDEC_DT_F32) return x;
+  if (dt == SPECDEC_DT_F16) return __half2float(__float2half_rn(x));
+  return specdec::to_float(specdec::from_float<specdec::bf16_t>(x));
+}
+
+__device__ __forceinline__ bool rows_valid(const int32_t* cu_q, int b, int num_rows, int& r0, int& r1) {
+  r0 = __ldg(cu_q + b);
+  r1 = __ldg(cu_q + b + 1);
+  return 0 <= r0 && r0 <= r1 && r1 <= num_rows;
+}
+
+__device__ void conv1d_verify_impl(const ConvVerifyParams& p) {
+  const int b = blockIdx.y;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  int row0, row1;
+  const bool rows_ok = rows_valid(p.cu_q, b, p.num_rows, row0, row1);
+  const int slot = __ldg(p.slot_ids + b);
+  const bool slot_ok = slot >= 0 && slot < p.num_slots;
+  if (p.status != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+    p.status[b] = (rows_ok ? 0 : SPECDEC_CONV_BAD_ROWS) | (slot >= p.num_slots ? SPECDEC_CONV_BAD_SLOT : 0);
+  if (!rows_ok || c >= p.dim) return;
+  const int W = p.width;
+  const int first = kMaxW - W;   // window entries [first, 8) are live
+
+  float win[kMaxW], wt[kMaxW];
+#pragma unroll
+  for (int j = 0; j < kMaxW; ++j) {
+    win[j] = 0.f;
+    wt[j] = 0.f;
+  }
+  const float bias = p.bias != nullptr ? load_dt(p.bias, c, p.bias_dtype) : 0.f;
+  if (slot_ok) {
+    const int64_t sb = slot * p.state_stride_slot + c * p.state_stride_c;
+#pragma unroll
+    for (int j = 0; j < kMaxW; ++j) {
+      if (j >= first) wt[j] = load_dt(p.weight, c * p.weight_stride_c + (j - first), p.weight_dtype);
+      if (j >= first && j < kMaxW - 1) win[j] = load_dt(p.conv_state, sb + (j - first), p.state_dtype);
+    }
+  }
+  for (int t = row0; t < row1; ++t) {
+    const float x = load_dt(p.x, t * p.x_stride_t + c, p.x_dtype);
+    if (p.journal != nullptr) store_dt(p.journal, t * p.journal_stride_t + c, p.journal_dtype, x);
+    float y = 0.f;
+    if (slot_ok) {
+      win[kMaxW - 1] = x;
+      y = bias;
+#pragma unroll
+      for (int j = 0; j < kMaxW; ++j)
+        if (j >= first) y = fmaf(wt[j], win[j], y);
+      if (p.silu) y = y / (1.f + __expf(-y));
+      win[kMaxW - 1] = round_dt(x, p.state_dtype);   // as later rows see it
+#pragma unroll
+      for (int j = 0; j < kMaxW - 1; ++j) win[j] = win[j + 1];
+    }
+    store_dt(p.out, t * p.out_stride_t + c, p.out_dtype, y);
+  }
+}
+
+__device__ void conv1d_commit_impl(const ConvCommitParams& p) {
+  const int b = blockIdx.y;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  int row0, row1;
+  const bool rows_ok = rows_valid(p.cu_q, b, p.num_rows, row0, row1);
+  const int slot = __ldg(p.slot_ids + b);
+  const int n = __ldg(p.accept_len + b);
+  const bool acc_ok = 0 <= n && n <= row1 - row0;
+  if (p.status != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+    p.status[b] = (rows_ok ? 0 : SPECDEC_CONV_BAD_ROWS) | (rows_ok && !acc_ok ? SPECDEC_CONV_BAD_ACCEPT : 0) |
+                  (slot >= p.num_slots ? SPECDEC_CONV_BAD_SLOT : 0);
+  if (!rows_ok || !acc_ok || n == 0 || slot < 0 || slot >= p.num_slots || c >= p.dim) return;
+  const int keep = p.width - 1;                     // state entries
+  const int64_t sb = slot * p.state_stride_slot + c * p.state_stride_c;
+  float nw[kMaxW - 1];
+  // new state = (old state ++ accepted rows)[-keep:], gathered before any write
+#pragma unroll
+  for (int m = 0; m < kMaxW - 1; ++m) {
+    if (m < keep) {
+      const int src = m + n;                        // index into old ++ rows
+      nw[m] = src < keep ? load_dt_rw(p.conv_state, sb + src, p.state_dtype)
+                         : round_dt(load_dt(p.journal, (row0 + src - keep) * p.journal_stride_t + c,
+                                            p.journal_dtype), p.state_dtype);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kMaxW - 1; ++m)
+    if (m < keep) store_dt(p.conv_state, sb + m, p.state_dtype, nw[m]);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads) conv1d_verify(const ConvVerifyParams p) {
+  conv1d_verify_impl(p);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads) conv1d_commit(const ConvCommitParams p) {
+  conv1d_commit_impl(p);
+}

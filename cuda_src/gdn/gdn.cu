@@ -1,0 +1,297 @@
+// gdn family: the gated delta rule of a speculative round, split transactionally.
+//
+//   gdn_verify  q, k [T,Hk,Dk], v [T,Hv,Dv], gates [T,Hv], state pool (read only)
+//               -> out [T,Hv,Dv] and journal [T, Hk*Dk + Hv*Dv + 2*Hv] (f32)
+//   gdn_commit  journal + accept_len [B] -> state advanced in place over the accepted rows
+//
+// Traffic per round: verify reads each selected state once, commit reads and writes it
+// once (and not at all when accept_len = 0); vLLM-style "a state per draft row" moves
+// q+1 states instead.
+//
+// Grid: one CTA per (sequence, value head, Dv slice), flattened as
+// blockIdx.x = (b * Hv + h) * num_slices + z, so the CTAs that share a key head's q/k rows
+// run next to each other. The CTA keeps its [Dk x BV] slice of the state in registers
+// (gdn_tile.cuh) for the whole block: the rows are applied one after the other with
+// warp-local Dk reductions, the state rounded to its dtype after each row exactly as a
+// stored state would be, so verify's row-i output equals one-token decoding of row i and
+// commit's result equals decoding the accepted rows one by one. Block rows are staged in
+// shared memory kRowChunk at a time (normalised k, q*scale, the v slice, decay, beta,
+// k.q); a warp normalises one row with shuffles, so no block-wide reduction is needed.
+//
+// Per token and state element verify does 2 FMAs of reductions (S^T k, S^T q, both from
+// the pre-token state: o = decay S^T q + delta (k.q)) and 2 of update; commit 1 + 2.
+// CUDA cores only, for now. Future work, to be justified by measurement:
+//  * chunked (WY) form: all q rows' S0^T k_t and S0^T q_t in one pass (an
+//    [Dv x Dk] x [Dk x 2q] product, mma-able with q <= 8), then the intra-block
+//    interactions through q x q scalars: delta_t = beta_t (v_t - e_t (g_{t-1} S0^T k_t +
+//    sum_{s<t} (g_{t-1}/g_s)(k_s.k_t) delta_s)), o_t = g_t S0^T q_t + sum_{s<=t}
+//    (g_t/g_s)(k_s.q_t) delta_s with g_t the running decay product. No per-row state
+//    update in verify at all; exact up to f32 reassociation for an f32 state, but it
+//    skips the per-row rounding of a 16-bit state (so keep the sequential path there).
+//  * fused mode: verify of round r+1 first replays round r's accepted rows from the
+//    previous journal (commit folded in), writes the advanced state once, then computes
+//    the new block's outputs: 1 read + 1 write per round instead of 1 + 2. Needs a
+//    per-sequence "pending accept_len" and a flush op for sequences that leave the
+//    batch; worth it only if the round is bandwidth-bound at ~3 passes (measure first).
+#include "gdn/gdn_tile.cuh"
+
+using namespace specdec;
+using namespace specdec::gdn;
+
+namespace {
+
+template <int DK>
+struct RowStage {
+  float k[kRowChunk][DK];      // normalised k (what the journal holds)
+  float q[kRowChunk][DK];      // normalised q * scale
+  float v[kRowChunk][kMaxSliceCols];
+  float decay[kRowChunk];      // exp(g)
+  float beta[kRowChunk];
+  float kq[kRowChunk];         // k . (q * scale)
+};
+
+struct BlockPos {
+  int z, h, b;
+};
+
+__device__ __forceinline__ BlockPos block_pos(int num_slices, int num_v_heads) {
+  BlockPos p;
+  p.z = blockIdx.x % num_slices;
+  const int bh = blockIdx.x / num_slices;
+  p.h = bh % num_v_heads;
+  p.b = bh / num_v_heads;
+  return p;
+}
+
+// Raw gates -> (g, beta); fused: g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b).
+__device__ __forceinline__ void gates_of_row(const GdnVerifyParams& p, int64_t t, int h,
+                                             float& g, float& beta) {
+  const float x0 = load_dt(p.gate0, t * p.gate_stride_t[0] + h, p.gate_dtype[0]);
+  const float x1 = load_dt(p.gate1, t * p.gate_stride_t[1] + h, p.gate_dtype[1]);
+  if (p.fused_gating) {
+    const float x = x0 + load_dt(p.dt_bias, h, p.gate_dtype[3]);
+    const float softplus = fmaxf(x, 0.f) + log1pf(__expf(-fabsf(x)));
+    g = -__expf(load_dt(p.A_log, h, p.gate_dtype[2])) * softplus;
+    beta = 1.f / (1.f + __expf(-x1));
+  } else {
+    g = x0;
+    beta = x1;
+  }
+}
+
+// ------------------------------------------------------------------------ gdn_verify
+
+template <typename TS, int DK, bool VK>
+__device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
+  using Tile = StateTile<TS, DK, VK>;
+  constexpr int RI = Tile::RI, CJ = Tile::CJ;
+  constexpr int PER_LANE = DK / 32;
+  __shared__ __align__(16) RowStage<DK> st;
+
+  const BlockPos pos = block_pos(p.num_slices, p.num_v_heads);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int slice_cols = nwarps * Tile::WARP_COLS;
+  const int col_base = pos.z * slice_cols;
+  const int group = p.num_v_heads / p.num_k_heads;
+  const int hk = pos.h / group;
+  const int Dv = p.head_v_dim;
+
+  const int row0 = __ldg(p.cu_q + pos.b), row1 = __ldg(p.cu_q + pos.b + 1);
+  const int slot = __ldg(p.slot_ids + pos.b);
+  const bool rows_ok = 0 <= row0 && row0 <= row1 && row1 <= p.num_rows;
+  const bool slot_ok = slot >= 0 && slot < p.num_slots;
+  if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
+    p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) | (slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
+  if (!rows_ok || row0 == row1) return;
+  const int qlen = row1 - row0;
+
+  Tile tile(lane);
+  const int col = col_base + warp * Tile::WARP_COLS + tile.lc * CJ;   // this thread's first column
+  if (slot_ok) {
+    const TS* head = static_cast<const TS*>(p.state) + slot * p.state_stride_slot +
+                     int64_t(pos.h) * DK * Dv;
+    tile.template load<true>(head, col, Dv);   // all loads in flight before any math
+  }
+  const bool write_k = pos.z == 0 && pos.h % group == 0;   // one CTA journals each k row
+  const int64_t jv = int64_t(p.num_k_heads) * DK;            // journal column offsets
+  const int64_t jg = jv + int64_t(p.num_v_heads) * Dv;
+  const int64_t jb = jg + p.num_v_heads;
+
+  for (int c0 = 0; c0 < qlen; c0 += kRowChunk) {
+    const int nrows = min(kRowChunk, qlen - c0);
+    __syncthreads();   // the previous chunk's rows have been consumed
+    for (int rr = warp; rr < nrows; rr += nwarps) {
+      const int64_t t = row0 + c0 + rr;
+      float qx[PER_LANE], kx[PER_LANE];
+      float ssq = 0.f, ssk = 0.f;
+#pragma unroll
+      for (int e = 0; e < PER_LANE; ++e) {
+        const int i = lane + 32 * e;
+        qx[e] = load_dt(p.q, t * p.q_stride_t + hk * p.q_stride_h + i, p.qkv_dtype);
+        kx[e] = load_dt(p.k, t * p.k_stride_t + hk * p.k_stride_h + i, p.qkv_dtype);
+        ssq = fmaf(qx[e], qx[e], ssq);
+        ssk = fmaf(kx[e], kx[e], ssk);
+      }
+      float rq = p.scale, rk = 1.f;
+      if (p.qk_l2norm) {
+        rq *= rsqrtf(warp_sum(ssq) + 1e-6f);
+        rk = rsqrtf(warp_sum(ssk) + 1e-6f);
+      }
+      float kq = 0.f;
+#pragma unroll
+      for (int e = 0; e < PER_LANE; ++e) {
+        const int i = lane + 32 * e;
+        const float kn = kx[e] * rk, qn = qx[e] * rq;
+        st.k[rr][i] = kn;
+        st.q[rr][i] = qn;
+        kq = fmaf(kn, qn, kq);
+        if (write_k) p.journal[t * p.journal_stride_t + hk * DK + i] = kn;
+      }
+      kq = warp_sum(kq);
+      if (lane == 0) {
+        float g, beta;
+        gates_of_row(p, t, pos.h, g, beta);
+        st.decay[rr] = __expf(g);
+        st.beta[rr] = beta;
+        st.kq[rr] = kq;
+        if (pos.z == 0) {
+          p.journal[t * p.journal_stride_t + jg + pos.h] = g;
+          p.journal[t * p.journal_stride_t + jb + pos.h] = beta;
+        }
+      }
+    }
+    for (int e = threadIdx.x; e < nrows * slice_cols; e += blockDim.x) {
+      const int rr = e / slice_cols, j = e - rr * slice_cols;
+      const int64_t t = row0 + c0 + rr;
+      const float x = load_dt(p.v, t * p.v_stride_t + pos.h * p.v_stride_h + col_base + j, p.qkv_dtype);
+      st.v[rr][j] = x;
+      p.journal[t * p.journal_stride_t + jv + int64_t(pos.h) * Dv + col_base + j] = x;
+    }
+    __syncthreads();
+
+    for (int rr = 0; rr < nrows; ++rr) {
+      const int64_t t = row0 + c0 + rr;
+      float o[CJ];
+      float kr[RI];
+      float delta[CJ];
+      if (slot_ok) {
+        float qr[RI], sk[CJ], sq[CJ];
+        tile.gather(st.k[rr], kr);
+        tile.gather(st.q[rr], qr);
+        tile.dot(kr, sk);
+        tile.dot(qr, sq);
+        const float decay = st.decay[rr], beta = st.beta[rr], kq = st.kq[rr];
+#pragma unroll
+        for (int c = 0; c < CJ; ++c) {
+          delta[c] = delta_of(beta, st.v[rr][col - col_base + c], decay, sk[c]);
+          o[c] = fmaf(decay, sq[c], delta[c] * kq);   // S_new^T q from the pre-token state
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < CJ; ++c) o[c] = 0.f;
+      }
+      if (tile.lr == 0) {
+        const int64_t ob = t * p.out_stride_t + pos.h * p.out_stride_h + col;
+#pragma unroll
+        for (int c = 0; c < CJ; ++c) store_dt(p.out, ob + c, p.out_dtype, o[c]);
+      }
+      if (slot_ok && c0 + rr + 1 < qlen) tile.template update<TS>(st.decay[rr], kr, delta);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------ gdn_commit
+
+template <typename TS, int DK, bool VK>
+__device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
+  using Tile = StateTile<TS, DK, VK>;
+  constexpr int RI = Tile::RI, CJ = Tile::CJ;
+  constexpr int PER_LANE = DK / 32;
+  __shared__ __align__(16) float sk_rows[kRowChunk][DK];
+  __shared__ float sv_rows[kRowChunk][kMaxSliceCols];
+  __shared__ float sdecay[kRowChunk], sbeta[kRowChunk];
+
+  const BlockPos pos = block_pos(p.num_slices, p.num_v_heads);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int slice_cols = nwarps * Tile::WARP_COLS;
+  const int col_base = pos.z * slice_cols;
+  const int group = p.num_v_heads / p.num_k_heads;
+  const int hk = pos.h / group;
+  const int Dv = p.head_v_dim;
+
+  const int row0 = __ldg(p.cu_q + pos.b), row1 = __ldg(p.cu_q + pos.b + 1);
+  const int slot = __ldg(p.slot_ids + pos.b);
+  const int n = __ldg(p.accept_len + pos.b);
+  const bool rows_ok = 0 <= row0 && row0 <= row1 && row1 <= p.num_rows;
+  const bool acc_ok = 0 <= n && n <= row1 - row0;
+  const bool slot_ok = slot >= 0 && slot < p.num_slots;
+  if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
+    p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) |
+                      (rows_ok && !acc_ok ? SPECDEC_GDN_BAD_ACCEPT : 0) |
+                      (slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
+  if (!rows_ok || !acc_ok || !slot_ok || n == 0) return;   // state untouched, not even read
+
+  Tile tile(lane);
+  const int col = col_base + warp * Tile::WARP_COLS + tile.lc * CJ;
+  TS* head = static_cast<TS*>(p.state) + slot * p.state_stride_slot + int64_t(pos.h) * DK * Dv;
+  tile.template load<false>(head, col, Dv);
+  const int64_t jv = int64_t(p.num_k_heads) * DK;
+  const int64_t jg = jv + int64_t(p.num_v_heads) * Dv;
+  const int64_t jb = jg + p.num_v_heads;
+
+  for (int c0 = 0; c0 < n; c0 += kRowChunk) {
+    const int nrows = min(kRowChunk, n - c0);
+    __syncthreads();
+    for (int rr = warp; rr < nrows; rr += nwarps) {
+      const float* jrow = p.journal + (row0 + c0 + rr) * p.journal_stride_t;
+#pragma unroll
+      for (int e = 0; e < PER_LANE; ++e) sk_rows[rr][lane + 32 * e] = __ldg(jrow + hk * DK + lane + 32 * e);
+      if (lane == 0) {
+        sdecay[rr] = __expf(__ldg(jrow + jg + pos.h));
+        sbeta[rr] = __ldg(jrow + jb + pos.h);
+      }
+    }
+    for (int e = threadIdx.x; e < nrows * slice_cols; e += blockDim.x) {
+      const int rr = e / slice_cols, j = e - rr * slice_cols;
+      sv_rows[rr][j] = __ldg(p.journal + (row0 + c0 + rr) * p.journal_stride_t + jv +
+                             int64_t(pos.h) * Dv + col_base + j);
+    }
+    __syncthreads();
+    for (int rr = 0; rr < nrows; ++rr) {
+      float kr[RI], sk[CJ], delta[CJ];
+      tile.gather(sk_rows[rr], kr);
+      tile.dot(kr, sk);
+      const float decay = sdecay[rr], beta = sbeta[rr];
+#pragma unroll
+      for (int c = 0; c < CJ; ++c) delta[c] = delta_of(beta, sv_rows[rr][col - col_base + c], decay, sk[c]);
+      tile.template update<TS>(decay, kr, delta);
+    }
+  }
+  tile.store(head, col, Dv);
+}
+
+}  // namespace
+
+// Kernel names: gdn_{verify,commit}_{kv,vk}_d{64,128}_{f32,f16,bf16} (state layout, Dk,
+// state dtype); input dtypes are run-time codes (they only touch the staging code).
+#define SPECDEC_GDN_KERNELS(TS, TNAME, DK, VK, LNAME)                                          \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                                    \
+      gdn_verify_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                          \
+    gdn_verify_impl<TS, DK, VK>(p);                                                            \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                                    \
+      gdn_commit_##LNAME##_d##DK##_##TNAME(const GdnCommitParams p) {                          \
+    gdn_commit_impl<TS, DK, VK>(p);                                                            \
+  }
+
+#define SPECDEC_GDN_LAYOUTS(TS, TNAME, DK)        \
+  SPECDEC_GDN_KERNELS(TS, TNAME, DK, false, kv)   \
+  SPECDEC_GDN_KERNELS(TS, TNAME, DK, true, vk)
+
+#define SPECDEC_GDN_DIMS(TS, TNAME)   \
+  SPECDEC_GDN_LAYOUTS(TS, TNAME, 64)  \
+  SPECDEC_GDN_LAYOUTS(TS, TNAME, 128)
+
+SPECDEC_GDN_DIMS(float, f32)
+SPECDEC_GDN_DIMS(__half, f16)
+SPECDEC_GDN_DIMS(bf16_t, bf16)

@@ -1,0 +1,246 @@
+// Building blocks of the gdn kernels: how a CTA's slice of one head's recurrent state is
+// spread over registers, how it is loaded/stored coalesced for both pool layouts, and the
+// one delta-rule row step that gdn_verify and gdn_commit share (so that the state the
+// commit produces is bit-identical to the one verify computed its outputs from).
+#pragma once
+#include <stdint.h>
+#include <cuda_fp16.h>
+#include "common/dtype.cuh"
+#include "gdn/gdn_params.h"
+
+namespace specdec {
+namespace gdn {
+
+constexpr int kMaxThreads = 256;   // 8 warps
+constexpr int kRowChunk = 8;       // block rows staged in shared memory at a time
+constexpr int kMaxSliceCols = 128; // Dv columns one CTA owns at most
+
+// ---------------------------------------------------------------- dtype helpers
+
+// Inputs whose dtype is a run-time code (SPECDEC_DT_*): scalar, read-only loads.
+__device__ __forceinline__ float load_dt(const void* p, int64_t i, int dt) {
+  if (dt == SPECDEC_DT_F32) return __ldg(static_cast<const float*>(p) + i);
+  const unsigned short u = __ldg(static_cast<const unsigned short*>(p) + i);
+  if (dt == SPECDEC_DT_F16) return __half2float(__ushort_as_half(u));
+  return __uint_as_float(static_cast<uint32_t>(u) << 16);
+}
+
+// Same, through the coherent path: for data the kernel itself writes later.
+__device__ __forceinline__ float load_dt_rw(const void* p, int64_t i, int dt) {
+  if (dt == SPECDEC_DT_F32) return static_cast<const float*>(p)[i];
+  const unsigned short u = static_cast<const unsigned short*>(p)[i];
+  if (dt == SPECDEC_DT_F16) return __half2float(__ushort_as_half(u));
+  return __uint_as_float(static_cast<uint32_t>(u) << 16);
+}
+
+__device__ __forceinline__ void store_dt(void* p, int64_t i, int dt, float x) {
+  if (dt == SPECDEC_DT_F32) {
+    static_cast<float*>(p)[i] = x;
+  } else if (dt == SPECDEC_DT_F16) {
+    static_cast<__half*>(p)[i] = __float2half_rn(x);
+  } else {
+    static_cast<uint16_t*>(p)[i] = from_float<bf16_t>(x).bits;
+  }
+}
+
+// float -> nearest value of the state dtype, kept as float (the state lives in
+// registers as float32 and is rounded after every token, as a stored state would be).
+template <typename TS> __device__ __forceinline__ float round_state(float x);
+template <> __device__ __forceinline__ float round_state<float>(float x) { return x; }
+template <> __device__ __forceinline__ float round_state<__half>(float x) {
+  return __half2float(__float2half_rn(x));
+}
+template <> __device__ __forceinline__ float round_state<bf16_t>(float x) {
+#if __CUDA_ARCH__ >= 800
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return __uint_as_float(static_cast<uint32_t>(h) << 16);
+#else
+  return to_float(from_float<bf16_t>(x));   // integer round-to-nearest-even (no bf16 ALU)
+#endif
+}
+
+// Two 16-bit state values packed in a 32-bit word <-> floats.
+template <typename TS> __device__ __forceinline__ void unpack2(uint32_t w, float& lo, float& hi);
+template <> __device__ __forceinline__ void unpack2<__half>(uint32_t w, float& lo, float& hi) {
+  lo = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+  hi = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+}
+template <> __device__ __forceinline__ void unpack2<bf16_t>(uint32_t w, float& lo, float& hi) {
+  lo = __uint_as_float(w << 16);
+  hi = __uint_as_float(w & 0xffff0000u);
+}
+// The values are already rounded to the state dtype (round_state), so packing is exact.
+template <typename TS> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  return static_cast<uint32_t>(__half_as_ushort(__float2half_rn(lo))) |
+         (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(hi))) << 16);
+}
+template <> __device__ __forceinline__ uint32_t pack2<bf16_t>(float lo, float hi) {
+  return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
+}
+
+// N contiguous state elements <-> float[N], as 16-byte (or 8-byte) vectors.
+// NC: read through the non-coherent path (verify: the state is read-only there).
+template <typename TS, int N, bool NC>
+__device__ __forceinline__ void load_state_vec(const TS* p, float* d) {
+  static_assert(N % 4 == 0, "state vectors are 4 or 8 elements");
+  if constexpr (sizeof(TS) == 4) {
+    const float4* v = reinterpret_cast<const float4*>(p);
+#pragma unroll
+    for (int u = 0; u < N / 4; ++u) {
+      const float4 x = NC ? __ldg(v + u) : v[u];
+      d[4 * u] = x.x; d[4 * u + 1] = x.y; d[4 * u + 2] = x.z; d[4 * u + 3] = x.w;
+    }
+  } else if constexpr (N % 8 == 0) {
+    const uint4* v = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+    for (int u = 0; u < N / 8; ++u) {
+      const uint4 x = NC ? __ldg(v + u) : v[u];
+      unpack2<TS>(x.x, d[8 * u + 0], d[8 * u + 1]);
+      unpack2<TS>(x.y, d[8 * u + 2], d[8 * u + 3]);
+      unpack2<TS>(x.z, d[8 * u + 4], d[8 * u + 5]);
+      unpack2<TS>(x.w, d[8 * u + 6], d[8 * u + 7]);
+    }
+  } else {
+    const uint2* v = reinterpret_cast<const uint2*>(p);
+    const uint2 x = NC ? __ldg(v) : v[0];
+    unpack2<TS>(x.x, d[0], d[1]);
+    unpack2<TS>(x.y, d[2], d[3]);
+  }
+}
+
+template <typename TS, int N>
+__device__ __forceinline__ void store_state_vec(TS* p, const float* d) {
+  if constexpr (sizeof(TS) == 4) {
+    float4* v = reinterpret_cast<float4*>(p);
+#pragma unroll
+    for (int u = 0; u < N / 4; ++u) v[u] = make_float4(d[4 * u], d[4 * u + 1], d[4 * u + 2], d[4 * u + 3]);
+  } else if constexpr (N % 8 == 0) {
+    uint4* v = reinterpret_cast<uint4*>(p);
+#pragma unroll
+    for (int u = 0; u < N / 8; ++u)
+      v[u] = make_uint4(pack2<TS>(d[8 * u], d[8 * u + 1]), pack2<TS>(d[8 * u + 2], d[8 * u + 3]),
+                        pack2<TS>(d[8 * u + 4], d[8 * u + 5]), pack2<TS>(d[8 * u + 6], d[8 * u + 7]));
+  } else {
+    *reinterpret_cast<uint2*>(p) = make_uint2(pack2<TS>(d[0], d[1]), pack2<TS>(d[2], d[3]));
+  }
+}
+
+// ---------------------------------------------------------------- the state tile
+//
+// A warp owns WARP_COLS = 2*CJ columns (Dv entries) of one head's state, all DK rows
+// (Dk entries); a thread holds RI = DK/16 rows x CJ columns as float32 registers
+// (32 registers for an f32 state: CJ = 4; 64 for a 16-bit state: CJ = 8, so that each
+// thread's vector is 16 bytes either way). The 16 lanes that share columns split the
+// Dk rows, so every Dk reduction is a 4-step shuffle inside the warp: no shared memory,
+// no __syncthreads in the per-token loop.
+//   "kv" ([Dk][Dv], Dv contiguous): lane = 2*lr + lc, rows lr + 16*r, columns lc*CJ + c:
+//        a row of the warp's columns is one 16-byte vector per lane, 32 contiguous bytes
+//        per lane pair.
+//   "vk" ([Dv][Dk], Dk contiguous): lane = 16*lc + lr, rows lr*RI + r (contiguous),
+//        columns lc*CJ + c: a column is 16 lanes x RI contiguous elements.
+template <typename TS, int DK, bool VK>
+struct StateTile {
+  static constexpr int RI = DK / 16;
+  static constexpr int CJ = sizeof(TS) == 4 ? 4 : 8;
+  static constexpr int WARP_COLS = 2 * CJ;
+  static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
+
+  int lr, lc;
+  float s[RI][CJ];
+
+  __device__ __forceinline__ explicit StateTile(int lane)
+      : lr(VK ? (lane & 15) : (lane >> 1)), lc(VK ? (lane >> 4) : (lane & 1)) {}
+
+  __device__ __forceinline__ int row(int r) const { return VK ? lr * RI + r : lr + 16 * r; }
+
+  // Sum over the 16 lanes that share this thread's columns (every lane gets the total,
+  // bit-identical across lanes: each butterfly step adds the same two numbers).
+  __device__ __forceinline__ static float lane_sum(float x) {
+#pragma unroll
+    for (int m = (VK ? 1 : 2); m <= (VK ? 8 : 16); m <<= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+    return x;
+  }
+
+  // head: this (slot, value head)'s [Dk][Dv] or [Dv][Dk] block; col: the thread's first column
+  template <bool NC>
+  __device__ __forceinline__ void load(const TS* head, int col, int Dv) {
+    if constexpr (!VK) {
+#pragma unroll
+      for (int r = 0; r < RI; ++r) load_state_vec<TS, CJ, NC>(head + int64_t(row(r)) * Dv + col, s[r]);
+    } else {
+#pragma unroll
+      for (int c = 0; c < CJ; ++c) {
+        float t[RI];
+        load_state_vec<TS, RI, NC>(head + int64_t(col + c) * DK + lr * RI, t);
+#pragma unroll
+        for (int r = 0; r < RI; ++r) s[r][c] = t[r];
+      }
+    }
+  }
+
+  __device__ __forceinline__ void store(TS* head, int col, int Dv) const {
+    if constexpr (!VK) {
+#pragma unroll
+      for (int r = 0; r < RI; ++r) store_state_vec<TS, CJ>(head + int64_t(row(r)) * Dv + col, s[r]);
+    } else {
+#pragma unroll
+      for (int c = 0; c < CJ; ++c) {
+        float t[RI];
+#pragma unroll
+        for (int r = 0; r < RI; ++r) t[r] = s[r][c];
+        store_state_vec<TS, RI>(head + int64_t(col + c) * DK + lr * RI, t);
+      }
+    }
+  }
+
+  // This thread's RI entries of a Dk vector staged in shared memory.
+  __device__ __forceinline__ void gather(const float* vec, float (&x)[RI]) const {
+    if constexpr (VK) {
+#pragma unroll
+      for (int u = 0; u < RI / 4; ++u) {
+        const float4 f = reinterpret_cast<const float4*>(vec + lr * RI)[u];
+        x[4 * u] = f.x; x[4 * u + 1] = f.y; x[4 * u + 2] = f.z; x[4 * u + 3] = f.w;
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < RI; ++r) x[r] = vec[row(r)];
+    }
+  }
+
+  // (S^T k) for this thread's columns, reduced over Dk.
+  __device__ __forceinline__ void dot(const float (&k)[RI], float (&out)[CJ]) const {
+#pragma unroll
+    for (int c = 0; c < CJ; ++c) {
+      float acc = 0.f;
+#pragma unroll
+      for (int r = 0; r < RI; ++r) acc = fmaf(s[r][c], k[r], acc);
+      out[c] = lane_sum(acc);
+    }
+  }
+
+  // The delta rule's state update for one token, given delta = beta (v - decay S^T k):
+  //   S <- round(decay * S + k delta^T)
+  template <typename TSR>
+  __device__ __forceinline__ void update(float decay, const float (&k)[RI], const float (&delta)[CJ]) {
+#pragma unroll
+    for (int r = 0; r < RI; ++r)
+#pragma unroll
+      for (int c = 0; c < CJ; ++c) s[r][c] = round_state<TSR>(fmaf(decay, s[r][c], k[r] * delta[c]));
+  }
+};
+
+// delta = beta * (v - decay * (S^T k)): the one formula verify and commit share.
+__device__ __forceinline__ float delta_of(float beta, float v, float decay, float sk) {
+  return beta * (v - decay * sk);
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+  return x;
+}
+
+}  // namespace gdn
+}  // namespace specdec

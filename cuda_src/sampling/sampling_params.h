@@ -1,0 +1,66 @@
+/* Parameter block of the sampling family (spec_sample), shared by the kernels (nvcc) and
+ * the Cython launcher. One struct serves the three kernels of the op (tiles, threshold,
+ * finish); each reads the fields it needs. Strides are in elements. */
+#pragma once
+#include <stdint.h>
+
+#define SPEC_SAMPLE_TILE 2048          /* tokens per tile: a constant of the spec (reference TILE) */
+#define SPEC_SAMPLE_MAX_TILES 1024     /* V <= 2^21 */
+#define SPEC_SAMPLE_TILE_THREADS 256   /* spec_sample_tiles_*: 8 tokens per thread per tile */
+#define SPEC_SAMPLE_THRESHOLD_THREADS 1024
+#define SPEC_SAMPLE_FINISH_THREADS 256
+
+/* status codes (specdec_lib/reference/sampling.py STATUS_*) */
+#define SPEC_SAMPLE_OK 0
+#define SPEC_SAMPLE_NONFINITE 1
+#define SPEC_SAMPLE_BAD_DRAFT 2
+#define SPEC_SAMPLE_EMPTY 3
+#define SPEC_SAMPLE_BAD_LAYOUT 4
+
+/* Workspace (caller-provided, no alignment beyond 16 bytes needed):
+ *   SpecSampleTile  tiles[T * num_tiles]   per (row, tile) partials
+ *   SpecSampleRow   rows[T]                per row: filter threshold, row max
+ * bytes = T * num_tiles * sizeof(SpecSampleTile) + T * sizeof(SpecSampleRow) */
+typedef struct {
+  float m;          /* max of s2 = logit * log2(e) / temperature over non-NaN tokens (-inf: none) */
+  float s;          /* sum of exp2(s2 - m) over counted tokens (not the one-hot draft, kept) */
+  float raw_max;    /* max raw logit (non-NaN) */
+  int32_t arg;      /* lowest id of raw_max, -1 if the tile is all NaN */
+  uint32_t flags;   /* bit 0: NaN seen, bit 1: +inf seen */
+} SpecSampleTile;
+
+typedef struct {
+  uint32_t tau_key; /* kept iff orderable_key(logit) >= tau_key (0: no top-k/top-p cut) */
+  float m;          /* row max of s2 */
+} SpecSampleRow;
+
+typedef struct {
+  const void* logits;           /* [T, V], last dim contiguous */
+  const int32_t* cu_q;          /* [B+1] */
+  const int32_t* draft_ids;     /* [T-B] */
+  const float* temperature;     /* [B] */
+  const int32_t* top_k;         /* [B] */
+  const float* top_p;           /* [B] */
+  const float* min_p;           /* [B] */
+  const uint64_t* seed;         /* [B] */
+  const int64_t* step;          /* [B] */
+  const float* draft_probs;     /* [T-B, Vd] or NULL (one-hot drafts) */
+  const int32_t* d2t;           /* [Vd] strictly increasing target ids, or NULL */
+  int32_t* num_accepted;        /* [B] */
+  int32_t* emitted;             /* [B, width] */
+  int32_t* status;              /* [B] */
+  float* logprobs;              /* [B, width] or NULL */
+  void* workspace;
+  int64_t logits_stride;        /* elements between logits rows */
+  int64_t draft_probs_stride;
+  int64_t emitted_stride;
+  int64_t logprobs_stride;
+  int32_t num_rows;             /* T */
+  int32_t batch;                /* B */
+  int32_t vocab;                /* V */
+  int32_t draft_vocab;          /* Vd (0 without draft_probs) */
+  int32_t num_tiles;            /* ceil(V / SPEC_SAMPLE_TILE) */
+  int32_t tiles_per_cta;        /* spec_sample_tiles_*: tiles one CTA walks */
+  int32_t width;                /* emitted.shape[1] = kmax + 1 */
+  int32_t filtered_pass;        /* spec_sample_tiles_*: 0 = all rows, 1 = rows with filters */
+} SpecSampleParams;

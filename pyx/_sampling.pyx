@@ -1,0 +1,112 @@
+# cython: language_level=3
+"""Launchers of the sampling family (spec_sample): pack the parameter block, launch the
+three kernels in order on the caller's stream. No validation here
+(specdec_lib.ops.sampling does it before calling in)."""
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
+from specdec_lib._driver cimport Kernel, launch
+
+cdef extern from "sampling/sampling_params.h":
+    int SPEC_SAMPLE_TILE
+    int SPEC_SAMPLE_MAX_TILES
+    int SPEC_SAMPLE_TILE_THREADS
+    int SPEC_SAMPLE_THRESHOLD_THREADS
+    int SPEC_SAMPLE_FINISH_THREADS
+
+    ctypedef struct SpecSampleTile:
+        float m
+        float s
+        float raw_max
+        int32_t arg
+        uint32_t flags
+
+    ctypedef struct SpecSampleRow:
+        uint32_t tau_key
+        float m
+
+    ctypedef struct SpecSampleParams:
+        const void* logits
+        const int32_t* cu_q
+        const int32_t* draft_ids
+        const float* temperature
+        const int32_t* top_k
+        const float* top_p
+        const float* min_p
+        const uint64_t* seed
+        const int64_t* step
+        const float* draft_probs
+        const int32_t* d2t
+        int32_t* num_accepted
+        int32_t* emitted
+        int32_t* status
+        float* logprobs
+        void* workspace
+        int64_t logits_stride
+        int64_t draft_probs_stride
+        int64_t emitted_stride
+        int64_t logprobs_stride
+        int32_t num_rows
+        int32_t batch
+        int32_t vocab
+        int32_t draft_vocab
+        int32_t num_tiles
+        int32_t tiles_per_cta
+        int32_t width
+        int32_t filtered_pass
+
+PARAM_SIZES = {"SpecSampleParams": sizeof(SpecSampleParams)}
+TILE = SPEC_SAMPLE_TILE
+MAX_TILES = SPEC_SAMPLE_MAX_TILES
+TILE_BYTES = sizeof(SpecSampleTile)
+ROW_BYTES = sizeof(SpecSampleRow)
+
+
+def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size_t stream,
+                       uintptr_t logits, uintptr_t cu_q, uintptr_t draft_ids,
+                       uintptr_t temperature, uintptr_t top_k, uintptr_t top_p, uintptr_t min_p,
+                       uintptr_t seed, uintptr_t step, uintptr_t draft_probs, uintptr_t d2t,
+                       uintptr_t num_accepted, uintptr_t emitted, uintptr_t status,
+                       uintptr_t logprobs, uintptr_t workspace,
+                       int64_t logits_stride, int64_t draft_probs_stride,
+                       int64_t emitted_stride, int64_t logprobs_stride,
+                       int num_rows, int batch, int vocab, int draft_vocab, int num_tiles,
+                       int tiles_per_cta, int width):
+    """tiles (grid T x chunks) -> threshold (grid T) -> tiles, filtered pass -> finish
+    (grid B). The filter launches always run: whether a request filters is only known on
+    the device (their CTAs for unfiltered rows exit at once)."""
+    cdef SpecSampleParams p
+    p.logits = <const void*>logits
+    p.cu_q = <const int32_t*>cu_q
+    p.draft_ids = <const int32_t*>draft_ids
+    p.temperature = <const float*>temperature
+    p.top_k = <const int32_t*>top_k
+    p.top_p = <const float*>top_p
+    p.min_p = <const float*>min_p
+    p.seed = <const uint64_t*>seed
+    p.step = <const int64_t*>step
+    p.draft_probs = <const float*>draft_probs
+    p.d2t = <const int32_t*>d2t
+    p.num_accepted = <int32_t*>num_accepted
+    p.emitted = <int32_t*>emitted
+    p.status = <int32_t*>status
+    p.logprobs = <float*>logprobs
+    p.workspace = <void*>workspace
+    p.logits_stride = logits_stride
+    p.draft_probs_stride = draft_probs_stride
+    p.emitted_stride = emitted_stride
+    p.logprobs_stride = logprobs_stride
+    p.num_rows = num_rows
+    p.batch = batch
+    p.vocab = vocab
+    p.draft_vocab = draft_vocab
+    p.num_tiles = num_tiles
+    p.tiles_per_cta = tiles_per_cta
+    p.width = width
+    p.filtered_pass = 0
+    cdef unsigned int chunks = (num_tiles + tiles_per_cta - 1) // tiles_per_cta
+    if num_rows > 0:
+        launch(k_tiles, num_rows, chunks, 1, SPEC_SAMPLE_TILE_THREADS, 1, 1, 0, stream, &p)
+        launch(k_threshold, num_rows, 1, 1, SPEC_SAMPLE_THRESHOLD_THREADS, 1, 1, 0, stream, &p)
+        p.filtered_pass = 1
+        launch(k_tiles, num_rows, chunks, 1, SPEC_SAMPLE_TILE_THREADS, 1, 1, 0, stream, &p)
+        p.filtered_pass = 0
+    launch(k_finish, batch, 1, 1, SPEC_SAMPLE_FINISH_THREADS, 1, 1, 0, stream, &p)

@@ -1,0 +1,96 @@
+"""Benchmark of verify_attention (``python -m specdec_lib bench verify_attention``).
+
+Bytes counted: the K and V rows the op must read (B * (L+q) * Hkv * D * 2 tensors *
+itemsize); q/out are < 1% of that. Peer in the same run, when torch is importable:
+``scaled_dot_product_attention`` (flash backend when it accepts the call) on the same K/V
+already gathered into contiguous [B, Hkv, L+q, D] tensors, lower-right causal mask,
+GQA without materialising repeated heads.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .bench import Bench, _rand, bench
+
+SHAPES = [   # (B, L, q, Hq, Hkv, D, page_size)
+    (64, 4096, 4, 32, 8, 128, 16),
+    (64, 4096, 4, 32, 8, 128, 64),
+    (1, 32768, 4, 32, 8, 128, 16),
+    (1, 32768, 4, 32, 8, 128, 64),
+]
+
+
+def _torch_sdpa(b: Bench, B, L, q, Hq, Hkv, D, kv_bytes, shape):
+    try:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.attention.bias import causal_lower_right
+        import torch.nn.functional as F
+    except Exception as e:   # torch missing or too old
+        print(f"  verify_attention   torch SDPA peer skipped: {type(e).__name__}: {e}")
+        return
+    dev = torch.device("cuda", b.device)
+    g = torch.Generator(device=dev).manual_seed(0)
+    S = L + q
+    qt = torch.randn(B, Hq, q, D, device=dev, dtype=torch.bfloat16, generator=g)
+    kt = torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16, generator=g)
+    vt = torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16, generator=g)
+    mask = causal_lower_right(q, S)
+    stream = torch.cuda.ExternalStream(b.stream, device=dev)
+    for backend, name in ((SDPBackend.FLASH_ATTENTION, "torch sdpa flash"),
+                          (None, "torch sdpa (auto)")):
+        def run():
+            with torch.cuda.stream(stream):
+                if backend is None:
+                    F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
+                else:
+                    with sdpa_kernel(backend):
+                        F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
+        try:
+            run()
+            torch.cuda.synchronize(dev)
+            ms = b.time(run, iters=10)
+        except Exception as e:
+            print(f"  verify_attention   {name}: not available for this shape "
+                  f"({type(e).__name__}: {str(e).splitlines()[0][:100]})")
+            continue
+        b.report("verify_attention", shape, kv_bytes, ms, impl=name)
+        break
+
+
+@bench("verify_attention")
+def bench_verify_attention(b: Bench):
+    from .arrays import DeviceArray
+    from .ops import verify_attention, verify_attention_workspace_size
+    from .ops.attention import plan_verify_attention
+    from . import runtime
+    for B, L, q, Hq, Hkv, D, ps in SHAPES:
+        T = B * q
+        max_pages = (L + q + ps - 1) // ps
+        num_pages = B * max_pages
+        qd = _rand((T, Hq, D), "bfloat16", b.device, 1)
+        kc = _rand((num_pages, ps, Hkv, D), "bfloat16", b.device, 2)
+        vc = _rand((num_pages, ps, Hkv, D), "bfloat16", b.device, 3)
+        pt = DeviceArray.from_numpy(np.random.default_rng(0).permutation(num_pages)
+                                    .reshape(B, max_pages).astype(np.int32), device=b.device)
+        sl = DeviceArray.from_numpy(np.full(B, L, np.int32), device=b.device)
+        cq = DeviceArray.from_numpy((np.arange(B + 1) * q).astype(np.int32), device=b.device)
+        out = DeviceArray.empty((T, Hq, D), "bfloat16", b.device)
+        lse = DeviceArray.empty((T, Hq), "float32", b.device)
+        max_kv = max_pages * ps
+        nbytes = verify_attention_workspace_size(T, Hq, Hkv, D, B, max_kv, device=b.device)
+        ws = DeviceArray.empty((max(nbytes, 1),), "uint8", b.device)
+        plan = plan_verify_attention(B, Hkv, Hq // Hkv, D, min(T, 16), max_kv,
+                                     runtime.sm_count(b.device))
+
+        def run():
+            verify_attention(qd, kc, vc, pt, sl, cq, out, lse_out=lse, workspace=ws,
+                             stream=b.stream)
+        kv_bytes = B * (L + q) * Hkv * D * 2 * 2
+        shape = f"B={B} L={L} q={q} Hq={Hq} Hkv={Hkv} D={D} page={ps} bf16"
+        ms = b.time_graph(run, per_graph=10)
+        b.report("verify_attention", shape, kv_bytes, ms, splits=plan.num_splits,
+                 host_us=round(b.host_us(run), 1))
+        del kc, vc
+        if ps == 16:   # the peer reads contiguous K/V: page size does not apply
+            _torch_sdpa(b, B, L, q, Hq, Hkv, D, kv_bytes, shape)

@@ -1,0 +1,109 @@
+"""Benchmark of spec_sample (loaded by specdec_lib.bench as a plugin): ``python -m specdec_lib
+bench spec_sample``.
+
+Bytes counted: the logits the op must read once (T * V * itemsize); the filter and finish
+passes re-read parts of rows (top-k/top-p rows: 6 radix passes + 1 recount over the row),
+so rows with filters cost more than the number printed assumes -- that is the point of
+printing both the no-filter and the top-p mixes. Peers on the same shapes: a plain torch
+softmax + rejection (when torch is importable) and FlashInfer's chain sampler turned into
+its time floor: it reads fp32 target probabilities [B, k+1, V] and draft probabilities
+[B, k, V] (after a softmax we do not count), at the copy bandwidth measured here.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .bench import Bench, bench
+
+
+def _inputs(B, k, V, device, greedy_frac, top_p, seed=0):
+    from .arrays import DeviceArray
+    from .dtypes import f32_to_bf16_bits
+    rng = np.random.default_rng(seed)
+    q = k + 1
+    T = B * q
+    logits = f32_to_bf16_bits((rng.standard_normal((T, V)) * 3).astype(np.float32))
+    temp = np.where(rng.random(B) < greedy_frac, 0.0, 0.8).astype(np.float32)
+    host = dict(
+        logits=DeviceArray.from_numpy(logits, dtype="bfloat16", device=device),
+        cu_q=DeviceArray.from_numpy((np.arange(B + 1) * q).astype(np.int32), device=device),
+        draft_ids=DeviceArray.from_numpy(rng.integers(0, V, T - B).astype(np.int32), device=device),
+        temperature=DeviceArray.from_numpy(temp, device=device),
+        top_k=DeviceArray.from_numpy(np.zeros(B, np.int32), device=device),
+        top_p=DeviceArray.from_numpy(np.full(B, top_p, np.float32), device=device),
+        min_p=DeviceArray.from_numpy(np.zeros(B, np.float32), device=device),
+        seed=DeviceArray.from_numpy(np.arange(B, dtype=np.uint64), device=device),
+        step=DeviceArray.from_numpy(np.zeros(B, np.int64), device=device),
+        num_accepted=DeviceArray.empty((B,), "int32", device),
+        emitted=DeviceArray.empty((B, q), "int32", device),
+        status=DeviceArray.empty((B,), "int32", device),
+    )
+    return host, T
+
+
+@bench("spec_sample")
+def bench_spec_sample(b: Bench):
+    from .arrays import DeviceArray
+    from .ops import spec_sample, spec_sample_workspace_size
+    V, k = 151936, 3
+    for B, greedy_frac, top_p, label in ((64, 0.5, 1.0, "half greedy, no filter"),
+                                         (64, 0.5, 0.9, "half greedy, top-p 0.9"),
+                                         (64, 0.0, 1.0, "all sampled, no filter"),
+                                         (1, 0.0, 1.0, "sampled, no filter"),
+                                         (1, 0.0, 0.9, "sampled, top-p 0.9")):
+        a, T = _inputs(B, k, V, b.device, greedy_frac, top_p)
+        ws = DeviceArray.empty((spec_sample_workspace_size(T, V),), "uint8", b.device)
+
+        def run():
+            spec_sample(a["logits"], a["cu_q"], a["draft_ids"], a["temperature"], a["top_k"],
+                        a["top_p"], a["min_p"], a["seed"], a["step"], a["num_accepted"],
+                        a["emitted"], a["status"], workspace=ws, stream=b.stream)
+        nbytes = T * V * 2
+        ms = b.time_graph(run) if B <= 4 else b.time(run, iters=20)
+        b.report("spec_sample", f"B={B} k={k} V={V} bf16 {label}", nbytes, ms,
+                 host_us=round(b.host_us(run), 1))
+        if B == 64 and top_p == 1.0 and greedy_frac == 0.5:
+            fi_bytes = (B * (k + 1) * V + B * k * V) * 4
+            floor_ms = fi_bytes / (b.copy_bw() * 1e6)
+            b.report("spec_sample", f"B={B} k={k} V={V} fp32 probs read floor", fi_bytes,
+                     floor_ms, impl="flashinfer-chain(floor)")
+            _torch_peer(b, a, B, k, V)
+        del a, ws
+
+
+def _torch_peer(b: Bench, a, B, k, V):
+    """softmax(logits / T) in fp32 + one-hot rejection + residual multinomial, in torch."""
+    try:
+        import torch
+    except ImportError:
+        return
+    dev = torch.device("cuda", b.device)
+    g = torch.Generator(device=dev).manual_seed(0)
+    logits = torch.randn(B * (k + 1), V, device=dev, dtype=torch.bfloat16) * 3
+    drafts = torch.randint(0, V, (B, k), device=dev, generator=g)
+    temp = torch.full((B * (k + 1), 1), 0.8, device=dev)
+
+    def run():
+        p = torch.softmax(logits.float() / temp, -1).view(B, k + 1, V)
+        px = p[:, :k].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+        u = torch.rand(B, k, device=dev, generator=g)
+        acc = (u < px).int().cumprod(-1)
+        n = acc.sum(-1)
+        rows = p[torch.arange(B, device=dev), n]
+        res = rows.scatter(-1, drafts.gather(-1, n.clamp(max=k - 1).unsqueeze(-1)), 0.0)
+        res = torch.where((n < k).unsqueeze(-1), res, rows)
+        return torch.multinomial(res, 1, generator=g)
+
+    s = torch.cuda.Stream(device=dev)
+    with torch.cuda.stream(s):
+        run()
+        s.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            run()
+        end.record()
+        end.synchronize()
+    ms = start.elapsed_time(end) / 20
+    b.report("spec_sample", f"B={B} k={k} V={V} bf16 softmax+rejection", B * (k + 1) * V * 2, ms,
+             impl="torch")

@@ -1,0 +1,241 @@
+"""verify_attention on the GPU (kernels: cuda_src/attention/verify_attention.cu).
+
+The launch plan (rows per CTA, KV splits, shared memory) is computed here, in one place,
+from host-known sizes only, so a call can be captured in a CUDA graph: the split count
+depends on the batch, the KV heads, the context bound ``max_kv_len`` (default: what the
+page table can address) and the SM count, never on the device-side ``seq_lens``.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from .. import runtime
+from .._validate import DeviceArg, as_stream, check_int
+from ..reference.attention import (MAX_Q_PER_SEQ, check_verify_attention_shapes,
+                                   check_verify_attention_values)
+
+# --- must agree with cuda_src/attention/attention_params.h and verify_attention.cu
+_THREADS = 128
+_EPILOGUE_SMEM = 4 * 16 * 72 * 4 + 2 * 4 * 16 * 4
+_TILE_KEYS = {64: 64, 128: 64, 256: 32}
+
+MAX_SPLITS = 1024               # gridDim.z bound we allow (the hardware allows 65535)
+_MIN_KEYS_PER_SPLIT = 256       # below this a split's merge costs more than it saves
+_CTAS_PER_SM = 2                # resident attention CTAs per SM the split count aims for
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _stages(family: int) -> int:
+    return 3 if family >= 80 else 1
+
+
+def verify_attention_smem_bytes(head_dim: int, family: int) -> int:
+    """Dynamic shared memory of one verify_attention CTA on code family 75/80/90."""
+    ring = _stages(family) * 2 * _TILE_KEYS[head_dim] * head_dim * 2
+    return max(ring, _EPILOGUE_SMEM)
+
+
+@dataclass(frozen=True)
+class VerifyAttentionPlan:
+    warps_m: int        # 16-row m-tiles per CTA (1, 2 or 4); 4 // warps_m warps split each KV tile
+    m_groups: int       # CTAs along the packed-row axis per (sequence, KV head)
+    num_splits: int     # KV splits (grid.z); 1 = no partial buffers, no merge
+    kv_chunk: int       # keys per split, a multiple of the KV tile
+    max_q: int          # block rows per sequence the grid covers
+
+    def workspace_bytes(self, num_tokens: int, num_qo_heads: int, head_dim: int) -> int:
+        if self.num_splits <= 1:
+            return 0
+        rows = self.num_splits * num_tokens * num_qo_heads
+        return _lse_offset(rows, head_dim) + rows * 4
+
+
+def _lse_offset(rows: int, head_dim: int) -> int:
+    return (rows * head_dim * 4 + 255) // 256 * 256
+
+
+def plan_verify_attention(batch_size, num_kv_heads, group, head_dim, max_q, max_kv_len,
+                          sm_count, num_splits=None) -> VerifyAttentionPlan:
+    """The launch plan: pure function of host-known sizes (see the module docstring).
+
+    Packed rows ``max_q * group`` go 16 per warp m-tile, up to 4 m-tiles per CTA. Splits
+    are added until batch x KV heads x m-groups x splits fills ``_CTAS_PER_SM`` CTAs per
+    SM, keeping at least ``_MIN_KEYS_PER_SPLIT`` keys per split; ``num_splits`` overrides.
+    """
+    n_mtiles = max(1, _cdiv(max_q * group, 16))
+    warps_m = 1 if n_mtiles == 1 else 2 if n_mtiles == 2 else 4
+    m_groups = _cdiv(n_mtiles, warps_m)
+    tile = _TILE_KEYS[head_dim]
+    max_kv_len = max(int(max_kv_len), 1)
+    if num_splits is None:
+        ctas = max(batch_size * num_kv_heads * m_groups, 1)
+        target = _CTAS_PER_SM * sm_count
+        splits = 1 if ctas >= target else min(_cdiv(target, ctas),
+                                               _cdiv(max_kv_len, _MIN_KEYS_PER_SPLIT))
+    else:
+        splits = num_splits
+    splits = max(1, min(splits, MAX_SPLITS, _cdiv(max_kv_len, tile)))
+    chunk = _cdiv(_cdiv(max_kv_len, splits), tile) * tile
+    splits = _cdiv(max_kv_len, chunk)
+    return VerifyAttentionPlan(warps_m, m_groups, splits, chunk, max_q)
+
+
+def verify_attention_workspace_size(num_tokens, num_qo_heads, num_kv_heads, head_dim, batch_size,
+                                    max_kv_len, *, max_q=None, num_splits=None, device=0) -> int:
+    """Bytes of the ``workspace`` that ``verify_attention`` needs for these sizes (0 when
+    the plan has a single split). Pass the same ``max_kv_len`` / ``max_q`` /
+    ``num_splits`` to the op (``max_kv_len`` defaults there to ``max_pages *
+    page_size``; ``max_q`` to ``min(num_tokens, 16)``). Allocate once for the largest
+    shapes a captured graph will see."""
+    if max_q is None:
+        max_q = min(num_tokens, MAX_Q_PER_SEQ)
+    plan = plan_verify_attention(batch_size, num_kv_heads, num_qo_heads // num_kv_heads, head_dim,
+                                 max_q, max_kv_len, runtime.sm_count(device), num_splits)
+    return plan.workspace_bytes(num_tokens, num_qo_heads, head_dim)
+
+
+def _debug_default():
+    return os.environ.get("SPECDEC_DEBUG", "").strip() not in ("", "0")
+
+
+def _host(arg):
+    from .copy import _host as host_copy
+    return host_copy(arg)
+
+
+def _aligned(name, a, elems=8):
+    """Head dim contiguous; other strides and the base 16-byte aligned (16-byte vector I/O)."""
+    if a.strides[-1] != 1:
+        raise ValueError(f"{name}: the head dimension must be contiguous (strides {a.strides})")
+    bad = [s for s, n in zip(a.strides[:-1], a.shape[:-1]) if n > 1 and s % elems]
+    if bad or a.ptr % 16:
+        raise ValueError(f"{name}: data pointer and strides must be 16-byte aligned "
+                         f"(ptr % 16 = {a.ptr % 16}, strides {a.strides} elements)")
+
+
+def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale=None,
+                     lse_out=None, *, workspace=None, num_splits=None, max_kv_len=None,
+                     max_q=None, check_indices=None, stream=None):
+    """Paged block-verification attention of one speculative round.
+
+    q ``[T, Hq, D]`` (float16; bfloat16 on sm_80+), k_cache / v_cache
+    ``[num_pages, page_size, Hkv, D]`` (q's dtype; page size a power of two 1..256),
+    page_table ``[B, max_pages]`` int32, seq_lens ``[B]`` int32 committed lengths L,
+    cu_q ``[B+1]`` int32 block offsets (at most 16 rows per sequence), out ``[T, Hq, D]``
+    (q's dtype), lse_out ``[T, Hq]`` float32 natural-log LSE (optional).
+    Row i of sequence b (token ``cu_q[b]+i``) sits at position ``L[b]+i`` and attends
+    keys ``0 .. L[b]+i`` (its own K/V already appended). ``Hq % Hkv == 0``, group <= 16,
+    D in {64, 128, 256}; every head dimension contiguous, other strides free (16-byte
+    aligned). Sequences with no block rows write nothing.
+
+    ``workspace``: device buffer of at least ``verify_attention_workspace_size(...)``
+    bytes for the split-KV partial results; without it the op runs unsplit (correct,
+    but a small batch at long context then uses few SMs). ``num_splits`` forces a split
+    count, ``max_kv_len`` bounds L+q (default ``max_pages * page_size``; longer
+    sequences are still right, their last split just does more work), ``max_q`` bounds
+    the rows per sequence (default ``min(T, 16)``; a sequence with more is left
+    unwritten). ``check_indices`` (default: env ``SPECDEC_DEBUG``) copies cu_q /
+    seq_lens / page_table to the host and raises ValueError on bad offsets, a page table
+    too narrow for L+q, or page ids outside the pool; without it the kernel never faults
+    on such input but writes NaN for the affected sequence/head rows.
+    Returns ``out``.
+
+    Example::
+
+        ws = DeviceArray.empty((verify_attention_workspace_size(T, 32, 8, 128, B,
+                                 max_pages * 16),), "uint8")
+        verify_attention(q, kc, vc, pt, L, cu_q, out, lse_out=lse, workspace=ws)
+    """
+    qa = DeviceArg("q", q, dtype=("float16", "bfloat16"), ndim=3)
+    dev = qa.device
+    kc = DeviceArg("k_cache", k_cache, dtype=qa.dtype, ndim=4, device=dev)
+    vc = DeviceArg("v_cache", v_cache, dtype=qa.dtype, ndim=4, device=dev)
+    pt = DeviceArg("page_table", page_table, dtype="int32", ndim=2, device=dev)
+    sl = DeviceArg("seq_lens", seq_lens, dtype="int32", ndim=1, device=dev, contiguous=True)
+    cq = DeviceArg("cu_q", cu_q, dtype="int32", ndim=1, device=dev, contiguous=True)
+    oa = DeviceArg("out", out, dtype=qa.dtype, ndim=3, device=dev)
+    la = DeviceArg("lse_out", lse_out, dtype="float32", ndim=2, device=dev, optional=True)
+    T, Hq, Hkv, D, B, page_size = check_verify_attention_shapes(
+        qa.shape, kc.shape, vc.shape, pt.shape, sl.shape, cq.shape, oa.shape,
+        None if lse_out is None else la.shape)
+    num_pages, max_pages = kc.shape[0], pt.shape[1]
+    family = runtime.arch_family(dev)
+    if qa.dtype == "bfloat16" and family < 80:
+        raise TypeError("q: bfloat16 verify_attention needs sm_80 or newer (this device runs the "
+                        "sm_75 code path, which has no bf16 tensor cores); use float16")
+    for a in (qa, kc, vc, oa):
+        _aligned(a.name, a)
+    if pt.shape[1] > 1 and pt.strides[1] != 1:
+        raise ValueError(f"page_table: rows must be contiguous (strides {pt.strides})")
+    if num_pages >= 2**31 or T >= 2**31 or max_pages >= 2**31:
+        raise ValueError("k_cache/q/page_table: sizes of 2^31 or more are not supported")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    scale = float(scale)
+    if not math.isfinite(scale) or scale == 0.0:
+        raise ValueError(f"scale: must be finite and non-zero, got {scale}")
+    if max_q is None:
+        max_q = min(T, MAX_Q_PER_SEQ)
+    else:
+        max_q = check_int("max_q", max_q, 1, MAX_Q_PER_SEQ)
+    if max_kv_len is None:
+        max_kv_len = max_pages * page_size
+    else:
+        max_kv_len = check_int("max_kv_len", max_kv_len, 1)
+    if num_splits is not None:
+        num_splits = check_int("num_splits", num_splits, 1, MAX_SPLITS)
+    if check_indices is None:
+        check_indices = _debug_default()
+    if check_indices:
+        if not runtime.driver().stream_is_capturing(as_stream(stream)):
+            check_verify_attention_values(_host(pt), _host(sl), _host(cq), T, num_pages, page_size)
+    if T == 0 or B == 0:
+        return out
+
+    group = Hq // Hkv
+    ws = DeviceArg("workspace", workspace, device=dev, contiguous=True, optional=True)
+    if workspace is None:
+        if num_splits is not None and num_splits > 1:
+            raise ValueError(f"workspace: num_splits={num_splits} needs a workspace of "
+                             "verify_attention_workspace_size(...) bytes")
+        num_splits = 1
+    plan = plan_verify_attention(B, Hkv, group, D, max_q, max_kv_len, runtime.sm_count(dev),
+                                 num_splits)
+    partial_o = partial_lse = 0
+    if plan.num_splits > 1:
+        need = plan.workspace_bytes(T, Hq, D)
+        have = ws.numel * ws.itemsize
+        if have < need:
+            raise ValueError(f"workspace: {have} bytes, this call needs {need} "
+                             f"({plan.num_splits} KV splits); size it with "
+                             "verify_attention_workspace_size(...)")
+        if ws.ptr % 256:
+            raise ValueError(f"workspace: must be 256-byte aligned (ptr % 256 = {ws.ptr % 256})")
+        partial_o = ws.ptr
+        partial_lse = ws.ptr + _lse_offset(plan.num_splits * T * Hq, D)
+
+    tag = "f16" if qa.dtype == "float16" else "bf16"
+    kern = runtime.kernel("attention", f"verify_attention_d{D}_{tag}", dev)
+    merge = runtime.kernel("attention", f"verify_attention_merge_{tag}", dev)
+    smem = verify_attention_smem_bytes(D, family)
+    if smem > runtime.device_props(dev)["smem_optin"]:
+        raise ValueError(f"q: head dim {D} needs {smem} bytes of shared memory per block, "
+                         f"device {dev} allows {runtime.device_props(dev)['smem_optin']}")
+    if smem > 48 * 1024:
+        kern.set_max_dynamic_smem(smem)
+    from .. import _attention
+    _attention.launch_verify_attention(
+        kern, merge, Hkv * plan.m_groups, smem, as_stream(stream),
+        (qa.ptr, kc.ptr, vc.ptr, pt.ptr, sl.ptr, cq.ptr, oa.ptr, la.ptr, partial_o, partial_lse),
+        (qa.strides[0], qa.strides[1]), (kc.strides[0], kc.strides[1], kc.strides[2]),
+        (vc.strides[0], vc.strides[1], vc.strides[2]), (oa.strides[0], oa.strides[1]),
+        (la.strides[0], la.strides[1]) if lse_out is not None else (0, 0),
+        pt.strides[0], scale * 1.4426950408889634, T, B, Hq, Hkv, D,
+        page_size.bit_length() - 1, num_pages, max_pages, max_q, plan.warps_m, plan.num_splits,
+        plan.kv_chunk)
+    return out

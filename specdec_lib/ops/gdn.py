@@ -1,0 +1,217 @@
+"""gdn_verify / gdn_commit on the GPU (kernels: cuda_src/gdn/gdn.cu).
+
+The gated delta rule of a speculative round, split transactionally: ``gdn_verify``
+reads each sequence's recurrent state once and writes the outputs of every block row
+plus a journal; after sampling, ``gdn_commit`` replays the journal over the accepted
+rows, reading and writing the state once. Semantics, precision contract and journal
+layout: ``specdec_lib.reference.gdn`` (the numpy twin these are tested against).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import runtime
+from .._validate import DeviceArg, as_stream
+from ..reference.gdn import LAYOUTS, check_accept_len, check_batch, gdn_journal_width  # noqa: F401
+
+_FLOATS = ("float32", "float16", "bfloat16")
+_DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
+_STATE_NAME = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+_MAX_WARPS = 8
+# launch tuning (benchmarks may override): warps per CTA, None = heuristic
+TUNING = {"warps": None}
+
+__all__ = ["gdn_verify", "gdn_commit", "gdn_journal_width"]
+
+
+def _host(arg):
+    """Small index array -> host numpy (synchronous copy); used only for validation."""
+    from ..dtypes import host_dtype
+    out = np.empty(arg.shape, dtype=host_dtype(arg.dtype))
+    if out.size:
+        drv = runtime.driver()
+        drv.ensure_context(arg.device)
+        drv.memcpy_dtoh(out.reshape(-1).view(np.uint8), arg.ptr)
+    return out
+
+
+def _state_arg(state, layout):
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    st = DeviceArg("state", state, dtype=_FLOATS, ndim=4)
+    slots, Hv, d1, d2 = st.shape
+    Dk, Dv = (d1, d2) if layout == "kv" else (d2, d1)
+    if Dk not in (64, 128):
+        raise ValueError(f"state: head_k_dim Dk={Dk} not supported (64 or 128; layout {layout!r}, "
+                         f"shape {list(st.shape)})")
+    if Dv % 16 or not 16 <= Dv <= 1024:
+        raise ValueError(f"state: head_v_dim Dv={Dv} not supported (a multiple of 16 up to 1024)")
+    if tuple(st.strides[1:]) != (d1 * d2, d2, 1):
+        raise ValueError(f"state: each slot's [Hv, {d1}, {d2}] block must be contiguous "
+                         f"(strides {st.strides})")
+    if st.ptr % 16 or (st.strides[0] * st.itemsize) % 16:
+        raise ValueError("state: the pool and its slot stride must be 16-byte aligned")
+    return st, slots, Hv, Dk, Dv
+
+
+def _launch_shape(B, Hv, Dv, state_dtype, device):
+    """(warps per CTA, slices per head): enough CTAs to fill the GPU, <= 8 warps."""
+    warp_cols = 8 if state_dtype == "float32" else 16
+    cands = [w for w in (8, 4, 2, 1) if Dv % (w * warp_cols) == 0 and w * warp_cols <= 128]
+    if not cands:
+        raise ValueError(f"state: head_v_dim Dv={Dv} must be a multiple of {warp_cols} for "
+                         f"a {state_dtype} state")
+    if TUNING["warps"] in cands:
+        w = TUNING["warps"]
+    else:
+        want = 4 * runtime.sm_count(device)          # CTAs for a few waves
+        w = cands[-1]
+        for c in cands:                               # widest CTA that still fills the GPU
+            if c <= 4 and B * Hv * (Dv // (c * warp_cols)) >= want:
+                w = c
+                break
+    return w, Dv // (w * warp_cols)
+
+
+def _row_strides(name, a, ndim):
+    if a.shape[-1] > 1 and a.strides[-1] != 1:
+        raise ValueError(f"{name}: the last dimension must be contiguous (strides {a.strides})")
+    return a.strides[:ndim - 1]
+
+
+def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=None, a=None,
+               b=None, A_log=None, dt_bias=None, scale=None, qk_l2norm=False, layout="kv",
+               status=None, check_indices=True, stream=None):
+    """Outputs of every block row of a speculative round; the state is only read.
+
+    q, k: [T, Hk, Dk]; v: [T, Hv, Dv] (one float dtype: float32/float16/bfloat16; the
+    last dimension contiguous, other strides free, so views into a fused projection
+    work). Gating: ``g``, ``beta`` [T, Hv] (any float dtype), or raw ``a``, ``b`` [T, Hv]
+    with ``A_log``, ``dt_bias`` [Hv] for g = -exp(A_log) softplus(a + dt_bias),
+    beta = sigmoid(b). ``qk_l2norm``: q, k <- x / sqrt(sum x^2 + 1e-6) in the kernel.
+    ``scale`` defaults to 1/sqrt(Dk). state: pool [slots, Hv, Dk, Dv] (``layout="kv"``)
+    or [slots, Hv, Dv, Dk] (``"vk"``), float32/float16/bfloat16, Dk in {64, 128}, Dv a
+    multiple of 16; slot_ids [B] int32 (< 0: padding row, outputs zero); cu_q [B+1]
+    int32. Writes out [T, Hv, Dv] (any float dtype) and journal float32
+    [T, gdn_journal_width(Hk, Hv, Dk, Dv)] (what gdn_commit replays); status, optional
+    int32 [B]: 0, or SPECDEC_GDN_* bits for a row the kernel skipped.
+
+    ``check_indices`` (default) copies slot_ids/cu_q to the host and raises ValueError
+    on out-of-range or shared slots and bad offsets before launch; pass False in a
+    captured graph or hot loop (skipped automatically while the stream is capturing):
+    the kernel then flags such rows in ``status`` and never faults.
+
+    Example::
+
+        W = gdn_journal_width(Hk, Hv, 128, 128)
+        gdn_verify(q, k, v, pool, slot_ids, cu_q, o, journal, a=a, b=b, A_log=A_log,
+                   dt_bias=dt_bias, qk_l2norm=True)
+        ...  # sample -> accept_len
+        gdn_commit(pool, slot_ids, cu_q, accept_len, journal)
+    """
+    st, slots, Hv, Dk, Dv = _state_arg(state, layout)
+    dev = st.device
+    qa = DeviceArg("q", q, dtype=_FLOATS, ndim=3, device=dev)
+    T, Hk = qa.shape[0], qa.shape[1]
+    if qa.shape[2] != Dk:
+        raise ValueError(f"q: expected [T, Hk, Dk={Dk}] (Dk from state, layout {layout!r}), "
+                         f"got {list(qa.shape)}")
+    ka = DeviceArg("k", k, dtype=qa.dtype, shape=qa.shape, device=dev)
+    va = DeviceArg("v", v, dtype=qa.dtype, shape=(T, Hv, Dv), device=dev)
+    if Hk == 0 or Hv % Hk:
+        raise ValueError(f"q / state: value heads Hv={Hv} must be a multiple of key heads Hk={Hk}")
+    oa = DeviceArg("out", out, dtype=_FLOATS, shape=(T, Hv, Dv), device=dev)
+    W = gdn_journal_width(Hk, Hv, Dk, Dv)
+    ja = DeviceArg("journal", journal, dtype="float32", shape=(T, W), device=dev)
+    fused = a is not None or b is not None
+    if fused:
+        if g is not None or beta is not None:
+            raise ValueError("g/beta: give either g and beta, or a, b, A_log and dt_bias, not both")
+        for name, x in (("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias)):
+            if x is None:
+                raise ValueError(f"{name}: required for fused gating (a, b, A_log, dt_bias)")
+        g0 = DeviceArg("a", a, dtype=_FLOATS, shape=(T, Hv), device=dev)
+        g1 = DeviceArg("b", b, dtype=_FLOATS, shape=(T, Hv), device=dev)
+        al = DeviceArg("A_log", A_log, dtype=_FLOATS, shape=(Hv,), device=dev, contiguous=True)
+        db = DeviceArg("dt_bias", dt_bias, dtype=_FLOATS, shape=(Hv,), device=dev, contiguous=True)
+    else:
+        if g is None or beta is None:
+            raise ValueError("g/beta: both required (or pass a, b, A_log, dt_bias for fused gating)")
+        g0 = DeviceArg("g", g, dtype=_FLOATS, shape=(T, Hv), device=dev)
+        g1 = DeviceArg("beta", beta, dtype=_FLOATS, shape=(T, Hv), device=dev)
+        al = db = DeviceArg("A_log", None, optional=True)
+    sl = DeviceArg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
+    B = sl.shape[0]
+    cq = DeviceArg("cu_q", cu_q, dtype="int32", shape=(B + 1,), device=dev, contiguous=True)
+    sa = DeviceArg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
+                   optional=True)
+    strides = []
+    for name, arg in (("q", qa), ("k", ka), ("v", va), ("out", oa)):
+        strides += list(_row_strides(name, arg, 3))
+    gate_strides = [_row_strides(n, x, 2)[0] for n, x in ((g0.name, g0), (g1.name, g1))]
+    _row_strides("journal", ja, 2)
+    if max(T, slots, B) >= 2**31:
+        raise ValueError("q/state/slot_ids: more than 2^31-1 rows, slots or sequences")
+    if scale is None:
+        scale = 1.0 / math.sqrt(Dk)
+    stream_h = as_stream(stream)
+    if check_indices and not runtime.driver().stream_is_capturing(stream_h):
+        check_batch(_host(sl), _host(cq), T, slots)
+    if T == 0 or B == 0:
+        return out, journal
+    warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev)
+    kern = runtime.kernel("gdn", f"gdn_verify_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
+    from .. import _gdn
+    _gdn.launch_gdn_verify(
+        kern, B * Hv * slices, 32 * warps, stream_h, qa.ptr, ka.ptr, va.ptr, g0.ptr, g1.ptr,
+        al.ptr, db.ptr, st.ptr, sl.ptr, cq.ptr, oa.ptr, ja.ptr, sa.ptr, strides, gate_strides,
+        st.strides[0], ja.strides[0], T, B, Hk, Hv, Dv, slots, slices, bool(qk_l2norm), fused,
+        _DT_CODE[qa.dtype], _DT_CODE[oa.dtype],
+        [_DT_CODE[g0.dtype], _DT_CODE[g1.dtype], _DT_CODE.get(al.dtype, 0), _DT_CODE.get(db.dtype, 0)],
+        float(scale))
+    return out, journal
+
+
+def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", status=None,
+               check_indices=True, stream=None):
+    """Advance each sequence's state over its first accept_len[b] block rows, in place.
+
+    state / slot_ids / cu_q / layout: as given to gdn_verify; accept_len [B] int32 in
+    0..q_b (0 leaves the state untouched, not even read); journal: the float32
+    [T, Hk*Dk + Hv*Dv + 2*Hv] gdn_verify wrote (Hk is read from its width). The state
+    is rounded to its dtype after every row, so the result equals one-token decoding of
+    the accepted rows. ``check_indices``: as in gdn_verify, plus accept_len > q_b raises;
+    without it the kernel leaves such a state untouched and flags ``status``.
+    """
+    st, slots, Hv, Dk, Dv = _state_arg(state, layout)
+    dev = st.device
+    ja = DeviceArg("journal", journal, dtype="float32", ndim=2, device=dev)
+    T, W = ja.shape
+    rest = W - Hv * Dv - 2 * Hv
+    if rest <= 0 or rest % Dk or Hv % (rest // Dk):
+        raise ValueError(f"journal: width {W} is not Hk*Dk + Hv*Dv + 2*Hv for Hv={Hv}, Dk={Dk}, "
+                         f"Dv={Dv} and any Hk dividing Hv (was it written for this state?)")
+    Hk = rest // Dk
+    _row_strides("journal", ja, 2)
+    sl = DeviceArg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
+    B = sl.shape[0]
+    cq = DeviceArg("cu_q", cu_q, dtype="int32", shape=(B + 1,), device=dev, contiguous=True)
+    al = DeviceArg("accept_len", accept_len, dtype="int32", shape=(B,), device=dev, contiguous=True)
+    sa = DeviceArg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
+                   optional=True)
+    stream_h = as_stream(stream)
+    if check_indices and not runtime.driver().stream_is_capturing(stream_h):
+        _, cu = check_batch(_host(sl), _host(cq), T, slots)
+        check_accept_len(_host(al), cu)
+    if T == 0 or B == 0:
+        return state
+    warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev)
+    kern = runtime.kernel("gdn", f"gdn_commit_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
+    from .. import _gdn
+    _gdn.launch_gdn_commit(kern, B * Hv * slices, 32 * warps, stream_h, st.ptr, sl.ptr, cq.ptr,
+                           al.ptr, ja.ptr, sa.ptr, st.strides[0], ja.strides[0], T, B, Hk, Hv,
+                           Dv, slots, slices)
+    return state
+

@@ -1,0 +1,130 @@
+"""spec_sample on the GPU (kernels: cuda_src/sampling/spec_sample.cu; spec and numpy twin:
+specdec_lib/reference/sampling.py)."""
+from __future__ import annotations
+
+from .. import runtime
+from .._validate import DeviceArg, as_stream
+
+TILE = 2048                 # SPEC_SAMPLE_TILE (tokens per tile; also the reference's TILE)
+MAX_TILES = 1024            # SPEC_SAMPLE_MAX_TILES -> V <= 2^21
+_TILE_BYTES = 20            # sizeof(SpecSampleTile)
+_ROW_BYTES = 8              # sizeof(SpecSampleRow)
+_KERNEL_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+_CTAS_PER_SM = 8            # vocab-split target for the tile pass
+
+
+def spec_sample_workspace_size(num_rows: int, vocab: int) -> int:
+    """Bytes of the ``workspace`` that ``spec_sample`` needs for ``num_rows`` (T) logit rows
+    of ``vocab`` (V) tokens. Independent of batch composition and device: allocate once
+    for the largest T a captured graph will see."""
+    num_tiles = -(-int(vocab) // TILE)
+    return int(num_rows) * (num_tiles * _TILE_BYTES + _ROW_BYTES)
+
+
+def _vec(name, obj, dtype, n, dev):
+    return DeviceArg(name, obj, dtype=dtype, shape=(n,), device=dev, contiguous=True)
+
+
+def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed, step,
+                num_accepted, emitted, status, draft_probs=None, d2t=None,
+                accepted_logprobs=None, *, workspace, stream=None):
+    """Exact speculative sampling of one round, straight from the target logits.
+
+    logits [T, V] float32/float16/bfloat16 (last dim contiguous, any row stride, any V up
+    to 2^21): block b = rows cu_q[b]..cu_q[b+1]-1, row i verifies draft d_{i+1}, the last
+    row gives the bonus token. cu_q [B+1] int32. draft_ids [T-B] int32 (target ids; block
+    b's drafts at [cu_q[b]-b, cu_q[b+1]-b-1)). Per request [B]: temperature float32 (not > 0
+    -> greedy), top_k int32 (<= 0 or >= V: off), top_p float32 (>= 1: off), min_p float32
+    (<= 0: off), seed uint64/int64, step int64 -- all in device memory (graph-capturable).
+    Optional draft_probs [T-B, Vd] float32 (last dim contiguous; else one-hot drafts) and
+    d2t [Vd] int32 strictly increasing target ids (else Vd must equal V).
+
+    Outputs (fully written): num_accepted [B] int32, emitted [B, W] int32 (W >= max q_b;
+    tokens then -1), status [B] int32 (0 ok, 1 NaN/+inf logits, 2 bad draft id, 3 empty
+    distribution, 4 bad cu_q layout), optional accepted_logprobs [B, W] float32.
+    ``workspace``: a device buffer of at least ``spec_sample_workspace_size(T, V)`` bytes,
+    16-byte aligned (no allocation happens in the op). Filter order, tie rules and the
+    Philox keying are those of ``specdec_lib.reference.sampling``; the same inputs give the
+    same tokens on every run, stream and GPU.
+
+    Example::
+
+        ws = DeviceArray.empty((spec_sample_workspace_size(T, V),), "uint8")
+        spec_sample(logits, cu_q, drafts, temp, top_k, top_p, min_p, seed, step,
+                    n_acc, emitted, status, workspace=ws)
+    """
+    lg = DeviceArg("logits", logits, dtype=tuple(_KERNEL_DTYPES), ndim=2)
+    dev = lg.device
+    T, V = lg.shape
+    if V < 1:
+        raise ValueError("logits: vocabulary size V must be >= 1")
+    if V > TILE * MAX_TILES:
+        raise ValueError(f"logits: V = {V} exceeds the supported {TILE * MAX_TILES}")
+    if lg.strides[1] != 1 and V > 1:
+        raise ValueError(f"logits: the vocabulary dimension must be contiguous (strides {lg.strides})")
+    if T >= 2 ** 31:
+        raise ValueError("logits: more than 2^31-1 rows")
+    cq = DeviceArg("cu_q", cu_q, dtype="int32", ndim=1, device=dev, contiguous=True)
+    B = cq.shape[0] - 1
+    if B < 0:
+        raise ValueError("cu_q: needs B+1 >= 1 entries")
+    if T < B:
+        raise ValueError(f"logits: {T} rows for {B} sequences (every block has >= 1 row)")
+    di = _vec("draft_ids", draft_ids, "int32", T - B, dev)
+    tp = _vec("temperature", temperature, "float32", B, dev)
+    tk = _vec("top_k", top_k, "int32", B, dev)
+    pp = _vec("top_p", top_p, "float32", B, dev)
+    mp = _vec("min_p", min_p, "float32", B, dev)
+    sd = _vec("seed", seed, ("uint64", "int64"), B, dev)
+    st = _vec("step", step, "int64", B, dev)
+    na = _vec("num_accepted", num_accepted, "int32", B, dev)
+    ss = _vec("status", status, "int32", B, dev)
+    em = DeviceArg("emitted", emitted, dtype="int32", ndim=2, device=dev)
+    if em.shape[0] != B or em.shape[1] < 1:
+        raise ValueError(f"emitted: expected shape [{B}, kmax+1 >= 1], got {list(em.shape)}")
+    W = em.shape[1]
+    if em.strides[1] != 1 and W > 1:
+        raise ValueError(f"emitted: last dimension must be contiguous (strides {em.strides})")
+    lp = DeviceArg("accepted_logprobs", accepted_logprobs, dtype="float32", shape=(B, W),
+                   device=dev, optional=True)
+    if accepted_logprobs is not None and lp.strides[1] != 1 and W > 1:
+        raise ValueError(f"accepted_logprobs: last dimension must be contiguous (strides {lp.strides})")
+    if d2t is not None and draft_probs is None:
+        raise ValueError("d2t: only meaningful with draft_probs")
+    dp = DeviceArg("draft_probs", draft_probs, dtype="float32", ndim=2, device=dev, optional=True)
+    Vd = 0
+    if draft_probs is not None:
+        if dp.shape[0] != T - B:
+            raise ValueError(f"draft_probs: expected T-B = {T - B} rows, got {dp.shape[0]}")
+        Vd = dp.shape[1]
+        if dp.strides[1] != 1 and Vd > 1:
+            raise ValueError(f"draft_probs: last dimension must be contiguous (strides {dp.strides})")
+        if d2t is None and Vd != V:
+            raise ValueError(f"draft_probs: {Vd} columns but V = {V} and no d2t map")
+    dm = DeviceArg("d2t", d2t, dtype="int32", device=dev, contiguous=True, optional=True)
+    if d2t is not None and dm.shape != (Vd,):
+        raise ValueError(f"d2t: expected shape [{Vd}] (draft vocab), got {list(dm.shape)}")
+    ws = DeviceArg("workspace", workspace, device=dev, contiguous=True)
+    need = spec_sample_workspace_size(T, V)
+    have = ws.numel * ws.itemsize
+    if have < need:
+        raise ValueError(f"workspace: {have} bytes, this call needs {need} "
+                         f"(spec_sample_workspace_size({T}, {V}))")
+    if ws.ptr % 16:
+        raise ValueError(f"workspace: must be 16-byte aligned (ptr % 16 = {ws.ptr % 16})")
+    if B == 0:
+        return num_accepted, emitted, status
+    num_tiles = -(-V // TILE)
+    target = _CTAS_PER_SM * runtime.sm_count(dev)
+    tiles_per_cta = max(1, min(num_tiles, -(-(T * num_tiles) // target)))
+    name = _KERNEL_DTYPES[lg.dtype]
+    ks = [runtime.kernel("sampling", f"spec_sample_{stage}_{name}", dev)
+          for stage in ("tiles", "threshold", "finish")]
+    from .. import _sampling
+    _sampling.launch_spec_sample(
+        *ks, as_stream(stream), lg.ptr, cq.ptr, di.ptr, tp.ptr, tk.ptr, pp.ptr, mp.ptr, sd.ptr,
+        st.ptr, dp.ptr, dm.ptr, na.ptr, em.ptr, ss.ptr, lp.ptr, ws.ptr,
+        lg.strides[0], dp.strides[0] if draft_probs is not None else 0, em.strides[0],
+        lp.strides[0] if accepted_logprobs is not None else 0,
+        T, B, V, Vd, num_tiles, tiles_per_cta, W)
+    return num_accepted, emitted, status

@@ -1,0 +1,125 @@
+"""Depthwise causal conv1d (+ SiLU) for a speculative round: numpy reference.
+
+Per channel c of one sequence, with the committed conv state ``s`` ([W-1] previous
+inputs, oldest first) and block inputs x_0..x_{q-1}::
+
+    ext = s[0..W-2] ++ x_0 ++ x_1 ++ ...
+    y_i = act(bias[c] + sum_w weight[c, w] * ext[i + w])      # weight[c, W-1] hits x_i
+
+Precision contract: an input enters the state rounded to the state dtype, so in the
+window of row i the earlier block rows x_0..x_{i-1} are used rounded to the state dtype
+(what one-token decoding would have stored) and x_i itself as given; math in float64
+here, float32 in the kernels; outputs rounded to out's dtype.
+
+``conv1d_verify`` writes the outputs (and optionally a copy of x, the journal) and never
+the state. ``conv1d_commit`` shifts the first accept_len[b] block rows into the state:
+``s = (s ++ x_0..x_{n-1})[-(W-1):]``. The journal it reads is x itself or verify's copy.
+A negative slot id is a padding row: zero outputs, state untouched.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .gdn import _check_float, check_accept_len, check_batch, round_to, store, to_f64
+
+ACTIVATIONS = (None, "silu")
+
+
+def _conv_dims(conv_state, weight):
+    _check_float("conv_state", conv_state)
+    if conv_state.ndim != 3:
+        raise ValueError(f"conv_state: expected [slots, dim, W-1], got {conv_state.shape}")
+    slots, dim, wm1 = conv_state.shape
+    if weight is not None:
+        _check_float("weight", weight)
+        if weight.shape != (dim, wm1 + 1):
+            raise ValueError(f"weight: expected [dim, W] = {(dim, wm1 + 1)} (conv_state is "
+                             f"{conv_state.shape}), got {weight.shape}")
+    if not 2 <= wm1 + 1 <= 8:
+        raise ValueError(f"conv_state: width W = {wm1 + 1} not supported (2..8)")
+    return slots, dim, wm1 + 1
+
+
+def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, activation="silu",
+                  journal=None):
+    """x [T, dim]; weight [dim, W]; conv_state [slots, dim, W-1]; slot_ids [B]; cu_q [B+1];
+    out [T, dim] written; bias [dim] or None; activation "silu" or None; journal [T, dim]
+    or None (written: x in the journal's dtype). Returns out."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    slots, dim, W = _conv_dims(conv_state, weight)
+    _check_float("x", x)
+    if x.ndim != 2 or x.shape[1] != dim:
+        raise ValueError(f"x: expected [T, dim={dim}], got {x.shape}")
+    T = x.shape[0]
+    _check_float("out", out)
+    if out.shape != (T, dim):
+        raise ValueError(f"out: expected shape {(T, dim)}, got {out.shape}")
+    if bias is not None:
+        _check_float("bias", bias)
+        if bias.shape != (dim,):
+            raise ValueError(f"bias: expected shape {(dim,)}, got {bias.shape}")
+    if journal is not None:
+        _check_float("journal", journal)
+        if journal.shape != (T, dim):
+            raise ValueError(f"journal: expected shape {(T, dim)}, got {journal.shape}")
+    slot_ids, cu_q = check_batch(slot_ids, cu_q, T, slots)
+    w64 = to_f64(weight)
+    b64 = np.zeros(dim) if bias is None else to_f64(bias)
+    x64 = to_f64(x)
+    xs = round_to(x64, conv_state.dtype)          # x as it would be stored in the state
+    for bi, slot in enumerate(slot_ids):
+        r0, r1 = int(cu_q[bi]), int(cu_q[bi + 1])
+        if slot < 0:
+            store(out[r0:r1], np.zeros((r1 - r0, dim)))
+            continue
+        ext = np.concatenate([to_f64(conv_state[slot]).T, xs[r0:r1]], axis=0)   # [W-1+q, dim]
+        for i in range(r1 - r0):
+            win = ext[i:i + W].copy()
+            win[W - 1] = x64[r0 + i]
+            y = b64 + np.sum(w64.T * win, axis=0)
+            if activation == "silu":
+                y = y / (1.0 + np.exp(-y))
+            store(out[r0 + i], y)
+    if journal is not None:
+        store(journal, x64)
+    return out
+
+
+def conv1d_commit(conv_state, slot_ids, cu_q, accept_len, journal):
+    """Shifts block rows 0..accept_len[b]-1 of ``journal`` [T, dim] (x itself or the copy
+    conv1d_verify wrote) into each sequence's conv state, in place. Returns conv_state."""
+    slots, dim, W = _conv_dims(conv_state, None)
+    _check_float("journal", journal)
+    if journal.ndim != 2 or journal.shape[1] != dim:
+        raise ValueError(f"journal: expected [T, dim={dim}], got {journal.shape}")
+    T = journal.shape[0]
+    slot_ids, cu_q = check_batch(slot_ids, cu_q, T, slots)
+    acc = check_accept_len(accept_len, cu_q)
+    for bi, slot in enumerate(slot_ids):
+        n = int(acc[bi])
+        if slot < 0 or n == 0:
+            continue
+        r0 = int(cu_q[bi])
+        ext = np.concatenate([to_f64(conv_state[slot]).T,
+                              round_to(to_f64(journal[r0:r0 + n]), conv_state.dtype)], axis=0)
+        store(conv_state[slot], ext[-(W - 1):].T)
+    return conv_state
+
+
+def conv1d_decode_reference(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None,
+                            activation="silu"):
+    """Sequential one-token decoding over every row (state committed after each): the
+    oracle of verify + commit. Returns (out, conv_state)."""
+    slots, dim, W = _conv_dims(conv_state, weight)
+    T = x.shape[0]
+    slot_ids, cu_q = check_batch(slot_ids, cu_q, T, slots)
+    for bi, slot in enumerate(slot_ids):
+        r0, r1 = int(cu_q[bi]), int(cu_q[bi + 1])
+        for t in range(r0, r1):
+            one = np.array([0, 1])
+            conv1d_verify(x[t:t + 1], weight, conv_state, slot_ids[bi:bi + 1], one,
+                          out[t:t + 1], bias=bias, activation=activation)
+            if slot >= 0:
+                conv1d_commit(conv_state, slot_ids[bi:bi + 1], one, np.array([1]), x[t:t + 1])
+    return out, conv_state

@@ -1,0 +1,401 @@
+"""verify_attention: the float64 reference (CPU) and the CUDA kernels against it (GPU).
+
+Tolerances (relative L2 norm over all written rows, against the float64 reference run
+on the same rounded inputs): float16 2e-3, bfloat16 1.5e-2 (P is rounded to the input
+dtype before the P.V product, as in every flash-attention kernel); LSE 1e-4.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from specdec_lib import reference as ref
+from specdec_lib.ops.attention import (MAX_SPLITS, plan_verify_attention,
+                                       verify_attention_smem_bytes)
+from conftest import needs_gpu, poison, rel_err
+
+TOL = {"float16": 2e-3, "bfloat16": 1.5e-2}
+LSE_TOL = 1e-4
+
+
+# ------------------------------------------------------------------ case builder
+
+def _case(rng, qs, Ls, Hq=4, Hkv=2, D=64, page_size=4, extra_pages=3, shuffle=True,
+          dtype=None, extra_rows=0):
+    """A ragged batch with a random pool (every slot filled) and a shuffled page table.
+    Returns float64 host data (rounded to ``dtype`` when given)."""
+    from specdec_lib.dtypes import round_to
+    qs, Ls = list(qs), list(Ls)
+    B = len(qs)
+    cu_q = np.concatenate([[0], np.cumsum(qs)]).astype(np.int32)
+    T = int(cu_q[-1]) + extra_rows
+    need = [-(-(L + q) // page_size) for L, q in zip(Ls, qs)]
+    max_pages = max(need + [1])
+    num_pages = B * max_pages + extra_pages
+    ids = rng.permutation(num_pages) if shuffle else np.arange(num_pages)
+    pt = ids[: B * max_pages].reshape(B, max_pages).astype(np.int32)
+
+    def rnd(shape):
+        x = rng.standard_normal(shape)
+        return round_to(x, dtype) if dtype else x
+    return dict(q=rnd((T, Hq, D)), k_cache=rnd((num_pages, page_size, Hkv, D)),
+                v_cache=rnd((num_pages, page_size, Hkv, D)), page_table=pt,
+                seq_lens=np.array(Ls, np.int32), cu_q=cu_q)
+
+
+def _dense_attention(c, scale):
+    """Independent formulation: contiguous K/V per sequence and an explicit
+    bottom-right causal mask matrix."""
+    q, pt, ps = c["q"], c["page_table"], c["k_cache"].shape[1]
+    T, Hq, D = q.shape
+    Hkv = c["k_cache"].shape[2]
+    out = np.full((T, Hq, D), np.nan)
+    lse = np.full((T, Hq), np.nan)
+    for b in range(len(c["seq_lens"])):
+        L, t0, t1 = int(c["seq_lens"][b]), int(c["cu_q"][b]), int(c["cu_q"][b + 1])
+        n, qn = L + t1 - t0, t1 - t0
+        if qn == 0:
+            continue
+        K = np.concatenate([c["k_cache"][p] for p in pt[b]], axis=0)[:n]   # [n, Hkv, D]
+        V = np.concatenate([c["v_cache"][p] for p in pt[b]], axis=0)[:n]
+        mask = np.arange(n)[None, :] <= (L + np.arange(qn))[:, None]        # [qn, n]
+        for h in range(Hq):
+            kh = h // (Hq // Hkv)
+            s = q[t0:t1, h] @ K[:, kh].T * scale
+            s = np.where(mask, s, -np.inf)
+            m = s.max(1, keepdims=True)
+            p = np.exp(s - m)
+            out[t0:t1, h] = p @ V[:, kh] / p.sum(1, keepdims=True)
+            lse[t0:t1, h] = m[:, 0] + np.log(p.sum(1))
+    return out, lse
+
+
+def _run_ref(c, **kw):
+    T, Hq, D = c["q"].shape
+    out = np.full((T, Hq, D), np.nan)
+    lse = np.full((T, Hq), np.nan)
+    ref.verify_attention(c["q"], c["k_cache"], c["v_cache"], c["page_table"], c["seq_lens"],
+                         c["cu_q"], out, lse_out=lse, **kw)
+    return out, lse
+
+
+# ------------------------------------------------------------------ reference (CPU)
+
+def test_verify_attention_reference_matches_dense(rng):
+    c = _case(rng, qs=[1, 5, 0, 16, 3], Ls=[0, 3, 7, 9, 12], Hq=6, Hkv=2, D=64, page_size=4)
+    out, lse = _run_ref(c, scale=0.3)
+    d_out, d_lse = _dense_attention(c, 0.3)
+    np.testing.assert_allclose(out, d_out, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lse, d_lse, rtol=1e-12, atol=1e-12)
+
+
+def test_verify_attention_reference_closed_forms(rng):
+    # L = 0, q = 1: the row sees only its own key -> out = v, lse = scale * q.k
+    c = _case(rng, qs=[1], Ls=[0], Hq=2, Hkv=1, D=64, page_size=1)
+    out, lse = _run_ref(c)
+    page = c["page_table"][0, 0]
+    np.testing.assert_allclose(out[0], np.repeat(c["v_cache"][page, 0], 2, 0), rtol=1e-12)
+    np.testing.assert_allclose(lse[0], c["q"][0] @ c["k_cache"][page, 0, 0] / 8.0, rtol=1e-12)
+    # identical keys: uniform weights -> row i averages the L+i+1 visible values
+    c = _case(rng, qs=[4], Ls=[6], Hq=1, Hkv=1, D=64, page_size=2)
+    c["k_cache"][:] = c["k_cache"][0, 0]
+    out, lse = _run_ref(c)
+    V = np.concatenate([c["v_cache"][p] for p in c["page_table"][0]], 0)[:, 0]
+    s = c["q"][:, 0] @ c["k_cache"][0, 0, 0] / 8.0
+    for i in range(4):
+        np.testing.assert_allclose(out[i, 0], V[: 6 + i + 1].mean(0), rtol=1e-10)
+        np.testing.assert_allclose(lse[i, 0], s[i] + math.log(6 + i + 1), rtol=1e-12)
+
+
+def test_verify_attention_reference_page_layout_invariant(rng):
+    c = _case(rng, qs=[2, 3], Ls=[5, 8], page_size=4, shuffle=False)
+    out0, lse0 = _run_ref(c)
+    perm = rng.permutation(c["k_cache"].shape[0])
+    inv = np.argsort(perm)
+    c2 = dict(c, k_cache=c["k_cache"][perm], v_cache=c["v_cache"][perm],
+              page_table=inv[c["page_table"]].astype(np.int32))
+    out1, lse1 = _run_ref(c2)
+    np.testing.assert_array_equal(out0, out1)
+    np.testing.assert_array_equal(lse0, lse1)
+
+
+def test_verify_attention_reference_leaves_unowned_rows(rng):
+    c = _case(rng, qs=[0, 2, 0], Ls=[4, 1, 0], extra_rows=2)
+    out, lse = _run_ref(c)
+    assert np.isfinite(out[:2]).all() and np.isfinite(lse[:2]).all()
+    assert np.isnan(out[2:]).all() and np.isnan(lse[2:]).all()
+
+
+@pytest.mark.parametrize("change,exc,match", [
+    (dict(q=np.zeros((3, 5, 64))), ValueError, "query heads"),
+    (dict(q=np.zeros((3, 4, 96))), ValueError, "head dim 96"),
+    (dict(k_cache=np.zeros((9, 3, 2, 64)), v_cache=np.zeros((9, 3, 2, 64))), ValueError,
+     "page size 3"),
+    (dict(page_table=np.zeros((2, 1), np.int32)), ValueError, "page_table"),
+    (dict(page_table=np.full((2, 3), 99, np.int32)), ValueError, "outside the pool"),
+    (dict(cu_q=np.array([0, 2, 1], np.int32)), ValueError, "cu_q"),
+    (dict(cu_q=np.array([0, 17, 17], np.int32)), ValueError, "at most 16"),
+    (dict(seq_lens=np.array([-1, 0], np.int32)), ValueError, "seq_lens"),
+    (dict(seq_lens=np.array([1.0, 0.0])), TypeError, "seq_lens"),
+])
+def test_verify_attention_reference_rejects(rng, change, exc, match):
+    c = _case(rng, qs=[2, 1], Ls=[3, 2], Hq=4, Hkv=2, D=64, page_size=4)
+    c.update(change)
+    T, Hq, D = c["q"].shape
+    if c["cu_q"][-1] > T:
+        c["q"] = np.zeros((int(c["cu_q"][-1]), Hq, D))
+        T = c["q"].shape[0]
+    with pytest.raises(exc, match=match):
+        ref.verify_attention(c["q"], c["k_cache"], c["v_cache"], c["page_table"], c["seq_lens"],
+                             c["cu_q"], np.zeros((T, Hq, D)))
+
+
+# ------------------------------------------------------------------ launch plan (CPU)
+
+def test_verify_attention_plan():
+    # batch 64 at 4k fills an H200 without splitting
+    p = plan_verify_attention(64, 8, 4, 128, 16, 4100, 132)
+    assert (p.num_splits, p.m_groups) == (1, 1)
+    # batch 1 at 32k: enough CTAs for 2 per SM, tile-aligned chunks that cover the context
+    p = plan_verify_attention(1, 8, 4, 128, 4, 32772, 132)
+    assert 8 * p.num_splits >= 2 * 132 and p.kv_chunk % 64 == 0
+    assert p.num_splits * p.kv_chunk >= 32772 > (p.num_splits - 1) * p.kv_chunk
+    # packed rows: q*group > 64 takes several CTAs along the row axis
+    p = plan_verify_attention(2, 2, 16, 256, 16, 100, 132)
+    assert (p.warps_m, p.m_groups) == (4, 4) and p.kv_chunk % 32 == 0
+    assert plan_verify_attention(2, 2, 1, 64, 1, 1000, 132).warps_m == 1
+    # forced split counts are honoured up to tile-aligned chunks
+    for n in (1, 2, 7, 32):
+        p = plan_verify_attention(4, 2, 2, 64, 4, 4096, 132, num_splits=n)
+        assert p.num_splits == n and p.num_splits * p.kv_chunk >= 4096
+    assert plan_verify_attention(4, 2, 2, 64, 4, 4096, 132, num_splits=33).num_splits == 32
+    assert plan_verify_attention(1, 1, 1, 64, 1, 70, 132, num_splits=MAX_SPLITS).num_splits == 2
+    assert p.workspace_bytes(16, 4, 64) >= 32 * 16 * 4 * 65 * 4
+    assert plan_verify_attention(1, 1, 1, 64, 1, 70, 132, 1).workspace_bytes(16, 4, 64) == 0
+
+
+def test_verify_attention_smem_fits_every_target():
+    for D in (64, 128, 256):
+        assert verify_attention_smem_bytes(D, 75) <= 64 * 1024
+        assert verify_attention_smem_bytes(D, 80) <= 99 * 1024     # sm_86 / sm_89 opt-in limit
+        assert verify_attention_smem_bytes(D, 90) <= 227 * 1024
+
+
+def test_verify_attention_op_rejects_host_arrays(rng):
+    from specdec_lib import ops
+    c = _case(rng, qs=[1], Ls=[0])
+    with pytest.raises(TypeError, match="q"):
+        ops.verify_attention(c["q"].astype(np.float16), c["k_cache"], c["v_cache"],
+                             c["page_table"], c["seq_lens"], c["cu_q"], c["q"])
+
+
+# ------------------------------------------------------------------ GPU
+
+def _family():
+    from specdec_lib import runtime
+    return runtime.arch_family(0)
+
+
+def _to_dev(c, dtype):
+    from specdec_lib import DeviceArray
+    from specdec_lib.dtypes import to_host_storage
+    d = {k: DeviceArray.from_numpy(to_host_storage(c[k], dtype), dtype=dtype)
+         for k in ("q", "k_cache", "v_cache")}
+    d.update({k: DeviceArray.from_numpy(c[k]) for k in ("page_table", "seq_lens", "cu_q")})
+    return d
+
+
+def _workspace(c):
+    """A workspace sized by the public helper for the automatic plan of case ``c``."""
+    from specdec_lib import DeviceArray
+    from specdec_lib.ops import verify_attention_workspace_size
+    T, Hq, D = c["q"].shape
+    B, max_pages = c["page_table"].shape
+    nbytes = verify_attention_workspace_size(T, Hq, c["k_cache"].shape[2], D, B,
+                                             max_pages * c["k_cache"].shape[1])
+    return DeviceArray.empty((max(nbytes, 1),), "uint8")
+
+
+def _gpu_run(c, dtype, **kw):
+    """Run the op with poisoned out/lse; returns float64 (out, lse) host copies."""
+    from specdec_lib import ops
+    from specdec_lib.dtypes import from_host_storage
+    T, Hq, D = c["q"].shape
+    d = _to_dev(c, dtype)
+    out, lse = poison((T, Hq, D), dtype), poison((T, Hq), "float32")
+    ops.verify_attention(d["q"], d["k_cache"], d["v_cache"], d["page_table"], d["seq_lens"],
+                         d["cu_q"], out, lse_out=lse, **kw)
+    return from_host_storage(out.to_numpy(), dtype), lse.to_numpy().astype(np.float64)
+
+
+def _check(c, got_out, got_lse, dtype, what=""):
+    exp_out, exp_lse = _run_ref(c)
+    n = int(c["cu_q"][-1])
+    # rows no sequence owns stay poisoned; every owned row is written
+    assert np.isnan(got_out[n:]).all() and np.isnan(got_lse[n:]).all(), f"{what}: wrote unowned rows"
+    errs = []
+    for b in range(len(c["seq_lens"])):
+        t0, t1 = c["cu_q"][b], c["cu_q"][b + 1]
+        if t1 > t0:
+            errs.append((b, rel_err(got_out[t0:t1], exp_out[t0:t1]),
+                         rel_err(got_lse[t0:t1], exp_lse[t0:t1])))
+    bad = [e for e in errs if not (e[1] <= TOL[dtype] and e[2] <= LSE_TOL)]
+    assert not bad, (f"{what}: (seq, out rel err, lse rel err) over tolerance: {bad}; "
+                     f"L={list(c['seq_lens'])} q={list(np.diff(c['cu_q']))}")
+
+
+# (D, group, Hkv, page_size, dtype): every D, group 1/4/8/16, page 1/16/64/256, both dtypes
+GPU_SHAPES = [
+    (64, 1, 2, 1, "float16"),
+    (64, 16, 1, 256, "bfloat16"),
+    (64, 8, 2, 16, "float16"),
+    (128, 4, 2, 16, "bfloat16"),
+    (128, 8, 1, 64, "float16"),
+    (128, 16, 1, 16, "bfloat16"),
+    (128, 1, 4, 256, "float16"),
+    (256, 1, 2, 64, "bfloat16"),
+    (256, 4, 1, 256, "float16"),
+    (256, 16, 1, 1, "float16"),
+    (256, 8, 1, 16, "bfloat16"),
+]
+
+
+@needs_gpu
+@pytest.mark.parametrize("D,group,Hkv,page_size,dtype", GPU_SHAPES,
+                         ids=[f"d{a}-g{b}-hkv{c}-p{d}-{e}" for a, b, c, d, e in GPU_SHAPES])
+def test_verify_attention_gpu(rng, D, group, Hkv, page_size, dtype):
+    if dtype == "bfloat16" and _family() < 80:
+        pytest.skip("bf16 needs the sm_80 path")
+    ps = page_size
+    # ragged q 0..16 (q=1 decode rows, an empty row, full 16) against L = 0, 1, page-1,
+    # page, page+1, 4095 and a few odd lengths; one row past cu_q[B] must stay untouched
+    Ls = [0, 1, max(ps - 1, 2), ps, ps + 1, 4095, 37, 0, 200]
+    qs = [1, 16, 3, 0, 7, 4, 1, 11, 16]
+    c = _case(rng, qs, Ls, Hq=group * Hkv, Hkv=Hkv, D=D, page_size=ps, dtype=dtype, extra_rows=1)
+    # automatic plan with a workspace: short sequences take the direct path, long ones split
+    out, lse = _gpu_run(c, dtype, workspace=_workspace(c))
+    _check(c, out, lse, dtype, f"D={D} group={group} page={ps} {dtype}")
+
+
+@needs_gpu
+def test_verify_attention_gpu_split_counts(rng):
+    """Every split count from 1 to the tile count on one batch (merge path, sequences that
+    need fewer splits than the grid has, splits ending inside the causal block)."""
+    from specdec_lib import DeviceArray, ops
+    from specdec_lib.dtypes import from_host_storage
+    dtype = "float16"
+    c = _case(rng, qs=[4, 1, 16, 2], Ls=[700, 0, 250, 63], Hq=8, Hkv=2, D=128, page_size=16,
+              dtype=dtype)
+    T, Hq, D = c["q"].shape
+    max_kv = c["page_table"].shape[1] * 16
+    d = _to_dev(c, dtype)
+    exp_out, exp_lse = _run_ref(c)
+    ws = DeviceArray.empty((max_kv // 64 * T * Hq * (D + 1) * 4 + 4096,), "uint8")
+    for n in sorted({1, 2, 3, 4, 5, 8, 11, max_kv // 64}):
+        out, lse = poison((T, Hq, D), dtype), poison((T, Hq), "float32")
+        ops.verify_attention(d["q"], d["k_cache"], d["v_cache"], d["page_table"], d["seq_lens"],
+                             d["cu_q"], out, lse_out=lse, workspace=ws, num_splits=n)
+        got = from_host_storage(out.to_numpy(), dtype)
+        e_out, e_lse = rel_err(got, exp_out), rel_err(lse.to_numpy(), exp_lse)
+        assert e_out <= TOL[dtype] and e_lse <= LSE_TOL, f"num_splits={n}: {e_out=} {e_lse=}"
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_verify_attention_gpu_long_context(rng, dtype):
+    """Batch 1 at 32k context: the automatic plan splits the KV (workspace from the helper)."""
+    from specdec_lib.ops import verify_attention_workspace_size
+    if dtype == "bfloat16" and _family() < 80:
+        pytest.skip("bf16 needs the sm_80 path")
+    c = _case(rng, qs=[4], Ls=[32768], Hq=8, Hkv=2, D=128, page_size=64, dtype=dtype)
+    T, Hq, D = c["q"].shape
+    max_kv = c["page_table"].shape[1] * 64
+    assert verify_attention_workspace_size(T, Hq, 2, D, 1, max_kv) > 0, \
+        "batch 1 at 32k must split the KV"
+    out, lse = _gpu_run(c, dtype, workspace=_workspace(c))
+    _check(c, out, lse, dtype, "L=32768")
+
+
+@needs_gpu
+def test_verify_attention_gpu_strided_views(rng):
+    """K and V as views of one [pages, 2, page, Hkv, D] pool, q and out inside wider
+    buffers, lse_out transposed: strides are honoured; no lse_out also works."""
+    from specdec_lib import DeviceArray, ops
+    from specdec_lib.dtypes import from_host_storage, to_host_storage
+    dtype, ps, Hkv, D, Hq = "float16", 16, 2, 64, 8
+    c = _case(rng, qs=[3, 5], Ls=[20, 47], Hq=Hq, Hkv=Hkv, D=D, page_size=ps, dtype=dtype)
+    T = c["q"].shape[0]
+    P = c["k_cache"].shape[0]
+    pool = DeviceArray.from_numpy(to_host_storage(np.stack([c["k_cache"], c["v_cache"]], 1), dtype),
+                                  dtype=dtype)
+    qbuf = DeviceArray.from_numpy(to_host_storage(
+        np.concatenate([c["q"], np.zeros((T, Hq, D))], axis=2), dtype), dtype=dtype)
+    obuf = poison((T, Hq, 2 * D), dtype)
+    lbuf = poison((Hq, T), "float32")
+
+    class View:
+        def __init__(self, base, shape, strides, offset=0):
+            isz = 4 if base.dtype == "float32" else 2
+            self.__cuda_array_interface__ = {
+                "shape": shape, "strides": tuple(s * isz for s in strides),
+                "typestr": "<f4" if base.dtype == "float32" else "<f2",
+                "data": (base.ptr + offset * isz, False), "version": 3}
+    e = ps * Hkv * D
+    kv = lambda which: View(pool, (P, ps, Hkv, D), (2 * e, Hkv * D, D, 1), which * e)   # noqa: E731
+    q = View(qbuf, (T, Hq, D), (Hq * 2 * D, 2 * D, 1))
+    out = View(obuf, (T, Hq, D), (Hq * 2 * D, 2 * D, 1), D)
+    lse = View(lbuf, (T, Hq), (1, T))
+    idx = {k: DeviceArray.from_numpy(c[k]) for k in ("page_table", "seq_lens", "cu_q")}
+    ops.verify_attention(q, kv(0), kv(1), idx["page_table"], idx["seq_lens"], idx["cu_q"], out,
+                         lse_out=lse)
+    got = from_host_storage(obuf.to_numpy(), dtype)
+    assert np.isnan(got[..., :D]).all(), "wrote outside the out view"
+    _check(c, got[..., D:], lbuf.to_numpy().T.astype(np.float64), dtype, "strided")
+    ops.verify_attention(q, kv(0), kv(1), idx["page_table"], idx["seq_lens"], idx["cu_q"], out)
+
+
+@needs_gpu
+def test_verify_attention_gpu_bad_indices(rng):
+    """Bad page ids: check_indices raises before launch; without it the kernel does not
+    fault and flags the affected sequence's rows with NaN, other sequences are right."""
+    dtype = "float16"
+    c = _case(rng, qs=[2, 3], Ls=[40, 17], Hq=4, Hkv=2, D=64, page_size=16, dtype=dtype)
+    c["page_table"][1, 0] = c["k_cache"].shape[0] + 5
+    with pytest.raises(ValueError, match="outside the pool"):
+        _gpu_run(c, dtype, check_indices=True)
+    out, lse = _gpu_run(c, dtype, check_indices=False)
+    assert np.isnan(out[2:]).all(), "rows reading a bad page must be flagged"
+    good = dict(c, page_table=c["page_table"][:1], seq_lens=c["seq_lens"][:1], cu_q=c["cu_q"][:2])
+    exp_out, _ = _run_ref(dict(good, q=c["q"][:2]))
+    assert rel_err(out[:2], exp_out) <= TOL[dtype]
+
+
+@needs_gpu
+def test_verify_attention_gpu_rejects_before_launch(rng):
+    from specdec_lib import DeviceArray, ops
+    c = _case(rng, qs=[2, 1], Ls=[300, 2], Hq=4, Hkv=2, D=64, page_size=4, dtype="float16")
+    d = _to_dev(c, "float16")
+    T, Hq, D = c["q"].shape
+    out = poison((T, Hq, D), "float16")
+    base = dict(q=d["q"], k_cache=d["k_cache"], v_cache=d["v_cache"], page_table=d["page_table"],
+                seq_lens=d["seq_lens"], cu_q=d["cu_q"], out=out)
+    cases = [
+        (dict(out=poison((T, Hq, D), "bfloat16")), TypeError, "out: dtype"),
+        (dict(q=DeviceArray.from_numpy(c["q"].astype(np.float32))), TypeError, "q: dtype"),
+        (dict(v_cache=DeviceArray.from_numpy(c["v_cache"][:, :2].astype(np.float16))),
+         ValueError, "v_cache"),
+        (dict(page_table=DeviceArray.from_numpy(c["page_table"].astype(np.int64))),
+         TypeError, "page_table"),
+        (dict(cu_q=DeviceArray.from_numpy(np.array([0, 3], np.int32))), ValueError, "cu_q"),
+        (dict(lse_out=poison((T, Hq + 1), "float32")), ValueError, "lse_out"),
+        (dict(scale=float("nan")), ValueError, "scale"),
+        (dict(num_splits=2), ValueError, "workspace"),
+        (dict(num_splits=2, workspace=DeviceArray.empty((16,), "uint8")), ValueError, "workspace"),
+    ]
+    if _family() < 80:
+        bf = {k: DeviceArray.from_numpy(c[k], dtype="bfloat16") for k in ("q", "k_cache", "v_cache")}
+        cases.append((dict(bf, out=poison((T, Hq, D), "bfloat16")), TypeError, "bfloat16"))
+    for override, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            ops.verify_attention(**dict(base, **override))
+    assert np.isnan(out.to_numpy().astype(np.float32)).all()

@@ -1,0 +1,194 @@
+"""conv1d_verify / conv1d_commit: numpy reference (CPU) and CUDA kernels (GPU) against it."""
+import numpy as np
+import pytest
+
+from conftest import needs_gpu, poison, rel_err
+from specdec_lib.reference.conv import conv1d_commit, conv1d_decode_reference, conv1d_verify
+from specdec_lib.reference.gdn import f32_to_bf16_bits, to_f64
+
+DT = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
+_NAME = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
+         np.dtype(np.uint16): "bfloat16"}
+
+
+def cast(x, dtype):
+    if np.dtype(dtype) == np.uint16:
+        return f32_to_bf16_bits(np.asarray(x, np.float32))
+    return np.asarray(x).astype(dtype)
+
+
+def nan_like(shape, dtype):
+    return np.full(shape, 0x7FC0, np.uint16) if np.dtype(dtype) == np.uint16 else \
+        np.full(shape, np.nan, dtype)
+
+
+def case(rng, q_lens, dim, W, xdt=np.float32, sdt=np.float32, bias=True, slots=None):
+    T = int(sum(q_lens))
+    B = len(q_lens)
+    slots = slots or B + 2
+    return dict(
+        x=cast(rng.standard_normal((T, dim)), xdt),
+        weight=cast(rng.standard_normal((dim, W)) / 2, xdt),
+        conv_state=cast(rng.standard_normal((slots, dim, W - 1)), sdt),
+        slot_ids=rng.permutation(slots)[:B].astype(np.int32),
+        cu_q=np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32),
+        out=nan_like((T, dim), xdt),
+        bias=cast(rng.standard_normal(dim), xdt) if bias else None,
+    )
+
+
+# ------------------------------------------------------------------ reference (CPU)
+
+def test_conv1d_closed_form():
+    # W = 3, one channel: state [1, 2], block x = [3, 4]
+    st = np.array([[[1.0, 2.0]]], np.float32)
+    w = np.array([[0.5, -1.0, 2.0]], np.float32)
+    x = np.array([[3.0], [4.0]], np.float32)
+    out = nan_like((2, 1), np.float32)
+    conv1d_verify(x, w, st, np.array([0]), np.array([0, 2]), out, bias=np.array([0.25], np.float32),
+                  activation=None)
+    np.testing.assert_allclose(out[:, 0], [0.5 * 1 - 2 + 6 + 0.25, 0.5 * 2 - 3 + 8 + 0.25])
+    np.testing.assert_array_equal(st, [[[1.0, 2.0]]])
+    conv1d_commit(st, np.array([0]), np.array([0, 2]), np.array([1]), x)
+    np.testing.assert_array_equal(st, [[[2.0, 3.0]]])
+    out2 = nan_like((1, 1), np.float32)
+    conv1d_verify(x[1:], w, st, np.array([0]), np.array([0, 1]), out2)
+    y = 0.5 * 2 - 3 + 8
+    np.testing.assert_allclose(out2[0, 0], y / (1 + np.exp(-y)))
+
+
+@pytest.mark.parametrize("W", [2, 4, 8])
+@pytest.mark.parametrize("xdt,sdt", [("f32", "f32"), ("bf16", "bf16"), ("f32", "bf16"), ("f16", "f16")])
+def test_conv1d_chain_equals_sequential_decode(rng, W, xdt, sdt):
+    dim, B = 5, 4
+    xdt, sdt = DT[xdt], DT[sdt]
+    c0 = case(rng, [1] * B, dim, W, xdt, sdt)
+    state, seq = c0["conv_state"].copy(), c0["conv_state"].copy()
+    slot_ids = c0["slot_ids"].copy()
+    slot_ids[-1] = -1
+    for _ in range(5):
+        q_lens = rng.integers(1, 6, B)
+        q_lens[0] = 1
+        c = case(rng, q_lens, dim, W, xdt, sdt)
+        c.update(weight=c0["weight"], bias=c0["bias"], slot_ids=slot_ids)
+        journal = nan_like(c["x"].shape, sdt)
+        before = state.copy()
+        conv1d_verify(c["x"], c["weight"], state, slot_ids, c["cu_q"], c["out"], bias=c["bias"],
+                      journal=journal)
+        np.testing.assert_array_equal(state, before)
+        out_seq = nan_like(c["out"].shape, xdt)
+        conv1d_decode_reference(c["x"], c["weight"], seq.copy(), slot_ids, c["cu_q"], out_seq,
+                                bias=c["bias"])
+        np.testing.assert_array_equal(c["out"], out_seq)
+        acc = np.array([rng.integers(0, q + 1) for q in q_lens], np.int32)
+        conv1d_commit(state, slot_ids, c["cu_q"], acc, journal)
+        for b in range(B):
+            r0 = c["cu_q"][b]
+            conv1d_decode_reference(c["x"][r0:r0 + acc[b]], c["weight"], seq, slot_ids[b:b + 1],
+                                    np.array([0, acc[b]]), nan_like((acc[b], dim), xdt),
+                                    bias=c["bias"])
+        np.testing.assert_array_equal(state, seq)
+
+
+def test_conv1d_rejects(rng):
+    c = case(rng, [2, 1], 4, 4)
+    with pytest.raises(ValueError, match="weight"):
+        conv1d_verify(**dict(c, weight=c["weight"][:, :3].copy()))
+    with pytest.raises(ValueError, match="same slot"):
+        conv1d_verify(**dict(c, slot_ids=np.array([1, 1], np.int32)))
+    with pytest.raises(ValueError, match="out of range"):
+        conv1d_verify(**dict(c, slot_ids=np.array([0, 9], np.int32)))
+    with pytest.raises(ValueError, match="activation"):
+        conv1d_verify(**c, activation="gelu")
+    with pytest.raises(ValueError, match="width"):
+        conv1d_verify(**dict(c, conv_state=np.zeros((4, 4, 8), np.float32),
+                             weight=np.zeros((4, 9), np.float32)))
+    with pytest.raises(ValueError, match="accept_len"):
+        conv1d_commit(c["conv_state"], c["slot_ids"], c["cu_q"], np.array([3, 0]), c["x"])
+
+
+def test_conv1d_ops_reject_host_arrays(rng):
+    from specdec_lib import ops
+    c = case(rng, [2, 1], 4, 4)
+    with pytest.raises(TypeError, match="conv_state"):
+        ops.conv1d_verify(**c)
+    with pytest.raises(ValueError, match="activation"):
+        ops.conv1d_verify(**c, activation="relu")
+
+
+# ------------------------------------------------------------------ GPU
+
+def dev(a):
+    from specdec_lib import DeviceArray
+    a = np.asarray(a)
+    if a.dtype.kind in "iu" and a.dtype != np.uint16:
+        return DeviceArray.from_numpy(a.astype(np.int32))
+    return DeviceArray.from_numpy(a, dtype=_NAME[a.dtype])
+
+
+def host(d, like):
+    a = d.to_numpy().reshape(like.shape)
+    return a.view(np.uint16) if np.dtype(like.dtype) == np.uint16 else a
+
+
+@needs_gpu
+@pytest.mark.parametrize("W", [2, 4, 8])
+@pytest.mark.parametrize("xdt,sdt", [("f32", "f32"), ("bf16", "bf16"), ("f16", "f16"), ("bf16", "f32")])
+@pytest.mark.parametrize("bias,act", [(True, "silu"), (False, None)])
+def test_conv1d_gpu(rng, W, xdt, sdt, bias, act):
+    from specdec_lib import ops
+    xdt, sdt = DT[xdt], DT[sdt]
+    dim = 8192 + 33 if W == 4 else 300                 # odd channel counts, a partial CTA
+    q_lens = [1, 4, 0, 3, 5]
+    c = case(rng, q_lens, dim, W, xdt, sdt, bias=bias)
+    c["slot_ids"][1] = -1
+    d_state = dev(c["conv_state"])
+    d_out = poison(c["out"].shape, _NAME[np.dtype(xdt)])
+    d_j = poison(c["x"].shape, _NAME[np.dtype(sdt)])
+    d_status = poison((len(q_lens),), "int32")
+    ops.conv1d_verify(dev(c["x"]), dev(c["weight"]), d_state, dev(c["slot_ids"]), dev(c["cu_q"]),
+                      d_out, bias=None if c["bias"] is None else dev(c["bias"]), activation=act,
+                      journal=d_j, status=d_status)
+    assert not d_status.to_numpy().any()
+    np.testing.assert_array_equal(host(d_state, c["conv_state"]), c["conv_state"])
+    exp = c["out"].copy()
+    j = nan_like(c["x"].shape, sdt)
+    conv1d_verify(c["x"], c["weight"], c["conv_state"].copy(), c["slot_ids"], c["cu_q"], exp,
+                  bias=c["bias"], activation=act, journal=j)
+    got = host(d_out, exp)
+    e = rel_err(to_f64(got), to_f64(exp))
+    assert e < (1e-5 if xdt == np.float32 else 1e-2), f"out rel err {e}"
+    np.testing.assert_array_equal(host(d_j, j), j)
+    acc = np.array([1, 2, 0, 3, 5], np.int32)
+    ops.conv1d_commit(d_state, dev(c["slot_ids"]), dev(c["cu_q"]), dev(acc), d_j)
+    st = c["conv_state"].copy()
+    conv1d_commit(st, c["slot_ids"], c["cu_q"], acc, j)
+    np.testing.assert_array_equal(host(d_state, st), st)      # pure data movement: exact
+    # commit straight from x (no journal copy), x dtype != state dtype rounds on the way in
+    d_state2 = dev(c["conv_state"])
+    ops.conv1d_commit(d_state2, dev(c["slot_ids"]), dev(c["cu_q"]), dev(acc), dev(c["x"]))
+    st2 = c["conv_state"].copy()
+    conv1d_commit(st2, c["slot_ids"], c["cu_q"], acc, c["x"])
+    np.testing.assert_array_equal(host(d_state2, st2), st2)
+
+
+@needs_gpu
+def test_conv1d_gpu_rejects_before_launch(rng):
+    from specdec_lib import ops
+    c = case(rng, [2, 1], 64, 4)
+    d_state = dev(c["conv_state"])
+    args = dict(x=dev(c["x"]), weight=dev(c["weight"]), conv_state=d_state,
+                slot_ids=dev(c["slot_ids"]), cu_q=dev(c["cu_q"]), out=poison(c["out"].shape, "float32"))
+    for override, exc, match in [
+        (dict(weight=dev(c["weight"][:, :3].copy())), ValueError, "weight"),
+        (dict(slot_ids=dev(np.array([1, 1], np.int32))), ValueError, "same slot"),
+        (dict(slot_ids=dev(np.array([0, 99], np.int32))), ValueError, "out of range"),
+        (dict(x=dev(c["x"][:, :5].copy())), ValueError, "x: expected"),
+        (dict(x=c["x"]), TypeError, "x:"),
+    ]:
+        with pytest.raises(exc, match=match):
+            ops.conv1d_verify(**dict(args, **override))
+    with pytest.raises(ValueError, match="accept_len"):
+        ops.conv1d_commit(d_state, args["slot_ids"], args["cu_q"], dev(np.array([3, 0], np.int32)),
+                          args["x"])
+    np.testing.assert_array_equal(host(d_state, c["conv_state"]), c["conv_state"])

@@ -1,0 +1,530 @@
+"""gdn_verify / gdn_commit: numpy reference (CPU) and CUDA kernels (GPU) against it."""
+import numpy as np
+import pytest
+
+from specdec_lib.reference import gdn as ref
+from specdec_lib.reference.gdn import (bf16_bits_to_f32, f32_to_bf16_bits, gdn_commit,
+                                       gdn_decode_reference, gdn_journal_width, gdn_verify)
+
+STATE_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
+
+
+# ------------------------------------------------------------------ case builders
+
+def cast(x, dtype):
+    """float array -> dtype (uint16 = bfloat16 bits)."""
+    if np.dtype(dtype) == np.uint16:
+        return f32_to_bf16_bits(np.asarray(x, np.float32))
+    return np.asarray(x).astype(dtype)
+
+
+def make_block(rng, q_lens, Hk, Hv, Dk, Dv, in_dtype=np.float32, fused=False, unit_k=True):
+    """Random inputs of one GDN block (k roughly unit norm so the recurrence stays tame)."""
+    T = int(sum(q_lens))
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = rng.standard_normal((T, Hk, Dk))
+    k = rng.standard_normal((T, Hk, Dk))
+    if unit_k:
+        k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal((T, Hv, Dv))
+    inputs = dict(q=cast(q, in_dtype), k=cast(k, in_dtype), v=cast(v, in_dtype))
+    if fused:
+        gating = dict(a=cast(rng.standard_normal((T, Hv)), in_dtype),
+                      b=cast(rng.standard_normal((T, Hv)), in_dtype),
+                      A_log=rng.uniform(-2.0, 0.5, Hv).astype(np.float32),
+                      dt_bias=rng.uniform(-1.0, 1.0, Hv).astype(np.float32))
+    else:
+        gating = dict(g=(-rng.uniform(0.0, 0.5, (T, Hv))).astype(np.float32),
+                      beta=rng.uniform(0.1, 0.9, (T, Hv)).astype(np.float32))
+    return cu_q, inputs, gating
+
+
+def make_state(rng, slots, Hv, Dk, Dv, dtype, layout):
+    s = 0.5 * rng.standard_normal((slots, Hv, Dk, Dv))
+    if layout == "vk":
+        s = s.transpose(0, 1, 3, 2)
+    return cast(np.ascontiguousarray(s), dtype)
+
+
+def empty_out(T, Hv, Dv, dtype=np.float32):
+    return np.full((T, Hv, Dv), np.nan, dtype) if np.dtype(dtype) != np.uint16 else \
+        np.full((T, Hv, Dv), 0x7FC0, np.uint16)
+
+
+def empty_journal(T, Hk, Hv, Dk, Dv):
+    return np.full((T, gdn_journal_width(Hk, Hv, Dk, Dv)), np.nan, np.float32)
+
+
+def f64(a):
+    return ref.to_f64(a)
+
+
+# ------------------------------------------------------------------ closed forms
+
+def test_gdn_verify_single_token_closed_form():
+    # zero state, one token: S = beta k v^T, o = beta (k.q) scale v
+    Dk, Dv = 4, 3
+    q = np.array([[[1.0, 2.0, 0.0, -1.0]]], np.float32)
+    k = np.array([[[0.5, 0.0, 1.0, 0.5]]], np.float32)
+    v = np.array([[[1.0, -2.0, 3.0]]], np.float32)
+    g = np.array([[-0.3]], np.float32)
+    beta = np.array([[0.25]], np.float32)
+    state = np.zeros((1, 1, Dk, Dv), np.float32)
+    out = empty_out(1, 1, Dv)
+    j = empty_journal(1, 1, 1, Dk, Dv)
+    gdn_verify(q, k, v, state, np.array([0]), np.array([0, 1]), out, j, g=g, beta=beta, scale=0.5)
+    kq = float(np.dot(q[0, 0], k[0, 0]))
+    np.testing.assert_allclose(out[0, 0], 0.25 * kq * 0.5 * v[0, 0], rtol=1e-6)
+    assert not state.any()
+    gdn_commit(state, np.array([0]), np.array([0, 1]), np.array([1]), j)
+    np.testing.assert_allclose(state[0, 0], 0.25 * np.outer(k[0, 0], v[0, 0]), rtol=1e-6)
+
+
+def test_gdn_two_tokens_by_hand():
+    # explicit per-element loops of the delta rule, float64, f32 state (exactly representable)
+    rng = np.random.default_rng(1)
+    Dk, Dv = 3, 2
+    S0 = rng.standard_normal((Dk, Dv))
+    ks = rng.standard_normal((2, Dk))
+    qs = rng.standard_normal((2, Dk))
+    vs = rng.standard_normal((2, Dv))
+    gs = np.array([-0.1, -0.7])
+    bs = np.array([0.3, 0.8])
+    S = S0.astype(np.float32).astype(np.float64)
+    outs = []
+    kk = ks.astype(np.float32).astype(np.float64)
+    for t in range(2):
+        S = S * np.exp(np.float32(gs[t]))
+        for j in range(Dv):
+            kv = sum(S[i, j] * kk[t, i] for i in range(Dk))
+            d = np.float32(bs[t]) * (np.float32(vs[t, j]) - kv)
+            for i in range(Dk):
+                S[i, j] += kk[t, i] * d
+        outs.append([sum(S[i, j] * qs[t, i] / np.sqrt(Dk) for i in range(Dk)) for j in range(Dv)])
+        S = S.astype(np.float32).astype(np.float64)
+    state = S0.astype(np.float32)[None, None]
+    out = empty_out(2, 1, Dv, np.float64 if False else np.float32)
+    j = empty_journal(2, 1, 1, Dk, Dv)
+    gdn_verify(qs[:, None].astype(np.float32), ks[:, None].astype(np.float32),
+               vs[:, None].astype(np.float32), state, np.array([0]), np.array([0, 2]), out, j,
+               g=gs[:, None].astype(np.float32), beta=bs[:, None].astype(np.float32))
+    np.testing.assert_allclose(out[:, 0], np.array(outs), rtol=1e-5, atol=1e-6)
+    gdn_commit(state, np.array([0]), np.array([0, 2]), np.array([2]), j)
+    np.testing.assert_allclose(state[0, 0], S, rtol=1e-6)
+
+
+def test_gdn_fused_gating_and_l2norm_match_explicit():
+    rng = np.random.default_rng(2)
+    Hk, Hv, Dk, Dv = 2, 4, 8, 8
+    cu_q, x, gat = make_block(rng, [3], Hk, Hv, Dk, Dv, fused=True, unit_k=False)
+    a, b = f64(gat["a"]), f64(gat["b"])
+    xx = a + gat["dt_bias"][None]
+    g = (-np.exp(gat["A_log"].astype(np.float64))[None] * np.log1p(np.exp(xx))).astype(np.float32)
+    beta = (1 / (1 + np.exp(-b))).astype(np.float32)
+    qn = x["q"] / np.sqrt((x["q"].astype(np.float64) ** 2).sum(-1, keepdims=True) + 1e-6)
+    kn = x["k"] / np.sqrt((x["k"].astype(np.float64) ** 2).sum(-1, keepdims=True) + 1e-6)
+    state = make_state(rng, 1, Hv, Dk, Dv, np.float32, "kv")
+    o1, o2 = empty_out(3, Hv, Dv), empty_out(3, Hv, Dv)
+    j1, j2 = empty_journal(3, Hk, Hv, Dk, Dv), empty_journal(3, Hk, Hv, Dk, Dv)
+    gdn_verify(x["q"], x["k"], x["v"], state, [0], cu_q, o1, j1, qk_l2norm=True, **gat)
+    gdn_verify(qn.astype(np.float32), kn.astype(np.float32), x["v"], state, [0], cu_q, o2, j2,
+               g=g, beta=beta)
+    np.testing.assert_allclose(o1, o2, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(j1, j2, rtol=1e-6, atol=1e-7)
+
+
+def test_gdn_layouts_agree():
+    rng = np.random.default_rng(3)
+    Hk, Hv, Dk, Dv = 1, 2, 8, 4
+    cu_q, x, gat = make_block(rng, [2, 3], Hk, Hv, Dk, Dv)
+    skv = make_state(rng, 3, Hv, Dk, Dv, np.float32, "kv")
+    svk = np.ascontiguousarray(skv.transpose(0, 1, 3, 2))
+    o1, o2 = empty_out(5, Hv, Dv), empty_out(5, Hv, Dv)
+    j1, j2 = empty_journal(5, Hk, Hv, Dk, Dv), empty_journal(5, Hk, Hv, Dk, Dv)
+    gdn_verify(**x, state=skv, slot_ids=[2, 0], cu_q=cu_q, out=o1, journal=j1, **gat)
+    gdn_verify(**x, state=svk, slot_ids=[2, 0], cu_q=cu_q, out=o2, journal=j2, layout="vk", **gat)
+    np.testing.assert_array_equal(o1, o2)
+    gdn_commit(skv, [2, 0], cu_q, [1, 3], j1)
+    gdn_commit(svk, [2, 0], cu_q, [1, 3], j2, layout="vk")
+    np.testing.assert_array_equal(skv, svk.transpose(0, 1, 3, 2))
+
+
+# ------------------------------------------------------------------ verify + commit == decode
+
+def run_chain(rng, *, layout, sdt, ratio, fused, l2norm, rounds=5, B=4, Hk=2, Dk=8, Dv=8,
+              in_dtype=np.float32, max_q=4):
+    """`rounds` speculative rounds (verify + commit of random accept lengths) against
+    sequential decoding of the accepted tokens; returns the max abs differences."""
+    Hv = Hk * ratio
+    slots = B + 3
+    state = make_state(rng, slots, Hv, Dk, Dv, sdt, layout)
+    seq_state = state.copy()
+    slot_ids = rng.permutation(slots)[:B].astype(np.int32)
+    slot_ids[-1] = -1                                   # a padding row of the batch
+    for _ in range(rounds):
+        q_lens = rng.integers(1, max_q + 1, B)
+        q_lens[0] = 1                                    # a plain decode row mixed in
+        cu_q, x, gat = make_block(rng, q_lens, Hk, Hv, Dk, Dv, in_dtype, fused, unit_k=not l2norm)
+        T = int(cu_q[-1])
+        out = empty_out(T, Hv, Dv, in_dtype)
+        journal = empty_journal(T, Hk, Hv, Dk, Dv)
+        before = state.copy()
+        gdn_verify(**x, state=state, slot_ids=slot_ids, cu_q=cu_q, out=out, journal=journal,
+                   qk_l2norm=l2norm, layout=layout, **gat)
+        np.testing.assert_array_equal(state, before)    # verify never writes the state
+        acc = np.array([rng.integers(0, q + 1) for q in q_lens], np.int32)
+        gdn_commit(state, slot_ids, cu_q, acc, journal, layout=layout)
+        # oracle: decode the accepted rows one by one (outputs: all rows, from a scratch copy)
+        scratch = seq_state.copy()
+        out_seq = empty_out(T, Hv, Dv, in_dtype)
+        gdn_decode_reference(**x, state=scratch, slot_ids=slot_ids, cu_q=cu_q, out=out_seq,
+                             qk_l2norm=l2norm, layout=layout, **gat)
+        np.testing.assert_array_equal(out, out_seq)
+        for b in range(B):
+            if slot_ids[b] < 0 or acc[b] == 0:
+                continue
+            r0 = cu_q[b]
+            sub = {n: a[r0:r0 + acc[b]] for n, a in {**x, **gat}.items()
+                   if n not in ("A_log", "dt_bias")}
+            sub.update({n: gat[n] for n in ("A_log", "dt_bias") if n in gat})
+            gdn_decode_reference(**sub, state=seq_state, slot_ids=slot_ids[b:b + 1],
+                                 cu_q=np.array([0, acc[b]]),
+                                 out=empty_out(int(acc[b]), Hv, Dv, in_dtype),
+                                 qk_l2norm=l2norm, layout=layout)
+        np.testing.assert_array_equal(state, seq_state)
+    return state
+
+
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+@pytest.mark.parametrize("sdt", ["f32", "f16", "bf16"])
+def test_gdn_chain_equals_sequential_decode(layout, sdt):
+    rng = np.random.default_rng(10 + len(layout) + len(sdt))
+    run_chain(rng, layout=layout, sdt=STATE_DTYPES[sdt], ratio=2, fused=False, l2norm=False)
+
+
+@pytest.mark.parametrize("ratio", [1, 2, 4])
+@pytest.mark.parametrize("fused,l2norm", [(True, True), (False, True), (True, False)])
+def test_gdn_chain_gva_gating_norm(ratio, fused, l2norm):
+    rng = np.random.default_rng(100 + ratio)
+    run_chain(rng, layout="kv", sdt=np.uint16, ratio=ratio, fused=fused, l2norm=l2norm,
+              rounds=3, in_dtype=np.uint16)
+
+
+def test_gdn_commit_every_accept_len():
+    rng = np.random.default_rng(5)
+    Hk, Hv, Dk, Dv, q = 1, 2, 8, 4, 5
+    cu_q, x, gat = make_block(rng, [q], Hk, Hv, Dk, Dv)
+    state0 = make_state(rng, 1, Hv, Dk, Dv, np.float16, "kv")
+    journal = empty_journal(q, Hk, Hv, Dk, Dv)
+    gdn_verify(**x, state=state0, slot_ids=[0], cu_q=cu_q, out=empty_out(q, Hv, Dv),
+               journal=journal, **gat)
+    for n in range(q + 1):
+        st = state0.copy()
+        gdn_commit(st, [0], cu_q, [n], journal)
+        seq = state0.copy()
+        if n:
+            sub = {k_: a[:n] for k_, a in {**x, **gat}.items()}
+            gdn_decode_reference(**sub, state=seq, slot_ids=[0], cu_q=[0, n],
+                                 out=empty_out(n, Hv, Dv))
+        np.testing.assert_array_equal(st, seq)
+        if n == 0:
+            np.testing.assert_array_equal(st, state0)
+
+
+def test_gdn_padding_rows_are_zero_and_untouched():
+    rng = np.random.default_rng(6)
+    cu_q, x, gat = make_block(rng, [2, 1], 1, 1, 4, 4)
+    state = make_state(rng, 2, 1, 4, 4, np.float32, "kv")
+    before = state.copy()
+    out = empty_out(3, 1, 4)
+    j = empty_journal(3, 1, 1, 4, 4)
+    gdn_verify(**x, state=state, slot_ids=[-1, -1], cu_q=cu_q, out=out, journal=j, **gat)
+    assert not out.any()
+    gdn_commit(state, [-1, -1], cu_q, [2, 1], j)
+    np.testing.assert_array_equal(state, before)
+
+
+def test_gdn_empty_batch():
+    state = np.zeros((2, 2, 4, 4), np.float32)
+    q = np.zeros((0, 1, 4), np.float32)
+    v = np.zeros((0, 2, 4), np.float32)
+    g = np.zeros((0, 2), np.float32)
+    out = empty_out(0, 2, 4)
+    j = empty_journal(0, 1, 2, 4, 4)
+    gdn_verify(q, q, v, state, np.zeros(0, np.int32), [0], out, j, g=g, beta=g)
+    gdn_commit(state, np.zeros(0, np.int32), [0], np.zeros(0, np.int32), j)
+
+
+# ------------------------------------------------------------------ bad arguments
+
+def _bad_case():
+    rng = np.random.default_rng(7)
+    cu_q, x, gat = make_block(rng, [2, 2], 2, 4, 8, 8)
+    state = make_state(rng, 4, 4, 8, 8, np.float32, "kv")
+    return dict(**x, state=state, slot_ids=np.array([0, 1]), cu_q=cu_q,
+                out=empty_out(4, 4, 8), journal=empty_journal(4, 2, 4, 8, 8), **gat)
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda c: c.update(q=c["q"][:, :1].copy(), k=c["k"][:, :1].copy(),
+                        journal=empty_journal(4, 1, 4, 8, 8)) or c, None),   # fine: Hk=1
+    (lambda c: c.update(q=np.zeros((4, 3, 8), np.float32), k=np.zeros((4, 3, 8), np.float32)),
+     "multiple of key heads"),
+    (lambda c: c.update(q=np.zeros((4, 2, 4), np.float32)), "q: expected"),
+    (lambda c: c.update(k=np.zeros((4, 2, 4), np.float32)), "k: expected"),
+    (lambda c: c.update(v=np.zeros((4, 4, 4), np.float32)), "v: expected"),
+    (lambda c: c.update(q=c["q"].astype(np.float64)), "q: dtype"),
+    (lambda c: c.update(slot_ids=np.array([0, 4])), "slot_ids: id 4 out of range"),
+    (lambda c: c.update(slot_ids=np.array([1, 1])), "same slot"),
+    (lambda c: c.update(cu_q=np.array([0, 3, 2])), "cu_q"),
+    (lambda c: c.update(journal=empty_journal(4, 1, 4, 8, 8)), "journal"),
+    (lambda c: c.update(a=c["g"]), "either g and beta"),
+    (lambda c: c.pop("beta"), "g/beta: both required"),
+    (lambda c: c.update(layout="kk"), "layout"),
+])
+def test_gdn_verify_rejects(change, match):
+    c = _bad_case()
+    change(c)
+    if match is None:
+        gdn_verify(**c)
+        return
+    with pytest.raises((ValueError, TypeError), match=match):
+        gdn_verify(**c)
+
+
+def test_gdn_commit_rejects():
+    c = _bad_case()
+    gdn_verify(**c)
+    st, j = c["state"], c["journal"]
+    with pytest.raises(ValueError, match="accept_len"):
+        gdn_commit(st, [0, 1], c["cu_q"], [3, 0], j)
+    with pytest.raises(ValueError, match="accept_len"):
+        gdn_commit(st, [0, 1], c["cu_q"], [-1, 0], j)
+    with pytest.raises(ValueError, match="same slot"):
+        gdn_commit(st, [2, 2], c["cu_q"], [1, 1], j)
+    with pytest.raises(ValueError, match="journal"):
+        gdn_commit(st, [0, 1], c["cu_q"], [1, 1], j[:, :-1])
+
+
+def test_bf16_bits_roundtrip():
+    x = np.array([1.0, -2.5, 3.140625, 1e-3, np.inf, -np.inf], np.float32)
+    y = bf16_bits_to_f32(f32_to_bf16_bits(x))
+    np.testing.assert_array_equal(y[[0, 1, 2, 4, 5]], x[[0, 1, 2, 4, 5]])
+    assert abs(y[3] - 1e-3) <= 2 ** -9 * 1e-3
+    assert np.isnan(bf16_bits_to_f32(f32_to_bf16_bits(np.array([np.nan], np.float32))))[0]
+    # ties to even: 1 + 2^-8 is halfway between bf16 1.0 and 1.0078125 -> 1.0
+    assert bf16_bits_to_f32(f32_to_bf16_bits(np.array([1 + 2 ** -8], np.float32)))[0] == 1.0
+
+
+def test_gdn_ops_reject_host_arrays():
+    from specdec_lib import ops
+    c = _bad_case()
+    with pytest.raises(TypeError, match="state"):
+        ops.gdn_verify(**c)
+    with pytest.raises(ValueError, match="layout"):
+        ops.gdn_commit(c["state"], c["slot_ids"], c["cu_q"], [1, 1], c["journal"], layout="xx")
+
+
+# ------------------------------------------------------------------ GPU
+
+from conftest import needs_gpu, poison, rel_err  # noqa: E402
+
+_NAME = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
+         np.dtype(np.uint16): "bfloat16"}
+
+
+def dev(a):
+    from specdec_lib import DeviceArray
+    a = np.asarray(a)
+    if a.dtype.kind in "iu" and a.dtype != np.uint16:
+        return DeviceArray.from_numpy(a.astype(np.int32))
+    return DeviceArray.from_numpy(a, dtype=_NAME[a.dtype])
+
+
+def host(d, like):
+    """Device array -> host array in the layout of numpy array `like` (bf16 as bits)."""
+    return d.to_numpy().reshape(like.shape).view(like.dtype) if np.dtype(like.dtype) == np.uint16 \
+        else d.to_numpy().reshape(like.shape)
+
+
+def tol(sdt, in_dtype=np.float32):
+    return 1e-4 if np.dtype(sdt) == np.float32 and np.dtype(in_dtype) == np.float32 else 2e-2
+
+
+def gpu_case(rng, *, layout, sdt, ratio, fused, l2norm, Dk=128, Dv=128, Hk=2, in_dtype=np.uint16,
+             q_lens=(1, 4, 3, 2, 5)):
+    Hv = Hk * ratio
+    B = len(q_lens)
+    slots = B + 3
+    cu_q, x, gat = make_block(rng, q_lens, Hk, Hv, Dk, Dv, in_dtype, fused, unit_k=not l2norm)
+    state = make_state(rng, slots, Hv, Dk, Dv, sdt, layout)
+    slot_ids = rng.permutation(slots)[:B].astype(np.int32)
+    slot_ids[2] = -1                                     # padding row
+    return dict(cu_q=cu_q, x=x, gat=gat, state=state, slot_ids=slot_ids, Hk=Hk, Hv=Hv, Dk=Dk,
+                Dv=Dv, T=int(cu_q[-1]))
+
+
+def run_gpu_verify(c, *, layout, l2norm, out_dtype="float32"):
+    from specdec_lib import ops
+    W = gdn_journal_width(c["Hk"], c["Hv"], c["Dk"], c["Dv"])
+    d_state = dev(c["state"])
+    d_out = poison((c["T"], c["Hv"], c["Dv"]), out_dtype)
+    d_j = poison((c["T"], W), "float32")
+    d_status = poison((len(c["slot_ids"]),), "int32")
+    ops.gdn_verify(**{n: dev(a) for n, a in c["x"].items()}, state=d_state,
+                   slot_ids=dev(c["slot_ids"]), cu_q=dev(c["cu_q"]), out=d_out, journal=d_j,
+                   qk_l2norm=l2norm, layout=layout, status=d_status,
+                   **{n: dev(a) for n, a in c["gat"].items()})
+    assert not d_status.to_numpy().any()
+    return d_state, d_out, d_j
+
+
+@needs_gpu
+@pytest.mark.parametrize("Dk", [128, 64])
+@pytest.mark.parametrize("fused,l2norm", [(True, True), (False, False)])
+@pytest.mark.parametrize("ratio", [1, 2, 4])
+@pytest.mark.parametrize("sdt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+def test_gdn_verify_gpu(rng, layout, sdt, ratio, fused, l2norm, Dk):
+    sdt = STATE_DTYPES[sdt]
+    in_dtype = np.float32 if sdt == np.float32 else (np.float16 if sdt == np.float16 else np.uint16)
+    c = gpu_case(rng, layout=layout, sdt=sdt, ratio=ratio, fused=fused, l2norm=l2norm, Dk=Dk,
+                 Dv=Dk, in_dtype=in_dtype)
+    d_state, d_out, d_j = run_gpu_verify(c, layout=layout, l2norm=l2norm)
+    # the state is bit-for-bit what it was
+    np.testing.assert_array_equal(host(d_state, c["state"]).view(np.uint8), c["state"].view(np.uint8))
+    out = empty_out(c["T"], c["Hv"], c["Dv"])
+    j = empty_journal(c["T"], c["Hk"], c["Hv"], c["Dk"], c["Dv"])
+    gdn_verify(**c["x"], state=c["state"].copy(), slot_ids=c["slot_ids"], cu_q=c["cu_q"], out=out,
+               journal=j, qk_l2norm=l2norm, layout=layout, **c["gat"])
+    got = d_out.to_numpy()
+    e = rel_err(got, out)
+    assert e < tol(sdt, in_dtype), f"out rel err {e}"
+    pad = slice(c["cu_q"][2], c["cu_q"][3])
+    assert not got[pad].any(), "padding rows must be zero"
+    ej = rel_err(d_j.to_numpy(), j)
+    assert ej < 1e-5, f"journal rel err {ej}"
+
+
+@needs_gpu
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+@pytest.mark.parametrize("sdt", ["f32", "f16", "bf16"])
+def test_gdn_commit_gpu_every_accept_len(rng, layout, sdt):
+    from specdec_lib import ops
+    sdt = STATE_DTYPES[sdt]
+    q = 5
+    c = gpu_case(rng, layout=layout, sdt=sdt, ratio=2, fused=True, l2norm=True,
+                 q_lens=(q,) * (q + 1), in_dtype=np.uint16)
+    # no padding row here: every accept length 0..q is exercised on a live slot
+    c["slot_ids"] = rng.permutation(len(c["state"]))[:q + 1].astype(np.int32)
+    d_state, d_out, d_j = run_gpu_verify(c, layout=layout, l2norm=True)
+    acc = np.arange(q + 1, dtype=np.int32)
+    rng.shuffle(acc)
+    d_status = poison((q + 1,), "int32")
+    ops.gdn_commit(d_state, dev(c["slot_ids"]), dev(c["cu_q"]), dev(acc), d_j, layout=layout,
+                   status=d_status)
+    assert not d_status.to_numpy().any()
+    exp = c["state"].copy()
+    gdn_commit(exp, c["slot_ids"], c["cu_q"], acc, d_j.to_numpy(), layout=layout)
+    got = host(d_state, c["state"])
+    for b in range(q + 1):
+        s = c["slot_ids"][b]
+        if acc[b] == 0:
+            np.testing.assert_array_equal(got[s].view(np.uint8), c["state"][s].view(np.uint8))
+        else:
+            e = rel_err(f64(got[s]), f64(exp[s]))
+            assert e < tol(sdt) / 4, f"accept {acc[b]}: state rel err {e}"
+    untouched = np.setdiff1d(np.arange(len(c["state"])), c["slot_ids"])
+    np.testing.assert_array_equal(got[untouched].view(np.uint8), c["state"][untouched].view(np.uint8))
+
+
+@needs_gpu
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+@pytest.mark.parametrize("sdt", ["f32", "bf16", "f16"])
+def test_gdn_gpu_chain_equals_sequential(rng, layout, sdt):
+    """5 rounds of GPU verify + commit (random accept lengths, q=1 rows, a padding row) ==
+    the reference's one-token decoding, and == the GPU's own one-token rounds bit for bit."""
+    from specdec_lib import ops
+    sdt = STATE_DTYPES[sdt]
+    Hk, Hv, D, B = 2, 4, 128, 4
+    slots = B + 2
+    state0 = make_state(rng, slots, Hv, D, D, sdt, layout)
+    d_state = dev(state0)                       # speculative rounds
+    d_seq = dev(state0)                         # the GPU decoding one token per round
+    ref_state = state0.copy()                   # the reference decoding one token per round
+    slot_ids = rng.permutation(slots)[:B].astype(np.int32)
+    slot_ids[-1] = -1
+    W = gdn_journal_width(Hk, Hv, D, D)
+    for _ in range(5):
+        q_lens = rng.integers(1, 6, B)
+        q_lens[0] = 1
+        cu_q, x, gat = make_block(rng, q_lens, Hk, Hv, D, D, np.uint16, True, unit_k=False)
+        T = int(cu_q[-1])
+        d_j = poison((T, W), "float32")
+        d_x = {n: dev(a) for n, a in {**x, **gat}.items()}
+        ops.gdn_verify(**d_x, state=d_state, slot_ids=dev(slot_ids), cu_q=dev(cu_q),
+                       out=poison((T, Hv, D), "bfloat16"), journal=d_j, qk_l2norm=True,
+                       layout=layout)
+        acc = np.array([rng.integers(0, q + 1) for q in q_lens], np.int32)
+        ops.gdn_commit(d_state, dev(slot_ids), dev(cu_q), dev(acc), d_j, layout=layout)
+        for b in range(B):
+            for i in range(acc[b]):
+                t = cu_q[b] + i
+                one = {n: a[t:t + 1] for n, a in {**x, **gat}.items() if n not in ("A_log", "dt_bias")}
+                one.update({n: gat[n] for n in ("A_log", "dt_bias")})
+                d_j1 = poison((1, W), "float32")
+                ops.gdn_verify(**{n: dev(a) for n, a in one.items()}, state=d_seq,
+                               slot_ids=dev(slot_ids[b:b + 1]), cu_q=dev([0, 1]),
+                               out=poison((1, Hv, D), "bfloat16"), journal=d_j1, qk_l2norm=True,
+                               layout=layout)
+                ops.gdn_commit(d_seq, dev(slot_ids[b:b + 1]), dev([0, 1]), dev([1]), d_j1,
+                               layout=layout)
+                gdn_decode_reference(**one, state=ref_state, slot_ids=slot_ids[b:b + 1],
+                                     cu_q=np.array([0, 1]), out=empty_out(1, Hv, D),
+                                     qk_l2norm=True, layout=layout)
+    got = host(d_state, state0)
+    np.testing.assert_array_equal(got.view(np.uint8), host(d_seq, state0).view(np.uint8))
+    e = rel_err(f64(got), f64(ref_state))
+    assert e < tol(sdt), f"state after 5 rounds: rel err {e}"
+
+
+@needs_gpu
+def test_gdn_gpu_rejects_before_launch(rng):
+    from specdec_lib import ops
+    c = gpu_case(rng, layout="kv", sdt=np.float32, ratio=2, fused=False, l2norm=False,
+                 in_dtype=np.float32)
+    W = gdn_journal_width(c["Hk"], c["Hv"], 128, 128)
+    d_state = dev(c["state"])
+    base = dict(**{n: dev(a) for n, a in {**c["x"], **c["gat"]}.items()}, state=d_state,
+                slot_ids=dev(c["slot_ids"]), cu_q=dev(c["cu_q"]),
+                out=poison((c["T"], c["Hv"], 128), "float32"), journal=poison((c["T"], W), "float32"))
+    B = len(c["slot_ids"])
+    cases = [
+        (dict(q=dev(np.zeros((c["T"], 3, 128), np.float32)), k=dev(np.zeros((c["T"], 3, 128), np.float32))),
+         ValueError, "multiple of key heads"),
+        (dict(q=dev(np.zeros((c["T"], 2, 64), np.float32))), ValueError, "q: expected"),
+        (dict(k=dev(c["x"]["k"].astype(np.float16))), TypeError, "k: dtype"),
+        (dict(state=dev(np.zeros((4, 4, 96, 128), np.float32))), ValueError, "Dk=96"),
+        (dict(slot_ids=dev(np.full(B, 99, np.int32))), ValueError, "out of range"),
+        (dict(slot_ids=dev(np.zeros(B, np.int32))), ValueError, "same slot"),
+        (dict(journal=poison((c["T"], W + 1), "float32")), ValueError, "journal"),
+        (dict(q=c["x"]["q"]), TypeError, "q:"),
+        (dict(layout="kk"), ValueError, "layout"),
+    ]
+    for override, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            ops.gdn_verify(**dict(base, **override))
+    ops.gdn_verify(**base)
+    acc = np.array(np.diff(c["cu_q"]), np.int32)
+    acc[1] += 1
+    with pytest.raises(ValueError, match="accept_len"):
+        ops.gdn_commit(d_state, base["slot_ids"], base["cu_q"], dev(acc), base["journal"])
+    np.testing.assert_array_equal(host(d_state, c["state"]), c["state"])
+    # without the host check the kernel leaves that state alone and flags the row
+    st = poison((B,), "int32")
+    ops.gdn_commit(d_state, base["slot_ids"], base["cu_q"], dev(acc), base["journal"],
+                   status=st, check_indices=False)
+    flags = st.to_numpy()
+    assert flags[1] == 4 and not np.delete(flags, 1).any()
+    s1 = c["slot_ids"][1]
+    np.testing.assert_array_equal(host(d_state, c["state"])[s1], c["state"][s1])

@@ -1,0 +1,176 @@
+"""SpeculativeDecoder end to end on the demo model: lossless greedy decoding, stops,
+sampled determinism and distribution (reference backend on CPU; cuda on a GPU)."""
+import numpy as np
+import pytest
+
+from conftest import needs_gpu
+from specdec_lib.models import (TinyHybridTarget, TinyMTPDraft, load_demo_checkpoint,
+                                make_demo_checkpoint)
+from specdec_lib.orchestrator import Request, SpeculativeDecoder, reference_backend
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("demo_ckpt"))
+    make_demo_checkpoint(path)
+    return load_demo_checkpoint(path)
+
+
+def _models(demo, be):
+    cfg, tensors, dw = demo
+    return TinyHybridTarget(cfg, tensors, be), TinyMTPDraft(cfg, dw, tensors, be)
+
+
+def _prompts(seed, lens, V=256):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, V, n).tolist() for n in lens]
+
+
+def _run(demo, reqs, k, be=None):
+    be = be or reference_backend()
+    target, draft = _models(demo, be)
+    dec = SpeculativeDecoder(target, draft if k else None, num_speculative_tokens=k, backend=be)
+    return dec.generate(reqs), dec.metrics
+
+
+@pytest.fixture(scope="module")
+def baseline(demo):
+    reqs = [Request(prompt=p, max_new_tokens=20) for p in _prompts(1, [1, 6, 19, 3])]
+    res, _ = _run(demo, reqs, 0)
+    return reqs, [r.tokens for r in res]
+
+
+@pytest.mark.parametrize("k", range(1, 8))
+def test_lossless_greedy(demo, baseline, k):
+    reqs, want = baseline
+    res, m = _run(demo, reqs, k)
+    assert [r.tokens for r in res] == want
+    assert all(r.finish_reason == "max_length" for r in res)
+    assert 0 < m.acceptance_rate < 1          # both acceptance and rejection happened
+    assert m.mean_accepted_length > 1
+
+
+def test_stops_mid_block_and_different_rounds(demo, baseline):
+    reqs, want = baseline
+    # request 0: stop id = its 7th token; request 1: stop sequence = its tokens 4..5 with the
+    # first one before a block boundary (any split works: it is matched against history);
+    # request 2: max length 9; request 3: untouched.
+    stop_tok = want[0][6]
+    first = want[0].index(stop_tok)
+    seq = want[1][4:6]
+    j = next(i for i in range(1, len(want[1])) if want[1][i - 1:i + 1] == seq)
+    new = [Request(prompt=reqs[0].prompt, max_new_tokens=20, stop_token_ids=[stop_tok]),
+           Request(prompt=reqs[1].prompt, max_new_tokens=20, stop_sequences=[seq]),
+           Request(prompt=reqs[2].prompt, max_new_tokens=9),
+           reqs[3]]
+    for k in (1, 3, 5):
+        res, _ = _run(demo, new, k)
+        assert res[0].tokens == want[0][:first + 1] and res[0].finish_reason == "stop_id"
+        assert res[1].tokens == want[1][:j + 1] and res[1].finish_reason == "stop_sequence"
+        assert res[2].tokens == want[2][:9] and res[2].finish_reason == "max_length"
+        assert res[3].tokens == want[3]
+
+
+def test_ragged_batch_matches_single_requests(demo, baseline):
+    reqs, want = baseline
+    for b in (0, 2):
+        res, _ = _run(demo, [reqs[b]], 4)
+        assert res[0].tokens == want[b]
+
+
+def test_sampled_is_deterministic(demo):
+    reqs = [Request(prompt=p, max_new_tokens=12, temperature=1.5, top_k=50, top_p=0.95, seed=s)
+            for s, p in enumerate(_prompts(2, [4, 7, 2]))]
+    a, _ = _run(demo, reqs, 3)
+    b, _ = _run(demo, reqs, 3)
+    assert [r.tokens for r in a] == [r.tokens for r in b]
+    c, _ = _run(demo, [Request(**{**reqs[0].__dict__, "seed": 99})] + reqs[1:], 3)
+    assert c[1:] == a[1:]
+
+
+def test_first_sampled_token_follows_target_distribution(demo):
+    """Chi-square: the first emitted token of N seeds vs softmax(target logits / T)."""
+    cfg = demo[0]
+    prompt = _prompts(3, [5])[0]
+    temp = 3.0
+    be = reference_backend()
+    target, _ = _models(demo, be)
+    target.reset(1, 16)
+    T = len(prompt)
+    logits, _ = target.forward(np.array(prompt, np.int32), np.arange(T, dtype=np.int32),
+                               np.array([0, T], np.int32), np.zeros(1, np.int32),
+                               np.zeros(1, np.uint8))
+    x = logits[-1].astype(np.float64) / temp
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    N = 600
+    reqs = [Request(prompt=prompt, max_new_tokens=1, temperature=temp, seed=s) for s in range(N)]
+    res, m = _run(demo, reqs, 2)
+    first = np.array([r.tokens[0] for r in res])
+    counts = np.bincount(first, minlength=cfg["vocab_size"])
+    order = np.argsort(-p)
+    exp_, obs = [], []
+    acc_e = acc_o = 0.0
+    for t in order:                       # merge the tail into bins of expectation >= 5
+        acc_e += p[t] * N
+        acc_o += counts[t]
+        if acc_e >= 5:
+            exp_.append(acc_e), obs.append(acc_o)
+            acc_e = acc_o = 0.0
+    if acc_e:
+        exp_[-1] += acc_e
+        obs[-1] += acc_o
+    exp_, obs = np.array(exp_), np.array(obs)
+    chi2 = float(((obs - exp_) ** 2 / exp_).sum())
+    dof = len(exp_) - 1
+    # chi-square 99.9% quantile, Wilson-Hilferty approximation
+    z = 3.09
+    crit = dof * (1 - 2 / (9 * dof) + z * np.sqrt(2 / (9 * dof))) ** 3
+    assert chi2 < crit, (chi2, crit, dof)
+
+
+def test_decoder_argument_errors(demo):
+    be = reference_backend()
+    target, draft = _models(demo, be)
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        SpeculativeDecoder(target, draft, num_speculative_tokens=16)
+    with pytest.raises(ValueError, match="draft"):
+        SpeculativeDecoder(target, None, num_speculative_tokens=2)
+    with pytest.raises(ValueError, match="backend"):
+        SpeculativeDecoder(target, draft, backend="tpu")
+    dec = SpeculativeDecoder(target, draft, num_speculative_tokens=2)
+    with pytest.raises(ValueError, match="prompt"):
+        dec.generate([Request(prompt=[])])
+
+
+def test_demo_main_reports_lossless(capsys):
+    from specdec_lib.demo import main
+    assert main(["--backend", "reference", "--batch", "2", "--max-new-tokens", "12",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    for key in ("acceptance rate:", "mean accepted length:", "tokens/s", "speed-up", "lossless: yes"):
+        assert key in out
+
+
+# ------------------------------------------------------------------------------ GPU
+
+@needs_gpu
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_lossless_greedy_cuda(demo, k):
+    pytest.importorskip("cupy")
+    from specdec_lib.orchestrator import cuda_backend
+    be = cuda_backend()
+    reqs = [Request(prompt=p, max_new_tokens=24) for p in _prompts(1, [1, 6, 19, 3])]
+    base, _ = _run(demo, reqs, 0, be)
+    res, m = _run(demo, reqs, k, be)
+    assert [r.tokens for r in res] == [r.tokens for r in base]
+    assert m.acceptance_rate > 0
+
+
+@needs_gpu
+def test_demo_main_cuda(capsys):
+    pytest.importorskip("cupy")
+    from specdec_lib.demo import main
+    assert main(["--backend", "cuda", "--batch", "8", "--max-new-tokens", "64",
+                 "--no-progress"]) == 0
+    assert "lossless: yes" in capsys.readouterr().out

@@ -1,0 +1,593 @@
+"""spec_sample: numpy reference (CPU: exactness statistics, greedy rules, status codes,
+validation) and the CUDA kernels (GPU: against the reference)."""
+import math
+
+import numpy as np
+import pytest
+
+from specdec_lib.reference import sampling as ref
+from specdec_lib.reference.sampling import (TILE, filtered_probs, philox4x32_10,
+                                            sample_block, sample_block_many, spec_sample)
+
+from conftest import needs_gpu
+
+N_STAT = 100_000          # samples per chi-square case
+
+
+# ------------------------------------------------------------------ helpers
+
+def chi_square_z(counts, probs):
+    """Wilson-Hilferty z-score of Pearson's chi-square (bins with expected < 5 merged)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    exp = np.asarray(probs, dtype=np.float64) * counts.sum()
+    assert counts[exp == 0].sum() == 0, f"samples where p == 0: {np.flatnonzero((exp == 0) & (counts > 0))}"
+    big = exp >= 5
+    c = np.append(counts[big], counts[~big].sum())
+    e = np.append(exp[big], exp[~big].sum())
+    keep = e > 0
+    c, e = c[keep], e[keep]
+    df = len(c) - 1
+    if df < 1:
+        return 0.0
+    x2 = float(((c - e) ** 2 / e).sum())
+    return ((x2 / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+
+
+def seeds(n, base=0):
+    return (np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(base))
+
+
+def batch_inputs(q_lens, V, rng, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, dtype=np.float32):
+    B = len(q_lens)
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    T = int(cu_q[-1])
+    logits = (rng.standard_normal((T, V)) * 2).astype(dtype)
+    draft_ids = rng.integers(0, V, T - B).astype(np.int32)
+    full = lambda v, dt: np.full(B, v, dt) if np.isscalar(v) else np.asarray(v, dt)
+    params = dict(temperature=full(temperature, np.float32), top_k=full(top_k, np.int32),
+                  top_p=full(top_p, np.float32), min_p=full(min_p, np.float32),
+                  seed=np.arange(B, dtype=np.int64) * 7919 + 17, step=np.full(B, 3, np.int64))
+    return cu_q, logits, draft_ids, params
+
+
+def outputs(B, W):
+    return (np.full(B, -7, np.int32), np.full((B, W), -7, np.int32), np.full(B, -7, np.int32))
+
+
+def run_ref(cu_q, logits, draft_ids, params, W=None, **kw):
+    B = len(cu_q) - 1
+    W = W or int(np.max(np.diff(cu_q), initial=1))
+    n, em, st = outputs(B, W)
+    spec_sample(logits, cu_q, draft_ids, params["temperature"], params["top_k"], params["top_p"],
+                params["min_p"], params["seed"], params["step"], n, em, st, **kw)
+    return n, em, st
+
+
+# ------------------------------------------------------------------ Philox
+
+def test_philox4x32_10_known_answers():
+    # Random123 kat_vectors: counter[4] key[2] -> output[4]
+    cases = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+             ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+             ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+              (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1))]
+    for ctr, key, want in cases:
+        assert tuple(int(x) for x in philox4x32_10(ctr, key)) == want
+
+
+def test_philox_streams_are_uniform_and_distinct():
+    bits = ref.philox_bits(seeds(1 << 16), 5, 0, ref.PURPOSE_ACCEPT, 0)
+    u = ref.uniform_accept(bits)
+    assert abs(u.mean() - 0.5) < 0.01 and u.min() >= 0 and u.max() < 1
+    other = ref.philox_bits(seeds(1 << 16), 6, 0, ref.PURPOSE_ACCEPT, 0)
+    assert (bits != other).mean() > 0.999
+    e = ref.exponential(ref.philox_bits(7, 1, 2, ref.PURPOSE_TOKEN, np.arange(1 << 16)))
+    assert abs(e.mean() - 1) < 0.02 and np.isfinite(e).all() and (e > 0).all()
+    # both ends of the 32-bit range stay finite and positive
+    ends = ref.exponential(np.array([0, 1, 2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1], np.uint32))
+    assert np.isfinite(ends).all() and (ends > 0).all()
+
+
+# ------------------------------------------------------------------ exactness (chi-square)
+
+def rand_logits(rng, V, scale=2.0, dead=0):
+    l = rng.standard_normal(V) * scale
+    if dead:
+        l[rng.choice(V, dead, replace=False)] = -np.inf
+    return l
+
+
+def dirichlet_q(rng, V, zeros=0):
+    q = rng.dirichlet(np.full(V, 0.5))
+    if zeros:
+        q[rng.choice(V, zeros, replace=False)] = 0
+        q /= q.sum()
+    return q
+
+
+@pytest.mark.parametrize("V", [16, 37, 64])
+def test_spec_sample_first_token_one_hot_draft(V, rng):
+    block = np.stack([rand_logits(rng, V), rand_logits(rng, V)])
+    p0 = filtered_probs(block[0], 0.8, 0, 1.0, 0.0)
+    x = int(np.argsort(p0)[V // 2])         # a middling draft: both outcomes frequent
+    n, em = sample_block_many(block, np.full((N_STAT, 1), x), 0.8, 0, 1.0, 0.0, seeds(N_STAT), 11)
+    assert chi_square_z(np.bincount(em[:, 0], minlength=V), p0) < 4.5
+    assert abs((n == 1).mean() - p0[x]) < 5 * math.sqrt(p0[x] * (1 - p0[x]) / N_STAT) + 1e-9
+    # given acceptance, the bonus token follows row 1
+    p1 = filtered_probs(block[1], 0.8, 0, 1.0, 0.0)
+    assert chi_square_z(np.bincount(em[n == 1, 1], minlength=V), p1) < 4.5
+
+
+@pytest.mark.parametrize("case", ["dirichlet", "zeros_in_q", "disjoint", "topk_topp", "minp", "d2t"])
+def test_spec_sample_first_token_draft_probs(case, rng):
+    V = 48
+    block = np.stack([rand_logits(rng, V), rand_logits(rng, V)])
+    temp, top_k, top_p, min_p, d2t = 1.0, 0, 1.0, 0.0, None
+    qd = dirichlet_q(rng, V)
+    if case == "zeros_in_q":
+        qd = dirichlet_q(rng, V, zeros=V // 3)
+    elif case == "disjoint":
+        block[0, V // 2:] = -np.inf
+        qd = np.zeros(V)
+        qd[V // 2:] = rng.dirichlet(np.ones(V - V // 2))
+    elif case == "topk_topp":
+        temp, top_k, top_p = 0.7, 20, 0.8
+    elif case == "minp":
+        temp, min_p, top_p = 1.3, 0.05, 0.95
+    elif case == "d2t":
+        d2t = np.sort(rng.choice(V, 20, replace=False)).astype(np.int32)
+        qd = rng.dirichlet(np.ones(20))
+    p0 = filtered_probs(block[0], temp, top_k, top_p, min_p)
+    support = np.arange(V) if d2t is None else d2t
+    drafts = rng.choice(support, size=(N_STAT, 1), p=qd)     # x ~ q, as the drafter would
+    n, em = sample_block_many(block, drafts, temp, top_k, top_p, min_p, seeds(N_STAT, 5), 2,
+                              draft_rows=qd[None], d2t=d2t)
+    assert chi_square_z(np.bincount(em[:, 0], minlength=V), p0) < 4.5
+    qv = np.zeros(V)
+    qv[support] = qd
+    acc = np.minimum(p0, qv).sum()            # closed form P(accept)
+    assert abs((n == 1).mean() - acc) < 5 * math.sqrt(acc * (1 - acc) / N_STAT) + 1e-9
+    if case == "disjoint":
+        assert (n == 0).all()
+
+
+def test_spec_sample_filters_active_chi_square(rng):
+    # top-k / top-p / min-p active together, one-hot draft of a filtered-out token
+    V = 64
+    block = np.stack([rand_logits(rng, V, 3.0)] * 2)
+    p0 = filtered_probs(block[0], 0.9, 24, 0.7, 0.01)
+    assert 1 < (p0 > 0).sum() < 24
+    x = int(np.argmin(block[0]))             # filtered out: always rejected
+    n, em = sample_block_many(block, np.full((N_STAT, 1), x), 0.9, 24, 0.7, 0.01, seeds(N_STAT, 9), 0)
+    assert (n == 0).all()
+    assert chi_square_z(np.bincount(em[:, 0], minlength=V), p0) < 4.5
+
+
+def test_spec_sample_two_level_race_over_tiles(rng):
+    # V spans 3 tiles; the mass sits on a few tokens of every tile
+    V = 2 * TILE + 100
+    l = np.full(V, -np.inf)
+    hot = np.concatenate([rng.choice(np.arange(t * TILE, min(V, (t + 1) * TILE)), 6, replace=False)
+                          for t in range(3)])
+    l[hot] = rng.standard_normal(hot.size)
+    block = l[None]
+    p = filtered_probs(l, 1.0, 0, 1.0, 0.0)
+    N = 40_000
+    n, em = sample_block_many(block, np.zeros((N, 0)), 1.0, 0, 1.0, 0.0, seeds(N, 3), 4)
+    assert chi_square_z(np.bincount(em[:, 0], minlength=V)[hot], p[hot]) < 4.5
+
+
+def test_sample_block_many_matches_the_loop(rng):
+    V = 40
+    block = np.stack([rand_logits(rng, V) for _ in range(3)])
+    qd = np.stack([dirichlet_q(rng, V) for _ in range(2)])
+    for dr in (None, qd):
+        drafts = rng.integers(0, V, (64, 2))
+        drafts[::4, 0] = -1                    # bad ids: always rejected
+        sd = seeds(64, 77)
+        n, em = sample_block_many(block, drafts, 0.9, 30, 0.9, 0.0, sd, 8, draft_rows=dr)
+        for j in range(64):
+            st, nj, toks, _ = sample_block(block, list(drafts[j]), 0.9, 30, 0.9, 0.0, sd[j], 8, dr)
+            assert nj == n[j] and list(em[j, :nj + 1]) == toks
+
+
+# ------------------------------------------------------------------ filters by hand
+
+def test_filtered_probs_thresholds_by_hand():
+    l = np.array([3.0, 2.0, 2.0, 1.0, 0.0, -np.inf])
+    kept = lambda **kw: np.flatnonzero(filtered_probs(l, kw.get("t", 1.0), kw.get("k", 0),
+                                                      kw.get("p", 1.0), kw.get("m", 0.0)) > 0)
+    assert list(kept()) == [0, 1, 2, 3, 4]
+    assert list(kept(k=2)) == [0, 1, 2]            # ties at the k-th value are kept
+    assert list(kept(k=1)) == [0]
+    assert list(kept(k=100)) == [0, 1, 2, 3, 4]    # k >= V: off
+    e = np.exp(l[:5] - 3)
+    assert list(kept(p=e[0] / e.sum())) == [0]                       # exactly reaches p
+    assert list(kept(p=e[0] / e.sum() + 1e-6)) == [0, 1, 2]          # next group, ties kept
+    assert list(kept(p=0.0)) == [0]
+    assert list(kept(k=3, p=0.99)) == [0, 1, 2]      # top-p on the top-k renormalised dist
+    assert list(kept(m=math.exp(-1.5))) == [0, 1, 2]
+    assert list(kept(m=2.0)) == [0]                  # clamped to 1: the max survives
+
+
+# ------------------------------------------------------------------ greedy
+
+def test_spec_sample_greedy_rules():
+    V = 8
+    rows = np.array([
+        [0, 5, 5, 1, 0, 0, 0, 0],                    # tie: lowest id (1)
+        [np.nan, 1, 2, np.nan, 2, -np.inf, 0, 0],    # NaN never wins: 2
+        [-np.inf] * 8,                                # all -inf: 0 (an ordinary value)
+        [np.nan, np.nan, 1, 1, 9, 9, np.nan, np.inf],  # +inf is the largest: 7
+    ], np.float32)
+    cu_q = np.array([0, 4], np.int32)
+    drafts = np.array([1, 2, 0], np.int32)            # all match: bonus from row 3
+    p = dict(temperature=np.zeros(1, np.float32), top_k=np.zeros(1, np.int32),
+             top_p=np.ones(1, np.float32), min_p=np.zeros(1, np.float32),
+             seed=np.zeros(1, np.int64), step=np.zeros(1, np.int64))
+    n, em, st = run_ref(cu_q, rows, drafts, p)
+    assert n[0] == 3 and list(em[0]) == [1, 2, 0, 7] and st[0] == ref.STATUS_NONFINITE
+    n, em, st = run_ref(cu_q, rows, np.array([1, 3, 0], np.int32), p)
+    assert n[0] == 1 and list(em[0]) == [1, 2, -1, -1]
+    n, em, st = run_ref(cu_q, rows, np.array([1, 2, 99], np.int32), p, W=6)
+    assert n[0] == 2 and list(em[0]) == [1, 2, 0, -1, -1, -1] and st[0] == ref.STATUS_NONFINITE
+    rows[2] = np.nan                                  # an all-NaN row: invalid block
+    n, em, st = run_ref(cu_q, rows, drafts, p)
+    assert n[0] == 0 and (em[0] == -1).all() and st[0] == ref.STATUS_NONFINITE
+
+
+def test_spec_sample_greedy_bad_draft_is_rejected(rng):
+    cu_q, logits, drafts, p = batch_inputs([3], 20, rng, temperature=0.0)
+    drafts[0] = int(np.argmax(logits[0]))
+    drafts[1] = 20
+    n, em, st = run_ref(cu_q, logits, drafts, p)
+    assert n[0] == 1 and list(em[0]) == [drafts[0], np.argmax(logits[1]), -1]
+    assert st[0] == ref.STATUS_BAD_DRAFT
+
+
+# ------------------------------------------------------------------ batches, status
+
+def test_spec_sample_ragged_mixed_batch(rng):
+    q_lens = [1, 4, 2, 1, 3]
+    temps = [0.0, 0.7, 1.0, 0.0, 1.2]
+    cu_q, logits, drafts, p = batch_inputs(q_lens, 50, rng, temperature=temps, top_p=0.9, top_k=[0, 5, 0, 0, 50])
+    # make the greedy drafts of sequence 1.. partially right
+    n, em, st = run_ref(cu_q, logits, drafts, p, W=5)
+    assert (st == 0).all()
+    for b, q in enumerate(q_lens):
+        assert 0 <= n[b] <= q - 1
+        assert (em[b, :n[b] + 1] >= 0).all() and (em[b, n[b] + 1:] == -1).all()
+        d = drafts[cu_q[b] - b: cu_q[b + 1] - b - 1]
+        assert list(em[b, :n[b]]) == list(d[:n[b]])
+    # same inputs -> same outputs; another step -> another stream
+    again = run_ref(cu_q, logits, drafts, p, W=5)
+    assert all((a == b).all() for a, b in zip((n, em, st), again))
+
+
+def test_spec_sample_is_deterministic_and_step_dependent(rng):
+    V, B = 64, 256
+    cu_q, logits, drafts, p = batch_inputs([2] * B, V, rng)
+    logits[:] = np.tile(logits[:2], (B, 1))        # every sequence sees the same block
+    drafts[:] = drafts[0]
+    p["seed"][:] = 1234
+    a = run_ref(cu_q, logits, drafts, p)
+    assert (a[1] == a[1][0]).all()                 # same seed/step: identical everywhere
+    p["step"] = np.arange(B, dtype=np.int64)
+    b = run_ref(cu_q, logits, drafts, p)
+    assert len({tuple(r) for r in b[1]}) > 10      # different steps: different draws
+
+
+def test_spec_sample_status_codes(rng):
+    cu_q, logits, drafts, p = batch_inputs([2, 2, 2, 2, 1], 16, rng)
+    logits[0, 3] = np.nan                          # seq 0: NaN -> invalid
+    logits[3, 5] = np.inf                          # seq 1: +inf -> invalid
+    logits[4] = -np.inf                            # seq 2: empty row -> invalid
+    drafts[3] = 16                                 # seq 3: bad draft -> rejected, valid
+    n, em, st = run_ref(cu_q, logits, drafts, p)
+    assert list(st) == [1, 1, 3, 2, 0]
+    for b in range(3):
+        assert n[b] == 0 and (em[b] == -1).all()
+    assert n[3] == 0 and em[3, 0] >= 0 and em[3, 1] == -1
+    assert n[4] == 0 and em[4, 0] >= 0
+
+
+def test_spec_sample_bad_layout_is_flagged(rng):
+    cu_q, logits, drafts, p = batch_inputs([3, 1], 16, rng)
+    n, em, st = run_ref(cu_q, logits, drafts, p, W=2)   # q=3 does not fit W=2
+    assert list(st) == [ref.STATUS_BAD_LAYOUT, 0] and n[0] == 0 and (em[0] == -1).all()
+
+
+def test_spec_sample_logprobs(rng):
+    cu_q, logits, drafts, p = batch_inputs([3, 2], 30, rng, temperature=[0.0, 0.9], top_k=[0, 10])
+    drafts[0] = np.argmax(logits[0])
+    n, em, st = outputs(2, 3)
+    lp = np.full((2, 3), np.nan, np.float32)
+    spec_sample(logits, cu_q, drafts, *[p[k] for k in ("temperature", "top_k", "top_p", "min_p",
+                                                         "seed", "step")], n, em, st,
+                accepted_logprobs=lp)
+    l0 = logits[0].astype(np.float64)
+    assert np.isclose(lp[0, 0], l0[em[0, 0]] - np.log(np.exp(l0).sum()), atol=1e-6)
+    pr = filtered_probs(logits[3], 0.9, 10, 1.0, 0.0)
+    assert np.isclose(lp[1, n[1]], np.log(pr[em[1, n[1]]])) or n[1] == 0
+    assert (lp[:, 2:][em[:, 2:] == -1] == 0).all()
+
+
+def test_spec_sample_validation_errors(rng):
+    cu_q, logits, drafts, p = batch_inputs([2, 2], 16, rng)
+    args = lambda **o: [o.get(k, v) for k, v in (("logits", logits), ("cu_q", cu_q), ("draft_ids", drafts))] + \
+        [o.get(k, p[k]) for k in ("temperature", "top_k", "top_p", "min_p", "seed", "step")] + \
+        list(outputs(2, 2))
+    with pytest.raises(ValueError, match="draft_ids"):
+        spec_sample(*args(draft_ids=drafts[:1]))
+    with pytest.raises(ValueError, match="top_p"):
+        spec_sample(*args(top_p=np.ones(3, np.float32)))
+    with pytest.raises(TypeError, match="logits"):
+        spec_sample(*args(logits=logits.astype(np.int32)))
+    with pytest.raises(ValueError, match="draft_probs"):
+        spec_sample(*args(), draft_probs=np.ones((2, 15), np.float32))
+    with pytest.raises(ValueError, match="d2t"):
+        spec_sample(*args(), draft_probs=np.ones((2, 3), np.float32), d2t=np.array([3, 2, 5], np.int32))
+
+
+# ================================================================== GPU
+# The kernels against the reference. Outputs are filled with a sentinel (0x7F7F7F7F, not a
+# value the op ever writes) before each run, so an element the kernel misses shows up.
+
+SENTINEL = 0x7F7F7F7F
+GPU_DTYPES = ["float32", "float16", "bfloat16"]
+
+
+def to_dtype(x, dtype):
+    """float64/32 host logits -> (host storage for DeviceArray, float64 values the GPU sees)."""
+    from specdec_lib.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
+    x = np.asarray(x, np.float32)
+    if dtype == "bfloat16":
+        bits = f32_to_bf16_bits(x)
+        return bits, bf16_bits_to_f32(bits).astype(np.float64)
+    if dtype == "float16":
+        h = x.astype(np.float16)
+        return h, h.astype(np.float64)
+    return x, x.astype(np.float64)
+
+
+def gpu_run(cu_q, logits_host, dtype, draft_ids, params, W, draft_probs=None, d2t=None,
+            logprobs=False, stream=None, runs=1):
+    """Upload, run the op ``runs`` times (fresh sentinel each time), return host outputs."""
+    from specdec_lib import DeviceArray
+    from specdec_lib.ops import spec_sample as op, spec_sample_workspace_size
+    B = len(cu_q) - 1
+    T, V = logits_host.shape
+    dev = lambda a, dt=None: DeviceArray.from_numpy(a, dtype=dt)
+    lg = dev(logits_host, dtype)
+    args = [dev(np.asarray(cu_q, np.int32)), dev(np.asarray(draft_ids, np.int32))] + \
+        [dev(params[k]) for k in ("temperature", "top_k", "top_p", "min_p", "seed", "step")]
+    ws = DeviceArray.empty((spec_sample_workspace_size(T, V),), "uint8")
+    dp = dev(np.asarray(draft_probs, np.float32)) if draft_probs is not None else None
+    dm = dev(np.asarray(d2t, np.int32)) if d2t is not None else None
+    results = []
+    for _ in range(runs):
+        na = dev(np.full(B, SENTINEL, np.int32))
+        em = dev(np.full((B, W), SENTINEL, np.int32))
+        st = dev(np.full(B, SENTINEL, np.int32))
+        lp = dev(np.full((B, W), np.nan, np.float32)) if logprobs else None
+        op(lg, *args, na, em, st, dp, dm, lp, workspace=ws, stream=stream)
+        res = [na.to_numpy(), em.to_numpy(), st.to_numpy()] + ([lp.to_numpy()] if logprobs else [])
+        for a in res[:3]:
+            assert (a != SENTINEL).all(), "an output element was not written"
+        results.append(res)
+    return results if runs > 1 else results[0]
+
+
+def make_params(B, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=None, step=3):
+    full = lambda v, dt: np.full(B, v, dt) if np.isscalar(v) else np.asarray(v, dt)
+    return dict(temperature=full(temperature, np.float32), top_k=full(top_k, np.int32),
+                top_p=full(top_p, np.float32), min_p=full(min_p, np.float32),
+                seed=(np.arange(B, dtype=np.uint64) * np.uint64(7919) + np.uint64(17)) if seed is None
+                else np.asarray(seed, np.uint64),
+                step=full(step, np.int64))
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("V", [7, 1000, 5003, 151936])
+def test_spec_sample_gpu_greedy_bit_exact(dtype, V, rng):
+    q_lens = [1, 4, 2, 3, 1, 5] if V < 100000 else [4, 1]
+    B = len(q_lens)
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    T = int(cu_q[-1])
+    raw = rng.integers(-3, 4, (T, V)).astype(np.float32) * 0.5     # many ties
+    raw[rng.random((T, V)) < 0.05] = -np.inf
+    raw[rng.random((T, V)) < 0.05] = np.nan
+    host, seen = to_dtype(raw, dtype)
+    drafts = np.empty(T - B, np.int32)
+    for b in range(B):                     # drafts: argmax for a while, then a miss
+        for i in range(q_lens[b] - 1):
+            a = ref.greedy_argmax(seen[cu_q[b] + i])
+            drafts[cu_q[b] - b + i] = a if i < b % 3 + 1 else (a + 1) % V
+    drafts[-1:] = V + 5 if T - B > 0 else drafts[-1:]          # one bad id
+    params = make_params(B, temperature=0.0)
+    W = max(q_lens) + 1
+    n, em, st, lp = gpu_run(cu_q, host, dtype, drafts, params, W, logprobs=True)
+    rn, rem, rst = outputs(B, W)
+    rlp = np.zeros((B, W), np.float32)
+    spec_sample(seen, cu_q, drafts, *[params[k] for k in ("temperature", "top_k", "top_p", "min_p",
+                                                             "seed", "step")], rn, rem, rst,
+                accepted_logprobs=rlp)
+    np.testing.assert_array_equal(n, rn)
+    np.testing.assert_array_equal(em, rem)
+    np.testing.assert_array_equal(st, rst)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("mode", ["onehot", "filters", "draft_probs", "d2t"])
+def test_spec_sample_gpu_matches_reference_sampled(dtype, mode, rng):
+    V = 3001                                 # two tiles, odd
+    q_lens = [1, 3, 4, 2, 1, 4, 3, 2] * 4
+    B = len(q_lens)
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    T = int(cu_q[-1])
+    host, seen = to_dtype(rng.standard_normal((T, V)) * 3, dtype)
+    temps = rng.choice([0.0, 0.6, 1.0, 1.5], B).astype(np.float32)
+    params = make_params(B, temperature=temps)
+    dp = d2t = None
+    if mode == "filters":
+        params["top_k"] = rng.choice([0, 1, 20, 500, V + 3], B).astype(np.int32)
+        params["top_p"] = rng.choice([1.0, 0.0, 0.5, 0.9], B).astype(np.float32)
+        params["min_p"] = rng.choice([0.0, 0.0, 0.05], B).astype(np.float32)
+    if mode in ("draft_probs", "d2t"):
+        Vd = V if mode == "draft_probs" else 1200
+        d2t = None if mode == "draft_probs" else np.sort(rng.choice(V, Vd, replace=False)).astype(np.int32)
+        dp = rng.dirichlet(np.full(Vd, 0.3), T - B).astype(np.float32)
+        ids = np.array([rng.choice(Vd, p=r / r.sum()) for r in dp.astype(np.float64)])
+        drafts = (ids if d2t is None else d2t[ids]).astype(np.int32)
+    else:
+        # drafts: the row's top token half of the time (so chains get accepted)
+        drafts = rng.integers(0, V, T - B).astype(np.int32)
+        for b in range(B):
+            for i in range(q_lens[b] - 1):
+                if rng.random() < 0.5:
+                    drafts[cu_q[b] - b + i] = int(np.nanargmax(seen[cu_q[b] + i]))
+    W = 5
+    n, em, st, lp = gpu_run(cu_q, host, dtype, drafts, params, W, dp, d2t, logprobs=True)
+    rn, rem, rst = outputs(B, W)
+    rlp = np.zeros((B, W), np.float32)
+    spec_sample(seen, cu_q, drafts, *[params[k] for k in ("temperature", "top_k", "top_p", "min_p",
+                                                             "seed", "step")], rn, rem, rst,
+                draft_probs=dp, d2t=d2t, accepted_logprobs=rlp)
+    np.testing.assert_array_equal(st, rst)
+    same = (n == rn) & (em == rem).all(1)
+    # float32 vs float64 may flip a draw that sits on a boundary: allow a rare one
+    assert same.mean() >= 0.95, f"{(~same).sum()} of {B} sequences differ from the reference"
+    assert (n[~same] >= 0).all()
+    ok = same[:, None] & (em >= 0)
+    np.testing.assert_allclose(lp[ok], rlp[ok], rtol=2e-3, atol=2e-3)
+
+
+@needs_gpu
+@pytest.mark.parametrize("case", ["onehot", "draft_probs", "filters", "disjoint"])
+def test_spec_sample_gpu_chi_square(case, rng):
+    V, N = 37, N_STAT
+    block = np.stack([rand_logits(rng, V), rand_logits(rng, V)]).astype(np.float32)
+    temp, top_k, top_p, min_p, dp = 0.9, 0, 1.0, 0.0, None
+    if case == "filters":
+        top_k, top_p, min_p = 20, 0.8, 0.01
+    if case == "disjoint":
+        block[0, V // 2:] = -np.inf
+    p0 = filtered_probs(block[0], temp, top_k, top_p, min_p)
+    if case in ("draft_probs", "disjoint"):
+        qd = dirichlet_q(rng, V, zeros=5)
+        if case == "disjoint":
+            qd = np.zeros(V)
+            qd[V // 2:] = rng.dirichlet(np.ones(V - V // 2))
+        drafts = rng.choice(V, N, p=qd).astype(np.int32)
+        dp = np.repeat(qd[None].astype(np.float32), N, 0)
+    else:
+        drafts = np.full(N, int(np.argsort(p0)[-3]), np.int32)
+    cu_q = (np.arange(N + 1) * 2).astype(np.int32)
+    logits = np.tile(block, (N, 1))
+    params = make_params(N, temp, top_k, top_p, min_p, seed=seeds(N, 1))
+    n, em, st = gpu_run(cu_q, logits, "float32", drafts, params, 2, dp)
+    assert (st == 0).all()
+    assert chi_square_z(np.bincount(em[:, 0], minlength=V), p0) < 4.5
+    qv = np.zeros(V)
+    if dp is None:
+        qv[drafts[0]] = 1
+    else:
+        qv = dp[0].astype(np.float64)
+    acc = np.minimum(p0, qv).sum()
+    assert abs((n == 1).mean() - acc) < 5 * math.sqrt(acc * (1 - acc) / N) + 1e-9
+    p1 = filtered_probs(block[1], temp, top_k, top_p, min_p)
+    if (n == 1).sum() > 1000:
+        assert chi_square_z(np.bincount(em[n == 1, 1], minlength=V), p1) < 4.5
+
+
+@needs_gpu
+def test_spec_sample_gpu_deterministic_across_runs_and_streams(rng):
+    from specdec_lib import runtime
+    V = 151936
+    q_lens = [4, 4, 1, 3]
+    B = len(q_lens)
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    T = int(cu_q[-1])
+    host, seen = to_dtype(rng.standard_normal((T, V)) * 2, "bfloat16")
+    drafts = rng.integers(0, V, T - B).astype(np.int32)
+    params = make_params(B, temperature=[1.0, 0.7, 0.0, 1.0], top_p=[0.9, 1.0, 1.0, 0.95],
+                         top_k=[0, 50, 0, 0])
+    a = gpu_run(cu_q, host, "bfloat16", drafts, params, 5, runs=3)
+    drv = runtime.driver()
+    s = drv.stream_create()
+    try:
+        c = gpu_run(cu_q, host, "bfloat16", drafts, params, 5, stream=s)
+        drv.stream_synchronize(s)
+    finally:
+        drv.stream_destroy(s)
+    for r in a[1:] + [c]:
+        for x, y in zip(a[0], r):
+            np.testing.assert_array_equal(x, y)
+    rn, rem, rst = run_ref(cu_q, seen, drafts, params, W=5)
+    np.testing.assert_array_equal(a[0][2], rst)
+    params["step"] = params["step"] + 1
+    tokens = set()
+    for stp in range(20):
+        params["step"][:] = stp
+        tokens.add(tuple(gpu_run(cu_q, host, "bfloat16", drafts, params, 5)[1][0]))
+    assert len(tokens) > 1
+
+
+@needs_gpu
+def test_spec_sample_gpu_status_and_poison(rng):
+    V = 100
+    q_lens = [2, 2, 2, 2, 1, 3]
+    B = len(q_lens)
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    T = int(cu_q[-1])
+    x = rng.standard_normal((T, V)).astype(np.float32)
+    x[0, 3] = np.nan
+    x[3, 5] = np.inf
+    x[4] = -np.inf
+    drafts = rng.integers(0, V, T - B).astype(np.int32)
+    drafts[3] = -4
+    params = make_params(B, temperature=[1, 1, 1, 1, 0, 1])
+    n, em, st = gpu_run(cu_q, x, "float32", drafts, params, 3)
+    rn, rem, rst = run_ref(cu_q, x, drafts, params, W=3)
+    np.testing.assert_array_equal(st, rst)
+    np.testing.assert_array_equal(n[:3], rn[:3])
+    np.testing.assert_array_equal(em[:3], rem[:3])
+    # bad layout: the last block does not fit W=2
+    n, em, st = gpu_run(cu_q, x, "float32", drafts, params, 2)
+    assert st[-1] == ref.STATUS_BAD_LAYOUT and n[-1] == 0 and (em[-1] == -1).all()
+
+
+@needs_gpu
+def test_spec_sample_gpu_validation_errors(rng):
+    from specdec_lib import DeviceArray
+    from specdec_lib.ops import spec_sample as op, spec_sample_workspace_size
+    B, V = 2, 50
+    cu_q = DeviceArray.from_numpy(np.array([0, 2, 4], np.int32))
+    lg = DeviceArray.from_numpy(np.zeros((4, V), np.float32))
+    dr = DeviceArray.from_numpy(np.zeros(2, np.int32))
+    p = make_params(B)
+    args = [DeviceArray.from_numpy(p[k]) for k in ("temperature", "top_k", "top_p", "min_p", "seed", "step")]
+    outs = [DeviceArray.empty((B,), "int32"), DeviceArray.empty((B, 2), "int32"), DeviceArray.empty((B,), "int32")]
+    ws = DeviceArray.empty((spec_sample_workspace_size(4, V),), "uint8")
+    with pytest.raises(ValueError, match="draft_ids"):
+        op(lg, cu_q, DeviceArray.from_numpy(np.zeros(3, np.int32)), *args, *outs, workspace=ws)
+    with pytest.raises(TypeError, match="logits"):
+        op(DeviceArray.from_numpy(np.zeros((4, V), np.int32)), cu_q, dr, *args, *outs, workspace=ws)
+    with pytest.raises(ValueError, match="workspace"):
+        op(lg, cu_q, dr, *args, *outs, workspace=DeviceArray.empty((16,), "uint8"))
+    with pytest.raises(TypeError, match="temperature"):
+        op(lg, cu_q, dr, DeviceArray.from_numpy(np.ones(B, np.float64)), *args[1:], *outs, workspace=ws)
+    with pytest.raises(ValueError, match="draft_probs"):
+        op(lg, cu_q, dr, *args, *outs, DeviceArray.from_numpy(np.ones((2, V - 1), np.float32)), workspace=ws)
+
+
+@needs_gpu
+def test_spec_sample_workspace_size_matches_the_extension():
+    from specdec_lib import _sampling
+    from specdec_lib.ops import sampling as ops_sampling
+    assert _sampling.TILE == ops_sampling.TILE == TILE
+    assert _sampling.MAX_TILES == ops_sampling.MAX_TILES
+    assert _sampling.TILE_BYTES == ops_sampling._TILE_BYTES
+    assert _sampling.ROW_BYTES == ops_sampling._ROW_BYTES
