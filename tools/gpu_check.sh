@@ -3,21 +3,21 @@
 # forced PTX family (the sm_75 / sm_80 code paths through driver JIT), run the benchmarks,
 # and write every log under OUTDIR.
 #
-#   tools/gpu_check.sh OUTDIR [--tests EXPR] [--bench "op op"] [--no-forced] [--sanitize]
+#   tools/gpu_check.sh OUTDIR [--tests EXPR] [--bench "op op"|none] [--families "native 75 80"]
 #
 # Expects (see ../shared/GPU_MACHINE.md): .whl/ holding the nvidia-cuda-runtime and
 # nvidia-cuda-profiler-api header wheels matching that machine's cuda-bindings (and
 # optionally fla-core for the GDN peer). The Cython layer must be built there (Python
 # 3.12); cubins could come from anywhere but building them there is quick.
 set -u -o pipefail
-OUT=${1:?usage: tools/gpu_check.sh OUTDIR [--tests EXPR] [--bench OPS] [--no-forced]}
+OUT=${1:?usage: tools/gpu_check.sh OUTDIR [--tests EXPR] [--bench OPS] [--families LIST]}
 shift
-TESTS="" BENCH="" FORCED=1
+TESTS="" BENCH="" FAMS="native 75 80" FORCED=1 TEST_TIMEOUT=${TEST_TIMEOUT:-240}
 while [ $# -gt 0 ]; do
   case $1 in
     --tests) TESTS=$2; shift 2 ;;
     --bench) BENCH=$2; shift 2 ;;
-    --no-forced) FORCED=0; shift ;;
+    --families) FAMS=$2; shift 2 ;;
     *) echo "unknown option $1"; exit 2 ;;
   esac
 done
@@ -54,16 +54,19 @@ run_tests() {   # $1 = label, rest = env
   local label=$1; shift
   local sel=(-m gpu)
   [ -n "$TESTS" ] && sel+=(-k "$TESTS")
-  env "$@" timeout 420 python3 -m pytest tests -q -rfE -p no:cacheprovider "${sel[@]}" \
+  env "$@" timeout $TEST_TIMEOUT python3 -m pytest tests -q -rfE -p no:cacheprovider "${sel[@]}" \
     > "$OUT/tests_$label.log" 2>&1
   echo "tests $label: $(tail -1 "$OUT/tests_$label.log")" | tee -a "$OUT/summary.txt"
   grep -E "^(FAILED|ERROR)" "$OUT/tests_$label.log" | head -25
 }
-run_tests native
-if [ $FORCED = 1 ]; then
-  run_tests ptx75 SPECDEC_FORCE_ARCH=75
-  run_tests ptx80 SPECDEC_FORCE_ARCH=80
-fi
+for fam in $FAMS; do
+  case $fam in
+    native) run_tests native ;;
+    none) ;;
+    *) run_tests ptx$fam SPECDEC_FORCE_ARCH=$fam ;;
+  esac
+done
+case " $FAMS " in *" 80 "*) FORCED=1 ;; *) FORCED=0 ;; esac
 
 if [ "$BENCH" != "none" ]; then
   echo "== bench" | tee -a "$OUT/summary.txt"
