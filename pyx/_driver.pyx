@@ -168,7 +168,8 @@ cdef class Kernel:
         return f"<Kernel {self.module}:{self.name} on device {self.device}>"
 
     def set_max_dynamic_smem(self, int nbytes):
-        """Raise the kernel's dynamic shared-memory limit (needed above 48 KiB)."""
+        """Raise the kernel's dynamic shared-memory limit (needed when static + dynamic
+        shared memory exceeds 48 KiB)."""
         if nbytes > self.max_dynamic_smem:
             check(cydriver.cuFuncSetAttribute(
                 self.func, cydriver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes),
@@ -204,6 +205,7 @@ cdef class Module:
     def get_kernel(self, str symbol):
         cdef cydriver.CUfunction f = NULL
         cdef Kernel k
+        cdef int limit = 0
         if symbol in self._kernels:
             return self._kernels[symbol]
         b = symbol.encode()
@@ -214,7 +216,10 @@ cdef class Module:
         k.name = symbol
         k.module = self.name
         k.device = self.device
-        k.max_dynamic_smem = 48 * 1024
+        # the default is 48 KiB minus the kernel's static shared memory
+        check(cydriver.cuFuncGetAttribute(&limit, cydriver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, f),
+              f"cuFuncGetAttribute({self.name}:{symbol})")
+        k.max_dynamic_smem = limit
         self._kernels[symbol] = k
         return k
 

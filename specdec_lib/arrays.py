@@ -58,9 +58,12 @@ class DeviceArray:
         return out
 
     def to_numpy(self) -> np.ndarray:
-        """Copy to the host (synchronous). bf16 comes back as uint16 bits."""
+        """Copy to the host. bf16 comes back as uint16 bits. Waits for all work on the
+        device first (work on non-blocking streams does not order with the default
+        stream), so results of any stream are complete."""
         host = np.empty(self.shape, dtype=_dt.host_dtype(self.dtype))
         driver().ensure_context(self.device)
+        driver().ctx_synchronize()
         driver().memcpy_dtoh(host.reshape(-1).view(np.uint8), self.ptr)
         return host
 
@@ -70,6 +73,7 @@ class DeviceArray:
         if host.shape != self.shape:
             raise ValueError(f"shape {host.shape} != {self.shape}")
         driver().ensure_context(self.device)
+        driver().ctx_synchronize()   # the buffer may still be in use on another stream
         driver().memcpy_htod(self.ptr, host.reshape(-1).view(np.uint8))
         return self
 

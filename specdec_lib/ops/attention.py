@@ -226,8 +226,7 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
     if smem > runtime.device_props(dev)["smem_optin"]:
         raise ValueError(f"q: head dim {D} needs {smem} bytes of shared memory per block, "
                          f"device {dev} allows {runtime.device_props(dev)['smem_optin']}")
-    if smem > 48 * 1024:
-        kern.set_max_dynamic_smem(smem)
+    kern.set_max_dynamic_smem(smem)   # no-op unless static + dynamic exceeds the current limit
     from .. import _attention
     _attention.launch_verify_attention(
         kern, merge, Hkv * plan.m_groups, smem, as_stream(stream),
