@@ -60,7 +60,8 @@ def launch_copy_strided(Kernel k, unsigned int grid, unsigned int block, size_t 
     launch(k, grid, 1, 1, block, 1, 1, 0, stream, &p)
 
 
-def launch_append_kv(Kernel k, unsigned int grid, unsigned int block, size_t stream,
+def launch_append_kv(Kernel k, unsigned int grid, unsigned int block, unsigned int rows_per_block,
+                     size_t stream,
                      uintptr_t k_src, uintptr_t v_src, uintptr_t k_cache, uintptr_t v_cache,
                      uintptr_t page_table, uintptr_t seq_lens, uintptr_t cu_q, uintptr_t finished,
                      src_stride_t, src_stride_h, cache_stride_page, cache_stride_slot,
@@ -92,4 +93,4 @@ def launch_append_kv(Kernel k, unsigned int grid, unsigned int block, size_t str
     p.num_pages = num_pages
     p.max_pages = max_pages
     p.vectorize = vectorize
-    launch(k, grid, 1, 1, block, 1, 1, 0, stream, &p)
+    launch(k, grid, 1, 1, block, rows_per_block, 1, 0, stream, &p)

@@ -14,6 +14,7 @@ constexpr int kThreads = 256;
 constexpr int kUnroll = 4;   // 16-byte vectors per thread per step: loads in flight
 
 // Copies n bytes as 16-byte vectors (both pointers 16-byte aligned, n % 16 == 0).
+// Streaming (evict-first) loads and stores: every byte is touched once.
 __device__ __forceinline__ void copy_vec16(char* d, const char* s, int64_t n) {
   const int64_t nv = n >> 4;
   const uint4* src = reinterpret_cast<const uint4*>(s);
@@ -22,11 +23,11 @@ __device__ __forceinline__ void copy_vec16(char* d, const char* s, int64_t n) {
   for (; i + (kUnroll - 1) * blockDim.x < nv; i += kUnroll * blockDim.x) {
     uint4 v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(src + i + u * blockDim.x);
+    for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(src + i + u * blockDim.x);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) dst[i + u * blockDim.x] = v[u];
+    for (int u = 0; u < kUnroll; ++u) __stcs(dst + i + u * blockDim.x, v[u]);
   }
-  for (; i < nv; i += blockDim.x) dst[i] = __ldg(src + i);
+  for (; i < nv; i += blockDim.x) __stcs(dst + i, __ldcs(src + i));
 }
 
 // dst[i0,i1,i2,i3] = src[i0,i1,i2,i3] over a 4-D index space (Python pads to 4-D and
@@ -73,11 +74,12 @@ __device__ __forceinline__ int owner_of_row(const int32_t* cu_q, int batch, int 
 }
 
 // k_src/v_src [T, Hkv, D] -> k_cache/v_cache [num_pages, page_size, Hkv, D] at position
-// L[b] + i of sequence b. One CTA per block row moves K and V of all heads of that row
-// (2 * Hkv * D elements, 4 KiB for Hkv=8, D=128, bf16). Each row starts with a chain of
-// dependent index loads (cu_q search, L, page id), so CTAs are kept small (Python picks
-// blockDim ~ units/4) to have many rows in flight per SM, and each thread issues all of
-// its 16-byte loads before its stores. A row whose target lies outside the page table or
+// L[b] + i of sequence b. A row of threads (threadIdx.x, ~units/4 of them) moves K and V
+// of all heads of one block row (2 * Hkv * D elements, 4 KiB for Hkv=8, D=128, bf16);
+// a CTA holds blockDim.y such rows. Each row starts with a chain of dependent index
+// loads (cu_q search, L, page id), so many rows must be in flight per SM: small thread
+// rows, several per CTA (fewer CTAs to schedule), and each thread issues all of its
+// 16-byte loads before its stores. A row whose target lies outside the page table or
 // the pool is skipped, never written: Python validates those indices before launch
 // unless the caller opted out.
 template <int E>
@@ -87,7 +89,7 @@ __device__ __forceinline__ void append_kv(const AppendKVParams& p) {
   const int units_per_head = vec ? p.head_dim * E / 16 : p.head_dim;
   const int units_per_kv = p.num_heads * units_per_head;
   const int units = 2 * units_per_kv;
-  for (int t = blockIdx.x; t < p.num_rows; t += gridDim.x) {
+  for (int t = blockIdx.x * blockDim.y + threadIdx.y; t < p.num_rows; t += gridDim.x * blockDim.y) {
     const int b = owner_of_row(p.cu_q, p.batch, t);
     if (p.finished != nullptr && p.finished[b]) continue;
     const int64_t pos = static_cast<int64_t>(__ldg(p.seq_lens + b)) + (t - __ldg(p.cu_q + b));

@@ -136,10 +136,11 @@ def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None,
     # ~4 units (16-byte vectors) per thread: small CTAs keep many rows' index chains in flight
     units = 2 * hkv * (dim * isz // 16 if vectorize else dim)
     threads = min(_THREADS, max(32, -(-units // 128) * 32))
-    grid = int(min(T, 2**31 - 1))
+    rows_per_cta = max(1, _THREADS // threads)
+    grid = int(min(-(-T // rows_per_cta), 2**31 - 1))
     from .. import _copy
     _copy.launch_append_kv(
-        kern, grid, threads, as_stream(stream), ka.ptr, va.ptr, kc.ptr, vc.ptr, pt.ptr, sl.ptr,
+        kern, grid, threads, rows_per_cta, as_stream(stream), ka.ptr, va.ptr, kc.ptr, vc.ptr, pt.ptr, sl.ptr,
         cq.ptr, fin.ptr, (ka.strides[0], va.strides[0]), (ka.strides[1], va.strides[1]),
         (kc.strides[0], vc.strides[0]), (kc.strides[1], vc.strides[1]),
         (kc.strides[2], vc.strides[2]), pt.strides[0], T, B, hkv, dim, page_size, num_pages,
