@@ -54,27 +54,7 @@ def reference_backend():
                          to_host=np.asarray, synchronize=lambda: None)
     for op in _OPS:
         setattr(ns, op, next(getattr(m, op) for m in mods if hasattr(m, op)))
-    ns.conv1d_commit = _conv1d_commit_compat(mods[2])
     return ns
-
-
-def _conv1d_commit_compat(conv):
-    # TEMPORARY: reference conv1d_commit rejects its own weight=None shape probe; until
-    # that is fixed, a probe-free weight of the right shape is passed through.
-    def commit(conv_state, slot_ids, cu_q, accept_len, journal):
-        try:
-            return conv.conv1d_commit(conv_state, slot_ids, cu_q, accept_len, journal)
-        except TypeError as e:
-            if not str(e).startswith("weight:"):
-                raise
-        slots, dim, wm1 = conv_state.shape
-        orig = conv._conv_dims
-        conv._conv_dims = lambda s, w: orig(s, np.zeros((dim, wm1 + 1), np.float32))
-        try:
-            return conv.conv1d_commit(conv_state, slot_ids, cu_q, accept_len, journal)
-        finally:
-            conv._conv_dims = orig
-    return commit
 
 
 def cuda_backend(device: int = 0):
@@ -92,6 +72,15 @@ def cuda_backend(device: int = 0):
         raise RuntimeError("cuda backend: specdec_lib.ops lacks " + ", ".join(missing))
     for op in _OPS:
         setattr(ns, op, functools.partial(getattr(ops, op), stream=stream.ptr))
+    workspaces = {}   # spec_sample never allocates: the decoder owns one buffer per (T, V)
+
+    def spec_sample(logits, *args, **kw):
+        T, V = logits.shape
+        ws = workspaces.get((T, V))
+        if ws is None:
+            ws = workspaces[(T, V)] = cupy.empty(ops.spec_sample_workspace_size(T, V), cupy.uint8)
+        return ops.spec_sample(logits, *args, workspace=ws, stream=stream.ptr, **kw)
+    ns.spec_sample = spec_sample
     return ns
 
 
