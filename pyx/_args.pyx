@@ -158,7 +158,14 @@ cdef class DeviceArg:
 
     @property
     def contiguous(self):
-        return all(st == c for st, c, s in zip(self.strides, _c_strides(self.shape), self.shape) if s > 1)
+        cdef Py_ssize_t i
+        cdef long long expect = 1, n
+        for i in range(len(self.shape) - 1, -1, -1):
+            n = self.shape[i]
+            if n > 1 and self.strides[i] != expect:
+                return False
+            expect *= n
+        return True
 
     @property
     def numel(self):

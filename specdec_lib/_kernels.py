@@ -97,3 +97,23 @@ register(KernelModule(
     kernels={f"spec_sample_{stage}_{t}": "SpecSampleParams"
              for stage in ("tiles", "threshold", "finish") for t in ("f32", "f16", "bf16")},
 ))
+
+register(KernelModule(
+    name="sequence",
+    source="cuda_src/sequence/sequence.cu",
+    params_header="sequence/sequence_params.h",
+    kernels={"seq_stop": "SeqStopParams", "seq_advance": "SeqAdvanceParams",
+             "seq_build_block": "SeqBuildBlockParams"},
+))
+
+register(KernelModule(
+    name="draft",
+    source="cuda_src/draft/draft.cu",
+    params_header="draft/draft_params.h",
+    kernels={**{f"draft_carry_v{u}": "DraftCarryParams" for u in (1, 2, 4, 8, 16)},
+             **{f"capture_hidden_{t}": "CaptureHiddenParams" for t in ("f32", "f16", "bf16")},
+             **{f"draft_combine_{t}_w{w}": "DraftCombineParams"
+                for t, w in (("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"),
+                             ("bf16", "f32"))},
+             "draft_map_tokens": "DraftMapTokensParams"},
+))

@@ -25,6 +25,7 @@ Backends: ``"reference"`` (numpy arrays, ``specdec_lib.reference`` ops) and ``"c
 from __future__ import annotations
 
 import functools
+import inspect
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -71,7 +72,13 @@ def cuda_backend(device: int = 0):
     if missing:
         raise RuntimeError("cuda backend: specdec_lib.ops lacks " + ", ".join(missing))
     for op in _OPS:
-        setattr(ns, op, functools.partial(getattr(ops, op), stream=stream.ptr))
+        fn = getattr(ops, op)
+        kw = {"stream": stream.ptr}
+        # host-side index checks copy to the host and synchronise: never inside a round
+        # (the kernels skip or flag bad indices instead of faulting)
+        if "check_indices" in inspect.signature(fn).parameters:
+            kw["check_indices"] = False
+        setattr(ns, op, functools.partial(fn, **kw))
     workspaces = {}   # spec_sample never allocates: the decoder owns one buffer per (T, V)
 
     def spec_sample(logits, *args, **kw):

@@ -89,19 +89,136 @@ def test_draft_map_tokens():
     assert out.tolist() == [3, 4, 9, 11, -1, -1]
 
 
+def test_draft_reference_empty_batch():
+    out = np.zeros((0, 4), np.float32)
+    ref.draft_carry(np.zeros((0, 4), np.float32), np.zeros(1, np.int32), np.zeros(0, np.int32), out)
+    ref.draft_combine(np.zeros((0, 4)), np.zeros((0, 4)), np.ones(4), np.ones(4), np.zeros((0, 8)))
+    ref.draft_map_tokens(np.zeros(0, np.int32), np.zeros(3, np.int64), np.zeros(0, np.int32))
+
+
+# ------------------------------------------------------------------ validation without a GPU
+
+class _Fake:
+    """Stands in for a device array (address 0, never dereferenced): argument checks run
+    without a GPU and must raise before anything reaches the driver."""
+
+    def __init__(self, shape, typestr="<f4", strides=None):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr,
+                                         "data": (0, False), "strides": strides, "version": 3}
+
+
+@pytest.mark.parametrize("override,exc,match", [
+    (dict(hidden=np.zeros((6, 8), np.float32)), TypeError, "hidden"),
+    (dict(hidden=_Fake((6, 8, 1))), ValueError, "hidden"),
+    (dict(out=_Fake((3, 8), "<f2")), TypeError, "out: dtype"),
+    (dict(out=_Fake((4, 8))), ValueError, "out"),
+    (dict(cu_q=_Fake((3,), "<i4")), ValueError, "cu_q"),
+    (dict(accept_len=_Fake((3,), "<i8")), TypeError, "accept_len"),
+    (dict(col_begin=1), ValueError, "col_begin"),
+    (dict(col_begin=-1), ValueError, "col_begin"),
+    (dict(row_begin=-2), ValueError, "row_begin"),
+    (dict(row_begin=1.5), TypeError, "row_begin"),
+    (dict(hidden=_Fake((6, 8), strides=(4, 48))), ValueError, "hidden: the last dimension"),
+])
+def test_draft_carry_op_validation(override, exc, match):
+    from specdec_lib import ops
+    args = dict(hidden=_Fake((6, 8)), cu_q=_Fake((4,), "<i4"), accept_len=_Fake((3,), "<i4"),
+                out=_Fake((3, 8)))
+    with pytest.raises(exc, match=match):
+        ops.draft_carry(**dict(args, **override))
+
+
+@pytest.mark.parametrize("override,exc,match", [
+    (dict(hidden=_Fake((5, 4), "<i4")), TypeError, "hidden: dtype"),
+    (dict(out=_Fake((5, 12), "<f2")), TypeError, "out: dtype"),
+    (dict(out=_Fake((5, 10))), ValueError, "out: 10 columns"),
+    (dict(out=_Fake((4, 12))), ValueError, "out: 4 rows"),
+    (dict(tap=3), ValueError, "tap"),
+    (dict(tap=-1), ValueError, "tap"),
+    (dict(residual=_Fake((5, 3))), ValueError, "residual"),
+    (dict(residual=_Fake((5, 4), "<f2")), TypeError, "residual"),
+])
+def test_capture_hidden_op_validation(override, exc, match):
+    from specdec_lib import ops
+    args = dict(hidden=_Fake((5, 4)), out=_Fake((5, 12)), tap=1)
+    with pytest.raises(exc, match=match):
+        ops.capture_hidden(**dict(args, **override))
+
+
+@pytest.mark.parametrize("override,exc,match", [
+    (dict(hidden=_Fake((3, 8), "<f8")), TypeError, "hidden: dtype"),
+    (dict(embed=_Fake((3, 7))), ValueError, "embed: width"),
+    (dict(embed=_Fake((5, 8))), ValueError, "embed: 5 rows"),
+    (dict(embed=_Fake((3, 8), "<f2")), TypeError, "embed"),
+    (dict(out=_Fake((3, 8))), ValueError, "out"),
+    (dict(embed_norm_weight=_Fake((7,))), ValueError, "embed_norm_weight"),
+    (dict(embed_norm_weight=_Fake((8,), "<f2")), TypeError, "embed_norm_weight"),
+    (dict(hidden_norm_weight=_Fake((8,), "<i4")), TypeError, "hidden_norm_weight"),
+    (dict(token_ids=_Fake((4,), "<i4")), ValueError, "token_ids"),
+    (dict(token_ids=_Fake((3,), "<f4")), TypeError, "token_ids"),
+    (dict(eps=-1.0), ValueError, "eps"),
+    (dict(eps=float("nan")), ValueError, "eps"),
+])
+def test_draft_combine_op_validation(override, exc, match):
+    from specdec_lib import ops
+    args = dict(embed=_Fake((3, 8)), hidden=_Fake((3, 8)), embed_norm_weight=_Fake((8,)),
+                hidden_norm_weight=_Fake((8,)), out=_Fake((3, 16)))
+    with pytest.raises(exc, match=match):
+        ops.draft_combine(**dict(args, **override))
+
+
+@pytest.mark.parametrize("override,exc,match", [
+    (dict(draft_ids=_Fake((6,), "<f4")), TypeError, "draft_ids"),
+    (dict(d2t=_Fake((9, 1), "<i8")), ValueError, "d2t"),
+    (dict(out=_Fake((6,), "<i8")), TypeError, "out"),
+    (dict(out=_Fake((5,), "<i4")), ValueError, "out"),
+])
+def test_draft_map_tokens_op_validation(override, exc, match):
+    from specdec_lib import ops
+    args = dict(draft_ids=_Fake((6,), "<i4"), d2t=_Fake((9,), "<i8"), out=_Fake((6,), "<i4"))
+    with pytest.raises(exc, match=match):
+        ops.draft_map_tokens(**dict(args, **override))
+
+
 # ------------------------------------------------------------------------------ GPU
 
-@needs_gpu
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int64", "uint8"])
-@pytest.mark.parametrize("B,H", [(1, 1), (5, 129), (64, 4096), (0, 8)])
-def test_draft_carry_gpu(dtype, B, H, rng):
-    from specdec_lib import DeviceArray, ops
+class _View:
+    """A strided / offset view into a DeviceArray, through __cuda_array_interface__
+    (strides and offset in elements): exercises the kernels' narrow-vector paths."""
+
+    def __init__(self, base, shape, strides, offset=0):
+        isz = base.itemsize
+        self.base = base
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape), "typestr": base.__cuda_array_interface__["typestr"],
+            "data": (base.ptr + offset * isz, False), "strides": tuple(s * isz for s in strides),
+            "version": 3}
+        self.np_view = lambda host: np.lib.stride_tricks.as_strided(
+            host.reshape(-1)[offset:], shape, tuple(s * host.itemsize for s in strides))
+
+
+def _as_f32(a, dtype):
+    from specdec_lib.dtypes import bf16_bits_to_f32
+    return bf16_bits_to_f32(a) if dtype == "bfloat16" else a.astype(np.float32)
+
+
+def _carry_case(rng, B, H, dtype):
     from specdec_lib.dtypes import host_dtype
     q = rng.integers(1, 5, B)
     cu = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
     T = int(cu[-1])
     acc = np.array([rng.integers(0, x + 1) for x in q], np.int32)
     hidden = rng.integers(0, 200, (T, H)).astype(host_dtype(dtype))
+    return cu, acc, hidden
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int64", "uint8"])
+@pytest.mark.parametrize("B,H", [(1, 1), (5, 129), (64, 4096), (0, 8)])
+def test_draft_carry_gpu(dtype, B, H, rng):
+    from specdec_lib import DeviceArray, ops
+    cu, acc, hidden = _carry_case(rng, B, H, dtype)
+    T = hidden.shape[0]
     for r0, c0 in ((0, 0), (T // 2, H // 3)):
         want = np.zeros((B, H + c0), hidden.dtype)
         ref.draft_carry(np.ascontiguousarray(hidden[r0:]), cu, acc, want, row_begin=r0, col_begin=c0)
@@ -109,64 +226,200 @@ def test_draft_carry_gpu(dtype, B, H, rng):
         ops.draft_carry(DeviceArray.from_numpy(np.ascontiguousarray(hidden[r0:]), dtype),
                         DeviceArray.from_numpy(cu), DeviceArray.from_numpy(acc), out,
                         row_begin=r0, col_begin=c0)
-        assert np.array_equal(out.to_numpy(), want)
+        np.testing.assert_array_equal(out.to_numpy(), want)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "uint8"])
+def test_draft_carry_gpu_shards_sum_to_full(dtype, rng):
+    """Row (sequence-parallel) and column (hidden-dim) shards of hidden, each gathered on
+    the GPU, sum to the unsharded carry; every byte of every output is written."""
+    from specdec_lib import DeviceArray, ops
+    B, H = 9, 96
+    cu, acc, hidden = _carry_case(rng, B, H, dtype)
+    T = hidden.shape[0]
+    full = np.zeros((B, H), hidden.dtype)
+    ref.draft_carry(hidden, cu, acc, full)
+    total = np.zeros((B, H), np.float64)
+    d_cu, d_acc = DeviceArray.from_numpy(cu), DeviceArray.from_numpy(acc)
+    for r0, r1 in ((0, T // 3), (T // 3, T - 2), (T - 2, T)):
+        for c0, c1 in ((0, 40), (40, 96)):
+            out = poison((B, H), dtype)
+            ops.draft_carry(DeviceArray.from_numpy(np.ascontiguousarray(hidden[r0:r1, c0:c1]), dtype),
+                            d_cu, d_acc, out, row_begin=r0, col_begin=c0)
+            total += _as_f32(out.to_numpy(), dtype) if dtype == "bfloat16" else out.to_numpy()
+    want = _as_f32(full, dtype) if dtype == "bfloat16" else full
+    np.testing.assert_array_equal(total, want.astype(np.float64))
+
+
+@needs_gpu
+def test_draft_carry_gpu_bad_indices_and_views(rng):
+    """cu_q / accept_len values pointing outside hidden give zero rows (never a fault);
+    strided, offset views take the narrow-unit kernels."""
+    from specdec_lib import DeviceArray, ops
+    B, H, T = 6, 37, 10
+    hidden = rng.standard_normal((T, H)).astype(np.float32)
+    cu = np.array([0, 2, 4, 2**30, -50, 9, 10], np.int32)
+    acc = np.array([2, 2**31 - 1, 1, 1, 3, -7], np.int32)
+    want = np.zeros((B, H), np.float32)
+    ref.draft_carry(hidden, cu, acc, want)
+    out = poison((B, H), "float32")
+    ops.draft_carry(DeviceArray.from_numpy(hidden), DeviceArray.from_numpy(cu),
+                    DeviceArray.from_numpy(acc), out)
+    np.testing.assert_array_equal(out.to_numpy(), want)
+    # hidden: every other row of a wider buffer, starting one element in; out: a view too
+    base = DeviceArray.from_numpy(rng.standard_normal(2 * T * (H + 3) + 1).astype(np.float32))
+    hv = _View(base, (T, H), (2 * (H + 3), 1), offset=1)
+    obase = poison((B * (H + 5) + 3,), "float32")
+    ov = _View(obase, (B, H + 2), (H + 5, 1), offset=3)
+    cu = np.array([0, 1, 3, 5, 6, 8, 10], np.int32)
+    acc = np.array([1, 2, 0, 1, 2, 1], np.int32)
+    h_host = hv.np_view(base.to_numpy())
+    want = np.zeros((B, H + 2), np.float32)
+    ref.draft_carry(np.ascontiguousarray(h_host), cu, acc, want, col_begin=1)
+    ops.draft_carry(hv, DeviceArray.from_numpy(cu), DeviceArray.from_numpy(acc), ov, col_begin=1)
+    np.testing.assert_array_equal(ov.np_view(obase.to_numpy()), want)
 
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("T,H", [(1, 64), (7, 129), (300, 4096)])
+@pytest.mark.parametrize("T,H", [(1, 64), (7, 129), (300, 4096), (0, 32)])
 def test_capture_hidden_gpu(dtype, T, H, rng):
     from specdec_lib import DeviceArray, ops
-    from specdec_lib.dtypes import bf16_bits_to_f32
+    from specdec_lib.dtypes import round_to
     x = rng.standard_normal((T, H)).astype(np.float32)
     r = rng.standard_normal((T, H)).astype(np.float32)
+    xr, rr = round_to(x, dtype), round_to(r, dtype)       # the values the GPU sees
     out = poison((T, 3 * H), dtype)
     for tap in range(3):
         ops.capture_hidden(DeviceArray.from_numpy(x, dtype), out, tap,
                            residual=DeviceArray.from_numpy(r, dtype) if tap == 2 else None)
-    got = out.to_numpy()
-    got = bf16_bits_to_f32(got) if dtype == "bfloat16" else got.astype(np.float32)
-    want = np.concatenate([x, x, x + r], axis=1)
-    assert rel_err(got, want) < (1e-2 if dtype != "float32" else 1e-6)
+    want = np.zeros((T, 3 * H))
+    for tap in range(3):
+        ref.capture_hidden(xr, want, tap, residual=rr if tap == 2 else None)
+    got = _as_f32(out.to_numpy(), dtype)
+    np.testing.assert_array_equal(got[:, :2 * H], want[:, :2 * H])      # copies are exact
+    tol = 1e-7 if dtype == "float32" else 5e-3
+    assert rel_err(got, want) < tol
 
 
 @needs_gpu
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("rows,H", [(1, 64), (5, 130), (64, 4096), (0, 128)])
+def test_capture_hidden_gpu_strided_rows(rng):
+    from specdec_lib import DeviceArray, ops
+    T, H = 5, 24
+    base = DeviceArray.from_numpy(rng.standard_normal(T * 40).astype(np.float32), "bfloat16")
+    hv = _View(base, (T, H), (40, 1), offset=8)          # 16-byte aligned rows: vector path
+    hv2 = _View(base, (T, H), (40, 1), offset=3)         # unaligned: scalar path
+    out = poison((T, 2 * H), "bfloat16")
+    ops.capture_hidden(hv, out, 0)
+    ops.capture_hidden(hv2, out, 1, residual=hv)
+    host = base.to_numpy()
+    a = _as_f32(np.ascontiguousarray(hv.np_view(host)), "bfloat16")
+    b = _as_f32(np.ascontiguousarray(hv2.np_view(host)), "bfloat16")
+    got = _as_f32(out.to_numpy(), "bfloat16")
+    np.testing.assert_array_equal(got[:, :H], a)
+    assert rel_err(got[:, H:], a + b) < 5e-3
+
+
+def _round_inputs(rng, dtype, *shape):
+    from specdec_lib.dtypes import round_to
+    return round_to(rng.standard_normal(shape).astype(np.float32), dtype).astype(np.float32)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype,wdtype", [("float32", "float32"), ("float16", "float16"),
+                                          ("bfloat16", "bfloat16"), ("bfloat16", "float32"),
+                                          ("float16", "float32")])
+@pytest.mark.parametrize("rows,H", [(1, 64), (5, 130), (64, 4096), (0, 128), (3, 129)])
 @pytest.mark.parametrize("unit_offset", [False, True])
 @pytest.mark.parametrize("gather", [False, True])
-def test_draft_combine_gpu(dtype, rows, H, unit_offset, gather, rng):
+def test_draft_combine_gpu(dtype, wdtype, rows, H, unit_offset, gather, rng):
     from specdec_lib import DeviceArray, ops
-    from specdec_lib.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
     V = 50
-    def rnd(*s):
-        x = rng.standard_normal(s).astype(np.float32)
-        return bf16_bits_to_f32(f32_to_bf16_bits(x)) if dtype == "bfloat16" else x.astype(dtype).astype(np.float32)
-    table, hidden = rnd(V, H), rnd(rows, H)
-    we, wh = rnd(H), rnd(H)
+    table, hidden = _round_inputs(rng, dtype, V, H), _round_inputs(rng, dtype, rows, H)
+    we, wh = _round_inputs(rng, wdtype, H), _round_inputs(rng, wdtype, H)
     ids = rng.integers(-2, V + 2, rows).astype(np.int32)
     embed = table if gather else table[np.clip(ids, 0, V - 1)]
     want = np.zeros((rows, 2 * H))
     ref.draft_combine(embed, hidden, we, wh, want, token_ids=ids if gather else None,
                       unit_offset=unit_offset)
     out = poison((rows, 2 * H), dtype)
-    dev = lambda a: DeviceArray.from_numpy(a, dtype)  # noqa: E731
-    ops.draft_combine(dev(embed), dev(hidden), dev(we), dev(wh), out,
+    dev = lambda a, dt=dtype: DeviceArray.from_numpy(a, dt)  # noqa: E731
+    ops.draft_combine(dev(embed), dev(hidden), dev(we, wdtype), dev(wh, wdtype), out,
                       token_ids=DeviceArray.from_numpy(ids) if gather else None,
                       unit_offset=unit_offset)
-    got = out.to_numpy()
-    got = bf16_bits_to_f32(got) if dtype == "bfloat16" else got.astype(np.float32)
-    assert rel_err(got, want) < (1e-5 if dtype == "float32" else 1e-2)
+    got = _as_f32(out.to_numpy(), dtype)
+    assert rel_err(got, want) < (1e-5 if dtype == "float32" else 5e-3)
+    if gather:   # unknown ids give exactly zero embedding halves
+        bad = (ids < 0) | (ids >= V)
+        assert np.all(got[bad, :H] == 0)
 
 
 @needs_gpu
-def test_draft_map_tokens_gpu(rng):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_draft_combine_gpu_wide_rows_int64_ids_nan(dtype, rng):
+    """Rows wider than the kernel's register cache (second pass re-reads), int64 ids, a
+    NaN in one hidden row (that row's hidden half only is NaN), eps as given."""
+    from specdec_lib import DeviceArray, ops
+    rows, H, V = 4, 20000, 7
+    table, hidden = _round_inputs(rng, dtype, V, H), _round_inputs(rng, dtype, rows, H)
+    hidden[2, 17] = np.nan
+    we, wh = _round_inputs(rng, dtype, H), _round_inputs(rng, dtype, H)
+    ids = np.array([3, 6, 0, 9], np.int64)
+    want = np.zeros((rows, 2 * H))
+    ref.draft_combine(table, hidden, we, wh, want, token_ids=ids, eps=1e-3)
+    out = poison((rows, 2 * H), dtype)
+    dev = lambda a: DeviceArray.from_numpy(a, dtype)  # noqa: E731
+    ops.draft_combine(dev(table), dev(hidden), dev(we), dev(wh), out,
+                      token_ids=DeviceArray.from_numpy(ids), eps=1e-3)
+    got = _as_f32(out.to_numpy(), dtype)
+    assert np.all(np.isnan(got[2, H:])) and np.all(np.isfinite(got[2, :H]))
+    ok = np.isfinite(want)
+    assert rel_err(got[ok], want[ok]) < (1e-5 if dtype == "float32" else 5e-3)
+
+
+@needs_gpu
+@pytest.mark.parametrize("ids_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("d2t_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("offsets", [True, False])
+@pytest.mark.parametrize("N", [0, 1, 777, 100003])
+def test_draft_map_tokens_gpu(ids_dtype, d2t_dtype, offsets, N, rng):
     from specdec_lib import DeviceArray, ops
     Vd = 1000
-    d2t = rng.integers(0, 5000, Vd).astype(np.int64)
-    ids = rng.integers(-5, Vd + 5, 777).astype(np.int32)
-    want = np.zeros(777, np.int32)
-    ref.draft_map_tokens(ids, d2t, want)
-    out = poison((777,), "int32")
-    ops.draft_map_tokens(DeviceArray.from_numpy(ids), DeviceArray.from_numpy(d2t), out)
-    assert np.array_equal(out.to_numpy(), want)
+    d2t = rng.integers(0, 5000, Vd).astype(d2t_dtype)
+    ids = rng.integers(-5, Vd + 5, N).astype(ids_dtype)
+    if N:
+        ids[0] = np.iinfo(ids_dtype).min
+    want = np.zeros(N, np.int32)
+    ref.draft_map_tokens(ids, d2t, want, offsets=offsets)
+    out = poison((N,), "int32")
+    ops.draft_map_tokens(DeviceArray.from_numpy(ids), DeviceArray.from_numpy(d2t), out,
+                         offsets=offsets)
+    np.testing.assert_array_equal(out.to_numpy(), want)
+
+
+@needs_gpu
+def test_draft_ops_reject_before_launch(rng):
+    from specdec_lib import DeviceArray, ops
+    H = 16
+    hidden = DeviceArray.from_numpy(rng.standard_normal((4, H)).astype(np.float32))
+    w = DeviceArray.from_numpy(np.ones(H, np.float32))
+    out = poison((4, 2 * H), "float32")
+    for kw, exc, match in [
+        (dict(embed_norm_weight=DeviceArray.from_numpy(np.ones(H, np.float16))), TypeError,
+         "embed_norm_weight"),
+        (dict(token_ids=DeviceArray.from_numpy(np.zeros(3, np.int32))), ValueError, "token_ids"),
+        (dict(embed=DeviceArray.from_numpy(np.zeros((4, H), np.float16))), TypeError, "embed"),
+        (dict(eps=-1e-6), ValueError, "eps"),
+    ]:
+        args = dict(embed=hidden, hidden=hidden, embed_norm_weight=w, hidden_norm_weight=w,
+                    out=out)
+        args.update(kw)
+        with pytest.raises(exc, match=match):
+            ops.draft_combine(**args)
+        assert np.all(out.to_numpy().view(np.uint32) == 0xFFFFFFFF)
+    carry = poison((2, H), "float32")
+    with pytest.raises(ValueError, match="col_begin"):
+        ops.draft_carry(hidden, DeviceArray.from_numpy(np.array([0, 2, 4], np.int32)),
+                        DeviceArray.from_numpy(np.ones(2, np.int32)), carry, col_begin=1)
+    assert np.all(carry.to_numpy().view(np.uint32) == 0xFFFFFFFF)

@@ -144,69 +144,279 @@ def test_seq_build_block_ragged():
     assert dids[:5].tolist() == [1, 2, 3, 7, 8]      # spec_sample's draft_ids layout
 
 
+def test_seq_stop_corrupt_lengths_are_flagged():
+    # a negative out_lens never indexes the history: the row is flagged and keeps nothing
+    emitted = np.array([[5, 6]], np.int32)
+    out_tokens = np.full((1, 4), 3, np.int32)
+    acc, fin = np.zeros(1, np.int32), np.zeros(1, np.uint8)
+    ref.seq_stop(emitted, np.array([1], np.int32), out_tokens, np.array([-3], np.int32), None,
+                 np.array([[[3, 5]]], np.int32), np.array([9], np.int32), acc, fin)
+    assert (acc[0], fin[0]) == (0, FINISH_BAD_ROW)
+    # out_lens past the buffer: only the C stored tokens are history
+    acc, fin = np.zeros(1, np.int32), np.zeros(1, np.uint8)
+    ref.seq_stop(emitted, np.array([1], np.int32), out_tokens, np.array([7], np.int32), None,
+                 np.array([[[3, 5]]], np.int32), np.array([99], np.int32), acc, fin)
+    assert (acc[0], fin[0]) == (1, FINISH_STOP_SEQ)
+
+
+def test_seq_advance_clamps_and_flags():
+    emitted = np.array([[5, 6], [7, 8], [1, 2]], np.int32)
+    acc = np.array([9, 1, -4], np.int32)                 # > W: clamped to W; < 0: nothing
+    L = np.zeros(3, np.int32)
+    out = np.full((3, 3), -1, np.int32)
+    out_lens = np.array([0, -2, 0], np.int32)
+    last = np.full(3, -5, np.int32)
+    fin = np.zeros(3, np.uint8)
+    ref.seq_advance(emitted, acc, L, out, out_lens, last, fin)
+    assert L.tolist() == [2, 1, 0] and last.tolist() == [6, 7, -5]
+    assert out.tolist() == [[5, 6, -1], [-1] * 3, [-1] * 3] and out_lens.tolist() == [2, -2, 0]
+    assert fin.tolist() == [0, FINISH_BAD_ROW, 0]
+
+
+def test_sequence_ops_empty_batch():
+    e = np.zeros((0, 3), np.int32)
+    z = np.zeros(0, np.int32)
+    acc, fin = ref.seq_stop(e, z, np.zeros((0, 4), np.int32), z, None, None, z, z.copy(),
+                            np.zeros(0, np.uint8))
+    assert acc.shape == (0,) and fin.shape == (0,)
+    cu = np.full(1, 7, np.int32)
+    ref.seq_build_block(z, np.zeros((0, 2), np.int32), z, z, cu, z.copy(), z.copy(), z.copy())
+    assert cu.tolist() == [0]
+
+
+# ------------------------------------------------------------------ validation without a GPU
+
+class _Fake:
+    """Stands in for a device array (address 0, never dereferenced): argument checks run
+    without a GPU and must raise before anything reaches the driver."""
+
+    def __init__(self, shape, typestr="<i4", strides=None):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr,
+                                         "data": (0, False), "strides": strides, "version": 3}
+
+
+def _stop_args(B=3, W=4, C=8):
+    return dict(emitted=_Fake((B, W)), num_accepted=_Fake((B,)), out_tokens=_Fake((B, C)),
+                out_lens=_Fake((B,)), stop_ids=_Fake((B, 2)), stop_seqs=_Fake((B, 2, 3)),
+                max_new_tokens=_Fake((B,)), accept_len=_Fake((B,)), finished=_Fake((B,), "|u1"))
+
+
+@pytest.mark.parametrize("override,exc,match", [
+    (dict(emitted=np.zeros((3, 4), np.int32)), TypeError, "emitted"),
+    (dict(emitted=_Fake((3, 4), "<i8")), TypeError, "emitted: dtype"),
+    (dict(emitted=_Fake((3, 4), strides=(4, 12))), ValueError, "emitted: must be C-contiguous"),
+    (dict(num_accepted=_Fake((4,))), ValueError, "num_accepted"),
+    (dict(out_tokens=_Fake((2, 8))), ValueError, "out_tokens"),
+    (dict(out_lens=_Fake((3,), "<i8")), TypeError, "out_lens"),
+    (dict(stop_ids=_Fake((2, 2))), ValueError, "stop_ids"),
+    (dict(stop_seqs=_Fake((3, 2))), ValueError, "stop_seqs"),
+    (dict(max_new_tokens=_Fake((3, 1))), ValueError, "max_new_tokens"),
+    (dict(accept_len=None), TypeError, "accept_len"),
+    (dict(finished=_Fake((3,), "|b1")), TypeError, "finished: dtype"),
+    (dict(finished=_Fake((3,))), TypeError, "finished"),
+])
+def test_seq_stop_op_validation(override, exc, match):
+    from specdec_lib import ops
+    with pytest.raises(exc, match=match):
+        ops.seq_stop(**dict(_stop_args(), **override))
+
+
+@pytest.mark.parametrize("override,exc,match", [
+    (dict(accept_len=_Fake((2,))), ValueError, "accept_len"),
+    (dict(seq_lens=_Fake((3,), "<i8")), TypeError, "seq_lens"),
+    (dict(out_tokens=_Fake((3,))), ValueError, "out_tokens"),
+    (dict(out_lens=_Fake((3,), strides=(8,))), ValueError, "out_lens"),
+    (dict(last_token=np.zeros(3, np.int32)), TypeError, "last_token"),
+    (dict(finished=_Fake((4,), "|u1")), ValueError, "finished"),
+])
+def test_seq_advance_op_validation(override, exc, match):
+    from specdec_lib import ops
+    args = dict(emitted=_Fake((3, 4)), accept_len=_Fake((3,)), seq_lens=_Fake((3,)),
+                out_tokens=_Fake((3, 8)), out_lens=_Fake((3,)), last_token=_Fake((3,)),
+                finished=_Fake((3,), "|u1"))
+    with pytest.raises(exc, match=match):
+        ops.seq_advance(**dict(args, **override))
+
+
+@pytest.mark.parametrize("override,exc,match", [
+    (dict(draft_tokens=_Fake((2, 3))), ValueError, "draft_tokens"),
+    (dict(num_draft=_Fake((3,), "<i8")), TypeError, "num_draft"),
+    (dict(cu_q=_Fake((3,))), ValueError, "cu_q"),
+    (dict(block_tokens=_Fake((11,))), ValueError, "block_tokens: needs at least 12"),
+    (dict(positions=_Fake((12, 1))), ValueError, "positions"),
+    (dict(draft_ids=_Fake((8,))), ValueError, "draft_ids: needs at least 9"),
+])
+def test_seq_build_block_op_validation(override, exc, match):
+    from specdec_lib import ops
+    args = dict(last_token=_Fake((3,)), draft_tokens=_Fake((3, 3)), num_draft=_Fake((3,)),
+                seq_lens=_Fake((3,)), cu_q=_Fake((4,)), block_tokens=_Fake((12,)),
+                positions=_Fake((12,)), draft_ids=_Fake((9,)))
+    with pytest.raises(exc, match=match):
+        ops.seq_build_block(**dict(args, **override))
+
+
 # ------------------------------------------------------------------------------ GPU
 
-def _ops():
+def _dev(*arrays):
+    from specdec_lib import DeviceArray
+    return [DeviceArray.from_numpy(a) for a in arrays]
+
+
+def _stop_inputs(rng, B, W, C=16, with_ids=True, with_seqs=True):
+    """Random rows over a 6-token alphabet (stop ids and sequences hit often), with
+    corrupt values mixed in: n out of range, -1 tokens, out_lens < 0 or > C, rows
+    finished on entry, max_new already reached."""
+    emitted = np.where(rng.random((B, W)) < 0.95, rng.integers(0, 6, (B, W)), -1).astype(np.int32)
+    n = rng.integers(0, W, B).astype(np.int32)
+    n[rng.random(B) < 0.1] = rng.choice([-1, W, W + 3])
+    out_tokens = rng.integers(0, 6, (B, C)).astype(np.int32)
+    out_lens = rng.integers(0, C + 1, B).astype(np.int32)
+    out_lens[rng.random(B) < 0.05] = -2
+    out_lens[rng.random(B) < 0.05] = C + 5
+    stop_ids = rng.integers(-1, 6, (B, 3)).astype(np.int32) if with_ids else None
+    stop_seqs = None
+    if with_seqs:
+        stop_seqs = rng.integers(0, 6, (B, 2, 3)).astype(np.int32)
+        pad = rng.integers(0, 4, (B, 2))     # left padding of each sequence: 0..3 (3 = unused)
+        stop_seqs[np.arange(3)[None, None, :] < pad[..., None]] = -1
+    max_new = (np.maximum(out_lens, 0) + rng.integers(-1, W + 2, B)).astype(np.int32)
+    fin = np.where(rng.random(B) < 0.2, rng.integers(1, 6, B), 0).astype(np.uint8)
+    return emitted, n, out_tokens, out_lens, stop_ids, stop_seqs, max_new, fin
+
+
+@needs_gpu
+@pytest.mark.parametrize("B,W", [(1, 1), (7, 4), (64, 8), (300, 16), (0, 3)])
+@pytest.mark.parametrize("stops", ["both", "ids", "seqs", "none"])
+def test_seq_stop_gpu(B, W, stops, rng):
     from specdec_lib import ops
-    return ops
-
-
-@needs_gpu
-@pytest.mark.parametrize("B,W", [(1, 1), (7, 4), (64, 8), (0, 3)])
-def test_seq_stop_gpu(B, W, rng):
-    from specdec_lib import DeviceArray
-    ops = _ops()
-    emitted = rng.integers(-1, 6, (B, W)).astype(np.int32)
-    n = rng.integers(-1, W + 1, B).astype(np.int32)
-    out_tokens = rng.integers(0, 6, (B, 16)).astype(np.int32)
-    out_lens = rng.integers(0, 10, B).astype(np.int32)
-    stop_ids = rng.integers(-1, 6, (B, 3)).astype(np.int32)
-    stop_seqs = rng.integers(-1, 6, (B, 2, 3)).astype(np.int32)
-    max_new = (out_lens + rng.integers(0, 6, B)).astype(np.int32)
-    fin = (rng.random(B) < 0.2).astype(np.uint8)
-    acc_ref, fin_ref = np.zeros(B, np.int32), fin.copy()
+    emitted, n, out_tokens, out_lens, stop_ids, stop_seqs, max_new, fin = _stop_inputs(
+        rng, B, W, with_ids=stops in ("both", "ids"), with_seqs=stops in ("both", "seqs"))
+    acc_ref, fin_ref = np.full(B, -9, np.int32), fin.copy()
     ref.seq_stop(emitted, n, out_tokens, out_lens, stop_ids, stop_seqs, max_new, acc_ref, fin_ref)
-    d = {k: DeviceArray.from_numpy(v) for k, v in dict(
-        emitted=emitted, n=n, out_tokens=out_tokens, out_lens=out_lens, stop_ids=stop_ids,
-        stop_seqs=stop_seqs, max_new=max_new, fin=fin).items()}
+    d_em, d_n, d_out, d_ol, d_mn, d_fin = _dev(emitted, n, out_tokens, out_lens, max_new, fin)
+    d_ids = _dev(stop_ids)[0] if stop_ids is not None else None
+    d_seqs = _dev(stop_seqs)[0] if stop_seqs is not None else None
     acc = poison((B,), "int32")
-    ops.seq_stop(d["emitted"], d["n"], d["out_tokens"], d["out_lens"], d["stop_ids"],
-                 d["stop_seqs"], d["max_new"], acc, d["fin"])
-    assert np.array_equal(acc.to_numpy(), acc_ref)
-    assert np.array_equal(d["fin"].to_numpy(), fin_ref)
+    ops.seq_stop(d_em, d_n, d_out, d_ol, d_ids, d_seqs, d_mn, acc, d_fin)
+    np.testing.assert_array_equal(acc.to_numpy(), acc_ref)
+    np.testing.assert_array_equal(d_fin.to_numpy(), fin_ref)
+    np.testing.assert_array_equal(d_em.to_numpy(), emitted)        # inputs untouched
+    np.testing.assert_array_equal(d_out.to_numpy(), out_tokens)
 
 
 @needs_gpu
-@pytest.mark.parametrize("B,W,C", [(1, 1, 1), (9, 5, 7), (64, 8, 256)])
-def test_seq_advance_and_build_block_gpu(B, W, C, rng):
-    from specdec_lib import DeviceArray
-    ops = _ops()
+@pytest.mark.parametrize("B,W,C", [(1, 1, 1), (9, 5, 7), (64, 8, 256), (0, 4, 4)])
+def test_seq_advance_gpu(B, W, C, rng):
+    from specdec_lib import ops
     emitted = rng.integers(0, 100, (B, W)).astype(np.int32)
-    acc = rng.integers(0, W + 1, B).astype(np.int32)
+    acc = rng.integers(-2, W + 3, B).astype(np.int32)
     L = rng.integers(0, 50, B).astype(np.int32)
     out = rng.integers(0, 100, (B, C)).astype(np.int32)
-    out_lens = rng.integers(0, C + 1, B).astype(np.int32)
+    out_lens = rng.integers(-2, C + 3, B).astype(np.int32)
     last = rng.integers(0, 100, B).astype(np.int32)
-    fin = np.zeros(B, np.uint8)
+    fin = np.where(rng.random(B) < 0.2, 1, 0).astype(np.uint8)
     host = [x.copy() for x in (L, out, out_lens, last, fin)]
     ref.seq_advance(emitted, acc, *host)
-    dev = [DeviceArray.from_numpy(x) for x in (L, out, out_lens, last, fin)]
-    ops.seq_advance(DeviceArray.from_numpy(emitted), DeviceArray.from_numpy(acc), *dev)
-    for h, d in zip(host, dev):
-        assert np.array_equal(d.to_numpy(), h)
-    K = W - 1
-    drafts = rng.integers(0, 100, (B, K)).astype(np.int32)
-    nd = rng.integers(0, K + 1, B).astype(np.int32)
-    cu, toks, pos, dids = (np.zeros(B + 1, np.int32), np.zeros(B * W, np.int32),
-                           np.zeros(B * W, np.int32), np.zeros(max(B * K, 1), np.int32))
+    dev = _dev(L, out, out_lens, last, fin)
+    ops.seq_advance(*_dev(emitted, acc), *dev)
+    for name, h, d in zip(("seq_lens", "out_tokens", "out_lens", "last_token", "finished"),
+                          host, dev):
+        np.testing.assert_array_equal(d.to_numpy(), h, err_msg=name)
+
+
+@needs_gpu
+@pytest.mark.parametrize("B,K", [(1, 0), (5, 1), (64, 7), (300, 3), (1000, 15), (0, 3)])
+@pytest.mark.parametrize("with_draft_ids", [True, False])
+def test_seq_build_block_gpu(B, K, with_draft_ids, rng):
+    """B > 256 crosses the kernel's scan chunks; num_draft out of 0..K is clamped."""
+    from specdec_lib import ops
+    last = rng.integers(0, 1000, B).astype(np.int32)
+    drafts = rng.integers(0, 1000, (B, K)).astype(np.int32)
+    nd = rng.integers(-2, K + 3, B).astype(np.int32)
+    L = rng.integers(0, 5000, B).astype(np.int32)
+    n_rows = B * (K + 1)
+    cu, toks, pos = (np.full(B + 1, -9, np.int32), np.full(n_rows, -9, np.int32),
+                     np.full(n_rows, -9, np.int32))
+    dids = np.full(B * K, -9, np.int32) if with_draft_ids else None
     ref.seq_build_block(last, drafts, nd, L, cu, toks, pos, dids)
     T = int(cu[-1])
-    dcu, dtoks, dpos, ddids = (poison(cu.shape, "int32"), poison(toks.shape, "int32"),
-                               poison(pos.shape, "int32"), poison(dids.shape, "int32"))
-    ops.seq_build_block(DeviceArray.from_numpy(last), DeviceArray.from_numpy(drafts),
-                        DeviceArray.from_numpy(nd), DeviceArray.from_numpy(L), dcu, dtoks, dpos,
-                        ddids)
-    assert np.array_equal(dcu.to_numpy(), cu)
-    assert np.array_equal(dtoks.to_numpy()[:T], toks[:T])
-    assert np.array_equal(dpos.to_numpy()[:T], pos[:T])
-    assert np.array_equal(ddids.to_numpy()[:T - B], dids[:T - B])
+    dcu, dtoks, dpos = poison((B + 1,), "int32"), poison((n_rows,), "int32"), poison((n_rows,), "int32")
+    ddids = poison((B * K,), "int32") if with_draft_ids else None
+    ops.seq_build_block(*_dev(last, drafts, nd, L), dcu, dtoks, dpos, ddids)
+    np.testing.assert_array_equal(dcu.to_numpy(), cu)
+    got_t, got_p = dtoks.to_numpy(), dpos.to_numpy()
+    np.testing.assert_array_equal(got_t[:T], toks[:T])
+    np.testing.assert_array_equal(got_p[:T], pos[:T])
+    assert np.all(got_t[T:] == -1) and np.all(got_p[T:] == -1)     # nothing past T written
+    if with_draft_ids:
+        got_d = ddids.to_numpy()
+        np.testing.assert_array_equal(got_d[:T - B], dids[:T - B])
+        assert np.all(got_d[T - B:] == -1)
+
+
+@needs_gpu
+def test_sequence_rounds_gpu(rng):
+    """Several rounds of seq_build_block -> seq_stop -> seq_advance on the device against the
+    reference on the host: stop sequences crossing rounds, max length mid-block, rows
+    finishing in different rounds, finished rows left alone."""
+    from specdec_lib import ops
+    B, K, C, R = 24, 3, 40, 8
+    W = K + 1
+    h = dict(last=rng.integers(0, 6, B).astype(np.int32), L=rng.integers(0, 9, B).astype(np.int32),
+             out=np.full((B, C), -1, np.int32), out_lens=np.zeros(B, np.int32),
+             fin=np.zeros(B, np.uint8), cu=np.zeros(B + 1, np.int32),
+             toks=np.zeros(B * W, np.int32), pos=np.zeros(B * W, np.int32),
+             dids=np.zeros(B * K, np.int32), acc=np.zeros(B, np.int32))
+    stop_ids = np.full((B, 2), -1, np.int32)
+    stop_ids[::5, 0] = 5
+    stop_seqs = np.full((B, 2, 3), -1, np.int32)
+    stop_seqs[1::3, 0] = [2, 3, 4]
+    stop_seqs[2::3, 1, 1:] = [1, 1]
+    max_new = rng.integers(3, 25, B).astype(np.int32)
+    d = {k: _dev(v)[0] for k, v in h.items()}
+    d_ids, d_seqs, d_max = _dev(stop_ids, stop_seqs, max_new)
+    for _ in range(R):
+        drafts = rng.integers(0, 6, (B, K)).astype(np.int32)
+        nd = rng.integers(0, K + 1, B).astype(np.int32)
+        n = rng.integers(0, K + 1, B).astype(np.int32)
+        emitted = rng.integers(0, 6, (B, W)).astype(np.int32)
+        ref.seq_build_block(h["last"], drafts, nd, h["L"], h["cu"], h["toks"], h["pos"], h["dids"])
+        ref.seq_stop(emitted, n, h["out"], h["out_lens"], stop_ids, stop_seqs, max_new, h["acc"],
+                     h["fin"])
+        ref.seq_advance(emitted, h["acc"], h["L"], h["out"], h["out_lens"], h["last"], h["fin"])
+        d_drafts, d_nd, d_n, d_em = _dev(drafts, nd, n, emitted)
+        ops.seq_build_block(d["last"], d_drafts, d_nd, d["L"], d["cu"], d["toks"], d["pos"],
+                            d["dids"])
+        ops.seq_stop(d_em, d_n, d["out"], d["out_lens"], d_ids, d_seqs, d_max, d["acc"], d["fin"])
+        ops.seq_advance(d_em, d["acc"], d["L"], d["out"], d["out_lens"], d["last"], d["fin"])
+        T = int(h["cu"][-1])
+        for k in ("cu", "acc", "L", "out", "out_lens", "last", "fin"):
+            np.testing.assert_array_equal(d[k].to_numpy(), h[k], err_msg=k)
+        np.testing.assert_array_equal(d["toks"].to_numpy()[:T], h["toks"][:T])
+        np.testing.assert_array_equal(d["pos"].to_numpy()[:T], h["pos"][:T])
+    assert h["fin"].any() and len(set(h["fin"].tolist())) > 1    # several reasons were hit
+
+
+@needs_gpu
+def test_sequence_ops_reject_before_launch():
+    from specdec_lib import DeviceArray, ops
+    B, W = 3, 4
+    acc = poison((B,), "int32")
+    good = dict(emitted=DeviceArray.from_numpy(np.zeros((B, W), np.int32)),
+                num_accepted=DeviceArray.from_numpy(np.zeros(B, np.int32)),
+                out_tokens=DeviceArray.from_numpy(np.zeros((B, 8), np.int32)),
+                out_lens=DeviceArray.from_numpy(np.zeros(B, np.int32)), stop_ids=None,
+                stop_seqs=None, max_new_tokens=DeviceArray.from_numpy(np.full(B, 9, np.int32)),
+                accept_len=acc, finished=DeviceArray.from_numpy(np.zeros(B, np.uint8)))
+    for override, exc, match in [
+        (dict(num_accepted=DeviceArray.from_numpy(np.zeros(B, np.int64))), TypeError, "num_accepted"),
+        (dict(finished=DeviceArray.from_numpy(np.zeros(B, np.int32))), TypeError, "finished"),
+        (dict(out_tokens=DeviceArray.from_numpy(np.zeros((B + 1, 8), np.int32))), ValueError,
+         "out_tokens"),
+        (dict(stop_ids=np.zeros((B, 2), np.int32)), TypeError, "stop_ids"),
+    ]:
+        with pytest.raises(exc, match=match):
+            ops.seq_stop(**dict(good, **override))
+        assert np.all(acc.to_numpy() == -1)
+    ops.seq_stop(**good)
+    assert acc.to_numpy().tolist() == [1, 1, 1]

@@ -5,3 +5,5 @@ from .attention import verify_attention, verify_attention_workspace_size  # noqa
 from .gdn import gdn_commit, gdn_journal_width, gdn_verify  # noqa: F401
 from .conv import conv1d_commit, conv1d_verify  # noqa: F401
 from .sampling import spec_sample, spec_sample_workspace_size  # noqa: F401
+from .sequence import seq_advance, seq_build_block, seq_stop  # noqa: F401
+from .draft import capture_hidden, draft_carry, draft_combine, draft_map_tokens  # noqa: F401

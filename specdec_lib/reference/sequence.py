@@ -78,7 +78,8 @@ def seq_stop(emitted, num_accepted, out_tokens, out_lens, stop_ids, stop_seqs,
     sequence, or brings the output to max_new_tokens is the last one kept (it is part of
     the output, as the EOS token is). A row finished on entry keeps nothing. A row with
     an out-of-range n or a negative token keeps the tokens before it and is marked
-    FINISH_BAD_ROW.
+    FINISH_BAD_ROW; so is a row with out_lens < 0 (keeps nothing). Only the first
+    min(out_lens, C) history tokens are searched for stop sequences.
     """
     _req("emitted", emitted, 2)
     B, W = emitted.shape
@@ -89,6 +90,7 @@ def seq_stop(emitted, num_accepted, out_tokens, out_lens, stop_ids, stop_seqs,
         _batch(name, a, B)
     _req("out_tokens", out_tokens, 2)
     _batch("out_tokens", out_tokens, B)
+    C = out_tokens.shape[1]
     if stop_ids is not None:
         _req("stop_ids", stop_ids, 2)
         _batch("stop_ids", stop_ids, B)
@@ -102,6 +104,10 @@ def seq_stop(emitted, num_accepted, out_tokens, out_lens, stop_ids, stop_seqs,
             continue
         n = int(num_accepted[b])
         have = int(out_lens[b])
+        if have < 0:                      # corrupt length: never index with it
+            accept_len[b] = 0
+            finished[b] = FINISH_BAD_ROW
+            continue
         limit = int(max_new_tokens[b]) - have
         if limit <= 0:
             accept_len[b] = 0
@@ -121,7 +127,7 @@ def seq_stop(emitted, num_accepted, out_tokens, out_lens, stop_ids, stop_seqs,
                 keep, reason = i + 1, FINISH_STOP_ID
                 break
             if stop_seqs is not None and _ends_with_stop_seq(
-                    out_tokens[b, :have], emitted[b, :i + 1], stop_seqs[b], seq_lens[b]):
+                    out_tokens[b, :min(have, C)], emitted[b, :i + 1], stop_seqs[b], seq_lens[b]):
                 keep, reason = i + 1, FINISH_STOP_SEQ
                 break
             if i + 1 >= limit:
@@ -156,7 +162,8 @@ def seq_advance(emitted, accept_len, seq_lens, out_tokens, out_lens, last_token,
     last_token  int32 [B]      IN/OUT: emitted[b, accept_len - 1] when accept_len > 0
     finished    uint8 [B]      IN/OUT: FINISH_CAPACITY when the output buffer overflows
                                (the tokens that fit are written, L still advances: the
-                               caches have committed those rows)
+                               caches have committed those rows); FINISH_BAD_ROW when
+                               out_lens[b] < 0 (nothing appended, L still advances)
     """
     _req("emitted", emitted, 2)
     B, W = emitted.shape
@@ -168,18 +175,20 @@ def seq_advance(emitted, accept_len, seq_lens, out_tokens, out_lens, last_token,
     _batch("out_tokens", out_tokens, B)
     C = out_tokens.shape[1]
     for b in range(B):
-        a = int(accept_len[b])
+        a = min(int(accept_len[b]), W)
         if a <= 0:
             continue
-        a = min(a, W)
         seq_lens[b] += a
+        last_token[b] = emitted[b, a - 1]
         have = int(out_lens[b])
+        if have < 0:                      # corrupt length: never index with it
+            finished[b] = FINISH_BAD_ROW
+            continue
         fit = max(0, min(a, C - have))
         out_tokens[b, have:have + fit] = emitted[b, :fit]
         out_lens[b] = have + fit
         if fit < a:
             finished[b] = FINISH_CAPACITY
-        last_token[b] = emitted[b, a - 1]
     return seq_lens, out_tokens, out_lens, last_token, finished
 
 

@@ -1,0 +1,268 @@
+// draft family: what the drafter needs from the target each round.
+// Semantics: specdec_lib/reference/draft.py.
+//
+// All four ops are memory-bound gathers/elementwise passes over at most a few rows of
+// H elements per sequence, so the design goals are 16-byte accesses where the layout
+// allows (the launcher decides and passes a flag or picks the unit size), several loads
+// in flight per thread before any store, and never trusting an index read from memory:
+// a bad cu_q / accept_len / token id gives a zero row or -1, never an out-of-bounds read.
+#include "common/dtype.cuh"
+#include "draft/draft_params.h"
+
+using namespace specdec;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;        // independent vector loads per thread before the stores
+constexpr int kCombineMaxThreads = 512;
+
+template <int U> struct unit { using type = typename storage<U>::type; };
+template <> struct unit<16> { using type = uint4; };
+
+// ------------------------------------------------------------------ draft_carry
+// hidden [T_local, H_local] -> out [B, H_out]; grid (column chunks, sequences). The CTA
+// of sequence b finds its row once (two index loads), then moves kUnroll units per thread.
+template <int U>
+__device__ __forceinline__ void draft_carry(const DraftCarryParams& p) {
+  using V = typename unit<U>::type;
+  const int64_t chunk = static_cast<int64_t>(kUnroll) * blockDim.x;
+  const int64_t u0 = blockIdx.x * chunk + threadIdx.x;
+  for (int b = blockIdx.y; b < p.batch; b += gridDim.y) {
+    const int a = __ldg(p.accept_len + b);
+    const int64_t local = static_cast<int64_t>(__ldg(p.cu_q + b)) + a - 1 - p.row_begin;
+    const bool owned = a > 0 && local >= 0 && local < p.num_rows;
+    const V* src = reinterpret_cast<const V*>(static_cast<const char*>(p.hidden) +
+                                              (owned ? local : 0) * p.hidden_stride) - p.col_begin;
+    V* dst = reinterpret_cast<V*>(static_cast<char*>(p.out) + b * p.out_stride);
+    V v[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t u = u0 + j * blockDim.x;
+      const bool mine = owned && u >= p.col_begin && u < p.col_begin + p.hidden_units;
+      v[j] = mine ? __ldg(src + u) : V{};
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t u = u0 + j * blockDim.x;
+      if (u < p.out_units) dst[u] = v[j];
+    }
+  }
+}
+
+// ------------------------------------------------------------------ float packs
+// N elements of T moved as one access: 16 bytes when sizeof(T) * N == 16 (or 32).
+template <typename T, int N> struct alignas(sizeof(T) * N >= 16 ? 16 : sizeof(T) * N) Pack {
+  T e[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> load_pack(const T* ptr) {
+  Pack<T, N> r;
+  if constexpr (sizeof(T) * N % 16 == 0) {
+    constexpr int Q = sizeof(T) * N / 16;
+    uint4 u[Q];
+#pragma unroll
+    for (int q = 0; q < Q; ++q) u[q] = __ldg(reinterpret_cast<const uint4*>(ptr) + q);
+    memcpy(&r, u, sizeof(r));
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r.e[i] = ptr[i];
+  }
+  return r;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_pack(T* ptr, const Pack<T, N>& r) {
+  if constexpr (sizeof(T) * N % 16 == 0) {
+    constexpr int Q = sizeof(T) * N / 16;
+    uint4 u[Q];
+    memcpy(u, &r, sizeof(r));
+#pragma unroll
+    for (int q = 0; q < Q; ++q) reinterpret_cast<uint4*>(ptr)[q] = u[q];
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) ptr[i] = r.e[i];
+  }
+}
+
+// ------------------------------------------------------------------ capture_hidden
+// hidden (+ residual) [T, H] -> out[:, tap*H:(tap+1)*H] (out pre-offset). Grid (rows,
+// column chunks); each thread adds in float and rounds once to T.
+template <typename T, int N>
+__device__ __forceinline__ void capture_rows(const CaptureHiddenParams& p) {
+  const int units = p.width / N;
+  const int c0 = blockIdx.y * kUnroll * blockDim.x + threadIdx.x;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const T* x = static_cast<const T*>(p.hidden) + r * p.hidden_stride;
+    const T* res = static_cast<const T*>(p.residual) + r * p.residual_stride;
+    T* y = static_cast<T*>(p.out) + r * p.out_stride;
+    Pack<T, N> v[kUnroll], w[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int u = c0 + j * blockDim.x;
+      if (u < units) {
+        v[j] = load_pack<T, N>(x + u * N);
+        if (p.residual != nullptr) w[j] = load_pack<T, N>(res + u * N);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int u = c0 + j * blockDim.x;
+      if (u >= units) continue;
+      if (p.residual != nullptr) {
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+          v[j].e[i] = from_float<T>(to_float(v[j].e[i]) + to_float(w[j].e[i]));
+      }
+      store_pack<T, N>(y + u * N, v[j]);
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void capture_hidden(const CaptureHiddenParams& p) {
+  if (p.vectorize) capture_rows<T, 16 / sizeof(T)>(p);
+  else capture_rows<T, 1>(p);
+}
+
+// ------------------------------------------------------------------ draft_combine
+__device__ __forceinline__ float block_sum(float v, float* smem /* [32] */) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();            // smem may still be read from the previous call
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < (blockDim.x >> 5) ? smem[lane] : 0.f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;                   // every thread holds the total
+}
+
+// y[0..H) = x * rsqrt(mean(x^2) + eps) * (w or 1 + w). The CTA owns the whole row: the
+// first kCache packs per thread stay in registers between the two passes, anything
+// beyond (H > kCache * N * blockDim) is read again (from L1/L2).
+template <typename T, typename W, int N>
+__device__ __forceinline__ void rms_norm_row(const T* x, const W* w, T* y, int H, float eps,
+                                             bool unit_offset, float* smem) {
+  constexpr int kCache = 4;
+  const int units = H / N;
+  Pack<T, N> cache[kCache];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kCache; ++j) {
+    const int u = threadIdx.x + j * blockDim.x;
+    if (u < units) cache[j] = load_pack<T, N>(x + u * N);
+  }
+#pragma unroll
+  for (int j = 0; j < kCache; ++j) {
+    const int u = threadIdx.x + j * blockDim.x;
+    if (u < units) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) { const float f = to_float(cache[j].e[i]); ss += f * f; }
+    }
+  }
+  for (int u = threadIdx.x + kCache * blockDim.x; u < units; u += blockDim.x) {
+    const Pack<T, N> v = load_pack<T, N>(x + u * N);
+#pragma unroll
+    for (int i = 0; i < N; ++i) { const float f = to_float(v.e[i]); ss += f * f; }
+  }
+  const float inv = rsqrtf(block_sum(ss, smem) / static_cast<float>(H) + eps);
+  const float off = unit_offset ? 1.f : 0.f;
+  auto emit = [&](int u, const Pack<T, N>& v) {
+    const Pack<W, N> wv = load_pack<W, N>(w + u * N);
+    Pack<T, N> o;
+#pragma unroll
+    for (int i = 0; i < N; ++i) o.e[i] = from_float<T>(to_float(v.e[i]) * inv * (off + to_float(wv.e[i])));
+    store_pack<T, N>(y + u * N, o);
+  };
+#pragma unroll
+  for (int j = 0; j < kCache; ++j) {
+    const int u = threadIdx.x + j * blockDim.x;
+    if (u < units) emit(u, cache[j]);
+  }
+  for (int u = threadIdx.x + kCache * blockDim.x; u < units; u += blockDim.x)
+    emit(u, load_pack<T, N>(x + u * N));
+}
+
+// embed/hidden [rows, H] (or the table [vocab, H] + token_ids) -> out [rows, 2H]; grid
+// (rows, 2): blockIdx.y = 0 normalises the embedding into columns 0..H, 1 the hidden
+// state into H..2H, so the two halves' reductions run in parallel CTAs.
+template <typename T, typename W, int N>
+__device__ __forceinline__ void combine_rows(const DraftCombineParams& p, float* smem) {
+  const bool embed_half = blockIdx.y == 0;
+  const W* w = static_cast<const W*>(embed_half ? p.embed_weight : p.hidden_weight);
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    T* y = static_cast<T*>(p.out) + r * p.out_stride + (embed_half ? 0 : p.width);
+    const T* x;
+    if (embed_half) {
+      int64_t row = r;
+      if (p.token_ids != nullptr) {
+        row = p.ids_64 ? static_cast<int64_t>(__ldg(static_cast<const long long*>(p.token_ids) + r))
+                       : static_cast<int64_t>(__ldg(static_cast<const int32_t*>(p.token_ids) + r));
+        if (row < 0 || row >= p.vocab) {   // unknown token: a zero embedding half
+          for (int i = threadIdx.x; i < p.width; i += blockDim.x) y[i] = from_float<T>(0.f);
+          continue;                         // uniform over the CTA: no barrier is skipped by some
+        }
+      }
+      x = static_cast<const T*>(p.embed) + row * p.embed_stride;
+    } else {
+      x = static_cast<const T*>(p.hidden) + r * p.hidden_stride;
+    }
+    rms_norm_row<T, W, N>(x, w, y, p.width, p.eps, p.unit_offset, smem);
+  }
+}
+
+template <typename T, typename W>
+__device__ __forceinline__ void draft_combine(const DraftCombineParams& p) {
+  __shared__ float smem[32];
+  if (p.vectorize) combine_rows<T, W, 16 / sizeof(T)>(p, smem);
+  else combine_rows<T, W, 1>(p, smem);
+}
+
+}  // namespace
+
+#define SPECDEC_DRAFT_CARRY(U)                                                          \
+  extern "C" __global__ void __launch_bounds__(kThreads) draft_carry_v##U(const DraftCarryParams p) { \
+    draft_carry<U>(p);                                                                  \
+  }
+SPECDEC_DRAFT_CARRY(1)
+SPECDEC_DRAFT_CARRY(2)
+SPECDEC_DRAFT_CARRY(4)
+SPECDEC_DRAFT_CARRY(8)
+SPECDEC_DRAFT_CARRY(16)
+
+#define SPECDEC_CAPTURE_HIDDEN(NAME, T)                                                 \
+  extern "C" __global__ void __launch_bounds__(kThreads) capture_hidden_##NAME(const CaptureHiddenParams p) { \
+    capture_hidden<T>(p);                                                               \
+  }
+SPECDEC_CAPTURE_HIDDEN(f32, float)
+SPECDEC_CAPTURE_HIDDEN(f16, __half)
+SPECDEC_CAPTURE_HIDDEN(bf16, bf16_t)
+
+#define SPECDEC_DRAFT_COMBINE(NAME, T, W)                                               \
+  extern "C" __global__ void __launch_bounds__(kCombineMaxThreads) draft_combine_##NAME(const DraftCombineParams p) { \
+    draft_combine<T, W>(p);                                                             \
+  }
+SPECDEC_DRAFT_COMBINE(f32_wf32, float, float)
+SPECDEC_DRAFT_COMBINE(f16_wf16, __half, __half)
+SPECDEC_DRAFT_COMBINE(f16_wf32, __half, float)
+SPECDEC_DRAFT_COMBINE(bf16_wbf16, bf16_t, bf16_t)
+SPECDEC_DRAFT_COMBINE(bf16_wf32, bf16_t, float)
+
+// draft_map_tokens: draft_ids [N] -> out [N] int32 through d2t [Vd]; one id per thread.
+extern "C" __global__ void __launch_bounds__(kThreads) draft_map_tokens(const DraftMapTokensParams p) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t d = p.ids_64 ? static_cast<int64_t>(__ldg(static_cast<const long long*>(p.draft_ids) + i))
+                               : static_cast<int64_t>(__ldg(static_cast<const int32_t*>(p.draft_ids) + i));
+    int64_t t = -1;
+    if (d >= 0 && d < p.vocab) {
+      const int64_t m = p.d2t_64 ? static_cast<int64_t>(__ldg(static_cast<const long long*>(p.d2t) + d))
+                                 : static_cast<int64_t>(__ldg(static_cast<const int32_t*>(p.d2t) + d));
+      t = p.offsets ? d + m : m;
+    }
+    p.out[i] = static_cast<int32_t>(t);
+  }
+}
