@@ -160,6 +160,8 @@ cdef class DeviceArg:
     def contiguous(self):
         cdef Py_ssize_t i
         cdef long long expect = 1, n
+        if 0 in self.shape:
+            return True            # an empty array has no layout to get wrong
         for i in range(len(self.shape) - 1, -1, -1):
             n = self.shape[i]
             if n > 1 and self.strides[i] != expect:

@@ -72,7 +72,7 @@ THREADS = VERIFY_ATTN_THREADS
 EPILOGUE_SMEM = VERIFY_ATTN_EPILOGUE_SMEM
 
 
-def launch_verify_attention(Kernel k, Kernel merge, unsigned int grid_y, unsigned int smem,
+def launch_verify_attention(Kernel k, Kernel merge, unsigned int head_ctas, unsigned int smem,
                             size_t stream, ptrs, q_strides, k_strides, v_strides, out_strides,
                             lse_strides, int64_t page_table_stride, float scale_log2,
                             int num_tokens, int batch, int num_qo_heads, int num_kv_heads,
@@ -80,8 +80,9 @@ def launch_verify_attention(Kernel k, Kernel merge, unsigned int grid_y, unsigne
                             int max_q, int warps_m, int num_splits, int kv_chunk):
     """ptrs = (q, k_cache, v_cache, page_table, seq_lens, cu_q, out, lse_out, partial_o,
     partial_lse); strides are (t, h) / (page, slot, h) tuples in elements. Launches the
-    attention kernel on grid (batch, grid_y, num_splits) and, when num_splits > 1, the
-    merge kernel on grid (batch, num_qo_heads)."""
+    attention kernel on grid (head_ctas, batch, num_splits) (head_ctas = KV heads x row
+    groups, fastest so one sequence's heads run together) and, when num_splits > 1, the
+    merge kernel on grid (num_qo_heads, batch, max_q)."""
     cdef VerifyAttentionParams p
     cdef VerifyAttentionMergeParams m
     p.q = <const void*><uintptr_t>ptrs[0]
@@ -113,7 +114,7 @@ def launch_verify_attention(Kernel k, Kernel merge, unsigned int grid_y, unsigne
     p.warps_m = warps_m
     p.num_splits = num_splits
     p.kv_chunk = kv_chunk
-    launch(k, batch, grid_y, num_splits, VERIFY_ATTN_THREADS, 1, 1, smem, stream, &p)
+    launch(k, head_ctas, batch, num_splits, VERIFY_ATTN_THREADS, 1, 1, smem, stream, &p)
     if num_splits > 1:
         m.partial_o = p.partial_o
         m.partial_lse = p.partial_lse
@@ -133,4 +134,4 @@ def launch_verify_attention(Kernel k, Kernel merge, unsigned int grid_y, unsigne
         m.num_splits = num_splits
         m.kv_chunk = kv_chunk
         m.pad_ = 0
-        launch(merge, batch, num_qo_heads, 1, 128, 1, 1, 0, stream, &m)
+        launch(merge, num_qo_heads, batch, max_q, 128, 1, 1, 0, stream, &m)

@@ -172,9 +172,20 @@ def bench_append_kv(b: Bench):
         def run():
             append_kv(k, v, kc, vc, pt, sl, cq, check_indices=False, stream=b.stream)
         nbytes = 2 * 2 * T * hkv * D * 2       # K and V, read + write
-        ms = b.time_graph(run) if T * hkv * D < (1 << 22) else b.time(run, iters=10)
+        large = T * hkv * D >= (1 << 22)
+        ms = b.time(run, iters=10) if large else b.time_graph(run)
         b.report("append_kv", f"B={B} q={q} Hkv={hkv} D={D} page={page} bf16", nbytes, ms,
                  host_us=round(b.host_us(run), 1))
+        if large:   # launch-shape sweep: threads per block row x block rows per CTA
+            from .ops import copy as _c
+            for thr, rows in ((32, 8), (64, 4), (64, 1), (128, 2), (256, 1), (32, 2)):
+                _c.TUNING.update(append_kv_threads=thr, append_kv_rows=rows)
+                try:
+                    ms = b.time(run, iters=10)
+                finally:
+                    _c.TUNING.update(append_kv_threads=None, append_kv_rows=None)
+                b.report("append_kv", f"B={B} q={q} page={page} sweep", nbytes, ms,
+                         threads=thr, rows=rows)
 
 
 def main(argv=None):

@@ -86,7 +86,9 @@ def cuda_backend(device: int = 0):
         ws = workspaces.get((T, V))
         if ws is None:
             ws = workspaces[(T, V)] = cupy.empty(ops.spec_sample_workspace_size(T, V), cupy.uint8)
-        return ops.spec_sample(logits, *args, workspace=ws, stream=stream.ptr, **kw)
+        kw.setdefault("workspace", ws)
+        kw.setdefault("stream", stream.ptr)
+        return ops.spec_sample(logits, *args, **kw)
     ns.spec_sample = spec_sample
     return ns
 

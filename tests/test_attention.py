@@ -371,6 +371,51 @@ def test_verify_attention_gpu_bad_indices(rng):
 
 
 @needs_gpu
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_verify_attention_gpu_many_splits(rng, D):
+    """More splits than a warp has lanes (the merge's LSE reduction loops) for every
+    column/slice layout of the merge (D/4 column threads), ragged rows, with a sequence
+    that needs fewer splits than the grid has."""
+    from specdec_lib import DeviceArray
+    from specdec_lib.ops import verify_attention_workspace_size
+    dtype = "float16"
+    c = _case(rng, qs=[5, 16, 1], Ls=[3000, 40, 1500], Hq=4, Hkv=2, D=D, page_size=16,
+              dtype=dtype, extra_rows=1)
+    T, Hq, _ = c["q"].shape
+    max_kv = c["page_table"].shape[1] * 16
+    n = max_kv // (32 if D == 256 else 64)   # one KV tile per split
+    assert plan_verify_attention(3, 2, 2, D, 16, max_kv, 132, n).num_splits > 32
+    nbytes = verify_attention_workspace_size(T, Hq, 2, D, 3, max_kv, num_splits=n)
+    out, lse = _gpu_run(c, dtype, workspace=DeviceArray.empty((nbytes,), "uint8"), num_splits=n)
+    _check(c, out, lse, dtype, f"D={D} num_splits={n}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("split", [False, True])
+def test_verify_attention_gpu_bad_page_deep(rng, split):
+    """A bad page id many tiles into a long sequence (read through the page-id prefetch
+    ring, not the prologue): that sequence's rows are NaN, the others are right, direct
+    and split-KV paths."""
+    from specdec_lib import DeviceArray
+    from specdec_lib.ops import verify_attention_workspace_size
+    dtype = "float16"
+    c = _case(rng, qs=[3, 2], Ls=[30, 1200], Hq=4, Hkv=2, D=128, page_size=16, dtype=dtype)
+    c["page_table"][1, 50] = -7   # keys 800..815: tile 12 of the direct path
+    kw = {}
+    if split:
+        n = 4
+        T, Hq, D = c["q"].shape
+        nbytes = verify_attention_workspace_size(T, Hq, 2, D, 2, c["page_table"].shape[1] * 16,
+                                                 num_splits=n)
+        kw = dict(workspace=DeviceArray.empty((nbytes,), "uint8"), num_splits=n)
+    out, lse = _gpu_run(c, dtype, check_indices=False, **kw)
+    assert np.isnan(out[3:]).all(), "rows reading a bad page must be flagged"
+    good = dict(c, page_table=c["page_table"][:1], seq_lens=c["seq_lens"][:1], cu_q=c["cu_q"][:2])
+    exp_out, exp_lse = _run_ref(dict(good, q=c["q"][:3]))
+    assert rel_err(out[:3], exp_out) <= TOL[dtype] and rel_err(lse[:3], exp_lse) <= LSE_TOL
+
+
+@needs_gpu
 def test_verify_attention_gpu_rejects_before_launch(rng):
     from specdec_lib import DeviceArray, ops
     c = _case(rng, qs=[2, 1], Ls=[300, 2], Hq=4, Hkv=2, D=64, page_size=4, dtype="float16")

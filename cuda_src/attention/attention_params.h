@@ -8,7 +8,9 @@
  * the kernel re-checks the dynamic shared-memory size it was given):
  *   keys per KV tile  = 64 for D <= 128, 32 for D = 256
  *   pipeline stages   = 3 on compute_80/90 (cp.async), 1 on compute_75
- *   dynamic smem      = max(stages * 2 * tile * D * 2, VERIFY_ATTN_EPILOGUE_SMEM) bytes */
+ *   dynamic smem      = max(stages * 2 * tile * D * 2, VERIFY_ATTN_EPILOGUE_SMEM) bytes
+ *   static smem       = stages * tile * 4 (page-id ring) + 16 <= 1 KiB
+ *   grids             = attention (Hkv * m-groups, B, num_splits); merge (Hq, B, max_q) */
 #define VERIFY_ATTN_THREADS 128
 #define VERIFY_ATTN_MAX_Q 16
 #define VERIFY_ATTN_EPILOGUE_SMEM (4 * 16 * 72 * 4 + 2 * 4 * 16 * 4)

@@ -18,13 +18,19 @@
 // * KV tiles (64 keys, 32 for D=256) are gathered row by row through the page table
 //   with 16-byte cp.async into a 3-stage ring (sm_80+); the compute_75 build uses the
 //   same code with synchronous copies and one stage. Shared rows are XOR-swizzled in
-//   16-byte chunks so ldmatrix reads are conflict-free.
+//   16-byte chunks so ldmatrix reads are conflict-free. The page ids of a tile are
+//   fetched one iteration before its copies are issued (a small smem ring), so the
+//   page-table load latency never sits between a barrier and the cp.async it feeds.
+// * Grid (Hkv * m-groups, B, splits): the KV heads of a sequence are adjacent CTAs and
+//   run together, so the resident CTAs stream whole page slots (every head's 2*D bytes)
+//   from few pages instead of one head's slice of many pages.
 // * Scores use mma m16n8k16 (two m16n8k8 on sm_75, see common/mma.cuh); P stays in
 //   registers as the A operand of P.V. Online softmax in the log2 domain; the causal
 //   mask is applied only to sub-tiles that reach past key L (or the split's end).
 // * Split-KV (grid.z): split s covers keys [s*kv_chunk, (s+1)*kv_chunk) of the
 //   sequence; a sequence needing one split writes `out` directly, otherwise each split
-//   writes a normalised partial output + log2 LSE and verify_attention_merge combines.
+//   writes a normalised partial output + log2 LSE and verify_attention_merge combines
+//   (one CTA per output row; lanes/threads spread over the splits, few round trips).
 // * Bad input never faults: a page id outside the pool / table, or a negative L, turns
 //   the CTA's rows into NaN; a sequence whose cu_q range is invalid is left unwritten.
 #include <math.h>
@@ -112,13 +118,15 @@ __device__ __forceinline__ void verify_attention_body(const VerifyAttentionParam
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int bad_input;
 
+  // grid (Hkv * m-groups, B, splits): the KV heads of one sequence are consecutive CTAs, so
+  // the CTAs resident together read whole page slots (all heads) rather than one head's
+  // 2*D bytes out of every slot of twice as many pages (DRAM row and TLB locality).
+  const int b = blockIdx.y;
   SeqView sv;
-  if (!seq_view(p.cu_q, p.seq_lens, blockIdx.x, p.max_q, p.num_tokens, p.num_splits, p.kv_chunk,
-                sv))
+  if (!seq_view(p.cu_q, p.seq_lens, b, p.max_q, p.num_tokens, p.num_splits, p.kv_chunk, sv))
     return;
-  const int b = blockIdx.x;
-  const int kvh = blockIdx.y % p.num_kv_heads;
-  const int row_base = (blockIdx.y / p.num_kv_heads) * p.warps_m * 16;
+  const int kvh = blockIdx.x % p.num_kv_heads;
+  const int row_base = (blockIdx.x / p.num_kv_heads) * p.warps_m * 16;
   const int split = blockIdx.z;
   const int group = p.group;
   const int rows = sv.qn * group;
@@ -191,6 +199,25 @@ __device__ __forceinline__ void verify_attention_body(const VerifyAttentionParam
   const int slot_mask = (1 << p.page_size_log2) - 1;
   uint16_t* const ring = reinterpret_cast<uint16_t*>(smem);
 
+  // Page id of key row `row` of tile `tile`, or -1 when the row lies past the split (its
+  // smem row is zero-filled) or its page is outside the table / pool (flags the CTA).
+  auto tile_page = [&](int tile, int row) -> int {
+    const int key = kv_begin + tile * TL::kKeys + row;
+    if (key >= kv_end) return -1;
+    const int pidx = key >> p.page_size_log2;
+    const int page = pidx < p.max_pages ? __ldg(pt_row + pidx) : -1;
+    if (page < 0 || page >= p.num_pages) {
+      bad_input = 1;
+      return -1;
+    }
+    return page;
+  };
+  // Multi-stage builds look the page ids up one tile before the tile's copies are issued
+  // (thread r < kKeys fetches row r during the previous tile's compute and parks it in this
+  // ring, slot = tile % kStages), so no page-table load sits between a barrier and the
+  // cp.async it feeds. The single-stage (sm_75) build reads the table inline.
+  __shared__ int tile_pages[kStages > 1 ? kStages : 1][TL::kKeys];
+
   auto load_tile = [&](int tile, int stage) {
     const int key_tile = kv_begin + tile * TL::kKeys;
     uint16_t* sk = ring + stage * TL::kStageElems;
@@ -198,22 +225,17 @@ __device__ __forceinline__ void verify_attention_body(const VerifyAttentionParam
 #pragma unroll
     for (int pass = 0; pass < TL::kPasses; ++pass) {
       const int row = ld_row0 + pass * TL::kRowsPerPass;
-      const int key = key_tile + row;
-      bool valid = key < kv_end;
-      int64_t page = 0;
-      int slot = 0;
-      if (valid) {
-        const int pidx = key >> p.page_size_log2;
-        page = pidx < p.max_pages ? __ldg(pt_row + pidx) : -1;
-        slot = key & slot_mask;
-        if (page < 0 || page >= p.num_pages) {
-          valid = false;
-          bad_input = 1;
-        }
+      int page;
+      if constexpr (kStages > 1) {
+        page = tile_pages[stage][row];
+      } else {
+        page = tile_page(tile, row);
       }
+      const bool valid = page >= 0;
+      const int slot = (key_tile + row) & slot_mask;
       const int soff = row * D + ((ld_chunk ^ (row & 7)) << 3);
-      const uint16_t* ksrc = valid ? k_head + page * p.k_stride_page + slot * p.k_stride_slot : k_head;
-      const uint16_t* vsrc = valid ? v_head + page * p.v_stride_page + slot * p.v_stride_slot : v_head;
+      const uint16_t* ksrc = valid ? k_head + (int64_t)page * p.k_stride_page + slot * p.k_stride_slot : k_head;
+      const uint16_t* vsrc = valid ? v_head + (int64_t)page * p.v_stride_page + slot * p.v_stride_slot : v_head;
       cp_async_16(sk + soff, ksrc, valid);
       cp_async_16(sv_ + soff, vsrc, valid);
     }
@@ -326,18 +348,31 @@ __device__ __forceinline__ void verify_attention_body(const VerifyAttentionParam
       compute_tile(tile, 0);
     }
   } else {
+    const bool fetches_ids = threadIdx.x < TL::kKeys;
+    if (fetches_ids) {
+#pragma unroll
+      for (int st = 0; st < kStages; ++st)
+        if (st < num_tiles) tile_pages[st][threadIdx.x] = tile_page(st, threadIdx.x);
+    }
+    __syncthreads();
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
       if (st < num_tiles) load_tile(st, st);
       cp_async_commit();
     }
     for (int tile = 0; tile < num_tiles; ++tile) {
+      // ids of tile + kStages: loaded now, parked after the compute below into the slot of
+      // tile `tile`, whose copies were issued two iterations ago
+      const int ahead = tile + kStages;
+      const bool fetch = fetches_ids && ahead < num_tiles;
+      const int ahead_page = fetch ? tile_page(ahead, threadIdx.x) : -1;
       cp_async_wait<kStages - 2>();
-      __syncthreads();   // tile `tile` visible to all; stage (tile-1) % kStages free again
+      __syncthreads();   // tile `tile` and the ids of tile+kStages-1 visible; stage (tile-1) % kStages free
       const int next = tile + kStages - 1;
       if (next < num_tiles) load_tile(next, next % kStages);
       cp_async_commit();
       compute_tile(tile, tile % kStages);
+      if (fetch) tile_pages[ahead % kStages][threadIdx.x] = ahead_page;
     }
     cp_async_wait<0>();
   }
@@ -423,47 +458,69 @@ __device__ __forceinline__ void verify_attention_body(const VerifyAttentionParam
 }
 
 // Combine the per-split partial outputs of sequences that needed more than one split.
-// grid (B, Hq), 4 warps; warp w takes block rows w, w+4, ...; lane covers 4 columns per pass.
+// grid (Hq, B, max_q): one CTA per output row (token, head), 128 threads. Latency-bound
+// (a few MB at most), so the work is laid out for few dependent round trips: each warp
+// reduces the split LSEs with its lanes striding the splits (max, then sum, shuffles),
+// then thread t owns 4 columns of one "slice" of the splits (D/4 column threads, 128/(D/4)
+// slices), issues all of its partial loads back to back, and the slices add up in smem.
 template <typename Mma>
 __device__ __forceinline__ void verify_attention_merge_body(const VerifyAttentionMergeParams& p) {
+  __shared__ __align__(16) float4 slice_sum[128];
+  const int b = blockIdx.y;
   SeqView sv;
-  if (!seq_view(p.cu_q, p.seq_lens, blockIdx.x, p.max_q, p.num_tokens, p.num_splits, p.kv_chunk,
-                sv))
+  if (!seq_view(p.cu_q, p.seq_lens, b, p.max_q, p.num_tokens, p.num_splits, p.kv_chunk, sv))
     return;
-  if (sv.num_splits <= 1) return;   // written directly by the attention kernel
-  const int h = blockIdx.y;
+  const int i = blockIdx.z;
+  if (sv.num_splits <= 1 || i >= sv.qn) return;   // one split: written by the attention kernel
+  const int h = blockIdx.x;
   const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int64_t T = p.num_tokens;
-  const int Hq = p.num_qo_heads;
-  const int D = p.head_dim;
-  const int64_t split_stride = T * Hq;
-  for (int i = warp; i < sv.qn; i += blockDim.x / 32) {
-    const int64_t tok = sv.q0 + i;
-    const int64_t row = tok * Hq + h;
-    float M = -INFINITY;
-    for (int s = 0; s < sv.num_splits; ++s) M = fmaxf(M, p.partial_lse[s * split_stride + row]);
-    const float base = M == -INFINITY ? 0.f : M;
-    float lsum = 0.f;
-    for (int s = 0; s < sv.num_splits; ++s) lsum += ex2(p.partial_lse[s * split_stride + row] - base);
-    const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-    for (int c = lane * 4; c < D; c += 128) {
-      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int s = 0; s < sv.num_splits; ++s) {
-        const float w = ex2(p.partial_lse[s * split_stride + row] - base) * inv;
-        const float4 v = *reinterpret_cast<const float4*>(p.partial_o + (s * split_stride + row) * D + c);
-        o.x += w * v.x;
-        o.y += w * v.y;
-        o.z += w * v.z;
-        o.w += w * v.w;
-      }
-      uint16_t* dst = static_cast<uint16_t*>(p.out) + tok * p.out_stride_t + h * p.out_stride_h + c;
-      *reinterpret_cast<uint2*>(dst) = make_uint2(Mma::pack(o.x, o.y), Mma::pack(o.z, o.w));
-    }
-    if (lane == 0 && p.lse_out != nullptr)
-      p.lse_out[tok * p.lse_stride_t + h * p.lse_stride_h] =
-          lsum > 0.f ? (base + __log2f(lsum)) * kLn2 : -INFINITY;
+  const int ns = sv.num_splits;
+  const int64_t split_stride = (int64_t)p.num_tokens * p.num_qo_heads;
+  const int64_t tok = sv.q0 + i;
+  const int64_t row = tok * p.num_qo_heads + h;
+  const float* lse = p.partial_lse + row;
+
+  float M = -INFINITY;
+  for (int s = lane; s < ns; s += 32) M = fmaxf(M, lse[s * split_stride]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  const float base = M == -INFINITY ? 0.f : M;
+  float lsum = 0.f;
+  for (int s = lane; s < ns; s += 32) lsum += ex2(lse[s * split_stride] - base);   // L1 hits
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
+  const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+
+  const int col_threads = p.head_dim >> 2;   // 16, 32 or 64
+  const int slices = blockDim.x / col_threads;
+  const int c = (threadIdx.x % col_threads) * 4;
+  const int slice = threadIdx.x / col_threads;
+  const float* po = p.partial_o + row * p.head_dim + c;
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (int s = slice; s < ns; s += slices) {
+    const float w = ex2(lse[s * split_stride] - base) * inv;
+    const float4 v = *reinterpret_cast<const float4*>(po + s * split_stride * p.head_dim);
+    o.x += w * v.x;
+    o.y += w * v.y;
+    o.z += w * v.z;
+    o.w += w * v.w;
   }
+  slice_sum[threadIdx.x] = o;
+  __syncthreads();
+  if (slice != 0) return;
+  for (int k = 1; k < slices; ++k) {
+    const float4 v = slice_sum[k * col_threads + threadIdx.x];
+    o.x += v.x;
+    o.y += v.y;
+    o.z += v.z;
+    o.w += v.w;
+  }
+  uint16_t* dst = static_cast<uint16_t*>(p.out) + tok * p.out_stride_t + h * p.out_stride_h + c;
+  *reinterpret_cast<uint2*>(dst) = make_uint2(Mma::pack(o.x, o.y), Mma::pack(o.z, o.w));
+  if (threadIdx.x == 0 && p.lse_out != nullptr)
+    p.lse_out[tok * p.lse_stride_t + h * p.lse_stride_h] =
+        lsum > 0.f ? (base + __log2f(lsum)) * kLn2 : -INFINITY;
 }
 
 template <typename Mma>

@@ -16,6 +16,8 @@
 #include "gdn/gdn_tile.cuh"   // load_dt / store_dt (run-time dtype codes)
 
 using specdec::gdn::load_dt;
+using specdec::gdn::load_raw;
+using specdec::gdn::raw_to_float;
 using specdec::gdn::load_dt_rw;
 using specdec::gdn::store_dt;
 
@@ -57,11 +59,20 @@ __device__ void conv1d_verify_impl(const ConvVerifyParams& p) {
   }
   const float bias = p.bias != nullptr ? load_dt(p.bias, c, p.bias_dtype) : 0.f;
   if (slot_ok) {
+    // raw loads first, conversions after: all 2W-1 loads in flight at once (load_dt would
+    // wait for each one inside its dtype branch)
     const int64_t sb = slot * p.state_stride_slot + c * p.state_stride_c;
+    uint32_t wraw[kMaxW], sraw[kMaxW];
 #pragma unroll
     for (int j = 0; j < kMaxW; ++j) {
-      if (j >= first) wt[j] = load_dt(p.weight, c * p.weight_stride_c + (j - first), p.weight_dtype);
-      if (j >= first && j < kMaxW - 1) win[j] = load_dt(p.conv_state, sb + (j - first), p.state_dtype);
+      wraw[j] = sraw[j] = 0u;
+      if (j >= first) wraw[j] = load_raw(p.weight, c * p.weight_stride_c + (j - first), p.weight_dtype);
+      if (j >= first && j < kMaxW - 1) sraw[j] = load_raw(p.conv_state, sb + (j - first), p.state_dtype);
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxW; ++j) {
+      if (j >= first) wt[j] = raw_to_float(wraw[j], p.weight_dtype);
+      if (j >= first && j < kMaxW - 1) win[j] = raw_to_float(sraw[j], p.state_dtype);
     }
   }
   for (int t = row0; t < row1; ++t) {

@@ -14,7 +14,7 @@ constexpr int kThreads = 256;
 constexpr int kUnroll = 4;   // 16-byte vectors per thread per step: loads in flight
 
 // Copies n bytes as 16-byte vectors (both pointers 16-byte aligned, n % 16 == 0).
-// Streaming (evict-first) loads and stores: every byte is touched once.
+// (Streaming .cs hints were tried: no gain on the H200, 86.7% vs 87-89% of copy.)
 __device__ __forceinline__ void copy_vec16(char* d, const char* s, int64_t n) {
   const int64_t nv = n >> 4;
   const uint4* src = reinterpret_cast<const uint4*>(s);
@@ -23,11 +23,11 @@ __device__ __forceinline__ void copy_vec16(char* d, const char* s, int64_t n) {
   for (; i + (kUnroll - 1) * blockDim.x < nv; i += kUnroll * blockDim.x) {
     uint4 v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(src + i + u * blockDim.x);
+    for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(src + i + u * blockDim.x);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) __stcs(dst + i + u * blockDim.x, v[u]);
+    for (int u = 0; u < kUnroll; ++u) dst[i + u * blockDim.x] = v[u];
   }
-  for (; i < nv; i += blockDim.x) __stcs(dst + i, __ldcs(src + i));
+  for (; i < nv; i += blockDim.x) dst[i] = __ldg(src + i);
 }
 
 // dst[i0,i1,i2,i3] = src[i0,i1,i2,i3] over a 4-D index space (Python pads to 4-D and

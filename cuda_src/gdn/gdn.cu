@@ -63,15 +63,35 @@ __device__ __forceinline__ BlockPos block_pos(int num_slices, int num_v_heads) {
   return p;
 }
 
-// Raw gates -> (g, beta); fused: g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b).
-__device__ __forceinline__ void gates_of_row(const GdnVerifyParams& p, int64_t t, int h,
-                                             float& g, float& beta) {
-  const float x0 = load_dt(p.gate0, t * p.gate_stride_t[0] + h, p.gate_dtype[0]);
-  const float x1 = load_dt(p.gate1, t * p.gate_stride_t[1] + h, p.gate_dtype[1]);
+// The raw gate inputs of row t, one per lane so that the four loads are in flight
+// together: lane 0 gate0[t], 1 gate1[t], and with fused gating 2 A_log, 3 dt_bias.
+__device__ __forceinline__ uint32_t gate_raw(const GdnVerifyParams& p, int64_t t, int h, int lane) {
+  const void* ptr = nullptr;
+  int64_t i = h;
+  int dt = 0;
+  if (lane == 0) {
+    ptr = p.gate0; i = t * p.gate_stride_t[0] + h; dt = p.gate_dtype[0];
+  } else if (lane == 1) {
+    ptr = p.gate1; i = t * p.gate_stride_t[1] + h; dt = p.gate_dtype[1];
+  } else if (lane == 2 && p.fused_gating) {
+    ptr = p.A_log; dt = p.gate_dtype[2];
+  } else if (lane == 3 && p.fused_gating) {
+    ptr = p.dt_bias; dt = p.gate_dtype[3];
+  }
+  return ptr != nullptr ? load_raw(ptr, i, dt) : 0u;
+}
+
+// gate_raw's values (all lanes of the warp) -> (g, beta), the same in every lane;
+// fused: g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b).
+__device__ __forceinline__ void gates_of_row(const GdnVerifyParams& p, uint32_t raw, float& g,
+                                             float& beta) {
+  const float x0 = raw_to_float(__shfl_sync(0xffffffffu, raw, 0), p.gate_dtype[0]);
+  const float x1 = raw_to_float(__shfl_sync(0xffffffffu, raw, 1), p.gate_dtype[1]);
+  const uint32_t r2 = __shfl_sync(0xffffffffu, raw, 2), r3 = __shfl_sync(0xffffffffu, raw, 3);
   if (p.fused_gating) {
-    const float x = x0 + load_dt(p.dt_bias, h, p.gate_dtype[3]);
+    const float x = x0 + raw_to_float(r3, p.gate_dtype[3]);
     const float softplus = fmaxf(x, 0.f) + log1pf(__expf(-fabsf(x)));
-    g = -__expf(load_dt(p.A_log, h, p.gate_dtype[2])) * softplus;
+    g = -__expf(raw_to_float(r2, p.gate_dtype[2])) * softplus;
     beta = 1.f / (1.f + __expf(-x1));
   } else {
     g = x0;
@@ -120,15 +140,36 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   for (int c0 = 0; c0 < qlen; c0 += kRowChunk) {
     const int nrows = min(kRowChunk, qlen - c0);
     __syncthreads();   // the previous chunk's rows have been consumed
+    // Every global load of the chunk is issued before the first value is used (raw bits,
+    // converted afterwards), so staging costs about one memory latency, not one per element.
+    constexpr int VPT = kRowChunk * Tile::WARP_COLS / 32;   // v entries per thread, at most
+    uint32_t vraw[VPT];
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int e = threadIdx.x + j * blockDim.x;
+      vraw[j] = 0u;
+      if (e < nrows * slice_cols) {
+        const int rr = e / slice_cols, jj = e - rr * slice_cols;
+        vraw[j] = load_raw(p.v, (row0 + c0 + rr) * p.v_stride_t + pos.h * p.v_stride_h + col_base + jj,
+                           p.qkv_dtype);
+      }
+    }
     for (int rr = warp; rr < nrows; rr += nwarps) {
       const int64_t t = row0 + c0 + rr;
+      uint32_t qraw[PER_LANE], kraw[PER_LANE];
+#pragma unroll
+      for (int e = 0; e < PER_LANE; ++e) {
+        const int i = lane + 32 * e;
+        qraw[e] = load_raw(p.q, t * p.q_stride_t + hk * p.q_stride_h + i, p.qkv_dtype);
+        kraw[e] = load_raw(p.k, t * p.k_stride_t + hk * p.k_stride_h + i, p.qkv_dtype);
+      }
+      const uint32_t graw = gate_raw(p, t, pos.h, lane);
       float qx[PER_LANE], kx[PER_LANE];
       float ssq = 0.f, ssk = 0.f;
 #pragma unroll
       for (int e = 0; e < PER_LANE; ++e) {
-        const int i = lane + 32 * e;
-        qx[e] = load_dt(p.q, t * p.q_stride_t + hk * p.q_stride_h + i, p.qkv_dtype);
-        kx[e] = load_dt(p.k, t * p.k_stride_t + hk * p.k_stride_h + i, p.qkv_dtype);
+        qx[e] = raw_to_float(qraw[e], p.qkv_dtype);
+        kx[e] = raw_to_float(kraw[e], p.qkv_dtype);
         ssq = fmaf(qx[e], qx[e], ssq);
         ssk = fmaf(kx[e], kx[e], ssk);
       }
@@ -148,9 +189,9 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
         if (write_k) p.journal[t * p.journal_stride_t + hk * DK + i] = kn;
       }
       kq = warp_sum(kq);
+      float g, beta;
+      gates_of_row(p, graw, g, beta);
       if (lane == 0) {
-        float g, beta;
-        gates_of_row(p, t, pos.h, g, beta);
         st.decay[rr] = __expf(g);
         st.beta[rr] = beta;
         st.kq[rr] = kq;
@@ -160,12 +201,15 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
         }
       }
     }
-    for (int e = threadIdx.x; e < nrows * slice_cols; e += blockDim.x) {
-      const int rr = e / slice_cols, j = e - rr * slice_cols;
-      const int64_t t = row0 + c0 + rr;
-      const float x = load_dt(p.v, t * p.v_stride_t + pos.h * p.v_stride_h + col_base + j, p.qkv_dtype);
-      st.v[rr][j] = x;
-      p.journal[t * p.journal_stride_t + jv + int64_t(pos.h) * Dv + col_base + j] = x;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int e = threadIdx.x + j * blockDim.x;
+      if (e < nrows * slice_cols) {
+        const int rr = e / slice_cols, jj = e - rr * slice_cols;
+        const float x = raw_to_float(vraw[j], p.qkv_dtype);
+        st.v[rr][jj] = x;
+        p.journal[(row0 + c0 + rr) * p.journal_stride_t + jv + int64_t(pos.h) * Dv + col_base + jj] = x;
+      }
     }
     __syncthreads();
 
@@ -242,19 +286,37 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   for (int c0 = 0; c0 < n; c0 += kRowChunk) {
     const int nrows = min(kRowChunk, n - c0);
     __syncthreads();
-    for (int rr = warp; rr < nrows; rr += nwarps) {
-      const float* jrow = p.journal + (row0 + c0 + rr) * p.journal_stride_t;
+    // All journal loads of the chunk in flight before the first is used (as in verify).
+    constexpr int VPT = kRowChunk * Tile::WARP_COLS / 32;   // v entries per thread, at most
+    float vrow[VPT];
 #pragma unroll
-      for (int e = 0; e < PER_LANE; ++e) sk_rows[rr][lane + 32 * e] = __ldg(jrow + hk * DK + lane + 32 * e);
-      if (lane == 0) {
-        sdecay[rr] = __expf(__ldg(jrow + jg + pos.h));
-        sbeta[rr] = __ldg(jrow + jb + pos.h);
+    for (int j = 0; j < VPT; ++j) {
+      const int e = threadIdx.x + j * blockDim.x;
+      vrow[j] = 0.f;
+      if (e < nrows * slice_cols) {
+        const int rr = e / slice_cols, jj = e - rr * slice_cols;
+        vrow[j] = __ldg(p.journal + (row0 + c0 + rr) * p.journal_stride_t + jv + int64_t(pos.h) * Dv +
+                        col_base + jj);
       }
     }
-    for (int e = threadIdx.x; e < nrows * slice_cols; e += blockDim.x) {
-      const int rr = e / slice_cols, j = e - rr * slice_cols;
-      sv_rows[rr][j] = __ldg(p.journal + (row0 + c0 + rr) * p.journal_stride_t + jv +
-                             int64_t(pos.h) * Dv + col_base + j);
+    for (int rr = warp; rr < nrows; rr += nwarps) {
+      const float* jrow = p.journal + (row0 + c0 + rr) * p.journal_stride_t;
+      float kx[PER_LANE];
+#pragma unroll
+      for (int e = 0; e < PER_LANE; ++e) kx[e] = __ldg(jrow + hk * DK + lane + 32 * e);
+      const float gb = __ldg(jrow + ((lane & 1) ? jb : jg) + pos.h);   // lane 0: g, lane 1: beta
+#pragma unroll
+      for (int e = 0; e < PER_LANE; ++e) sk_rows[rr][lane + 32 * e] = kx[e];
+      if (lane == 0) sdecay[rr] = __expf(gb);
+      if (lane == 1) sbeta[rr] = gb;
+    }
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int e = threadIdx.x + j * blockDim.x;
+      if (e < nrows * slice_cols) {
+        const int rr = e / slice_cols, jj = e - rr * slice_cols;
+        sv_rows[rr][jj] = vrow[j];
+      }
     }
     __syncthreads();
     for (int rr = 0; rr < nrows; ++rr) {

@@ -25,6 +25,21 @@ __device__ __forceinline__ float load_dt(const void* p, int64_t i, int dt) {
   return __uint_as_float(static_cast<uint32_t>(u) << 16);
 }
 
+// The same load split in two, so that many loads can be in flight at once: load_raw's
+// dtype branch holds nothing but the load (the bits, zero-extended for 16-bit types), and
+// the conversion, raw_to_float, is a separate step placed after every load of a batch.
+// (load_dt converts inside its branch, so a warp waits for each load before it issues
+// the next one: staging a row that way costs one memory latency per element.)
+__device__ __forceinline__ uint32_t load_raw(const void* p, int64_t i, int dt) {
+  if (dt == SPECDEC_DT_F32) return __float_as_uint(__ldg(static_cast<const float*>(p) + i));
+  return __ldg(static_cast<const unsigned short*>(p) + i);
+}
+
+__device__ __forceinline__ float raw_to_float(uint32_t u, int dt) {
+  const float h = __half2float(__ushort_as_half(static_cast<unsigned short>(u)));
+  return dt == SPECDEC_DT_F32 ? __uint_as_float(u) : dt == SPECDEC_DT_F16 ? h : __uint_as_float(u << 16);
+}
+
 // Same, through the coherent path: for data the kernel itself writes later.
 __device__ __forceinline__ float load_dt_rw(const void* p, int64_t i, int dt) {
   if (dt == SPECDEC_DT_F32) return static_cast<const float*>(p)[i];

@@ -7,6 +7,7 @@ page table can address) and the SM count, never on the device-side ``seq_lens``.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ _EPILOGUE_SMEM = 4 * 16 * 72 * 4 + 2 * 4 * 16 * 4
 _TILE_KEYS = {64: 64, 128: 64, 256: 32}
 
 MAX_SPLITS = 1024               # gridDim.z bound we allow (the hardware allows 65535)
+MAX_BATCH = 65535               # sequences per call: the batch is gridDim.y
+_STATIC_SMEM = 1024             # bound on the kernels' static smem (page-id ring, flags)
 _MIN_KEYS_PER_SPLIT = 256       # below this a split's merge costs more than it saves
 _CTAS_PER_SM = 2                # resident attention CTAs per SM the split count aims for
 
@@ -59,9 +62,11 @@ def _lse_offset(rows: int, head_dim: int) -> int:
     return (rows * head_dim * 4 + 255) // 256 * 256
 
 
+@functools.lru_cache(maxsize=512)
 def plan_verify_attention(batch_size, num_kv_heads, group, head_dim, max_q, max_kv_len,
                           sm_count, num_splits=None) -> VerifyAttentionPlan:
-    """The launch plan: pure function of host-known sizes (see the module docstring).
+    """The launch plan: pure function of host-known sizes (see the module docstring),
+    cached per shape (a decode loop calls with the same sizes every round).
 
     Packed rows ``max_q * group`` go 16 per warp m-tile, up to 4 m-tiles per CTA. Splits
     are added until batch x KV heads x m-groups x splits fills ``_CTAS_PER_SM`` CTAs per
@@ -108,12 +113,32 @@ def _host(arg):
     return host_copy(arg)
 
 
+_launch_cache: dict = {}   # (device, dtype tag, D) -> (family, sm_count, smem, merge kernel)
+
+
+def _launch_setup(dev, tag, D):
+    """Per (device, dtype, head dim): code family, SM count, dynamic smem and the merge
+    kernel, looked up once (the host path runs every decode round)."""
+    hit = _launch_cache.get((dev, tag, D))
+    if hit is None:
+        family = runtime.arch_family(dev)
+        smem = verify_attention_smem_bytes(D, family)
+        optin = runtime.device_props(dev)["smem_optin"]
+        if smem + _STATIC_SMEM > optin:
+            raise ValueError(f"q: head dim {D} needs {smem + _STATIC_SMEM} bytes of shared "
+                             f"memory per block, device {dev} allows {optin}")
+        merge = runtime.kernel("attention", f"verify_attention_merge_{tag}", dev)
+        hit = (family, runtime.sm_count(dev), smem, merge)
+        _launch_cache[(dev, tag, D)] = hit
+    return hit
+
+
 def _aligned(name, a, elems=8):
     """Head dim contiguous; other strides and the base 16-byte aligned (16-byte vector I/O)."""
-    if a.strides[-1] != 1:
+    st = a.strides
+    if st[-1] != 1:
         raise ValueError(f"{name}: the head dimension must be contiguous (strides {a.strides})")
-    bad = [s for s, n in zip(a.strides[:-1], a.shape[:-1]) if n > 1 and s % elems]
-    if bad or a.ptr % 16:
+    if a.ptr % 16 or any(s % elems for s, n in zip(st[:-1], a.shape[:-1]) if n > 1):
         raise ValueError(f"{name}: data pointer and strides must be 16-byte aligned "
                          f"(ptr % 16 = {a.ptr % 16}, strides {a.strides} elements)")
 
@@ -164,7 +189,8 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
         qa.shape, kc.shape, vc.shape, pt.shape, sl.shape, cq.shape, oa.shape,
         None if lse_out is None else la.shape)
     num_pages, max_pages = kc.shape[0], pt.shape[1]
-    family = runtime.arch_family(dev)
+    tag = "f16" if qa.dtype == "float16" else "bf16"
+    family, sms, smem, merge = _launch_setup(dev, tag, D)
     if qa.dtype == "bfloat16" and family < 80:
         raise TypeError("q: bfloat16 verify_attention needs sm_80 or newer (this device runs the "
                         "sm_75 code path, which has no bf16 tensor cores); use float16")
@@ -174,6 +200,8 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
         raise ValueError(f"page_table: rows must be contiguous (strides {pt.strides})")
     if num_pages >= 2**31 or T >= 2**31 or max_pages >= 2**31:
         raise ValueError("k_cache/q/page_table: sizes of 2^31 or more are not supported")
+    if B > MAX_BATCH:
+        raise ValueError(f"page_table: {B} sequences, at most {MAX_BATCH} per call")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     scale = float(scale)
@@ -204,8 +232,7 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
             raise ValueError(f"workspace: num_splits={num_splits} needs a workspace of "
                              "verify_attention_workspace_size(...) bytes")
         num_splits = 1
-    plan = plan_verify_attention(B, Hkv, group, D, max_q, max_kv_len, runtime.sm_count(dev),
-                                 num_splits)
+    plan = plan_verify_attention(B, Hkv, group, D, max_q, max_kv_len, sms, num_splits)
     partial_o = partial_lse = 0
     if plan.num_splits > 1:
         need = plan.workspace_bytes(T, Hq, D)
@@ -219,13 +246,7 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
         partial_o = ws.ptr
         partial_lse = ws.ptr + _lse_offset(plan.num_splits * T * Hq, D)
 
-    tag = "f16" if qa.dtype == "float16" else "bf16"
-    kern = runtime.kernel("attention", f"verify_attention_d{D}_{tag}", dev)
-    merge = runtime.kernel("attention", f"verify_attention_merge_{tag}", dev)
-    smem = verify_attention_smem_bytes(D, family)
-    if smem > runtime.device_props(dev)["smem_optin"]:
-        raise ValueError(f"q: head dim {D} needs {smem} bytes of shared memory per block, "
-                         f"device {dev} allows {runtime.device_props(dev)['smem_optin']}")
+    kern = runtime.kernel("attention", f"verify_attention_d{D}_{tag}", dev)   # makes dev current
     kern.set_max_dynamic_smem(smem)   # no-op unless static + dynamic exceeds the current limit
     from .. import _attention
     _attention.launch_verify_attention(
