@@ -12,11 +12,12 @@
 set -u -o pipefail
 OUT=${1:?usage: tools/gpu_check.sh OUTDIR [--tests EXPR] [--bench OPS] [--families LIST]}
 shift
-TESTS="" BENCH="" FAMS="native 75 80" FORCED=1 TEST_TIMEOUT=${TEST_TIMEOUT:-240}
+TESTS="" BENCH="" BENCH80="" FAMS="native 75 80" FORCED=1 TEST_TIMEOUT=${TEST_TIMEOUT:-240}
 while [ $# -gt 0 ]; do
   case $1 in
     --tests) TESTS=$2; shift 2 ;;
     --bench) BENCH=$2; shift 2 ;;
+    --bench80) BENCH80=$2; shift 2 ;;   # benchmarks to repeat on the forced compute_80 path
     --families) FAMS=$2; shift 2 ;;
     *) echo "unknown option $1"; exit 2 ;;
   esac
@@ -71,8 +72,8 @@ case " $FAMS " in *" 80 "*) FORCED=1 ;; *) FORCED=0 ;; esac
 if [ "$BENCH" != "none" ]; then
   echo "== bench" | tee -a "$OUT/summary.txt"
   timeout 300 python3 -m specdec_lib bench $BENCH --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
-  if [ $FORCED = 1 ] && [ -n "$BENCH" ]; then
-    SPECDEC_FORCE_ARCH=80 timeout 120 python3 -m specdec_lib bench $BENCH --json "$OUT/bench_ptx80.json" \
+  if [ $FORCED = 1 ] && [ -n "${BENCH80:-$BENCH}" ]; then
+    SPECDEC_FORCE_ARCH=80 timeout 120 python3 -m specdec_lib bench ${BENCH80:-$BENCH} --json "$OUT/bench_ptx80.json" \
       > "$OUT/bench_ptx80.log" 2>&1
   fi
 fi
