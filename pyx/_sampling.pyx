@@ -11,6 +11,7 @@ cdef extern from "sampling/sampling_params.h":
     int SPEC_SAMPLE_TILE_THREADS
     int SPEC_SAMPLE_THRESHOLD_THREADS
     int SPEC_SAMPLE_FINISH_THREADS
+    int SPEC_SAMPLE_TILE_CTAS_PER_SM
 
     ctypedef struct SpecSampleTile:
         float m
@@ -58,6 +59,8 @@ TILE = SPEC_SAMPLE_TILE
 MAX_TILES = SPEC_SAMPLE_MAX_TILES
 TILE_BYTES = sizeof(SpecSampleTile)
 ROW_BYTES = sizeof(SpecSampleRow)
+TILE_WARPS = SPEC_SAMPLE_TILE_THREADS // 32
+TILE_CTAS_PER_SM = SPEC_SAMPLE_TILE_CTAS_PER_SM
 
 
 def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size_t stream,

@@ -177,7 +177,8 @@ def bench_append_kv(b: Bench):
         b.report("append_kv", f"B={B} q={q} Hkv={hkv} D={D} page={page} bf16", nbytes, ms,
                  host_us=round(b.host_us(run), 1))
         if large:   # launch-shape sweep: threads per block row x block rows per CTA
-            from .ops import copy as _c
+            import importlib
+            _c = importlib.import_module("specdec_lib.ops.copy")   # (ops.copy is the function)
             for thr, rows in ((32, 8), (64, 4), (64, 1), (128, 2), (256, 1), (32, 2)):
                 _c.TUNING.update(append_kv_threads=thr, append_kv_rows=rows)
                 try:

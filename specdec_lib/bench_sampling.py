@@ -2,7 +2,8 @@
 bench spec_sample``.
 
 Bytes counted: the logits the op must read once (T * V * itemsize); the filter and finish
-passes re-read parts of rows (top-k/top-p rows: 6 radix passes + 1 recount over the row),
+passes re-read parts of rows (per top-k / top-p filter: a bucket pass and a candidate pass
+over the row, then one recount pass; the finish re-reads one 2048-token tile),
 so rows with filters cost more than the number printed assumes -- that is the point of
 printing both the no-filter and the top-p mixes. Peers on the same shapes: a plain torch
 softmax + rejection (when torch is importable) and FlashInfer's chain sampler turned into

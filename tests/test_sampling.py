@@ -390,14 +390,20 @@ def make_params(B, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=None, st
 @needs_gpu
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("V", [7, 1000, 5003, 151936])
-def test_spec_sample_gpu_greedy_bit_exact(dtype, V, rng):
+@pytest.mark.parametrize("nan", [True, False])
+def test_spec_sample_gpu_greedy_bit_exact(dtype, V, nan, rng):
+    # nan=False: whole tiles take the vectorised fast path (ties across lanes and 16-byte
+    # vectors, -inf); nan=True: every tile falls back to the per-token path
     q_lens = [1, 4, 2, 3, 1, 5] if V < 100000 else [4, 1]
     B = len(q_lens)
     cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     T = int(cu_q[-1])
     raw = rng.integers(-3, 4, (T, V)).astype(np.float32) * 0.5     # many ties
     raw[rng.random((T, V)) < 0.05] = -np.inf
-    raw[rng.random((T, V)) < 0.05] = np.nan
+    if nan:
+        raw[rng.random((T, V)) < 0.05] = np.nan
+    else:
+        raw[0, :] = -np.inf                # a row of -inf only: the lowest id wins
     host, seen = to_dtype(raw, dtype)
     drafts = np.empty(T - B, np.int32)
     for b in range(B):                     # drafts: argmax for a while, then a miss
@@ -415,6 +421,91 @@ def test_spec_sample_gpu_greedy_bit_exact(dtype, V, rng):
                 accepted_logprobs=rlp)
     np.testing.assert_array_equal(n, rn)
     np.testing.assert_array_equal(em, rem)
+    np.testing.assert_array_equal(st, rst)
+    if not nan:
+        ok = em >= 0
+        with np.errstate(invalid="ignore"):
+            np.testing.assert_allclose(lp[ok], rlp[ok], rtol=2e-3, atol=2e-3)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_spec_sample_gpu_filters_large_vocab(dtype, rng):
+    """Top-k / top-p thresholds at V=151936: the bucket + candidate-list select, and (rows
+    with a plateau of 8000 equal logits at the cut) its fallback to the full-row radix."""
+    V = 151936
+    q_lens = [2, 3, 1, 2, 2, 1, 3, 2]
+    B = len(q_lens)
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    T = int(cu_q[-1])
+    x = rng.standard_normal((T, V)) * 3
+    for b in (6, 7):
+        for r in range(cu_q[b], cu_q[b + 1]):
+            x[r] = rng.standard_normal(V) - 20
+            x[r, rng.choice(V, 8000, replace=False)] = 1.0
+            x[r, 17] = 3.0
+    host, seen = to_dtype(x, dtype)
+    params = make_params(B, temperature=[0.7, 1.0, 0.8, 1.3, 0.0, 1.0, 1.0, 0.9],
+                         top_k=[0, 50, 0, 2000, 0, 100000, 0, 6000],
+                         top_p=[0.9, 1.0, 0.5, 0.95, 1.0, 1.0, 0.3, 0.8],
+                         min_p=[0.0, 0.0, 0.02, 0.0, 0.0, 0.0, 0.0, 0.0])
+    drafts = rng.integers(0, V, T - B).astype(np.int32)
+    for b in range(B):
+        for i in range(q_lens[b] - 1):
+            if i % 2 == 0:
+                drafts[cu_q[b] - b + i] = int(np.argmax(seen[cu_q[b] + i]))
+    W = 4
+    n, em, st, lp = gpu_run(cu_q, host, dtype, drafts, params, W, logprobs=True)
+    rn, rem, rst = outputs(B, W)
+    rlp = np.zeros((B, W), np.float32)
+    spec_sample(seen, cu_q, drafts, *[params[k] for k in ("temperature", "top_k", "top_p", "min_p",
+                                                             "seed", "step")], rn, rem, rst,
+                accepted_logprobs=rlp)
+    np.testing.assert_array_equal(st, rst)
+    same = (n == rn) & (em == rem).all(1)
+    assert (~same).sum() <= 1, f"{(~same).sum()} of {B} sequences differ from the reference"
+    ok = same[:, None] & (em >= 0)
+    np.testing.assert_allclose(lp[ok], rlp[ok], rtol=2e-3, atol=2e-3)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_spec_sample_gpu_misaligned_rows(dtype, rng):
+    """Rows that are not 16-byte aligned (row stride V + 1) take the per-token path."""
+    from specdec_lib import DeviceArray
+    from specdec_lib.ops import spec_sample as op, spec_sample_workspace_size
+    V = 2 * 2048 + 3
+    q_lens = [3, 2, 1, 4]
+    B = len(q_lens)
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    T = int(cu_q[-1])
+    host, seen = to_dtype(rng.standard_normal((T, V)) * 2, dtype)
+    padded = np.zeros((T, V + 1), host.dtype)
+    padded[:, :V] = host
+    base = DeviceArray.from_numpy(padded)
+    isz = padded.dtype.itemsize
+    view = {"shape": (T, V), "typestr": padded.dtype.str, "strides": ((V + 1) * isz, isz),
+            "data": (base.ptr, True), "version": 3}
+
+    class Strided:
+        __cuda_array_interface__ = view
+    params = make_params(B, temperature=[1.0, 0.0, 0.8, 1.2], top_p=[1.0, 1.0, 0.9, 1.0])
+    drafts = rng.integers(0, V, T - B).astype(np.int32)
+    dev = lambda a: DeviceArray.from_numpy(a)
+    args = [dev(cu_q), dev(drafts)] + [dev(params[k]) for k in ("temperature", "top_k", "top_p",
+                                                                "min_p", "seed", "step")]
+    W = 4
+    na, em, stt = dev(np.full(B, SENTINEL, np.int32)), dev(np.full((B, W), SENTINEL, np.int32)), \
+        dev(np.full(B, SENTINEL, np.int32))
+    ws = DeviceArray.empty((spec_sample_workspace_size(T, V),), "uint8")
+    op(Strided(), *args, na, em, stt, workspace=ws)
+    n, e, st = na.to_numpy(), em.to_numpy(), stt.to_numpy()
+    # the same values, contiguous (fast path): the same outputs (tile sums differ only in rounding)
+    c = gpu_run(cu_q, host, dtype, drafts, params, W)
+    np.testing.assert_array_equal(n, c[0])
+    np.testing.assert_array_equal(e, c[1])
+    np.testing.assert_array_equal(st, c[2])
+    rn, rem, rst = run_ref(cu_q, seen, drafts, params, W=W)
     np.testing.assert_array_equal(st, rst)
 
 
@@ -591,3 +682,17 @@ def test_spec_sample_workspace_size_matches_the_extension():
     assert _sampling.MAX_TILES == ops_sampling.MAX_TILES
     assert _sampling.TILE_BYTES == ops_sampling._TILE_BYTES
     assert _sampling.ROW_BYTES == ops_sampling._ROW_BYTES
+    assert _sampling.TILE_WARPS == ops_sampling._TILE_WARPS
+    assert _sampling.TILE_CTAS_PER_SM == ops_sampling._TILE_CTAS_PER_SM
+
+
+def test_tile_split_is_valid():
+    """The vocab split of the tile pass: at least one tile per CTA, grid y in range, and one
+    wave with one tile per warp where the GPU has room (B=1, V=151936 on 132 SMs)."""
+    from specdec_lib.ops.sampling import _TILE_WARPS, _tiles_per_cta
+    for T in (1, 4, 64, 256, 4096):
+        for nt in (1, 2, 75, 1024):
+            tpc = _tiles_per_cta(T, nt, 132)
+            assert 1 <= tpc <= nt
+            assert -(-nt // tpc) <= 65535
+    assert _tiles_per_cta(4, 75, 132) == _TILE_WARPS

@@ -6,8 +6,10 @@
 
 #define SPEC_SAMPLE_TILE 2048          /* tokens per tile: a constant of the spec (reference TILE) */
 #define SPEC_SAMPLE_MAX_TILES 1024     /* V <= 2^21 */
-#define SPEC_SAMPLE_TILE_THREADS 256   /* spec_sample_tiles_*: 8 tokens per thread per tile */
-#define SPEC_SAMPLE_THRESHOLD_THREADS 1024
+#define SPEC_SAMPLE_TILE_THREADS 128   /* spec_sample_tiles_*: 4 warps, one tile per warp at a time */
+#define SPEC_SAMPLE_TILE_CTAS_PER_SM 6 /* its occupancy (launch bounds): sizes the vocab split */
+#define SPEC_SAMPLE_THRESHOLD_THREADS 512
+#define SPEC_SAMPLE_THRESHOLD_CANDIDATES 4096  /* keys of the selected bucket kept in shared memory */
 #define SPEC_SAMPLE_FINISH_THREADS 256
 
 /* status codes (specdec_lib/reference/sampling.py STATUS_*) */
@@ -60,7 +62,7 @@ typedef struct {
   int32_t vocab;                /* V */
   int32_t draft_vocab;          /* Vd (0 without draft_probs) */
   int32_t num_tiles;            /* ceil(V / SPEC_SAMPLE_TILE) */
-  int32_t tiles_per_cta;        /* spec_sample_tiles_*: tiles one CTA walks */
+  int32_t tiles_per_cta;        /* spec_sample_tiles_*: tiles one CTA walks (warps stride by 4) */
   int32_t width;                /* emitted.shape[1] = kmax + 1 */
   int32_t filtered_pass;        /* spec_sample_tiles_*: 0 = all rows, 1 = rows with filters */
 } SpecSampleParams;

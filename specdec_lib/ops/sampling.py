@@ -2,6 +2,8 @@
 specdec_lib/reference/sampling.py)."""
 from __future__ import annotations
 
+import functools
+
 from .. import runtime
 from .._validate import DeviceArg, as_stream
 
@@ -10,7 +12,8 @@ MAX_TILES = 1024            # SPEC_SAMPLE_MAX_TILES -> V <= 2^21
 _TILE_BYTES = 20            # sizeof(SpecSampleTile)
 _ROW_BYTES = 8              # sizeof(SpecSampleRow)
 _KERNEL_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-_CTAS_PER_SM = 8            # vocab-split target for the tile pass
+_TILE_WARPS = 4             # SPEC_SAMPLE_TILE_THREADS / 32: tiles a CTA works on at once
+_TILE_CTAS_PER_SM = 6       # SPEC_SAMPLE_TILE_CTAS_PER_SM: resident tile CTAs per SM
 
 
 def spec_sample_workspace_size(num_rows: int, vocab: int) -> int:
@@ -19,6 +22,26 @@ def spec_sample_workspace_size(num_rows: int, vocab: int) -> int:
     for the largest T a captured graph will see."""
     num_tiles = -(-int(vocab) // TILE)
     return int(num_rows) * (num_tiles * _TILE_BYTES + _ROW_BYTES)
+
+
+@functools.lru_cache(maxsize=256)
+def _tiles_per_cta(num_rows: int, num_tiles: int, sm_count: int) -> int:
+    """Vocab split of the tile pass (grid rows x ceil(num_tiles / tiles_per_cta)): the split
+    that minimises waves x tiles per warp (each warp walks its CTA's tiles with stride
+    _TILE_WARPS), fewest CTAs among equals. B=64, V=151936 on 132 SMs: 3 chunks of 25 tiles
+    (768 CTAs, one wave, 7 tiles per warp); B=1 (4 rows): 19 chunks of 4 (one tile per warp)."""
+    slots = max(1, _TILE_CTAS_PER_SM * sm_count)
+    best = None
+    for tpc in range(_TILE_WARPS, num_tiles + _TILE_WARPS, _TILE_WARPS):
+        chunks = -(-num_tiles // tpc)
+        ctas = num_rows * chunks
+        cost = (-(-ctas // slots)) * (-(-tpc // _TILE_WARPS))
+        key = (cost, ctas)
+        if best is None or key < best[0]:
+            best = (key, tpc)
+        if chunks == 1:
+            break
+    return min(best[1], max(num_tiles, 1)) if best else 1
 
 
 def _vec(name, obj, dtype, n, dev):
@@ -115,8 +138,7 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
     if B == 0:
         return num_accepted, emitted, status
     num_tiles = -(-V // TILE)
-    target = _CTAS_PER_SM * runtime.sm_count(dev)
-    tiles_per_cta = max(1, min(num_tiles, -(-(T * num_tiles) // target)))
+    tiles_per_cta = _tiles_per_cta(T, num_tiles, runtime.sm_count(dev))
     name = _KERNEL_DTYPES[lg.dtype]
     ks = [runtime.kernel("sampling", f"spec_sample_{stage}_{name}", dev)
           for stage in ("tiles", "threshold", "finish")]
