@@ -179,7 +179,7 @@ def bench_append_kv(b: Bench):
         if large:   # launch-shape sweep: threads per block row x block rows per CTA
             import importlib
             _c = importlib.import_module("specdec_lib.ops.copy")   # (ops.copy is the function)
-            for thr, rows in ((32, 8), (64, 4), (64, 1), (128, 2), (256, 1), (32, 2)):
+            for thr, rows in ((32, 8), (32, 4), (32, 2), (64, 4), (128, 2)):
                 _c.TUNING.update(append_kv_threads=thr, append_kv_rows=rows)
                 try:
                     ms = b.time(run, iters=10)
