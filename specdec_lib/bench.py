@@ -156,7 +156,8 @@ def bench_copy(b: Bench):
 def bench_append_kv(b: Bench):
     from .arrays import DeviceArray
     from .ops import append_kv
-    for B, q, hkv, D, page in ((64, 4, 8, 128, 16), (256, 128, 8, 128, 64), (1, 4, 8, 128, 16)):
+    for B, q, hkv, D, page in ((64, 4, 8, 128, 16), (256, 128, 8, 128, 64), (256, 512, 8, 128, 64),
+                              (1, 4, 8, 128, 16)):
         T = B * q
         L = 4096
         max_pages = (L + q) // page + 1
@@ -176,7 +177,7 @@ def bench_append_kv(b: Bench):
         ms = b.time(run, iters=10) if large else b.time_graph(run)
         b.report("append_kv", f"B={B} q={q} Hkv={hkv} D={D} page={page} bf16", nbytes, ms,
                  host_us=round(b.host_us(run), 1))
-        if large:   # launch-shape sweep: threads per block row x block rows per CTA
+        if large and T <= 32768:   # launch-shape sweep: threads per block row x block rows per CTA
             import importlib
             _c = importlib.import_module("specdec_lib.ops.copy")   # (ops.copy is the function)
             for thr, rows in ((32, 8), (32, 4), (32, 2), (64, 4), (128, 2)):
