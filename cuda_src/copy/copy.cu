@@ -4,6 +4,7 @@
 // where the layout allows them, enough independent loads in flight, and 64-bit index
 // math (a KV cache or a state pool can exceed 2^31 elements).
 #include "common/dtype.cuh"
+#include "common/ragged.cuh"
 #include "copy/copy_params.h"
 
 using namespace specdec;
@@ -61,17 +62,6 @@ __device__ __forceinline__ void copy_strided(const CopyParams& p) {
         d[i * p.dst_stride[3]] = s[i * p.src_stride[3]];
     }
   }
-}
-
-// Index of the sequence owning block row t: the last b with cu_q[b] <= t
-// (empty sequences share their offset with the next one, which is the owner).
-__device__ __forceinline__ int owner_of_row(const int32_t* cu_q, int batch, int t) {
-  int lo = 0, hi = batch;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (__ldg(cu_q + mid) <= t) lo = mid; else hi = mid;
-  }
-  return lo;
 }
 
 // k_src/v_src [T, Hkv, D] -> k_cache/v_cache [num_pages, page_size, Hkv, D] at position

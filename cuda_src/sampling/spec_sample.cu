@@ -30,6 +30,7 @@
 // Nothing faults on NaN / inf / bad ids / bad cu_q: such rows get a status code.
 #include <math.h>
 #include "common/dtype.cuh"
+#include "common/ragged.cuh"
 #include "common/philox.cuh"
 #include "sampling/sampling_params.h"
 
@@ -65,16 +66,6 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 template <typename T>
 __device__ __forceinline__ float load_logit(const T* row, int64_t i) {
   return to_float(row[i]);
-}
-
-// Sequence owning row t: the last b with cu_q[b] <= t (clamped; bad cu_q gives some b).
-__device__ __forceinline__ int owner_of_row(const int32_t* cu_q, int batch, int t) {
-  int lo = 0, hi = batch;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (__ldg(cu_q + mid) <= t) lo = mid; else hi = mid;
-  }
-  return lo;
 }
 
 struct SeqParams {
