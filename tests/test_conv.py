@@ -4,17 +4,10 @@ import pytest
 
 from conftest import needs_gpu, poison, rel_err
 from specdec_lib.reference.conv import conv1d_commit, conv1d_decode_reference, conv1d_verify
-from specdec_lib.reference.gdn import f32_to_bf16_bits, to_f64
+from specdec_lib.reference.gdn import to_f64
+from test_gdn import _NAME, cast, dev, host      # the gdn tests' host/device array helpers
 
 DT = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
-_NAME = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
-         np.dtype(np.uint16): "bfloat16"}
-
-
-def cast(x, dtype):
-    if np.dtype(dtype) == np.uint16:
-        return f32_to_bf16_bits(np.asarray(x, np.float32))
-    return np.asarray(x).astype(dtype)
 
 
 def nan_like(shape, dtype):
@@ -117,19 +110,6 @@ def test_conv1d_ops_reject_host_arrays(rng):
 
 
 # ------------------------------------------------------------------ GPU
-
-def dev(a):
-    from specdec_lib import DeviceArray
-    a = np.asarray(a)
-    if a.dtype.kind in "iu" and a.dtype != np.uint16:
-        return DeviceArray.from_numpy(a.astype(np.int32))
-    return DeviceArray.from_numpy(a, dtype=_NAME[a.dtype])
-
-
-def host(d, like):
-    a = d.to_numpy().reshape(like.shape)
-    return a.view(np.uint16) if np.dtype(like.dtype) == np.uint16 else a
-
 
 @needs_gpu
 @pytest.mark.parametrize("W", [2, 4, 8])

@@ -300,11 +300,8 @@ def test_spec_sample_bad_layout_is_flagged(rng):
 def test_spec_sample_logprobs(rng):
     cu_q, logits, drafts, p = batch_inputs([3, 2], 30, rng, temperature=[0.0, 0.9], top_k=[0, 10])
     drafts[0] = np.argmax(logits[0])
-    n, em, st = outputs(2, 3)
     lp = np.full((2, 3), np.nan, np.float32)
-    spec_sample(logits, cu_q, drafts, *[p[k] for k in ("temperature", "top_k", "top_p", "min_p",
-                                                         "seed", "step")], n, em, st,
-                accepted_logprobs=lp)
+    n, em, st = run_ref(cu_q, logits, drafts, p, W=3, accepted_logprobs=lp)
     l0 = logits[0].astype(np.float64)
     assert np.isclose(lp[0, 0], l0[em[0, 0]] - np.log(np.exp(l0).sum()), atol=1e-6)
     pr = filtered_probs(logits[3], 0.9, 10, 1.0, 0.0)
@@ -414,11 +411,8 @@ def test_spec_sample_gpu_greedy_bit_exact(dtype, V, nan, rng):
     params = make_params(B, temperature=0.0)
     W = max(q_lens) + 1
     n, em, st, lp = gpu_run(cu_q, host, dtype, drafts, params, W, logprobs=True)
-    rn, rem, rst = outputs(B, W)
     rlp = np.zeros((B, W), np.float32)
-    spec_sample(seen, cu_q, drafts, *[params[k] for k in ("temperature", "top_k", "top_p", "min_p",
-                                                             "seed", "step")], rn, rem, rst,
-                accepted_logprobs=rlp)
+    rn, rem, rst = run_ref(cu_q, seen, drafts, params, W=W, accepted_logprobs=rlp)
     np.testing.assert_array_equal(n, rn)
     np.testing.assert_array_equal(em, rem)
     np.testing.assert_array_equal(st, rst)
@@ -456,11 +450,8 @@ def test_spec_sample_gpu_filters_large_vocab(dtype, rng):
                 drafts[cu_q[b] - b + i] = int(np.argmax(seen[cu_q[b] + i]))
     W = 4
     n, em, st, lp = gpu_run(cu_q, host, dtype, drafts, params, W, logprobs=True)
-    rn, rem, rst = outputs(B, W)
     rlp = np.zeros((B, W), np.float32)
-    spec_sample(seen, cu_q, drafts, *[params[k] for k in ("temperature", "top_k", "top_p", "min_p",
-                                                             "seed", "step")], rn, rem, rst,
-                accepted_logprobs=rlp)
+    rn, rem, rst = run_ref(cu_q, seen, drafts, params, W=W, accepted_logprobs=rlp)
     np.testing.assert_array_equal(st, rst)
     same = (n == rn) & (em == rem).all(1)
     assert (~same).sum() <= 1, f"{(~same).sum()} of {B} sequences differ from the reference"
@@ -541,11 +532,9 @@ def test_spec_sample_gpu_matches_reference_sampled(dtype, mode, rng):
                     drafts[cu_q[b] - b + i] = int(np.nanargmax(seen[cu_q[b] + i]))
     W = 5
     n, em, st, lp = gpu_run(cu_q, host, dtype, drafts, params, W, dp, d2t, logprobs=True)
-    rn, rem, rst = outputs(B, W)
     rlp = np.zeros((B, W), np.float32)
-    spec_sample(seen, cu_q, drafts, *[params[k] for k in ("temperature", "top_k", "top_p", "min_p",
-                                                             "seed", "step")], rn, rem, rst,
-                draft_probs=dp, d2t=d2t, accepted_logprobs=rlp)
+    rn, rem, rst = run_ref(cu_q, seen, drafts, params, W=W, draft_probs=dp, d2t=d2t,
+                           accepted_logprobs=rlp)
     np.testing.assert_array_equal(st, rst)
     same = (n == rn) & (em == rem).all(1)
     # float32 vs float64 may flip a draw that sits on a boundary: allow a rare one

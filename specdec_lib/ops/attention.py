@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 
 from .. import runtime
-from .._validate import DeviceArg, as_stream, check_int
+from .._validate import DeviceArg, as_stream, check_int, to_host
 from ..reference.attention import (MAX_Q_PER_SEQ, check_verify_attention_shapes,
                                    check_verify_attention_values)
 
@@ -106,11 +106,6 @@ def verify_attention_workspace_size(num_tokens, num_qo_heads, num_kv_heads, head
 
 def _debug_default():
     return os.environ.get("SPECDEC_DEBUG", "").strip() not in ("", "0")
-
-
-def _host(arg):
-    from .copy import _host as host_copy
-    return host_copy(arg)
 
 
 _launch_cache: dict = {}   # (device, dtype tag, D) -> (family, sm_count, smem, merge kernel)
@@ -220,8 +215,10 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
     if check_indices is None:
         check_indices = _debug_default()
     if check_indices:
-        if not runtime.driver().stream_is_capturing(as_stream(stream)):
-            check_verify_attention_values(_host(pt), _host(sl), _host(cq), T, num_pages, page_size)
+        stream_h = as_stream(stream)
+        if not runtime.driver().stream_is_capturing(stream_h):
+            check_verify_attention_values(to_host(pt, stream_h), to_host(sl, stream_h),
+                                          to_host(cq, stream_h), T, num_pages, page_size)
     if T == 0 or B == 0:
         return out
 

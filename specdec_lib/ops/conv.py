@@ -9,8 +9,7 @@ from __future__ import annotations
 from .. import runtime
 from .._validate import DeviceArg, as_stream
 from ..reference.conv import ACTIVATIONS
-from ..reference.gdn import check_accept_len, check_batch
-from .gdn import _host
+from .gdn import _batch_args, _check_batch_on_host
 
 _FLOATS = ("float32", "float16", "bfloat16")
 _DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -68,18 +67,13 @@ def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, acti
                    optional=True)
     oa = DeviceArg("out", out, dtype=_FLOATS, shape=(T, dim), device=dev)
     ja = DeviceArg("journal", journal, dtype=_FLOATS, shape=(T, dim), device=dev, optional=True)
-    sl = DeviceArg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
-    B = sl.shape[0]
-    cq = DeviceArg("cu_q", cu_q, dtype="int32", shape=(B + 1,), device=dev, contiguous=True)
-    sa = DeviceArg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
-                   optional=True)
+    B, sl, cq, _, sa = _batch_args(dev, slot_ids, cu_q, status)
     x_st, o_st = _rows("x", xa), _rows("out", oa)
     j_st = _rows("journal", ja) if journal is not None else 0
     if B >= 65536:
         raise ValueError(f"slot_ids: batch {B} too large (at most 65535 sequences per call)")
     stream_h = as_stream(stream)
-    if check_indices and not runtime.driver().stream_is_capturing(stream_h):
-        check_batch(_host(sl), _host(cq), T, slots)
+    _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots)
     if T == 0 or B == 0 or dim == 0:
         return out
     kern = runtime.kernel("conv", "conv1d_verify", dev)
@@ -105,18 +99,11 @@ def conv1d_commit(conv_state, slot_ids, cu_q, accept_len, journal, *, status=Non
     if ja.shape[1] != dim:
         raise ValueError(f"journal: expected [T, dim={dim}], got {list(ja.shape)}")
     j_st = _rows("journal", ja)
-    sl = DeviceArg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
-    B = sl.shape[0]
-    cq = DeviceArg("cu_q", cu_q, dtype="int32", shape=(B + 1,), device=dev, contiguous=True)
-    al = DeviceArg("accept_len", accept_len, dtype="int32", shape=(B,), device=dev, contiguous=True)
-    sa = DeviceArg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
-                   optional=True)
+    B, sl, cq, al, sa = _batch_args(dev, slot_ids, cu_q, status, accept_len, commit=True)
     if B >= 65536:
         raise ValueError(f"slot_ids: batch {B} too large (at most 65535 sequences per call)")
     stream_h = as_stream(stream)
-    if check_indices and not runtime.driver().stream_is_capturing(stream_h):
-        _, cu = check_batch(_host(sl), _host(cq), T, slots)
-        check_accept_len(_host(al), cu)
+    _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots, al)
     if T == 0 or B == 0 or dim == 0:
         return conv_state
     kern = runtime.kernel("conv", "conv1d_commit", dev)

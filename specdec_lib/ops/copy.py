@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import runtime
-from .._validate import DeviceArg, as_stream, check_shape
+from .._validate import DeviceArg, as_stream, check_shape, to_host
 from ..reference.copy import check_append_kv_indices
 
 _THREADS = 256
@@ -74,16 +74,6 @@ def copy(dst, src, *, stream=None):
     return dst
 
 
-def _host(arg):
-    """Small index array -> host numpy (synchronous copy); used only for validation."""
-    from ..dtypes import host_dtype
-    out = np.empty(arg.shape, dtype=host_dtype(arg.dtype))
-    drv = runtime.driver()
-    drv.ensure_context(arg.device)
-    drv.memcpy_dtoh(out.reshape(-1).view(np.uint8), arg.ptr)
-    return out
-
-
 def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None, *,
               check_indices=True, stream=None):
     """Write a round's block K/V rows into paged caches.
@@ -124,8 +114,9 @@ def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None,
     if check_indices:
         stream_h = as_stream(stream)
         if not runtime.driver().stream_is_capturing(stream_h):
-            check_append_kv_indices(_host(pt), _host(sl), _host(cq),
-                                    _host(fin) if finished is not None else None,
+            check_append_kv_indices(to_host(pt, stream_h), to_host(sl, stream_h),
+                                    to_host(cq, stream_h),
+                                    to_host(fin, stream_h) if finished is not None else None,
                                     num_pages, page_size, T)
     if T == 0 or B == 0:
         return k_cache, v_cache

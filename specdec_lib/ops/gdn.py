@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from .. import runtime
-from .._validate import DeviceArg, as_stream
-from ..reference.gdn import LAYOUTS, check_accept_len, check_batch, gdn_journal_width  # noqa: F401
+from .._validate import DeviceArg, as_stream, to_host
+from ..reference.gdn import (LAYOUTS, check_accept_len, check_batch, check_gating,
+                             gdn_journal_width, journal_num_k_heads)
 
 _FLOATS = ("float32", "float16", "bfloat16")
 _DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -26,15 +25,30 @@ TUNING = {"warps": None}
 __all__ = ["gdn_verify", "gdn_commit", "gdn_journal_width"]
 
 
-def _host(arg):
-    """Small index array -> host numpy (synchronous copy); used only for validation."""
-    from ..dtypes import host_dtype
-    out = np.empty(arg.shape, dtype=host_dtype(arg.dtype))
-    if out.size:
-        drv = runtime.driver()
-        drv.ensure_context(arg.device)
-        drv.memcpy_dtoh(out.reshape(-1).view(np.uint8), arg.ptr)
-    return out
+def _batch_args(dev, slot_ids, cu_q, status, accept_len=None, *, commit=False):
+    """The batch arguments of a verify (or, ``commit=True``, a commit) op of the gdn and
+    conv families, checked in this order on device ``dev``: slot_ids [B] int32, cu_q
+    [B+1] int32, accept_len [B] int32 (commit only), status [B] int32 or None.
+    Returns (B, slot_ids, cu_q, accept_len or None, status) as DeviceArgs."""
+    sl = DeviceArg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
+    B = sl.shape[0]
+    cq = DeviceArg("cu_q", cu_q, dtype="int32", shape=(B + 1,), device=dev, contiguous=True)
+    al = None
+    if commit:
+        al = DeviceArg("accept_len", accept_len, dtype="int32", shape=(B,), device=dev,
+                       contiguous=True)
+    sa = DeviceArg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
+                   optional=True)
+    return B, sl, cq, al, sa
+
+
+def _check_batch_on_host(check_indices, stream_h, sl, cq, num_rows, num_slots, al=None):
+    """``check_indices``: copy slot_ids / cu_q (/ accept_len) to the host and raise
+    ValueError on bad ones before the launch; skipped while ``stream_h`` is capturing."""
+    if check_indices and not runtime.driver().stream_is_capturing(stream_h):
+        _, cu = check_batch(to_host(sl, stream_h), to_host(cq, stream_h), num_rows, num_slots)
+        if al is not None:
+            check_accept_len(to_host(al, stream_h), cu)
 
 
 def _state_arg(state, layout):
@@ -125,28 +139,17 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     oa = DeviceArg("out", out, dtype=_FLOATS, shape=(T, Hv, Dv), device=dev)
     W = gdn_journal_width(Hk, Hv, Dk, Dv)
     ja = DeviceArg("journal", journal, dtype="float32", shape=(T, W), device=dev)
-    fused = a is not None or b is not None
+    fused = check_gating(g, beta, a, b, A_log, dt_bias)
     if fused:
-        if g is not None or beta is not None:
-            raise ValueError("g/beta: give either g and beta, or a, b, A_log and dt_bias, not both")
-        for name, x in (("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias)):
-            if x is None:
-                raise ValueError(f"{name}: required for fused gating (a, b, A_log, dt_bias)")
         g0 = DeviceArg("a", a, dtype=_FLOATS, shape=(T, Hv), device=dev)
         g1 = DeviceArg("b", b, dtype=_FLOATS, shape=(T, Hv), device=dev)
         al = DeviceArg("A_log", A_log, dtype=_FLOATS, shape=(Hv,), device=dev, contiguous=True)
         db = DeviceArg("dt_bias", dt_bias, dtype=_FLOATS, shape=(Hv,), device=dev, contiguous=True)
     else:
-        if g is None or beta is None:
-            raise ValueError("g/beta: both required (or pass a, b, A_log, dt_bias for fused gating)")
         g0 = DeviceArg("g", g, dtype=_FLOATS, shape=(T, Hv), device=dev)
         g1 = DeviceArg("beta", beta, dtype=_FLOATS, shape=(T, Hv), device=dev)
         al = db = DeviceArg("A_log", None, optional=True)
-    sl = DeviceArg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
-    B = sl.shape[0]
-    cq = DeviceArg("cu_q", cu_q, dtype="int32", shape=(B + 1,), device=dev, contiguous=True)
-    sa = DeviceArg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
-                   optional=True)
+    B, sl, cq, _, sa = _batch_args(dev, slot_ids, cu_q, status)
     strides = []
     for name, arg in (("q", qa), ("k", ka), ("v", va), ("out", oa)):
         strides += list(_row_strides(name, arg, 3))
@@ -157,8 +160,7 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     if scale is None:
         scale = 1.0 / math.sqrt(Dk)
     stream_h = as_stream(stream)
-    if check_indices and not runtime.driver().stream_is_capturing(stream_h):
-        check_batch(_host(sl), _host(cq), T, slots)
+    _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots)
     if T == 0 or B == 0:
         return out, journal
     warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev)
@@ -189,22 +191,11 @@ def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", statu
     dev = st.device
     ja = DeviceArg("journal", journal, dtype="float32", ndim=2, device=dev)
     T, W = ja.shape
-    rest = W - Hv * Dv - 2 * Hv
-    if rest <= 0 or rest % Dk or Hv % (rest // Dk):
-        raise ValueError(f"journal: width {W} is not Hk*Dk + Hv*Dv + 2*Hv for Hv={Hv}, Dk={Dk}, "
-                         f"Dv={Dv} and any Hk dividing Hv (was it written for this state?)")
-    Hk = rest // Dk
+    Hk = journal_num_k_heads(W, Hv, Dk, Dv, hint=" (was it written for this state?)")
     _row_strides("journal", ja, 2)
-    sl = DeviceArg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
-    B = sl.shape[0]
-    cq = DeviceArg("cu_q", cu_q, dtype="int32", shape=(B + 1,), device=dev, contiguous=True)
-    al = DeviceArg("accept_len", accept_len, dtype="int32", shape=(B,), device=dev, contiguous=True)
-    sa = DeviceArg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
-                   optional=True)
+    B, sl, cq, al, sa = _batch_args(dev, slot_ids, cu_q, status, accept_len, commit=True)
     stream_h = as_stream(stream)
-    if check_indices and not runtime.driver().stream_is_capturing(stream_h):
-        _, cu = check_batch(_host(sl), _host(cq), T, slots)
-        check_accept_len(_host(al), cu)
+    _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots, al)
     if T == 0 or B == 0:
         return state
     warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev)

@@ -75,6 +75,16 @@ def gdn_journal_width(num_k_heads, num_v_heads, head_k_dim, head_v_dim):
     return int(num_k_heads * head_k_dim + num_v_heads * head_v_dim + 2 * num_v_heads)
 
 
+def journal_num_k_heads(width, Hv, Dk, Dv, hint=""):
+    """Hk from a journal's width W = Hk*Dk + Hv*Dv + 2*Hv (Hk dividing Hv); ValueError
+    naming the journal when no Hk fits (``hint`` ends the message)."""
+    rest = width - Hv * Dv - 2 * Hv
+    if rest <= 0 or rest % Dk or Hv % (rest // Dk):
+        raise ValueError(f"journal: width {width} is not Hk*Dk + Hv*Dv + 2*Hv for Hv={Hv}, "
+                         f"Dk={Dk}, Dv={Dv} and any Hk dividing Hv{hint}")
+    return rest // Dk
+
+
 def _check_float(name, a):
     if np.asarray(a).dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name}: dtype {np.asarray(a).dtype} not supported "
@@ -122,6 +132,21 @@ def check_accept_len(accept_len, cu_q):
     return acc
 
 
+def check_gating(g, beta, a, b, A_log, dt_bias):
+    """Which gating a gdn_verify caller gave: True for fused (a, b, A_log, dt_bias),
+    False for g and beta. ValueError naming the argument for a mix or a missing one."""
+    fused = a is not None or b is not None
+    if fused:
+        if g is not None or beta is not None:
+            raise ValueError("g/beta: give either g and beta, or a, b, A_log and dt_bias, not both")
+        for name, x in (("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias)):
+            if x is None:
+                raise ValueError(f"{name}: required for fused gating (a, b, A_log, dt_bias)")
+    elif g is None or beta is None:
+        raise ValueError("g/beta: both required (or pass a, b, A_log, dt_bias for fused gating)")
+    return fused
+
+
 def _state_dims(state, layout):
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
@@ -150,13 +175,7 @@ class _Rows:
             raise ValueError(f"v: expected [T, Hv, Dv] = {(T, Hv, Dv)}, got {v.shape}")
         if Hk == 0 or Hv % Hk:
             raise ValueError(f"v / state: value heads Hv={Hv} must be a multiple of key heads Hk={Hk}")
-        fused = a is not None or b is not None
-        if fused:
-            if g is not None or beta is not None:
-                raise ValueError("g/beta: give either g and beta, or a, b, A_log and dt_bias, not both")
-            for name, x in (("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias)):
-                if x is None:
-                    raise ValueError(f"{name}: required for fused gating (a, b, A_log, dt_bias)")
+        if check_gating(g, beta, a, b, A_log, dt_bias):
             for name, x, shp in (("a", a, (T, Hv)), ("b", b, (T, Hv)),
                                  ("A_log", A_log, (Hv,)), ("dt_bias", dt_bias, (Hv,))):
                 _check_float(name, x)
@@ -167,8 +186,6 @@ class _Rows:
             g64 = -np.exp(to_f64(A_log))[None, :] * softplus
             beta64 = 1.0 / (1.0 + np.exp(-to_f64(b)))
         else:
-            if g is None or beta is None:
-                raise ValueError("g/beta: both required (or pass a, b, A_log, dt_bias for fused gating)")
             for name, x in (("g", g), ("beta", beta)):
                 _check_float(name, x)
                 if np.asarray(x).shape != (T, Hv):
@@ -201,11 +218,7 @@ def _journal_rows(journal, Hv, Dk, Dv):
     if journal.dtype != np.float32 or journal.ndim != 2:
         raise TypeError(f"journal: expected float32 [T, W], got {journal.dtype} {journal.shape}")
     T, W = journal.shape
-    rest = W - Hv * Dv - 2 * Hv
-    if rest <= 0 or rest % Dk or Hv % (rest // Dk):
-        raise ValueError(f"journal: width {W} is not Hk*Dk + Hv*Dv + 2*Hv for Hv={Hv}, "
-                         f"Dk={Dk}, Dv={Dv} and any Hk dividing Hv")
-    Hk = rest // Dk
+    Hk = journal_num_k_heads(W, Hv, Dk, Dv)
     o = 0
     k = journal[:, o:o + Hk * Dk].reshape(T, Hk, Dk); o += Hk * Dk
     v = journal[:, o:o + Hv * Dv].reshape(T, Hv, Dv); o += Hv * Dv
