@@ -2,6 +2,8 @@
 
 They run before any launch and raise TypeError/ValueError naming the argument.
 """
+import math
+
 import numpy as np
 
 from ._args import DeviceArg, as_stream, check_int, check_shape  # noqa: F401
@@ -22,3 +24,18 @@ def to_host(arg, stream=0):
         drv.ensure_context(arg.device)
         drv.memcpy_dtoh(out.reshape(-1).view(np.uint8), arg.ptr, stream)
     return out
+
+
+def as_scale(scale, default):
+    """A softmax/score scale: ``default`` when None; else a finite, non-zero real number
+    (TypeError/ValueError naming ``scale`` otherwise)."""
+    if scale is None:
+        return float(default)
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"scale: expected a real number, got {type(scale).__name__} "
+                        f"{scale!r}") from None
+    if not math.isfinite(value) or value == 0.0:
+        raise ValueError(f"scale: must be finite and non-zero, got {value}")
+    return value

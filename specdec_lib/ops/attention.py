@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 
 from .. import runtime
-from .._validate import DeviceArg, as_stream, check_int, to_host
+from .._validate import DeviceArg, as_scale, as_stream, check_int, to_host
 from ..reference.attention import (MAX_Q_PER_SEQ, check_verify_attention_shapes,
                                    check_verify_attention_values)
 
@@ -197,11 +197,8 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
         raise ValueError("k_cache/q/page_table: sizes of 2^31 or more are not supported")
     if B > MAX_BATCH:
         raise ValueError(f"page_table: {B} sequences, at most {MAX_BATCH} per call")
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    scale = float(scale)
-    if not math.isfinite(scale) or scale == 0.0:
-        raise ValueError(f"scale: must be finite and non-zero, got {scale}")
+    scale = as_scale(scale, 1.0 / math.sqrt(D))
+    stream_h = as_stream(stream)
     if max_q is None:
         max_q = min(T, MAX_Q_PER_SEQ)
     else:
@@ -215,7 +212,6 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
     if check_indices is None:
         check_indices = _debug_default()
     if check_indices:
-        stream_h = as_stream(stream)
         if not runtime.driver().stream_is_capturing(stream_h):
             check_verify_attention_values(to_host(pt, stream_h), to_host(sl, stream_h),
                                           to_host(cq, stream_h), T, num_pages, page_size)
@@ -247,7 +243,7 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
     kern.set_max_dynamic_smem(smem)   # no-op unless static + dynamic exceeds the current limit
     from .. import _attention
     _attention.launch_verify_attention(
-        kern, merge, Hkv * plan.m_groups, smem, as_stream(stream),
+        kern, merge, Hkv * plan.m_groups, smem, stream_h,
         (qa.ptr, kc.ptr, vc.ptr, pt.ptr, sl.ptr, cq.ptr, oa.ptr, la.ptr, partial_o, partial_lse),
         (qa.strides[0], qa.strides[1]), (kc.strides[0], kc.strides[1], kc.strides[2]),
         (vc.strides[0], vc.strides[1], vc.strides[2]), (oa.strides[0], oa.strides[1]),

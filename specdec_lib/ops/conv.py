@@ -27,7 +27,15 @@ def _state_arg(conv_state):
     if wm1 > 1 and cs.strides[2] != 1:
         raise ValueError(f"conv_state: the last (W-1) dimension must be contiguous "
                          f"(strides {cs.strides})")
+    if slots >= 2**31 or dim >= 2**31:   # the launch parameters are int32
+        raise ValueError(f"conv_state: sizes of 2^31 or more are not supported "
+                         f"(shape {list(cs.shape)})")
     return cs, slots, dim, wm1 + 1
+
+
+def _check_rows(name, T):
+    if T >= 2**31:
+        raise ValueError(f"{name}: {T} rows; at most 2^31-1 per call")
 
 
 def _rows(name, a):
@@ -55,6 +63,7 @@ def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, acti
     dev = cs.device
     xa = DeviceArg("x", x, dtype=_FLOATS, ndim=2, device=dev)
     T = xa.shape[0]
+    _check_rows("x", T)
     if xa.shape[1] != dim:
         raise ValueError(f"x: expected [T, dim={dim}] (dim from conv_state), got {list(xa.shape)}")
     wa = DeviceArg("weight", weight, dtype=_FLOATS, device=dev)
@@ -96,6 +105,7 @@ def conv1d_commit(conv_state, slot_ids, cu_q, accept_len, journal, *, status=Non
     dev = cs.device
     ja = DeviceArg("journal", journal, dtype=_FLOATS, ndim=2, device=dev)
     T = ja.shape[0]
+    _check_rows("journal", T)
     if ja.shape[1] != dim:
         raise ValueError(f"journal: expected [T, dim={dim}], got {list(ja.shape)}")
     j_st = _rows("journal", ja)

@@ -37,6 +37,7 @@ def copy(dst, src, *, stream=None):
     """
     d = DeviceArg("dst", dst)
     s = DeviceArg("src", src, device=d.device)
+    stream_h = as_stream(stream)
     if s.dtype != d.dtype:
         raise TypeError(f"src: dtype {s.dtype} differs from dst's {d.dtype}")
     if not 1 <= len(d.shape) <= 4:
@@ -69,7 +70,7 @@ def copy(dst, src, *, stream=None):
     grid = int(min(units, runtime.sm_count(d.device) * 16))
     k = runtime.kernel("copy", f"copy_strided_e{d.itemsize}", d.device)
     from .. import _copy
-    _copy.launch_copy_strided(k, grid, _THREADS, as_stream(stream), d.ptr, s.ptr, shape,
+    _copy.launch_copy_strided(k, grid, _THREADS, stream_h, d.ptr, s.ptr, shape,
                               [x[1] for x in dims], [x[2] for x in dims], chunk)
     return dst
 
@@ -111,8 +112,8 @@ def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None,
         raise ValueError(f"page_table: rows must be contiguous (strides {pt.strides})")
     if T >= 2**31 or num_pages >= 2**31:
         raise ValueError("k/k_cache: more than 2^31-1 rows or pages is not supported")
+    stream_h = as_stream(stream)
     if check_indices:
-        stream_h = as_stream(stream)
         if not runtime.driver().stream_is_capturing(stream_h):
             check_append_kv_indices(to_host(pt, stream_h), to_host(sl, stream_h),
                                     to_host(cq, stream_h),
@@ -136,7 +137,7 @@ def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None,
     grid = int(min(-(-T // rows_per_cta), 2**31 - 1))
     from .. import _copy
     _copy.launch_append_kv(
-        kern, grid, threads, rows_per_cta, as_stream(stream), ka.ptr, va.ptr, kc.ptr, vc.ptr, pt.ptr, sl.ptr,
+        kern, grid, threads, rows_per_cta, stream_h, ka.ptr, va.ptr, kc.ptr, vc.ptr, pt.ptr, sl.ptr,
         cq.ptr, fin.ptr, (ka.strides[0], va.strides[0]), (ka.strides[1], va.strides[1]),
         (kc.strides[0], vc.strides[0]), (kc.strides[1], vc.strides[1]),
         (kc.strides[2], vc.strides[2]), pt.strides[0], T, B, hkv, dim, page_size, num_pages,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from .. import runtime
-from .._validate import DeviceArg, as_stream, to_host
+from .._validate import DeviceArg, as_scale, as_stream, to_host
 from ..reference.gdn import (LAYOUTS, check_accept_len, check_batch, check_gating,
                              gdn_journal_width, journal_num_k_heads)
 
@@ -157,8 +157,7 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     _row_strides("journal", ja, 2)
     if max(T, slots, B) >= 2**31:
         raise ValueError("q/state/slot_ids: more than 2^31-1 rows, slots or sequences")
-    if scale is None:
-        scale = 1.0 / math.sqrt(Dk)
+    scale = as_scale(scale, 1.0 / math.sqrt(Dk))
     stream_h = as_stream(stream)
     _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots)
     if T == 0 or B == 0:
@@ -172,7 +171,7 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
         st.strides[0], ja.strides[0], T, B, Hk, Hv, Dv, slots, slices, bool(qk_l2norm), fused,
         _DT_CODE[qa.dtype], _DT_CODE[oa.dtype],
         [_DT_CODE[g0.dtype], _DT_CODE[g1.dtype], _DT_CODE.get(al.dtype, 0), _DT_CODE.get(db.dtype, 0)],
-        float(scale))
+        scale)
     return out, journal
 
 

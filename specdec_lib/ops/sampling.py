@@ -135,6 +135,7 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
                          f"(spec_sample_workspace_size({T}, {V}))")
     if ws.ptr % 16:
         raise ValueError(f"workspace: must be 16-byte aligned (ptr % 16 = {ws.ptr % 16})")
+    stream_h = as_stream(stream)
     if B == 0:
         return num_accepted, emitted, status
     num_tiles = -(-V // TILE)
@@ -144,7 +145,7 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
           for stage in ("tiles", "threshold", "finish")]
     from .. import _sampling
     _sampling.launch_spec_sample(
-        *ks, as_stream(stream), lg.ptr, cq.ptr, di.ptr, tp.ptr, tk.ptr, pp.ptr, mp.ptr, sd.ptr,
+        *ks, stream_h, lg.ptr, cq.ptr, di.ptr, tp.ptr, tk.ptr, pp.ptr, mp.ptr, sd.ptr,
         st.ptr, dp.ptr, dm.ptr, na.ptr, em.ptr, ss.ptr, lp.ptr, ws.ptr,
         lg.strides[0], dp.strides[0] if draft_probs is not None else 0, em.strides[0],
         lp.strides[0] if accepted_logprobs is not None else 0,
