@@ -1,0 +1,333 @@
+// spec_sample pass 3: merge tile partials, walk the accept chain, race the tiles,
+// sample the token. Included by spec_sample.cu only.
+#pragma once
+#include "sampling/sample_common.cuh"
+
+using namespace specdec;
+
+namespace {
+
+// ------------------------------------------------------------------ 3. finish
+
+struct RowStats {
+  float m;        // row max of s2
+  float z;        // sum of exp2(s2 - m) over counted tokens (one-hot draft excluded)
+  float raw_max;
+  int arg;
+  uint32_t flags;
+};
+
+// One warp merges row r's tile partials (lane-strided in tile order, then the fixed shuffle
+// tree): every warp that calls it gets the same bits, in every lane. No block barrier.
+__device__ __forceinline__ RowStats warp_row_stats(const SpecSampleParams& p, int r) {
+  const int lane = threadIdx.x & 31;
+  Partial a = partial_empty();
+  const SpecSampleTile* tl = ws_tiles(p) + static_cast<int64_t>(r) * p.num_tiles;
+  for (int t = lane; t < p.num_tiles; t += 32) {
+    const SpecSampleTile x = tl[t];
+    Partial o;
+    o.m = x.m; o.s = x.s; o.raw_max = x.raw_max; o.arg = x.arg; o.flags = x.flags;
+    a = merge(a, o);
+  }
+  a = warp_merge(a);
+  RowStats s;
+  s.m = __shfl_sync(0xffffffffu, a.m, 0);
+  s.z = __shfl_sync(0xffffffffu, a.s, 0);
+  s.raw_max = __shfl_sync(0xffffffffu, a.raw_max, 0);
+  s.arg = __shfl_sync(0xffffffffu, a.arg, 0);
+  s.flags = __shfl_sync(0xffffffffu, a.flags, 0);
+  return s;
+}
+
+// What the accept chain (warp 0) hands to the sampling step.
+struct ChainResult {
+  int n;              // accepted drafts = the sampling row
+  int x;              // draft of the sampling row (-1 for the bonus row)
+  float ex;           // its weight exp2(s2_x - m) if kept (0 otherwise)
+  float m, z_full;    // row max of s2, sum of kept weights (x included)
+  uint32_t tau_key;
+};
+
+// Index of target token x in the draft vocabulary (-1: not there).
+__device__ __forceinline__ int draft_index(const SpecSampleParams& p, int x) {
+  if (x < 0 || x >= p.vocab) return -1;
+  if (p.d2t == nullptr) return x < p.draft_vocab ? x : -1;
+  int lo = 0, hi = p.draft_vocab;   // lower_bound
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (__ldg(p.d2t + mid) < x) lo = mid + 1; else hi = mid;
+  }
+  return (lo < p.draft_vocab && __ldg(p.d2t + lo) == x) ? lo : -1;
+}
+
+// Draft probabilities of one target tile gathered into shared memory (0 outside the draft vocab).
+template <int kThreads>
+__device__ void gather_q_tile(const SpecSampleParams& p, const float* qrow, int base, float* q_sh,
+                              int* sh_range) {
+  for (int j = threadIdx.x; j < kTile; j += kThreads) q_sh[j] = 0.f;
+  __syncthreads();
+  if (p.d2t == nullptr) {
+    for (int j = threadIdx.x; j < kTile; j += kThreads) {
+      const int t = base + j;
+      if (t < p.vocab && t < p.draft_vocab) q_sh[j] = qrow[t];
+    }
+  } else {
+    if (threadIdx.x < 2) {   // [lo, hi): draft ids whose target lies in this tile
+      const int want = base + threadIdx.x * kTile;
+      int lo = 0, hi = p.draft_vocab;
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (__ldg(p.d2t + mid) < want) lo = mid + 1; else hi = mid;
+      }
+      sh_range[threadIdx.x] = lo;
+    }
+    __syncthreads();
+    for (int j = sh_range[0] + threadIdx.x; j < sh_range[1]; j += kThreads) {
+      const int t = __ldg(p.d2t + j) - base;
+      if (t >= 0 && t < kTile) q_sh[t] = qrow[j];
+    }
+  }
+  __syncthreads();
+}
+
+template <typename T>
+__device__ void finish_kernel(const SpecSampleParams& p) {
+  constexpr int kThreads = SPEC_SAMPLE_FINISH_THREADS;
+  constexpr int kWarps = kThreads / 32;
+  __shared__ KeyArg sh_arg[kWarps];
+  __shared__ float sh_sum[kWarps];
+  __shared__ float w_tile[SPEC_SAMPLE_MAX_TILES];
+  __shared__ float q_sh[kTile];
+  __shared__ int sh_range[2];
+  __shared__ uint32_t sh_flags;
+  __shared__ int sh_empty, sh_bad, sh_tile, sh_use_p;
+  __shared__ ChainResult sh_chain;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int b = blockIdx.x;
+  const int W = p.width;
+  int32_t* em = p.emitted + static_cast<int64_t>(b) * p.emitted_stride;
+  float* lp = p.logprobs ? p.logprobs + static_cast<int64_t>(b) * p.logprobs_stride : nullptr;
+  for (int j = threadIdx.x; j < W; j += kThreads) {   // padding first; tokens overwrite below
+    em[j] = -1;
+    if (lp) lp[j] = 0.f;
+  }
+  if (threadIdx.x == 0) { sh_flags = 0u; sh_empty = 0; sh_bad = 0; }
+  __syncthreads();
+  const int r0 = __ldg(p.cu_q + b), r1 = __ldg(p.cu_q + b + 1);
+  const int q = r1 - r0;
+  if (q < 1 || q > W || r0 < 0 || r1 > p.num_rows || r0 - b < 0 || r1 - b - 1 > p.num_rows - p.batch) {
+    if (threadIdx.x == 0) { p.num_accepted[b] = 0; p.status[b] = SPEC_SAMPLE_BAD_LAYOUT; }
+    return;
+  }
+  const int k = q - 1;
+  const int dbase = r0 - b;
+  const SeqParams sp = seq_params(p, b);
+  const uint64_t seed = __ldg(p.seed + b);
+  const int64_t step = __ldg(p.step + b);
+
+  // --- phase A: flags and emptiness of every row (warp w: rows w, w + 8, ...), draft ids
+  for (int i = warp; i < q; i += kWarps) {
+    const RowStats s = warp_row_stats(p, r0 + i);
+    if (lane == 0) {
+      if (s.flags) atomicOr(&sh_flags, s.flags);
+      if (sp.greedy ? (s.arg < 0) : !(s.m > -INFINITY)) atomicOr(&sh_empty, 1);
+    }
+  }
+  for (int j = threadIdx.x; j < k; j += kThreads) {
+    const int x = __ldg(p.draft_ids + dbase + j);
+    const bool ok = p.draft_probs ? draft_index(p, x) >= 0 : (x >= 0 && x < p.vocab);
+    if (!ok) atomicOr(&sh_bad, 1);
+  }
+  __syncthreads();
+  const uint32_t flags = sh_flags;
+  const bool empty = sh_empty != 0;
+  const bool bad_draft = sh_bad != 0;
+  const int st = flags ? SPEC_SAMPLE_NONFINITE : empty ? SPEC_SAMPLE_EMPTY
+               : bad_draft ? SPEC_SAMPLE_BAD_DRAFT : SPEC_SAMPLE_OK;
+  const bool invalid = sp.greedy ? empty : (st == SPEC_SAMPLE_NONFINITE || st == SPEC_SAMPLE_EMPTY);
+  if (invalid) {
+    if (threadIdx.x == 0) { p.num_accepted[b] = 0; p.status[b] = st; }
+    return;
+  }
+
+  // --- greedy (warp 0 alone): accept while draft == argmax, then emit the argmax
+  if (sp.greedy) {
+    if (warp != 0) return;
+    int n = 0;
+    for (int i = 0; i < q; ++i) {
+      const RowStats s = warp_row_stats(p, r0 + i);
+      const float lz = s.z > 0.f ? log2f(s.z) : 0.f;   // log2 of sum exp2(s2 - m)
+      const float lpv = (s.raw_max * kLog2e - s.m - lz) * kLn2;
+      if (lane == 0) {
+        em[i] = s.arg;
+        if (lp) lp[i] = lpv;
+      }
+      n = i;
+      if (i == k || __ldg(p.draft_ids + dbase + i) != s.arg) break;
+    }
+    if (lane == 0) { p.num_accepted[b] = n; p.status[b] = st; }
+    return;
+  }
+
+  // --- sampled: accept chain (warp 0; every lane computes the same values)
+  const T* logits = static_cast<const T*>(p.logits);
+  const bool onehot = p.draft_probs == nullptr;
+  if (warp == 0) {
+    int n = k;
+    RowStats s;
+    float z_full = 0.f, ex_rej = 0.f;
+    uint32_t tau_key = 0;
+    int x = -1;
+    for (int i = 0; i < q; ++i) {
+      const int r = r0 + i;
+      s = warp_row_stats(p, r);
+      tau_key = sp.filtered ? ws_rows(p)[r].tau_key : 0u;
+      const T* row = logits + static_cast<int64_t>(r) * p.logits_stride;
+      if (i == k) { z_full = s.z; x = -1; break; }
+      x = __ldg(p.draft_ids + dbase + i);
+      const int jd = onehot ? ((x >= 0 && x < p.vocab) ? x : -1) : draft_index(p, x);
+      float px = 0.f, ex = 0.f;
+      if (x >= 0 && x < p.vocab) {
+        const float lx = load_logit(row, x);
+        const float sx = lx * sp.scale;
+        if (lx != -INFINITY && (!sp.filtered || kept(lx, sx, tau_key, s.m, sp.min_p))) ex = exp2f(sx - s.m);
+      }
+      z_full = onehot ? s.z + ex : s.z;    // one-hot rows left x out of the tile sums
+      px = z_full > 0.f ? ex / z_full : 0.f;
+      bool accept = false;
+      if (jd >= 0) {
+        const float qx = onehot ? 1.f
+            : p.draft_probs[static_cast<int64_t>(dbase + i) * p.draft_probs_stride + jd];
+        const float u = philox_uniform24(spec_bits(seed, step, i, kPurposeAccept, 0));
+        accept = u * qx < px;
+      }
+      if (lane == 0 && accept) {
+        em[i] = x;
+        if (lp) lp[i] = logf(px);
+      }
+      if (!accept) { n = i; ex_rej = ex; break; }
+    }
+    if (lane == 0) {
+      ChainResult c;
+      c.n = n; c.x = x; c.ex = ex_rej; c.m = s.m; c.z_full = z_full; c.tau_key = tau_key;
+      sh_chain = c;
+    }
+  }
+  __syncthreads();
+  const ChainResult ch = sh_chain;
+  const int n = ch.n;
+  const int x = ch.x;
+  const float z_full = ch.z_full;
+  const uint32_t tau_key = ch.tau_key;
+  RowStats s;
+  s.m = ch.m;
+  const int i = n;                         // the sampling row
+  const int r = r0 + i;
+  const T* row = logits + static_cast<int64_t>(r) * p.logits_stride;
+  const float* qrow = (!onehot && i < k)
+      ? p.draft_probs + static_cast<int64_t>(dbase + i) * p.draft_probs_stride : nullptr;
+  const int excl = (onehot && i < k) ? x : -1;   // one-hot residual: p without x
+  const SpecSampleTile* tl = ws_tiles(p) + static_cast<int64_t>(r) * p.num_tiles;
+  const float inv_z = z_full > 0.f ? 1.f / z_full : 0.f;
+
+  // tile weights (relative units: exp2(s2 - m))
+  if (qrow == nullptr) {
+    for (int t = threadIdx.x; t < p.num_tiles; t += kThreads) {
+      const SpecSampleTile x_t = tl[t];
+      w_tile[t] = scaled_sum(x_t.m, x_t.s, s.m);
+    }
+  } else {
+    // residual max(0, p - q) per tile: one pass over this row and its draft probabilities
+    for (int t = 0; t < p.num_tiles; ++t) {
+      gather_q_tile<kThreads>(p, qrow, t * kTile, q_sh, sh_range);
+      float acc = 0.f;
+      for (int j = threadIdx.x; j < kTile; j += kThreads) {
+        const int tok = t * kTile + j;
+        if (tok >= p.vocab) break;
+        const float l = load_logit(row, tok);
+        const float s2 = l * sp.scale;
+        float pt = 0.f;
+        if (l != -INFINITY && (!sp.filtered || kept(l, s2, tau_key, s.m, sp.min_p)))
+          pt = exp2f(s2 - s.m) * inv_z;
+        acc += fmaxf(0.f, pt - q_sh[j]);
+      }
+      const float wsum = block_sum<kThreads>(acc, sh_sum);
+      if (threadIdx.x == 0) w_tile[t] = wsum;
+    }
+  }
+  __syncthreads();
+  // level 1 (warp 0): total mass, the fallback to p, the tile race
+  if (warp == 0) {
+    float tot = 0.f;
+    for (int t = lane; t < p.num_tiles; t += 32) tot += w_tile[t];
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, d);
+    const bool use_p = !(tot > 0.f);   // e.g. p == q: sample p itself
+    const int x_tile = (excl >= 0 && excl < p.vocab) ? excl / kTile : -1;
+    KeyArg best;
+    best.key = -INFINITY; best.idx = -1;
+    for (int t = lane; t < p.num_tiles; t += 32) {
+      float w = w_tile[t];
+      if (use_p) {   // p's tile sums: one-hot rows add back the draft they left out
+        const SpecSampleTile x_t = tl[t];
+        w = scaled_sum(x_t.m, x_t.s, s.m) + (t == x_tile ? ch.ex : 0.f);
+      }
+      if (w > 0.f) {
+        KeyArg c;
+        c.key = log2f(w) - log2f(philox_exponential(spec_bits(seed, step, i, kPurposeTile, t)));
+        c.idx = t;
+        best = better(best, c);
+      }
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+      KeyArg o;
+      o.key = __shfl_down_sync(0xffffffffu, best.key, d);
+      o.idx = __shfl_down_sync(0xffffffffu, best.idx, d);
+      best = better(best, o);
+    }
+    if (lane == 0) { sh_tile = best.idx < 0 ? 0 : best.idx; sh_use_p = use_p; }
+  }
+  __syncthreads();
+  const int tile = sh_tile;
+  const bool use_p = sh_use_p != 0;
+  // level 2: the token inside the tile
+  if (qrow != nullptr && !use_p) gather_q_tile<kThreads>(p, qrow, tile * kTile, q_sh, sh_range);
+  KeyArg tb;
+  tb.key = -INFINITY; tb.idx = -1;
+  for (int j = threadIdx.x; j < kTile; j += kThreads) {
+    const int tok = tile * kTile + j;
+    if (tok >= p.vocab) break;
+    const float l = load_logit(row, tok);
+    const float s2 = l * sp.scale;
+    if (l == -INFINITY || isnan(l)) continue;
+    if (sp.filtered && !kept(l, s2, tau_key, s.m, sp.min_p)) continue;
+    float lw;   // log2 of the weight
+    if (qrow != nullptr && !use_p) {
+      const float w = exp2f(s2 - s.m) * inv_z - q_sh[j];
+      if (!(w > 0.f)) continue;
+      lw = log2f(w);
+    } else {
+      if (tok == excl && !use_p) continue;
+      lw = s2 - s.m;
+    }
+    KeyArg c;
+    c.key = lw - log2f(philox_exponential(spec_bits(seed, step, i, kPurposeToken, tok)));
+    c.idx = tok;
+    tb = better(tb, c);
+  }
+  tb = block_argmax<kThreads>(tb, sh_arg);
+  if (threadIdx.x == 0) {
+    const int tok = tb.idx;
+    em[i] = tok;
+    if (lp) {
+      float v = -INFINITY;
+      if (tok >= 0 && z_full > 0.f) v = (load_logit(row, tok) * sp.scale - s.m - log2f(z_full)) * kLn2;
+      lp[i] = v;
+    }
+    p.num_accepted[b] = n;
+    p.status[b] = tok < 0 ? SPEC_SAMPLE_EMPTY : st;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,220 @@
+// spec_sample pass 2: exact top-k / top-p keep threshold of filtered rows.
+// Included by spec_sample.cu only.
+#pragma once
+#include "common/ragged.cuh"
+#include "sampling/sample_common.cuh"
+
+using namespace specdec;
+
+namespace {
+
+// ------------------------------------------------------------------ 2. filter threshold
+//
+// Exact radix select of the keep threshold (the largest key K with mass(keys >= K) >= target,
+// mass = count for top-k, floor(min(e, 1) * 2^32) with e = exp2(s2 - m) for top-p: integer
+// sums, so the result does not depend on the summation order). Two passes over the row per
+// filter instead of three: pass A histograms the tokens by b = floor(64 * (m - s2)) (2048
+// buckets of 1/64 log2 unit below the row max: monotone in the key, and spread out, so the
+// shared atomics rarely collide), pass B copies the keys of the selected bucket to shared
+// memory; the three 11/11/10-bit radix rounds then run over that list. A bucket with more
+// than SPEC_SAMPLE_THRESHOLD_CANDIDATES keys (near-constant logits) falls back to the radix
+// rounds over the whole row. Same K as the plain 3-round radix in every case.
+
+// Largest digit d with sum(hist[> d]) < target <= sum(hist[>= d]); returns d and the sum
+// above it (2048 bins, 2048 / kThreads per thread).
+template <int kThreads>
+__device__ __forceinline__ void find_digit(const unsigned long long* hist, unsigned long long target,
+                                           unsigned long long* sh_scan, int* out_digit,
+                                           unsigned long long* out_above) {
+  constexpr int kBins = 2048, kPer = kBins / kThreads;
+  const int t = threadIdx.x;
+  // thread t owns bins (descending) j = t*kPer .. t*kPer+kPer-1, bin = 2047 - j
+  unsigned long long local = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) local += hist[kBins - 1 - (t * kPer + j)];
+  sh_scan[t] = local;
+  __syncthreads();
+  // Hillis-Steele inclusive scan over kThreads entries (integers: order-free)
+  for (int d = 1; d < kThreads; d <<= 1) {
+    const unsigned long long add = t >= d ? sh_scan[t - d] : 0ull;
+    __syncthreads();
+    sh_scan[t] += add;
+    __syncthreads();
+  }
+  unsigned long long run = sh_scan[t] - local;   // exclusive
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int bin = kBins - 1 - (t * kPer + j);
+    const unsigned long long h = hist[bin];
+    if (run < target && run + h >= target) { *out_digit = bin; *out_above = run; }
+    run += h;
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ float key_to_float(uint32_t key) {   // inverse of order_key
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// Calls f(x, idx) for every token of the row (16-byte loads when the row is aligned).
+template <int kThreads, typename T, typename F>
+__device__ __forceinline__ void for_each_logit(const T* row, int V, F&& f) {
+  constexpr int kN = VecN<T>::kN, kU = 4;
+  int tail = 0;
+  if (is_aligned16(row)) {
+    const int nvec = V / kN;
+    const uint4* src = reinterpret_cast<const uint4*>(row);
+    for (int v0 = 0; v0 < nvec; v0 += kThreads * kU) {
+      uint4 u[kU];
+#pragma unroll
+      for (int k = 0; k < kU; ++k) {
+        const int vi = v0 + k * kThreads + threadIdx.x;
+        if (vi < nvec) u[k] = __ldg(src + vi);
+      }
+#pragma unroll
+      for (int k = 0; k < kU; ++k) {
+        const int vi = v0 + k * kThreads + threadIdx.x;
+        if (vi < nvec) {
+          float x[kN];
+          unpack16(u[k], x, static_cast<const T*>(nullptr));
+#pragma unroll
+          for (int e = 0; e < kN; ++e) f(x[e], vi * kN + e);
+        }
+      }
+    }
+    tail = nvec * kN;
+  }
+  for (int i = tail + threadIdx.x; i < V; i += kThreads) f(load_logit(row, i), i);
+}
+
+template <typename T>
+__device__ void threshold_kernel(const SpecSampleParams& p) {
+  constexpr int kThreads = SPEC_SAMPLE_THRESHOLD_THREADS;
+  constexpr int kCand = SPEC_SAMPLE_THRESHOLD_CANDIDATES;
+  __shared__ unsigned long long hist[2048];
+  __shared__ unsigned long long scan[kThreads];
+  __shared__ uint32_t cand[kCand];
+  __shared__ int digit, n_cand;
+  __shared__ unsigned long long above;
+  __shared__ float sh_m[kThreads / 32];
+  const int r = blockIdx.x;
+  const int b = owner_of_row(p.cu_q, p.batch, r);
+  const SeqParams sp = seq_params(p, b);
+  if (!sp.filtered) return;
+  // row max of s2 from the tile partials
+  float m = -INFINITY;
+  for (int t = threadIdx.x; t < p.num_tiles; t += kThreads)
+    m = fmaxf(m, ws_tiles(p)[static_cast<int64_t>(r) * p.num_tiles + t].m);
+  for (int d = 16; d > 0; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+  if ((threadIdx.x & 31) == 0) sh_m[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = sh_m[0];
+  for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, sh_m[w]);
+  const T* row = static_cast<const T*>(p.logits) + static_cast<int64_t>(r) * p.logits_stride;
+  const int V = p.vocab;
+  const float scale = sp.scale;
+  const bool k_on = sp.top_k > 0 && sp.top_k < V;
+  const bool p_on = sp.top_p < 1.f;
+  uint32_t tau_k = 0, tau_p = 0;
+  // phase 0: top-k by count over all tokens; phase 1: top-p by mass over keys >= tau_k
+  for (int phase = 0; phase < 2; ++phase) {
+    if (phase == 0 ? !k_on : !p_on) continue;
+    const uint32_t key_floor = phase == 1 ? tau_k : 0u;
+    // mass of one token (0 for NaN and keys below key_floor)
+    auto mass = [&](float x) -> unsigned long long {
+      if (phase == 0) return 1ull;
+      // explicit roundings (no FMA contraction): passes A, B and the list rounds agree bit for bit
+      const float e = x == -INFINITY ? 0.f : exp2f(__fsub_rn(__fmul_rn(x, scale), m));
+      return static_cast<unsigned long long>(fminf(e, 1.f) * 4294967296.0f);
+    };
+    auto bucket_digit = [&](float x) -> int {   // 2047 = the bucket of the row max
+      const float d = fminf(fmaxf(__fsub_rn(m, __fmul_rn(x, scale)) * 64.f, 0.f), 2047.f);
+      return 2047 - static_cast<int>(d);
+    };
+    // --- pass A: bucket histogram
+    for (int j = threadIdx.x; j < 2048; j += kThreads) hist[j] = 0ull;
+    if (threadIdx.x == 0) { n_cand = 0; digit = 0; above = 0ull; }
+    __syncthreads();
+    for_each_logit<kThreads>(row, V, [&](float x, int) {
+      if (isnan(x) || order_key(x) < key_floor) return;
+      const unsigned long long add = mass(x);
+      if (add) atomicAdd(&hist[bucket_digit(x)], add);
+    });
+    __syncthreads();
+    unsigned long long target = phase == 0 ? static_cast<unsigned long long>(sp.top_k) : 0ull;
+    if (phase == 1) {   // target = ceil(top_p * mass of the top-k set)
+      unsigned long long tot = 0;
+      for (int j = threadIdx.x; j < 2048; j += kThreads) tot += hist[j];
+      scan[threadIdx.x] = tot;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        unsigned long long all = 0;
+        for (int j = 0; j < kThreads; ++j) all += scan[j];
+        const double want = ceil(static_cast<double>(fmaxf(sp.top_p, 0.f)) * static_cast<double>(all));
+        unsigned long long tg = static_cast<unsigned long long>(want);
+        tg = tg < 1ull ? 1ull : (tg > all ? all : tg);
+        scan[0] = tg;
+      }
+      __syncthreads();
+      target = scan[0];
+      __syncthreads();
+    }
+    find_digit<kThreads>(hist, target, scan, &digit, &above);
+    const int bucket = digit;
+    const unsigned long long target_in = target - above;
+    // --- pass B: the keys of that bucket
+    for_each_logit<kThreads>(row, V, [&](float x, int) {
+      if (isnan(x) || order_key(x) < key_floor || bucket_digit(x) != bucket) return;
+      if (mass(x) == 0ull) return;   // as pass A: zero-mass tokens are not in the histogram
+      const int slot = atomicAdd(&n_cand, 1);
+      if (slot < kCand) cand[slot] = order_key(x);
+    });
+    __syncthreads();
+    const int nc = n_cand;
+    const bool from_list = nc <= kCand;
+    // --- radix rounds over the list (or, on overflow, over the row from scratch)
+    uint32_t prefix = 0;
+    unsigned long long tgt = from_list ? target_in : target;
+    for (int round = 0; round < 3; ++round) {   // digits: bits 31..21, 20..10, 9..0
+      const int sh = round == 0 ? 21 : round == 1 ? 10 : 0;
+      const int width = round == 2 ? 10 : 11;
+      const int hi_shift = sh + width;   // bits above this digit must match prefix
+      for (int j = threadIdx.x; j < 2048; j += kThreads) hist[j] = 0ull;
+      if (threadIdx.x == 0) { digit = 0; above = 0ull; }
+      __syncthreads();
+      auto count = [&](uint32_t key, float x) {
+        if (hi_shift < 32 && (key >> hi_shift) != (prefix >> hi_shift)) return;
+        const unsigned long long add = mass(x);
+        if (add) atomicAdd(&hist[(key >> sh) & ((1u << width) - 1u)], add);
+      };
+      if (from_list) {
+        for (int j = threadIdx.x; j < nc; j += kThreads) {
+          const uint32_t key = cand[j];
+          count(key, key_to_float(key));
+        }
+      } else {
+        for_each_logit<kThreads>(row, V, [&](float x, int) {
+          if (isnan(x)) return;
+          const uint32_t key = order_key(x);
+          if (key < key_floor) return;
+          count(key, x);
+        });
+      }
+      __syncthreads();
+      find_digit<kThreads>(hist, tgt, scan, &digit, &above);
+      prefix |= static_cast<uint32_t>(digit) << sh;
+      tgt -= above;
+      __syncthreads();
+    }
+    if (phase == 0) tau_k = prefix; else tau_p = prefix;
+  }
+  if (threadIdx.x == 0) {
+    SpecSampleRow rs;
+    rs.tau_key = max(tau_k, tau_p);
+    rs.m = m;
+    ws_rows(p)[r] = rs;
+  }
+}
+
+}  // namespace
