@@ -232,6 +232,21 @@ def bench_round_host(b: Bench):
         ms = b.time_graph(round_, per_graph=1)
         reset()
         _host_row(b, "DeviceArray", f"round as CUDA graph: device time B={_B} k={_K}", ms * 1e3)
+        # host time of a replayed round: what SpeculativeDecoder(cuda_graph=True) pays
+        b.drv.graph_capture_begin(b.stream)
+        try:
+            round_()
+        finally:
+            g, ge = b.drv.graph_capture_end(b.stream)
+        try:
+            us = statistics.median(b.host_us(lambda: b.drv.graph_launch(ge, b.stream), n=20)
+                                   for _ in range(5))
+        finally:
+            b.drv.stream_synchronize(b.stream)
+            b.drv.graph_destroy(g, ge)
+        reset()
+        _host_row(b, "DeviceArray", f"round as CUDA graph: host time of one launch B={_B} k={_K}",
+                  us)
     except Exception as e:
         print(f"  round_host: graph capture of the round failed: {type(e).__name__}: {e}")
     reset()

@@ -26,10 +26,11 @@ def _prompts(seed, lens, V=256):
     return [rng.integers(0, V, n).tolist() for n in lens]
 
 
-def _run(demo, reqs, k, be=None):
+def _run(demo, reqs, k, be=None, cuda_graph=False):
     be = be or reference_backend()
     target, draft = _models(demo, be)
-    dec = SpeculativeDecoder(target, draft if k else None, num_speculative_tokens=k, backend=be)
+    dec = SpeculativeDecoder(target, draft if k else None, num_speculative_tokens=k, backend=be,
+                             cuda_graph=cuda_graph)
     return dec.generate(reqs), dec.metrics
 
 
@@ -129,6 +130,34 @@ def test_first_sampled_token_follows_target_distribution(demo):
     assert chi2 < crit, (chi2, crit, dof)
 
 
+def test_serve_continuous_batching_matches_single_runs(demo):
+    """Requests arriving over time into 2 slots (slots reused, idle gaps, more requests
+    than slots) emit exactly what each request emits when decoded alone."""
+    reqs = _mixed_requests(8)
+    be = reference_backend()
+    target, draft = _models(demo, be)
+    dec = SpeculativeDecoder(target, draft, num_speculative_tokens=3, backend=be)
+    got = dec.serve(reqs, slots=2, arrivals=[0, 0, 1, 9, 9, 60])
+    assert dec.slot_stats == {"admitted": 6, "released": 6, "max_busy": 2}
+    for r, g in zip(reqs, got):
+        alone, _ = _run(demo, [r], 3)
+        assert (g.tokens, g.finish_reason) == (alone[0].tokens, alone[0].finish_reason)
+
+
+def test_serve_argument_errors(demo):
+    be = reference_backend()
+    target, draft = _models(demo, be)
+    dec = SpeculativeDecoder(target, draft, num_speculative_tokens=2)
+    reqs = _mixed_requests(1)[:2]
+    with pytest.raises(ValueError, match="slots"):
+        dec.serve(reqs, slots=0)
+    with pytest.raises(ValueError, match="arrivals"):
+        dec.serve(reqs, slots=1, arrivals=[0])
+    with pytest.raises(ValueError, match="arrivals"):
+        dec.serve(reqs, slots=1, arrivals=[0, -1])
+    assert dec.serve([], slots=1) == []
+
+
 def test_decoder_argument_errors(demo):
     be = reference_backend()
     target, draft = _models(demo, be)
@@ -174,3 +203,61 @@ def test_demo_main_cuda(capsys):
     assert main(["--backend", "cuda", "--batch", "8", "--max-new-tokens", "64",
                  "--no-progress"]) == 0
     assert "lossless: yes" in capsys.readouterr().out
+
+
+def _mixed_requests(seed):
+    """Greedy and sampled requests (seeds, top-k/top-p), stop ids and sequences, ragged
+    prompts and lengths: requests finish in different rounds."""
+    ps = _prompts(seed, [1, 6, 19, 3, 9, 2])
+    return [Request(prompt=ps[0], max_new_tokens=40),
+            Request(prompt=ps[1], max_new_tokens=33, temperature=1.2, seed=7),
+            Request(prompt=ps[2], max_new_tokens=25, temperature=0.8, top_k=20, top_p=0.9,
+                    seed=11),
+            Request(prompt=ps[3], max_new_tokens=40, stop_token_ids=[5, 17]),
+            Request(prompt=ps[4], max_new_tokens=12, temperature=1.0, min_p=0.05, seed=3),
+            Request(prompt=ps[5], max_new_tokens=40, stop_sequences=[[3, 4]])]
+
+
+@needs_gpu
+@pytest.mark.parametrize("k", [0, 2, 4])
+def test_graph_replay_equals_eager(demo, k):
+    """The round captured once as a CUDA graph and replayed (lengths, steps, seeds and
+    tokens changing on the device every round) emits exactly the eager tokens."""
+    pytest.importorskip("cupy")
+    from specdec_lib.orchestrator import cuda_backend
+    be = cuda_backend()
+    reqs = _mixed_requests(5)
+    eager, me = _run(demo, reqs, k, be)
+    graph, mg = _run(demo, reqs, k, be, cuda_graph=True)
+    assert mg.graph_captured and not me.graph_captured
+    assert mg.rounds == me.rounds > 3
+    assert [(r.tokens, r.finish_reason) for r in graph] == \
+        [(r.tokens, r.finish_reason) for r in eager]
+    # a second generate() with the same decoder objects captures afresh: same tokens again
+    again, _ = _run(demo, reqs, k, be, cuda_graph=True)
+    assert [r.tokens for r in again] == [r.tokens for r in eager]
+
+
+def _long_run(*args):
+    import subprocess
+    import sys
+    from pathlib import Path
+    tool = Path(__file__).resolve().parents[1] / "tools" / "long_run.py"
+    r = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "long run: PASS" in r.stdout
+    return r.stdout
+
+
+def test_long_run_tool_reference():
+    """tools/long_run.py (issue 7's 10k-round run) on a short schedule on the CPU: no slot
+    leak, a fresh run and requests decoded alone give the same tokens."""
+    _long_run("--backend", "reference", "--rounds", "30", "--slots", "3", "--alone", "2")
+
+
+@needs_gpu
+def test_long_run_tool_cuda_graph():
+    pytest.importorskip("cupy")
+    out = _long_run("--backend", "cuda", "--rounds", "400", "--slots", "8", "--alone", "4")
+    assert "graph True" in out

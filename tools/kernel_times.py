@@ -2,6 +2,7 @@
 """Per-kernel device times of a benchmark run, through Nsight Compute.
 
     python3 tools/kernel_times.py OUT.txt [--filter REGEX] [--count N] -- CMD...
+    python3 tools/kernel_times.py OUT.txt -- -      (summarise an existing OUT.txt.csv)
 
 Runs CMD under ``ncu --clock-control none`` collecting only gpu__time_duration (one
 pass, no replay) for kernels whose name matches REGEX, then prints one line per
@@ -39,7 +40,7 @@ def main(argv):
            "gpu__time_duration.sum,launch__grid_size,launch__block_size",
            "--csv", "--page", "raw", "--print-units", "base", "-k", regex,
            "-c", count, "--log-file", raw] + cmd
-    rc = subprocess.call(ncu, env=dict(os.environ))
+    rc = subprocess.call(ncu, env=dict(os.environ)) if cmd != ["-"] else 0
     groups: dict = {}
     try:
         text = open(raw).read()
@@ -50,16 +51,16 @@ def main(argv):
     rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
     for r in rows:
         try:
-            t = float(r["gpu__time_duration.sum"]) / 1e3   # ns -> us
+            t = float(r["gpu__time_duration.sum"].replace(",", "")) / 1e3   # ns -> us
         except (KeyError, ValueError):
             continue
-        key = (r.get("Kernel Name", "?")[:60], r.get("launch__grid_size", "?"),
-               r.get("launch__block_size", "?"))
+        key = (r.get("Kernel Name", "?")[:48], r.get("Grid Size", "?").replace(" ", ""),
+               r.get("Block Size", "?").replace(" ", ""))
         groups.setdefault(key, []).append(t)
     with open(out, "w") as f:
-        f.write(f"{'kernel':60s} {'grid':>8s} {'block':>6s} {'n':>5s} {'med_us':>9s} {'mean_us':>9s}\n")
+        f.write(f"{'kernel':48s} {'grid':>14s} {'block':>12s} {'n':>5s} {'med_us':>9s} {'mean_us':>9s}\n")
         for (name, grid, block), ts in groups.items():
-            f.write(f"{name:60s} {grid:>8s} {block:>6s} {len(ts):5d} "
+            f.write(f"{name:48s} {grid:>14s} {block:>12s} {len(ts):5d} "
                     f"{statistics.median(ts):9.2f} {statistics.fmean(ts):9.2f}\n")
     print(open(out).read())
     return rc

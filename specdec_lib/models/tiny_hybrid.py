@@ -222,6 +222,14 @@ class TinyHybridTarget:
                 L["k_cache"] = xp.zeros(shape, dtype=kv_dtype)
                 L["v_cache"] = xp.zeros(shape, dtype=kv_dtype)
 
+    def reset_slots(self, slot_ids):
+        """Fresh recurrent state for the given slots (a new request takes the slot). KV
+        pages need nothing: rows past the committed length (0 after a reset) are dead."""
+        for L in self.layers:
+            if L["kind"] == "linear_attention":
+                L["state"][slot_ids] = 0
+                L["conv_state"][slot_ids] = 0
+
     def _rope(self, x, positions):
         xp = self.xp
         half = x.shape[-1] // 2
