@@ -119,7 +119,43 @@ def cuda_backend(device: int = 0):
             graph.launch(stream)
         return replay
     ns.capture = capture
+    ns.linear = _cupy_linear(cupy)
     return ns
+
+
+_LINEAR_F64 = r"""
+extern "C" __global__ void linear_f64(const double* x, const double* w, double* y,
+                                      int M, int N, int K) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
+  if (n >= N) return;
+  const double* xr = x + (long long)m * K;
+  const double* wr = w + (long long)n * K;
+  double acc = 0.0;
+  for (int k = 0; k < K; ++k) acc = fma(xr[k], wr[k], acc);   // fixed order: deterministic
+  y[(long long)m * N + n] = acc;
+}
+"""
+
+
+def _cupy_linear(cupy):
+    """float64 x [M, K] @ w [N, K].T for host models on the cuda backend. cupy refuses to
+    call cuBLAS while a stream is being captured, so a round holding cupy matmuls could
+    not become a CUDA graph; this plain kernel can (and gives the same bits eagerly)."""
+    kern = cupy.RawKernel(_LINEAR_F64, "linear_f64")
+
+    def linear(x, w):
+        x = cupy.ascontiguousarray(x, dtype=cupy.float64)
+        w = cupy.ascontiguousarray(w, dtype=cupy.float64)
+        M, K = x.shape
+        N = w.shape[0]
+        if w.shape[1] != K:
+            raise ValueError(f"linear: x is [{M}, {K}] but w is {tuple(w.shape)}")
+        y = cupy.empty((M, N), dtype=cupy.float64)
+        if M and N:
+            kern(((N + 127) // 128, M), (128,), (x, w, y, cupy.int32(M), cupy.int32(N),
+                                                 cupy.int32(K)))
+        return y
+    return linear
 
 
 def make_backend(name: str = "reference", device: int = 0):

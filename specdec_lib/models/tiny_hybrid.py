@@ -60,6 +60,12 @@ def _rms(xp, x, w, eps):
     return x * r * (1.0 + w)
 
 
+def _linear(be):
+    """x [M, K] @ w[N, K].T: the backend's own product where it has one (the cuda backend's
+    is capturable in a CUDA graph, cupy's cuBLAS path is not), else the array's @."""
+    return getattr(be, "linear", None) or (lambda x, w: x @ w.T)
+
+
 def _silu(xp, x):
     return x / (1.0 + xp.exp(-x))
 
@@ -171,6 +177,7 @@ class TinyHybridTarget:
 
     def __init__(self, config, tensors, backend):
         self.c, self.be, self.xp = config, backend, backend.xp
+        self._lin = _linear(backend)
         xp = self.xp
         get = lambda n: xp.asarray(tensors[n].float32(), dtype=xp.float64)  # noqa: E731
         c = config
@@ -239,6 +246,11 @@ class TinyHybridTarget:
         x1, x2 = x[..., :half], x[..., half:]
         return xp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
+    def _reduce(self, partial):
+        """A layer's output projection summed over tensor-parallel ranks: the identity here
+        (one process holds every head); ``TinyHybridTargetTP`` all-reduces it."""
+        return partial
+
     def forward(self, tokens, positions, cu_q, seq_lens, finished):
         """One block: tokens/positions [T] int32, cu_q [B+1], seq_lens [B] (committed L),
         finished [B] uint8 (their KV rows are not appended). Returns (logits, hidden)."""
@@ -250,7 +262,7 @@ class TinyHybridTarget:
         for L in self.layers:
             h = _rms(xp, x, L["ln"], self.eps)
             if L["kind"] == "linear_attention":
-                qkv = (h @ L["qkv"].T).astype(f32)                         # [T, conv_dim]
+                qkv = self._lin(h, L["qkv"]).astype(f32)                         # [T, conv_dim]
                 conv_out = xp.empty_like(qkv)
                 be.conv1d_verify(qkv, L["conv"], L["conv_state"], self.slot_ids, cu_q, conv_out,
                                  activation="silu")
@@ -258,7 +270,7 @@ class TinyHybridTarget:
                 q = conv_out[:, :nk].reshape(T, self.hk, self.dk)
                 k = conv_out[:, nk:2 * nk].reshape(T, self.hk, self.dk)
                 v = conv_out[:, 2 * nk:].reshape(T, self.hv, self.dv)
-                ba = (h @ L["ba"].T).astype(f32)
+                ba = self._lin(h, L["ba"]).astype(f32)
                 b_gate = xp.ascontiguousarray(ba[:, :self.hv])
                 a_gate = xp.ascontiguousarray(ba[:, self.hv:])
                 o = xp.empty((T, self.hv, self.dv), dtype=f32)
@@ -269,20 +281,20 @@ class TinyHybridTarget:
                               journal, a=a_gate, b=b_gate, A_log=L["A_log"],
                               dt_bias=L["dt_bias"], qk_l2norm=True)
                 self._journal.append((qkv, journal))
-                x = x + o.reshape(T, -1).astype(xp.float64) @ L["out"].T
+                x = x + self._reduce(self._lin(o.reshape(T, -1).astype(xp.float64), L["out"]))
             else:
-                q = self._rope((h @ L["q"].T).reshape(T, self.nq, self.D), positions)
-                k = self._rope((h @ L["k"].T).reshape(T, self.nkv, self.D), positions)
-                v = (h @ L["v"].T).reshape(T, self.nkv, self.D)
+                q = self._rope(self._lin(h, L["q"]).reshape(T, self.nq, self.D), positions)
+                k = self._rope(self._lin(h, L["k"]).reshape(T, self.nkv, self.D), positions)
+                v = self._lin(h, L["v"]).reshape(T, self.nkv, self.D)
                 kvd = self.be.kv_dtype
                 be.append_kv(k.astype(kvd), v.astype(kvd), L["k_cache"], L["v_cache"],
                              self.page_table, seq_lens, cu_q, finished)
                 o = xp.empty((T, self.nq, self.D), dtype=kvd)
                 be.verify_attention(q.astype(kvd), L["k_cache"], L["v_cache"], self.page_table,
                                     seq_lens, cu_q, o)
-                x = x + o.reshape(T, -1).astype(xp.float64) @ L["o"].T
+                x = x + self._reduce(self._lin(o.reshape(T, -1).astype(xp.float64), L["o"]))
         hidden = _rms(xp, x, self.final_norm, self.eps)
-        logits = (hidden @ self.lm_head.T).astype(f32)
+        logits = self._lin(hidden, self.lm_head).astype(f32)
         return logits, hidden.astype(f32)
 
     def commit(self, cu_q, accept_len):
@@ -330,6 +342,7 @@ class TinyMTPDraft:
     def propose(self, carry, last_token, k):
         """carry float32 [B, H], last_token int32 [B] -> draft tokens int32 [B, k]."""
         xp, be = self.xp, self.be
+        lin = _linear(be)
         B, H = carry.shape
         out = xp.empty((B, k), dtype=xp.int32)
         h = carry
@@ -338,13 +351,13 @@ class TinyMTPDraft:
         for j in range(k):
             be.draft_combine(self.embed, h, self.norm_e, self.norm_h, comb, token_ids=tok,
                              eps=self.eps, unit_offset=True)
-            x = comb.astype(xp.float64) @ self.fc.T
-            a = _rms(xp, x, self.ln1, self.eps) @ self.wv.T                 # [B, nkv*D]
+            x = lin(comb.astype(xp.float64), self.fc)
+            a = lin(_rms(xp, x, self.ln1, self.eps), self.wv)                 # [B, nkv*D]
             a = xp.repeat(a.reshape(B, self.nkv, 1, self.D), self.group, axis=2).reshape(B, -1)
-            x = x + a @ self.wo.T
+            x = x + lin(a, self.wo)
             m = _rms(xp, x, self.ln2, self.eps)
-            x = x + (_silu(xp, m @ self.gate.T) * (m @ self.up.T)) @ self.down.T
-            logits = _rms(xp, x, self.final, self.eps) @ self.lm_head.T
+            x = x + lin(_silu(xp, lin(m, self.gate)) * lin(m, self.up), self.down)
+            logits = lin(_rms(xp, x, self.final, self.eps), self.lm_head)
             tok = xp.argmax(logits, axis=-1).astype(xp.int32)
             out[:, j] = tok
             h = x.astype(xp.float32)
