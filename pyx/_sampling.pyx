@@ -53,6 +53,7 @@ cdef extern from "sampling/sampling_params.h":
         int32_t tiles_per_cta
         int32_t width
         int32_t filtered_pass
+        int32_t no_filters
 
 PARAM_SIZES = {"SpecSampleParams": sizeof(SpecSampleParams)}
 TILE = SPEC_SAMPLE_TILE
@@ -72,10 +73,12 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
                        int64_t logits_stride, int64_t draft_probs_stride,
                        int64_t emitted_stride, int64_t logprobs_stride,
                        int num_rows, int batch, int vocab, int draft_vocab, int num_tiles,
-                       int tiles_per_cta, int width):
+                       int tiles_per_cta, int width, bint filters=True):
     """tiles (grid T x chunks) -> threshold (grid T) -> tiles, filtered pass -> finish
-    (grid B). The filter launches always run: whether a request filters is only known on
-    the device (their CTAs for unfiltered rows exit at once)."""
+    (grid B). ``filters=False`` (the caller's promise that no request filters) skips the two
+    filter launches; finish then flags a request that does filter (status 5) instead of
+    sampling it unfiltered. With filters=True the launches always run (CTAs of unfiltered
+    rows exit at once)."""
     cdef SpecSampleParams p
     p.logits = <const void*>logits
     p.cu_q = <const int32_t*>cu_q
@@ -105,11 +108,13 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
     p.tiles_per_cta = tiles_per_cta
     p.width = width
     p.filtered_pass = 0
+    p.no_filters = 0 if filters else 1
     cdef unsigned int chunks = (num_tiles + tiles_per_cta - 1) // tiles_per_cta
     if num_rows > 0:
         launch(k_tiles, num_rows, chunks, 1, SPEC_SAMPLE_TILE_THREADS, 1, 1, 0, stream, &p)
-        launch(k_threshold, num_rows, 1, 1, SPEC_SAMPLE_THRESHOLD_THREADS, 1, 1, 0, stream, &p)
-        p.filtered_pass = 1
-        launch(k_tiles, num_rows, chunks, 1, SPEC_SAMPLE_TILE_THREADS, 1, 1, 0, stream, &p)
-        p.filtered_pass = 0
+        if filters:
+            launch(k_threshold, num_rows, 1, 1, SPEC_SAMPLE_THRESHOLD_THREADS, 1, 1, 0, stream, &p)
+            p.filtered_pass = 1
+            launch(k_tiles, num_rows, chunks, 1, SPEC_SAMPLE_TILE_THREADS, 1, 1, 0, stream, &p)
+            p.filtered_pass = 0
     launch(k_finish, batch, 1, 1, SPEC_SAMPLE_FINISH_THREADS, 1, 1, 0, stream, &p)

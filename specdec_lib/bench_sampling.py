@@ -47,23 +47,28 @@ def bench_spec_sample(b: Bench):
     from .arrays import DeviceArray
     from .ops import spec_sample, spec_sample_workspace_size
     V, k = 151936, 3
-    for B, greedy_frac, top_p, label in ((64, 0.5, 1.0, "half greedy, no filter"),
-                                         (64, 0.5, 0.9, "half greedy, top-p 0.9"),
-                                         (64, 0.0, 1.0, "all sampled, no filter"),
-                                         (1, 0.0, 1.0, "sampled, no filter"),
-                                         (1, 0.0, 0.9, "sampled, top-p 0.9")):
+    # filters=False: the caller's promise that no request filters (the two filter launches skipped)
+    for B, greedy_frac, top_p, filters, label in (
+            (64, 0.5, 1.0, None, "half greedy, no filter"),
+            (64, 0.5, 1.0, False, "half greedy, no filter, filters=False"),
+            (64, 0.5, 0.9, None, "half greedy, top-p 0.9"),
+            (64, 0.0, 1.0, None, "all sampled, no filter"),
+            (64, 0.0, 1.0, False, "all sampled, no filter, filters=False"),
+            (1, 0.0, 1.0, None, "sampled, no filter"),
+            (1, 0.0, 1.0, False, "sampled, no filter, filters=False"),
+            (1, 0.0, 0.9, None, "sampled, top-p 0.9")):
         a, T = _inputs(B, k, V, b.device, greedy_frac, top_p)
         ws = DeviceArray.empty((spec_sample_workspace_size(T, V),), "uint8", b.device)
 
         def run():
             spec_sample(a["logits"], a["cu_q"], a["draft_ids"], a["temperature"], a["top_k"],
                         a["top_p"], a["min_p"], a["seed"], a["step"], a["num_accepted"],
-                        a["emitted"], a["status"], workspace=ws, stream=b.stream)
+                        a["emitted"], a["status"], workspace=ws, stream=b.stream, filters=filters)
         nbytes = T * V * 2
         ms = b.time_graph(run) if B <= 4 else b.time(run, iters=20)
         b.report("spec_sample", f"B={B} k={k} V={V} bf16 {label}", nbytes, ms,
                  host_us=round(b.host_us(run), 1))
-        if B == 64 and top_p == 1.0 and greedy_frac == 0.5:
+        if B == 64 and top_p == 1.0 and greedy_frac == 0.5 and filters is None:
             fi_bytes = (B * (k + 1) * V + B * k * V) * 4
             floor_ms = fi_bytes / (b.copy_bw() * 1e6)
             b.report("spec_sample", f"B={B} k={k} V={V} fp32 probs read floor", fi_bytes,

@@ -309,6 +309,37 @@ def test_spec_sample_logprobs(rng):
     assert (lp[:, 2:][em[:, 2:] == -1] == 0).all()
 
 
+def test_request_filters_matches_the_kernel_rule():
+    V = 100
+    f = ref.request_filters
+    assert not f(V, 0.0, 5, 0.5, 0.1)              # greedy: never filtered
+    assert not f(V, float("nan"), 5, 0.5, 0.1)
+    assert not f(V, 1.0, 0, 1.0, 0.0)
+    assert not f(V, 1.0, V, 1.0, 0.0) and not f(V, 1.0, -3, 1.0, 0.0)   # top_k off
+    assert not f(V, 1.0, 0, float("nan"), float("nan"))                  # NaN: off
+    assert f(V, 1.0, V - 1, 1.0, 0.0) and f(V, 0.5, 0, 0.999, 0.0) and f(V, 2.0, 0, 1.0, 1e-6)
+
+
+def test_spec_sample_filters_false_flags_filtering_requests(rng):
+    q_lens = [2, 3, 1, 2, 3]
+    cu_q, logits, drafts, p = batch_inputs(q_lens, 40, rng, temperature=[0.0, 0.8, 1.0, 1.1, 0.7],
+                                           top_k=[5, 0, 0, 10, 0], top_p=[0.5, 1.0, 0.9, 1.0, 1.0],
+                                           min_p=[0.0, 0.0, 0.0, 0.0, 0.0])
+    base = run_ref(cu_q, logits, drafts, p, W=3)
+    for flag in (None, True):
+        got = run_ref(cu_q, logits, drafts, p, W=3, filters=flag)
+        assert all((a == b).all() for a, b in zip(base, got))
+    n, em, st = run_ref(cu_q, logits, drafts, p, W=3, filters=False)
+    assert list(st) == [0, 0, ref.STATUS_FILTER_SKIPPED, ref.STATUS_FILTER_SKIPPED, 0]
+    for b in (2, 3):                               # invalid block: nothing sampled
+        assert n[b] == 0 and (em[b] == -1).all()
+    for b in (0, 1, 4):                            # greedy (any top-k/p) and unfiltered: as before
+        assert n[b] == base[0][b] and (em[b] == base[1][b]).all() and st[b] == base[2][b]
+    # bad layout still wins over the skipped filter
+    n, em, st = run_ref(cu_q, logits, drafts, p, W=2, filters=False)
+    assert st[1] == ref.STATUS_BAD_LAYOUT and st[3] == ref.STATUS_FILTER_SKIPPED
+
+
 def test_spec_sample_validation_errors(rng):
     cu_q, logits, drafts, p = batch_inputs([2, 2], 16, rng)
     args = lambda **o: [o.get(k, v) for k, v in (("logits", logits), ("cu_q", cu_q), ("draft_ids", drafts))] + \
@@ -348,7 +379,7 @@ def to_dtype(x, dtype):
 
 
 def gpu_run(cu_q, logits_host, dtype, draft_ids, params, W, draft_probs=None, d2t=None,
-            logprobs=False, stream=None, runs=1):
+            logprobs=False, stream=None, runs=1, filters=None):
     """Upload, run the op ``runs`` times (fresh sentinel each time), return host outputs."""
     from specdec_lib import DeviceArray
     from specdec_lib.ops import spec_sample as op, spec_sample_workspace_size
@@ -367,7 +398,7 @@ def gpu_run(cu_q, logits_host, dtype, draft_ids, params, W, draft_probs=None, d2
         em = dev(np.full((B, W), SENTINEL, np.int32))
         st = dev(np.full(B, SENTINEL, np.int32))
         lp = dev(np.full((B, W), np.nan, np.float32)) if logprobs else None
-        op(lg, *args, na, em, st, dp, dm, lp, workspace=ws, stream=stream)
+        op(lg, *args, na, em, st, dp, dm, lp, workspace=ws, stream=stream, filters=filters)
         res = [na.to_numpy(), em.to_numpy(), st.to_numpy()] + ([lp.to_numpy()] if logprobs else [])
         for a in res[:3]:
             assert (a != SENTINEL).all(), "an output element was not written"
@@ -580,6 +611,75 @@ def test_spec_sample_gpu_chi_square(case, rng):
     p1 = filtered_probs(block[1], temp, top_k, top_p, min_p)
     if (n == 1).sum() > 1000:
         assert chi_square_z(np.bincount(em[n == 1, 1], minlength=V), p1) < 4.5
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_spec_sample_gpu_filters_false(dtype, rng):
+    """filters=False skips the threshold + recount launches: unfiltered requests (greedy ones
+    with any top-k/top-p) give bit-identical outputs to the default; requests that do filter
+    get status 5 (never a silently unfiltered sample)."""
+    V = 5003
+    q_lens = [1, 3, 4, 2, 1, 4, 3, 2] * 3
+    B = len(q_lens)
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    T = int(cu_q[-1])
+    host, seen = to_dtype(rng.standard_normal((T, V)) * 3, dtype)
+    temps = rng.choice([0.0, 0.7, 1.0], B).astype(np.float32)
+    params = make_params(B, temperature=temps, top_p=np.where(temps == 0, 0.5, 1.0))
+    drafts = rng.integers(0, V, T - B).astype(np.int32)
+    for b in range(B):
+        for i in range(q_lens[b] - 1):
+            if rng.random() < 0.5:
+                drafts[cu_q[b] - b + i] = int(np.nanargmax(seen[cu_q[b] + i]))
+    W = 5
+    a = gpu_run(cu_q, host, dtype, drafts, params, W, logprobs=True)
+    c = gpu_run(cu_q, host, dtype, drafts, params, W, logprobs=True, filters=False)
+    for x, y in zip(a, c):
+        np.testing.assert_array_equal(x, y)
+    # now some sampled requests filter: status 5 for them, the rest as the reference says
+    params["top_k"] = np.where(np.arange(B) % 3 == 1, 20, 0).astype(np.int32)
+    params["min_p"] = np.where(np.arange(B) % 5 == 2, 0.05, 0.0).astype(np.float32)
+    n, em, st = gpu_run(cu_q, host, dtype, drafts, params, W, filters=False)
+    rn, rem, rst = run_ref(cu_q, seen, drafts, params, W=W, filters=False)
+    np.testing.assert_array_equal(st, rst)
+    assert (rst == ref.STATUS_FILTER_SKIPPED).sum() >= 3
+    skipped = rst == ref.STATUS_FILTER_SKIPPED
+    assert (n[skipped] == 0).all() and (em[skipped] == -1).all()
+    same = (n == rn) & (em == rem).all(1)
+    assert same.mean() >= 0.95, f"{(~same).sum()} of {B} sequences differ from the reference"
+
+
+@needs_gpu
+@pytest.mark.parametrize("greedy", [True, False])
+def test_spec_sample_gpu_long_blocks(greedy, rng):
+    """Blocks longer than SPEC_SAMPLE_FINISH_ROWS (32): finish evaluates the first 32 rows in
+    parallel and the rest inside the chain; drafts that (almost) always get accepted walk the
+    chain past row 32."""
+    V = 3001
+    q_lens = [40, 1, 33, 5]
+    B = len(q_lens)
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    T = int(cu_q[-1])
+    x = rng.standard_normal((T, V)) * 2
+    hot = rng.integers(0, V, T)
+    x[np.arange(T), hot] = 40.0                  # p(hot) ~ 1 at temperature 1
+    host, seen = to_dtype(x, "float32")
+    drafts = np.empty(T - B, np.int32)
+    for b in range(B):
+        for i in range(q_lens[b] - 1):
+            drafts[cu_q[b] - b + i] = hot[cu_q[b] + i] if i != 36 else (hot[cu_q[b] + i] + 1) % V
+    params = make_params(B, temperature=0.0 if greedy else 1.0)
+    W = 41
+    n, em, st, lp = gpu_run(cu_q, host, "float32", drafts, params, W, logprobs=True)
+    rlp = np.zeros((B, W), np.float32)
+    rn, rem, rst = run_ref(cu_q, seen, drafts, params, W=W, accepted_logprobs=rlp)
+    np.testing.assert_array_equal(st, rst)
+    np.testing.assert_array_equal(n, rn)
+    np.testing.assert_array_equal(em, rem)
+    assert n[0] == 36 and n[2] == 32
+    ok = em >= 0
+    np.testing.assert_allclose(lp[ok], rlp[ok], rtol=2e-3, atol=2e-3)
 
 
 @needs_gpu

@@ -90,17 +90,90 @@ __device__ void gather_q_tile(const SpecSampleParams& p, const float* qrow, int 
   __syncthreads();
 }
 
+// Everything the accept chain needs from block row i. One warp computes it (all lanes equal),
+// so finish evaluates all rows of a block at once and the chain itself is a scan.
+struct RowEval {
+  RowStats s;
+  int x;              // the row's draft (-1 on the last row)
+  int accept;         // greedy: x == argmax; sampled: u * q(x) < p(x). 0 on the last row
+  float ex;           // sampled: weight exp2(s2_x - m) of x if kept, else 0
+  float px;           // sampled: p(x)
+  float z_full;       // sampled: kept mass of the row (x included)
+  uint32_t tau_key;
+};
+
+template <typename T>
+__device__ __forceinline__ RowEval row_eval(const SpecSampleParams& p, const SeqParams& sp, int r0,
+                                            int dbase, int k, int i, uint64_t seed, int64_t step) {
+  const int r = r0 + i;
+  const T* row = static_cast<const T*>(p.logits) + static_cast<int64_t>(r) * p.logits_stride;
+  const bool onehot = p.draft_probs == nullptr;
+  RowEval e;
+  // the draft's logit is loaded before the tile merge (independent loads in flight together)
+  e.x = i < k ? __ldg(p.draft_ids + dbase + i) : -1;
+  const bool in_range = e.x >= 0 && e.x < p.vocab;
+  const float lx = (!sp.greedy && in_range) ? load_logit(row, e.x) : -INFINITY;
+  e.tau_key = (sp.filtered && !p.no_filters) ? ws_rows(p)[r].tau_key : 0u;
+  e.s = warp_row_stats(p, r);
+  e.ex = 0.f; e.px = 0.f; e.z_full = e.s.z; e.accept = 0;
+  if (sp.greedy) {
+    e.accept = i < k && e.x == e.s.arg;
+    return e;
+  }
+  if (i >= k) return e;
+  const int jd = onehot ? (in_range ? e.x : -1) : draft_index(p, e.x);
+  if (in_range) {
+    const float sx = lx * sp.scale;
+    if (lx != -INFINITY && (!sp.filtered || kept(lx, sx, e.tau_key, e.s.m, sp.min_p)))
+      e.ex = exp2f(sx - e.s.m);
+  }
+  e.z_full = onehot ? e.s.z + e.ex : e.s.z;   // one-hot rows left x out of the tile sums
+  e.px = e.z_full > 0.f ? e.ex / e.z_full : 0.f;
+  if (jd >= 0) {
+    const float qx = onehot ? 1.f
+        : p.draft_probs[static_cast<int64_t>(dbase + i) * p.draft_probs_stride + jd];
+    const float u = philox_uniform24(spec_bits(seed, step, i, kPurposeAccept, 0));
+    e.accept = u * qx < e.px;
+  }
+  return e;
+}
+
+// Block-wide (any, argmax a, argmax b): one barrier round for the level-1 tile race.
+template <int kThreads>
+__device__ __forceinline__ void block_race2(int& any, KeyArg& a, KeyArg& b, KeyArg* sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  any = __syncthreads_or(any);
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    KeyArg o;
+    o.key = __shfl_down_sync(0xffffffffu, a.key, d);
+    o.idx = __shfl_down_sync(0xffffffffu, a.idx, d);
+    a = better(a, o);
+    o.key = __shfl_down_sync(0xffffffffu, b.key, d);
+    o.idx = __shfl_down_sync(0xffffffffu, b.idx, d);
+    b = better(b, o);
+  }
+  if (lane == 0) { sh[2 * warp] = a; sh[2 * warp + 1] = b; }
+  __syncthreads();
+  a = sh[0]; b = sh[1];
+  for (int w = 1; w < kThreads / 32; ++w) { a = better(a, sh[2 * w]); b = better(b, sh[2 * w + 1]); }
+  __syncthreads();
+}
+
 template <typename T>
 __device__ void finish_kernel(const SpecSampleParams& p) {
   constexpr int kThreads = SPEC_SAMPLE_FINISH_THREADS;
   constexpr int kWarps = kThreads / 32;
-  __shared__ KeyArg sh_arg[kWarps];
+  constexpr int kRows = SPEC_SAMPLE_FINISH_ROWS;
+  constexpr int kPer = kTile / kThreads;
+  __shared__ KeyArg sh_arg[2 * kWarps];
   __shared__ float sh_sum[kWarps];
   __shared__ float w_tile[SPEC_SAMPLE_MAX_TILES];
   __shared__ float q_sh[kTile];
+  __shared__ RowEval sh_eval[kRows];
   __shared__ int sh_range[2];
   __shared__ uint32_t sh_flags;
-  __shared__ int sh_empty, sh_bad, sh_tile, sh_use_p;
+  __shared__ int sh_empty, sh_bad;
   __shared__ ChainResult sh_chain;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int b = blockIdx.x;
@@ -122,15 +195,21 @@ __device__ void finish_kernel(const SpecSampleParams& p) {
   const int k = q - 1;
   const int dbase = r0 - b;
   const SeqParams sp = seq_params(p, b);
+  if (p.no_filters && sp.filtered) {   // the threshold was never computed: flag, never guess
+    if (threadIdx.x == 0) { p.num_accepted[b] = 0; p.status[b] = SPEC_SAMPLE_FILTER_SKIPPED; }
+    return;
+  }
   const uint64_t seed = __ldg(p.seed + b);
   const int64_t step = __ldg(p.step + b);
 
-  // --- phase A: flags and emptiness of every row (warp w: rows w, w + 8, ...), draft ids
+  // --- phase A: every row in parallel (warp w: rows w, w + 16, ...): stats, flags, the accept
+  // decision of its draft; the draft ids' range check
   for (int i = warp; i < q; i += kWarps) {
-    const RowStats s = warp_row_stats(p, r0 + i);
+    const RowEval e = row_eval<T>(p, sp, r0, dbase, k, i, seed, step);
     if (lane == 0) {
-      if (s.flags) atomicOr(&sh_flags, s.flags);
-      if (sp.greedy ? (s.arg < 0) : !(s.m > -INFINITY)) atomicOr(&sh_empty, 1);
+      if (e.s.flags) atomicOr(&sh_flags, e.s.flags);
+      if (sp.greedy ? (e.s.arg < 0) : !(e.s.m > -INFINITY)) atomicOr(&sh_empty, 1);
+      if (i < kRows) sh_eval[i] = e;
     }
   }
   for (int j = threadIdx.x; j < k; j += kThreads) {
@@ -150,70 +229,35 @@ __device__ void finish_kernel(const SpecSampleParams& p) {
     return;
   }
 
-  // --- greedy (warp 0 alone): accept while draft == argmax, then emit the argmax
-  if (sp.greedy) {
-    if (warp != 0) return;
-    int n = 0;
-    for (int i = 0; i < q; ++i) {
-      const RowStats s = warp_row_stats(p, r0 + i);
-      const float lz = s.z > 0.f ? log2f(s.z) : 0.f;   // log2 of sum exp2(s2 - m)
-      const float lpv = (s.raw_max * kLog2e - s.m - lz) * kLn2;
-      if (lane == 0) {
-        em[i] = s.arg;
-        if (lp) lp[i] = lpv;
-      }
-      n = i;
-      if (i == k || __ldg(p.draft_ids + dbase + i) != s.arg) break;
-    }
-    if (lane == 0) { p.num_accepted[b] = n; p.status[b] = st; }
-    return;
-  }
-
-  // --- sampled: accept chain (warp 0; every lane computes the same values)
-  const T* logits = static_cast<const T*>(p.logits);
-  const bool onehot = p.draft_probs == nullptr;
+  // --- the accept chain (warp 0): a scan of the rows' decisions (rows past kRows: evaluated here)
   if (warp == 0) {
     int n = k;
-    RowStats s;
-    float z_full = 0.f, ex_rej = 0.f;
-    uint32_t tau_key = 0;
-    int x = -1;
+    RowEval e;
     for (int i = 0; i < q; ++i) {
-      const int r = r0 + i;
-      s = warp_row_stats(p, r);
-      tau_key = sp.filtered ? ws_rows(p)[r].tau_key : 0u;
-      const T* row = logits + static_cast<int64_t>(r) * p.logits_stride;
-      if (i == k) { z_full = s.z; x = -1; break; }
-      x = __ldg(p.draft_ids + dbase + i);
-      const int jd = onehot ? ((x >= 0 && x < p.vocab) ? x : -1) : draft_index(p, x);
-      float px = 0.f, ex = 0.f;
-      if (x >= 0 && x < p.vocab) {
-        const float lx = load_logit(row, x);
-        const float sx = lx * sp.scale;
-        if (lx != -INFINITY && (!sp.filtered || kept(lx, sx, tau_key, s.m, sp.min_p))) ex = exp2f(sx - s.m);
+      e = i < kRows ? sh_eval[i] : row_eval<T>(p, sp, r0, dbase, k, i, seed, step);
+      if (sp.greedy && lane == 0) {   // greedy rows emit their argmax up to and including n
+        const float lz = e.s.z > 0.f ? log2f(e.s.z) : 0.f;   // log2 of sum exp2(s2 - m)
+        em[i] = e.s.arg;
+        if (lp) lp[i] = (e.s.raw_max * kLog2e - e.s.m - lz) * kLn2;
       }
-      z_full = onehot ? s.z + ex : s.z;    // one-hot rows left x out of the tile sums
-      px = z_full > 0.f ? ex / z_full : 0.f;
-      bool accept = false;
-      if (jd >= 0) {
-        const float qx = onehot ? 1.f
-            : p.draft_probs[static_cast<int64_t>(dbase + i) * p.draft_probs_stride + jd];
-        const float u = philox_uniform24(spec_bits(seed, step, i, kPurposeAccept, 0));
-        accept = u * qx < px;
+      if (!e.accept) { n = i; break; }
+      if (!sp.greedy && lane == 0) {
+        em[i] = e.x;
+        if (lp) lp[i] = logf(e.px);
       }
-      if (lane == 0 && accept) {
-        em[i] = x;
-        if (lp) lp[i] = logf(px);
-      }
-      if (!accept) { n = i; ex_rej = ex; break; }
     }
-    if (lane == 0) {
+    if (sp.greedy) {
+      if (lane == 0) { p.num_accepted[b] = n; p.status[b] = st; }
+    } else if (lane == 0) {
       ChainResult c;
-      c.n = n; c.x = x; c.ex = ex_rej; c.m = s.m; c.z_full = z_full; c.tau_key = tau_key;
+      c.n = n; c.x = e.x; c.ex = e.ex; c.m = e.s.m; c.z_full = e.z_full; c.tau_key = e.tau_key;
       sh_chain = c;
     }
   }
+  if (sp.greedy) return;
   __syncthreads();
+  const T* logits = static_cast<const T*>(p.logits);
+  const bool onehot = p.draft_probs == nullptr;
   const ChainResult ch = sh_chain;
   const int n = ch.n;
   const int x = ch.x;
@@ -256,49 +300,48 @@ __device__ void finish_kernel(const SpecSampleParams& p) {
     }
   }
   __syncthreads();
-  // level 1 (warp 0): total mass, the fallback to p, the tile race
-  if (warp == 0) {
-    float tot = 0.f;
-    for (int t = lane; t < p.num_tiles; t += 32) tot += w_tile[t];
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, d);
-    const bool use_p = !(tot > 0.f);   // e.g. p == q: sample p itself
+  // level 1, all threads: one noise per tile serves both the residual race and the race over
+  // p (the fallback when the residual has no mass, e.g. p == q); both are reduced at once
+  int any = 0;
+  KeyArg best_r, best_p;
+  best_r.key = best_p.key = -INFINITY;
+  best_r.idx = best_p.idx = -1;
+  {
     const int x_tile = (excl >= 0 && excl < p.vocab) ? excl / kTile : -1;
-    KeyArg best;
-    best.key = -INFINITY; best.idx = -1;
-    for (int t = lane; t < p.num_tiles; t += 32) {
-      float w = w_tile[t];
-      if (use_p) {   // p's tile sums: one-hot rows add back the draft they left out
-        const SpecSampleTile x_t = tl[t];
-        w = scaled_sum(x_t.m, x_t.s, s.m) + (t == x_tile ? ch.ex : 0.f);
-      }
-      if (w > 0.f) {
+    for (int t = threadIdx.x; t < p.num_tiles; t += kThreads) {
+      const float w = w_tile[t];
+      const SpecSampleTile x_t = tl[t];   // p's tile sums: one-hot rows add back the draft
+      const float wp = scaled_sum(x_t.m, x_t.s, s.m) + (t == x_tile ? ch.ex : 0.f);
+      any |= w > 0.f;
+      if (w > 0.f || wp > 0.f) {
+        const float le = log2f(philox_exponential(spec_bits(seed, step, i, kPurposeTile, t)));
         KeyArg c;
-        c.key = log2f(w) - log2f(philox_exponential(spec_bits(seed, step, i, kPurposeTile, t)));
         c.idx = t;
-        best = better(best, c);
+        if (w > 0.f) { c.key = log2f(w) - le; best_r = better(best_r, c); }
+        if (wp > 0.f) { c.key = log2f(wp) - le; best_p = better(best_p, c); }
       }
     }
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-      KeyArg o;
-      o.key = __shfl_down_sync(0xffffffffu, best.key, d);
-      o.idx = __shfl_down_sync(0xffffffffu, best.idx, d);
-      best = better(best, o);
-    }
-    if (lane == 0) { sh_tile = best.idx < 0 ? 0 : best.idx; sh_use_p = use_p; }
   }
-  __syncthreads();
-  const int tile = sh_tile;
-  const bool use_p = sh_use_p != 0;
-  // level 2: the token inside the tile
+  block_race2<kThreads>(any, best_r, best_p, sh_arg);
+  const bool use_p = !any;
+  const KeyArg best = use_p ? best_p : best_r;
+  const int tile = best.idx < 0 ? 0 : best.idx;
+  // level 2: the token inside the tile (this thread's logits loaded first)
+  float lv[kPer];
+#pragma unroll
+  for (int jj = 0; jj < kPer; ++jj) {
+    const int tok = tile * kTile + jj * kThreads + threadIdx.x;
+    lv[jj] = tok < p.vocab ? load_logit(row, tok) : -INFINITY;
+  }
   if (qrow != nullptr && !use_p) gather_q_tile<kThreads>(p, qrow, tile * kTile, q_sh, sh_range);
   KeyArg tb;
   tb.key = -INFINITY; tb.idx = -1;
-  for (int j = threadIdx.x; j < kTile; j += kThreads) {
+#pragma unroll
+  for (int jj = 0; jj < kPer; ++jj) {
+    const int j = jj * kThreads + threadIdx.x;
     const int tok = tile * kTile + j;
-    if (tok >= p.vocab) break;
-    const float l = load_logit(row, tok);
+    const float l = lv[jj];
+    if (tok >= p.vocab) continue;
     const float s2 = l * sp.scale;
     if (l == -INFINITY || isnan(l)) continue;
     if (sp.filtered && !kept(l, s2, tau_key, s.m, sp.min_p)) continue;

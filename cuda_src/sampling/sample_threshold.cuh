@@ -53,6 +53,37 @@ __device__ __forceinline__ void find_digit(const unsigned long long* hist, unsig
   __syncthreads();
 }
 
+// The 64-bit histogram is accumulated as two 32-bit halves (lo at h32[bin], hi at h32[2048 + bin]):
+// 64-bit shared atomicAdd is a CAS loop on every arch, 32-bit is native. A wrap of lo (seen in
+// the old value) carries into hi, so the total is exact in any order.
+__device__ __forceinline__ void hist_add(uint32_t* h32, int bin, unsigned long long add) {
+  const uint32_t lo = static_cast<uint32_t>(add);
+  uint32_t hi = static_cast<uint32_t>(add >> 32);
+  if (lo) {
+    const uint32_t old = atomicAdd(h32 + bin, lo);
+    hi += old + lo < old ? 1u : 0u;
+  }
+  if (hi) atomicAdd(h32 + 2048 + bin, hi);
+}
+
+// lo/hi halves -> the 64-bit bins, in place (every thread of the CTA calls it).
+template <int kThreads>
+__device__ __forceinline__ void hist_combine(unsigned long long* hist) {
+  constexpr int kPer = 2048 / kThreads;
+  const uint32_t* h32 = reinterpret_cast<const uint32_t*>(hist);
+  uint32_t lo[kPer], hi[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    lo[j] = h32[threadIdx.x + j * kThreads];
+    hi[j] = h32[2048 + threadIdx.x + j * kThreads];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    hist[threadIdx.x + j * kThreads] = (static_cast<unsigned long long>(hi[j]) << 32) | lo[j];
+  __syncthreads();
+}
+
 __device__ __forceinline__ float key_to_float(uint32_t key) {   // inverse of order_key
   return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
@@ -98,6 +129,7 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
   __shared__ int digit, n_cand;
   __shared__ unsigned long long above;
   __shared__ float sh_m[kThreads / 32];
+  uint32_t* h32 = reinterpret_cast<uint32_t*>(hist);
   const int r = blockIdx.x;
   const int b = owner_of_row(p.cu_q, p.batch, r);
   const SeqParams sp = seq_params(p, b);
@@ -125,8 +157,9 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
     auto mass = [&](float x) -> unsigned long long {
       if (phase == 0) return 1ull;
       // explicit roundings (no FMA contraction): passes A, B and the list rounds agree bit for bit
-      const float e = x == -INFINITY ? 0.f : exp2f(__fsub_rn(__fmul_rn(x, scale), m));
-      return static_cast<unsigned long long>(fminf(e, 1.f) * 4294967296.0f);
+      const float e = fminf(x == -INFINITY ? 0.f : exp2f(__fsub_rn(__fmul_rn(x, scale), m)), 1.f);
+      // floor(e * 2^32): e < 1 fits 32 bits (a 32-bit conversion is cheaper than a 64-bit one)
+      return e >= 1.f ? (1ull << 32) : static_cast<unsigned long long>(static_cast<uint32_t>(e * 4294967296.0f));
     };
     auto bucket_digit = [&](float x) -> int {   // 2047 = the bucket of the row max
       const float d = fminf(fmaxf(__fsub_rn(m, __fmul_rn(x, scale)) * 64.f, 0.f), 2047.f);
@@ -139,18 +172,20 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
     for_each_logit<kThreads>(row, V, [&](float x, int) {
       if (isnan(x) || order_key(x) < key_floor) return;
       const unsigned long long add = mass(x);
-      if (add) atomicAdd(&hist[bucket_digit(x)], add);
+      if (add) hist_add(h32, bucket_digit(x), add);
     });
     __syncthreads();
+    hist_combine<kThreads>(hist);
     unsigned long long target = phase == 0 ? static_cast<unsigned long long>(sp.top_k) : 0ull;
     if (phase == 1) {   // target = ceil(top_p * mass of the top-k set)
       unsigned long long tot = 0;
       for (int j = threadIdx.x; j < 2048; j += kThreads) tot += hist[j];
-      scan[threadIdx.x] = tot;
+      for (int d = 16; d > 0; d >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, d);
+      if ((threadIdx.x & 31) == 0) scan[threadIdx.x >> 5] = tot;
       __syncthreads();
       if (threadIdx.x == 0) {
         unsigned long long all = 0;
-        for (int j = 0; j < kThreads; ++j) all += scan[j];
+        for (int j = 0; j < kThreads / 32; ++j) all += scan[j];
         const double want = ceil(static_cast<double>(fmaxf(sp.top_p, 0.f)) * static_cast<double>(all));
         unsigned long long tg = static_cast<unsigned long long>(want);
         tg = tg < 1ull ? 1ull : (tg > all ? all : tg);
@@ -186,7 +221,7 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
       auto count = [&](uint32_t key, float x) {
         if (hi_shift < 32 && (key >> hi_shift) != (prefix >> hi_shift)) return;
         const unsigned long long add = mass(x);
-        if (add) atomicAdd(&hist[(key >> sh) & ((1u << width) - 1u)], add);
+        if (add) hist_add(h32, static_cast<int>((key >> sh) & ((1u << width) - 1u)), add);
       };
       if (from_list) {
         for (int j = threadIdx.x; j < nc; j += kThreads) {
@@ -202,6 +237,7 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
         });
       }
       __syncthreads();
+      hist_combine<kThreads>(hist);
       find_digit<kThreads>(hist, tgt, scan, &digit, &above);
       prefix |= static_cast<uint32_t>(digit) << sh;
       tgt -= above;

@@ -10,7 +10,8 @@
 #define SPEC_SAMPLE_TILE_CTAS_PER_SM 6 /* its occupancy (launch bounds): sizes the vocab split */
 #define SPEC_SAMPLE_THRESHOLD_THREADS 512
 #define SPEC_SAMPLE_THRESHOLD_CANDIDATES 4096  /* keys of the selected bucket kept in shared memory */
-#define SPEC_SAMPLE_FINISH_THREADS 256
+#define SPEC_SAMPLE_FINISH_THREADS 512   /* level-2 race: 4 tokens per thread */
+#define SPEC_SAMPLE_FINISH_ROWS 32       /* block rows whose accept step finish evaluates in parallel */
 
 /* status codes (specdec_lib/reference/sampling.py STATUS_*) */
 #define SPEC_SAMPLE_OK 0
@@ -18,6 +19,7 @@
 #define SPEC_SAMPLE_BAD_DRAFT 2
 #define SPEC_SAMPLE_EMPTY 3
 #define SPEC_SAMPLE_BAD_LAYOUT 4
+#define SPEC_SAMPLE_FILTER_SKIPPED 5  /* filters=False was promised but the request filters */
 
 /* Workspace (caller-provided, no alignment beyond 16 bytes needed):
  *   SpecSampleTile  tiles[T * num_tiles]   per (row, tile) partials
@@ -65,4 +67,6 @@ typedef struct {
   int32_t tiles_per_cta;        /* spec_sample_tiles_*: tiles one CTA walks (warps stride by 4) */
   int32_t width;                /* emitted.shape[1] = kmax + 1 */
   int32_t filtered_pass;        /* spec_sample_tiles_*: 0 = all rows, 1 = rows with filters */
+  int32_t no_filters;           /* 1: the filter launches were skipped (host promise: no request
+                                   filters); finish flags a request that does (status 5) */
 } SpecSampleParams;

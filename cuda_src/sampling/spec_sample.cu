@@ -18,10 +18,13 @@
 //     shared memory); then spec_sample_tiles_<dt> runs again with filtered_pass=1 to
 //     recompute the tile sums of those rows over the kept set (min-p needs only the row
 //     max: it is a per-token test).
-//  3. spec_sample_finish_<dt>    grid B: one CTA per sequence; its warps merge the tile
-//     partials of its rows (fixed order: deterministic), warp 0 walks the accept chain
-//     (Philox uniform per row) and races the tiles, then the CTA samples the token inside
-//     the chosen tile: the two-level exponential race (2048 logits re-read).
+//     filters=False on the host skips both launches (params.no_filters = 1); finish then
+//     gives a request that filters status 5 instead of sampling it unfiltered.
+//  3. spec_sample_finish_<dt>    grid B, 512 threads: one CTA per sequence; its warps evaluate
+//     all rows of the block at once (tile merge in a fixed order: deterministic; draft logit,
+//     Philox uniform, accept decision), warp 0 scans the decisions (the accept chain), all
+//     threads race the tiles (one noise per tile serves the residual and its fallback p),
+//     then the CTA samples the token inside the chosen tile (2048 logits re-read).
 //     With draft_probs the residual max(0, p - q) is not known per tile from pass 1, so this
 //     CTA recomputes it over the rejected row (one row read); a known cost of that mode.
 //

@@ -50,7 +50,7 @@ def _vec(name, obj, dtype, n, dev):
 
 def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed, step,
                 num_accepted, emitted, status, draft_probs=None, d2t=None,
-                accepted_logprobs=None, *, workspace, stream=None):
+                accepted_logprobs=None, *, workspace, stream=None, filters=None):
     """Exact speculative sampling of one round, straight from the target logits.
 
     logits [T, V] float32/float16/bfloat16 (last dim contiguous, any row stride, any V up
@@ -64,11 +64,19 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
 
     Outputs (fully written): num_accepted [B] int32, emitted [B, W] int32 (W >= max q_b;
     tokens then -1), status [B] int32 (0 ok, 1 NaN/+inf logits, 2 bad draft id, 3 empty
-    distribution, 4 bad cu_q layout), optional accepted_logprobs [B, W] float32.
+    distribution, 4 bad cu_q layout, 5 the request filters but ``filters=False`` was
+    passed), optional accepted_logprobs [B, W] float32.
     ``workspace``: a device buffer of at least ``spec_sample_workspace_size(T, V)`` bytes,
     16-byte aligned (no allocation happens in the op). Filter order, tie rules and the
     Philox keying are those of ``specdec_lib.reference.sampling``; the same inputs give the
     same tokens on every run, stream and GPU.
+
+    ``filters``: None/True: the top-k / top-p threshold and recount launches run (their CTAs
+    for rows without filters exit at once). False: the caller promises that no sampled
+    request has top_k in (0, V), top_p < 1 or min_p > 0 (greedy requests may carry any
+    values), and those two launches are skipped (about two launches less per call). A
+    request that filters despite the promise is never sampled unfiltered: its block gets
+    status 5 (``STATUS_FILTER_SKIPPED``), num_accepted 0 and emitted -1.
 
     Example::
 
@@ -149,5 +157,5 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
         st.ptr, dp.ptr, dm.ptr, na.ptr, em.ptr, ss.ptr, lp.ptr, ws.ptr,
         lg.strides[0], dp.strides[0] if draft_probs is not None else 0, em.strides[0],
         lp.strides[0] if accepted_logprobs is not None else 0,
-        T, B, V, Vd, num_tiles, tiles_per_cta, W)
+        T, B, V, Vd, num_tiles, tiles_per_cta, W, filters is None or bool(filters))
     return num_accepted, emitted, status

@@ -65,8 +65,11 @@ Status (precedence BAD_LAYOUT > NONFINITE > EMPTY > BAD_DRAFT; the block's first
 ----------------------------------------------------------------------------------------
 0 ok; 1 NaN or +inf logit in a block row; 2 a draft id out of range / not in the draft
 vocabulary; 3 a row with nothing to sample (sampled: max logit is -inf or NaN-only;
-greedy: all NaN); 4 bad layout (q_b < 1, q_b > W, or the block / its drafts outside [0, T) / [0, T-B)).
-The block is *invalid* (num_accepted 0, emitted all -1, logprobs 0) when status is 4, or
+greedy: all NaN); 4 bad layout (q_b < 1, q_b > W, or the block / its drafts outside [0, T) / [0, T-B));
+5 filter skipped: the call passed ``filters=False`` (a promise that no request filters, so
+the GPU op skips its threshold launches) but this sampled request has top_k in (0, V),
+top_p < 1 or min_p > 0 (checked after 4, before the others).
+The block is *invalid* (num_accepted 0, emitted all -1, logprobs 0) when status is 4 or 5, or
 for sampled requests when status is 1 or 3, or for greedy requests when a row is all NaN.
 Otherwise outputs follow the rules above (a bad draft id simply counts as rejected).
 
@@ -87,8 +90,9 @@ STATUS_NONFINITE = 1
 STATUS_BAD_DRAFT = 2
 STATUS_EMPTY = 3
 STATUS_BAD_LAYOUT = 4
+STATUS_FILTER_SKIPPED = 5
 STATUS_NAMES = {0: "ok", 1: "nonfinite_logits", 2: "bad_draft_id", 3: "empty_distribution",
-                4: "bad_layout"}
+                4: "bad_layout", 5: "filter_skipped"}
 
 _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 _W0, _W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
@@ -280,12 +284,21 @@ def _check(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed, step
 
 
 # ----------------------------------------------------------------------------- the op
+def request_filters(V, temperature, top_k, top_p, min_p):
+    """True iff a request's target distribution is cut by top-k, top-p or min-p (greedy
+    requests never are): what ``filters=False`` promises never happens."""
+    if not (float(temperature) > 0):
+        return False
+    return 0 < int(top_k) < V or float(top_p) < 1.0 or float(min_p) > 0
+
+
 def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed, step,
                 num_accepted, emitted, status, draft_probs=None, d2t=None,
-                accepted_logprobs=None):
+                accepted_logprobs=None, *, filters=None):
     """Reference of ``specdec_lib.ops.spec_sample`` (see the module doc for the contract).
 
     Writes num_accepted / emitted / status (/ accepted_logprobs) and returns them.
+    ``filters=False``: status 5 for sampled requests that filter (see the module doc).
     """
     T, V, B = _check(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed, step,
                      num_accepted, emitted, status, draft_probs, d2t, accepted_logprobs)
@@ -300,6 +313,10 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
         q = r1 - r0
         if q < 1 or q > W or r0 < 0 or r1 > T or r0 - b < 0 or r1 - b - 1 > T - B:
             status[b] = STATUS_BAD_LAYOUT
+            continue
+        if filters is not None and not filters and request_filters(
+                V, temperature[b], top_k[b], top_p[b], min_p[b]):
+            status[b] = STATUS_FILTER_SKIPPED
             continue
         k = q - 1
         d0 = r0 - b
