@@ -345,7 +345,7 @@ class SpeculativeDecoder:
         buf.step[...] = buf.seq_lens
         be.spec_sample(logits, buf.cu_q, buf.draft_ids[:T - B], buf.temperature, buf.top_k,
                        buf.top_p, buf.min_p, buf.seed, buf.step, buf.num_accepted,
-                       buf.emitted, buf.status)
+                       buf.emitted, buf.status, filters=self._filters)
         be.seq_stop(buf.emitted, buf.num_accepted, buf.out_tokens, buf.out_lens,
                     buf.stop_ids, buf.stop_seqs, buf.max_new, buf.accept_len, buf.finished)
         self.target.commit(buf.cu_q, buf.accept_len)
@@ -400,6 +400,10 @@ class SpeculativeDecoder:
             xp.cuda.Device().synchronize()   # weights/caches made on other streams are ready
         self.target.reset(B, max_len)
         self._used = [False] * B
+        # known for the whole call (so one captured graph fits every round): when no
+        # sampled request filters, spec_sample skips its two filter launches
+        self._filters = any(r.temperature > 0 and (r.top_k > 0 or r.top_p < 1 or r.min_p > 0)
+                            for r in reqs)
         buf = self._buffers(reqs, B)
         carry = xp.zeros((B, self.target.hidden_size), dtype=xp.float32)
         m = self.metrics
