@@ -528,3 +528,67 @@ def test_gdn_gpu_rejects_before_launch(rng):
     assert flags[1] == 4 and not np.delete(flags, 1).any()
     s1 = c["slot_ids"][1]
     np.testing.assert_array_equal(host(d_state, c["state"])[s1], c["state"][s1])
+
+
+@needs_gpu
+@pytest.mark.parametrize("ctas_per_sm", [1, None])
+@pytest.mark.parametrize("sdt", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+def test_gdn_gpu_persistent_many_items(rng, layout, sdt, ctas_per_sm):
+    """The persistent kernels with many items per CTA (ctas_per_sm=1: a grid of one CTA per
+    SM, ~10 items each; None: the resident grid, ~3 each), items without a state (padding
+    slots, accept_len 0) between items with one, q = 1 rows: bit-identical to one CTA per
+    item (ctas_per_sm=0), and close to the reference."""
+    from specdec_lib import ops
+    from specdec_lib.ops import gdn as gdn_ops
+    sdt = STATE_DTYPES[sdt]
+    in_dtype = np.float32 if sdt == np.float32 else np.uint16
+    Hk, Hv, D, B = 2, 4, 128, 96
+    slots = B + 8
+    q_lens = rng.integers(1, 6, B)
+    q_lens[::7] = 1
+    cu_q, x, gat = make_block(rng, q_lens, Hk, Hv, D, D, in_dtype, True, unit_k=False)
+    T = int(cu_q[-1])
+    state0 = make_state(rng, slots, Hv, D, D, sdt, layout)
+    slot_ids = rng.permutation(slots)[:B].astype(np.int32)
+    slot_ids[::11] = -1
+    acc = np.array([rng.integers(0, q + 1) for q in q_lens], np.int32)
+    acc[1], acc[2] = 0, q_lens[2]
+    W = gdn_journal_width(Hk, Hv, D, D)
+
+    def run(per_sm):
+        gdn_ops.TUNING["ctas_per_sm"] = per_sm
+        try:
+            d_state = dev(state0)
+            d_out = poison((T, Hv, D), "float32")
+            d_j = poison((T, W), "float32")
+            st = poison((B,), "int32")
+            d_x = {n: dev(a) for n, a in {**x, **gat}.items()}
+            ops.gdn_verify(**d_x, state=d_state, slot_ids=dev(slot_ids), cu_q=dev(cu_q), out=d_out,
+                           journal=d_j, qk_l2norm=True, layout=layout, status=st)
+            assert not st.to_numpy().any()
+            verified = host(d_state, state0)
+            ops.gdn_commit(d_state, dev(slot_ids), dev(cu_q), dev(acc), d_j, layout=layout, status=st)
+            assert not st.to_numpy().any()
+            return verified, d_out.to_numpy(), d_j.to_numpy(), host(d_state, state0)
+        finally:
+            gdn_ops.TUNING["ctas_per_sm"] = None
+
+    verified, out, j, state = run(ctas_per_sm)
+    np.testing.assert_array_equal(verified.view(np.uint8), state0.view(np.uint8))
+    for a, b_ in zip((out, j, state), run(0)[1:]):
+        np.testing.assert_array_equal(a.view(np.uint8), b_.view(np.uint8))
+    out_ref = empty_out(T, Hv, D)
+    j_ref = empty_journal(T, Hk, Hv, D, D)
+    gdn_verify(**x, state=state0.copy(), slot_ids=slot_ids, cu_q=cu_q, out=out_ref, journal=j_ref,
+               qk_l2norm=True, layout=layout, **gat)
+    e = rel_err(out, out_ref)
+    assert e < tol(sdt, in_dtype), f"out rel err {e}"
+    assert rel_err(j, j_ref) < 1e-5
+    exp = state0.copy()
+    gdn_commit(exp, slot_ids, cu_q, acc, j, layout=layout)
+    e = rel_err(f64(state), f64(exp))
+    assert e < tol(sdt) / 4, f"state rel err {e}"
+    live = slot_ids[(slot_ids >= 0) & (acc > 0)]
+    untouched = np.setdiff1d(np.arange(slots), live)
+    np.testing.assert_array_equal(state[untouched].view(np.uint8), state0[untouched].view(np.uint8))
