@@ -4,7 +4,8 @@
     python3 tools/kernel_times.py OUT.txt [--filter REGEX] [--count N] -- CMD...
     python3 tools/kernel_times.py OUT.txt -- -      (summarise an existing OUT.txt.csv)
 
-Runs CMD under ``ncu --clock-control none`` collecting only gpu__time_duration (one
+Runs CMD under ``ncu --clock-control none --cache-control none`` (clocks and caches as
+the op would see them in a pipeline) collecting only gpu__time_duration (one
 pass, no replay) for kernels whose name matches REGEX, then prints one line per
 (kernel, grid, block): launches, median and mean microseconds. This is how the stages
 of a multi-launch op (spec_sample's four launches, gdn verify/commit) are timed
@@ -36,7 +37,7 @@ def main(argv):
             count = opts[i + 1]
         i += 2
     raw = out + ".csv"
-    ncu = ["ncu", "--clock-control", "none", "--metrics",
+    ncu = ["ncu", "--clock-control", "none", "--cache-control", "none", "--metrics",
            "gpu__time_duration.sum,launch__grid_size,launch__block_size",
            "--csv", "--page", "raw", "--print-units", "base", "-k", regex,
            "-c", count, "--log-file", raw] + cmd
