@@ -75,14 +75,6 @@ def bench_gdn_round(b: Bench):
                 except Exception as e:   # an invalid shape for this Dv: say so, go on
                     print(f"  warps={w}: {e}")
             gdn_ops.TUNING["warps"] = None
-            for n in (0, 2, 3):   # persistent grid size: 0 = one CTA per item (the old grid)
-                gdn_ops.TUNING["ctas_per_sm"] = n
-                try:
-                    b.report("gdn_verify", shape + f" ctas_per_sm={n}", pass_bytes, b.time(verify))
-                    b.report("gdn_commit", shape + f" accept={q} ctas_per_sm={n}", 2 * pass_bytes,
-                             b.time(commit))
-                finally:
-                    gdn_ops.TUNING["ctas_per_sm"] = None
             _fla_peer(b, B, q, Hk, Hv, D, pass_bytes, shape)
 
 

@@ -158,8 +158,9 @@ def test_append_kv_and_verify_attention_pages_beyond_2_31(rng, split):
     max_pages = 24
     pt = np.full((2, max_pages), -1, np.int32)
     pt[0] = 1 + np.arange(max_pages)
-    far = first_far + rng.permutation(64)[:max_pages]
-    far[0], far[5] = first_far, num_pages - 1      # the boundary page and the last one
+    # distinct pages: the boundary page (exactly element 2^31) first, the last page sixth
+    far = first_far + np.concatenate([[0], 1 + rng.permutation(62)[:max_pages - 1]])
+    far[5] = num_pages - 1
     pt[1] = far
     n_ctx = L + qs
     # K/V of every position of both sequences (history then block), fp16

@@ -8,12 +8,9 @@
 // once (and not at all when accept_len = 0); vLLM-style "a state per draft row" moves
 // q+1 states instead.
 //
-// Work items: one per (sequence, value head, Dv slice), numbered
-// item = (b * Hv + h) * num_slices + z, so the items that share a key head's q/k rows run
-// next to each other. The grid is persistent (at most the CTAs resident at once; the
-// launcher sizes it from the kernel's registers): CTA x takes items x, x + gridDim.x, ...
-// and fetches the next item's state (raw words, in registers) while it works on the
-// current one. Per item, the CTA keeps its [Dk x BV] slice of the state in registers
+// Grid: one CTA per (sequence, value head, Dv slice), flattened as
+// blockIdx.x = (b * Hv + h) * num_slices + z, so the CTAs that share a key head's q/k rows
+// run next to each other. The CTA keeps its [Dk x BV] slice of the state in registers
 // (gdn_tile.cuh) for the whole block: the rows are applied one after the other with
 // warp-local Dk reductions, the state rounded to its dtype after each row exactly as a
 // stored state would be, so verify's row-i output equals one-token decoding of row i and
@@ -45,44 +42,25 @@ namespace {
 
 template <int DK>
 struct RowStage {
-  float k[kRowChunk][DK];      // normalised k (what the journal holds), at Tile::stage_idx
-  float q[kRowChunk][DK];      // normalised q * scale, at Tile::stage_idx
+  float k[kRowChunk][DK];      // normalised k (what the journal holds)
+  float q[kRowChunk][DK];      // normalised q * scale
   float v[kRowChunk][kMaxSliceCols];
-  float4 gate[kRowChunk];      // exp(g), beta, k . (q * scale), unused
+  float decay[kRowChunk];      // exp(g)
+  float beta[kRowChunk];
+  float kq[kRowChunk];         // k . (q * scale)
 };
 
-// One work item = (sequence b, value head h, Dv slice z), numbered
-// item = (b * Hv + h) * num_slices + z, so consecutive items share a key head's q/k rows.
-struct ItemPos {
+struct BlockPos {
   int z, h, b;
 };
 
-__device__ __forceinline__ ItemPos item_pos(int item, int num_slices, int num_v_heads) {
-  ItemPos p;
-  p.z = item % num_slices;
-  const int bh = item / num_slices;
+__device__ __forceinline__ BlockPos block_pos(int num_slices, int num_v_heads) {
+  BlockPos p;
+  p.z = blockIdx.x % num_slices;
+  const int bh = blockIdx.x / num_slices;
   p.h = bh % num_v_heads;
   p.b = bh / num_v_heads;
   return p;
-}
-
-// The per-sequence indices of an item (loaded an item before they are needed).
-struct SeqIdx {
-  int row0, row1, slot, n;
-};
-
-__device__ __forceinline__ SeqIdx load_seq(const int32_t* cu_q, const int32_t* slot_ids,
-                                           const int32_t* accept_len, int b) {
-  SeqIdx s;
-  s.row0 = __ldg(cu_q + b);
-  s.row1 = __ldg(cu_q + b + 1);
-  s.slot = __ldg(slot_ids + b);
-  s.n = accept_len != nullptr ? __ldg(accept_len + b) : 0;
-  return s;
-}
-
-__device__ __forceinline__ bool rows_ok(const SeqIdx& s, int num_rows) {
-  return 0 <= s.row0 && s.row0 <= s.row1 && s.row1 <= num_rows;
 }
 
 // The raw gate inputs of row t, one per lane so that the four loads are in flight
@@ -122,187 +100,151 @@ __device__ __forceinline__ void gates_of_row(const GdnVerifyParams& p, uint32_t 
 }
 
 // ------------------------------------------------------------------------ gdn_verify
-//
-// Persistent: the grid is at most the CTAs that fit on the GPU at once, and CTA x takes
-// items x, x + gridDim.x, ... While it works on one item, the next item's state is already
-// in flight (fetched as raw words right after the current one is unpacked, its sequence
-// indices one item earlier still), so memory and math overlap instead of adding up.
 
 template <typename TS, int DK, bool VK>
 __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   using Tile = StateTile<TS, DK, VK>;
   constexpr int RI = Tile::RI, CJ = Tile::CJ;
   constexpr int PER_LANE = DK / 32;
-  constexpr int NV = 2 * CJ;   // column sums per row: S^T k (0..CJ-1), S^T q (CJ..2CJ-1)
   __shared__ __align__(16) RowStage<DK> st;
 
+  const BlockPos pos = block_pos(p.num_slices, p.num_v_heads);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int slice_cols = nwarps * Tile::WARP_COLS;
+  const int col_base = pos.z * slice_cols;
   const int group = p.num_v_heads / p.num_k_heads;
+  const int hk = pos.h / group;
   const int Dv = p.head_v_dim;
-  const int items_per_seq = p.num_v_heads * p.num_slices;
-  const int num_items = p.batch * items_per_seq;
+
+  const int row0 = __ldg(p.cu_q + pos.b), row1 = __ldg(p.cu_q + pos.b + 1);
+  const int slot = __ldg(p.slot_ids + pos.b);
+  const bool rows_ok = 0 <= row0 && row0 <= row1 && row1 <= p.num_rows;
+  const bool slot_ok = slot >= 0 && slot < p.num_slots;
+  if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
+    p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) | (slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
+  if (!rows_ok || row0 == row1) return;
+  const int qlen = row1 - row0;
+
+  Tile tile(lane);
+  const int col = col_base + warp * Tile::WARP_COLS + tile.lc * CJ;   // this thread's first column
+  if (slot_ok) {
+    const TS* head = static_cast<const TS*>(p.state) + slot * p.state_stride_slot +
+                     int64_t(pos.h) * DK * Dv;
+    tile.template load<true>(head, col, Dv);   // all loads in flight before any math
+  }
+  const bool write_k = pos.z == 0 && pos.h % group == 0;   // one CTA journals each k row
   const int64_t jv = int64_t(p.num_k_heads) * DK;            // journal column offsets
   const int64_t jg = jv + int64_t(p.num_v_heads) * Dv;
   const int64_t jb = jg + p.num_v_heads;
 
-  Tile tile(lane);
-  // after reduce_t<NV>: this lane's value, its column within the thread's CJ, and its role
-  const int my_val = Tile::template value_index<NV>(lane);
-  const int my_c = my_val & (CJ - 1);
-  const bool out_lane = my_val >= CJ && Tile::template first_copy<NV>(lane);
-  const int warp_col = warp * Tile::WARP_COLS + tile.lc * CJ;   // thread's first column in the slice
-
-  auto col_of = [&](int item) { return (item % p.num_slices) * slice_cols + warp_col; };
-  auto needs_state = [&](const SeqIdx& s) {
-    return rows_ok(s, p.num_rows) && s.row0 < s.row1 && s.slot >= 0 && s.slot < p.num_slots;
-  };
-  auto head_of = [&](int item, int slot) {   // the item's [Dk][Dv] or [Dv][Dk] block
-    const ItemPos q = item_pos(item, p.num_slices, p.num_v_heads);
-    return static_cast<const TS*>(p.state) + slot * p.state_stride_slot + int64_t(q.h) * DK * Dv;
-  };
-
-  int item = blockIdx.x;
-  if (item >= num_items) return;
-  uint32_t w[Tile::NW];
-  SeqIdx cur = load_seq(p.cu_q, p.slot_ids, nullptr, item / items_per_seq);
-  bool cur_need = needs_state(cur);
-  if (cur_need) tile.template fetch<true>(head_of(item, cur.slot), col_of(item), Dv, w);
-  SeqIdx nxt = {0, 0, -1, 0};
-  if (item + int(gridDim.x) < num_items)
-    nxt = load_seq(p.cu_q, p.slot_ids, nullptr, (item + gridDim.x) / items_per_seq);
-
-  for (; item < num_items; item += gridDim.x) {
-    const ItemPos pos = item_pos(item, p.num_slices, p.num_v_heads);
-    const int col_base = pos.z * slice_cols;
-    const int hk = pos.h / group;
-    const bool r_ok = rows_ok(cur, p.num_rows);
-    const bool slot_ok = cur.slot >= 0 && cur.slot < p.num_slots;
-    const int row0 = cur.row0, qlen = cur.row1 - cur.row0;
-    if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
-      p.status[pos.b] = (r_ok ? 0 : SPECDEC_GDN_BAD_ROWS) | (cur.slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
-
-    // this item's state out of the prefetch words, then the next item's state into them
-    if (cur_need) tile.unpack(w);
-    const int item1 = item + gridDim.x, item2 = item1 + gridDim.x;
-    const bool nxt_need = item1 < num_items && needs_state(nxt);
-    if (nxt_need) tile.template fetch<true>(head_of(item1, nxt.slot), col_of(item1), Dv, w);
-    SeqIdx nxt2 = {0, 0, -1, 0};
-    if (item2 < num_items) nxt2 = load_seq(p.cu_q, p.slot_ids, nullptr, item2 / items_per_seq);
-
-    const bool write_k = pos.z == 0 && pos.h % group == 0;   // one CTA journals each k row
-    for (int c0 = 0; r_ok && c0 < qlen; c0 += kRowChunk) {
-      const int nrows = min(kRowChunk, qlen - c0);
-      __syncthreads();   // the previous chunk's (or item's) rows have been consumed
-      // Every global load of the chunk is issued before the first value is used (raw bits,
-      // converted afterwards), so staging costs about one memory latency, not one per element.
-      constexpr int VPT = kRowChunk * Tile::WARP_COLS / 32;   // v entries per thread, at most
-      uint32_t vraw[VPT];
+  for (int c0 = 0; c0 < qlen; c0 += kRowChunk) {
+    const int nrows = min(kRowChunk, qlen - c0);
+    __syncthreads();   // the previous chunk's rows have been consumed
+    // Every global load of the chunk is issued before the first value is used (raw bits,
+    // converted afterwards), so staging costs about one memory latency, not one per element.
+    constexpr int VPT = kRowChunk * Tile::WARP_COLS / 32;   // v entries per thread, at most
+    uint32_t vraw[VPT];
 #pragma unroll
-      for (int j = 0; j < VPT; ++j) {
-        const int e = threadIdx.x + j * blockDim.x;
-        vraw[j] = 0u;
-        if (e < nrows * slice_cols) {
-          const int rr = e / slice_cols, jj = e - rr * slice_cols;
-          vraw[j] = load_raw(p.v, (row0 + c0 + rr) * p.v_stride_t + pos.h * p.v_stride_h + col_base + jj,
-                             p.qkv_dtype);
-        }
+    for (int j = 0; j < VPT; ++j) {
+      const int e = threadIdx.x + j * blockDim.x;
+      vraw[j] = 0u;
+      if (e < nrows * slice_cols) {
+        const int rr = e / slice_cols, jj = e - rr * slice_cols;
+        vraw[j] = load_raw(p.v, (row0 + c0 + rr) * p.v_stride_t + pos.h * p.v_stride_h + col_base + jj,
+                           p.qkv_dtype);
       }
-      for (int rr = warp; rr < nrows; rr += nwarps) {
-        const int64_t t = row0 + c0 + rr;
-        uint32_t qraw[PER_LANE], kraw[PER_LANE];
+    }
+    for (int rr = warp; rr < nrows; rr += nwarps) {
+      const int64_t t = row0 + c0 + rr;
+      uint32_t qraw[PER_LANE], kraw[PER_LANE];
 #pragma unroll
-        for (int e = 0; e < PER_LANE; ++e) {
-          const int i = lane + 32 * e;
-          qraw[e] = load_raw(p.q, t * p.q_stride_t + hk * p.q_stride_h + i, p.qkv_dtype);
-          kraw[e] = load_raw(p.k, t * p.k_stride_t + hk * p.k_stride_h + i, p.qkv_dtype);
-        }
-        const uint32_t graw = gate_raw(p, t, pos.h, lane);
-        float qx[PER_LANE], kx[PER_LANE];
-        float ssq = 0.f, ssk = 0.f;
-#pragma unroll
-        for (int e = 0; e < PER_LANE; ++e) {
-          qx[e] = raw_to_float(qraw[e], p.qkv_dtype);
-          kx[e] = raw_to_float(kraw[e], p.qkv_dtype);
-          ssq = fmaf(qx[e], qx[e], ssq);
-          ssk = fmaf(kx[e], kx[e], ssk);
-        }
-        float rq = p.scale, rk = 1.f;
-        if (p.qk_l2norm) {
-          rq *= rsqrtf(warp_sum(ssq) + 1e-6f);
-          rk = rsqrtf(warp_sum(ssk) + 1e-6f);
-        }
-        float kq = 0.f;
-#pragma unroll
-        for (int e = 0; e < PER_LANE; ++e) {
-          const int i = lane + 32 * e;
-          const float kn = kx[e] * rk, qn = qx[e] * rq;
-          st.k[rr][Tile::stage_idx(i)] = kn;
-          st.q[rr][Tile::stage_idx(i)] = qn;
-          kq = fmaf(kn, qn, kq);
-          if (write_k) p.journal[t * p.journal_stride_t + hk * DK + i] = kn;
-        }
-        kq = warp_sum(kq);
-        float g, beta;
-        gates_of_row(p, graw, g, beta);
-        if (lane == 0) {
-          st.gate[rr] = make_float4(__expf(g), beta, kq, 0.f);
-          if (pos.z == 0) {
-            p.journal[t * p.journal_stride_t + jg + pos.h] = g;
-            p.journal[t * p.journal_stride_t + jb + pos.h] = beta;
-          }
-        }
+      for (int e = 0; e < PER_LANE; ++e) {
+        const int i = lane + 32 * e;
+        qraw[e] = load_raw(p.q, t * p.q_stride_t + hk * p.q_stride_h + i, p.qkv_dtype);
+        kraw[e] = load_raw(p.k, t * p.k_stride_t + hk * p.k_stride_h + i, p.qkv_dtype);
       }
+      const uint32_t graw = gate_raw(p, t, pos.h, lane);
+      float qx[PER_LANE], kx[PER_LANE];
+      float ssq = 0.f, ssk = 0.f;
 #pragma unroll
-      for (int j = 0; j < VPT; ++j) {
-        const int e = threadIdx.x + j * blockDim.x;
-        if (e < nrows * slice_cols) {
-          const int rr = e / slice_cols, jj = e - rr * slice_cols;
-          const float x = raw_to_float(vraw[j], p.qkv_dtype);
-          st.v[rr][jj] = x;
-          p.journal[(row0 + c0 + rr) * p.journal_stride_t + jv + int64_t(pos.h) * Dv + col_base + jj] = x;
-        }
+      for (int e = 0; e < PER_LANE; ++e) {
+        qx[e] = raw_to_float(qraw[e], p.qkv_dtype);
+        kx[e] = raw_to_float(kraw[e], p.qkv_dtype);
+        ssq = fmaf(qx[e], qx[e], ssq);
+        ssk = fmaf(kx[e], kx[e], ssk);
       }
-      __syncthreads();
-
-      const int64_t out_col = pos.h * p.out_stride_h + col_base + warp_col + my_c;
-      for (int rr = 0; rr < nrows; ++rr) {
-        const int64_t t = row0 + c0 + rr;
-        if (slot_ok) {
-          float kr[RI], qr[RI], part[NV];
-          tile.gather(st.k[rr], kr);
-          tile.gather(st.q[rr], qr);
-          tile.partial_dot(kr, part);
-          tile.partial_dot(qr, part + CJ);
-          const float sum = Tile::template reduce_t<NV>(part, lane);   // (S^T k or S^T q)[my_c]
-          const float4 gt = st.gate[rr];                               // decay, beta, kq
-          // lanes holding S^T k: delta of their column; the S^T q lanes get it from their
-          // partner (bit M0) and form o = decay S^T q + delta (k.q) (S_new^T q, pre-token S)
-          const float d = delta_of(gt.y, st.v[rr][warp_col + my_c], gt.x, sum);
-          const float dq = __shfl_xor_sync(0xffffffffu, d, Tile::M0);
-          if (out_lane) store_dt(p.out, t * p.out_stride_t + out_col, p.out_dtype, fmaf(gt.x, sum, dq * gt.z));
-          if (c0 + rr + 1 < qlen) {
-            float delta[CJ];
+      float rq = p.scale, rk = 1.f;
+      if (p.qk_l2norm) {
+        rq *= rsqrtf(warp_sum(ssq) + 1e-6f);
+        rk = rsqrtf(warp_sum(ssk) + 1e-6f);
+      }
+      float kq = 0.f;
 #pragma unroll
-            for (int c = 0; c < CJ; ++c)
-              delta[c] = __shfl_sync(0xffffffffu, d, Tile::template lane_of_value<NV>(lane, c));
-            tile.template update<TS>(gt.x, kr, delta);
-          }
-        } else if (out_lane) {
-          store_dt(p.out, t * p.out_stride_t + out_col, p.out_dtype, 0.f);
+      for (int e = 0; e < PER_LANE; ++e) {
+        const int i = lane + 32 * e;
+        const float kn = kx[e] * rk, qn = qx[e] * rq;
+        st.k[rr][i] = kn;
+        st.q[rr][i] = qn;
+        kq = fmaf(kn, qn, kq);
+        if (write_k) p.journal[t * p.journal_stride_t + hk * DK + i] = kn;
+      }
+      kq = warp_sum(kq);
+      float g, beta;
+      gates_of_row(p, graw, g, beta);
+      if (lane == 0) {
+        st.decay[rr] = __expf(g);
+        st.beta[rr] = beta;
+        st.kq[rr] = kq;
+        if (pos.z == 0) {
+          p.journal[t * p.journal_stride_t + jg + pos.h] = g;
+          p.journal[t * p.journal_stride_t + jb + pos.h] = beta;
         }
       }
     }
-    cur = nxt;
-    cur_need = nxt_need;
-    nxt = nxt2;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int e = threadIdx.x + j * blockDim.x;
+      if (e < nrows * slice_cols) {
+        const int rr = e / slice_cols, jj = e - rr * slice_cols;
+        const float x = raw_to_float(vraw[j], p.qkv_dtype);
+        st.v[rr][jj] = x;
+        p.journal[(row0 + c0 + rr) * p.journal_stride_t + jv + int64_t(pos.h) * Dv + col_base + jj] = x;
+      }
+    }
+    __syncthreads();
+
+    for (int rr = 0; rr < nrows; ++rr) {
+      const int64_t t = row0 + c0 + rr;
+      float o[CJ];
+      float kr[RI];
+      float delta[CJ];
+      if (slot_ok) {
+        float qr[RI], sk[CJ], sq[CJ];
+        tile.gather(st.k[rr], kr);
+        tile.gather(st.q[rr], qr);
+        tile.dot(kr, sk);
+        tile.dot(qr, sq);
+        const float decay = st.decay[rr], beta = st.beta[rr], kq = st.kq[rr];
+#pragma unroll
+        for (int c = 0; c < CJ; ++c) {
+          delta[c] = delta_of(beta, st.v[rr][col - col_base + c], decay, sk[c]);
+          o[c] = fmaf(decay, sq[c], delta[c] * kq);   // S_new^T q from the pre-token state
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < CJ; ++c) o[c] = 0.f;
+      }
+      if (tile.lr == 0) {
+        const int64_t ob = t * p.out_stride_t + pos.h * p.out_stride_h + col;
+#pragma unroll
+        for (int c = 0; c < CJ; ++c) store_dt(p.out, ob + c, p.out_dtype, o[c]);
+      }
+      if (slot_ok && c0 + rr + 1 < qlen) tile.template update<TS>(st.decay[rr], kr, delta);
+    }
   }
 }
 
 // ------------------------------------------------------------------------ gdn_commit
-//
-// Persistent like gdn_verify: the next item's state is read while this one is replayed
-// and written back.
 
 template <typename TS, int DK, bool VK>
 __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
@@ -311,139 +253,95 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   constexpr int PER_LANE = DK / 32;
   __shared__ __align__(16) float sk_rows[kRowChunk][DK];
   __shared__ float sv_rows[kRowChunk][kMaxSliceCols];
-  __shared__ float2 sgate[kRowChunk];   // exp(g), beta
+  __shared__ float sdecay[kRowChunk], sbeta[kRowChunk];
 
+  const BlockPos pos = block_pos(p.num_slices, p.num_v_heads);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int slice_cols = nwarps * Tile::WARP_COLS;
+  const int col_base = pos.z * slice_cols;
   const int group = p.num_v_heads / p.num_k_heads;
+  const int hk = pos.h / group;
   const int Dv = p.head_v_dim;
-  const int items_per_seq = p.num_v_heads * p.num_slices;
-  const int num_items = p.batch * items_per_seq;
+
+  const int row0 = __ldg(p.cu_q + pos.b), row1 = __ldg(p.cu_q + pos.b + 1);
+  const int slot = __ldg(p.slot_ids + pos.b);
+  const int n = __ldg(p.accept_len + pos.b);
+  const bool rows_ok = 0 <= row0 && row0 <= row1 && row1 <= p.num_rows;
+  const bool acc_ok = 0 <= n && n <= row1 - row0;
+  const bool slot_ok = slot >= 0 && slot < p.num_slots;
+  if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
+    p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) |
+                      (rows_ok && !acc_ok ? SPECDEC_GDN_BAD_ACCEPT : 0) |
+                      (slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
+  if (!rows_ok || !acc_ok || !slot_ok || n == 0) return;   // state untouched, not even read
+
+  Tile tile(lane);
+  const int col = col_base + warp * Tile::WARP_COLS + tile.lc * CJ;
+  TS* head = static_cast<TS*>(p.state) + slot * p.state_stride_slot + int64_t(pos.h) * DK * Dv;
+  tile.template load<false>(head, col, Dv);
   const int64_t jv = int64_t(p.num_k_heads) * DK;
   const int64_t jg = jv + int64_t(p.num_v_heads) * Dv;
   const int64_t jb = jg + p.num_v_heads;
 
-  Tile tile(lane);
-  const int my_c = Tile::template value_index<CJ>(lane);   // after reduce_t<CJ>: S^T k [my_c]
-  const int warp_col = warp * Tile::WARP_COLS + tile.lc * CJ;
-
-  auto col_of = [&](int item) { return (item % p.num_slices) * slice_cols + warp_col; };
-  auto needs_state = [&](const SeqIdx& s) {
-    return rows_ok(s, p.num_rows) && 0 < s.n && s.n <= s.row1 - s.row0 && s.slot >= 0 &&
-           s.slot < p.num_slots;
-  };
-  auto head_of = [&](int item, int slot) {   // the item's [Dk][Dv] or [Dv][Dk] block
-    const ItemPos q = item_pos(item, p.num_slices, p.num_v_heads);
-    return static_cast<TS*>(p.state) + slot * p.state_stride_slot + int64_t(q.h) * DK * Dv;
-  };
-
-  int item = blockIdx.x;
-  if (item >= num_items) return;
-  uint32_t w[Tile::NW];
-  SeqIdx cur = load_seq(p.cu_q, p.slot_ids, p.accept_len, item / items_per_seq);
-  bool cur_need = needs_state(cur);
-  if (cur_need) tile.template fetch<false>(head_of(item, cur.slot), col_of(item), Dv, w);
-  SeqIdx nxt = {0, 0, -1, 0};
-  if (item + int(gridDim.x) < num_items)
-    nxt = load_seq(p.cu_q, p.slot_ids, p.accept_len, (item + gridDim.x) / items_per_seq);
-
-  for (; item < num_items; item += gridDim.x) {
-    const ItemPos pos = item_pos(item, p.num_slices, p.num_v_heads);
-    const int col_base = pos.z * slice_cols;
-    const int hk = pos.h / group;
-    const bool r_ok = rows_ok(cur, p.num_rows);
-    const bool acc_ok = 0 <= cur.n && cur.n <= cur.row1 - cur.row0;
-    if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
-      p.status[pos.b] = (r_ok ? 0 : SPECDEC_GDN_BAD_ROWS) |
-                        (r_ok && !acc_ok ? SPECDEC_GDN_BAD_ACCEPT : 0) |
-                        (cur.slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
-    const bool need = cur_need;   // else: state untouched, not even read
-    const int row0 = cur.row0, n = cur.n;
-    TS* head = need ? head_of(item, cur.slot) : nullptr;
-
-    if (need) tile.unpack(w);
-    const int item1 = item + gridDim.x, item2 = item1 + gridDim.x;
-    const bool nxt_need = item1 < num_items && needs_state(nxt);
-    if (nxt_need) tile.template fetch<false>(head_of(item1, nxt.slot), col_of(item1), Dv, w);
-    SeqIdx nxt2 = {0, 0, -1, 0};
-    if (item2 < num_items) nxt2 = load_seq(p.cu_q, p.slot_ids, p.accept_len, item2 / items_per_seq);
-
-    for (int c0 = 0; need && c0 < n; c0 += kRowChunk) {
-      const int nrows = min(kRowChunk, n - c0);
-      __syncthreads();
-      // All journal loads of the chunk in flight before the first is used (as in verify).
-      constexpr int VPT = kRowChunk * Tile::WARP_COLS / 32;   // v entries per thread, at most
-      float vrow[VPT];
+  for (int c0 = 0; c0 < n; c0 += kRowChunk) {
+    const int nrows = min(kRowChunk, n - c0);
+    __syncthreads();
+    // All journal loads of the chunk in flight before the first is used (as in verify).
+    constexpr int VPT = kRowChunk * Tile::WARP_COLS / 32;   // v entries per thread, at most
+    float vrow[VPT];
 #pragma unroll
-      for (int j = 0; j < VPT; ++j) {
-        const int e = threadIdx.x + j * blockDim.x;
-        vrow[j] = 0.f;
-        if (e < nrows * slice_cols) {
-          const int rr = e / slice_cols, jj = e - rr * slice_cols;
-          vrow[j] = __ldg(p.journal + (row0 + c0 + rr) * p.journal_stride_t + jv + int64_t(pos.h) * Dv +
-                          col_base + jj);
-        }
-      }
-      for (int rr = warp; rr < nrows; rr += nwarps) {
-        const float* jrow = p.journal + (row0 + c0 + rr) * p.journal_stride_t;
-        float kx[PER_LANE];
-#pragma unroll
-        for (int e = 0; e < PER_LANE; ++e) kx[e] = __ldg(jrow + hk * DK + lane + 32 * e);
-        const float gb = __ldg(jrow + ((lane & 1) ? jb : jg) + pos.h);   // lane 0: g, lane 1: beta
-#pragma unroll
-        for (int e = 0; e < PER_LANE; ++e) sk_rows[rr][Tile::stage_idx(lane + 32 * e)] = kx[e];
-        const float beta = __shfl_sync(0xffffffffu, gb, 1);
-        if (lane == 0) sgate[rr] = make_float2(__expf(gb), beta);
-      }
-#pragma unroll
-      for (int j = 0; j < VPT; ++j) {
-        const int e = threadIdx.x + j * blockDim.x;
-        if (e < nrows * slice_cols) {
-          const int rr = e / slice_cols, jj = e - rr * slice_cols;
-          sv_rows[rr][jj] = vrow[j];
-        }
-      }
-      __syncthreads();
-      for (int rr = 0; rr < nrows; ++rr) {
-        float kr[RI], part[CJ], delta[CJ];
-        tile.gather(sk_rows[rr], kr);
-        tile.partial_dot(kr, part);
-        const float sum = Tile::template reduce_t<CJ>(part, lane);   // (S^T k)[my_c]
-        const float2 gt = sgate[rr];
-        const float d = delta_of(gt.y, sv_rows[rr][warp_col + my_c], gt.x, sum);
-#pragma unroll
-        for (int c = 0; c < CJ; ++c)
-          delta[c] = __shfl_sync(0xffffffffu, d, Tile::template lane_of_value<CJ>(lane, c));
-        tile.template update<TS>(gt.x, kr, delta);
+    for (int j = 0; j < VPT; ++j) {
+      const int e = threadIdx.x + j * blockDim.x;
+      vrow[j] = 0.f;
+      if (e < nrows * slice_cols) {
+        const int rr = e / slice_cols, jj = e - rr * slice_cols;
+        vrow[j] = __ldg(p.journal + (row0 + c0 + rr) * p.journal_stride_t + jv + int64_t(pos.h) * Dv +
+                        col_base + jj);
       }
     }
-    if (need) tile.store(head, col_base + warp_col, Dv);
-    cur = nxt;
-    cur_need = nxt_need;
-    nxt = nxt2;
+    for (int rr = warp; rr < nrows; rr += nwarps) {
+      const float* jrow = p.journal + (row0 + c0 + rr) * p.journal_stride_t;
+      float kx[PER_LANE];
+#pragma unroll
+      for (int e = 0; e < PER_LANE; ++e) kx[e] = __ldg(jrow + hk * DK + lane + 32 * e);
+      const float gb = __ldg(jrow + ((lane & 1) ? jb : jg) + pos.h);   // lane 0: g, lane 1: beta
+#pragma unroll
+      for (int e = 0; e < PER_LANE; ++e) sk_rows[rr][lane + 32 * e] = kx[e];
+      if (lane == 0) sdecay[rr] = __expf(gb);
+      if (lane == 1) sbeta[rr] = gb;
+    }
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int e = threadIdx.x + j * blockDim.x;
+      if (e < nrows * slice_cols) {
+        const int rr = e / slice_cols, jj = e - rr * slice_cols;
+        sv_rows[rr][jj] = vrow[j];
+      }
+    }
+    __syncthreads();
+    for (int rr = 0; rr < nrows; ++rr) {
+      float kr[RI], sk[CJ], delta[CJ];
+      tile.gather(sk_rows[rr], kr);
+      tile.dot(kr, sk);
+      const float decay = sdecay[rr], beta = sbeta[rr];
+#pragma unroll
+      for (int c = 0; c < CJ; ++c) delta[c] = delta_of(beta, sv_rows[rr][col - col_base + c], decay, sk[c]);
+      tile.template update<TS>(decay, kr, delta);
+    }
   }
+  tile.store(head, col, Dv);
 }
 
 }  // namespace
 
-// Register caps (no spill at any of them: a spilled prefetch word would make the warp wait
-// for the prefetch right where it is issued). f32 state: 128 on sm_90 (4 CTAs of 4 warps per
-// SM); the sm_75/80 code needs a few more (3 CTAs). 16-bit state: 64 state floats + 32
-// prefetch words do not fit 168, so no cap (2 CTAs of 4 warps per SM).
-#if __CUDA_ARCH__ >= 900
-template <typename TS> constexpr int kMaxRegs = sizeof(TS) == 4 ? 128 : 255;
-#else
-template <typename TS> constexpr int kMaxRegs = sizeof(TS) == 4 ? 136 : 255;
-#endif
-
 // Kernel names: gdn_{verify,commit}_{kv,vk}_d{64,128}_{f32,f16,bf16} (state layout, Dk,
 // state dtype); input dtypes are run-time codes (they only touch the staging code).
 #define SPECDEC_GDN_KERNELS(TS, TNAME, DK, VK, LNAME)                                          \
-  extern "C" __global__ void __maxnreg__(kMaxRegs<TS>)            \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                                    \
       gdn_verify_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                          \
     gdn_verify_impl<TS, DK, VK>(p);                                                            \
   }                                                                                            \
-  extern "C" __global__ void __maxnreg__(kMaxRegs<TS>)            \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                                    \
       gdn_commit_##LNAME##_d##DK##_##TNAME(const GdnCommitParams p) {                          \
     gdn_commit_impl<TS, DK, VK>(p);                                                            \
   }

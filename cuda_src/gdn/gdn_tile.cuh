@@ -162,13 +162,6 @@ struct StateTile {
   static constexpr int WARP_COLS = 2 * CJ;
   static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
 
-  // The 16 lanes that share columns differ in the lane bits M0, 2*M0, 4*M0, 8*M0; every Dk
-  // reduction adds across them in that order (lane_sum and reduce_t build the same tree).
-  static constexpr int M0 = VK ? 1 : 2;
-  static constexpr int GROUP_BITS = 15 * M0;
-  // 32-bit words of the state slice a thread holds, as it lies in memory (16-bit states packed)
-  static constexpr int NW = RI * CJ * int(sizeof(TS)) / 4;
-
   int lr, lc;
   float s[RI][CJ];
 
@@ -178,73 +171,26 @@ struct StateTile {
   __device__ __forceinline__ int row(int r) const { return VK ? lr * RI + r : lr + 16 * r; }
 
   // Sum over the 16 lanes that share this thread's columns (every lane gets the total,
-  // bit-identical across lanes: each butterfly step adds the same two numbers). The
-  // reference add order of every Dk reduction; the kernels use reduce_t (same tree).
+  // bit-identical across lanes: each butterfly step adds the same two numbers).
   __device__ __forceinline__ static float lane_sum(float x) {
 #pragma unroll
     for (int m = (VK ? 1 : 2); m <= (VK ? 8 : 16); m <<= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
     return x;
   }
 
-  // The thread's slice of the state as raw words (w) only: the loads are issued and nothing
-  // waits for them until unpack(w). The persistent kernels fetch the next item's state this
-  // way while they work on the current one (w: 32 registers for Dk = 128, whatever the dtype).
-  // head: this (slot, value head)'s [Dk][Dv] or [Dv][Dk] block; col: the thread's first column.
+  // head: this (slot, value head)'s [Dk][Dv] or [Dv][Dk] block; col: the thread's first column
   template <bool NC>
-  __device__ __forceinline__ void fetch(const TS* head, int col, int Dv, uint32_t (&w)[NW]) const {
-    if constexpr (!VK) {   // one 16-byte vector per row: CJ * sizeof(TS) == 16
-#pragma unroll
-      for (int r = 0; r < RI; ++r) {
-        const uint4* v = reinterpret_cast<const uint4*>(head + int64_t(row(r)) * Dv + col);
-        const uint4 x = NC ? __ldg(v) : *v;
-        w[4 * r] = x.x; w[4 * r + 1] = x.y; w[4 * r + 2] = x.z; w[4 * r + 3] = x.w;
-      }
-    } else {               // per column, RI contiguous elements
-      constexpr int WPC = RI * int(sizeof(TS)) / 4;
-#pragma unroll
-      for (int c = 0; c < CJ; ++c) {
-        const TS* e = head + int64_t(col + c) * DK + lr * RI;
-        if constexpr (WPC % 4 == 0) {
-#pragma unroll
-          for (int u = 0; u < WPC / 4; ++u) {
-            const uint4* v = reinterpret_cast<const uint4*>(e) + u;
-            const uint4 x = NC ? __ldg(v) : *v;
-            w[c * WPC + 4 * u] = x.x; w[c * WPC + 4 * u + 1] = x.y;
-            w[c * WPC + 4 * u + 2] = x.z; w[c * WPC + 4 * u + 3] = x.w;
-          }
-        } else {
-          const uint2* v = reinterpret_cast<const uint2*>(e);
-          const uint2 x = NC ? __ldg(v) : *v;
-          w[c * WPC] = x.x; w[c * WPC + 1] = x.y;
-        }
-      }
-    }
-  }
-
-  // fetch's words -> s (16-bit values widened exactly).
-  __device__ __forceinline__ void unpack(const uint32_t (&w)[NW]) {
+  __device__ __forceinline__ void load(const TS* head, int col, int Dv) {
     if constexpr (!VK) {
 #pragma unroll
-      for (int r = 0; r < RI; ++r) {
-        if constexpr (sizeof(TS) == 4) {
-#pragma unroll
-          for (int c = 0; c < CJ; ++c) s[r][c] = __uint_as_float(w[4 * r + c]);
-        } else {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) unpack2<TS>(w[4 * r + j], s[r][2 * j], s[r][2 * j + 1]);
-        }
-      }
+      for (int r = 0; r < RI; ++r) load_state_vec<TS, CJ, NC>(head + int64_t(row(r)) * Dv + col, s[r]);
     } else {
-      constexpr int WPC = RI * int(sizeof(TS)) / 4;
 #pragma unroll
       for (int c = 0; c < CJ; ++c) {
-        if constexpr (sizeof(TS) == 4) {
+        float t[RI];
+        load_state_vec<TS, RI, NC>(head + int64_t(col + c) * DK + lr * RI, t);
 #pragma unroll
-          for (int r = 0; r < RI; ++r) s[r][c] = __uint_as_float(w[c * WPC + r]);
-        } else {
-#pragma unroll
-          for (int j = 0; j < RI / 2; ++j) unpack2<TS>(w[c * WPC + j], s[2 * j][c], s[2 * j + 1][c]);
-        }
+        for (int r = 0; r < RI; ++r) s[r][c] = t[r];
       }
     }
   }
@@ -264,80 +210,28 @@ struct StateTile {
     }
   }
 
-  // Where Dk entry i of a vector staged in shared memory lives: permuted so that the RI
-  // entries a thread needs (rows row(0..RI-1)) are contiguous (16-byte shared loads).
-  __device__ __forceinline__ static int stage_idx(int i) { return VK ? i : (i & 15) * RI + (i >> 4); }
-
-  // This thread's RI entries of a Dk vector staged in shared memory (at stage_idx order).
+  // This thread's RI entries of a Dk vector staged in shared memory.
   __device__ __forceinline__ void gather(const float* vec, float (&x)[RI]) const {
+    if constexpr (VK) {
 #pragma unroll
-    for (int u = 0; u < RI / 4; ++u) {
-      const float4 f = reinterpret_cast<const float4*>(vec + lr * RI)[u];
-      x[4 * u] = f.x; x[4 * u + 1] = f.y; x[4 * u + 2] = f.z; x[4 * u + 3] = f.w;
-    }
-  }
-
-  // Per-lane partial dot products of N column values (x[0..N-1]) -> each summed over the 16
-  // lanes that share columns, transposed: at each step a lane keeps half of its values and
-  // sends the other half to its partner, so N = 8 takes 4 + 2 + 1 (+ 1) shuffles instead of
-  // 8 x 4. Every value is added over the same tree as lane_sum (partner bits M0, 2M0, 4M0,
-  // 8M0 in that order; a + b == b + a), so the sums are bit-identical to lane_sum's.
-  // Returns the lane's value: the one with index value_index(lane).
-  template <int N, int K = 0>
-  __device__ __forceinline__ static float reduce_t(float* x, int lane) {
-    static_assert(N >= 1 && N <= 16 && (N & (N - 1)) == 0, "N: a power of two <= 16");
-    if constexpr (K == 4) {
-      static_assert(N == 1, "more values than lanes");
-      return x[0];
-    } else {
-      constexpr int M = M0 << K;
-      if constexpr (N == 1) {
-        x[0] += __shfl_xor_sync(0xffffffffu, x[0], M);
-      } else {
-        const bool up = (lane & M) != 0;   // keeps the upper half
-#pragma unroll
-        for (int j = 0; j < N / 2; ++j) {
-          const float send = up ? x[j] : x[j + N / 2];
-          const float keep = up ? x[j + N / 2] : x[j];
-          x[j] = keep + __shfl_xor_sync(0xffffffffu, send, M);
-        }
+      for (int u = 0; u < RI / 4; ++u) {
+        const float4 f = reinterpret_cast<const float4*>(vec + lr * RI)[u];
+        x[4 * u] = f.x; x[4 * u + 1] = f.y; x[4 * u + 2] = f.z; x[4 * u + 3] = f.w;
       }
-      return reduce_t<(N > 1 ? N / 2 : 1), K + 1>(x, lane);
+    } else {
+#pragma unroll
+      for (int r = 0; r < RI; ++r) x[r] = vec[row(r)];
     }
   }
 
-  // Which of reduce_t<N>'s values a lane holds, and a lane (of this lane's 16) holding value i.
-  template <int N>
-  __device__ __forceinline__ static int value_index(int lane) {
-    int idx = 0;
-#pragma unroll
-    for (int k = 0; (N >> (k + 1)) > 0; ++k) idx += (lane & (M0 << k)) ? (N >> (k + 1)) : 0;
-    return idx;
-  }
-  template <int N>
-  __device__ __forceinline__ static int lane_of_value(int lane, int i) {
-    int src = lane & ~GROUP_BITS;
-#pragma unroll
-    for (int k = 0; (N >> (k + 1)) > 0; ++k) src |= (i & (N >> (k + 1))) ? (M0 << k) : 0;
-    return src;
-  }
-  // reduce_t leaves each value in 16 / N lanes: true in exactly one of them.
-  template <int N>
-  __device__ __forceinline__ static bool first_copy(int lane) {
-    int bits = 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) bits |= (N >> (k + 1)) > 0 ? 0 : (M0 << k);
-    return (lane & bits) == 0;
-  }
-
-  // This thread's partial (S^T x)[c] over its RI rows (the Dk order of dot()).
-  __device__ __forceinline__ void partial_dot(const float (&x)[RI], float* out) const {
+  // (S^T k) for this thread's columns, reduced over Dk.
+  __device__ __forceinline__ void dot(const float (&k)[RI], float (&out)[CJ]) const {
 #pragma unroll
     for (int c = 0; c < CJ; ++c) {
       float acc = 0.f;
 #pragma unroll
-      for (int r = 0; r < RI; ++r) acc = fmaf(s[r][c], x[r], acc);
-      out[c] = acc;
+      for (int r = 0; r < RI; ++r) acc = fmaf(s[r][c], k[r], acc);
+      out[c] = lane_sum(acc);
     }
   }
 

@@ -83,12 +83,12 @@ def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, acti
         raise ValueError(f"slot_ids: batch {B} too large (at most 65535 sequences per call)")
     stream_h = as_stream(stream)
     _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots)
-    if T == 0 or B == 0 or dim == 0:
-        return out
+    if B == 0 or ((T == 0 or dim == 0) and status is None):
+        return out   # (with a status the kernel still runs: every status[b] gets written)
     kern = runtime.kernel("conv", "conv1d_verify", dev)
     from .. import _conv
     _conv.launch_conv1d_verify(
-        kern, (dim + _THREADS - 1) // _THREADS, B, _THREADS, stream_h, xa.ptr, wa.ptr, ba.ptr,
+        kern, max(1, (dim + _THREADS - 1) // _THREADS), B, _THREADS, stream_h, xa.ptr, wa.ptr, ba.ptr,
         cs.ptr, sl.ptr, cq.ptr, oa.ptr, ja.ptr, sa.ptr, x_st, o_st, j_st, wa.strides[0],
         cs.strides[0], cs.strides[1], T, B, dim, W, slots, activation == "silu",
         [_DT_CODE[xa.dtype], _DT_CODE[wa.dtype], _DT_CODE.get(ba.dtype, 0), _DT_CODE[cs.dtype],
@@ -114,11 +114,11 @@ def conv1d_commit(conv_state, slot_ids, cu_q, accept_len, journal, *, status=Non
         raise ValueError(f"slot_ids: batch {B} too large (at most 65535 sequences per call)")
     stream_h = as_stream(stream)
     _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots, al)
-    if T == 0 or B == 0 or dim == 0:
+    if B == 0 or ((T == 0 or dim == 0) and status is None):
         return conv_state
     kern = runtime.kernel("conv", "conv1d_commit", dev)
     from .. import _conv
-    _conv.launch_conv1d_commit(kern, (dim + _THREADS - 1) // _THREADS, B, _THREADS, stream_h,
+    _conv.launch_conv1d_commit(kern, max(1, (dim + _THREADS - 1) // _THREADS), B, _THREADS, stream_h,
                                cs.ptr, sl.ptr, cq.ptr, al.ptr, ja.ptr, sa.ptr, j_st,
                                cs.strides[0], cs.strides[1], T, B, dim, W, slots,
                                _DT_CODE[ja.dtype], _DT_CODE[cs.dtype])

@@ -19,53 +19,8 @@ _FLOATS = ("float32", "float16", "bfloat16")
 _DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
 _STATE_NAME = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _MAX_WARPS = 8
-# launch tuning (benchmarks may override): warps per CTA, None = heuristic; ctas_per_sm:
-# persistent grid size, None = as many CTAs as fit (from the kernel's registers), 0 = one
-# CTA per item (the kernels loop over items either way)
-TUNING = {"warps": None, "ctas_per_sm": None}
-
-# driver attributes (CUdevice_attribute values) the resident-CTA count needs
-_ATTR_MAX_THREADS_PER_SM = 39
-_ATTR_MAX_SMEM_PER_SM = 81
-_ATTR_MAX_REGS_PER_SM = 82
-_ATTR_MAX_BLOCKS_PER_SM = 106
-_resident_cache: dict = {}   # (kernel, warps) -> CTAs per SM
-
-
-def _ctas_per_sm(kern, warps, device):
-    """CTAs of ``warps`` warps of ``kern`` that fit on one SM at once (registers are
-    allocated per warp in 256-register units, per SM sub-partition; 1 KiB of shared memory
-    is reserved per CTA). At least 1."""
-    key = (kern, warps)
-    n = _resident_cache.get(key)
-    if n is None:
-        drv = runtime.driver()
-        a = kern.attributes()
-        regs = max(1, a["registers"])
-        per_warp = -(-regs * 32 // 256) * 256
-        regs_sm = drv.device_attribute(device, _ATTR_MAX_REGS_PER_SM)
-        warps_by_regs = 4 * ((regs_sm // 4) // per_warp)
-        by_regs = warps_by_regs // warps
-        by_threads = drv.device_attribute(device, _ATTR_MAX_THREADS_PER_SM) // (32 * warps)
-        by_smem = drv.device_attribute(device, _ATTR_MAX_SMEM_PER_SM) // (a["static_smem"] + 1024)
-        by_blocks = drv.device_attribute(device, _ATTR_MAX_BLOCKS_PER_SM)
-        n = max(1, min(by_regs, by_threads, by_smem, by_blocks))
-        _resident_cache[key] = n
-    return n
-
-
-def _grid(kern, items, warps, device):
-    """Persistent grid: the kernels take items blockIdx.x, blockIdx.x + gridDim.x, ..., so
-    the grid is the CTAs that are resident at once (or fewer when there are fewer items)."""
-    if items >= 2**30:   # item indices (and item + 2 * gridDim.x) are int32 in the kernels
-        raise ValueError(f"state/slot_ids: {items} work items (B * Hv * Dv slices) is too many "
-                         "for one launch; split the batch")
-    per_sm = TUNING["ctas_per_sm"]
-    if per_sm == 0:
-        return items
-    if per_sm is None:
-        per_sm = _ctas_per_sm(kern, warps, device)
-    return max(1, min(items, per_sm * runtime.sm_count(device)))
+# launch tuning (benchmarks may override): warps per CTA, None = heuristic
+TUNING = {"warps": None}
 
 __all__ = ["gdn_verify", "gdn_commit", "gdn_journal_width"]
 
@@ -205,14 +160,13 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     scale = as_scale(scale, 1.0 / math.sqrt(Dk))
     stream_h = as_stream(stream)
     _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots)
-    if T == 0 or B == 0:
-        return out, journal
+    if B == 0 or (T == 0 and status is None):
+        return out, journal   # (with a status the kernel still runs: every status[b] is written)
     warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev)
     kern = runtime.kernel("gdn", f"gdn_verify_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
     from .. import _gdn
-    grid = _grid(kern, B * Hv * slices, warps, dev)
     _gdn.launch_gdn_verify(
-        kern, grid, 32 * warps, stream_h, qa.ptr, ka.ptr, va.ptr, g0.ptr, g1.ptr,
+        kern, B * Hv * slices, 32 * warps, stream_h, qa.ptr, ka.ptr, va.ptr, g0.ptr, g1.ptr,
         al.ptr, db.ptr, st.ptr, sl.ptr, cq.ptr, oa.ptr, ja.ptr, sa.ptr, strides, gate_strides,
         st.strides[0], ja.strides[0], T, B, Hk, Hv, Dv, slots, slices, bool(qk_l2norm), fused,
         _DT_CODE[qa.dtype], _DT_CODE[oa.dtype],
@@ -241,13 +195,12 @@ def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", statu
     B, sl, cq, al, sa = _batch_args(dev, slot_ids, cu_q, status, accept_len, commit=True)
     stream_h = as_stream(stream)
     _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots, al)
-    if T == 0 or B == 0:
+    if B == 0 or (T == 0 and status is None):
         return state
     warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev)
     kern = runtime.kernel("gdn", f"gdn_commit_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
     from .. import _gdn
-    grid = _grid(kern, B * Hv * slices, warps, dev)
-    _gdn.launch_gdn_commit(kern, grid, 32 * warps, stream_h, st.ptr, sl.ptr, cq.ptr,
+    _gdn.launch_gdn_commit(kern, B * Hv * slices, 32 * warps, stream_h, st.ptr, sl.ptr, cq.ptr,
                            al.ptr, ja.ptr, sa.ptr, st.strides[0], ja.strides[0], T, B, Hk, Hv,
                            Dv, slots, slices)
     return state
