@@ -126,13 +126,17 @@ def cuda_backend(device: int = 0):
 _LINEAR_F64 = r"""
 extern "C" __global__ void linear_f64(const double* x, const double* w, double* y,
                                       int M, int N, int K) {
-  const int n = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
+  // one warp per output (m, n): lanes stride K (coalesced rows of x and w), then a fixed
+  // butterfly, so the bits are the same every run and in every graph replay
+  const int lane = threadIdx.x & 31;
+  const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), m = blockIdx.y;
   if (n >= N) return;
   const double* xr = x + (long long)m * K;
   const double* wr = w + (long long)n * K;
   double acc = 0.0;
-  for (int k = 0; k < K; ++k) acc = fma(xr[k], wr[k], acc);   // fixed order: deterministic
-  y[(long long)m * N + n] = acc;
+  for (int k = lane; k < K; k += 32) acc = fma(xr[k], wr[k], acc);
+  for (int d = 16; d > 0; d >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, d);
+  if (lane == 0) y[(long long)m * N + n] = acc;
 }
 """
 
@@ -148,12 +152,12 @@ def _cupy_linear(cupy):
         w = cupy.ascontiguousarray(w, dtype=cupy.float64)
         M, K = x.shape
         N = w.shape[0]
-        if w.shape[1] != K:
-            raise ValueError(f"linear: x is [{M}, {K}] but w is {tuple(w.shape)}")
+        if w.shape[1] != K or M > 65535:
+            raise ValueError(f"linear: x [{M}, {K}] (at most 65535 rows) and w {tuple(w.shape)}")
         y = cupy.empty((M, N), dtype=cupy.float64)
         if M and N:
-            kern(((N + 127) // 128, M), (128,), (x, w, y, cupy.int32(M), cupy.int32(N),
-                                                 cupy.int32(K)))
+            kern(((N + 7) // 8, M), (256,), (x, w, y, cupy.int32(M), cupy.int32(N),
+                                             cupy.int32(K)))
         return y
     return linear
 
