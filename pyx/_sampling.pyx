@@ -12,6 +12,10 @@ cdef extern from "sampling/sampling_params.h":
     int SPEC_SAMPLE_THRESHOLD_THREADS
     int SPEC_SAMPLE_FINISH_THREADS
     int SPEC_SAMPLE_TILE_CTAS_PER_SM
+    int SPEC_SAMPLE_THRESHOLD_STEPS
+    int SPEC_SAMPLE_THRESHOLD_CTAS_PER_SM
+    int SPEC_SAMPLE_THRESHOLD_MIN_TOKENS
+    int SPEC_SAMPLE_THRESHOLD_CANDIDATES
 
     ctypedef struct SpecSampleTile:
         float m
@@ -23,6 +27,9 @@ cdef extern from "sampling/sampling_params.h":
     ctypedef struct SpecSampleRow:
         uint32_t tau_key
         float m
+
+    ctypedef struct SpecSampleFilter:
+        pass
 
     ctypedef struct SpecSampleParams:
         const void* logits
@@ -54,6 +61,7 @@ cdef extern from "sampling/sampling_params.h":
         int32_t width
         int32_t filtered_pass
         int32_t no_filters
+        int32_t filter_step
 
 PARAM_SIZES = {"SpecSampleParams": sizeof(SpecSampleParams)}
 TILE = SPEC_SAMPLE_TILE
@@ -62,6 +70,10 @@ TILE_BYTES = sizeof(SpecSampleTile)
 ROW_BYTES = sizeof(SpecSampleRow)
 TILE_WARPS = SPEC_SAMPLE_TILE_THREADS // 32
 TILE_CTAS_PER_SM = SPEC_SAMPLE_TILE_CTAS_PER_SM
+FILTER_BYTES = sizeof(SpecSampleFilter)
+THRESHOLD_STEPS = SPEC_SAMPLE_THRESHOLD_STEPS
+THRESHOLD_CTAS_PER_SM = SPEC_SAMPLE_THRESHOLD_CTAS_PER_SM
+THRESHOLD_MIN_TOKENS = SPEC_SAMPLE_THRESHOLD_MIN_TOKENS
 
 
 def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size_t stream,
@@ -73,9 +85,9 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
                        int64_t logits_stride, int64_t draft_probs_stride,
                        int64_t emitted_stride, int64_t logprobs_stride,
                        int num_rows, int batch, int vocab, int draft_vocab, int num_tiles,
-                       int tiles_per_cta, int width, bint filters=True):
-    """tiles (grid T x chunks) -> threshold (grid T) -> tiles, filtered pass -> finish
-    (grid B). ``filters=False`` (the caller's promise that no request filters) skips the two
+                       int tiles_per_cta, int width, bint filters=True, int threshold_ctas=1):
+    """tiles (grid T x chunks) -> threshold x SPEC_SAMPLE_THRESHOLD_STEPS (grid T x
+    threshold_ctas, filter_step 0..3) -> tiles, filtered pass -> finish (grid B). ``filters=False`` (the caller's promise that no request filters) skips the two
     filter launches; finish then flags a request that does filter (status 5) instead of
     sampling it unfiltered. With filters=True the launches always run (CTAs of unfiltered
     rows exit at once)."""
@@ -109,11 +121,16 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
     p.width = width
     p.filtered_pass = 0
     p.no_filters = 0 if filters else 1
+    p.filter_step = 0
     cdef unsigned int chunks = (num_tiles + tiles_per_cta - 1) // tiles_per_cta
     if num_rows > 0:
         launch(k_tiles, num_rows, chunks, 1, SPEC_SAMPLE_TILE_THREADS, 1, 1, 0, stream, &p)
         if filters:
-            launch(k_threshold, num_rows, 1, 1, SPEC_SAMPLE_THRESHOLD_THREADS, 1, 1, 0, stream, &p)
+            for step in range(SPEC_SAMPLE_THRESHOLD_STEPS):
+                p.filter_step = step
+                launch(k_threshold, num_rows, threshold_ctas, 1, SPEC_SAMPLE_THRESHOLD_THREADS,
+                       1, 1, 0, stream, &p)
+            p.filter_step = 0
             p.filtered_pass = 1
             launch(k_tiles, num_rows, chunks, 1, SPEC_SAMPLE_TILE_THREADS, 1, 1, 0, stream, &p)
             p.filtered_pass = 0

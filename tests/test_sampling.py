@@ -773,6 +773,9 @@ def test_spec_sample_workspace_size_matches_the_extension():
     assert _sampling.ROW_BYTES == ops_sampling._ROW_BYTES
     assert _sampling.TILE_WARPS == ops_sampling._TILE_WARPS
     assert _sampling.TILE_CTAS_PER_SM == ops_sampling._TILE_CTAS_PER_SM
+    assert _sampling.FILTER_BYTES == ops_sampling._FILTER_BYTES
+    assert _sampling.THRESHOLD_CTAS_PER_SM == ops_sampling._THRESHOLD_CTAS_PER_SM
+    assert _sampling.THRESHOLD_MIN_TOKENS == ops_sampling._THRESHOLD_MIN_TOKENS
 
 
 def test_tile_split_is_valid():
@@ -785,3 +788,120 @@ def test_tile_split_is_valid():
             assert 1 <= tpc <= nt
             assert -(-nt // tpc) <= 65535
     assert _tiles_per_cta(4, 75, 132) == _TILE_WARPS
+
+
+def test_threshold_split_and_workspace_size():
+    """The threshold's CTAs per row (grid y) and the workspace formula: tiles + rows, padded
+    to 16 bytes, + one SpecSampleFilter per row."""
+    from specdec_lib.ops.sampling import (_FILTER_BYTES, _ROW_BYTES, _TILE_BYTES,
+                                          _THRESHOLD_MIN_TOKENS, _threshold_ctas,
+                                          spec_sample_workspace_size)
+    assert _threshold_ctas(256, 151936, 132) == 3
+    assert _threshold_ctas(4, 151936, 132) == 19
+    for T in (1, 4, 64, 256, 4096):
+        for V in (1, 7, 8192, 8193, 151936, 2 ** 21):
+            s = _threshold_ctas(T, V, 132)
+            assert 1 <= s <= max(1, -(-V // _THRESHOLD_MIN_TOKENS)) and s <= 65535
+    for T, V in ((1, 7), (3, 5003), (256, 151936)):
+        head = T * (-(-V // TILE) * _TILE_BYTES + _ROW_BYTES)
+        assert spec_sample_workspace_size(T, V) == -(-head // 16) * 16 + T * _FILTER_BYTES
+    assert _FILTER_BYTES % 16 == 0
+    assert spec_sample_workspace_size(256, 151936) == 386048 + 256 * 32848
+
+
+def _kept_check(cu_q, seen, params, n, em, st):
+    """Every emitted token of a status-0 sampled request lies in the reference's kept set of
+    the row that produced it; returns the number that do not."""
+    bad = 0
+    for b in range(len(cu_q) - 1):
+        if st[b] != 0 or not params["temperature"][b] > 0:
+            continue
+        for j in range(int(n[b]) + 1):
+            tok = int(em[b, j])
+            p = filtered_probs(seen[cu_q[b] + j], params["temperature"][b], params["top_k"][b],
+                               params["top_p"][b], params["min_p"][b])
+            bad += int(p is None or not p[tok] > 0)
+    return bad
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_spec_sample_gpu_threshold_split_over_ctas(dtype, rng):
+    """The top-k / top-p threshold of one row split over many CTAs (V=151936: 3 CTAs per row
+    here, 19 at B=1): top-k 1 / 50 / V-1, top-p 0 / 0.01 / 0.5 / 0.99, top-k + top-p (two
+    filter slots), all three filters, min-p alone, plateaus of equal logits at the cut (the
+    candidate list overflows: full-row fallback in the last CTA), a NaN row, greedy rows
+    carrying filter values. Status exact, greedy tokens exact, every sampled token inside
+    the reference's kept set, per-seed tokens as the reference, identical across runs."""
+    V = 151936
+    cases = [  # (temperature, top_k, top_p, min_p, row kind)
+        (1.0, 1, 1.0, 0.0, "normal"), (0.8, 50, 1.0, 0.0, "normal"),
+        (1.0, V - 1, 1.0, 0.0, "normal"), (0.7, 0, 0.01, 0.0, "normal"),
+        (0.8, 0, 0.5, 0.0, "normal"), (1.2, 0, 0.99, 0.0, "normal"),
+        (0.8, 50, 0.5, 0.0, "normal"), (1.0, 3000, 0.99, 0.01, "normal"),
+        (1.0, 0, 1.0, 0.1, "normal"), (0.9, 0, 0.0, 0.0, "normal"),
+        (1.0, 6000, 1.0, 0.0, "plateau"), (1.0, 0, 0.3, 0.0, "plateau"),
+        (0.9, 0, 0.9, 0.0, "nan"), (0.0, 5, 0.5, 0.0, "normal"), (0.0, 0, 1.0, 0.0, "nan")]
+    q_lens = [1, 2, 1, 3, 1, 2, 1, 2, 1, 3, 2, 1, 2, 3, 2]
+    B = len(cases)
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    T = int(cu_q[-1])
+    x = rng.standard_normal((T, V)) * 3
+    for b, (_, _, _, _, kind) in enumerate(cases):
+        for r in range(cu_q[b], cu_q[b + 1]):
+            if kind == "plateau":
+                x[r] = rng.standard_normal(V) - 20
+                x[r, rng.choice(V, 8000, replace=False)] = 1.0
+                x[r, 17] = 3.0
+            elif kind == "nan":
+                x[r, rng.integers(0, V)] = np.nan
+    host, seen = to_dtype(x, dtype)
+    drafts = rng.integers(0, V, T - B).astype(np.int32)
+    for b in range(B):
+        for i in range(q_lens[b] - 1):
+            if i % 2 == 0:
+                drafts[cu_q[b] - b + i] = int(np.nanargmax(seen[cu_q[b] + i]))
+    W = 4
+    greedy = np.array([c[0] == 0.0 for c in cases])
+    same_total = bad_total = 0
+    for rep in range(4):
+        params = make_params(B, temperature=[c[0] for c in cases], top_k=[c[1] for c in cases],
+                             top_p=[c[2] for c in cases], min_p=[c[3] for c in cases],
+                             seed=seeds(B, base=1000 * rep + 1), step=rep)
+        runs = gpu_run(cu_q, host, dtype, drafts, params, W, runs=2)
+        for a, c in zip(runs[0], runs[1]):
+            np.testing.assert_array_equal(a, c)   # last-CTA-done order never shows
+        n, em, st = runs[0]
+        rn, rem, rst = run_ref(cu_q, seen, drafts, params, W=W)
+        np.testing.assert_array_equal(st, rst)
+        np.testing.assert_array_equal(n[greedy], rn[greedy])
+        np.testing.assert_array_equal(em[greedy], rem[greedy])
+        same_total += int(((n == rn) & (em == rem).all(1)).sum())
+        bad_total += _kept_check(cu_q, seen, params, n, em, st)
+    # fixed-point top-p mass vs the reference's float64 cumsum may move a boundary token, and
+    # float32 vs float64 race keys may flip a boundary draw: allow a rare one
+    assert bad_total <= 1, f"{bad_total} sampled tokens outside the reference's kept set"
+    assert same_total >= 4 * B - 2, f"{4 * B - same_total} of {4 * B} sequences differ"
+
+
+@needs_gpu
+@pytest.mark.parametrize("filt", [(50, 1.0), (0, 0.9), (0, 0.01), (50, 0.5), (1, 1.0), (0, 0.99)])
+def test_spec_sample_gpu_threshold_split_batch1(filt, rng):
+    """B=1, q=4 at V=151936: the threshold split over ~19 CTAs per row (the most of any
+    shape), every row of the block filtered; bf16 logits."""
+    V = 151936
+    top_k, top_p = filt
+    cu_q = np.array([0, 4], np.int32)
+    host, seen = to_dtype(rng.standard_normal((4, V)) * 3, "bfloat16")
+    drafts = np.array([int(np.nanargmax(seen[i])) for i in range(3)], np.int32)
+    bad = same = 0
+    for rep in range(8):
+        params = make_params(1, temperature=0.8, top_k=top_k, top_p=top_p,
+                             seed=seeds(1, base=77 + rep), step=rep)
+        n, em, st = gpu_run(cu_q, host, "bfloat16", drafts, params, 4)
+        rn, rem, rst = run_ref(cu_q, seen, drafts, params, W=4)
+        np.testing.assert_array_equal(st, rst)
+        bad += _kept_check(cu_q, seen, params, n, em, st)
+        same += int(n[0] == rn[0] and (em == rem).all())
+    assert bad <= 1, f"{bad} sampled tokens outside the reference's kept set"
+    assert same >= 7, f"{8 - same} of 8 draws differ from the reference"

@@ -42,6 +42,7 @@ namespace {
 
 template <int DK>
 struct RowStage {
+  __device__ __forceinline__ static int idx(int i) { return i; }
   float k[kRowChunk][DK];      // normalised k (what the journal holds)
   float q[kRowChunk][DK];      // normalised q * scale
   float v[kRowChunk][kMaxSliceCols];
@@ -101,11 +102,96 @@ __device__ __forceinline__ void gates_of_row(const GdnVerifyParams& p, uint32_t 
 
 // ------------------------------------------------------------------------ gdn_verify
 
+// Stages block rows c0 .. c0+nrows-1 of the sequence into shared memory (normalised k,
+// q * scale at Stage::idx positions, the CTA's v slice, decay, beta, k.q) and writes the
+// journal. Every global load of the chunk is issued before the first value is used (raw
+// bits, converted afterwards), so staging costs about one memory latency, not one per element.
+template <int DK, int WC, int ROWS, class Stage>
+__device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st, const BlockPos& pos,
+                                            int row0, int c0, int nrows, int hk, int slice_cols,
+                                            int col_base, bool write_k, int64_t jv, int64_t jg,
+                                            int64_t jb) {
+  constexpr int PER_LANE = DK / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int Dv = p.head_v_dim;
+  // Every global load of the chunk is issued before the first value is used (raw bits,
+  // converted afterwards), so staging costs about one memory latency, not one per element.
+  constexpr int VPT = (ROWS * WC + 31) / 32;   // v entries per thread, at most (ROWS: rows per chunk)
+  uint32_t vraw[VPT];
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int e = threadIdx.x + j * blockDim.x;
+    vraw[j] = 0u;
+    if (e < nrows * slice_cols) {
+      const int rr = e / slice_cols, jj = e - rr * slice_cols;
+      vraw[j] = load_raw(p.v, (row0 + c0 + rr) * p.v_stride_t + pos.h * p.v_stride_h + col_base + jj,
+                         p.qkv_dtype);
+    }
+  }
+  for (int rr = warp; rr < nrows; rr += nwarps) {
+    const int64_t t = row0 + c0 + rr;
+    uint32_t qraw[PER_LANE], kraw[PER_LANE];
+#pragma unroll
+    for (int e = 0; e < PER_LANE; ++e) {
+      const int i = lane + 32 * e;
+      qraw[e] = load_raw(p.q, t * p.q_stride_t + hk * p.q_stride_h + i, p.qkv_dtype);
+      kraw[e] = load_raw(p.k, t * p.k_stride_t + hk * p.k_stride_h + i, p.qkv_dtype);
+    }
+    const uint32_t graw = gate_raw(p, t, pos.h, lane);
+    float qx[PER_LANE], kx[PER_LANE];
+    float ssq = 0.f, ssk = 0.f;
+#pragma unroll
+    for (int e = 0; e < PER_LANE; ++e) {
+      qx[e] = raw_to_float(qraw[e], p.qkv_dtype);
+      kx[e] = raw_to_float(kraw[e], p.qkv_dtype);
+      ssq = fmaf(qx[e], qx[e], ssq);
+      ssk = fmaf(kx[e], kx[e], ssk);
+    }
+    float rq = p.scale, rk = 1.f;
+    if (p.qk_l2norm) {
+      rq *= rsqrtf(warp_sum(ssq) + 1e-6f);
+      rk = rsqrtf(warp_sum(ssk) + 1e-6f);
+    }
+    float kq = 0.f;
+#pragma unroll
+    for (int e = 0; e < PER_LANE; ++e) {
+      const int i = lane + 32 * e;
+      const float kn = kx[e] * rk, qn = qx[e] * rq;
+      st.k[rr][Stage::idx(i)] = kn;
+      st.q[rr][Stage::idx(i)] = qn;
+      kq = fmaf(kn, qn, kq);
+      if (write_k) p.journal[t * p.journal_stride_t + hk * DK + i] = kn;
+    }
+    kq = warp_sum(kq);
+    float g, beta;
+    gates_of_row(p, graw, g, beta);
+    if (lane == 0) {
+      st.decay[rr] = __expf(g);
+      st.beta[rr] = beta;
+      st.kq[rr] = kq;
+      if (pos.z == 0) {
+        p.journal[t * p.journal_stride_t + jg + pos.h] = g;
+        p.journal[t * p.journal_stride_t + jb + pos.h] = beta;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int e = threadIdx.x + j * blockDim.x;
+    if (e < nrows * slice_cols) {
+      const int rr = e / slice_cols, jj = e - rr * slice_cols;
+      const float x = raw_to_float(vraw[j], p.qkv_dtype);
+      st.v[rr][jj] = x;
+      p.journal[(row0 + c0 + rr) * p.journal_stride_t + jv + int64_t(pos.h) * Dv + col_base + jj] = x;
+    }
+  }
+}
+
+
 template <typename TS, int DK, bool VK>
 __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   using Tile = StateTile<TS, DK, VK>;
   constexpr int RI = Tile::RI, CJ = Tile::CJ;
-  constexpr int PER_LANE = DK / 32;
   __shared__ __align__(16) RowStage<DK> st;
 
   const BlockPos pos = block_pos(p.num_slices, p.num_v_heads);
@@ -140,77 +226,8 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   for (int c0 = 0; c0 < qlen; c0 += kRowChunk) {
     const int nrows = min(kRowChunk, qlen - c0);
     __syncthreads();   // the previous chunk's rows have been consumed
-    // Every global load of the chunk is issued before the first value is used (raw bits,
-    // converted afterwards), so staging costs about one memory latency, not one per element.
-    constexpr int VPT = kRowChunk * Tile::WARP_COLS / 32;   // v entries per thread, at most
-    uint32_t vraw[VPT];
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-      const int e = threadIdx.x + j * blockDim.x;
-      vraw[j] = 0u;
-      if (e < nrows * slice_cols) {
-        const int rr = e / slice_cols, jj = e - rr * slice_cols;
-        vraw[j] = load_raw(p.v, (row0 + c0 + rr) * p.v_stride_t + pos.h * p.v_stride_h + col_base + jj,
-                           p.qkv_dtype);
-      }
-    }
-    for (int rr = warp; rr < nrows; rr += nwarps) {
-      const int64_t t = row0 + c0 + rr;
-      uint32_t qraw[PER_LANE], kraw[PER_LANE];
-#pragma unroll
-      for (int e = 0; e < PER_LANE; ++e) {
-        const int i = lane + 32 * e;
-        qraw[e] = load_raw(p.q, t * p.q_stride_t + hk * p.q_stride_h + i, p.qkv_dtype);
-        kraw[e] = load_raw(p.k, t * p.k_stride_t + hk * p.k_stride_h + i, p.qkv_dtype);
-      }
-      const uint32_t graw = gate_raw(p, t, pos.h, lane);
-      float qx[PER_LANE], kx[PER_LANE];
-      float ssq = 0.f, ssk = 0.f;
-#pragma unroll
-      for (int e = 0; e < PER_LANE; ++e) {
-        qx[e] = raw_to_float(qraw[e], p.qkv_dtype);
-        kx[e] = raw_to_float(kraw[e], p.qkv_dtype);
-        ssq = fmaf(qx[e], qx[e], ssq);
-        ssk = fmaf(kx[e], kx[e], ssk);
-      }
-      float rq = p.scale, rk = 1.f;
-      if (p.qk_l2norm) {
-        rq *= rsqrtf(warp_sum(ssq) + 1e-6f);
-        rk = rsqrtf(warp_sum(ssk) + 1e-6f);
-      }
-      float kq = 0.f;
-#pragma unroll
-      for (int e = 0; e < PER_LANE; ++e) {
-        const int i = lane + 32 * e;
-        const float kn = kx[e] * rk, qn = qx[e] * rq;
-        st.k[rr][i] = kn;
-        st.q[rr][i] = qn;
-        kq = fmaf(kn, qn, kq);
-        if (write_k) p.journal[t * p.journal_stride_t + hk * DK + i] = kn;
-      }
-      kq = warp_sum(kq);
-      float g, beta;
-      gates_of_row(p, graw, g, beta);
-      if (lane == 0) {
-        st.decay[rr] = __expf(g);
-        st.beta[rr] = beta;
-        st.kq[rr] = kq;
-        if (pos.z == 0) {
-          p.journal[t * p.journal_stride_t + jg + pos.h] = g;
-          p.journal[t * p.journal_stride_t + jb + pos.h] = beta;
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-      const int e = threadIdx.x + j * blockDim.x;
-      if (e < nrows * slice_cols) {
-        const int rr = e / slice_cols, jj = e - rr * slice_cols;
-        const float x = raw_to_float(vraw[j], p.qkv_dtype);
-        st.v[rr][jj] = x;
-        p.journal[(row0 + c0 + rr) * p.journal_stride_t + jv + int64_t(pos.h) * Dv + col_base + jj] = x;
-      }
-    }
+    stage_chunk<DK, Tile::WARP_COLS, kRowChunk>(p, st, pos, row0, c0, nrows, hk, slice_cols, col_base,
+                                                write_k, jv, jg, jb);
     __syncthreads();
 
     for (int rr = 0; rr < nrows; ++rr) {
@@ -241,6 +258,216 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
       }
       if (slot_ok && c0 + rr + 1 < qlen) tile.template update<TS>(st.decay[rr], kr, delta);
     }
+  }
+}
+
+// ------------------------------------------------------------------------ gdn_verify, f32 state: chunked (WY) form
+//
+// For an f32 state nothing is rounded between rows, so the block can be unrolled. With
+// e_t = exp(g_t), G_t = e_0..e_t, P(s,t) = e_{s+1}..e_t (P(t,t) = 1), a_t = S0^T k_t and
+// b_t = S0^T q_t (S0 the stored state; rows t = 0..n-1 of a chunk):
+//   delta_t = beta_t v_t - beta_t G_t a_t - sum_{s<t} beta_t P(s,t) (k_s.k_t) delta_s
+//   o_t     = G_t b_t + sum_{s<=t} P(s,t) (k_s.q_t) delta_s
+// (the reference's S_t = e_t S_{t-1} + k_t delta_t^T, delta_t = beta_t (v_t - e_t S_{t-1}^T k_t),
+// o_t = S_t^T q_t, unrolled). The state is touched only by the 2n products S0^T k_t, S0^T q_t:
+// 2n FMAs per element (8 for q = 4) instead of 4n - 2 (2 dots, a decay multiply and an update
+// FMA per row), and no state rewrites. The q x q scalars (decay products times k_s.k_t,
+// k_s.q_t) are computed once per CTA (wy_coefs, one warp per pair s < t); the per-column
+// recurrence runs in every lane of the quad that owns the column, after a 2-shuffle quad sum.
+// Outputs differ from row-by-row stepping only by float32 reassociation. A block longer than
+// kRowChunk rows advances the registers by S <- G_{n-1} S + sum_t P(t,n-1) k_t delta_t^T
+// between chunks. 16-bit states keep the row-by-row path (their outputs depend on the state
+// rounded after every row, which this form does not reproduce).
+
+// Rows per WY chunk: 4 keeps the 2 x 4 products, the recurrence and the state in 128
+// registers (8 spilled); a longer block pays 1 + 4 FMAs per element to advance the
+// registers every 4 rows (q = 8: 16 + 5 instead of 30 row by row).
+constexpr int kWyRows = 4;
+static_assert(kWyRows <= kRowChunk, "a WY chunk is staged at once");
+
+template <int DK>
+struct WyStage {
+  static constexpr int R = DK / 4;
+  static constexpr int STRIDE = DK + 16;
+  __device__ __forceinline__ static int idx(int i) { return i + 4 * (i / R); }   // = WyTile::pad
+  float k[kWyRows][STRIDE];    // normalised k, padded (WyTile::gather)
+  float q[kWyRows][STRIDE];    // normalised q * scale, padded
+  float v[kWyRows][kMaxSliceCols];
+  float decay[kWyRows];        // exp(g)
+  float beta[kWyRows];
+  float kq[kWyRows];           // k_t . q_t
+  float cd[kWyRows][kWyRows];  // [t][s], s < t: -beta_t P(s,t) (k_s . k_t) (a row: one LDS.128)
+  float co[kWyRows][kWyRows];  // [t][s], s <= t: P(s,t) (k_s . q_t)
+  float4 cr[kWyRows];          // [t]: beta_t, -beta_t G_t, G_t, P(t, n-1)
+};
+
+// The chunk's q x q coefficients, from the staged rows (after the staging barrier).
+template <int DK>
+__device__ __forceinline__ void wy_coefs(WyStage<DK>& st, int nrows) {
+  constexpr int PER_LANE = DK / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int npairs = nrows * (nrows - 1) / 2;   // (s, t), s < t: pi = t (t-1)/2 + s
+  for (int pi = warp; pi < npairs; pi += nwarps) {
+    int t = 1;
+    while (t * (t + 1) / 2 <= pi) ++t;
+    const int s = pi - t * (t - 1) / 2;
+    float kk = 0.f, kq = 0.f;
+#pragma unroll
+    for (int e = 0; e < PER_LANE; ++e) {
+      const int i = WyStage<DK>::idx(lane + 32 * e);
+      const float ks = st.k[s][i];
+      kk = fmaf(ks, st.k[t][i], kk);
+      kq = fmaf(ks, st.q[t][i], kq);
+    }
+    kk = warp_sum(kk);
+    kq = warp_sum(kq);
+    if (lane == 0) {
+      float P = 1.f;
+      for (int i = s + 1; i <= t; ++i) P *= st.decay[i];
+      st.cd[t][s] = -st.beta[t] * (P * kk);
+      st.co[t][s] = P * kq;
+    }
+  }
+  // per row: one lane each, in the warp that got the fewest pairs
+  if (warp == nwarps - 1 && lane < nrows) {
+    const int t = lane;
+    float G = 1.f, Pn = 1.f;
+    for (int i = 0; i <= t; ++i) G *= st.decay[i];
+    for (int i = t + 1; i < nrows; ++i) Pn *= st.decay[i];
+    const float beta = st.beta[t];
+    st.cr[t] = make_float4(beta, -beta * G, G, Pn);
+    st.co[t][t] = st.kq[t];
+  }
+}
+
+// The NR (= nrows) rows of one chunk: the 2 NR state products, then (after the
+// coefficient barrier) the per-column recurrence and the outputs; with `more`, the state
+// registers advanced over the chunk for the next one.
+template <int NR, int DK, bool VK>
+__device__ __forceinline__ void wy_chunk(const GdnVerifyParams& p, WyTile<DK, VK>& tile, WyStage<DK>& st,
+                                         bool slot_ok, bool more, int64_t trow0, int64_t ob, int vj) {
+  using Tile = WyTile<DK, VK>;
+  constexpr int R = Tile::R;
+  float a[NR], b[NR];
+  if (slot_ok) {
+#pragma unroll
+    for (int t = 0; t < NR; ++t) {
+      float x[R];
+      tile.gather(st.k[t], x);
+      a[t] = tile.partial_dot(x);
+      tile.gather(st.q[t], x);
+      b[t] = tile.partial_dot(x);
+      asm volatile("" ::: "memory");   // keep ptxas from hoisting later rows' gathers (registers)
+    }
+#pragma unroll
+    for (int t = 0; t < NR; ++t) {
+      a[t] = Tile::quad_sum(a[t]);
+      b[t] = Tile::quad_sum(b[t]);
+    }
+  }
+  __syncthreads();   // wy_coefs' results are visible
+  float d[NR];
+#pragma unroll
+  for (int t = 0; t < NR; ++t) {
+    float o = 0.f;
+    if (slot_ok) {
+      const float4 cr = st.cr[t];
+      const float4 cd4 = *reinterpret_cast<const float4*>(st.cd[t]);
+      const float4 co4 = *reinterpret_cast<const float4*>(st.co[t]);
+      const float cd[4] = {cd4.x, cd4.y, cd4.z, cd4.w}, co[4] = {co4.x, co4.y, co4.z, co4.w};
+      float x = fmaf(cr.y, a[t], cr.x * st.v[t][vj]);
+#pragma unroll
+      for (int s = 0; s < t; ++s) x = fmaf(cd[s], d[s], x);
+      d[t] = x;
+      o = cr.z * b[t];
+#pragma unroll
+      for (int s = 0; s <= t; ++s) o = fmaf(co[s], d[s], o);
+    }
+    if (tile.lr == 0) store_dt(p.out, (trow0 + t) * p.out_stride_t + ob, p.out_dtype, o);
+  }
+  if (slot_ok && more) {
+    float w[NR];
+#pragma unroll
+    for (int t = 0; t < NR; ++t) w[t] = st.cr[t].w * d[t];
+    const float G = st.cr[NR - 1].z;
+#pragma unroll
+    for (int r = 0; r < R; ++r) tile.s[r] *= G;
+#pragma unroll
+    for (int t = 0; t < NR; ++t) {
+      float x[R];
+      tile.gather(st.k[t], x);
+#pragma unroll
+      for (int r = 0; r < R; ++r) tile.s[r] = fmaf(x[r], w[t], tile.s[r]);
+    }
+  }
+}
+
+template <int DK, bool VK>
+__device__ __forceinline__ void gdn_verify_wy_impl(const GdnVerifyParams& p) {
+  using Tile = WyTile<DK, VK>;
+  __shared__ __align__(16) WyStage<DK> st;
+
+  const BlockPos pos = block_pos(p.num_slices, p.num_v_heads);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int slice_cols = nwarps * Tile::WARP_COLS;
+  const int col_base = pos.z * slice_cols;
+  const int group = p.num_v_heads / p.num_k_heads;
+  const int hk = pos.h / group;
+  const int Dv = p.head_v_dim;
+
+  const int row0 = __ldg(p.cu_q + pos.b), row1 = __ldg(p.cu_q + pos.b + 1);
+  const int slot = __ldg(p.slot_ids + pos.b);
+  const bool rows_ok = 0 <= row0 && row0 <= row1 && row1 <= p.num_rows;
+  const bool slot_ok = slot >= 0 && slot < p.num_slots;
+  if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
+    p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) | (slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
+  if (!rows_ok || row0 == row1) return;
+  const int qlen = row1 - row0;
+
+  Tile tile(lane);
+  const int col = col_base + warp * Tile::WARP_COLS + tile.lc;   // this thread's column
+  if (slot_ok) {
+    const float* head = static_cast<const float*>(p.state) + slot * p.state_stride_slot +
+                        int64_t(pos.h) * DK * Dv;
+    tile.template load<true>(head, col, Dv);   // all loads in flight before any math
+  }
+  const bool write_k = pos.z == 0 && pos.h % group == 0;   // one CTA journals each k row
+  const int64_t jv = int64_t(p.num_k_heads) * DK;            // journal column offsets
+  const int64_t jg = jv + int64_t(p.num_v_heads) * Dv;
+  const int64_t jb = jg + p.num_v_heads;
+  const int64_t ob = int64_t(pos.h) * p.out_stride_h + col;
+
+  for (int c0 = 0; c0 < qlen; c0 += kWyRows) {
+    const int nrows = min(kWyRows, qlen - c0);
+    __syncthreads();   // the previous chunk's rows have been consumed
+    stage_chunk<DK, Tile::WARP_COLS, kWyRows>(p, st, pos, row0, c0, nrows, hk, slice_cols, col_base,
+                                              write_k, jv, jg, jb);
+    __syncthreads();
+    wy_coefs<DK>(st, nrows);
+    const bool more = c0 + nrows < qlen;
+    const int64_t trow0 = row0 + c0;
+    const int vj = col - col_base;
+    static_assert(kWyRows == 4, "the dispatch below and wy_chunk's float4 rows assume 4 rows");
+    switch (nrows) {   // uniform over the CTA; every case has the same barriers
+      case 1: wy_chunk<1>(p, tile, st, slot_ok, more, trow0, ob, vj); break;
+      case 2: wy_chunk<2>(p, tile, st, slot_ok, more, trow0, ob, vj); break;
+      case 3: wy_chunk<3>(p, tile, st, slot_ok, more, trow0, ob, vj); break;
+      default: wy_chunk<4>(p, tile, st, slot_ok, more, trow0, ob, vj); break;
+    }
+  }
+}
+
+// SPECDEC_GDN_F32_WY 0 builds the row-by-row verify for f32 states too (for comparisons).
+#ifndef SPECDEC_GDN_F32_WY
+#define SPECDEC_GDN_F32_WY 1
+#endif
+
+template <typename TS, int DK, bool VK>
+__device__ __forceinline__ void gdn_verify_dispatch(const GdnVerifyParams& p) {
+  if constexpr (sizeof(TS) == 4 && SPECDEC_GDN_F32_WY) {
+    gdn_verify_wy_impl<DK, VK>(p);
+  } else {
+    gdn_verify_impl<TS, DK, VK>(p);
   }
 }
 
@@ -336,24 +563,27 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
 
 // Kernel names: gdn_{verify,commit}_{kv,vk}_d{64,128}_{f32,f16,bf16} (state layout, Dk,
 // state dtype); input dtypes are run-time codes (they only touch the staging code).
-#define SPECDEC_GDN_KERNELS(TS, TNAME, DK, VK, LNAME)                                          \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                                    \
+// VMINB: the verify kernel's minimum CTAs of kMaxThreads per SM. The f32 (WY) verify gets 2,
+// i.e. at most 128 registers (4 CTAs of 4 warps per SM): uncapped, ptxas keeps every gathered
+// row of a chunk in flight and takes ~230 registers (2 CTAs per SM).
+#define SPECDEC_GDN_KERNELS(TS, TNAME, DK, VK, LNAME, VMINB)                                   \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
       gdn_verify_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                          \
-    gdn_verify_impl<TS, DK, VK>(p);                                                            \
+    gdn_verify_dispatch<TS, DK, VK>(p);                                                        \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                                    \
       gdn_commit_##LNAME##_d##DK##_##TNAME(const GdnCommitParams p) {                          \
     gdn_commit_impl<TS, DK, VK>(p);                                                            \
   }
 
-#define SPECDEC_GDN_LAYOUTS(TS, TNAME, DK)        \
-  SPECDEC_GDN_KERNELS(TS, TNAME, DK, false, kv)   \
-  SPECDEC_GDN_KERNELS(TS, TNAME, DK, true, vk)
+#define SPECDEC_GDN_LAYOUTS(TS, TNAME, DK, VMINB)        \
+  SPECDEC_GDN_KERNELS(TS, TNAME, DK, false, kv, VMINB)   \
+  SPECDEC_GDN_KERNELS(TS, TNAME, DK, true, vk, VMINB)
 
-#define SPECDEC_GDN_DIMS(TS, TNAME)   \
-  SPECDEC_GDN_LAYOUTS(TS, TNAME, 64)  \
-  SPECDEC_GDN_LAYOUTS(TS, TNAME, 128)
+#define SPECDEC_GDN_DIMS(TS, TNAME, VMINB)   \
+  SPECDEC_GDN_LAYOUTS(TS, TNAME, 64, VMINB)  \
+  SPECDEC_GDN_LAYOUTS(TS, TNAME, 128, VMINB)
 
-SPECDEC_GDN_DIMS(float, f32)
-SPECDEC_GDN_DIMS(__half, f16)
-SPECDEC_GDN_DIMS(bf16_t, bf16)
+SPECDEC_GDN_DIMS(float, f32, (SPECDEC_GDN_F32_WY ? 2 : 1))
+SPECDEC_GDN_DIMS(__half, f16, 1)
+SPECDEC_GDN_DIMS(bf16_t, bf16, 1)

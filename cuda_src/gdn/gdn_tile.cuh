@@ -246,6 +246,86 @@ struct StateTile {
   }
 };
 
+// ---------------------------------------------------------------- the f32 WY tile
+//
+// The layout of the chunked (WY) path of an f32 state: a thread holds ONE column (Dv
+// entry) and R = DK/4 contiguous rows (Dk entries); the 4 lanes of a quad (lane & 3) split
+// Dk, the 8 quads of a warp own 8 adjacent columns (WARP_COLS = 8, as StateTile<float>, so
+// the launch shape is the same). A Dk reduction is then 2 shuffles, and after it every lane
+// of the quad holds the full dot products of its column, which is what the per-column
+// triangular recurrence needs (no transposition, no selects).
+//   "kv": the thread's R values are one per state row (scalar loads; a warp instruction is
+//         4 rows x 32 contiguous bytes). "vk": R contiguous floats (R/4 16-byte loads).
+// Staged Dk vectors are stored padded (4 floats after every R), so the 4 distinct 16-byte
+// addresses of a quad's LDS.128 fall in different banks.
+template <int DK, bool VK>
+struct WyTile {
+  static constexpr int R = DK / 4;
+  static constexpr int WARP_COLS = 8;
+  static constexpr int STRIDE = DK + 16;   // floats per staged (padded) Dk vector
+  static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
+
+  int lr, lc;
+  float s[R];
+
+  __device__ __forceinline__ explicit WyTile(int lane) : lr(lane & 3), lc(lane >> 2) {}
+
+  // position of Dk entry i in a staged vector
+  __device__ __forceinline__ static int pad(int i) { return i + 4 * (i / R); }
+
+  __device__ __forceinline__ static float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    return x;
+  }
+
+  template <bool NC>
+  __device__ __forceinline__ void load(const float* head, int col, int Dv) {
+    if constexpr (VK) {
+      const float4* v = reinterpret_cast<const float4*>(head + int64_t(col) * DK + lr * R);
+#pragma unroll
+      for (int u = 0; u < R / 4; ++u) {
+        const float4 x = NC ? __ldg(v + u) : v[u];
+        s[4 * u] = x.x; s[4 * u + 1] = x.y; s[4 * u + 2] = x.z; s[4 * u + 3] = x.w;
+      }
+    } else {
+      const float* c = head + int64_t(lr) * R * Dv + col;
+#pragma unroll
+      for (int r = 0; r < R; ++r) s[r] = NC ? __ldg(c + int64_t(r) * Dv) : c[int64_t(r) * Dv];
+    }
+  }
+
+  __device__ __forceinline__ void store(float* head, int col, int Dv) const {
+    if constexpr (VK) {
+      float4* v = reinterpret_cast<float4*>(head + int64_t(col) * DK + lr * R);
+#pragma unroll
+      for (int u = 0; u < R / 4; ++u) v[u] = make_float4(s[4 * u], s[4 * u + 1], s[4 * u + 2], s[4 * u + 3]);
+    } else {
+      float* c = head + int64_t(lr) * R * Dv + col;
+#pragma unroll
+      for (int r = 0; r < R; ++r) c[int64_t(r) * Dv] = s[r];
+    }
+  }
+
+  // this thread's R entries of a staged (padded) Dk vector: R/4 LDS.128
+  __device__ __forceinline__ void gather(const float* vec, float (&x)[R]) const {
+    const float4* f = reinterpret_cast<const float4*>(vec + lr * (R + 4));
+#pragma unroll
+    for (int u = 0; u < R / 4; ++u) {
+      const float4 y = f[u];
+      x[4 * u] = y.x; x[4 * u + 1] = y.y; x[4 * u + 2] = y.z; x[4 * u + 3] = y.w;
+    }
+  }
+
+  // this thread's partial of (S^T x)[col] (1 FMA per element; quad_sum completes it)
+  __device__ __forceinline__ float partial_dot(const float (&x)[R]) const {
+    float acc = 0.f;   // one chain: the 2 q products of a chunk interleave anyway
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc = fmaf(s[r], x[r], acc);
+    return acc;
+  }
+};
+
 // delta = beta * (v - decay * (S^T k)): the one formula verify and commit share.
 __device__ __forceinline__ float delta_of(float beta, float v, float decay, float sk) {
   return beta * (v - decay * sk);

@@ -43,6 +43,7 @@ __device__ __forceinline__ float load_logit(const T* row, int64_t i) {
 
 struct SeqParams {
   bool greedy, filtered;
+  bool k_on, p_on;    // sampled row with top-k / top-p active (the threshold's filters)
   float scale;        // log2(e) / temperature (log2(e) for greedy rows)
   int top_k;
   float top_p, min_p; // min_p: 0 = off, else clamped to 1
@@ -60,6 +61,8 @@ __device__ __forceinline__ SeqParams seq_params(const SpecSampleParams& p, int b
   const bool k_on = s.top_k > 0 && s.top_k < p.vocab;
   const bool p_on = s.top_p < 1.f;   // NaN: off
   s.filtered = !s.greedy && (k_on || p_on || s.min_p > 0.f);
+  s.k_on = !s.greedy && k_on;
+  s.p_on = !s.greedy && p_on;
   return s;
 }
 
@@ -168,6 +171,13 @@ __device__ __forceinline__ SpecSampleTile* ws_tiles(const SpecSampleParams& p) {
 }
 __device__ __forceinline__ SpecSampleRow* ws_rows(const SpecSampleParams& p) {
   return reinterpret_cast<SpecSampleRow*>(ws_tiles(p) + static_cast<int64_t>(p.num_rows) * p.num_tiles);
+}
+
+// Per-row threshold state, after the rows (16-byte aligned).
+__device__ __forceinline__ SpecSampleFilter* ws_filters(const SpecSampleParams& p) {
+  const int64_t off = static_cast<int64_t>(p.num_rows) *
+      (static_cast<int64_t>(p.num_tiles) * sizeof(SpecSampleTile) + sizeof(SpecSampleRow));
+  return reinterpret_cast<SpecSampleFilter*>(static_cast<char*>(p.workspace) + ((off + 15) & ~int64_t(15)));
 }
 
 // One-hot draft excluded from row r's sums (-1: none): sampled rows that verify a draft.

@@ -88,37 +88,67 @@ __device__ __forceinline__ float key_to_float(uint32_t key) {   // inverse of or
   return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
-// Calls f(x, idx) for every token of the row (16-byte loads when the row is aligned).
+// Calls f(x) for every token of chunk `chunk` of `nchunks` equal slices of the row (16-byte
+// loads when the row is aligned; the last chunk also takes the tail that is not a whole vector).
 template <int kThreads, typename T, typename F>
-__device__ __forceinline__ void for_each_logit(const T* row, int V, F&& f) {
+__device__ __forceinline__ void for_each_logit(const T* row, int V, int chunk, int nchunks, F&& f) {
   constexpr int kN = VecN<T>::kN, kU = 4;
-  int tail = 0;
   if (is_aligned16(row)) {
     const int nvec = V / kN;
+    const int per = (nvec + nchunks - 1) / nchunks;
+    const int v_lo = min(nvec, chunk * per), v_hi = min(nvec, v_lo + per);
     const uint4* src = reinterpret_cast<const uint4*>(row);
-    for (int v0 = 0; v0 < nvec; v0 += kThreads * kU) {
+    for (int v0 = v_lo; v0 < v_hi; v0 += kThreads * kU) {
       uint4 u[kU];
 #pragma unroll
       for (int k = 0; k < kU; ++k) {
         const int vi = v0 + k * kThreads + threadIdx.x;
-        if (vi < nvec) u[k] = __ldg(src + vi);
+        if (vi < v_hi) u[k] = __ldg(src + vi);
       }
 #pragma unroll
       for (int k = 0; k < kU; ++k) {
         const int vi = v0 + k * kThreads + threadIdx.x;
-        if (vi < nvec) {
+        if (vi < v_hi) {
           float x[kN];
           unpack16(u[k], x, static_cast<const T*>(nullptr));
 #pragma unroll
-          for (int e = 0; e < kN; ++e) f(x[e], vi * kN + e);
+          for (int e = 0; e < kN; ++e) f(x[e]);
         }
       }
     }
-    tail = nvec * kN;
+    if (chunk == nchunks - 1)
+      for (int i = nvec * kN + threadIdx.x; i < V; i += kThreads) f(load_logit(row, i));
+  } else {
+    const int per = (V + nchunks - 1) / nchunks;
+    const int lo = min(V, chunk * per), hi = min(V, lo + per);
+    for (int i = lo + threadIdx.x; i < hi; i += kThreads) f(load_logit(row, i));
   }
-  for (int i = tail + threadIdx.x; i < V; i += kThreads) f(load_logit(row, i), i);
 }
 
+// Last-CTA-done on a per-row counter: true in the CTA that arrives last (gridDim.y CTAs per row),
+// after which every global write / atomic of the others is visible to it (read with __ldcg).
+__device__ __forceinline__ bool last_cta(uint32_t* counter, int* sh_flag) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) *sh_flag = atomicAdd(counter, 1u) == gridDim.y - 1 ? 1 : 0;
+  __syncthreads();
+  const bool last = *sh_flag != 0;
+  if (last) __threadfence();
+  return last;
+}
+
+static_assert(sizeof(SpecSampleFilterHead) == 80, "SpecSampleFilterHead layout");
+static_assert(sizeof(SpecSampleFilter) % 16 == 0, "SpecSampleFilter: rows stay 16-byte aligned");
+
+// Grid (T, S), launched SPEC_SAMPLE_THRESHOLD_STEPS times with p.filter_step = 0..3. A row's
+// filters are slots j = 0, 1 (top-k then top-p; only those that are on); step 2j + 0: each CTA
+// histograms its vocab slice into shared memory and adds the non-zero bins to the row's global
+// 64-bit histogram (integer atomics: the sums, hence the bucket, do not depend on the order);
+// the last CTA picks the bucket (and the top-p target). Step 2j + 1: each CTA appends the keys
+// of that bucket in its slice to the row's global list; the last CTA runs the 11/11/10-bit radix
+// rounds over the list (over the whole row if the list overflowed: plateaus of equal logits)
+// and writes the threshold. Step 0 also writes the row max (every filtered row, min-p too).
+// Same K, same ties, as the single-CTA select it replaces.
 template <typename T>
 __device__ void threshold_kernel(const SpecSampleParams& p) {
   constexpr int kThreads = SPEC_SAMPLE_THRESHOLD_THREADS;
@@ -126,56 +156,81 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
   __shared__ unsigned long long hist[2048];
   __shared__ unsigned long long scan[kThreads];
   __shared__ uint32_t cand[kCand];
-  __shared__ int digit, n_cand;
+  __shared__ int digit, n_cand, sh_base, sh_last;
   __shared__ unsigned long long above;
   __shared__ float sh_m[kThreads / 32];
   uint32_t* h32 = reinterpret_cast<uint32_t*>(hist);
-  const int r = blockIdx.x;
+  const int r = blockIdx.x, chunk = blockIdx.y, nchunks = gridDim.y;
+  const int step = p.filter_step;
   const int b = owner_of_row(p.cu_q, p.batch, r);
   const SeqParams sp = seq_params(p, b);
   if (!sp.filtered) return;
-  // row max of s2 from the tile partials
-  float m = -INFINITY;
-  for (int t = threadIdx.x; t < p.num_tiles; t += kThreads)
-    m = fmaxf(m, ws_tiles(p)[static_cast<int64_t>(r) * p.num_tiles + t].m);
-  for (int d = 16; d > 0; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
-  if ((threadIdx.x & 31) == 0) sh_m[threadIdx.x >> 5] = m;
-  __syncthreads();
-  m = sh_m[0];
-  for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, sh_m[w]);
+  const int nslots = (sp.k_on ? 1 : 0) + (sp.p_on ? 1 : 0);
+  const int slot = step >> 1;
+  SpecSampleRow* rows = ws_rows(p);
+  float m;
+  if (step == 0) {
+    if (nslots == 0 && chunk != 0) return;   // min-p only: one CTA writes the row max
+    // row max of s2 from the tile partials
+    m = -INFINITY;
+    for (int t = threadIdx.x; t < p.num_tiles; t += kThreads)
+      m = fmaxf(m, ws_tiles(p)[static_cast<int64_t>(r) * p.num_tiles + t].m);
+    for (int d = 16; d > 0; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+    if ((threadIdx.x & 31) == 0) sh_m[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = sh_m[0];
+    for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, sh_m[w]);
+    if (chunk == 0 && threadIdx.x == 0) {
+      SpecSampleRow rs;
+      rs.tau_key = 0u;   // no top-k / top-p cut until the last slot's step writes it
+      rs.m = m;
+      rows[r] = rs;
+    }
+  } else {
+    if (slot >= nslots) return;
+    m = rows[r].m;   // written by step 0 (an earlier launch)
+  }
+  if (slot >= nslots) return;
+  SpecSampleFilter* f = ws_filters(p) + r;
   const T* row = static_cast<const T*>(p.logits) + static_cast<int64_t>(r) * p.logits_stride;
   const int V = p.vocab;
   const float scale = sp.scale;
-  const bool k_on = sp.top_k > 0 && sp.top_k < V;
-  const bool p_on = sp.top_p < 1.f;
-  uint32_t tau_k = 0, tau_p = 0;
-  // phase 0: top-k by count over all tokens; phase 1: top-p by mass over keys >= tau_k
-  for (int phase = 0; phase < 2; ++phase) {
-    if (phase == 0 ? !k_on : !p_on) continue;
-    const uint32_t key_floor = phase == 1 ? tau_k : 0u;
-    // mass of one token (0 for NaN and keys below key_floor)
-    auto mass = [&](float x) -> unsigned long long {
-      if (phase == 0) return 1ull;
-      // explicit roundings (no FMA contraction): passes A, B and the list rounds agree bit for bit
-      const float e = fminf(x == -INFINITY ? 0.f : exp2f(__fsub_rn(__fmul_rn(x, scale), m)), 1.f);
-      // floor(e * 2^32): e < 1 fits 32 bits (a 32-bit conversion is cheaper than a 64-bit one)
-      return e >= 1.f ? (1ull << 32) : static_cast<unsigned long long>(static_cast<uint32_t>(e * 4294967296.0f));
-    };
-    auto bucket_digit = [&](float x) -> int {   // 2047 = the bucket of the row max
-      const float d = fminf(fmaxf(__fsub_rn(m, __fmul_rn(x, scale)) * 64.f, 0.f), 2047.f);
-      return 2047 - static_cast<int>(d);
-    };
-    // --- pass A: bucket histogram
+  const int phase = (slot == 0 && sp.k_on) ? 0 : 1;   // 0: top-k by count; 1: top-p by mass
+  const uint32_t key_floor = (phase == 1 && sp.k_on) ? f->head.tau_k : 0u;
+  // mass of one token (0 for NaN and keys below key_floor)
+  auto mass = [&](float x) -> unsigned long long {
+    if (phase == 0) return 1ull;
+    // explicit roundings (no FMA contraction): every pass and the list rounds agree bit for bit
+    const float e = fminf(x == -INFINITY ? 0.f : exp2f(__fsub_rn(__fmul_rn(x, scale), m)), 1.f);
+    // floor(e * 2^32): e < 1 fits 32 bits (a 32-bit conversion is cheaper than a 64-bit one)
+    return e >= 1.f ? (1ull << 32) : static_cast<unsigned long long>(static_cast<uint32_t>(e * 4294967296.0f));
+  };
+  auto bucket_digit = [&](float x) -> int {   // 2047 = the bucket of the row max
+    const float d = fminf(fmaxf(__fsub_rn(m, __fmul_rn(x, scale)) * 64.f, 0.f), 2047.f);
+    return 2047 - static_cast<int>(d);
+  };
+
+  if ((step & 1) == 0) {
+    // --- bucket histogram of this CTA's slice, added to the row's global histogram
     for (int j = threadIdx.x; j < 2048; j += kThreads) hist[j] = 0ull;
-    if (threadIdx.x == 0) { n_cand = 0; digit = 0; above = 0ull; }
     __syncthreads();
-    for_each_logit<kThreads>(row, V, [&](float x, int) {
+    for_each_logit<kThreads>(row, V, chunk, nchunks, [&](float x) {
       if (isnan(x) || order_key(x) < key_floor) return;
       const unsigned long long add = mass(x);
       if (add) hist_add(h32, bucket_digit(x), add);
     });
     __syncthreads();
     hist_combine<kThreads>(hist);
+    for (int j = threadIdx.x; j < 2048; j += kThreads)
+      if (hist[j]) atomicAdd(f->hist + j, hist[j]);
+    if (!last_cta(f->head.done + step, &sh_last)) return;
+    // --- last CTA: the row's histogram -> target, bucket
+    const bool reuse = slot + 1 < nslots;   // slot 1 accumulates into the same global bins
+    for (int j = threadIdx.x; j < 2048; j += kThreads) {
+      hist[j] = __ldcg(f->hist + j);
+      if (reuse) f->hist[j] = 0ull;   // every other CTA of this step is done with it
+    }
+    __syncthreads();
     unsigned long long target = phase == 0 ? static_cast<unsigned long long>(sp.top_k) : 0ull;
     if (phase == 1) {   // target = ceil(top_p * mass of the top-k set)
       unsigned long long tot = 0;
@@ -195,61 +250,77 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
       target = scan[0];
       __syncthreads();
     }
-    find_digit<kThreads>(hist, target, scan, &digit, &above);
-    const int bucket = digit;
-    const unsigned long long target_in = target - above;
-    // --- pass B: the keys of that bucket
-    for_each_logit<kThreads>(row, V, [&](float x, int) {
-      if (isnan(x) || order_key(x) < key_floor || bucket_digit(x) != bucket) return;
-      if (mass(x) == 0ull) return;   // as pass A: zero-mass tokens are not in the histogram
-      const int slot = atomicAdd(&n_cand, 1);
-      if (slot < kCand) cand[slot] = order_key(x);
-    });
+    if (threadIdx.x == 0) { digit = 0; above = 0ull; }
     __syncthreads();
-    const int nc = n_cand;
-    const bool from_list = nc <= kCand;
-    // --- radix rounds over the list (or, on overflow, over the row from scratch)
-    uint32_t prefix = 0;
-    unsigned long long tgt = from_list ? target_in : target;
-    for (int round = 0; round < 3; ++round) {   // digits: bits 31..21, 20..10, 9..0
-      const int sh = round == 0 ? 21 : round == 1 ? 10 : 0;
-      const int width = round == 2 ? 10 : 11;
-      const int hi_shift = sh + width;   // bits above this digit must match prefix
-      for (int j = threadIdx.x; j < 2048; j += kThreads) hist[j] = 0ull;
-      if (threadIdx.x == 0) { digit = 0; above = 0ull; }
-      __syncthreads();
-      auto count = [&](uint32_t key, float x) {
-        if (hi_shift < 32 && (key >> hi_shift) != (prefix >> hi_shift)) return;
-        const unsigned long long add = mass(x);
-        if (add) hist_add(h32, static_cast<int>((key >> sh) & ((1u << width) - 1u)), add);
-      };
-      if (from_list) {
-        for (int j = threadIdx.x; j < nc; j += kThreads) {
-          const uint32_t key = cand[j];
-          count(key, key_to_float(key));
-        }
-      } else {
-        for_each_logit<kThreads>(row, V, [&](float x, int) {
-          if (isnan(x)) return;
-          const uint32_t key = order_key(x);
-          if (key < key_floor) return;
-          count(key, x);
-        });
-      }
-      __syncthreads();
-      hist_combine<kThreads>(hist);
-      find_digit<kThreads>(hist, tgt, scan, &digit, &above);
-      prefix |= static_cast<uint32_t>(digit) << sh;
-      tgt -= above;
-      __syncthreads();
+    find_digit<kThreads>(hist, target, scan, &digit, &above);
+    if (threadIdx.x == 0) {
+      f->head.bucket[slot] = digit;
+      f->head.target[slot] = target;
+      f->head.target_in[slot] = target - above;
     }
-    if (phase == 0) tau_k = prefix; else tau_p = prefix;
+    return;
+  }
+
+  // --- the selected bucket's keys of this CTA's slice, appended to the row's list
+  const int bucket = f->head.bucket[slot];
+  if (threadIdx.x == 0) n_cand = 0;
+  __syncthreads();
+  for_each_logit<kThreads>(row, V, chunk, nchunks, [&](float x) {
+    if (isnan(x) || order_key(x) < key_floor || bucket_digit(x) != bucket) return;
+    if (mass(x) == 0ull) return;   // as the histogram: zero-mass tokens are not in it
+    const int s = atomicAdd(&n_cand, 1);
+    if (s < kCand) cand[s] = order_key(x);
+  });
+  __syncthreads();
+  const int n_local = n_cand;
+  if (threadIdx.x == 0) sh_base = static_cast<int>(atomicAdd(f->head.n_cand + slot, static_cast<uint32_t>(n_local)));
+  __syncthreads();
+  const int base = sh_base;
+  for (int j = threadIdx.x; j < min(n_local, kCand) && base + j < kCand; j += kThreads)
+    f->cand[base + j] = cand[j];
+  if (!last_cta(f->head.done + step, &sh_last)) return;
+  // --- last CTA: radix rounds over the list (or, on overflow, over the whole row)
+  const uint32_t nc_all = __ldcg(f->head.n_cand + slot);
+  const bool from_list = nc_all <= static_cast<uint32_t>(kCand);
+  const int nc = from_list ? static_cast<int>(nc_all) : 0;
+  for (int j = threadIdx.x; j < nc; j += kThreads) cand[j] = __ldcg(f->cand + j);
+  uint32_t prefix = 0;
+  unsigned long long tgt = from_list ? __ldcg(f->head.target_in + slot) : __ldcg(f->head.target + slot);
+  for (int round = 0; round < 3; ++round) {   // digits: bits 31..21, 20..10, 9..0
+    const int sh = round == 0 ? 21 : round == 1 ? 10 : 0;
+    const int width = round == 2 ? 10 : 11;
+    const int hi_shift = sh + width;   // bits above this digit must match prefix
+    for (int j = threadIdx.x; j < 2048; j += kThreads) hist[j] = 0ull;
+    if (threadIdx.x == 0) { digit = 0; above = 0ull; }
+    __syncthreads();
+    auto count = [&](uint32_t key, float x) {
+      if (hi_shift < 32 && (key >> hi_shift) != (prefix >> hi_shift)) return;
+      const unsigned long long add = mass(x);
+      if (add) hist_add(h32, static_cast<int>((key >> sh) & ((1u << width) - 1u)), add);
+    };
+    if (from_list) {
+      for (int j = threadIdx.x; j < nc; j += kThreads) {
+        const uint32_t key = cand[j];
+        count(key, key_to_float(key));
+      }
+    } else {
+      for_each_logit<kThreads>(row, V, 0, 1, [&](float x) {
+        if (isnan(x)) return;
+        const uint32_t key = order_key(x);
+        if (key < key_floor) return;
+        count(key, x);
+      });
+    }
+    __syncthreads();
+    hist_combine<kThreads>(hist);
+    find_digit<kThreads>(hist, tgt, scan, &digit, &above);
+    prefix |= static_cast<uint32_t>(digit) << sh;
+    tgt -= above;
+    __syncthreads();
   }
   if (threadIdx.x == 0) {
-    SpecSampleRow rs;
-    rs.tau_key = max(tau_k, tau_p);
-    rs.m = m;
-    ws_rows(p)[r] = rs;
+    if (slot + 1 < nslots) f->head.tau_k = prefix;          // the key floor of slot 1
+    else rows[r].tau_key = max(prefix, key_floor);           // the row's threshold
   }
 }
 

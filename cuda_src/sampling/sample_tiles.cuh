@@ -148,6 +148,15 @@ __device__ void tiles_kernel(const SpecSampleParams& p) {
   const int b = owner_of_row(p.cu_q, p.batch, r);
   const SeqParams sp = seq_params(p, b);
   if (p.filtered_pass && !sp.filtered) return;
+  if (!p.filtered_pass && !p.no_filters && (sp.k_on || sp.p_on)) {
+    // zero the row's threshold state (head + global histogram) for the threshold launches that
+    // follow in stream order: no memset launch, nothing kept between calls, graph-capturable
+    constexpr int kZero = static_cast<int>((sizeof(SpecSampleFilterHead) + 2048 * sizeof(unsigned long long)) / 16);
+    uint4* z = reinterpret_cast<uint4*>(ws_filters(p) + r);
+    for (int i = blockIdx.y * SPEC_SAMPLE_TILE_THREADS + threadIdx.x; i < kZero;
+         i += gridDim.y * SPEC_SAMPLE_TILE_THREADS)
+      z[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
   const int r0 = __ldg(p.cu_q + b);
   const int q = __ldg(p.cu_q + b + 1) - r0;
   TileCtx c;
@@ -165,6 +174,16 @@ __device__ void tiles_kernel(const SpecSampleParams& p) {
   }
   for (; tile < t_end; tile += kWarps) {
     const int base = tile * kTile;
+    if (p.filtered_pass) {
+      // A tile whose largest logit is below the threshold keeps nothing: its recount is the
+      // first pass's record with s = 0 (m, raw max, arg and flags come from the same tokens by
+      // the same path), so it is not read again. Bit-identical to recounting it.
+      SpecSampleTile* rec = ws_tiles(p) + static_cast<int64_t>(r) * p.num_tiles + tile;
+      if (order_key(rec->raw_max) < c.tau_key) {
+        if (lane == 0) rec->s = 0.f;
+        continue;
+      }
+    }
     Partial a;
     bool ok = false;
     if (aligned && base + kTile <= p.vocab) {

@@ -8,8 +8,11 @@
 #define SPEC_SAMPLE_MAX_TILES 1024     /* V <= 2^21 */
 #define SPEC_SAMPLE_TILE_THREADS 128   /* spec_sample_tiles_*: 4 warps, one tile per warp at a time */
 #define SPEC_SAMPLE_TILE_CTAS_PER_SM 6 /* its occupancy (launch bounds): sizes the vocab split */
-#define SPEC_SAMPLE_THRESHOLD_THREADS 512
-#define SPEC_SAMPLE_THRESHOLD_CANDIDATES 4096  /* keys of the selected bucket kept in shared memory */
+#define SPEC_SAMPLE_THRESHOLD_THREADS 256
+#define SPEC_SAMPLE_THRESHOLD_CTAS_PER_SM 2    /* its occupancy (launch bounds) */
+#define SPEC_SAMPLE_THRESHOLD_STEPS 4          /* threshold launches per call (2 per filter) */
+#define SPEC_SAMPLE_THRESHOLD_MIN_TOKENS 8192  /* a threshold CTA covers at least this many tokens */
+#define SPEC_SAMPLE_THRESHOLD_CANDIDATES 4096  /* keys of the selected bucket kept in the row's list */
 #define SPEC_SAMPLE_FINISH_THREADS 512   /* level-2 race: 4 tokens per thread */
 #define SPEC_SAMPLE_FINISH_ROWS 32       /* block rows whose accept step finish evaluates in parallel */
 
@@ -21,10 +24,16 @@
 #define SPEC_SAMPLE_BAD_LAYOUT 4
 #define SPEC_SAMPLE_FILTER_SKIPPED 5  /* filters=False was promised but the request filters */
 
-/* Workspace (caller-provided, no alignment beyond 16 bytes needed):
- *   SpecSampleTile  tiles[T * num_tiles]   per (row, tile) partials
- *   SpecSampleRow   rows[T]                per row: filter threshold, row max
- * bytes = T * num_tiles * sizeof(SpecSampleTile) + T * sizeof(SpecSampleRow) */
+/* Workspace (caller-provided, 16-byte aligned):
+ *   SpecSampleTile    tiles[T * num_tiles]  per (row, tile) partials
+ *   SpecSampleRow     rows[T]               per row: filter threshold, row max
+ *   (padding to 16 bytes)
+ *   SpecSampleFilter  filters[T]            per row: the multi-CTA threshold's global
+ *                                           histogram, counters and candidate list
+ * bytes = round_up(T * num_tiles * sizeof(SpecSampleTile) + T * sizeof(SpecSampleRow), 16)
+ *       + T * sizeof(SpecSampleFilter)
+ * Nothing in it has to survive between calls: the tile pass zeroes head + hist of each row
+ * that filters (top-k / top-p) before the threshold launches read them. */
 typedef struct {
   float m;          /* max of s2 = logit * log2(e) / temperature over non-NaN tokens (-inf: none) */
   float s;          /* sum of exp2(s2 - m) over counted tokens (not the one-hot draft, kept) */
@@ -37,6 +46,28 @@ typedef struct {
   uint32_t tau_key; /* kept iff orderable_key(logit) >= tau_key (0: no top-k/top-p cut) */
   float m;          /* row max of s2 */
 } SpecSampleRow;
+
+/* Per-row state of the threshold (spec_sample_threshold_*, split over gridDim.y CTAs per row).
+ * Filter slot j = the row's j-th filter in the order top-k, top-p (a row with only top-p
+ * uses slot 0). Step 2j: bucket histogram (global, 64-bit integer atomics: order-free), the
+ * last CTA picks the bucket; step 2j+1: the bucket's keys appended to cand[], the last CTA
+ * runs the radix rounds over them. head + hist are zeroed by the tile pass; the step-0 last
+ * CTA re-zeroes hist for slot 1. */
+typedef struct {
+  uint32_t done[4];                 /* CTAs finished per threshold step (last-CTA-done) */
+  uint32_t n_cand[2];               /* keys found in the selected bucket, per slot (may exceed the list) */
+  int32_t bucket[2];                /* selected bucket per slot */
+  unsigned long long target[2];     /* count / fixed-point mass target per slot */
+  unsigned long long target_in[2];  /* what is left of it inside the bucket */
+  uint32_t tau_k;                   /* slot 0's threshold when a slot 1 follows (its key floor) */
+  uint32_t pad[3];
+} SpecSampleFilterHead;             /* 80 bytes */
+
+typedef struct {
+  SpecSampleFilterHead head;
+  unsigned long long hist[2048];
+  uint32_t cand[SPEC_SAMPLE_THRESHOLD_CANDIDATES];
+} SpecSampleFilter;                 /* 80 + 16384 + 16384 = 32848 bytes */
 
 typedef struct {
   const void* logits;           /* [T, V], last dim contiguous */
@@ -69,4 +100,5 @@ typedef struct {
   int32_t filtered_pass;        /* spec_sample_tiles_*: 0 = all rows, 1 = rows with filters */
   int32_t no_filters;           /* 1: the filter launches were skipped (host promise: no request
                                    filters); finish flags a request that does (status 5) */
+  int32_t filter_step;          /* spec_sample_threshold_*: 0..SPEC_SAMPLE_THRESHOLD_STEPS-1 */
 } SpecSampleParams;

@@ -6,19 +6,23 @@
 // emitted [B, W], status [B], optional logprobs [B, W].
 //
 // Three kernels, launched in this order on one stream:
-//  1. spec_sample_tiles_<dt>     grid (T, ceil(num_tiles / tiles_per_cta)), 4 warps: the vocab
+//  1. spec_sample_tiles_<dt>     grid (T, ceil(num_tiles / tiles_per_cta)), 4 warps (it also
+//     zeroes the threshold state of rows that filter): the vocab
 //     is split across CTAs so batch 1 fills the GPU; one warp owns one 2048-token tile at a
 //     time (16-byte loads, one shuffle tree per tile, no block barrier). Per (row, tile) it
 //     writes max / sum-exp / raw argmax / NaN-inf flags: the logits are read once, in their
 //     own dtype. The one-hot draft token of a row is left out of the tile sums, so the tile
 //     sums are directly the weights of the rejection residual p - onehot(x).
-//  2. spec_sample_threshold_<dt> grid T, 512 threads: only rows whose request uses top-k /
-//     top-p: an exact radix select of the keep threshold (count for top-k, fixed-point mass
-//     for top-p) in two row passes per filter (bucket histogram, then the bucket's keys to
-//     shared memory); then spec_sample_tiles_<dt> runs again with filtered_pass=1 to
+//  2. spec_sample_threshold_<dt> grid (T, S), 256 threads, launched 4 times (filter_step
+//     0..3): only rows whose request uses top-k / top-p; each filter takes two steps, both
+//     split over the S CTAs of the row: a bucket histogram into a per-row global histogram
+//     (64-bit integer atomics, zeroed by pass 1: order-free, so the same threshold as a
+//     single CTA), the last CTA picks the bucket; then the bucket's keys into a per-row list,
+//     the last CTA runs the exact radix select over it (count for top-k, fixed-point mass
+//     for top-p). Then spec_sample_tiles_<dt> runs again with filtered_pass=1 to
 //     recompute the tile sums of those rows over the kept set (min-p needs only the row
 //     max: it is a per-token test).
-//     filters=False on the host skips both launches (params.no_filters = 1); finish then
+//     filters=False on the host skips these launches (params.no_filters = 1); finish then
 //     gives a request that filters status 5 instead of sampling it unfiltered.
 //  3. spec_sample_finish_<dt>    grid B, 512 threads: one CTA per sequence; its warps evaluate
 //     all rows of the block at once (tile merge in a fixed order: deterministic; draft logit,
@@ -40,7 +44,7 @@
 #define SPEC_SAMPLE_KERNELS(NAME, T)                                                          \
   extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_TILE_THREADS, SPEC_SAMPLE_TILE_CTAS_PER_SM)               \
   spec_sample_tiles_##NAME(const SpecSampleParams p) { tiles_kernel<T>(p); }                 \
-  extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_THRESHOLD_THREADS, 1)             \
+  extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_THRESHOLD_THREADS, SPEC_SAMPLE_THRESHOLD_CTAS_PER_SM)             \
   spec_sample_threshold_##NAME(const SpecSampleParams p) { threshold_kernel<T>(p); }         \
   extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_FINISH_THREADS, 1)                \
   spec_sample_finish_##NAME(const SpecSampleParams p) { finish_kernel<T>(p); }

@@ -11,6 +11,9 @@ TILE = 2048                 # SPEC_SAMPLE_TILE (tokens per tile; also the refere
 MAX_TILES = 1024            # SPEC_SAMPLE_MAX_TILES -> V <= 2^21
 _TILE_BYTES = 20            # sizeof(SpecSampleTile)
 _ROW_BYTES = 8              # sizeof(SpecSampleRow)
+_FILTER_BYTES = 32848       # sizeof(SpecSampleFilter): the threshold's per-row state
+_THRESHOLD_CTAS_PER_SM = 2  # SPEC_SAMPLE_THRESHOLD_CTAS_PER_SM
+_THRESHOLD_MIN_TOKENS = 8192  # SPEC_SAMPLE_THRESHOLD_MIN_TOKENS: tokens per threshold CTA, at least
 _KERNEL_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _TILE_WARPS = 4             # SPEC_SAMPLE_TILE_THREADS / 32: tiles a CTA works on at once
 _TILE_CTAS_PER_SM = 6       # SPEC_SAMPLE_TILE_CTAS_PER_SM: resident tile CTAs per SM
@@ -19,9 +22,24 @@ _TILE_CTAS_PER_SM = 6       # SPEC_SAMPLE_TILE_CTAS_PER_SM: resident tile CTAs p
 def spec_sample_workspace_size(num_rows: int, vocab: int) -> int:
     """Bytes of the ``workspace`` that ``spec_sample`` needs for ``num_rows`` (T) logit rows
     of ``vocab`` (V) tokens. Independent of batch composition and device: allocate once
-    for the largest T a captured graph will see."""
+    for the largest T a captured graph will see.
+
+    Layout: per (row, tile) partials (20 B each), per row the threshold and row max (8 B),
+    padding to 16 B, then per row the multi-CTA threshold's state (32848 B: a 2048-bin
+    64-bit histogram, counters, a 4096-key candidate list). B=64 k=3 (T=256), V=151936:
+    386 KB + 8.4 MB (was 386 KB)."""
     num_tiles = -(-int(vocab) // TILE)
-    return int(num_rows) * (num_tiles * _TILE_BYTES + _ROW_BYTES)
+    head = int(num_rows) * (num_tiles * _TILE_BYTES + _ROW_BYTES)
+    return -(-head // 16) * 16 + int(num_rows) * _FILTER_BYTES
+
+
+@functools.lru_cache(maxsize=256)
+def _threshold_ctas(num_rows: int, vocab: int, sm_count: int) -> int:
+    """CTAs per row of the threshold launches (grid rows x this): enough for about
+    _THRESHOLD_CTAS_PER_SM x 2 CTAs per SM if every row filters, but no CTA with fewer than
+    _THRESHOLD_MIN_TOKENS tokens. B=64 k=3 (T=256), V=151936 on 132 SMs: 3; B=1 (T=4): 19."""
+    want = -(-(2 * _THRESHOLD_CTAS_PER_SM * max(1, sm_count)) // max(1, num_rows))
+    return max(1, min(want, -(-int(vocab) // _THRESHOLD_MIN_TOKENS)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -71,10 +89,10 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
     Philox keying are those of ``specdec_lib.reference.sampling``; the same inputs give the
     same tokens on every run, stream and GPU.
 
-    ``filters``: None/True: the top-k / top-p threshold and recount launches run (their CTAs
-    for rows without filters exit at once). False: the caller promises that no sampled
+    ``filters``: None/True: the top-k / top-p threshold launches (4, each split over many CTAs
+    per row) and the recount launch run (their CTAs for rows without filters exit at once). False: the caller promises that no sampled
     request has top_k in (0, V), top_p < 1 or min_p > 0 (greedy requests may carry any
-    values), and those two launches are skipped (about two launches less per call). A
+    values), and those launches are skipped (five launches less per call). A
     request that filters despite the promise is never sampled unfiltered: its block gets
     status 5 (``STATUS_FILTER_SKIPPED``), num_accepted 0 and emitted -1.
 
@@ -157,5 +175,6 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
         st.ptr, dp.ptr, dm.ptr, na.ptr, em.ptr, ss.ptr, lp.ptr, ws.ptr,
         lg.strides[0], dp.strides[0] if draft_probs is not None else 0, em.strides[0],
         lp.strides[0] if accepted_logprobs is not None else 0,
-        T, B, V, Vd, num_tiles, tiles_per_cta, W, filters is None or bool(filters))
+        T, B, V, Vd, num_tiles, tiles_per_cta, W, filters is None or bool(filters),
+        _threshold_ctas(T, V, runtime.sm_count(dev)))
     return num_accepted, emitted, status
