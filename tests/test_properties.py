@@ -280,7 +280,7 @@ def build_append_kv(g):
 
 def _akv_too_many_rows(g, kw):
     k, v = kw["k"], kw["v"]
-    n = 2**31
+    n = g.pick((2**30, 2**31))
     return _set(kw, k=refake(k, shape=(n,) + k.shape[1:]), v=refake(v, shape=(n,) + v.shape[1:])), {"k"}
 
 
@@ -301,7 +301,7 @@ APPEND_KV = OpSpec(
      Arg("cu_q", I32, (1,), "c", eq_dims=(0,)),
      Arg("finished", ("uint8", "bool"), (1,), "c", optional=True, eq_dims=(0,))],
     empty=lambda kw: kw["k"].shape[0] == 0 or kw["page_table"].shape[0] == 0,
-    extras=[Extra("rows_2^31", _akv_too_many_rows), Extra("pages_2^31", _akv_too_many_pages)])
+    extras=[Extra("rows_2^30", _akv_too_many_rows), Extra("pages_2^31", _akv_too_many_pages)])
 
 
 # ---------------------------------------------------------------- attention
@@ -450,6 +450,7 @@ ATTENTION = OpSpec(
             Extra("group_gt_16", lambda g, kw: _attn_heads(g, kw, True)),
             Extra("batch_gt_65535", _attn_batch), Extra("misaligned", _attn_misaligned),
             Extra("scale_bad", _attn_scalar("scale", (0.0, math.nan, math.inf, -math.inf))),
+            Extra("max_kv_len_int32", _attn_scalar("max_kv_len", (2**31 - 2**20, 2**31))),
             Extra("max_q_bad", _attn_scalar("max_q", (0, 17, -1, 2.5, "4"))),
             Extra("max_kv_len_bad", _attn_scalar("max_kv_len", (0, -5, 1.5))),
             Extra("num_splits_bad", _attn_scalar("num_splits", (0, 1025, 2.0))),
@@ -955,10 +956,15 @@ def _conv_slots_2_31(g, kw):
     return _set(kw, conv_state=refake(cs, shape=(2**31,) + cs.shape[1:])), {"conv_state"}
 
 
+def _conv_dim_int32(g, kw):   # the kernel's channel index is int32: dim stays < 2^31 - 256
+    cs = kw["conv_state"]
+    return _set(kw, conv_state=refake(cs, shape=(cs.shape[0], 2**31 - 256, cs.shape[2]))), {"conv_state"}
+
+
 CONV_VERIFY.extras += [Extra("rows_2^31", _conv_rows_2_31(("x", "out", "journal"), "x")),
-                       Extra("slots_2^31", _conv_slots_2_31)]
+                       Extra("slots_2^31", _conv_slots_2_31), Extra("dim_int32", _conv_dim_int32)]
 CONV_COMMIT.extras += [Extra("rows_2^31", _conv_rows_2_31(("journal",), "journal")),
-                       Extra("slots_2^31", _conv_slots_2_31)]
+                       Extra("slots_2^31", _conv_slots_2_31), Extra("dim_int32", _conv_dim_int32)]
 
 SPECS = [COPY, APPEND_KV, ATTENTION, GDN_VERIFY, GDN_COMMIT, CONV_VERIFY, CONV_COMMIT,
          SPEC_SAMPLE, SEQ_STOP, SEQ_ADVANCE, SEQ_BUILD_BLOCK, DRAFT_CARRY, CAPTURE_HIDDEN,

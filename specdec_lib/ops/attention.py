@@ -29,6 +29,9 @@ _MIN_KEYS_PER_SPLIT = 256       # below this a split's merge costs more than it 
 _CTAS_PER_SM = 2                # resident attention CTAs per SM the split count aims for
 
 
+# L + q and key indices are int32 in the kernel: keep a margin below 2^31 for a tile
+_MAX_CONTEXT = 2**31 - 2**20
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -205,8 +208,12 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
         max_q = check_int("max_q", max_q, 1, MAX_Q_PER_SEQ)
     if max_kv_len is None:
         max_kv_len = max_pages * page_size
+        if max_kv_len >= _MAX_CONTEXT:
+            raise ValueError(f"page_table: {max_pages} pages of {page_size} rows exceed the "
+                             f"{_MAX_CONTEXT}-position context limit (positions are int32 in "
+                             "the kernel); pass max_kv_len")
     else:
-        max_kv_len = check_int("max_kv_len", max_kv_len, 1)
+        max_kv_len = check_int("max_kv_len", max_kv_len, 1, _MAX_CONTEXT - 1)
     if num_splits is not None:
         num_splits = check_int("num_splits", num_splits, 1, MAX_SPLITS)
     if check_indices is None:

@@ -27,7 +27,8 @@ def _state_arg(conv_state):
     if wm1 > 1 and cs.strides[2] != 1:
         raise ValueError(f"conv_state: the last (W-1) dimension must be contiguous "
                          f"(strides {cs.strides})")
-    if slots >= 2**31 or dim >= 2**31:   # the launch parameters are int32
+    # the launch parameters are int32, and so is the channel index c = block * 256 + thread
+    if slots >= 2**31 or dim >= 2**31 - 256:
         raise ValueError(f"conv_state: sizes of 2^31 or more are not supported "
                          f"(shape {list(cs.shape)})")
     return cs, slots, dim, wm1 + 1

@@ -110,8 +110,9 @@ def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None,
             raise ValueError(f"{a.name}: the head dimension must be contiguous (strides {a.strides})")
     if pt.strides[1] != 1 and pt.shape[1] > 1:
         raise ValueError(f"page_table: rows must be contiguous (strides {pt.strides})")
-    if T >= 2**31 or num_pages >= 2**31:
-        raise ValueError("k/k_cache: more than 2^31-1 rows or pages is not supported")
+    # the kernel's grid-stride row loop is int32: keep T + stride below 2^31
+    if T >= 2**30 or num_pages >= 2**31:
+        raise ValueError("k/k_cache: 2^30 or more rows, or 2^31 or more pages, is not supported")
     stream_h = as_stream(stream)
     if check_indices:
         if not runtime.driver().stream_is_capturing(stream_h):

@@ -115,8 +115,8 @@ def capture_hidden(hidden, out, tap, *, residual=None, stream=None):
     for a in (h, o, r):
         if a.obj is not None:
             _last_contiguous(a)
-    if H > _INT32_MAX:
-        raise ValueError(f"hidden: width {H} exceeds the int32 range")
+    if H >= 2**30:   # the kernel's column index (block * unroll * threads + thread) is int32
+        raise ValueError(f"hidden: width {H} is too wide (at most 2^30 - 1)")
     stream_h = as_stream(stream)
     if T == 0:
         return out

@@ -163,6 +163,8 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     if B == 0 or (T == 0 and status is None):
         return out, journal   # (with a status the kernel still runs: every status[b] is written)
     warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev)
+    if B * Hv * slices >= 2**31:   # grid.x
+        raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
     kern = runtime.kernel("gdn", f"gdn_verify_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
     from .. import _gdn
     _gdn.launch_gdn_verify(
@@ -198,6 +200,8 @@ def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", statu
     if B == 0 or (T == 0 and status is None):
         return state
     warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev)
+    if B * Hv * slices >= 2**31:   # grid.x
+        raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
     kern = runtime.kernel("gdn", f"gdn_commit_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
     from .. import _gdn
     _gdn.launch_gdn_commit(kern, B * Hv * slices, 32 * warps, stream_h, st.ptr, sl.ptr, cq.ptr,
