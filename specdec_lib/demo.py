@@ -24,16 +24,8 @@ from .models import TinyHybridTarget, TinyMTPDraft, load_demo_checkpoint, make_d
 from .orchestrator import Request, SpeculativeDecoder, make_backend
 
 
-def _parser():
-    p = argparse.ArgumentParser(
-        prog="python -m specdec_lib demo",
-        description="Speculative decoding (MTP draft head, chain drafts) on an embedded tiny "
-                    "hybrid model (GDN + full-attention layers, paged KV), checked lossless "
-                    "against target-only greedy decoding. Exit status 0 iff lossless.")
-    p.add_argument("--backend", choices=("auto", "reference", "cuda"), default="auto",
-                   help="'cuda': library kernels on the GPU with cupy for the dense math; "
-                        "'reference': numpy reference ops on the CPU; 'auto' (default): cuda "
-                        "when a GPU, cupy and the compiled extension are present, else reference")
+def add_workload_args(p):
+    """The workload flags shared by the demo and tools/tp_demo.py."""
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=3, metavar="K",
                    help="draft tokens proposed per round, 1..15 (default 3)")
     p.add_argument("--batch", type=int, default=4, metavar="B",
@@ -45,6 +37,19 @@ def _parser():
                    help="tokens generated per request (default 32; raise it on a GPU)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the random prompts (the weights are fixed; default 0)")
+
+
+def _parser():
+    p = argparse.ArgumentParser(
+        prog="python -m specdec_lib demo",
+        description="Speculative decoding (MTP draft head, chain drafts) on an embedded tiny "
+                    "hybrid model (GDN + full-attention layers, paged KV), checked lossless "
+                    "against target-only greedy decoding. Exit status 0 iff lossless.")
+    p.add_argument("--backend", choices=("auto", "reference", "cuda"), default="auto",
+                   help="'cuda': library kernels on the GPU with cupy for the dense math; "
+                        "'reference': numpy reference ops on the CPU; 'auto' (default): cuda "
+                        "when a GPU, cupy and the compiled extension are present, else reference")
+    add_workload_args(p)
     p.add_argument("--checkpoint", metavar="DIR", default=None,
                    help="write the demo checkpoint (model.safetensors + config.json) into DIR "
                         "instead of a temporary folder, and keep it")

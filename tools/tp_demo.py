@@ -47,6 +47,7 @@ import numpy as np  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+from specdec_lib.demo import add_workload_args  # noqa: E402  (no torch/cupy import)
 
 
 def _parser():
@@ -65,16 +66,7 @@ def _parser():
                    help="'cuda' (default): library kernels + cupy on GPU <rank>, NCCL "
                         "all-reduces; 'reference': numpy reference ops in CPU processes, gloo "
                         "all-reduces (checks this script without GPUs)")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=3, metavar="K",
-                   help="draft tokens per round, 1..15 (default 3)")
-    p.add_argument("--batch", type=int, default=4, metavar="B",
-                   help="requests decoded together (default 4)")
-    p.add_argument("--prompt-len", type=int, default=8, metavar="N",
-                   help="prompt tokens; request b gets N + 3*b (default 8)")
-    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
-                   help="tokens generated per request (default 32)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of the random prompts (default 0)")
+    add_workload_args(p)   # -k, --batch, --prompt-len, --max-new-tokens, --seed
     p.add_argument("--sample-seed", type=int, default=1000,
                    help="sampled run: request b has sampling seed SAMPLE_SEED + b, the same on "
                         "every rank (default 1000)")
