@@ -3,7 +3,8 @@ bench spec_sample``.
 
 Bytes counted: the logits the op must read once (T * V * itemsize); the filter and finish
 passes re-read parts of rows (per top-k / top-p filter: a bucket pass and a candidate pass
-over the row, then one recount pass; the finish re-reads one 2048-token tile),
+over the row, each split over several CTAs per row, then one recount pass that skips tiles
+whose max is below the threshold; the finish re-reads one 2048-token tile),
 so rows with filters cost more than the number printed assumes -- that is the point of
 printing both the no-filter and the top-p mixes. Peers on the same shapes: a plain torch
 softmax + rejection (when torch is importable) and FlashInfer's chain sampler turned into
@@ -17,7 +18,7 @@ import numpy as np
 from .bench import Bench, bench
 
 
-def _inputs(B, k, V, device, greedy_frac, top_p, seed=0):
+def _inputs(B, k, V, device, greedy_frac, top_p, seed=0, top_k=0):
     from .arrays import DeviceArray
     from .dtypes import f32_to_bf16_bits
     rng = np.random.default_rng(seed)
@@ -30,7 +31,7 @@ def _inputs(B, k, V, device, greedy_frac, top_p, seed=0):
         cu_q=DeviceArray.from_numpy((np.arange(B + 1) * q).astype(np.int32), device=device),
         draft_ids=DeviceArray.from_numpy(rng.integers(0, V, T - B).astype(np.int32), device=device),
         temperature=DeviceArray.from_numpy(temp, device=device),
-        top_k=DeviceArray.from_numpy(np.zeros(B, np.int32), device=device),
+        top_k=DeviceArray.from_numpy(np.full(B, top_k, np.int32), device=device),
         top_p=DeviceArray.from_numpy(np.full(B, top_p, np.float32), device=device),
         min_p=DeviceArray.from_numpy(np.zeros(B, np.float32), device=device),
         seed=DeviceArray.from_numpy(np.arange(B, dtype=np.uint64), device=device),
@@ -48,16 +49,18 @@ def bench_spec_sample(b: Bench):
     from .ops import spec_sample, spec_sample_workspace_size
     V, k = 151936, 3
     # filters=False: the caller's promise that no request filters (the two filter launches skipped)
-    for B, greedy_frac, top_p, filters, label in (
-            (64, 0.5, 1.0, None, "half greedy, no filter"),
-            (64, 0.5, 1.0, False, "half greedy, no filter, filters=False"),
-            (64, 0.5, 0.9, None, "half greedy, top-p 0.9"),
-            (64, 0.0, 1.0, None, "all sampled, no filter"),
-            (64, 0.0, 1.0, False, "all sampled, no filter, filters=False"),
-            (1, 0.0, 1.0, None, "sampled, no filter"),
-            (1, 0.0, 1.0, False, "sampled, no filter, filters=False"),
-            (1, 0.0, 0.9, None, "sampled, top-p 0.9")):
-        a, T = _inputs(B, k, V, b.device, greedy_frac, top_p)
+    for B, greedy_frac, top_p, filters, label, top_k in (
+            (64, 0.5, 1.0, None, "half greedy, no filter", 0),
+            (64, 0.5, 1.0, False, "half greedy, no filter, filters=False", 0),
+            (64, 0.5, 0.9, None, "half greedy, top-p 0.9", 0),
+            (64, 0.5, 0.9, None, "half greedy, top-k 50 + top-p 0.9", 50),
+            (64, 0.0, 1.0, None, "all sampled, no filter", 0),
+            (64, 0.0, 1.0, False, "all sampled, no filter, filters=False", 0),
+            (1, 0.0, 1.0, None, "sampled, no filter", 0),
+            (1, 0.0, 1.0, False, "sampled, no filter, filters=False", 0),
+            (1, 0.0, 0.9, None, "sampled, top-p 0.9", 0),
+            (1, 0.0, 0.9, None, "sampled, top-k 50 + top-p 0.9", 50)):
+        a, T = _inputs(B, k, V, b.device, greedy_frac, top_p, top_k=top_k)
         ws = DeviceArray.empty((spec_sample_workspace_size(T, V),), "uint8", b.device)
 
         def run():
@@ -68,7 +71,7 @@ def bench_spec_sample(b: Bench):
         ms = b.time_graph(run) if B <= 4 else b.time(run, iters=20)
         b.report("spec_sample", f"B={B} k={k} V={V} bf16 {label}", nbytes, ms,
                  host_us=round(b.host_us(run), 1))
-        if B == 64 and top_p == 1.0 and greedy_frac == 0.5 and filters is None:
+        if B == 64 and top_p == 1.0 and greedy_frac == 0.5 and filters is None and top_k == 0:
             fi_bytes = (B * (k + 1) * V + B * k * V) * 4
             floor_ms = fi_bytes / (b.copy_bw() * 1e6)
             b.report("spec_sample", f"B={B} k={k} V={V} fp32 probs read floor", fi_bytes,

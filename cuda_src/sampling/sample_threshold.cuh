@@ -12,13 +12,14 @@ namespace {
 //
 // Exact radix select of the keep threshold (the largest key K with mass(keys >= K) >= target,
 // mass = count for top-k, floor(min(e, 1) * 2^32) with e = exp2(s2 - m) for top-p: integer
-// sums, so the result does not depend on the summation order). Two passes over the row per
-// filter instead of three: pass A histograms the tokens by b = floor(64 * (m - s2)) (2048
-// buckets of 1/64 log2 unit below the row max: monotone in the key, and spread out, so the
-// shared atomics rarely collide), pass B copies the keys of the selected bucket to shared
-// memory; the three 11/11/10-bit radix rounds then run over that list. A bucket with more
-// than SPEC_SAMPLE_THRESHOLD_CANDIDATES keys (near-constant logits) falls back to the radix
-// rounds over the whole row. Same K as the plain 3-round radix in every case.
+// sums, so the result does not depend on the summation order -- nor on how many CTAs add
+// into it). Per filter two passes over the row, each split over the row's gridDim.y CTAs:
+// a histogram by b = floor(64 * (m - s2)) (2048 buckets of 1/64 log2 unit below the row max:
+// monotone in the key, spread out) into the row's global histogram; then the keys of the
+// selected bucket into the row's global list, and the last CTA runs the three 11/11/10-bit
+// radix rounds over that list. A bucket with more than SPEC_SAMPLE_THRESHOLD_CANDIDATES keys
+// (near-constant logits) falls back to the radix rounds over the whole row in that last CTA.
+// Same K as the plain 3-round radix in every case.
 
 // Largest digit d with sum(hist[> d]) < target <= sum(hist[>= d]); returns d and the sum
 // above it (2048 bins, 2048 / kThreads per thread).
