@@ -407,6 +407,34 @@ def test_gdn_verify_gpu(rng, layout, sdt, ratio, fused, l2norm, Dk):
 
 
 @needs_gpu
+@pytest.mark.parametrize("Dk", [128, 64])
+@pytest.mark.parametrize("fused,l2norm", [(True, True), (False, False), (False, True)])
+@pytest.mark.parametrize("ratio", [1, 2, 4])
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+def test_gdn_verify_gpu_f32_block_lengths(rng, layout, ratio, fused, l2norm, Dk):
+    """f32 state, q = 1..9 and 12, 17 rows per sequence (the chunked/WY verify works on 4
+    rows at a time and advances its registers between chunks): outputs against the float64
+    reference; the state bit-for-bit unchanged; the journal as before."""
+    c = gpu_case(rng, layout=layout, sdt=np.float32, ratio=ratio, fused=fused, l2norm=l2norm,
+                 Dk=Dk, Dv=Dk, in_dtype=np.float32, q_lens=(1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 17))
+    d_state, d_out, d_j = run_gpu_verify(c, layout=layout, l2norm=l2norm)
+    np.testing.assert_array_equal(host(d_state, c["state"]).view(np.uint8), c["state"].view(np.uint8))
+    out = empty_out(c["T"], c["Hv"], c["Dv"])
+    j = empty_journal(c["T"], c["Hk"], c["Hv"], c["Dk"], c["Dv"])
+    gdn_verify(**c["x"], state=c["state"].copy(), slot_ids=c["slot_ids"], cu_q=c["cu_q"], out=out,
+               journal=j, qk_l2norm=l2norm, layout=layout, **c["gat"])
+    got = d_out.to_numpy()
+    for b in range(len(c["slot_ids"])):          # per sequence, so a bad block length shows
+        r = slice(c["cu_q"][b], c["cu_q"][b + 1])
+        if c["slot_ids"][b] < 0:
+            assert not got[r].any(), "padding rows must be zero"
+            continue
+        e = rel_err(got[r], out[r])
+        assert e < 1e-4, f"q={r.stop - r.start}: out rel err {e}"
+    assert rel_err(d_j.to_numpy(), j) < 1e-5
+
+
+@needs_gpu
 @pytest.mark.parametrize("layout", ["kv", "vk"])
 @pytest.mark.parametrize("sdt", ["f32", "f16", "bf16"])
 def test_gdn_commit_gpu_every_accept_len(rng, layout, sdt):
