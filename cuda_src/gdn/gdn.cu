@@ -64,6 +64,47 @@ __device__ __forceinline__ BlockPos block_pos(int num_slices, int num_v_heads) {
   return p;
 }
 
+// This CTA's work item (sequence, value head, column slice) and the thread's place in it;
+// the same for verify (both forms) and commit.
+struct CtaSlice {
+  BlockPos pos;
+  int lane, warp, nwarps, slice_cols, col_base, group, hk, Dv;
+};
+
+template <int WARP_COLS, typename P>
+__device__ __forceinline__ CtaSlice cta_slice(const P& p) {
+  CtaSlice c;
+  c.pos = block_pos(p.num_slices, p.num_v_heads);
+  c.lane = threadIdx.x & 31;
+  c.warp = threadIdx.x >> 5;
+  c.nwarps = blockDim.x >> 5;
+  c.slice_cols = c.nwarps * WARP_COLS;
+  c.col_base = c.pos.z * c.slice_cols;
+  c.group = p.num_v_heads / p.num_k_heads;
+  c.hk = c.pos.h / c.group;
+  c.Dv = p.head_v_dim;
+  return c;
+}
+
+// A verify block's rows and slot, checked; the status of the sequence is written here.
+struct VerifyRows {
+  int row0, row1, slot;
+  bool slot_ok, go;   // go: valid rows and at least one of them
+};
+
+__device__ __forceinline__ VerifyRows verify_rows(const GdnVerifyParams& p, const BlockPos& pos) {
+  VerifyRows v;
+  v.row0 = __ldg(p.cu_q + pos.b);
+  v.row1 = __ldg(p.cu_q + pos.b + 1);
+  v.slot = __ldg(p.slot_ids + pos.b);
+  const bool rows_ok = 0 <= v.row0 && v.row0 <= v.row1 && v.row1 <= p.num_rows;
+  v.slot_ok = v.slot >= 0 && v.slot < p.num_slots;
+  if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
+    p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) | (v.slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
+  v.go = rows_ok && v.row0 != v.row1;
+  return v;
+}
+
 // The raw gate inputs of row t, one per lane so that the four loads are in flight
 // together: lane 0 gate0[t], 1 gate1[t], and with fused gating 2 A_log, 3 dt_bias.
 __device__ __forceinline__ uint32_t gate_raw(const GdnVerifyParams& p, int64_t t, int h, int lane) {
@@ -196,21 +237,15 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   constexpr int RI = Tile::RI, CJ = Tile::CJ;
   __shared__ __align__(16) RowStage<DK> st;
 
-  const BlockPos pos = block_pos(p.num_slices, p.num_v_heads);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int slice_cols = nwarps * Tile::WARP_COLS;
-  const int col_base = pos.z * slice_cols;
-  const int group = p.num_v_heads / p.num_k_heads;
-  const int hk = pos.h / group;
-  const int Dv = p.head_v_dim;
+  const CtaSlice cs = cta_slice<Tile::WARP_COLS>(p);
+  const BlockPos pos = cs.pos;
+  const int lane = cs.lane, warp = cs.warp, nwarps = cs.nwarps, slice_cols = cs.slice_cols;
+  const int col_base = cs.col_base, group = cs.group, hk = cs.hk, Dv = cs.Dv;
 
-  const int row0 = __ldg(p.cu_q + pos.b), row1 = __ldg(p.cu_q + pos.b + 1);
-  const int slot = __ldg(p.slot_ids + pos.b);
-  const bool rows_ok = 0 <= row0 && row0 <= row1 && row1 <= p.num_rows;
-  const bool slot_ok = slot >= 0 && slot < p.num_slots;
-  if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
-    p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) | (slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
-  if (!rows_ok || row0 == row1) return;
+  const VerifyRows vr = verify_rows(p, pos);
+  if (!vr.go) return;
+  const int row0 = vr.row0, row1 = vr.row1, slot = vr.slot;
+  const bool slot_ok = vr.slot_ok;
   const int qlen = row1 - row0;
 
   Tile tile(lane);
@@ -405,21 +440,15 @@ __device__ __forceinline__ void gdn_verify_wy_impl(const GdnVerifyParams& p) {
   using Tile = WyTile<DK, VK>;
   __shared__ __align__(16) WyStage<DK> st;
 
-  const BlockPos pos = block_pos(p.num_slices, p.num_v_heads);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int slice_cols = nwarps * Tile::WARP_COLS;
-  const int col_base = pos.z * slice_cols;
-  const int group = p.num_v_heads / p.num_k_heads;
-  const int hk = pos.h / group;
-  const int Dv = p.head_v_dim;
+  const CtaSlice cs = cta_slice<Tile::WARP_COLS>(p);
+  const BlockPos pos = cs.pos;
+  const int lane = cs.lane, warp = cs.warp, nwarps = cs.nwarps, slice_cols = cs.slice_cols;
+  const int col_base = cs.col_base, group = cs.group, hk = cs.hk, Dv = cs.Dv;
 
-  const int row0 = __ldg(p.cu_q + pos.b), row1 = __ldg(p.cu_q + pos.b + 1);
-  const int slot = __ldg(p.slot_ids + pos.b);
-  const bool rows_ok = 0 <= row0 && row0 <= row1 && row1 <= p.num_rows;
-  const bool slot_ok = slot >= 0 && slot < p.num_slots;
-  if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
-    p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) | (slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
-  if (!rows_ok || row0 == row1) return;
+  const VerifyRows vr = verify_rows(p, pos);
+  if (!vr.go) return;
+  const int row0 = vr.row0, row1 = vr.row1, slot = vr.slot;
+  const bool slot_ok = vr.slot_ok;
   const int qlen = row1 - row0;
 
   Tile tile(lane);
@@ -480,13 +509,10 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   __shared__ float sv_rows[kRowChunk][kMaxSliceCols];
   __shared__ float sdecay[kRowChunk], sbeta[kRowChunk];
 
-  const BlockPos pos = block_pos(p.num_slices, p.num_v_heads);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int slice_cols = nwarps * Tile::WARP_COLS;
-  const int col_base = pos.z * slice_cols;
-  const int group = p.num_v_heads / p.num_k_heads;
-  const int hk = pos.h / group;
-  const int Dv = p.head_v_dim;
+  const CtaSlice cs = cta_slice<Tile::WARP_COLS>(p);
+  const BlockPos pos = cs.pos;
+  const int lane = cs.lane, warp = cs.warp, nwarps = cs.nwarps, slice_cols = cs.slice_cols;
+  const int col_base = cs.col_base, group = cs.group, hk = cs.hk, Dv = cs.Dv;
 
   const int row0 = __ldg(p.cu_q + pos.b), row1 = __ldg(p.cu_q + pos.b + 1);
   const int slot = __ldg(p.slot_ids + pos.b);
