@@ -379,6 +379,18 @@ def run_gpu_verify(c, *, layout, l2norm, out_dtype="float32"):
     return d_state, d_out, d_j
 
 
+def _verify_vs_reference(c, layout, l2norm):
+    """gdn_verify on the GPU (state bit-for-bit unchanged) and the float64 reference on the
+    same case: (device out, reference out, device journal, reference journal)."""
+    d_state, d_out, d_j = run_gpu_verify(c, layout=layout, l2norm=l2norm)
+    np.testing.assert_array_equal(host(d_state, c["state"]).view(np.uint8), c["state"].view(np.uint8))
+    out = empty_out(c["T"], c["Hv"], c["Dv"])
+    j = empty_journal(c["T"], c["Hk"], c["Hv"], c["Dk"], c["Dv"])
+    gdn_verify(**c["x"], state=c["state"].copy(), slot_ids=c["slot_ids"], cu_q=c["cu_q"], out=out,
+               journal=j, qk_l2norm=l2norm, layout=layout, **c["gat"])
+    return d_out.to_numpy(), out, d_j, j
+
+
 @needs_gpu
 @pytest.mark.parametrize("Dk", [128, 64])
 @pytest.mark.parametrize("fused,l2norm", [(True, True), (False, False)])
@@ -390,14 +402,7 @@ def test_gdn_verify_gpu(rng, layout, sdt, ratio, fused, l2norm, Dk):
     in_dtype = np.float32 if sdt == np.float32 else (np.float16 if sdt == np.float16 else np.uint16)
     c = gpu_case(rng, layout=layout, sdt=sdt, ratio=ratio, fused=fused, l2norm=l2norm, Dk=Dk,
                  Dv=Dk, in_dtype=in_dtype)
-    d_state, d_out, d_j = run_gpu_verify(c, layout=layout, l2norm=l2norm)
-    # the state is bit-for-bit what it was
-    np.testing.assert_array_equal(host(d_state, c["state"]).view(np.uint8), c["state"].view(np.uint8))
-    out = empty_out(c["T"], c["Hv"], c["Dv"])
-    j = empty_journal(c["T"], c["Hk"], c["Hv"], c["Dk"], c["Dv"])
-    gdn_verify(**c["x"], state=c["state"].copy(), slot_ids=c["slot_ids"], cu_q=c["cu_q"], out=out,
-               journal=j, qk_l2norm=l2norm, layout=layout, **c["gat"])
-    got = d_out.to_numpy()
+    got, out, d_j, j = _verify_vs_reference(c, layout, l2norm)
     e = rel_err(got, out)
     assert e < tol(sdt, in_dtype), f"out rel err {e}"
     pad = slice(c["cu_q"][2], c["cu_q"][3])
@@ -417,13 +422,7 @@ def test_gdn_verify_gpu_f32_block_lengths(rng, layout, ratio, fused, l2norm, Dk)
     reference; the state bit-for-bit unchanged; the journal as before."""
     c = gpu_case(rng, layout=layout, sdt=np.float32, ratio=ratio, fused=fused, l2norm=l2norm,
                  Dk=Dk, Dv=Dk, in_dtype=np.float32, q_lens=(1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 17))
-    d_state, d_out, d_j = run_gpu_verify(c, layout=layout, l2norm=l2norm)
-    np.testing.assert_array_equal(host(d_state, c["state"]).view(np.uint8), c["state"].view(np.uint8))
-    out = empty_out(c["T"], c["Hv"], c["Dv"])
-    j = empty_journal(c["T"], c["Hk"], c["Hv"], c["Dk"], c["Dv"])
-    gdn_verify(**c["x"], state=c["state"].copy(), slot_ids=c["slot_ids"], cu_q=c["cu_q"], out=out,
-               journal=j, qk_l2norm=l2norm, layout=layout, **c["gat"])
-    got = d_out.to_numpy()
+    got, out, d_j, j = _verify_vs_reference(c, layout, l2norm)
     for b in range(len(c["slot_ids"])):          # per sequence, so a bad block length shows
         r = slice(c["cu_q"][b], c["cu_q"][b + 1])
         if c["slot_ids"][b] < 0:
