@@ -406,6 +406,18 @@ def gpu_run(cu_q, logits_host, dtype, draft_ids, params, W, draft_probs=None, d2
     return results if runs > 1 else results[0]
 
 
+def half_top_drafts(rng, seen, cu_q, V):
+    """Draft ids [T - B]: random, but each block row's top token half of the time (so that
+    chains get accepted); draws from ``rng`` in a fixed order."""
+    B = len(cu_q) - 1
+    drafts = rng.integers(0, V, int(cu_q[-1]) - B).astype(np.int32)
+    for b in range(B):
+        for i in range(int(cu_q[b + 1] - cu_q[b]) - 1):
+            if rng.random() < 0.5:
+                drafts[cu_q[b] - b + i] = int(np.nanargmax(seen[cu_q[b] + i]))
+    return drafts
+
+
 def make_params(B, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=None, step=3):
     full = lambda v, dt: np.full(B, v, dt) if np.isscalar(v) else np.asarray(v, dt)
     return dict(temperature=full(temperature, np.float32), top_k=full(top_k, np.int32),
@@ -556,11 +568,7 @@ def test_spec_sample_gpu_matches_reference_sampled(dtype, mode, rng):
         drafts = (ids if d2t is None else d2t[ids]).astype(np.int32)
     else:
         # drafts: the row's top token half of the time (so chains get accepted)
-        drafts = rng.integers(0, V, T - B).astype(np.int32)
-        for b in range(B):
-            for i in range(q_lens[b] - 1):
-                if rng.random() < 0.5:
-                    drafts[cu_q[b] - b + i] = int(np.nanargmax(seen[cu_q[b] + i]))
+        drafts = half_top_drafts(rng, seen, cu_q, V)
     W = 5
     n, em, st, lp = gpu_run(cu_q, host, dtype, drafts, params, W, dp, d2t, logprobs=True)
     rlp = np.zeros((B, W), np.float32)
@@ -627,11 +635,7 @@ def test_spec_sample_gpu_filters_false(dtype, rng):
     host, seen = to_dtype(rng.standard_normal((T, V)) * 3, dtype)
     temps = rng.choice([0.0, 0.7, 1.0], B).astype(np.float32)
     params = make_params(B, temperature=temps, top_p=np.where(temps == 0, 0.5, 1.0))
-    drafts = rng.integers(0, V, T - B).astype(np.int32)
-    for b in range(B):
-        for i in range(q_lens[b] - 1):
-            if rng.random() < 0.5:
-                drafts[cu_q[b] - b + i] = int(np.nanargmax(seen[cu_q[b] + i]))
+    drafts = half_top_drafts(rng, seen, cu_q, V)
     W = 5
     a = gpu_run(cu_q, host, dtype, drafts, params, W, logprobs=True)
     c = gpu_run(cu_q, host, dtype, drafts, params, W, logprobs=True, filters=False)
