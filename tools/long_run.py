@@ -31,7 +31,9 @@ def schedule(rounds, slots, V, seed):
     so the slots stay mostly busy, until ``rounds`` rounds have passed."""
     rng = np.random.default_rng(seed)
     reqs, arr, t = [], [], 0
-    mean_rounds = 12                       # ~40 tokens at ~3.2 tokens per round
+    # a request lives ~24 rounds (~42 tokens at ~1.8 tokens per round with half of them
+    # sampled at high temperature): arrivals at that rate keep the slots just about busy
+    mean_rounds = 24
     while t < rounds:
         n = int(rng.integers(4, 80))
         greedy = rng.random() < 0.5
