@@ -19,27 +19,11 @@ import math
 
 import numpy as np
 
+from ._checks import np_array
+
 HEAD_DIMS = (64, 128, 256)
 MAX_Q_PER_SEQ = 16
 MAX_GROUP = 16
-
-
-def _arr(name, a, ndim):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy array, got {type(a).__name__}")
-    if a.ndim != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D array, got shape {a.shape}")
-    return a
-
-
-def _float(name, a):
-    if a.dtype.kind != "f":
-        raise TypeError(f"{name}: expected a floating-point array, got {a.dtype}")
-
-
-def _int(name, a):
-    if a.dtype.kind not in "iu":
-        raise TypeError(f"{name}: expected an integer array, got {a.dtype}")
 
 
 def check_verify_attention_shapes(q_shape, k_shape, v_shape, pt_shape, sl_shape, cu_shape,
@@ -124,11 +108,11 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
     """
     for name, a, nd in (("q", q, 3), ("k_cache", k_cache, 4), ("v_cache", v_cache, 4),
                         ("out", out, 3)):
-        _float(name, _arr(name, a, nd))
+        np_array(name, a, nd, "f")
     for name, a, nd in (("page_table", page_table, 2), ("seq_lens", seq_lens, 1), ("cu_q", cu_q, 1)):
-        _int(name, _arr(name, a, nd))
+        np_array(name, a, nd, "iu")
     if lse_out is not None:
-        _float("lse_out", _arr("lse_out", lse_out, 2))
+        np_array("lse_out", lse_out, 2, "f")
     T, Hq, Hkv, D, B, ps = check_verify_attention_shapes(
         q.shape, k_cache.shape, v_cache.shape, page_table.shape, seq_lens.shape, cu_q.shape,
         out.shape, None if lse_out is None else lse_out.shape)

@@ -17,13 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def _arr(name, a, ndim=None):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy array, got {type(a).__name__}")
-    if ndim is not None and a.ndim != ndim:
-        raise ValueError(f"{name}: expected {ndim}-D, got shape {a.shape}")
-    return a
+from ._checks import np_array
 
 
 def draft_carry(hidden, cu_q, accept_len, out, *, row_begin=0, col_begin=0):
@@ -40,10 +34,10 @@ def draft_carry(hidden, cu_q, accept_len, out, *, row_begin=0, col_begin=0):
     this shard owns the row and the column, zero elsewhere, so summing the outputs of
     all shards gives the full carry. A row with accept_len <= 0 (finished) is zero.
     """
-    _arr("hidden", hidden, 2)
-    _arr("cu_q", cu_q, 1)
-    _arr("accept_len", accept_len, 1)
-    _arr("out", out, 2)
+    np_array("hidden", hidden, 2)
+    np_array("cu_q", cu_q, 1)
+    np_array("accept_len", accept_len, 1)
+    np_array("out", out, 2)
     B = accept_len.shape[0]
     T, H = hidden.shape
     if cu_q.shape[0] != B + 1:
@@ -75,8 +69,8 @@ def capture_hidden(hidden, out, tap, *, residual=None):
     out       [T, taps * H]   the concatenated taps, input of the EAGLE3 fc
     tap       0 <= tap < taps
     """
-    _arr("hidden", hidden, 2)
-    _arr("out", out, 2)
+    np_array("hidden", hidden, 2)
+    np_array("out", out, 2)
     T, H = hidden.shape
     if out.shape[0] != T:
         raise ValueError(f"out: {out.shape[0]} rows != hidden's {T}")
@@ -87,7 +81,7 @@ def capture_hidden(hidden, out, tap, *, residual=None):
         raise ValueError(f"tap: {tap} out of range for {taps} taps")
     x = hidden.astype(np.float64)
     if residual is not None:
-        _arr("residual", residual, 2)
+        np_array("residual", residual, 2)
         if residual.shape != hidden.shape:
             raise ValueError(f"residual: shape {residual.shape} != hidden {hidden.shape}")
         x = x + residual.astype(np.float64)
@@ -116,9 +110,9 @@ def draft_combine(embed, hidden, embed_norm_weight, hidden_norm_weight, out, *,
     unit_offset         False: weight w (Llama/DeepSeek); True: 1 + w (Qwen3-Next/3.5
                         zero-centred norms)
     """
-    _arr("hidden", hidden, 2)
-    _arr("embed", embed, 2)
-    _arr("out", out, 2)
+    np_array("hidden", hidden, 2)
+    np_array("embed", embed, 2)
+    np_array("out", out, 2)
     rows, H = hidden.shape
     if embed.shape[1] != H:
         raise ValueError(f"embed: width {embed.shape[1]} != hidden width {H}")
@@ -126,11 +120,11 @@ def draft_combine(embed, hidden, embed_norm_weight, hidden_norm_weight, out, *,
         raise ValueError(f"out: expected shape {(rows, 2 * H)}, got {out.shape}")
     for name, w in (("embed_norm_weight", embed_norm_weight),
                     ("hidden_norm_weight", hidden_norm_weight)):
-        _arr(name, w, 1)
+        np_array(name, w, 1)
         if w.shape[0] != H:
             raise ValueError(f"{name}: expected shape ({H},), got {w.shape}")
     if token_ids is not None:
-        _arr("token_ids", token_ids, 1)
+        np_array("token_ids", token_ids, 1)
         if token_ids.shape[0] != rows:
             raise ValueError(f"token_ids: {token_ids.shape[0]} ids != {rows} hidden rows")
         V = embed.shape[0]
@@ -157,9 +151,9 @@ def draft_map_tokens(draft_ids, d2t, out, *, offsets=True):
                           or absolute target ids with offsets=False
     out        int32 [N]
     """
-    _arr("draft_ids", draft_ids, 1)
-    _arr("d2t", d2t, 1)
-    _arr("out", out, 1)
+    np_array("draft_ids", draft_ids, 1)
+    np_array("d2t", d2t, 1)
+    np_array("out", out, 1)
     if out.shape != draft_ids.shape:
         raise ValueError(f"out: shape {out.shape} != draft_ids {draft_ids.shape}")
     Vd = d2t.shape[0]

@@ -80,6 +80,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import np_array
+
 TILE = 2048                   # tokens per tile of the two-level race (spec constant)
 PURPOSE_ACCEPT = 0            # counter index 0
 PURPOSE_TILE = 1              # counter index = tile id
@@ -226,48 +228,38 @@ def race_sample(w, seed, step, row):
 
 
 # ----------------------------------------------------------------------------- checks
-def _arr(name, a, ndim, kinds):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy array, got {type(a).__name__}")
-    if a.ndim != ndim:
-        raise ValueError(f"{name}: expected {ndim}-D, got shape {list(a.shape)}")
-    if a.dtype.kind not in kinds:
-        raise TypeError(f"{name}: unsupported dtype {a.dtype}")
-    return a
-
-
 def _check(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed, step,
            num_accepted, emitted, status, draft_probs, d2t, accepted_logprobs):
-    _arr("logits", logits, 2, "f")
+    np_array("logits", logits, 2, "f")
     T, V = logits.shape
-    _arr("cu_q", cu_q, 1, "iu")
+    np_array("cu_q", cu_q, 1, "iu")
     B = cu_q.shape[0] - 1
     if B < 0:
         raise ValueError("cu_q: needs B+1 >= 1 entries")
     if T < B:
         raise ValueError(f"logits: {T} rows for {B} sequences (every block has >= 1 row)")
-    _arr("draft_ids", draft_ids, 1, "iu")
+    np_array("draft_ids", draft_ids, 1, "iu")
     if draft_ids.shape[0] != T - B:
         raise ValueError(f"draft_ids: expected T-B = {T - B} entries, got {draft_ids.shape[0]}")
     for name, a, kinds in (("temperature", temperature, "f"), ("top_k", top_k, "iu"),
                            ("top_p", top_p, "f"), ("min_p", min_p, "f"), ("seed", seed, "iu"),
                            ("step", step, "iu"), ("num_accepted", num_accepted, "i"),
                            ("status", status, "i")):
-        _arr(name, a, 1, kinds)
+        np_array(name, a, 1, kinds)
         if a.shape[0] != B:
             raise ValueError(f"{name}: expected {B} entries (batch), got {a.shape[0]}")
-    _arr("emitted", emitted, 2, "i")
+    np_array("emitted", emitted, 2, "i")
     if emitted.shape[0] != B or emitted.shape[1] < 1:
         raise ValueError(f"emitted: expected shape [{B}, kmax+1 >= 1], got {list(emitted.shape)}")
     if accepted_logprobs is not None:
-        _arr("accepted_logprobs", accepted_logprobs, 2, "f")
+        np_array("accepted_logprobs", accepted_logprobs, 2, "f")
         if accepted_logprobs.shape != emitted.shape:
             raise ValueError(f"accepted_logprobs: expected shape {list(emitted.shape)}, "
                              f"got {list(accepted_logprobs.shape)}")
     if d2t is not None and draft_probs is None:
         raise ValueError("d2t: only meaningful with draft_probs")
     if draft_probs is not None:
-        _arr("draft_probs", draft_probs, 2, "f")
+        np_array("draft_probs", draft_probs, 2, "f")
         if draft_probs.shape[0] != T - B:
             raise ValueError(f"draft_probs: expected T-B = {T - B} rows, got {draft_probs.shape[0]}")
         Vd = draft_probs.shape[1]
@@ -275,7 +267,7 @@ def _check(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed, step
             if Vd != V:
                 raise ValueError(f"draft_probs: {Vd} columns but V = {V} and no d2t map")
         else:
-            _arr("d2t", d2t, 1, "iu")
+            np_array("d2t", d2t, 1, "iu")
             if d2t.shape[0] != Vd:
                 raise ValueError(f"d2t: expected {Vd} entries (draft vocab), got {d2t.shape[0]}")
             if Vd and ((np.diff(d2t.astype(np.int64)) <= 0).any() or d2t.min() < 0 or d2t.max() >= V):

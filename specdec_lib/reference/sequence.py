@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import np_array
+
 # finished[b] reason codes (uint8); 0 means the request is still running
 FINISH_NONE = 0
 FINISH_STOP_ID = 1      # an emitted token is one of the request's stop ids
@@ -31,16 +33,6 @@ FINISH_REASONS = {
     FINISH_NONE: "running", FINISH_STOP_ID: "stop_id", FINISH_STOP_SEQ: "stop_sequence",
     FINISH_MAX_LEN: "max_length", FINISH_CAPACITY: "capacity", FINISH_BAD_ROW: "bad_row",
 }
-
-
-def _req(name, a, ndim, kind="i"):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy array, got {type(a).__name__}")
-    if a.ndim != ndim:
-        raise ValueError(f"{name}: expected {ndim}-D, got shape {a.shape}")
-    if a.dtype.kind not in kind:
-        raise TypeError(f"{name}: expected an integer array, got {a.dtype}")
-    return a
 
 
 def _batch(name, a, B):
@@ -81,21 +73,21 @@ def seq_stop(emitted, num_accepted, out_tokens, out_lens, stop_ids, stop_seqs,
     FINISH_BAD_ROW; so is a row with out_lens < 0 (keeps nothing). Only the first
     min(out_lens, C) history tokens are searched for stop sequences.
     """
-    _req("emitted", emitted, 2)
+    np_array("emitted", emitted, 2, "i")
     B, W = emitted.shape
     for name, a in (("num_accepted", num_accepted), ("out_lens", out_lens),
                     ("max_new_tokens", max_new_tokens), ("accept_len", accept_len),
                     ("finished", finished)):
-        _req(name, a, 1, "iu")
+        np_array(name, a, 1, "iu")
         _batch(name, a, B)
-    _req("out_tokens", out_tokens, 2)
+    np_array("out_tokens", out_tokens, 2, "i")
     _batch("out_tokens", out_tokens, B)
     C = out_tokens.shape[1]
     if stop_ids is not None:
-        _req("stop_ids", stop_ids, 2)
+        np_array("stop_ids", stop_ids, 2, "i")
         _batch("stop_ids", stop_ids, B)
     if stop_seqs is not None:
-        _req("stop_seqs", stop_seqs, 3)
+        np_array("stop_seqs", stop_seqs, 3, "i")
         _batch("stop_seqs", stop_seqs, B)
         seq_lens = stop_sequence_lengths(stop_seqs)
     for b in range(B):
@@ -165,13 +157,13 @@ def seq_advance(emitted, accept_len, seq_lens, out_tokens, out_lens, last_token,
                                caches have committed those rows); FINISH_BAD_ROW when
                                out_lens[b] < 0 (nothing appended, L still advances)
     """
-    _req("emitted", emitted, 2)
+    np_array("emitted", emitted, 2, "i")
     B, W = emitted.shape
     for name, a in (("accept_len", accept_len), ("seq_lens", seq_lens),
                     ("out_lens", out_lens), ("last_token", last_token), ("finished", finished)):
-        _req(name, a, 1, "iu")
+        np_array(name, a, 1, "iu")
         _batch(name, a, B)
-    _req("out_tokens", out_tokens, 2)
+    np_array("out_tokens", out_tokens, 2, "i")
     _batch("out_tokens", out_tokens, B)
     C = out_tokens.shape[1]
     for b in range(B):
@@ -210,13 +202,13 @@ def seq_build_block(last_token, draft_tokens, num_draft, seq_lens, cu_q, block_t
     fixed k gives a fixed T and the round needs no host synchronisation.
     """
     for name, a in (("last_token", last_token), ("num_draft", num_draft), ("seq_lens", seq_lens)):
-        _req(name, a, 1, "iu")
+        np_array(name, a, 1, "iu")
     B = last_token.shape[0]
-    _req("draft_tokens", draft_tokens, 2)
+    np_array("draft_tokens", draft_tokens, 2, "i")
     for name, a in (("draft_tokens", draft_tokens), ("num_draft", num_draft),
                     ("seq_lens", seq_lens)):
         _batch(name, a, B)
-    _req("cu_q", cu_q, 1)
+    np_array("cu_q", cu_q, 1, "i")
     if cu_q.shape[0] != B + 1:
         raise ValueError(f"cu_q: expected shape ({B + 1},), got {cu_q.shape}")
     K = draft_tokens.shape[1]
@@ -226,7 +218,7 @@ def seq_build_block(last_token, draft_tokens, num_draft, seq_lens, cu_q, block_t
                           ("draft_ids", draft_ids, T - B)):
         if a is None:
             continue
-        _req(name, a, 1)
+        np_array(name, a, 1, "i")
         if a.shape[0] < need:
             raise ValueError(f"{name}: needs at least {need} elements, has {a.shape[0]}")
     cu_q[0] = 0
