@@ -34,9 +34,15 @@ def _state_arg(conv_state):
     return cs, slots, dim, wm1 + 1
 
 
-def _check_rows(name, T):
+def _block_rows(name, arr, dim, dev):
+    """A block's rows [T, dim] (x, or the journal), any float dtype; returns (arg, T)."""
+    a = DeviceArg(name, arr, dtype=_FLOATS, ndim=2, device=dev)
+    T = a.shape[0]
     if T >= 2**31:
         raise ValueError(f"{name}: {T} rows; at most 2^31-1 per call")
+    if a.shape[1] != dim:
+        raise ValueError(f"{name}: expected [T, dim={dim}] (dim from conv_state), got {list(a.shape)}")
+    return a, T
 
 
 def _rows(name, a):
@@ -62,11 +68,7 @@ def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, acti
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
     cs, slots, dim, W = _state_arg(conv_state)
     dev = cs.device
-    xa = DeviceArg("x", x, dtype=_FLOATS, ndim=2, device=dev)
-    T = xa.shape[0]
-    _check_rows("x", T)
-    if xa.shape[1] != dim:
-        raise ValueError(f"x: expected [T, dim={dim}] (dim from conv_state), got {list(xa.shape)}")
+    xa, T = _block_rows("x", x, dim, dev)
     wa = DeviceArg("weight", weight, dtype=_FLOATS, device=dev)
     if wa.shape not in ((dim, W), (dim, 1, W)):
         raise ValueError(f"weight: expected [dim, W] = [{dim}, {W}] (or [{dim}, 1, {W}]), "
@@ -104,11 +106,7 @@ def conv1d_commit(conv_state, slot_ids, cu_q, accept_len, journal, *, status=Non
     state rounded to its dtype. accept_len [B] int32 in 0..q_b (0: untouched)."""
     cs, slots, dim, W = _state_arg(conv_state)
     dev = cs.device
-    ja = DeviceArg("journal", journal, dtype=_FLOATS, ndim=2, device=dev)
-    T = ja.shape[0]
-    _check_rows("journal", T)
-    if ja.shape[1] != dim:
-        raise ValueError(f"journal: expected [T, dim={dim}], got {list(ja.shape)}")
+    ja, T = _block_rows("journal", journal, dim, dev)
     j_st = _rows("journal", ja)
     B, sl, cq, al, sa = _batch_args(dev, slot_ids, cu_q, status, accept_len, commit=True)
     if B >= 65536:
