@@ -24,6 +24,14 @@ def _i32(name, obj, shape, dev, optional=False):
                      optional=optional)
 
 
+def _out_tokens(out_tokens, B, dev):
+    ot = DeviceArg("out_tokens", out_tokens, dtype="int32", ndim=2, device=dev, contiguous=True)
+    if ot.shape[0] != B:
+        raise ValueError(f"out_tokens: expected shape [{B}, *] (batch from emitted), got "
+                         f"{list(ot.shape)}")
+    return ot
+
+
 def _fits_int32(name, *sizes):
     for s in sizes:
         if s > _INT32_MAX:
@@ -45,10 +53,7 @@ def seq_stop(emitted, num_accepted, out_tokens, out_lens, stop_ids, stop_seqs,
     dev = em.device
     B, W = em.shape
     na = _i32("num_accepted", num_accepted, (B,), dev)
-    ot = DeviceArg("out_tokens", out_tokens, dtype="int32", ndim=2, device=dev, contiguous=True)
-    if ot.shape[0] != B:
-        raise ValueError(f"out_tokens: expected shape [{B}, *] (batch from emitted), got "
-                         f"{list(ot.shape)}")
+    ot = _out_tokens(out_tokens, B, dev)
     ol = _i32("out_lens", out_lens, (B,), dev)
     si = DeviceArg("stop_ids", stop_ids, dtype="int32", ndim=2, device=dev, contiguous=True,
                    optional=True)
@@ -92,10 +97,7 @@ def seq_advance(emitted, accept_len, seq_lens, out_tokens, out_lens, last_token,
     B, W = em.shape
     al = _i32("accept_len", accept_len, (B,), dev)
     sl = _i32("seq_lens", seq_lens, (B,), dev)
-    ot = DeviceArg("out_tokens", out_tokens, dtype="int32", ndim=2, device=dev, contiguous=True)
-    if ot.shape[0] != B:
-        raise ValueError(f"out_tokens: expected shape [{B}, *] (batch from emitted), got "
-                         f"{list(ot.shape)}")
+    ot = _out_tokens(out_tokens, B, dev)
     ol = _i32("out_lens", out_lens, (B,), dev)
     lt = _i32("last_token", last_token, (B,), dev)
     fin = DeviceArg("finished", finished, dtype="uint8", shape=(B,), device=dev, contiguous=True)
