@@ -65,8 +65,6 @@ def main(argv=None):
     mem = []
 
     def used():
-        if be.name != "cuda":
-            return (0, 0)
         import cupy
         free, total = cupy.cuda.runtime.memGetInfo()
         return (total - free, cupy.get_default_memory_pool().total_bytes())
@@ -76,7 +74,8 @@ def main(argv=None):
         draft = TinyMTPDraft(cfg, dw, tensors, be)
         dec = SpeculativeDecoder(target, draft, num_speculative_tokens=a.k, backend=be,
                                  cuda_graph=not a.no_graph)
-        cb = (lambda r: mem.append((r,) + used()) if r % 100 == 0 else None) if record else None
+        watch = record and be.name == "cuda"     # device memory exists on that backend only
+        cb = (lambda r: mem.append((r,) + used()) if r % 100 == 0 else None) if watch else None
         t0 = time.perf_counter()
         out = dec.serve(reqs, slots=a.slots, arrivals=arr, on_round=cb)
         return out, dec, time.perf_counter() - t0
