@@ -771,6 +771,7 @@ SPEC_SAMPLE = OpSpec(
             Extra("emitted_width_0", lambda g, kw: (_set(kw, emitted=refake(kw["emitted"], shape=(kw["emitted"].shape[0], 0))), {"emitted"})),
             Extra("workspace_small", _ss_ws_small), Extra("workspace_misaligned", _ss_ws_misaligned),
             Extra("d2t_without_draft_probs", _ss_d2t_alone),
+            Extra("filters_bad", lambda g, kw: (_set(kw, filters=g.pick(("no", 1, 0.0))), {"filters"})),
             Extra("draft_vocab_mismatch", _ss_vd_mismatch, force=("draft_probs",))])
 
 

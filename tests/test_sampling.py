@@ -355,6 +355,8 @@ def test_spec_sample_validation_errors(rng):
         spec_sample(*args(), draft_probs=np.ones((2, 15), np.float32))
     with pytest.raises(ValueError, match="d2t"):
         spec_sample(*args(), draft_probs=np.ones((2, 3), np.float32), d2t=np.array([3, 2, 5], np.int32))
+    with pytest.raises(TypeError, match="filters"):
+        spec_sample(*args(), filters="no")
 
 
 # ================================================================== GPU

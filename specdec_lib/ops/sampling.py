@@ -6,6 +6,7 @@ import functools
 
 from .. import runtime
 from .._validate import DeviceArg, as_stream
+from ..reference.sampling import check_filters
 
 TILE = 2048                 # SPEC_SAMPLE_TILE (tokens per tile; also the reference's TILE)
 MAX_TILES = 1024            # SPEC_SAMPLE_MAX_TILES -> V <= 2^21
@@ -89,9 +90,9 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
     Philox keying are those of ``specdec_lib.reference.sampling``; the same inputs give the
     same tokens on every run, stream and GPU.
 
-    ``filters``: None/True: the top-k / top-p threshold launches (4, each split over many CTAs
-    per row) and the recount launch run (their CTAs for rows without filters exit at once). False: the caller promises that no sampled
-    request has top_k in (0, V), top_p < 1 or min_p > 0 (greedy requests may carry any
+    ``filters``: None/True: the top-k / top-p threshold launches (4, each split over many
+    CTAs per row) and the recount launch run (their CTAs for rows without filters exit at
+    once). False: the caller promises that no sampled request has top_k in (0, V), top_p < 1 or min_p > 0 (greedy requests may carry any
     values), and those launches are skipped (five launches less per call). A
     request that filters despite the promise is never sampled unfiltered: its block gets
     status 5 (``STATUS_FILTER_SKIPPED``), num_accepted 0 and emitted -1.
@@ -102,6 +103,7 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
         spec_sample(logits, cu_q, drafts, temp, top_k, top_p, min_p, seed, step,
                     n_acc, emitted, status, workspace=ws)
     """
+    check_filters(filters)
     lg = DeviceArg("logits", logits, dtype=tuple(_KERNEL_DTYPES), ndim=2)
     dev = lg.device
     T, V = lg.shape

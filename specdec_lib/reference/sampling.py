@@ -284,6 +284,12 @@ def request_filters(V, temperature, top_k, top_p, min_p):
     return 0 < int(top_k) < V or float(top_p) < 1.0 or float(min_p) > 0
 
 
+def check_filters(filters):
+    """``filters`` is None, True or False (the op and this reference alike)."""
+    if filters is not None and not isinstance(filters, (bool, np.bool_)):
+        raise TypeError(f"filters: expected None, True or False, got {filters!r}")
+
+
 def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed, step,
                 num_accepted, emitted, status, draft_probs=None, d2t=None,
                 accepted_logprobs=None, *, filters=None):
@@ -292,6 +298,7 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
     Writes num_accepted / emitted / status (/ accepted_logprobs) and returns them.
     ``filters=False``: status 5 for sampled requests that filter (see the module doc).
     """
+    check_filters(filters)
     T, V, B = _check(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed, step,
                      num_accepted, emitted, status, draft_probs, d2t, accepted_logprobs)
     W = emitted.shape[1]
