@@ -6,10 +6,10 @@
 Requests (random prompts, lengths, greedy or seeded sampling, some stop ids) arrive at
 random rounds and are served by SpeculativeDecoder.serve over a fixed set of slots, the
 round replayed from one CUDA graph on the cuda backend. Checks, exit status 1 on any
-failure: device memory in use (driver view and cupy's pools) is flat after the first
-100 rounds; every request was admitted and released (no slot leak); the tokens equal a
-second, fresh run of the same schedule; a sample of requests decoded alone gives the
-same tokens.
+failure: device memory in use is flat after the first 100 rounds (cupy's pool within
+1 MiB; the driver's view, which moves in 2 MiB segments, within 4 MiB); every request was
+admitted and released (no slot leak); the tokens equal a second, fresh run of the same
+schedule; a sample of requests decoded alone gives the same tokens.
 """
 from __future__ import annotations
 
@@ -97,10 +97,16 @@ def main(argv=None):
         b0 = base[0]
         growth = max(x[1] - b0[1] for x in mem if x[0] >= b0[0])
         pool_growth = max(x[2] - b0[2] for x in mem if x[0] >= b0[0])
+        half = [x for x in mem if x[0] >= mem[-1][0] // 2]
+        late = max(x[1] - half[0][1] for x in half)
         print(f"device memory after round {b0[0]}: {b0[1] / 2**20:.1f} MiB in use, cupy pool "
               f"{b0[2] / 2**20:.1f} MiB; max growth later {growth / 2**20:.2f} MiB / pool "
-              f"{pool_growth / 2**20:.2f} MiB over {len(mem)} samples")
-        if growth > 2**20 or pool_growth > 2**20:
+              f"{pool_growth / 2**20:.2f} MiB over {len(mem)} samples (second half: "
+              f"{late / 2**20:.2f} MiB)")
+        # The pool's bytes are ours, exact: 1 MiB is the leak bar. The driver's view moves in
+        # 2 MiB steps (a new pool segment for one new, larger prefill shape shows as 2 MiB),
+        # so it may take two steps before it counts as growth.
+        if growth > 4 * 2**20 or pool_growth > 2**20:
             print("FAIL memory grows")
             ok = False
     out2, _, dt2 = run(False)

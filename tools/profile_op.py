@@ -17,7 +17,11 @@ and the tests check; this only gives ncu / compute-sanitizer a short, known laun
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+# run as a script from anywhere: the in-place build lives in the repo root
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _gdn(state_dtype, iters):
