@@ -80,7 +80,7 @@ tool_opts() {
   case $1 in
     memcheck)  echo "$(opt --leak-check no) $(opt --padding 64)" ;;   # padding: an overrun lands in no other allocation
     racecheck) echo "$(opt --racecheck-report all) $(opt --racecheck-detect-level warn)" ;;
-    initcheck) echo "$(opt --track-unused-memory no)" ;;
+    initcheck) echo "" ;;   # (--track-unused-memory is a bare flag in 2025.3: off is the default)
     synccheck) echo "" ;;
     *) echo "unknown tool $1" >&2; exit 2 ;;
   esac
