@@ -256,6 +256,7 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
     tile.template load<true>(head, col, Dv);   // all loads in flight before any math
   }
   const bool write_k = pos.z == 0 && pos.h % group == 0;   // one CTA journals each k row
+  const int jc = tile.red_col();   // the column whose sums and output this lane holds
 
   for (int c0 = 0; c0 < qlen; c0 += kRowChunk) {
     const int nrows = min(kRowChunk, qlen - c0);
@@ -266,31 +267,27 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
 
     for (int rr = 0; rr < nrows; ++rr) {
       const int64_t t = row0 + c0 + rr;
-      float o[CJ];
+      float o = 0.f, delta1 = 0.f;
       float kr[RI];
-      float delta[CJ];
       if (slot_ok) {
-        float qr[RI], sk[CJ], sq[CJ];
+        float qr[RI], ak[CJ], aq[CJ];
         tile.gather(st.k[rr], kr);
         tile.gather(st.q[rr], qr);
-        tile.dot(kr, sk);
-        tile.dot(qr, sq);
+        tile.partial_dot(kr, ak);
+        tile.partial_dot(qr, aq);
+        const float sk = tile.reduce_scatter(ak), sq = tile.reduce_scatter(aq);
         const float decay = st.decay[rr], beta = st.beta[rr], kq = st.kq[rr];
-#pragma unroll
-        for (int c = 0; c < CJ; ++c) {
-          delta[c] = delta_of(beta, st.v[rr][col - col_base + c], decay, sk[c]);
-          o[c] = fmaf(decay, sq[c], delta[c] * kq);   // S_new^T q from the pre-token state
-        }
-      } else {
-#pragma unroll
-        for (int c = 0; c < CJ; ++c) o[c] = 0.f;
+        // this lane's column jc only: the other lanes hold the others
+        delta1 = delta_of(beta, st.v[rr][col - col_base + jc], decay, sk);
+        o = fmaf(decay, sq, delta1 * kq);   // S_new^T q from the pre-token state
       }
-      if (tile.lr == 0) {
-        const int64_t ob = t * p.out_stride_t + pos.h * p.out_stride_h + col;
-#pragma unroll
-        for (int c = 0; c < CJ; ++c) store_dt(p.out, ob + c, p.out_dtype, o[c]);
+      if (tile.red_writer())
+        store_dt(p.out, t * p.out_stride_t + pos.h * p.out_stride_h + col + jc, p.out_dtype, o);
+      if (slot_ok && c0 + rr + 1 < qlen) {
+        float delta[CJ];
+        tile.all_gather(delta1, delta);
+        tile.template update<TS>(st.decay[rr], kr, delta);
       }
-      if (slot_ok && c0 + rr + 1 < qlen) tile.template update<TS>(st.decay[rr], kr, delta);
     }
   }
 }
@@ -571,12 +568,13 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
     }
     __syncthreads();
     for (int rr = 0; rr < nrows; ++rr) {
-      float kr[RI], sk[CJ], delta[CJ];
+      // the same S^T k and delta, in the same order, as gdn_verify: bit-identical states
+      float kr[RI], ak[CJ], delta[CJ];
       tile.gather(sk_rows[rr], kr);
-      tile.dot(kr, sk);
+      tile.partial_dot(kr, ak);
+      const float sk = tile.reduce_scatter(ak);
       const float decay = sdecay[rr], beta = sbeta[rr];
-#pragma unroll
-      for (int c = 0; c < CJ; ++c) delta[c] = delta_of(beta, sv_rows[rr][col - col_base + c], decay, sk[c]);
+      tile.all_gather(delta_of(beta, sv_rows[rr][col - col_base + tile.red_col()], decay, sk), delta);
       tile.template update<TS>(decay, kr, delta);
     }
   }

@@ -149,7 +149,9 @@ __device__ __forceinline__ void store_state_vec(TS* p, const float* d) {
 // (32 registers for an f32 state: CJ = 4; 64 for a 16-bit state: CJ = 8, so that each
 // thread's vector is 16 bytes either way). The 16 lanes that share columns split the
 // Dk rows, so every Dk reduction is a 4-step shuffle inside the warp: no shared memory,
-// no __syncthreads in the per-token loop.
+// no __syncthreads in the per-token loop. The CJ column sums are reduce-scattered (each
+// step hands half of the columns to the partner lane: CJ - 1 + 4 - log2(CJ) shuffles for
+// all CJ columns instead of 4 per column), so a lane ends with one column's total.
 //   "kv" ([Dk][Dv], Dv contiguous): lane = 2*lr + lc, rows lr + 16*r, columns lc*CJ + c:
 //        a row of the warp's columns is one 16-byte vector per lane, 32 contiguous bytes
 //        per lane pair.
@@ -160,6 +162,7 @@ struct StateTile {
   static constexpr int RI = DK / 16;
   static constexpr int CJ = sizeof(TS) == 4 ? 4 : 8;
   static constexpr int WARP_COLS = 2 * CJ;
+  static constexpr int LOG_CJ = CJ == 4 ? 2 : 3;
   static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
 
   int lr, lc;
@@ -170,12 +173,61 @@ struct StateTile {
 
   __device__ __forceinline__ int row(int r) const { return VK ? lr * RI + r : lr + 16 * r; }
 
-  // Sum over the 16 lanes that share this thread's columns (every lane gets the total,
-  // bit-identical across lanes: each butterfly step adds the same two numbers).
-  __device__ __forceinline__ static float lane_sum(float x) {
+  // Shuffle mask of reduction step i: the lanes that share columns differ in lr's bits,
+  // which are lane bits 0..3 ("vk") or 1..4 ("kv").
+  __device__ __forceinline__ static constexpr int step_mask(int i) { return (VK ? 1 : 2) << i; }
+
+  // The column (0..CJ-1, relative to the thread's first) whose total reduce_scatter leaves in
+  // this lane: step i keeps the upper half of the remaining columns when lr's bit i is set.
+  __device__ __forceinline__ int red_col() const {
+    int c = 0;
 #pragma unroll
-    for (int m = (VK ? 1 : 2); m <= (VK ? 8 : 16); m <<= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+    for (int i = 0; i < LOG_CJ; ++i) c += ((lr >> i) & 1) * (CJ >> (i + 1));
+    return c;
+  }
+  // One lane per column writes a reduced value: the lanes whose all-reduce bits are 0.
+  __device__ __forceinline__ bool red_writer() const { return (lr >> LOG_CJ) == 0; }
+
+  // Sums a[c] over the 16 lanes that share this thread's columns and returns the total of
+  // column red_col() (a[] is clobbered). Every total is bit-identical in all the lanes that
+  // hold it, and to a per-column butterfly over the same masks: at each step the same two
+  // partial sums are added (own + partner's), only which lane keeps which column differs.
+  __device__ __forceinline__ float reduce_scatter(float (&a)[CJ]) const {
+#pragma unroll
+    for (int i = 0; i < LOG_CJ; ++i) {
+      const int h = CJ >> (i + 1);
+      const bool up = (lr >> i) & 1;
+#pragma unroll
+      for (int j = 0; j < h; ++j) {
+        const float send = up ? a[j] : a[j + h];
+        const float keep = up ? a[j + h] : a[j];
+        a[j] = keep + __shfl_xor_sync(0xffffffffu, send, step_mask(i));
+      }
+    }
+    float x = a[0];
+#pragma unroll
+    for (int i = LOG_CJ; i < 4; ++i) x += __shfl_xor_sync(0xffffffffu, x, step_mask(i));
     return x;
+  }
+
+  // The inverse of reduce_scatter's placement: x is this lane's value of column red_col();
+  // d[c] receives column c's value (copies of what its holders computed: bit-identical).
+  __device__ __forceinline__ void all_gather(float x, float (&d)[CJ]) const {
+    d[0] = x;
+#pragma unroll
+    for (int i = LOG_CJ - 1; i >= 0; --i) {
+      const int h = CJ >> (i + 1);
+      const bool up = (lr >> i) & 1;
+      float r[CJ / 2];
+#pragma unroll
+      for (int j = 0; j < h; ++j) r[j] = __shfl_xor_sync(0xffffffffu, d[j], step_mask(i));
+#pragma unroll
+      for (int j = 0; j < h; ++j) {
+        const float own = d[j];
+        d[j] = up ? r[j] : own;
+        d[j + h] = up ? own : r[j];
+      }
+    }
   }
 
   // head: this (slot, value head)'s [Dk][Dv] or [Dv][Dk] block; col: the thread's first column
@@ -224,14 +276,14 @@ struct StateTile {
     }
   }
 
-  // (S^T k) for this thread's columns, reduced over Dk.
-  __device__ __forceinline__ void dot(const float (&k)[RI], float (&out)[CJ]) const {
+  // This thread's partial of (S^T k) for its CJ columns (reduce_scatter completes it).
+  __device__ __forceinline__ void partial_dot(const float (&k)[RI], float (&out)[CJ]) const {
 #pragma unroll
     for (int c = 0; c < CJ; ++c) {
       float acc = 0.f;
 #pragma unroll
       for (int r = 0; r < RI; ++r) acc = fmaf(s[r][c], k[r], acc);
-      out[c] = lane_sum(acc);
+      out[c] = acc;
     }
   }
 
