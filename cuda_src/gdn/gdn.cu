@@ -78,7 +78,7 @@ __device__ __forceinline__ CtaSlice cta_slice(const P& p) {
   c.lane = threadIdx.x & 31;
   c.warp = threadIdx.x >> 5;
   c.nwarps = blockDim.x >> 5;
-  c.slice_cols = c.nwarps * WARP_COLS;
+  c.slice_cols = c.nwarps * WARP_COLS;   // a power of two: ops/gdn.py launches 1, 2, 4 or 8 warps
   c.col_base = c.pos.z * c.slice_cols;
   c.group = p.num_v_heads / p.num_k_heads;
   c.hk = c.pos.h / c.group;
@@ -160,13 +160,14 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
   // Every global load of the chunk is issued before the first value is used (raw bits,
   // converted afterwards), so staging costs about one memory latency, not one per element.
   constexpr int VPT = (ROWS * WC + 31) / 32;   // v entries per thread, at most (ROWS: rows per chunk)
+  const int cols_log2 = __ffs(slice_cols) - 1;   // slice_cols: a power of two (see CtaSlice)
   uint32_t vraw[VPT];
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const int e = threadIdx.x + j * blockDim.x;
     vraw[j] = 0u;
     if (e < nrows * slice_cols) {
-      const int rr = e / slice_cols, jj = e - rr * slice_cols;
+      const int rr = e >> cols_log2, jj = e & (slice_cols - 1);
       vraw[j] = load_raw(p.v, (row0 + c0 + rr) * p.v_stride_t + pos.h * p.v_stride_h + col_base + jj,
                          p.qkv_dtype);
     }
@@ -222,7 +223,7 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
   for (int j = 0; j < VPT; ++j) {
     const int e = threadIdx.x + j * blockDim.x;
     if (e < nrows * slice_cols) {
-      const int rr = e / slice_cols, jj = e - rr * slice_cols;
+      const int rr = e >> cols_log2, jj = e & (slice_cols - 1);
       const float x = raw_to_float(vraw[j], p.qkv_dtype);
       st.v[rr][jj] = x;
       p.journal[(row0 + c0 + rr) * p.journal_stride_t + jv + int64_t(pos.h) * Dv + col_base + jj] = x;
@@ -536,13 +537,14 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
     __syncthreads();
     // All journal loads of the chunk in flight before the first is used (as in verify).
     constexpr int VPT = kRowChunk * Tile::WARP_COLS / 32;   // v entries per thread, at most
+    const int cols_log2 = __ffs(slice_cols) - 1;   // slice_cols: a power of two (see CtaSlice)
     float vrow[VPT];
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
       const int e = threadIdx.x + j * blockDim.x;
       vrow[j] = 0.f;
       if (e < nrows * slice_cols) {
-        const int rr = e / slice_cols, jj = e - rr * slice_cols;
+        const int rr = e >> cols_log2, jj = e & (slice_cols - 1);
         vrow[j] = __ldg(p.journal + (row0 + c0 + rr) * p.journal_stride_t + jv + int64_t(pos.h) * Dv +
                         col_base + jj);
       }
@@ -562,7 +564,7 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
     for (int j = 0; j < VPT; ++j) {
       const int e = threadIdx.x + j * blockDim.x;
       if (e < nrows * slice_cols) {
-        const int rr = e / slice_cols, jj = e - rr * slice_cols;
+        const int rr = e >> cols_log2, jj = e & (slice_cols - 1);
         sv_rows[rr][jj] = vrow[j];
       }
     }
