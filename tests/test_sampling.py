@@ -431,6 +431,39 @@ def make_params(B, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=None, st
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
+def test_spec_sample_gpu_greedy_signed_zero_max(dtype, rng):
+    # The fast path's max is packed / NaN-propagating (sm_80+) and the argmax is found from it
+    # afterwards: -0.0 and +0.0 are the same maximum, the lowest id of either wins, in any
+    # lane / 16-byte vector of a tile (V = 5003: two full tiles and a tail tile).
+    V = 5003
+    q_lens = [3, 1, 4, 2]
+    B = len(q_lens)
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    T = int(cu_q[-1])
+    raw = np.full((T, V), -1.0, np.float32)
+    for t in range(T):
+        pos = rng.choice(V, size=int(rng.integers(1, 6)), replace=False)
+        raw[t, pos] = np.where(rng.random(pos.size) < 0.5, -0.0, 0.0)
+    raw[1, [100, 101, 2100]] = [-0.0, 0.0, 0.0]     # -0 first, +0 in the next lane
+    raw[2, [4095, 40]] = [0.0, -0.0]                  # the lower id is the -0
+    host, seen = to_dtype(raw, dtype)
+    drafts = np.empty(T - B, np.int32)
+    for b in range(B):                                # accept a while, then miss
+        for i in range(q_lens[b] - 1):
+            a = ref.greedy_argmax(seen[cu_q[b] + i])
+            drafts[cu_q[b] - b + i] = a if i < b % 2 + 1 else (a + 1) % V
+    params = make_params(B, temperature=0.0)
+    W = max(q_lens) + 1
+    n, em, st = gpu_run(cu_q, host, dtype, drafts, params, W)
+    rn, rem, rst = run_ref(cu_q, seen, drafts, params, W=W)
+    np.testing.assert_array_equal(n, rn)
+    np.testing.assert_array_equal(em, rem)
+    np.testing.assert_array_equal(st, rst)
+    assert rem[0, 0] == min(np.flatnonzero(raw[0] == 0))   # the reference sees -0 == +0
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("V", [7, 1000, 5003, 151936])
 @pytest.mark.parametrize("nan", [True, False])
 def test_spec_sample_gpu_greedy_bit_exact(dtype, V, nan, rng):

@@ -10,10 +10,11 @@ namespace {
 
 // ------------------------------------------------------------------ 1. tile partials
 //
-// One warp owns one 2048-token tile at a time (a CTA's 8 warps walk its tiles with stride 8),
-// so a tile costs one warp shuffle tree and no block barrier. Fast path (full tile, 16-byte
-// aligned row, no NaN, finite tile max): 16-byte loads, lane max first, then one FFMA + EX2
-// + FADD per token relative to that max; greedy rows without logprobs skip the exponentials.
+// One warp owns one 2048-token tile at a time (a CTA's 4 warps walk its tiles with stride 4),
+// so a tile costs a few warp shuffles and no block barrier. Fast path (full tile, 16-byte
+// aligned row, no NaN or +inf in the tile): 16-byte loads, the tile max first (packed max.NaN
+// on sm_80+), then one FFMA + EX2 + FADD per token relative to it; greedy rows find the
+// argmax from per-vector maxima and skip the exponentials unless logprobs are asked for.
 // Anything else (tail tile, misaligned row, a NaN or +inf in the tile) takes the per-token
 // path below, which keeps every edge rule of the spec.
 
@@ -63,65 +64,181 @@ __device__ __forceinline__ Partial tile_slow(const T* row, int base, int vocab, 
   return a;
 }
 
-// Fast path. kMode 0: plain; 1: the one-hot draft lies in this tile; 2: filtered recount.
-// Returns false (warp-uniform) when the tile needs the per-token path.
+// ---- fast-path building blocks
+
+// fmaxf with NaN propagation (+0 > -0; .ftz because the build's --use_fast_math makes fmaxf
+// ftz, and the fast path must flush exactly as the per-token path). sm_75 has no max.NaN.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+  float r;
+#if __CUDA_ARCH__ >= 800
+  asm("max.ftz.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+#else
+  asm("{ .reg .pred p; setp.nan.f32 p, %1, %2; max.ftz.f32 %0, %1, %2; selp.f32 %0, 0f7FFFFFFF, %0, p; }"
+      : "=f"(r) : "f"(a), "f"(b));
+#endif
+  return r;
+}
+
+// Partial maxima of 16-byte vectors, NaN-propagating. On sm_80+ a 16-bit one stays packed
+// (max.NaN.bf16x2 / f16x2: one instruction per two elements, nothing unpacked); otherwise it
+// is a float. fold() gives what fmaxf over the unpacked elements gives (ftz, +0 > -0), NaN if
+// any is NaN (ftz is monotone: flushing the packed max = maxing the flushed values).
+#if __CUDA_ARCH__ >= 800
+constexpr bool kMaxNaN = true;   // max.NaN exists (f32, bf16x2, f16x2)
+#else
+constexpr bool kMaxNaN = false;
+#endif
+__device__ __forceinline__ uint32_t pmax(uint32_t a, uint32_t b, const void*) {
+  return __float_as_uint(fmax_nan(__uint_as_float(a), __uint_as_float(b)));
+}
+__device__ __forceinline__ float fold(uint32_t p, const void*) { return __uint_as_float(p); }
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ uint32_t pmax(uint32_t a, uint32_t b, const bf16_t*) {
+  uint32_t r;
+  asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t pmax(uint32_t a, uint32_t b, const __half*) {
+  uint32_t r;
+  asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ float fold(uint32_t p, const bf16_t*) {
+  return fmax_nan(__uint_as_float(p << 16), __uint_as_float(p & 0xffff0000u));
+}
+__device__ __forceinline__ float fold(uint32_t p, const __half*) {
+  return fmax_nan(__half2float(__ushort_as_half(static_cast<unsigned short>(p & 0xffffu))),
+                  __half2float(__ushort_as_half(static_cast<unsigned short>(p >> 16))));
+}
+#endif
+template <typename T>
+__device__ __forceinline__ uint32_t vec_max(const uint4& u) {
+  constexpr const T* tag = nullptr;
+  if constexpr (kMaxNaN) {
+    return pmax(pmax(u.x, u.y, tag), pmax(u.z, u.w, tag), tag);
+  } else {   // sm_75 (no max.NaN): fmaxf and an isnan per element
+    float x[VecN<T>::kN];
+    unpack16(u, x, tag);
+    float m = x[0];
+    bool nan = isnan(x[0]);
+#pragma unroll
+    for (int e = 1; e < VecN<T>::kN; ++e) {
+      m = fmaxf(m, x[e]);
+      nan |= isnan(x[e]);
+    }
+    return __float_as_uint(nan ? __int_as_float(0x7fffffff) : m);
+  }
+}
+
+// Butterfly reductions: every lane gets the same bits.
+__device__ __forceinline__ float warp_max_all(float v) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
+  return v;
+}
+__device__ __forceinline__ float warp_sum_all(float v) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+}
+__device__ __forceinline__ int warp_min_all(int v) {
+#if __CUDA_ARCH__ >= 800
+  return __reduce_min_sync(0xffffffffu, v);
+#else
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, d));
+  return v;
+#endif
+}
+
+// Fast path: the whole tile's partial in every lane (no warp_merge). kMode 0: plain; 1: the
+// one-hot draft lies in this tile; 2: filtered recount. Returns false (warp-uniform) when the
+// tile needs the per-token path (a NaN or +inf in it).
+//
+// Max first, then one exp2 pass: each 16-byte slab's lane max (packed, NaN-propagating: one
+// test finds NaN and +inf), the warp max M, then w = exp2(x * scale - M * scale) summed with no
+// rescaling (16-bit: one slab; f32: two, one rescale). Greedy rows find the argmax lazily: the
+// first 16-byte vector (in token order: vector j of lane l holds ids (j*32 + l)*kN + e) whose
+// max equals M, then one ballot over its kN elements. m, raw_max, arg and flags come out bit
+// for bit as the per-lane partials merged by warp_merge would (raw_max: the lmax of the lane
+// that wins the merge); only the float order of s changed.
 template <typename T, int kMode>
 __device__ __forceinline__ bool tile_fast(const T* row, int base, uint4 (&u)[8], const TileCtx& c,
                                           Partial& out) {
   constexpr int kN = VecN<T>::kN;
-  constexpr int kSlab = 8;                          // vectors per lane in flight at once
-  constexpr int kSlabs = kTile / kN / 32 / kSlab;   // 1 (16-bit) or 2 (f32)
-  constexpr int kSub = 16 / kN;                     // vectors unpacked at once: 16 floats
+  constexpr int kSlab = 8;                   // vectors per lane in registers at once
+  constexpr int kV = kTile / kN / 32;        // vectors per lane: 8 (16-bit) or 16 (f32)
+  constexpr int kSlabs = kV / kSlab;
+  constexpr const T* tag = nullptr;
   const int lane = threadIdx.x & 31;
   const uint4* src = reinterpret_cast<const uint4*>(row + base);
-  float lmax = -INFINITY, lsum = 0.f;
-  int larg = -1;
-  bool nan = false;
+  const int rel = c.excl - base - lane * kN;   // kMode 1/2: excl is element j*32*kN + e of this lane
+  float vm[kV];                                // greedy: each vector's max (as fold gives it)
+  int jl = kV;                                 // greedy: this lane's first vector holding M
+  float lmax = -INFINITY, M = -INFINITY, s = 0.f;
 #pragma unroll
   for (int slab = 0; slab < kSlabs; ++slab) {
     if (slab) {
 #pragma unroll
       for (int j = 0; j < kSlab; ++j) u[j] = __ldg(src + (slab * kSlab + j) * 32 + lane);
     }
+    uint32_t vp[kSlab];
 #pragma unroll
-    for (int j0 = 0; j0 < kSlab; j0 += kSub) {
-      float x[kSub * kN];
+    for (int j = 0; j < kSlab; ++j) vp[j] = vec_max<T>(u[j]);
+    if (c.need_arg) {
 #pragma unroll
-      for (int j = 0; j < kSub; ++j) unpack16(u[j0 + j], x + j * kN, static_cast<const T*>(nullptr));
-      // token id of x[j*kN+e] = base + ((slab*kSlab + j0 + j)*32 + lane)*kN + e: increasing
-      auto id_of = [&](int e) { return base + ((slab * kSlab + j0 + e / kN) * 32 + lane) * kN + e % kN; };
-      float sm = -INFINITY;
+      for (int j = 0; j < kSlab; ++j) vm[slab * kSlab + j] = fold(vp[j], tag);
+    }
 #pragma unroll
-      for (int e = 0; e < kSub * kN; ++e) { sm = fmaxf(sm, x[e]); nan |= isnan(x[e]); }
-      if (c.need_arg) {
-        int sa = -1;
+    for (int d = 1; d < kSlab; d <<= 1) {   // tree over the slab's vectors
 #pragma unroll
-        for (int e = kSub * kN - 1; e >= 0; --e) sa = x[e] == sm ? id_of(e) : sa;
-        if (larg < 0 || sm > lmax) larg = sa;   // an equal earlier max has the lower id
-      }
-      const float nm = fmaxf(lmax, sm);
-      if (c.need_sum && nm > -INFINITY && nm < INFINITY) {
-        const float ms = nm * c.scale;
-        if (lsum > 0.f) lsum *= exp2f(lmax * c.scale - ms);
+      for (int j = 0; j < kSlab; j += 2 * d) vp[j] = pmax(vp[j], vp[j + d], tag);
+    }
+    const float sm = fold(vp[0], tag);
+    if (__any_sync(0xffffffffu, !(sm < INFINITY))) return false;   // NaN or +inf
+    const float wm = warp_max_all(sm);
+    const float mn = slab ? fmaxf(M, wm) : wm;
+    lmax = slab ? fmaxf(lmax, sm) : sm;
+    if (c.need_arg && slab == kSlabs - 1) {   // M is final: the first vector holding it, per lane
 #pragma unroll
-        for (int e = 0; e < kSub * kN; ++e) {
+      for (int j = kV - 1; j >= 0; --j) jl = vm[j] == mn ? j : jl;
+    }
+    if (c.need_sum && mn > -INFINITY) {
+      const float ms = mn * c.scale;
+      if (s > 0.f) s *= exp2f(M * c.scale - ms);   // f32's second slab raised the max
+#pragma unroll
+      for (int j = 0; j < kSlab; ++j) {
+        float x[kN];
+        unpack16(u[j], x, tag);
+        float sv = 0.f;
+#pragma unroll
+        for (int e = 0; e < kN; ++e) {
           float w = exp2f(fmaf(x[e], c.scale, -ms));   // -inf logits give 0
           if (kMode != 0) {
-            bool counted = id_of(e) != c.excl;
+            bool counted = (slab * kSlab + j) * 32 * kN + e != rel;
             if (kMode == 2) counted = counted && kept(x[e], __fmul_rn(x[e], c.scale), c.tau_key, c.row_m, c.min_p);
             w = counted ? w : 0.f;
           }
-          lsum += w;
+          sv = e ? sv + w : w;
         }
+        s += sv;
       }
-      lmax = nm;
     }
+    M = mn;
   }
-  if (__any_sync(0xffffffffu, nan || lmax == INFINITY)) return false;
-  out.raw_max = lmax;
-  out.m = lmax * c.scale;   // = max of s2 (x -> x * scale is monotone); -inf if all -inf
-  out.s = lsum;
-  out.arg = c.need_arg ? larg : base;   // sampled rows never read the raw argmax
+  // The lane whose partial warp_merge would keep: greedy, the lowest (vector, lane) holding M
+  // (= the lowest id); sampled rows (arg = base everywhere), the lowest lane with lmax == M.
+  // (jl * 32 + lane is that vector's offset in the tile, in 16-byte units.)
+  const int key = warp_min_all(c.need_arg ? jl * 32 + lane : lmax == M ? lane : 32);
+  out.raw_max = __shfl_sync(0xffffffffu, lmax, key & 31);
+  out.arg = base;   // sampled rows never read the raw argmax
+  if (c.need_arg) {
+    // one element of that vector per lane (from L1: no dynamic register index), lowest id wins
+    const float x = load_logit(row, base + key * kN + lane % kN);
+    out.arg = base + key * kN + __ffs(__ballot_sync(0xffffffffu, x == M)) - 1;
+  }
+  out.m = M * c.scale;   // = max of s2 (x -> x * scale is monotone); -inf if all -inf
+  out.s = c.need_sum ? warp_sum_all(s) : 0.f;
   out.flags = 0;
   return true;
 }
@@ -197,8 +314,7 @@ __device__ void tiles_kernel(const SpecSampleParams& p) {
       else ok = tile_fast<T, 0>(row, base, u, c, a);
     }
     have = false;
-    if (!ok) a = tile_slow(row, base, p.vocab, p.filtered_pass != 0, c, sp.min_p);
-    a = warp_merge(a);
+    if (!ok) a = warp_merge(tile_slow(row, base, p.vocab, p.filtered_pass != 0, c, sp.min_p));
     if (lane == 0) {
       SpecSampleTile out;
       out.m = a.m; out.s = a.s; out.raw_max = a.raw_max; out.arg = a.arg; out.flags = a.flags;
