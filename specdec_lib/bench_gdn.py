@@ -75,7 +75,42 @@ def bench_gdn_round(b: Bench):
                 except Exception as e:   # an invalid shape for this Dv: say so, go on
                     print(f"  warps={w}: {e}")
             gdn_ops.TUNING["warps"] = None
-            _fla_peer(b, B, q, Hk, Hv, D, pass_bytes, shape)
+            _fla_peer_isolated(b, B, q, Hk, Hv, D, pass_bytes, shape)
+
+
+def _fla_peer_isolated(b: Bench, *args):
+    """_fla_peer in a spawned child process with its own CUDA context (and its own copy
+    bandwidth measurement); its rows are added to ``b``'s. fla-core 0.6.0's state-per-row mode
+    hit an illegal address inside its own Triton kernel on the H200 (session 3: on the 4th
+    chained one-token call, with CUDA_LAUNCH_BLOCKING=1 and no specdec kernel in that
+    process), which kills the context it runs in: the benchmarks after it must not die too."""
+    import multiprocessing as mp
+    import queue
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=_fla_peer_child, args=(b.device, out, args), daemon=True)
+    child.start()
+    try:
+        rows = out.get(timeout=900)
+    except queue.Empty:
+        rows = []
+        print("  fla peer: no answer from the child process")
+    child.join(timeout=60)
+    for r in rows:
+        r["process"] = "child"
+        b.rows.append(r)
+
+
+def _fla_peer_child(device, out, args):
+    rows = []
+    try:
+        b = Bench(device)
+        rows = b.rows
+        _fla_peer(b, *args)
+    except Exception as e:   # reported, never raised: the parent waits for the rows
+        print(f"  fla peer failed: {type(e).__name__}: {e}", flush=True)
+    finally:
+        out.put(rows)
 
 
 def _fla_peer(b: Bench, B, q, Hk, Hv, D, pass_bytes, shape):
