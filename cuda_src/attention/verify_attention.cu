@@ -38,6 +38,7 @@
 #include "common/cp_async.cuh"
 #include "common/dtype.cuh"
 #include "common/mma.cuh"
+#include "common/warp.cuh"
 #include "attention/attention_params.h"
 
 using namespace specdec;
@@ -482,13 +483,11 @@ __device__ __forceinline__ void verify_attention_merge_body(const VerifyAttentio
 
   float M = -INFINITY;
   for (int s = lane; s < ns; s += 32) M = fmaxf(M, lse[s * split_stride]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  M = warp_max(M);
   const float base = M == -INFINITY ? 0.f : M;
   float lsum = 0.f;
   for (int s = lane; s < ns; s += 32) lsum += ex2(lse[s * split_stride] - base);   // L1 hits
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
+  lsum = warp_sum(lsum);
   const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
 
   const int col_threads = p.head_dim >> 2;   // 16, 32 or 64

@@ -7,6 +7,7 @@
 // in flight per thread before any store, and never trusting an index read from memory:
 // a bad cu_q / accept_len / token id gives a zero row or -1, never an out-of-bounds read.
 #include "common/dtype.cuh"
+#include "common/warp.cuh"
 #include "draft/draft_params.h"
 
 using namespace specdec;
@@ -128,15 +129,12 @@ __device__ __forceinline__ void capture_hidden(const CaptureHiddenParams& p) {
 
 // ------------------------------------------------------------------ draft_combine
 __device__ __forceinline__ float block_sum(float v, float* smem /* [32] */) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = warp_sum(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();            // smem may still be read from the previous call
   if (lane == 0) smem[warp] = v;
   __syncthreads();
-  v = lane < (blockDim.x >> 5) ? smem[lane] : 0.f;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = warp_sum(lane < (blockDim.x >> 5) ? smem[lane] : 0.f);
   return v;                   // every thread holds the total
 }
 

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <cuda_fp16.h>
 #include "common/dtype.cuh"
+#include "common/warp.cuh"
 #include "gdn/gdn_params.h"
 
 namespace specdec {
@@ -381,12 +382,6 @@ struct WyTile {
 // delta = beta * (v - decay * (S^T k)): the one formula verify and commit share.
 __device__ __forceinline__ float delta_of(float beta, float v, float decay, float sk) {
   return beta * (v - decay * sk);
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int m = 16; m >= 1; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
-  return x;
 }
 
 }  // namespace gdn

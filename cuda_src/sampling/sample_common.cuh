@@ -5,6 +5,7 @@
 #include <math.h>
 #include "common/dtype.cuh"
 #include "common/philox.cuh"
+#include "common/warp.cuh"
 #include "sampling/sampling_params.h"
 
 using namespace specdec;

@@ -176,7 +176,7 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
     m = -INFINITY;
     for (int t = threadIdx.x; t < p.num_tiles; t += kThreads)
       m = fmaxf(m, ws_tiles(p)[static_cast<int64_t>(r) * p.num_tiles + t].m);
-    for (int d = 16; d > 0; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+    m = warp_max(m);
     if ((threadIdx.x & 31) == 0) sh_m[threadIdx.x >> 5] = m;
     __syncthreads();
     m = sh_m[0];

@@ -130,27 +130,6 @@ __device__ __forceinline__ uint32_t vec_max(const uint4& u) {
   }
 }
 
-// Butterfly reductions: every lane gets the same bits.
-__device__ __forceinline__ float warp_max_all(float v) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
-  return v;
-}
-__device__ __forceinline__ float warp_sum_all(float v) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
-  return v;
-}
-__device__ __forceinline__ int warp_min_all(int v) {
-#if __CUDA_ARCH__ >= 800
-  return __reduce_min_sync(0xffffffffu, v);
-#else
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, d));
-  return v;
-#endif
-}
-
 // Fast path: the whole tile's partial in every lane (no warp_merge). kMode 0: plain; 1: the
 // one-hot draft lies in this tile; 2: filtered recount. Returns false (warp-uniform) when the
 // tile needs the per-token path (a NaN or +inf in it).
@@ -196,7 +175,7 @@ __device__ __forceinline__ bool tile_fast(const T* row, int base, uint4 (&u)[8],
     }
     const float sm = fold(vp[0], tag);
     if (__any_sync(0xffffffffu, !(sm < INFINITY))) return false;   // NaN or +inf
-    const float wm = warp_max_all(sm);
+    const float wm = warp_max(sm);
     const float mn = slab ? fmaxf(M, wm) : wm;
     lmax = slab ? fmaxf(lmax, sm) : sm;
     if (c.need_arg && slab == kSlabs - 1) {   // M is final: the first vector holding it, per lane
@@ -229,7 +208,7 @@ __device__ __forceinline__ bool tile_fast(const T* row, int base, uint4 (&u)[8],
   // The lane whose partial warp_merge would keep: greedy, the lowest (vector, lane) holding M
   // (= the lowest id); sampled rows (arg = base everywhere), the lowest lane with lmax == M.
   // (jl * 32 + lane is that vector's offset in the tile, in 16-byte units.)
-  const int key = warp_min_all(c.need_arg ? jl * 32 + lane : lmax == M ? lane : 32);
+  const int key = warp_min(c.need_arg ? jl * 32 + lane : lmax == M ? lane : 32);
   out.raw_max = __shfl_sync(0xffffffffu, lmax, key & 31);
   out.arg = base;   // sampled rows never read the raw argmax
   if (c.need_arg) {
@@ -238,7 +217,7 @@ __device__ __forceinline__ bool tile_fast(const T* row, int base, uint4 (&u)[8],
     out.arg = base + key * kN + __ffs(__ballot_sync(0xffffffffu, x == M)) - 1;
   }
   out.m = M * c.scale;   // = max of s2 (x -> x * scale is monotone); -inf if all -inf
-  out.s = c.need_sum ? warp_sum_all(s) : 0.f;
+  out.s = c.need_sum ? warp_sum(s) : 0.f;
   out.flags = 0;
   return true;
 }
