@@ -29,33 +29,40 @@ def _gdn_inputs(b: Bench, B, q, Hk, Hv, D, in_dtype="bfloat16"):
     return T, inp, cu_q, slot_ids
 
 
-@bench("gdn_round")
-def bench_gdn_round(b: Bench):
+def gdn_round_calls(b: Bench, B, q, Hk, Hv, D, sdt, layout):
+    """(verify, commit) of one round at this shape on fresh inputs (fused gating, L2 norm,
+    every block accepted), enqueued on ``b.stream``; also used by tools/profile_op.py."""
     from .arrays import DeviceArray
     from .ops import gdn_commit, gdn_journal_width, gdn_verify
+    T, inp, cu_q, slot_ids = _gdn_inputs(b, B, q, Hk, Hv, D)
+    state = _rand((B, Hv, D, D), sdt, b.device, 6)
+    out = DeviceArray.empty((T, Hv, D), "bfloat16", b.device)
+    journal = DeviceArray.empty((T, gdn_journal_width(Hk, Hv, D, D)), "float32", b.device)
+    acc = DeviceArray.from_numpy(np.full(B, q, np.int32), device=b.device)
+
+    def verify():
+        gdn_verify(inp["q"], inp["k"], inp["v"], state, slot_ids, cu_q, out, journal,
+                   a=inp["a"], b=inp["b"], A_log=inp["A_log"], dt_bias=inp["dt_bias"],
+                   qk_l2norm=True, layout=layout, check_indices=False, stream=b.stream)
+
+    def commit():
+        gdn_commit(state, slot_ids, cu_q, acc, journal, layout=layout, check_indices=False,
+                   stream=b.stream)
+    return verify, commit
+
+
+@bench("gdn_round")
+def bench_gdn_round(b: Bench):
     from .ops import gdn as gdn_ops
     for B, q, Hk, Hv, D, sdt, layout in ((64, 4, 16, 32, 128, "float32", "kv"),
                                         (64, 4, 16, 32, 128, "float32", "vk"),
                                         (64, 4, 16, 32, 128, "bfloat16", "kv"),
                                         (64, 4, 16, 32, 128, "float16", "kv"),
                                         (1, 4, 16, 32, 128, "float32", "kv")):
-        T, inp, cu_q, slot_ids = _gdn_inputs(b, B, q, Hk, Hv, D)
-        state = _rand((B, Hv, D, D), sdt, b.device, 6)
-        out = DeviceArray.empty((T, Hv, D), "bfloat16", b.device)
-        journal = DeviceArray.empty((T, gdn_journal_width(Hk, Hv, D, D)), "float32", b.device)
-        acc = DeviceArray.from_numpy(np.full(B, q, np.int32), device=b.device)
+        verify, commit = gdn_round_calls(b, B, q, Hk, Hv, D, sdt, layout)
         isz = {"float32": 4, "bfloat16": 2, "float16": 2}[sdt]
         pass_bytes = B * Hv * D * D * isz
         shape = f"B={B} q={q} Hk={Hk} Hv={Hv} {D}x{D} {sdt} {layout} state, bf16 in"
-
-        def verify():
-            gdn_verify(inp["q"], inp["k"], inp["v"], state, slot_ids, cu_q, out, journal,
-                       a=inp["a"], b=inp["b"], A_log=inp["A_log"], dt_bias=inp["dt_bias"],
-                       qk_l2norm=True, layout=layout, check_indices=False, stream=b.stream)
-
-        def commit():
-            gdn_commit(state, slot_ids, cu_q, acc, journal, layout=layout, check_indices=False,
-                       stream=b.stream)
 
         def round_():
             verify()

@@ -43,10 +43,23 @@ def _inputs(B, k, V, device, greedy_frac, top_p, seed=0, top_k=0):
     return host, T
 
 
-@bench("spec_sample")
-def bench_spec_sample(b: Bench):
+def spec_sample_call(b: Bench, B, k, V, greedy_frac, top_p, filters, top_k=0):
+    """(run, T): one spec_sample call on fresh inputs of this mix, enqueued on ``b.stream``
+    with its own workspace; also used by tools/profile_op.py."""
     from .arrays import DeviceArray
     from .ops import spec_sample, spec_sample_workspace_size
+    a, T = _inputs(B, k, V, b.device, greedy_frac, top_p, top_k=top_k)
+    ws = DeviceArray.empty((spec_sample_workspace_size(T, V),), "uint8", b.device)
+
+    def run():
+        spec_sample(a["logits"], a["cu_q"], a["draft_ids"], a["temperature"], a["top_k"],
+                    a["top_p"], a["min_p"], a["seed"], a["step"], a["num_accepted"],
+                    a["emitted"], a["status"], workspace=ws, stream=b.stream, filters=filters)
+    return run, T
+
+
+@bench("spec_sample")
+def bench_spec_sample(b: Bench):
     V, k = 151936, 3
     # filters=False: the caller's promise that no request filters (the two filter launches skipped)
     for B, greedy_frac, top_p, filters, label, top_k in (
@@ -60,13 +73,7 @@ def bench_spec_sample(b: Bench):
             (1, 0.0, 1.0, False, "sampled, no filter, filters=False", 0),
             (1, 0.0, 0.9, None, "sampled, top-p 0.9", 0),
             (1, 0.0, 0.9, None, "sampled, top-k 50 + top-p 0.9", 50)):
-        a, T = _inputs(B, k, V, b.device, greedy_frac, top_p, top_k=top_k)
-        ws = DeviceArray.empty((spec_sample_workspace_size(T, V),), "uint8", b.device)
-
-        def run():
-            spec_sample(a["logits"], a["cu_q"], a["draft_ids"], a["temperature"], a["top_k"],
-                        a["top_p"], a["min_p"], a["seed"], a["step"], a["num_accepted"],
-                        a["emitted"], a["status"], workspace=ws, stream=b.stream, filters=filters)
+        run, T = spec_sample_call(b, B, k, V, greedy_frac, top_p, filters, top_k)
         nbytes = T * V * 2
         ms = b.time_graph(run) if B <= 4 else b.time(run, iters=20)
         b.report("spec_sample", f"B={B} k={k} V={V} bf16 {label}", nbytes, ms,
@@ -76,11 +83,11 @@ def bench_spec_sample(b: Bench):
             floor_ms = fi_bytes / (b.copy_bw() * 1e6)
             b.report("spec_sample", f"B={B} k={k} V={V} fp32 probs read floor", fi_bytes,
                      floor_ms, impl="flashinfer-chain(floor)")
-            _torch_peer(b, a, B, k, V)
-        del a, ws
+            _torch_peer(b, B, k, V)
+        del run   # its inputs and workspace
 
 
-def _torch_peer(b: Bench, a, B, k, V):
+def _torch_peer(b: Bench, B, k, V):
     """softmax(logits / T) in fp32 + one-hot rejection + residual multinomial, in torch."""
     try:
         import torch

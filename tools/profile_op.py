@@ -25,41 +25,24 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _gdn(state_dtype, iters):
-    import numpy as np
-    from specdec_lib.arrays import DeviceArray
-    from specdec_lib.bench import Bench, _rand
-    from specdec_lib.bench_gdn import _gdn_inputs
-    from specdec_lib.ops import gdn_commit, gdn_journal_width, gdn_verify
+    from specdec_lib.bench import Bench
+    from specdec_lib.bench_gdn import gdn_round_calls
     b = Bench(0)
-    B, q, Hk, Hv, D = 64, 4, 16, 32, 128
-    T, inp, cu_q, slot_ids = _gdn_inputs(b, B, q, Hk, Hv, D)
-    state = _rand((B, Hv, D, D), state_dtype, 0, 6)
-    out = DeviceArray.empty((T, Hv, D), "bfloat16", 0)
-    journal = DeviceArray.empty((T, gdn_journal_width(Hk, Hv, D, D)), "float32", 0)
-    acc = DeviceArray.from_numpy(np.full(B, q, np.int32), device=0)
+    verify, commit = gdn_round_calls(b, 64, 4, 16, 32, 128, state_dtype, "kv")
     for _ in range(iters):
-        gdn_verify(inp["q"], inp["k"], inp["v"], state, slot_ids, cu_q, out, journal,
-                   a=inp["a"], b=inp["b"], A_log=inp["A_log"], dt_bias=inp["dt_bias"],
-                   qk_l2norm=True, layout="kv", check_indices=False, stream=b.stream)
-        gdn_commit(state, slot_ids, cu_q, acc, journal, layout="kv", check_indices=False,
-                   stream=b.stream)
-    b.stream.synchronize()
+        verify()
+        commit()
+    b.close()   # waits for the stream
 
 
 def _sample(B, greedy_frac, top_p, filters, iters):
-    from specdec_lib.arrays import DeviceArray
     from specdec_lib.bench import Bench
-    from specdec_lib.bench_sampling import _inputs
-    from specdec_lib.ops import spec_sample, spec_sample_workspace_size
+    from specdec_lib.bench_sampling import spec_sample_call
     b = Bench(0)
-    V, k = 151936, 3
-    a, T = _inputs(B, k, V, 0, greedy_frac, top_p)
-    ws = DeviceArray.empty((spec_sample_workspace_size(T, V),), "uint8", 0)
+    run, _ = spec_sample_call(b, B, 3, 151936, greedy_frac, top_p, filters)
     for _ in range(iters):
-        spec_sample(a["logits"], a["cu_q"], a["draft_ids"], a["temperature"], a["top_k"],
-                    a["top_p"], a["min_p"], a["seed"], a["step"], a["num_accepted"],
-                    a["emitted"], a["status"], workspace=ws, stream=b.stream, filters=filters)
-    b.stream.synchronize()
+        run()
+    b.close()
 
 
 CASES = {
