@@ -570,13 +570,13 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
     }
     __syncthreads();
     for (int rr = 0; rr < nrows; ++rr) {
-      // the same S^T k and delta, in the same order, as gdn_verify: bit-identical states
-      float kr[RI], ak[CJ], delta[CJ];
+      // the same S^T k sums (dot_all == reduce_scatter bit for bit) and delta as gdn_verify
+      float kr[RI], sk[CJ], delta[CJ];
       tile.gather(sk_rows[rr], kr);
-      tile.partial_dot(kr, ak);
-      const float sk = tile.reduce_scatter(ak);
+      tile.dot_all(kr, sk);
       const float decay = sdecay[rr], beta = sbeta[rr];
-      tile.all_gather(delta_of(beta, sv_rows[rr][col - col_base + tile.red_col()], decay, sk), delta);
+#pragma unroll
+      for (int c = 0; c < CJ; ++c) delta[c] = delta_of(beta, sv_rows[rr][col - col_base + c], decay, sk[c]);
       tile.template update<TS>(decay, kr, delta);
     }
   }
