@@ -845,7 +845,7 @@ def test_threshold_split_and_workspace_size():
         head = T * (-(-V // TILE) * _TILE_BYTES + _ROW_BYTES)
         assert spec_sample_workspace_size(T, V) == -(-head // 16) * 16 + T * _FILTER_BYTES
     assert _FILTER_BYTES % 16 == 0
-    assert spec_sample_workspace_size(256, 151936) == 386048 + 256 * 32848
+    assert spec_sample_workspace_size(256, 151936) == 386048 + 256 * 24672
 
 
 def _kept_check(cu_q, seen, params, n, em, st):
@@ -921,6 +921,92 @@ def test_spec_sample_gpu_threshold_split_over_ctas(dtype, rng):
     # float32 vs float64 race keys may flip a boundary draw: allow a rare one
     assert bad_total <= 1, f"{bad_total} sampled tokens outside the reference's kept set"
     assert same_total >= 4 * B - 2, f"{4 * B - same_total} of {4 * B} sequences differ"
+
+
+def _order_key(x32):
+    u = (np.asarray(x32, np.float32) + np.float32(0)).view(np.uint32)
+    return np.where(u & np.uint32(0x80000000), ~u, u | np.uint32(0x80000000)).astype(np.uint64)
+
+
+def _threshold_model(x32, temperature, top_k, top_p):
+    """The kernel's threshold rule in numpy: the largest key K with mass(keys >= K) >= target,
+    mass = 1 (top-k) or floor(min(exp2(s2 - m), 1) * 2^32) (top-p after top-k). Returns
+    (tau_key, keys, masses of the top-p slot) for checking; exp2 here is not the GPU's
+    ex2.approx, so a top-p boundary is checked with a tolerance, a top-k one exactly."""
+    keys = _order_key(x32)
+    ok = ~np.isnan(x32)
+    floor = np.uint64(0)
+    if 0 < top_k < len(x32):
+        ks = np.sort(keys[ok])[::-1]
+        floor = ks[top_k - 1]
+    if not top_p < 1.0:
+        return floor, keys, None
+    scale = np.float32(math.log2(math.e) / temperature)
+    s2 = (x32.astype(np.float32) * scale).astype(np.float32)
+    m = np.float32(np.nanmax(s2))
+    e = np.minimum(np.exp2((s2 - m).astype(np.float64)), 1.0)
+    mass = np.where(ok & (keys >= floor) & np.isfinite(s2), np.floor(e * 2.0 ** 32), 0.0)
+    return floor, keys, mass
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_spec_sample_gpu_threshold_exact(dtype, rng):
+    """The threshold key the kernels leave in the workspace, against the integer-mass rule
+    computed in numpy, on distributions that stress the bucket window: N(0, 3) logits, a
+    heavy tail (most of the vocabulary 40+ below the max: the clamped far bucket), a few
+    dominant tokens, a plateau at the cut (list overflow: full-row fallback), top-p 0 / tiny /
+    0.5 / 0.999, top-k alone (exact) and top-k + top-p. Top-k thresholds must match exactly;
+    top-p ones must satisfy the rule under numpy's exp2 up to 1e-5 of the target."""
+    from specdec_lib import DeviceArray
+    from specdec_lib.ops import spec_sample as op, spec_sample_workspace_size
+    V = 151936
+    cases = [  # (temperature, top_k, top_p, kind)
+        (1.0, 0, 0.9, "normal"), (0.7, 0, 0.5, "normal"), (1.3, 0, 0.999, "normal"),
+        (1.0, 0, 1e-4, "normal"), (1.0, 0, 0.0, "normal"), (1.0, 0, 0.9, "tail"),
+        (0.6, 0, 0.95, "tail"), (1.0, 0, 0.8, "dominant"), (1.0, 0, 0.3, "plateau"),
+        (1.0, 50, 1.0, "normal"), (1.0, 7000, 1.0, "tail"), (0.8, 50, 0.9, "normal"),
+        (1.0, 4000, 0.7, "tail"), (1.0, 1, 1.0, "normal"), (1.0, 0, 0.9, "halfinf")]
+    B = len(cases)
+    cu_q = np.arange(B + 1, dtype=np.int32)
+    x = rng.standard_normal((B, V)) * 3
+    for b, (_, _, _, kind) in enumerate(cases):
+        if kind == "tail":
+            x[b] = rng.standard_normal(V) * 2 - 45
+            x[b, rng.choice(V, 300, replace=False)] = rng.standard_normal(300) * 2
+        elif kind == "dominant":
+            x[b, rng.choice(V, 3, replace=False)] = [20.0, 19.5, 19.0]
+        elif kind == "plateau":
+            x[b] = rng.standard_normal(V) - 20
+            x[b, rng.choice(V, 8000, replace=False)] = 1.0
+            x[b, 17] = 3.0
+        elif kind == "halfinf":
+            x[b, rng.choice(V, V // 2, replace=False)] = -np.inf
+    host, seen = to_dtype(x, dtype)
+    params = make_params(B, temperature=[c[0] for c in cases], top_k=[c[1] for c in cases],
+                         top_p=[c[2] for c in cases])
+    dev = lambda a, dt=None: DeviceArray.from_numpy(a, dtype=dt)
+    ws = DeviceArray.empty((spec_sample_workspace_size(B, V),), "uint8")
+    na, em, st = dev(np.zeros(B, np.int32)), dev(np.zeros((B, 1), np.int32)), dev(np.zeros(B, np.int32))
+    op(dev(host, dtype), dev(cu_q), dev(np.zeros(0, np.int32)),
+       *[dev(params[k]) for k in ("temperature", "top_k", "top_p", "min_p", "seed", "step")],
+       na, em, st, workspace=ws)
+    raw = ws.to_numpy()
+    off = B * (-(-V // TILE)) * 20
+    tau_gpu = raw[off:off + 8 * B].view(np.uint32).reshape(B, 2)[:, 0].astype(np.uint64)
+    for b, (temp, top_k, top_p, kind) in enumerate(cases):
+        x32 = np.asarray(seen[b], np.float32)
+        floor, keys, mass = _threshold_model(x32, temp, top_k, top_p)
+        tau = tau_gpu[b]
+        if mass is None:   # top-k alone: counts, exact
+            assert tau == floor, f"case {b}: top-k threshold {tau:#x}, expected {floor:#x}"
+            continue
+        target = min(max(math.ceil(max(top_p, 0.0) * mass.sum()), 1), mass.sum())
+        above, incl = mass[keys > tau].sum(), mass[keys >= tau].sum()
+        assert tau >= floor, f"case {b}: threshold below the top-k floor"
+        assert incl >= target * (1 - 1e-5), f"case {b} ({kind}): keeps too little ({incl} < {target})"
+        assert above < target * (1 + 1e-5), f"case {b} ({kind}): keeps too much ({above} >= {target})"
+        assert (mass[keys == tau] > 0).any(), f"case {b} ({kind}): threshold is no token's key"
 
 
 @needs_gpu

@@ -37,6 +37,10 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+__device__ __forceinline__ float key_to_float(uint32_t key) {   // inverse of order_key
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
 template <typename T>
 __device__ __forceinline__ float load_logit(const T* row, int64_t i) {
   return to_float(row[i]);

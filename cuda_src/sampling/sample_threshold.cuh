@@ -13,12 +13,18 @@ namespace {
 // Exact radix select of the keep threshold (the largest key K with mass(keys >= K) >= target,
 // mass = count for top-k, floor(min(e, 1) * 2^32) with e = exp2(s2 - m) for top-p: integer
 // sums, so the result does not depend on the summation order -- nor on how many CTAs add
-// into it). Per filter two passes over the row, each split over the row's gridDim.y CTAs:
-// a histogram by b = floor(64 * (m - s2)) (2048 buckets of 1/64 log2 unit below the row max:
-// monotone in the key, spread out) into the row's global histogram; then the keys of the
-// selected bucket into the row's global list, and the last CTA runs the three 11/11/10-bit
-// radix rounds over that list. A bucket with more than SPEC_SAMPLE_THRESHOLD_CANDIDATES keys
-// (near-constant logits) falls back to the radix rounds over the whole row in that last CTA.
+// into it). Per filter two passes over the row, each split over the row's gridDim.y CTAs.
+// Bucket j of a token = floor(64 * (m - s2)) clamped to 0..2047 (its distance below the row
+// max in 1/64 log2 units: monotone in the key). Pass 1 counts tokens per bucket and sums the
+// exact mass of the row in registers (one atomic per CTA); a bucket's mass then lies within
+// count x [2^-(j+1)/64, 2^-j/64] x 2^32, so the last CTA can bound the cumulative mass from the
+// top and pick the window of buckets that must hold the crossing (one bucket for top-k, whose
+// masses are exact counts; a few for top-p). Pass 2 sums the exact mass above the window in
+// registers and appends the window's keys to the row's list; the last CTA runs the 11/11/10-bit
+// radix rounds over that list for what is left of the target. Per token a pass is a bucket
+// computation and, for most tokens, one shared counter increment or nothing: no 64-bit shared
+// atomics. A window with more than SPEC_SAMPLE_THRESHOLD_CANDIDATES keys (near-constant
+// logits) falls back to the radix rounds over the whole row in that last CTA.
 // Same K as the plain 3-round radix in every case.
 
 // Largest digit d with sum(hist[> d]) < target <= sum(hist[>= d]); returns d and the sum
@@ -85,10 +91,6 @@ __device__ __forceinline__ void hist_combine(unsigned long long* hist) {
   __syncthreads();
 }
 
-__device__ __forceinline__ float key_to_float(uint32_t key) {   // inverse of order_key
-  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
-}
-
 // Calls f(x) for every token of chunk `chunk` of `nchunks` equal slices of the row (16-byte
 // loads when the row is aligned; the last chunk also takes the tail that is not a whole vector).
 template <int kThreads, typename T, typename F>
@@ -138,7 +140,7 @@ __device__ __forceinline__ bool last_cta(uint32_t* counter, int* sh_flag) {
   return last;
 }
 
-static_assert(sizeof(SpecSampleFilterHead) == 80, "SpecSampleFilterHead layout");
+static_assert(sizeof(SpecSampleFilterHead) == 96, "SpecSampleFilterHead layout");
 static_assert(sizeof(SpecSampleFilter) % 16 == 0, "SpecSampleFilter: rows stay 16-byte aligned");
 
 // Grid (T, S), launched SPEC_SAMPLE_THRESHOLD_STEPS times with p.filter_step = 0..3. A row's
@@ -150,14 +152,86 @@ static_assert(sizeof(SpecSampleFilter) % 16 == 0, "SpecSampleFilter: rows stay 1
 // rounds over the list (over the whole row if the list overflowed: plateaus of equal logits)
 // and writes the threshold. Step 0 also writes the row max (every filtered row, min-p too).
 // Same K, same ties, as the single-CTA select it replaces.
+// Sum of a thread's 64-bit integer over the CTA, in thread 0 (order-free: integers).
+template <int kThreads>
+__device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v, unsigned long long* sh) {
+  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  unsigned long long all = 0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < kThreads / 32; ++w) all += sh[w];
+  return all;
+}
+
+// The window [lo, hi] of buckets that must hold the crossing: with C(j) the exact mass of
+// buckets 0..j and Clo(j) <= C(j) <= Chi(j) its bounds from the counts, the crossing bucket
+// j* = min{j : C(j) >= target} lies in [min{j : Chi(j) >= target}, min{j : Clo(j) >= target}].
+// Per-token mass bounds in bucket j: e in [2^-(j+1)/64, 2^-j/64] (exact: 64 * (m - s2) is
+// exact), widened by 1e-5 for ex2.approx (error ~2^-22) and by 1 for the floor; bucket 2047
+// holds everything farther, so its lower bound is 0. Top-k: counts, so Clo = Chi = C.
+template <int kThreads>
+__device__ __forceinline__ void find_window(const uint32_t* cnt, bool by_count, unsigned long long target,
+                                            double* scan_lo, double* scan_hi, int* sh_lo, int* sh_hi) {
+  constexpr int kPer = 2048 / kThreads;
+  const int t = threadIdx.x;
+  double blo[kPer], bhi[kPer], slo = 0.0, shi = 0.0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = t * kPer + i;
+    const double c = static_cast<double>(cnt[j]);
+    if (by_count) {
+      blo[i] = bhi[i] = c;
+    } else {
+      const double hi_e = j == 0 ? 1.0 : fmin(1.0, exp2(-j / 64.0) * (1.0 + 1e-5));
+      const double lo_e = j == 2047 ? 0.0 : exp2(-(j + 1) / 64.0) * (1.0 - 1e-5);
+      bhi[i] = c * (hi_e * 4294967296.0);
+      blo[i] = c * fmax(0.0, lo_e * 4294967296.0 - 1.0);
+    }
+    slo += blo[i];
+    shi += bhi[i];
+  }
+  scan_lo[t] = slo;
+  scan_hi[t] = shi;
+  if (t == 0) { *sh_lo = 2047; *sh_hi = 2047; }
+  __syncthreads();
+  for (int d = 1; d < kThreads; d <<= 1) {   // inclusive scans (fixed order: deterministic)
+    const double alo = t >= d ? scan_lo[t - d] : 0.0, ahi = t >= d ? scan_hi[t - d] : 0.0;
+    __syncthreads();
+    scan_lo[t] += alo;
+    scan_hi[t] += ahi;
+    __syncthreads();
+  }
+  double clo = scan_lo[t] - slo, chi = scan_hi[t] - shi;   // exclusive
+  const double tg = static_cast<double>(target);
+  bool found_lo = false, found_hi = false;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    clo += blo[i];
+    chi += bhi[i];
+    if (!found_lo && chi >= tg) { atomicMin(sh_lo, t * kPer + i); found_lo = true; }
+    if (!found_hi && clo >= tg) { atomicMin(sh_hi, t * kPer + i); found_hi = true; }
+  }
+  __syncthreads();
+}
+
+// Grid (T, S), launched SPEC_SAMPLE_THRESHOLD_STEPS times with p.filter_step = 0..3. A row's
+// filters are slots j = 0, 1 (top-k then top-p; only those that are on); step 2j + 0: bucket
+// counts and the exact total, the last CTA picks the target and the window; step 2j + 1: the
+// exact mass above the window and the window's keys, the last CTA runs the radix rounds over
+// the keys (over the whole row if the list overflowed: plateaus of equal logits) and writes the
+// threshold. Step 0 also writes the row max (every filtered row, min-p too).
 template <typename T>
 __device__ void threshold_kernel(const SpecSampleParams& p) {
   constexpr int kThreads = SPEC_SAMPLE_THRESHOLD_THREADS;
   constexpr int kCand = SPEC_SAMPLE_THRESHOLD_CANDIDATES;
-  __shared__ unsigned long long hist[2048];
+  constexpr int kFar = 2047;   // the clamped bucket: counted in registers (it can be most tokens)
+  __shared__ unsigned long long hist[2048];   // radix rounds; pass 1 uses its first 8 KB as counts
   __shared__ unsigned long long scan[kThreads];
+  __shared__ double scan_hi[kThreads];
   __shared__ uint32_t cand[kCand];
-  __shared__ int digit, n_cand, sh_base, sh_last;
+  __shared__ int digit, n_cand, sh_base, sh_last, win_lo, win_hi;
   __shared__ unsigned long long above;
   __shared__ float sh_m[kThreads / 32];
   uint32_t* h32 = reinterpret_cast<uint32_t*>(hist);
@@ -196,85 +270,89 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
   const T* row = static_cast<const T*>(p.logits) + static_cast<int64_t>(r) * p.logits_stride;
   const int V = p.vocab;
   const float scale = sp.scale;
-  const int phase = (slot == 0 && sp.k_on) ? 0 : 1;   // 0: top-k by count; 1: top-p by mass
-  const uint32_t key_floor = (phase == 1 && sp.k_on) ? f->head.tau_k : 0u;
-  // mass of one token (0 for NaN and keys below key_floor)
+  const bool by_count = slot == 0 && sp.k_on;   // top-k: mass = count; top-p: fixed-point mass
+  const uint32_t key_floor = (!by_count && sp.k_on) ? f->head.tau_k : 0u;
+  // mass of one token (0 for -inf)
   auto mass = [&](float x) -> unsigned long long {
-    if (phase == 0) return 1ull;
+    if (by_count) return 1ull;
     // explicit roundings (no FMA contraction): every pass and the list rounds agree bit for bit
     const float e = fminf(x == -INFINITY ? 0.f : exp2f(__fsub_rn(__fmul_rn(x, scale), m)), 1.f);
     // floor(e * 2^32): e < 1 fits 32 bits (a 32-bit conversion is cheaper than a 64-bit one)
     return e >= 1.f ? (1ull << 32) : static_cast<unsigned long long>(static_cast<uint32_t>(e * 4294967296.0f));
   };
-  auto bucket_digit = [&](float x) -> int {   // 2047 = the bucket of the row max
-    const float d = fminf(fmaxf(__fsub_rn(m, __fmul_rn(x, scale)) * 64.f, 0.f), 2047.f);
-    return 2047 - static_cast<int>(d);
+  auto bucket = [&](float x) -> int {   // 0 = the bucket of the row max
+    return static_cast<int>(fminf(fmaxf(__fsub_rn(m, __fmul_rn(x, scale)) * 64.f, 0.f), 2047.f));
   };
+  // NaN never counts; below the top-k floor never counts (top-p after top-k)
+  auto excluded = [&](float x) { return isnan(x) || (key_floor != 0u && order_key(x) < key_floor); };
 
   if ((step & 1) == 0) {
-    // --- bucket histogram of this CTA's slice, added to the row's global histogram
-    for (int j = threadIdx.x; j < 2048; j += kThreads) hist[j] = 0ull;
+    // --- pass 1: tokens per bucket (shared u32 counters) and the exact total (registers)
+    for (int j = threadIdx.x; j < 2048; j += kThreads) h32[j] = 0u;
     __syncthreads();
+    unsigned long long tot = 0;
+    uint32_t far = 0;
     for_each_logit<kThreads>(row, V, chunk, nchunks, [&](float x) {
-      if (isnan(x) || order_key(x) < key_floor) return;
+      if (excluded(x)) return;
       const unsigned long long add = mass(x);
-      if (add) hist_add(h32, bucket_digit(x), add);
+      if (!add) return;   // zero-mass tokens take no part in the top-p select
+      tot += add;
+      const int j = bucket(x);
+      if (j == kFar) ++far;
+      else atomicAdd(h32 + j, 1u);
     });
-    __syncthreads();
-    hist_combine<kThreads>(hist);
+    if (far) atomicAdd(h32 + kFar, far);
+    const unsigned long long cta_tot = block_sum_u64<kThreads>(tot, scan);   // syncs first
     for (int j = threadIdx.x; j < 2048; j += kThreads)
-      if (hist[j]) atomicAdd(f->hist + j, hist[j]);
+      if (h32[j]) atomicAdd(f->count + j, h32[j]);
+    if (threadIdx.x == 0 && cta_tot) atomicAdd(f->head.total + slot, cta_tot);
     if (!last_cta(f->head.done + step, &sh_last)) return;
-    // --- last CTA: the row's histogram -> target, bucket
-    const bool reuse = slot + 1 < nslots;   // slot 1 accumulates into the same global bins
+    // --- last CTA: the row's counts and total -> target, window
+    const bool reuse = slot + 1 < nslots;   // slot 1 counts into the same global bins
     for (int j = threadIdx.x; j < 2048; j += kThreads) {
-      hist[j] = __ldcg(f->hist + j);
-      if (reuse) f->hist[j] = 0ull;   // every other CTA of this step is done with it
+      h32[j] = __ldcg(f->count + j);
+      if (reuse) f->count[j] = 0u;   // every other CTA of this step is done with it
+    }
+    const unsigned long long all = __ldcg(f->head.total + slot);
+    unsigned long long target;
+    if (by_count) {
+      target = min(static_cast<unsigned long long>(sp.top_k), all);
+    } else {   // target = ceil(top_p * mass of the kept set so far)
+      const double want = ceil(static_cast<double>(fmaxf(sp.top_p, 0.f)) * static_cast<double>(all));
+      target = static_cast<unsigned long long>(want);
+      target = target < 1ull ? 1ull : (target > all ? all : target);
     }
     __syncthreads();
-    unsigned long long target = phase == 0 ? static_cast<unsigned long long>(sp.top_k) : 0ull;
-    if (phase == 1) {   // target = ceil(top_p * mass of the top-k set)
-      unsigned long long tot = 0;
-      for (int j = threadIdx.x; j < 2048; j += kThreads) tot += hist[j];
-      for (int d = 16; d > 0; d >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, d);
-      if ((threadIdx.x & 31) == 0) scan[threadIdx.x >> 5] = tot;
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        unsigned long long all = 0;
-        for (int j = 0; j < kThreads / 32; ++j) all += scan[j];
-        const double want = ceil(static_cast<double>(fmaxf(sp.top_p, 0.f)) * static_cast<double>(all));
-        unsigned long long tg = static_cast<unsigned long long>(want);
-        tg = tg < 1ull ? 1ull : (tg > all ? all : tg);
-        scan[0] = tg;
-      }
-      __syncthreads();
-      target = scan[0];
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) { digit = 0; above = 0ull; }
-    __syncthreads();
-    find_digit<kThreads>(hist, target, scan, &digit, &above);
+    find_window<kThreads>(h32, by_count, target, reinterpret_cast<double*>(scan), scan_hi, &win_lo, &win_hi);
     if (threadIdx.x == 0) {
-      f->head.bucket[slot] = digit;
+      f->head.win_lo[slot] = win_lo;
+      f->head.win_hi[slot] = max(win_lo, win_hi);
       f->head.target[slot] = target;
-      f->head.target_in[slot] = target - above;
     }
     return;
   }
 
-  // --- the selected bucket's keys of this CTA's slice, appended to the row's list
-  const int bucket = f->head.bucket[slot];
+  // --- pass 2: the exact mass above the window (registers), the window's keys into the list
+  const int lo = f->head.win_lo[slot], hi = f->head.win_hi[slot];
   if (threadIdx.x == 0) n_cand = 0;
   __syncthreads();
+  unsigned long long abv = 0;
   for_each_logit<kThreads>(row, V, chunk, nchunks, [&](float x) {
-    if (isnan(x) || order_key(x) < key_floor || bucket_digit(x) != bucket) return;
-    if (mass(x) == 0ull) return;   // as the histogram: zero-mass tokens are not in it
+    if (excluded(x)) return;
+    const int j = bucket(x);
+    if (j > hi) return;
+    const unsigned long long w = mass(x);
+    if (j < lo) { abv += w; return; }
+    if (w == 0ull) return;   // as pass 1: zero-mass tokens are not in it
     const int s = atomicAdd(&n_cand, 1);
     if (s < kCand) cand[s] = order_key(x);
   });
-  __syncthreads();
+  const unsigned long long cta_abv = block_sum_u64<kThreads>(abv, scan);   // syncs first
   const int n_local = n_cand;
-  if (threadIdx.x == 0) sh_base = static_cast<int>(atomicAdd(f->head.n_cand + slot, static_cast<uint32_t>(n_local)));
+  if (threadIdx.x == 0) {
+    if (cta_abv) atomicAdd(f->head.above + slot, cta_abv);
+    sh_base = static_cast<int>(atomicAdd(f->head.n_cand + slot, static_cast<uint32_t>(n_local)));
+  }
   __syncthreads();
   const int base = sh_base;
   for (int j = threadIdx.x; j < min(n_local, kCand) && base + j < kCand; j += kThreads)
@@ -286,7 +364,8 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
   const int nc = from_list ? static_cast<int>(nc_all) : 0;
   for (int j = threadIdx.x; j < nc; j += kThreads) cand[j] = __ldcg(f->cand + j);
   uint32_t prefix = 0;
-  unsigned long long tgt = from_list ? __ldcg(f->head.target_in + slot) : __ldcg(f->head.target + slot);
+  const unsigned long long target = __ldcg(f->head.target + slot);
+  unsigned long long tgt = from_list ? target - __ldcg(f->head.above + slot) : target;
   for (int round = 0; round < 3; ++round) {   // digits: bits 31..21, 20..10, 9..0
     const int sh = round == 0 ? 21 : round == 1 ? 10 : 0;
     const int width = round == 2 ? 10 : 11;
@@ -306,10 +385,8 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
       }
     } else {
       for_each_logit<kThreads>(row, V, 0, 1, [&](float x) {
-        if (isnan(x)) return;
-        const uint32_t key = order_key(x);
-        if (key < key_floor) return;
-        count(key, x);
+        if (excluded(x)) return;
+        count(order_key(x), x);
       });
     }
     __syncthreads();

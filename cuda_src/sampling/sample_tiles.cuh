@@ -22,6 +22,8 @@ struct TileCtx {
   float scale;          // log2(e) / temperature
   int excl;             // one-hot draft left out of the sums (-1: none)
   uint32_t tau_key;     // filtered pass: kept iff order_key >= tau_key
+  float tau_f;          // the same test for non-NaN x as x >= tau_f (order_key is monotone and maps
+                        // -0 to +0; tau_key is a token's key, or 0: no cut, tau_f = -inf)
   float row_m, min_p;   // filtered pass: row max of s2, min-p
   bool need_sum, need_arg;
 };
@@ -195,7 +197,10 @@ __device__ __forceinline__ bool tile_fast(const T* row, int base, uint4 (&u)[8],
           float w = exp2f(fmaf(x[e], c.scale, -ms));   // -inf logits give 0
           if (kMode != 0) {
             bool counted = (slab * kSlab + j) * 32 * kN + e != rel;
-            if (kMode == 2) counted = counted && kept(x[e], __fmul_rn(x[e], c.scale), c.tau_key, c.row_m, c.min_p);
+            if (kMode == 2) {   // kept(): the key test as a float compare (same decision, see tau_f)
+              counted = counted && x[e] >= c.tau_f;
+              if (c.min_p > 0.f) counted = counted && exp2f(__fsub_rn(__fmul_rn(x[e], c.scale), c.row_m)) >= c.min_p;
+            }
             w = counted ? w : 0.f;
           }
           sv = e ? sv + w : w;
@@ -245,9 +250,9 @@ __device__ void tiles_kernel(const SpecSampleParams& p) {
   const SeqParams sp = seq_params(p, b);
   if (p.filtered_pass && !sp.filtered) return;
   if (!p.filtered_pass && !p.no_filters && (sp.k_on || sp.p_on)) {
-    // zero the row's threshold state (head + global histogram) for the threshold launches that
+    // zero the row's threshold state (head + global bucket counts) for the threshold launches that
     // follow in stream order: no memset launch, nothing kept between calls, graph-capturable
-    constexpr int kZero = static_cast<int>((sizeof(SpecSampleFilterHead) + 2048 * sizeof(unsigned long long)) / 16);
+    constexpr int kZero = static_cast<int>((sizeof(SpecSampleFilterHead) + 2048 * sizeof(uint32_t)) / 16);
     uint4* z = reinterpret_cast<uint4*>(ws_filters(p) + r);
     for (int i = blockIdx.y * SPEC_SAMPLE_TILE_THREADS + threadIdx.x; i < kZero;
          i += gridDim.y * SPEC_SAMPLE_TILE_THREADS)
@@ -259,6 +264,7 @@ __device__ void tiles_kernel(const SpecSampleParams& p) {
   c.scale = sp.scale;
   c.excl = sp.greedy ? -1 : excluded_draft(p, b, r - r0, q);
   c.tau_key = 0;
+  c.tau_f = -INFINITY;
   c.row_m = 0.f;
   c.min_p = sp.min_p;
   c.need_sum = !sp.greedy || p.logprobs != nullptr;
@@ -266,6 +272,7 @@ __device__ void tiles_kernel(const SpecSampleParams& p) {
   if (p.filtered_pass) {
     const SpecSampleRow rs = ws_rows(p)[r];
     c.tau_key = rs.tau_key;
+    c.tau_f = rs.tau_key == 0u ? -INFINITY : key_to_float(rs.tau_key);
     c.row_m = rs.m;
   }
   for (; tile < t_end; tile += kWarps) {

@@ -32,7 +32,7 @@
  *                                           histogram, counters and candidate list
  * bytes = round_up(T * num_tiles * sizeof(SpecSampleTile) + T * sizeof(SpecSampleRow), 16)
  *       + T * sizeof(SpecSampleFilter)
- * Nothing in it has to survive between calls: the tile pass zeroes head + hist of each row
+ * Nothing in it has to survive between calls: the tile pass zeroes head + count of each row
  * that filters (top-k / top-p) before the threshold launches read them. */
 typedef struct {
   float m;          /* max of s2 = logit * log2(e) / temperature over non-NaN tokens (-inf: none) */
@@ -49,25 +49,29 @@ typedef struct {
 
 /* Per-row state of the threshold (spec_sample_threshold_*, split over gridDim.y CTAs per row).
  * Filter slot j = the row's j-th filter in the order top-k, top-p (a row with only top-p
- * uses slot 0). Step 2j: bucket histogram (global, 64-bit integer atomics: order-free), the
- * last CTA picks the bucket; step 2j+1: the bucket's keys appended to cand[], the last CTA
- * runs the radix rounds over them. head + hist are zeroed by the tile pass; the step-0 last
- * CTA re-zeroes hist for slot 1. */
+ * uses slot 0). Step 2j: token counts per bucket (global u32 atomics) and the exact mass of
+ * the slot's tokens (u64, one atomic per CTA); the last CTA bounds each bucket's mass and
+ * picks the window of buckets that must hold the crossing. Step 2j+1: the exact mass above
+ * the window (one atomic per CTA) and the window's keys appended to cand[]; the last CTA runs
+ * the radix rounds over them. head + count are zeroed by the tile pass; the step-0 last CTA
+ * re-zeroes count for slot 1. Every sum is an integer sum: order-free. */
 typedef struct {
   uint32_t done[4];                 /* CTAs finished per threshold step (last-CTA-done) */
-  uint32_t n_cand[2];               /* keys found in the selected bucket, per slot (may exceed the list) */
-  int32_t bucket[2];                /* selected bucket per slot */
+  uint32_t n_cand[2];               /* keys found in the window, per slot (may exceed the list) */
+  int32_t win_lo[2];                /* window of buckets (distance below the row max, inclusive) */
+  int32_t win_hi[2];                /*   that holds the crossing, per slot */
   unsigned long long target[2];     /* count / fixed-point mass target per slot */
-  unsigned long long target_in[2];  /* what is left of it inside the bucket */
+  unsigned long long total[2];      /* exact count / mass of the slot's tokens (step 2j) */
+  unsigned long long above[2];      /* exact count / mass above the window (step 2j+1) */
   uint32_t tau_k;                   /* slot 0's threshold when a slot 1 follows (its key floor) */
-  uint32_t pad[3];
-} SpecSampleFilterHead;             /* 80 bytes */
+  uint32_t pad;
+} SpecSampleFilterHead;             /* 96 bytes */
 
 typedef struct {
   SpecSampleFilterHead head;
-  unsigned long long hist[2048];
+  uint32_t count[2048];             /* tokens per bucket */
   uint32_t cand[SPEC_SAMPLE_THRESHOLD_CANDIDATES];
-} SpecSampleFilter;                 /* 80 + 16384 + 16384 = 32848 bytes */
+} SpecSampleFilter;                 /* 96 + 8192 + 16384 = 24672 bytes */                 /* 80 + 16384 + 16384 = 32848 bytes */
 
 typedef struct {
   const void* logits;           /* [T, V], last dim contiguous */
