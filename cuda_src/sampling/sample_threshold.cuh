@@ -1,6 +1,7 @@
 // spec_sample pass 2: exact top-k / top-p keep threshold of filtered rows.
 // Included by spec_sample.cu only.
 #pragma once
+#include <type_traits>
 #include "common/ragged.cuh"
 #include "sampling/sample_common.cuh"
 
@@ -128,6 +129,57 @@ __device__ __forceinline__ void for_each_logit(const T* row, int V, int chunk, i
   }
 }
 
+// for_each_logit's walk, one 16-byte vector per call: f(x) with float x[kN] (kU vectors in
+// flight per thread), so a pass can compute a whole vector branch-free and take its rare path
+// once per vector. Tokens that are not part of a whole vector (the row's tail, every token of
+// a misaligned row) come one per call, the other elements of x NaN (which every pass skips).
+template <int kThreads, int kU, typename T, typename F>
+__device__ __forceinline__ void for_each_vec(const T* row, int V, int chunk, int nchunks, F&& f) {
+  constexpr int kN = VecN<T>::kN;
+  auto single = [&](int i) {
+    float x[kN];
+#pragma unroll
+    for (int e = 0; e < kN; ++e) x[e] = e == 0 ? load_logit(row, i) : __int_as_float(0x7fffffff);
+    f(x);
+  };
+  if (is_aligned16(row)) {
+    const int nvec = V / kN;
+    const int per = (nvec + nchunks - 1) / nchunks;
+    const int v_lo = min(nvec, chunk * per), v_hi = min(nvec, v_lo + per);
+    const uint4* src = reinterpret_cast<const uint4*>(row);
+    for (int v0 = v_lo; v0 < v_hi; v0 += kThreads * kU) {
+      uint4 u[kU];
+#pragma unroll
+      for (int k = 0; k < kU; ++k) {
+        const int vi = v0 + k * kThreads + threadIdx.x;
+        if (vi < v_hi) u[k] = __ldg(src + vi);
+      }
+#pragma unroll
+      for (int k = 0; k < kU; ++k) {
+        if (v0 + k * kThreads + threadIdx.x < v_hi) {
+          float x[kN];
+          unpack16(u[k], x, static_cast<const T*>(nullptr));
+          f(x);
+        }
+      }
+    }
+    if (chunk == nchunks - 1)
+      for (int i = nvec * kN + threadIdx.x; i < V; i += kThreads) single(i);
+  } else {
+    const int per = (V + nchunks - 1) / nchunks;
+    const int lo = min(V, chunk * per), hi = min(V, lo + per);
+    for (int i = lo + threadIdx.x; i < hi; i += kThreads) single(i);
+  }
+}
+
+// A shared-memory counter increment with no result (red: nothing to wait for), issued by every
+// token so that no branch separates a thread's tokens (ptxas turns a predicated atomic into a
+// branch): tokens that count nothing increment a scratch word of their lane instead.
+__device__ __forceinline__ void shared_inc(uint32_t* p) {
+  asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(p)))
+               : "memory");
+}
+
 // Last-CTA-done on a per-row counter: true in the CTA that arrives last (gridDim.y CTAs per row),
 // after which every global write / atomic of the others is visible to it (read with __ldcg).
 __device__ __forceinline__ bool last_cta(uint32_t* counter, int* sh_flag) {
@@ -231,6 +283,7 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
   __shared__ unsigned long long scan[kThreads];
   __shared__ double scan_hi[kThreads];
   __shared__ uint32_t cand[kCand];
+  __shared__ uint32_t scratch[32];   // pass 1: the counter of tokens that count nothing (per lane)
   __shared__ int digit, n_cand, sh_base, sh_last, win_lo, win_hi;
   __shared__ unsigned long long above;
   __shared__ float sh_m[kThreads / 32];
@@ -266,25 +319,27 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
     m = rows[r].m;   // written by step 0 (an earlier launch)
   }
   if (slot >= nslots) return;
+  if (!(m > -INFINITY)) return;   // no finite logit: status EMPTY, nothing to select (tau stays 0)
   SpecSampleFilter* f = ws_filters(p) + r;
   const T* row = static_cast<const T*>(p.logits) + static_cast<int64_t>(r) * p.logits_stride;
   const int V = p.vocab;
   const float scale = sp.scale;
   const bool by_count = slot == 0 && sp.k_on;   // top-k: mass = count; top-p: fixed-point mass
   const uint32_t key_floor = (!by_count && sp.k_on) ? f->head.tau_k : 0u;
-  // mass of one token (0 for -inf)
-  auto mass = [&](float x) -> unsigned long long {
-    if (by_count) return 1ull;
-    // explicit roundings (no FMA contraction): every pass and the list rounds agree bit for bit
-    const float e = fminf(x == -INFINITY ? 0.f : exp2f(__fsub_rn(__fmul_rn(x, scale), m)), 1.f);
+  // u = m - s2 >= 0, with explicit roundings (no FMA contraction), so that every pass and the
+  // list rounds see the same u for a token; the bucket is floor(64 u) (exact scaling) and the
+  // top-p mass floor(min(2^-u, 1) * 2^32) (0 for -inf: u = +inf; m is finite, see above)
+  auto dist = [&](float x) { return __fsub_rn(m, __fmul_rn(x, scale)); };
+  auto bucket_of = [&](float u) { return static_cast<int>(fminf(fmaxf(u * 64.f, 0.f), 2047.f)); };
+  auto mass_of_dist = [](float u) -> unsigned long long {
+    const float e = fminf(exp2f(-u), 1.f);
     // floor(e * 2^32): e < 1 fits 32 bits (a 32-bit conversion is cheaper than a 64-bit one)
     return e >= 1.f ? (1ull << 32) : static_cast<unsigned long long>(static_cast<uint32_t>(e * 4294967296.0f));
   };
-  auto bucket = [&](float x) -> int {   // 0 = the bucket of the row max
-    return static_cast<int>(fminf(fmaxf(__fsub_rn(m, __fmul_rn(x, scale)) * 64.f, 0.f), 2047.f));
-  };
+  auto mass = [&](float x) { return by_count ? 1ull : mass_of_dist(dist(x)); };
   // NaN never counts; below the top-k floor never counts (top-p after top-k)
-  auto excluded = [&](float x) { return isnan(x) || (key_floor != 0u && order_key(x) < key_floor); };
+  auto excluded = [&](float x) { return isnan(x) | (key_floor != 0u && order_key(x) < key_floor); };
+  constexpr int kN = VecN<T>::kN;
 
   if ((step & 1) == 0) {
     // --- pass 1: tokens per bucket (shared u32 counters) and the exact total (registers)
@@ -292,15 +347,33 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
     __syncthreads();
     unsigned long long tot = 0;
     uint32_t far = 0;
-    for_each_logit<kThreads>(row, V, chunk, nchunks, [&](float x) {
-      if (excluded(x)) return;
-      const unsigned long long add = mass(x);
-      if (!add) return;   // zero-mass tokens take no part in the top-p select
-      tot += add;
-      const int j = bucket(x);
-      if (j == kFar) ++far;
-      else atomicAdd(h32 + j, 1u);
-    });
+    // branch-free per token (the filter kind is a template argument), so that a thread's 8
+    // tokens of a vector interleave
+    auto count_pass = [&](auto by_count_c, auto floor_c) {
+      constexpr bool kByCount = decltype(by_count_c)::value, kFloor = decltype(floor_c)::value;
+      for_each_vec<kThreads, 8>(row, V, chunk, nchunks, [&](const float (&x)[kN]) {
+#pragma unroll
+        for (int e = 0; e < kN; ++e) {
+          const float u = dist(x[e]);
+          const int j = bucket_of(u);
+          bool on = !isnan(x[e]);
+          unsigned long long w = 1ull;
+          if constexpr (!kByCount) {
+            w = mass_of_dist(u);
+            on = on & (w != 0ull);   // zero-mass tokens take no part in the top-p select
+          }
+          if constexpr (kFloor) on = on & (order_key(x[e]) >= key_floor);
+          tot += on ? w : 0ull;
+          far += (on & (j == kFar)) ? 1u : 0u;
+          shared_inc((on & (j != kFar)) ? h32 + j : scratch + (threadIdx.x & 31));
+        }
+      });
+    };
+    using yes = std::true_type;
+    using no = std::false_type;
+    if (by_count) count_pass(yes(), no());
+    else if (key_floor != 0u) count_pass(no(), yes());
+    else count_pass(no(), no());
     if (far) atomicAdd(h32 + kFar, far);
     const unsigned long long cta_tot = block_sum_u64<kThreads>(tot, scan);   // syncs first
     for (int j = threadIdx.x; j < 2048; j += kThreads)
@@ -337,15 +410,24 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
   if (threadIdx.x == 0) n_cand = 0;
   __syncthreads();
   unsigned long long abv = 0;
-  for_each_logit<kThreads>(row, V, chunk, nchunks, [&](float x) {
-    if (excluded(x)) return;
-    const int j = bucket(x);
-    if (j > hi) return;
-    const unsigned long long w = mass(x);
-    if (j < lo) { abv += w; return; }
-    if (w == 0ull) return;   // as pass 1: zero-mass tokens are not in it
-    const int s = atomicAdd(&n_cand, 1);
-    if (s < kCand) cand[s] = order_key(x);
+  for_each_vec<kThreads, 8>(row, V, chunk, nchunks, [&](const float (&x)[kN]) {
+    int jv[kN];
+    bool any = false;
+#pragma unroll
+    for (int e = 0; e < kN; ++e) {   // most tokens lie below the window: one test per vector
+      jv[e] = excluded(x[e]) ? 4096 : bucket_of(dist(x[e]));
+      any |= jv[e] <= hi;
+    }
+    if (!any) return;
+#pragma unroll
+    for (int e = 0; e < kN; ++e) {
+      if (jv[e] > hi) continue;
+      const unsigned long long w = mass(x[e]);
+      if (jv[e] < lo) { abv += w; continue; }
+      if (w == 0ull) continue;   // as pass 1: zero-mass tokens are not in it
+      const int s = atomicAdd(&n_cand, 1);
+      if (s < kCand) cand[s] = order_key(x[e]);
+    }
   });
   const unsigned long long cta_abv = block_sum_u64<kThreads>(abv, scan);   // syncs first
   const int n_local = n_cand;
