@@ -281,7 +281,8 @@ struct StateTile {
   // reduce_scatter, adding the same two partial sums at every step, so each total is
   // bit-identical to the one reduce_scatter leaves in its lane. gdn_commit uses this: its loop
   // is latency bound, and 4 independent butterflies are a shorter chain than reduce_scatter +
-  // all_gather (measured s3: commit 87-93 -> 102 us with the latter).
+  // all_gather (vk: 78 -> 87 us with the latter; kv unchanged, 91 us: its s3 loss, 91 -> 102,
+  // came from the staging's shift/mask index split, see gdn_commit_impl).
   __device__ __forceinline__ void dot_all(const float (&k)[RI], float (&out)[CJ]) const {
 #pragma unroll
     for (int c = 0; c < CJ; ++c) {
