@@ -930,7 +930,7 @@ def _order_key(x32):
 
 def _threshold_model(x32, temperature, top_k, top_p):
     """The kernel's threshold rule in numpy: the largest key K with mass(keys >= K) >= target,
-    mass = 1 (top-k) or floor(min(exp2(s2 - m), 1) * 2^32) (top-p after top-k). Returns
+    mass = 1 (top-k) or floor(min(exp2(s2 - m), 1) * 2^31) (top-p after top-k). Returns
     (tau_key, keys, masses of the top-p slot) for checking; exp2 here is not the GPU's
     ex2.approx, so a top-p boundary is checked with a tolerance, a top-k one exactly."""
     keys = _order_key(x32)
@@ -945,7 +945,7 @@ def _threshold_model(x32, temperature, top_k, top_p):
     s2 = (x32.astype(np.float32) * scale).astype(np.float32)
     m = np.float32(np.nanmax(s2))
     e = np.minimum(np.exp2((s2 - m).astype(np.float64)), 1.0)
-    mass = np.where(ok & (keys >= floor) & np.isfinite(s2), np.floor(e * 2.0 ** 32), 0.0)
+    mass = np.where(ok & (keys >= floor) & np.isfinite(s2), np.floor(e * 2.0 ** 31), 0.0)
     return floor, keys, mass
 
 

@@ -12,13 +12,13 @@ namespace {
 // ------------------------------------------------------------------ 2. filter threshold
 //
 // Exact radix select of the keep threshold (the largest key K with mass(keys >= K) >= target,
-// mass = count for top-k, floor(min(e, 1) * 2^32) with e = exp2(s2 - m) for top-p: integer
+// mass = count for top-k, floor(min(e, 1) * 2^31) with e = exp2(s2 - m) for top-p: integer
 // sums, so the result does not depend on the summation order -- nor on how many CTAs add
 // into it). Per filter two passes over the row, each split over the row's gridDim.y CTAs.
 // Bucket j of a token = floor(64 * (m - s2)) clamped to 0..2047 (its distance below the row
 // max in 1/64 log2 units: monotone in the key). Pass 1 counts tokens per bucket and sums the
 // exact mass of the row in registers (one atomic per CTA); a bucket's mass then lies within
-// count x [2^-(j+1)/64, 2^-j/64] x 2^32, so the last CTA can bound the cumulative mass from the
+// count x [2^-(j+1)/64, 2^-j/64] x 2^31, so the last CTA can bound the cumulative mass from the
 // top and pick the window of buckets that must hold the crossing (one bucket for top-k, whose
 // masses are exact counts; a few for top-p). Pass 2 sums the exact mass above the window in
 // registers and appends the window's keys to the row's list; the last CTA runs the 11/11/10-bit
@@ -221,8 +221,9 @@ __device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v
 // buckets 0..j and Clo(j) <= C(j) <= Chi(j) its bounds from the counts, the crossing bucket
 // j* = min{j : C(j) >= target} lies in [min{j : Chi(j) >= target}, min{j : Clo(j) >= target}].
 // Per-token mass bounds in bucket j: e in [2^-(j+1)/64, 2^-j/64] (exact: 64 * (m - s2) is
-// exact), widened by 1e-5 for ex2.approx (error ~2^-22) and by 1 for the floor; bucket 2047
-// holds everything farther, so its lower bound is 0. Top-k: counts, so Clo = Chi = C.
+// exact), widened by 1e-5 for ex2.approx (error ~2^-22) and by 1 for the floor. Bucket 2047
+// (everything farther) is not counted, so neither bound is known there: both ends default to
+// 2047, which is where a crossing that no bound places earlier lies. Top-k: counts, Clo = Chi = C.
 template <int kThreads>
 __device__ __forceinline__ void find_window(const uint32_t* cnt, bool by_count, unsigned long long target,
                                             double* scan_lo, double* scan_hi, int* sh_lo, int* sh_hi) {
@@ -238,8 +239,8 @@ __device__ __forceinline__ void find_window(const uint32_t* cnt, bool by_count, 
     } else {
       const double hi_e = j == 0 ? 1.0 : fmin(1.0, exp2(-j / 64.0) * (1.0 + 1e-5));
       const double lo_e = j == 2047 ? 0.0 : exp2(-(j + 1) / 64.0) * (1.0 - 1e-5);
-      bhi[i] = c * (hi_e * 4294967296.0);
-      blo[i] = c * fmax(0.0, lo_e * 4294967296.0 - 1.0);
+      bhi[i] = c * (hi_e * 2147483648.0);
+      blo[i] = c * fmax(0.0, lo_e * 2147483648.0 - 1.0);
     }
     slo += blo[i];
     shi += bhi[i];
@@ -278,7 +279,7 @@ template <typename T>
 __device__ void threshold_kernel(const SpecSampleParams& p) {
   constexpr int kThreads = SPEC_SAMPLE_THRESHOLD_THREADS;
   constexpr int kCand = SPEC_SAMPLE_THRESHOLD_CANDIDATES;
-  constexpr int kFar = 2047;   // the clamped bucket: counted in registers (it can be most tokens)
+  constexpr int kFar = 2047;   // the clamped bucket: not counted (it can be most tokens)
   __shared__ unsigned long long hist[2048];   // radix rounds; pass 1 uses its first 8 KB as counts
   __shared__ unsigned long long scan[kThreads];
   __shared__ double scan_hi[kThreads];
@@ -328,17 +329,17 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
   const uint32_t key_floor = (!by_count && sp.k_on) ? f->head.tau_k : 0u;
   // u = m - s2 >= 0, with explicit roundings (no FMA contraction), so that every pass and the
   // list rounds see the same u for a token; the bucket is floor(64 u) (exact scaling) and the
-  // top-p mass floor(min(2^-u, 1) * 2^32) (0 for -inf: u = +inf; m is finite, see above)
+  // top-p mass floor(min(2^-u, 1) * 2^31) (fits 32 bits; 0 for -inf: u = +inf, m is finite).
+  // The two bulk passes do not test for NaN: a NaN row's block is invalid (status 1) whatever
+  // its threshold, and the formulas give a NaN a defined bucket (0) and mass (2^31).
   auto dist = [&](float x) { return __fsub_rn(m, __fmul_rn(x, scale)); };
   auto bucket_of = [&](float u) { return static_cast<int>(fminf(fmaxf(u * 64.f, 0.f), 2047.f)); };
-  auto mass_of_dist = [](float u) -> unsigned long long {
-    const float e = fminf(exp2f(-u), 1.f);
-    // floor(e * 2^32): e < 1 fits 32 bits (a 32-bit conversion is cheaper than a 64-bit one)
-    return e >= 1.f ? (1ull << 32) : static_cast<unsigned long long>(static_cast<uint32_t>(e * 4294967296.0f));
-  };
-  auto mass = [&](float x) { return by_count ? 1ull : mass_of_dist(dist(x)); };
+  auto mass_of_dist = [](float u) { return static_cast<uint32_t>(fminf(exp2f(-u), 1.f) * 2147483648.0f); };
+  auto mass = [&](float x) { return by_count ? 1ull : static_cast<unsigned long long>(mass_of_dist(dist(x))); };
   // NaN never counts; below the top-k floor never counts (top-p after top-k)
   auto excluded = [&](float x) { return isnan(x) | (key_floor != 0u && order_key(x) < key_floor); };
+  using yes = std::true_type;
+  using no = std::false_type;
   constexpr int kN = VecN<T>::kN;
 
   if ((step & 1) == 0) {
@@ -346,9 +347,9 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
     for (int j = threadIdx.x; j < 2048; j += kThreads) h32[j] = 0u;
     __syncthreads();
     unsigned long long tot = 0;
-    uint32_t far = 0;
-    // branch-free per token (the filter kind is a template argument), so that a thread's 8
-    // tokens of a vector interleave
+    // Branch-free per token (the filter kind is a template argument), so that a thread's 8
+    // tokens of a vector interleave. The far bucket (2047: everything 32 log2 units or more
+    // below the max, often most of the vocabulary) is not counted: find_window's default end.
     auto count_pass = [&](auto by_count_c, auto floor_c) {
       constexpr bool kByCount = decltype(by_count_c)::value, kFloor = decltype(floor_c)::value;
       for_each_vec<kThreads, 8>(row, V, chunk, nchunks, [&](const float (&x)[kN]) {
@@ -356,25 +357,15 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
         for (int e = 0; e < kN; ++e) {
           const float u = dist(x[e]);
           const int j = bucket_of(u);
-          bool on = !isnan(x[e]);
-          unsigned long long w = 1ull;
-          if constexpr (!kByCount) {
-            w = mass_of_dist(u);
-            on = on & (w != 0ull);   // zero-mass tokens take no part in the top-p select
-          }
-          if constexpr (kFloor) on = on & (order_key(x[e]) >= key_floor);
-          tot += on ? w : 0ull;
-          far += (on & (j == kFar)) ? 1u : 0u;
-          shared_inc((on & (j != kFar)) ? h32 + j : scratch + (threadIdx.x & 31));
+          const bool in = kFloor ? order_key(x[e]) >= key_floor : true;
+          if constexpr (!kByCount) tot += in ? mass_of_dist(u) : 0u;   // top-k: the count is k
+          shared_inc(in & (j != kFar) ? h32 + j : scratch + (threadIdx.x & 31));
         }
       });
     };
-    using yes = std::true_type;
-    using no = std::false_type;
     if (by_count) count_pass(yes(), no());
     else if (key_floor != 0u) count_pass(no(), yes());
     else count_pass(no(), no());
-    if (far) atomicAdd(h32 + kFar, far);
     const unsigned long long cta_tot = block_sum_u64<kThreads>(tot, scan);   // syncs first
     for (int j = threadIdx.x; j < 2048; j += kThreads)
       if (h32[j]) atomicAdd(f->count + j, h32[j]);
@@ -386,11 +377,11 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
       h32[j] = __ldcg(f->count + j);
       if (reuse) f->count[j] = 0u;   // every other CTA of this step is done with it
     }
-    const unsigned long long all = __ldcg(f->head.total + slot);
     unsigned long long target;
     if (by_count) {
-      target = min(static_cast<unsigned long long>(sp.top_k), all);
-    } else {   // target = ceil(top_p * mass of the kept set so far)
+      target = static_cast<unsigned long long>(sp.top_k);   // 0 < top_k < V
+    } else {
+      const unsigned long long all = __ldcg(f->head.total + slot);   // target = ceil(top_p * mass of the kept set so far)
       const double want = ceil(static_cast<double>(fmaxf(sp.top_p, 0.f)) * static_cast<double>(all));
       target = static_cast<unsigned long long>(want);
       target = target < 1ull ? 1ull : (target > all ? all : target);
@@ -410,25 +401,31 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
   if (threadIdx.x == 0) n_cand = 0;
   __syncthreads();
   unsigned long long abv = 0;
-  for_each_vec<kThreads, 8>(row, V, chunk, nchunks, [&](const float (&x)[kN]) {
-    int jv[kN];
-    bool any = false;
+  auto window_pass = [&](auto floor_c) {
+    constexpr bool kFloor = decltype(floor_c)::value;
+    for_each_vec<kThreads, 8>(row, V, chunk, nchunks, [&](const float (&x)[kN]) {
+      int jv[kN];
+      bool any = false;
 #pragma unroll
-    for (int e = 0; e < kN; ++e) {   // most tokens lie below the window: one test per vector
-      jv[e] = excluded(x[e]) ? 4096 : bucket_of(dist(x[e]));
-      any |= jv[e] <= hi;
-    }
-    if (!any) return;
+      for (int e = 0; e < kN; ++e) {   // most tokens lie below the window: one test per vector
+        jv[e] = bucket_of(dist(x[e]));
+        if constexpr (kFloor) jv[e] = order_key(x[e]) >= key_floor ? jv[e] : 4096;
+        any |= jv[e] <= hi;
+      }
+      if (!any) return;
 #pragma unroll
-    for (int e = 0; e < kN; ++e) {
-      if (jv[e] > hi) continue;
-      const unsigned long long w = mass(x[e]);
-      if (jv[e] < lo) { abv += w; continue; }
-      if (w == 0ull) continue;   // as pass 1: zero-mass tokens are not in it
-      const int s = atomicAdd(&n_cand, 1);
-      if (s < kCand) cand[s] = order_key(x[e]);
-    }
-  });
+      for (int e = 0; e < kN; ++e) {
+        if (jv[e] > hi) continue;
+        const unsigned long long w = mass(x[e]);
+        if (jv[e] < lo) { abv += w; continue; }
+        if (w == 0ull || isnan(x[e])) continue;   // zero-mass tokens are in no bucket's mass
+        const int s = atomicAdd(&n_cand, 1);
+        if (s < kCand) cand[s] = order_key(x[e]);
+      }
+    });
+  };
+  if (key_floor != 0u) window_pass(yes());
+  else window_pass(no());
   const unsigned long long cta_abv = block_sum_u64<kThreads>(abv, scan);   // syncs first
   const int n_local = n_cand;
   if (threadIdx.x == 0) {
