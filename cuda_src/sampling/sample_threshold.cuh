@@ -129,18 +129,19 @@ __device__ __forceinline__ void for_each_logit(const T* row, int V, int chunk, i
   }
 }
 
-// for_each_logit's walk, one 16-byte vector per call: f(x) with float x[kN] (kU vectors in
-// flight per thread), so a pass can compute a whole vector branch-free and take its rare path
-// once per vector. Tokens that are not part of a whole vector (the row's tail, every token of
-// a misaligned row) come one per call, the other elements of x NaN (which every pass skips).
+// for_each_logit's walk, one 16-byte vector per call: f(x, n) with float x[kN] of which the
+// first n are tokens (kU vectors in flight per thread), so a pass can compute a whole vector
+// branch-free and take its rare path once per vector. Tokens that are not part of a whole
+// vector (the row's tail, every token of a misaligned row) come one per call (n = 1); n is a
+// constant at each call, so the passes' `e < n` tests fold away.
 template <int kThreads, int kU, typename T, typename F>
 __device__ __forceinline__ void for_each_vec(const T* row, int V, int chunk, int nchunks, F&& f) {
   constexpr int kN = VecN<T>::kN;
   auto single = [&](int i) {
     float x[kN];
 #pragma unroll
-    for (int e = 0; e < kN; ++e) x[e] = e == 0 ? load_logit(row, i) : __int_as_float(0x7fffffff);
-    f(x);
+    for (int e = 0; e < kN; ++e) x[e] = e == 0 ? load_logit(row, i) : -INFINITY;
+    f(x, 1);
   };
   if (is_aligned16(row)) {
     const int nvec = V / kN;
@@ -159,7 +160,7 @@ __device__ __forceinline__ void for_each_vec(const T* row, int V, int chunk, int
         if (v0 + k * kThreads + threadIdx.x < v_hi) {
           float x[kN];
           unpack16(u[k], x, static_cast<const T*>(nullptr));
-          f(x);
+          f(x, kN);
         }
       }
     }
@@ -352,12 +353,12 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
     // below the max, often most of the vocabulary) is not counted: find_window's default end.
     auto count_pass = [&](auto by_count_c, auto floor_c) {
       constexpr bool kByCount = decltype(by_count_c)::value, kFloor = decltype(floor_c)::value;
-      for_each_vec<kThreads, 8>(row, V, chunk, nchunks, [&](const float (&x)[kN]) {
+      for_each_vec<kThreads, 8>(row, V, chunk, nchunks, [&](const float (&x)[kN], int n) {
 #pragma unroll
         for (int e = 0; e < kN; ++e) {
           const float u = dist(x[e]);
           const int j = bucket_of(u);
-          const bool in = kFloor ? order_key(x[e]) >= key_floor : true;
+          const bool in = e < n && (kFloor ? order_key(x[e]) >= key_floor : true);
           if constexpr (!kByCount) tot += in ? mass_of_dist(u) : 0u;   // top-k: the count is k
           shared_inc(in & (j != kFar) ? h32 + j : scratch + (threadIdx.x & 31));
         }
@@ -403,12 +404,12 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
   unsigned long long abv = 0;
   auto window_pass = [&](auto floor_c) {
     constexpr bool kFloor = decltype(floor_c)::value;
-    for_each_vec<kThreads, 8>(row, V, chunk, nchunks, [&](const float (&x)[kN]) {
+    for_each_vec<kThreads, 8>(row, V, chunk, nchunks, [&](const float (&x)[kN], int n) {
       int jv[kN];
       bool any = false;
 #pragma unroll
       for (int e = 0; e < kN; ++e) {   // most tokens lie below the window: one test per vector
-        jv[e] = bucket_of(dist(x[e]));
+        jv[e] = e < n ? bucket_of(dist(x[e])) : 4096;
         if constexpr (kFloor) jv[e] = order_key(x[e]) >= key_floor ? jv[e] : 4096;
         any |= jv[e] <= hi;
       }
