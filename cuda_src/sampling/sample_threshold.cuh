@@ -184,10 +184,16 @@ __device__ __forceinline__ void for_each_vec(const T* row, int V, int chunk, int
 // A shared-memory counter increment with no result (red: nothing to wait for), issued by every
 // token so that no branch separates a thread's tokens (ptxas turns a predicated atomic into a
 // branch): tokens that count nothing increment a scratch word of their lane instead.
-__device__ __forceinline__ void shared_inc(uint32_t* p) {
-  asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(p)))
+__device__ __forceinline__ void shared_add(uint32_t* p, uint32_t v) {
+  asm volatile("red.shared.add.u32 [%0], %1;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))), "r"(v)
                : "memory");
 }
+
+// Bucket j's masses are < 2^(31 - j/64) (+ ex2.approx's error), so (mass >> bucket_shift(j))
+// keeps their top 12-13 bits: per-bucket sums fit 32 bits for V <= 2^18, and bound the
+// bucket's exact mass to within 2^-12 of itself (count x 2^shift), where count alone only
+// bounded it to the bucket's width (2^(1/64): 1.1%).
+__device__ __forceinline__ int bucket_shift(int j) { return max(0, 19 - (j >> 6)); }
 
 // Last-CTA-done on a per-row counter: true in the CTA that arrives last (gridDim.y CTAs per row),
 // after which every global write / atomic of the others is visible to it (read with __ldcg).
@@ -227,14 +233,16 @@ __device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v
 }
 
 // The window [lo, hi] of buckets that must hold the crossing: with C(j) the exact mass of
-// buckets 0..j and Clo(j) <= C(j) <= Chi(j) its bounds from the counts, the crossing bucket
+// buckets 0..j and Clo(j) <= C(j) <= Chi(j) its bounds, the crossing bucket
 // j* = min{j : C(j) >= target} lies in [min{j : Chi(j) >= target}, min{j : Clo(j) >= target}].
-// Per-token mass bounds in bucket j: e in [2^-(j+1)/64, 2^-j/64] (exact: 64 * (m - s2) is
-// exact), widened by 1e-5 for ex2.approx (error ~2^-22) and by 1 for the floor. Bucket 2047
-// (everything farther) is not counted, so neither bound is known there: both ends default to
-// 2047, which is where a crossing that no bound places earlier lies. Top-k: counts, Clo = Chi = C.
+// Top-p: a token of mass w adds v = w >> s (s = bucket_shift(j)) to msum[j], and
+// v 2^s <= w < (v + 1) 2^s, so bucket j's mass lies in [msum 2^s, (msum + count) 2^s]: integer
+// bounds of the same masses pass 2 sums exactly (no tolerance), exact in double (< 2^53).
+// Top-k: counts, Clo = Chi = C. Bucket 2047 (everything farther) is not counted, so neither
+// bound is known there: both ends default to 2047, where a crossing no bound places earlier lies.
 template <int kThreads>
-__device__ __forceinline__ void find_window(const uint32_t* cnt, bool by_count, unsigned long long target,
+__device__ __forceinline__ void find_window(const uint32_t* cnt, const uint32_t* msum, bool by_count,
+                                            unsigned long long target,
                                             double* scan_lo, double* scan_hi, int* sh_lo, int* sh_hi) {
   constexpr int kPer = 2048 / kThreads;
   const int t = threadIdx.x;
@@ -246,10 +254,9 @@ __device__ __forceinline__ void find_window(const uint32_t* cnt, bool by_count, 
     if (by_count) {
       blo[i] = bhi[i] = c;
     } else {
-      const double hi_e = j == 0 ? 1.0 : fmin(1.0, exp2(-j / 64.0) * (1.0 + 1e-5));
-      const double lo_e = j == 2047 ? 0.0 : exp2(-(j + 1) / 64.0) * (1.0 - 1e-5);
-      bhi[i] = c * (hi_e * 2147483648.0);
-      blo[i] = c * fmax(0.0, lo_e * 2147483648.0 - 1.0);
+      const double scale = static_cast<double>(1u << bucket_shift(j));
+      blo[i] = static_cast<double>(msum[j]) * scale;
+      bhi[i] = (static_cast<double>(msum[j]) + c) * scale;
     }
     slo += blo[i];
     shi += bhi[i];
@@ -352,8 +359,9 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
   constexpr int kN = VecN<T>::kN;
 
   if ((step & 1) == 0) {
-    // --- pass 1: tokens per bucket (shared u32 counters) and the exact total (registers)
-    for (int j = threadIdx.x; j < 2048; j += kThreads) h32[j] = 0u;
+    // --- pass 1: tokens and truncated masses per bucket (shared u32 counters, h32[0, 2048) and
+    // h32[2048, 4096): hist's 16 KB) and the exact total (registers)
+    for (int j = threadIdx.x; j < 4096; j += kThreads) h32[j] = 0u;
     __syncthreads();
     unsigned long long tot = 0;
     // Branch-free per token (the filter kind is a template argument), so that a thread's 8
@@ -367,8 +375,13 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
           const float u = dist(x[e]);
           const int j = bucket_of(u);
           const bool in = e < n && (kFloor ? order_key(x[e]) >= key_floor : true);
-          if constexpr (!kByCount) tot += in ? mass_of_dist(u) : 0u;   // top-k: the count is k
-          shared_inc(in & (j != kFar) ? h32 + j : scratch + (threadIdx.x & 31));
+          const bool counted = in & (j != kFar);
+          shared_add(counted ? h32 + j : scratch + (threadIdx.x & 31), 1u);
+          if constexpr (!kByCount) {   // top-k: the count is k, the counts are exact
+            const uint32_t w = mass_of_dist(u);
+            tot += in ? w : 0u;
+            shared_add(counted ? h32 + 2048 + j : scratch + (threadIdx.x & 31), w >> bucket_shift(j));
+          }
         }
       });
     };
@@ -376,27 +389,32 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
     else if (key_floor != 0u) count_pass(no(), yes());
     else count_pass(no(), no());
     const unsigned long long cta_tot = block_sum_u64<kThreads>(tot, scan);   // syncs first
-    for (int j = threadIdx.x; j < 2048; j += kThreads)
+    for (int j = threadIdx.x; j < 2048; j += kThreads) {
       if (h32[j]) atomicAdd(f->count + j, h32[j]);
+      if (h32[2048 + j]) atomicAdd(f->msum + j, h32[2048 + j]);
+    }
     if (threadIdx.x == 0 && cta_tot) atomicAdd(f->head.total + slot, cta_tot);
     if (!last_cta(f->head.done + step, &sh_last)) return;
     // --- last CTA: the row's counts and total -> target, window
     const bool reuse = slot + 1 < nslots;   // slot 1 counts into the same global bins
     for (int j = threadIdx.x; j < 2048; j += kThreads) {
       h32[j] = __ldcg(f->count + j);
-      if (reuse) f->count[j] = 0u;   // every other CTA of this step is done with it
+      h32[2048 + j] = by_count ? 0u : __ldcg(f->msum + j);
+      if (reuse) f->count[j] = 0u;   // every other CTA of this step is done with them
+      if (reuse) f->msum[j] = 0u;
     }
     unsigned long long target;
     if (by_count) {
       target = static_cast<unsigned long long>(sp.top_k);   // 0 < top_k < V
     } else {
-      const unsigned long long all = __ldcg(f->head.total + slot);   // target = ceil(top_p * mass of the kept set so far)
+      // target = ceil(top_p * mass of the kept set so far)
+      const unsigned long long all = __ldcg(f->head.total + slot);
       const double want = ceil(static_cast<double>(fmaxf(sp.top_p, 0.f)) * static_cast<double>(all));
       target = static_cast<unsigned long long>(want);
       target = target < 1ull ? 1ull : (target > all ? all : target);
     }
     __syncthreads();
-    find_window<kThreads>(h32, by_count, target, reinterpret_cast<double*>(scan), scan_hi, &win_lo, &win_hi);
+    find_window<kThreads>(h32, h32 + 2048, by_count, target, reinterpret_cast<double*>(scan), scan_hi, &win_lo, &win_hi);
     if (threadIdx.x == 0) {
       f->head.win_lo[slot] = win_lo;
       f->head.win_hi[slot] = max(win_lo, win_hi);
