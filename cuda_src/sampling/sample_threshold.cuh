@@ -92,44 +92,7 @@ __device__ __forceinline__ void hist_combine(unsigned long long* hist) {
   __syncthreads();
 }
 
-// Calls f(x) for every token of chunk `chunk` of `nchunks` equal slices of the row (16-byte
-// loads when the row is aligned; the last chunk also takes the tail that is not a whole vector).
-template <int kThreads, typename T, typename F>
-__device__ __forceinline__ void for_each_logit(const T* row, int V, int chunk, int nchunks, F&& f) {
-  constexpr int kN = VecN<T>::kN, kU = 4;
-  if (is_aligned16(row)) {
-    const int nvec = V / kN;
-    const int per = (nvec + nchunks - 1) / nchunks;
-    const int v_lo = min(nvec, chunk * per), v_hi = min(nvec, v_lo + per);
-    const uint4* src = reinterpret_cast<const uint4*>(row);
-    for (int v0 = v_lo; v0 < v_hi; v0 += kThreads * kU) {
-      uint4 u[kU];
-#pragma unroll
-      for (int k = 0; k < kU; ++k) {
-        const int vi = v0 + k * kThreads + threadIdx.x;
-        if (vi < v_hi) u[k] = __ldg(src + vi);
-      }
-#pragma unroll
-      for (int k = 0; k < kU; ++k) {
-        const int vi = v0 + k * kThreads + threadIdx.x;
-        if (vi < v_hi) {
-          float x[kN];
-          unpack16(u[k], x, static_cast<const T*>(nullptr));
-#pragma unroll
-          for (int e = 0; e < kN; ++e) f(x[e]);
-        }
-      }
-    }
-    if (chunk == nchunks - 1)
-      for (int i = nvec * kN + threadIdx.x; i < V; i += kThreads) f(load_logit(row, i));
-  } else {
-    const int per = (V + nchunks - 1) / nchunks;
-    const int lo = min(V, chunk * per), hi = min(V, lo + per);
-    for (int i = lo + threadIdx.x; i < hi; i += kThreads) f(load_logit(row, i));
-  }
-}
-
-// for_each_logit's walk, one 16-byte vector per call: f(x, n) with float x[kN] of which the
+// One 16-byte vector per call: f(x, n) with float x[kN] of which the
 // first n are tokens (kU vectors in flight per thread), so a pass can compute a whole vector
 // branch-free and take its rare path once per vector. Tokens that are not part of a whole
 // vector (the row's tail, every token of a misaligned row) come one per call (n = 1); n is a
@@ -179,6 +142,18 @@ __device__ __forceinline__ void for_each_vec(const T* row, int V, int chunk, int
     const int lo = min(V, chunk * per), hi = min(V, lo + per);
     for (int i = lo + threadIdx.x; i < hi; i += kThreads) single(i);
   }
+}
+
+// Calls f(x) for every token of chunk `chunk` of `nchunks` equal slices of the row: for_each_vec's
+// walk (4 vectors in flight), one token at a time.
+template <int kThreads, typename T, typename F>
+__device__ __forceinline__ void for_each_logit(const T* row, int V, int chunk, int nchunks, F&& f) {
+  constexpr int kN = VecN<T>::kN;
+  for_each_vec<kThreads, 4>(row, V, chunk, nchunks, [&](const float (&x)[kN], int n) {
+#pragma unroll
+    for (int e = 0; e < kN; ++e)
+      if (e < n) f(x[e]);
+  });
 }
 
 // A shared-memory counter increment with no result (red: nothing to wait for), issued by every
