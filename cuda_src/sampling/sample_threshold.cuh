@@ -92,49 +92,12 @@ __device__ __forceinline__ void hist_combine(unsigned long long* hist) {
   __syncthreads();
 }
 
-// Calls f(x) for every token of chunk `chunk` of `nchunks` equal slices of the row (16-byte
-// loads when the row is aligned; the last chunk also takes the tail that is not a whole vector).
-template <int kThreads, typename T, typename F>
-__device__ __forceinline__ void for_each_logit(const T* row, int V, int chunk, int nchunks, F&& f) {
-  constexpr int kN = VecN<T>::kN, kU = 4;
-  if (is_aligned16(row)) {
-    const int nvec = V / kN;
-    const int per = (nvec + nchunks - 1) / nchunks;
-    const int v_lo = min(nvec, chunk * per), v_hi = min(nvec, v_lo + per);
-    const uint4* src = reinterpret_cast<const uint4*>(row);
-    for (int v0 = v_lo; v0 < v_hi; v0 += kThreads * kU) {
-      uint4 u[kU];
-#pragma unroll
-      for (int k = 0; k < kU; ++k) {
-        const int vi = v0 + k * kThreads + threadIdx.x;
-        if (vi < v_hi) u[k] = __ldg(src + vi);
-      }
-#pragma unroll
-      for (int k = 0; k < kU; ++k) {
-        const int vi = v0 + k * kThreads + threadIdx.x;
-        if (vi < v_hi) {
-          float x[kN];
-          unpack16(u[k], x, static_cast<const T*>(nullptr));
-#pragma unroll
-          for (int e = 0; e < kN; ++e) f(x[e]);
-        }
-      }
-    }
-    if (chunk == nchunks - 1)
-      for (int i = nvec * kN + threadIdx.x; i < V; i += kThreads) f(load_logit(row, i));
-  } else {
-    const int per = (V + nchunks - 1) / nchunks;
-    const int lo = min(V, chunk * per), hi = min(V, lo + per);
-    for (int i = lo + threadIdx.x; i < hi; i += kThreads) f(load_logit(row, i));
-  }
-}
-
-// for_each_logit's walk, one 16-byte vector per call: f(x, n) with float x[kN] of which the
+// One 16-byte vector per call: f(x, n) with float x[kN] of which the
 // first n are tokens (kU vectors in flight per thread), so a pass can compute a whole vector
 // branch-free and take its rare path once per vector. Tokens that are not part of a whole
 // vector (the row's tail, every token of a misaligned row) come one per call (n = 1); n is a
 // constant at each call, so the passes' `e < n` tests fold away.
-template <int kThreads, int kU, typename T, typename F>
+template <int kThreads, int kU, typename T, typename F, int kProc = 4>
 __device__ __forceinline__ void for_each_vec(const T* row, int V, int chunk, int nchunks, F&& f) {
   constexpr int kN = VecN<T>::kN;
   auto single = [&](int i) {
@@ -155,13 +118,21 @@ __device__ __forceinline__ void for_each_vec(const T* row, int V, int chunk, int
         const int vi = v0 + k * kThreads + threadIdx.x;
         if (vi < v_hi) u[k] = __ldg(src + vi);
       }
+      // kU vectors in flight, processed kProc at a time by one copy of f's code (the rest
+      // shifted down between rounds: register moves), so the loop body stays small enough
+      // for the instruction cache (r4's profile: 19-24% "no_inst" stalls at kProc = kU = 8).
+#pragma unroll 1
+      for (int h = 0; h < kU / kProc; ++h) {
 #pragma unroll
-      for (int k = 0; k < kU; ++k) {
-        if (v0 + k * kThreads + threadIdx.x < v_hi) {
-          float x[kN];
-          unpack16(u[k], x, static_cast<const T*>(nullptr));
-          f(x, kN);
+        for (int k = 0; k < kProc; ++k) {
+          if (v0 + (h * kProc + k) * kThreads + threadIdx.x < v_hi) {
+            float x[kN];
+            unpack16(u[k], x, static_cast<const T*>(nullptr));
+            f(x, kN);
+          }
         }
+#pragma unroll
+        for (int k = 0; k + kProc < kU; ++k) u[k] = u[k + kProc];
       }
     }
     if (chunk == nchunks - 1)
@@ -173,13 +144,31 @@ __device__ __forceinline__ void for_each_vec(const T* row, int V, int chunk, int
   }
 }
 
+// Calls f(x) for every token of chunk `chunk` of `nchunks` equal slices of the row: for_each_vec's
+// walk (4 vectors in flight), one token at a time.
+template <int kThreads, typename T, typename F>
+__device__ __forceinline__ void for_each_logit(const T* row, int V, int chunk, int nchunks, F&& f) {
+  constexpr int kN = VecN<T>::kN;
+  for_each_vec<kThreads, 4>(row, V, chunk, nchunks, [&](const float (&x)[kN], int n) {
+#pragma unroll
+    for (int e = 0; e < kN; ++e)
+      if (e < n) f(x[e]);
+  });
+}
+
 // A shared-memory counter increment with no result (red: nothing to wait for), issued by every
 // token so that no branch separates a thread's tokens (ptxas turns a predicated atomic into a
 // branch): tokens that count nothing increment a scratch word of their lane instead.
-__device__ __forceinline__ void shared_inc(uint32_t* p) {
-  asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(p)))
+__device__ __forceinline__ void shared_add(uint32_t* p, uint32_t v) {
+  asm volatile("red.shared.add.u32 [%0], %1;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))), "r"(v)
                : "memory");
 }
+
+// Bucket j's masses are < 2^(31 - j/64) (+ ex2.approx's error), so (mass >> bucket_shift(j))
+// keeps their top 12-13 bits: per-bucket sums fit 32 bits for V <= 2^18, and bound the
+// bucket's exact mass to within 2^-12 of itself (count x 2^shift), where count alone only
+// bounded it to the bucket's width (2^(1/64): 1.1%).
+__device__ __forceinline__ int bucket_shift(int j) { return max(0, 19 - (j >> 6)); }
 
 // Last-CTA-done on a per-row counter: true in the CTA that arrives last (gridDim.y CTAs per row),
 // after which every global write / atomic of the others is visible to it (read with __ldcg).
@@ -219,14 +208,16 @@ __device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v
 }
 
 // The window [lo, hi] of buckets that must hold the crossing: with C(j) the exact mass of
-// buckets 0..j and Clo(j) <= C(j) <= Chi(j) its bounds from the counts, the crossing bucket
+// buckets 0..j and Clo(j) <= C(j) <= Chi(j) its bounds, the crossing bucket
 // j* = min{j : C(j) >= target} lies in [min{j : Chi(j) >= target}, min{j : Clo(j) >= target}].
-// Per-token mass bounds in bucket j: e in [2^-(j+1)/64, 2^-j/64] (exact: 64 * (m - s2) is
-// exact), widened by 1e-5 for ex2.approx (error ~2^-22) and by 1 for the floor. Bucket 2047
-// (everything farther) is not counted, so neither bound is known there: both ends default to
-// 2047, which is where a crossing that no bound places earlier lies. Top-k: counts, Clo = Chi = C.
+// Top-p: a token of mass w adds v = w >> s (s = bucket_shift(j)) to msum[j], and
+// v 2^s <= w < (v + 1) 2^s, so bucket j's mass lies in [msum 2^s, (msum + count) 2^s]: integer
+// bounds of the same masses pass 2 sums exactly (no tolerance), exact in double (< 2^53).
+// Top-k: counts, Clo = Chi = C. Bucket 2047 (everything farther) is not counted, so neither
+// bound is known there: both ends default to 2047, where a crossing no bound places earlier lies.
 template <int kThreads>
-__device__ __forceinline__ void find_window(const uint32_t* cnt, bool by_count, unsigned long long target,
+__device__ __forceinline__ void find_window(const uint32_t* cnt, const uint32_t* msum, bool by_count,
+                                            unsigned long long target,
                                             double* scan_lo, double* scan_hi, int* sh_lo, int* sh_hi) {
   constexpr int kPer = 2048 / kThreads;
   const int t = threadIdx.x;
@@ -238,10 +229,9 @@ __device__ __forceinline__ void find_window(const uint32_t* cnt, bool by_count, 
     if (by_count) {
       blo[i] = bhi[i] = c;
     } else {
-      const double hi_e = j == 0 ? 1.0 : fmin(1.0, exp2(-j / 64.0) * (1.0 + 1e-5));
-      const double lo_e = j == 2047 ? 0.0 : exp2(-(j + 1) / 64.0) * (1.0 - 1e-5);
-      bhi[i] = c * (hi_e * 2147483648.0);
-      blo[i] = c * fmax(0.0, lo_e * 2147483648.0 - 1.0);
+      const double scale = static_cast<double>(1u << bucket_shift(j));
+      blo[i] = static_cast<double>(msum[j]) * scale;
+      bhi[i] = (static_cast<double>(msum[j]) + c) * scale;
     }
     slo += blo[i];
     shi += bhi[i];
@@ -344,8 +334,9 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
   constexpr int kN = VecN<T>::kN;
 
   if ((step & 1) == 0) {
-    // --- pass 1: tokens per bucket (shared u32 counters) and the exact total (registers)
-    for (int j = threadIdx.x; j < 2048; j += kThreads) h32[j] = 0u;
+    // --- pass 1: tokens and truncated masses per bucket (shared u32 counters, h32[0, 2048) and
+    // h32[2048, 4096): hist's 16 KB) and the exact total (registers)
+    for (int j = threadIdx.x; j < 4096; j += kThreads) h32[j] = 0u;
     __syncthreads();
     unsigned long long tot = 0;
     // Branch-free per token (the filter kind is a template argument), so that a thread's 8
@@ -359,8 +350,13 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
           const float u = dist(x[e]);
           const int j = bucket_of(u);
           const bool in = e < n && (kFloor ? order_key(x[e]) >= key_floor : true);
-          if constexpr (!kByCount) tot += in ? mass_of_dist(u) : 0u;   // top-k: the count is k
-          shared_inc(in & (j != kFar) ? h32 + j : scratch + (threadIdx.x & 31));
+          const bool counted = in & (j != kFar);
+          shared_add(counted ? h32 + j : scratch + (threadIdx.x & 31), 1u);
+          if constexpr (!kByCount) {   // top-k: the count is k, the counts are exact
+            const uint32_t w = mass_of_dist(u);
+            tot += in ? w : 0u;
+            shared_add(counted ? h32 + 2048 + j : scratch + (threadIdx.x & 31), w >> bucket_shift(j));
+          }
         }
       });
     };
@@ -368,27 +364,32 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
     else if (key_floor != 0u) count_pass(no(), yes());
     else count_pass(no(), no());
     const unsigned long long cta_tot = block_sum_u64<kThreads>(tot, scan);   // syncs first
-    for (int j = threadIdx.x; j < 2048; j += kThreads)
+    for (int j = threadIdx.x; j < 2048; j += kThreads) {
       if (h32[j]) atomicAdd(f->count + j, h32[j]);
+      if (h32[2048 + j]) atomicAdd(f->msum + j, h32[2048 + j]);
+    }
     if (threadIdx.x == 0 && cta_tot) atomicAdd(f->head.total + slot, cta_tot);
     if (!last_cta(f->head.done + step, &sh_last)) return;
     // --- last CTA: the row's counts and total -> target, window
     const bool reuse = slot + 1 < nslots;   // slot 1 counts into the same global bins
     for (int j = threadIdx.x; j < 2048; j += kThreads) {
       h32[j] = __ldcg(f->count + j);
-      if (reuse) f->count[j] = 0u;   // every other CTA of this step is done with it
+      h32[2048 + j] = by_count ? 0u : __ldcg(f->msum + j);
+      if (reuse) f->count[j] = 0u;   // every other CTA of this step is done with them
+      if (reuse) f->msum[j] = 0u;
     }
     unsigned long long target;
     if (by_count) {
       target = static_cast<unsigned long long>(sp.top_k);   // 0 < top_k < V
     } else {
-      const unsigned long long all = __ldcg(f->head.total + slot);   // target = ceil(top_p * mass of the kept set so far)
+      // target = ceil(top_p * mass of the kept set so far)
+      const unsigned long long all = __ldcg(f->head.total + slot);
       const double want = ceil(static_cast<double>(fmaxf(sp.top_p, 0.f)) * static_cast<double>(all));
       target = static_cast<unsigned long long>(want);
       target = target < 1ull ? 1ull : (target > all ? all : target);
     }
     __syncthreads();
-    find_window<kThreads>(h32, by_count, target, reinterpret_cast<double*>(scan), scan_hi, &win_lo, &win_hi);
+    find_window<kThreads>(h32, h32 + 2048, by_count, target, reinterpret_cast<double*>(scan), scan_hi, &win_lo, &win_hi);
     if (threadIdx.x == 0) {
       f->head.win_lo[slot] = win_lo;
       f->head.win_hi[slot] = max(win_lo, win_hi);
@@ -402,31 +403,37 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
   if (threadIdx.x == 0) n_cand = 0;
   __syncthreads();
   unsigned long long abv = 0;
-  auto window_pass = [&](auto floor_c) {
-    constexpr bool kFloor = decltype(floor_c)::value;
+  // Branch-free per token as pass 1: the mass above the window is summed for every token
+  // (a nucleus can be thousands of tokens: the bench's N(0, 3) rows put ~28% of 8-token
+  // vectors above the window), only a window token takes the branch to the list.
+  auto window_pass = [&](auto by_count_c, auto floor_c) {
+    constexpr bool kByCount = decltype(by_count_c)::value, kFloor = decltype(floor_c)::value;
     for_each_vec<kThreads, 8>(row, V, chunk, nchunks, [&](const float (&x)[kN], int n) {
       int jv[kN];
       bool any = false;
 #pragma unroll
-      for (int e = 0; e < kN; ++e) {   // most tokens lie below the window: one test per vector
-        jv[e] = e < n ? bucket_of(dist(x[e])) : 4096;
-        if constexpr (kFloor) jv[e] = order_key(x[e]) >= key_floor ? jv[e] : 4096;
-        any |= jv[e] <= hi;
+      for (int e = 0; e < kN; ++e) {
+        const float u = dist(x[e]);
+        int j = e < n ? bucket_of(u) : 4096;
+        if constexpr (kFloor) j = order_key(x[e]) >= key_floor ? j : 4096;
+        const uint32_t w = kByCount ? 1u : mass_of_dist(u);   // = mass(x[e])
+        abv += j < lo ? w : 0u;
+        jv[e] = j;
+        any |= (j >= lo) & (j <= hi);
       }
       if (!any) return;
 #pragma unroll
       for (int e = 0; e < kN; ++e) {
-        if (jv[e] > hi) continue;
-        const unsigned long long w = mass(x[e]);
-        if (jv[e] < lo) { abv += w; continue; }
-        if (w == 0ull || isnan(x[e])) continue;   // zero-mass tokens are in no bucket's mass
+        if (jv[e] < lo || jv[e] > hi) continue;
+        if (mass(x[e]) == 0ull || isnan(x[e])) continue;   // zero-mass tokens are in no bucket's mass
         const int s = atomicAdd(&n_cand, 1);
         if (s < kCand) cand[s] = order_key(x[e]);
       }
     });
   };
-  if (key_floor != 0u) window_pass(yes());
-  else window_pass(no());
+  if (by_count) window_pass(yes(), no());
+  else if (key_floor != 0u) window_pass(no(), yes());
+  else window_pass(no(), no());
   const unsigned long long cta_abv = block_sum_u64<kThreads>(abv, scan);   // syncs first
   const int n_local = n_cand;
   if (threadIdx.x == 0) {

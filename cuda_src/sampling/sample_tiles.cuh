@@ -250,9 +250,9 @@ __device__ void tiles_kernel(const SpecSampleParams& p) {
   const SeqParams sp = seq_params(p, b);
   if (p.filtered_pass && !sp.filtered) return;
   if (!p.filtered_pass && !p.no_filters && (sp.k_on || sp.p_on)) {
-    // zero the row's threshold state (head + global bucket counts) for the threshold launches that
+    // zero the row's threshold state (head + global bucket counts and mass sums) for the threshold launches that
     // follow in stream order: no memset launch, nothing kept between calls, graph-capturable
-    constexpr int kZero = static_cast<int>((sizeof(SpecSampleFilterHead) + 2048 * sizeof(uint32_t)) / 16);
+    constexpr int kZero = static_cast<int>((sizeof(SpecSampleFilterHead) + 2 * 2048 * sizeof(uint32_t)) / 16);
     uint4* z = reinterpret_cast<uint4*>(ws_filters(p) + r);
     for (int i = blockIdx.y * SPEC_SAMPLE_TILE_THREADS + threadIdx.x; i < kZero;
          i += gridDim.y * SPEC_SAMPLE_TILE_THREADS)

@@ -49,12 +49,12 @@ typedef struct {
 
 /* Per-row state of the threshold (spec_sample_threshold_*, split over gridDim.y CTAs per row).
  * Filter slot j = the row's j-th filter in the order top-k, top-p (a row with only top-p
- * uses slot 0). Step 2j: token counts per bucket (global u32 atomics) and the exact mass of
+ * uses slot 0). Step 2j: token counts and truncated masses per bucket (global u32 atomics), the exact mass of
  * the slot's tokens (u64, one atomic per CTA); the last CTA bounds each bucket's mass and
  * picks the window of buckets that must hold the crossing. Step 2j+1: the exact mass above
  * the window (one atomic per CTA) and the window's keys appended to cand[]; the last CTA runs
- * the radix rounds over them. head + count are zeroed by the tile pass; the step-0 last CTA
- * re-zeroes count for slot 1. Every sum is an integer sum: order-free. */
+ * the radix rounds over them. head, count and msum are zeroed by the tile pass; the step-0
+ * last CTA re-zeroes count and msum for slot 1. Every sum is an integer sum: order-free. */
 typedef struct {
   uint32_t done[4];                 /* CTAs finished per threshold step (last-CTA-done) */
   uint32_t n_cand[2];               /* keys found in the window, per slot (may exceed the list) */
@@ -70,8 +70,9 @@ typedef struct {
 typedef struct {
   SpecSampleFilterHead head;
   uint32_t count[2048];             /* tokens per bucket */
+  uint32_t msum[2048];              /* top-p: per bucket, sum of (mass >> bucket_shift(j)) */
   uint32_t cand[SPEC_SAMPLE_THRESHOLD_CANDIDATES];
-} SpecSampleFilter;                 /* 96 + 8192 + 16384 = 24672 bytes */                 /* 80 + 16384 + 16384 = 32848 bytes */
+} SpecSampleFilter;                 /* 96 + 8192 + 8192 + 16384 = 32864 bytes */                 /* 80 + 16384 + 16384 = 32848 bytes */
 
 typedef struct {
   const void* logits;           /* [T, V], last dim contiguous */

@@ -12,7 +12,7 @@ TILE = 2048                 # SPEC_SAMPLE_TILE (tokens per tile; also the refere
 MAX_TILES = 1024            # SPEC_SAMPLE_MAX_TILES -> V <= 2^21
 _TILE_BYTES = 20            # sizeof(SpecSampleTile)
 _ROW_BYTES = 8              # sizeof(SpecSampleRow)
-_FILTER_BYTES = 24672       # sizeof(SpecSampleFilter): the threshold's per-row state
+_FILTER_BYTES = 32864       # sizeof(SpecSampleFilter): the threshold's per-row state
 _THRESHOLD_CTAS_PER_SM = 2  # SPEC_SAMPLE_THRESHOLD_CTAS_PER_SM
 _THRESHOLD_MIN_TOKENS = 8192  # SPEC_SAMPLE_THRESHOLD_MIN_TOKENS: tokens per threshold CTA, at least
 _KERNEL_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -26,9 +26,9 @@ def spec_sample_workspace_size(num_rows: int, vocab: int) -> int:
     for the largest T a captured graph will see.
 
     Layout: per (row, tile) partials (20 B each), per row the threshold and row max (8 B),
-    padding to 16 B, then per row the multi-CTA threshold's state (24672 B: 2048 bucket
-    counters, sums, a 4096-key candidate list). B=64 k=3 (T=256), V=151936:
-    386 KB + 6.3 MB."""
+    padding to 16 B, then per row the multi-CTA threshold's state (32864 B: 2048 bucket
+    counters and mass sums, a 4096-key candidate list). B=64 k=3 (T=256), V=151936:
+    386 KB + 8.4 MB."""
     num_tiles = -(-int(vocab) // TILE)
     head = int(num_rows) * (num_tiles * _TILE_BYTES + _ROW_BYTES)
     return -(-head // 16) * 16 + int(num_rows) * _FILTER_BYTES
