@@ -163,25 +163,26 @@ __device__ __forceinline__ uint32_t load_raw_at(const char* lanep, int e, bool f
 // The gate input this lane loads for every row: lane & 3 = 0 gate0[t], 1 gate1[t], and
 // with fused gating 2 A_log, 3 dt_bias (lanes >= 4 repeat lanes 0..3: same addresses, no
 // extra traffic, no lane test). Byte address at row 0 and bytes per row.
+static_assert(offsetof(GdnVerifyParams, gate1) == offsetof(GdnVerifyParams, gate0) + sizeof(void*) &&
+                  offsetof(GdnVerifyParams, A_log) == offsetof(GdnVerifyParams, gate0) + 2 * sizeof(void*) &&
+                  offsetof(GdnVerifyParams, dt_bias) == offsetof(GdnVerifyParams, gate0) + 3 * sizeof(void*),
+              "GateLane indexes gate0, gate1, A_log, dt_bias as one array");
 struct GateLane {
   const char* base;
   uint64_t stride;   // bytes per row (0 for A_log / dt_bias)
   bool on, f32;
   RawCvt cvt;
-  __device__ __forceinline__ static int dtype_of(const GdnVerifyParams& p, int gi) {
-    return gi == 0 ? p.gate_dtype[0] : gi == 1 ? p.gate_dtype[1] : gi == 2 ? p.gate_dtype[2] : p.gate_dtype[3];
-  }
-  __device__ __forceinline__ GateLane(const GdnVerifyParams& p, int h, int lane) : cvt(dtype_of(p, lane & 3)) {
+  __device__ __forceinline__ GateLane(const GdnVerifyParams& p, int h, int lane) : cvt(p.gate_dtype[lane & 3]) {
     const int gi = lane & 3;
-    const int dt = dtype_of(p, gi);
-    const void* ptr = gi == 0 ? p.gate0 : gi == 1 ? p.gate1 : gi == 2 ? p.A_log : p.dt_bias;
+    const int dt = p.gate_dtype[gi];
+    const void* ptr = (&p.gate0)[gi];   // gate0, gate1, A_log, dt_bias are consecutive fields
     const int sh = dt == SPECDEC_DT_F32 ? 2 : 1;
     f32 = dt == SPECDEC_DT_F32;
     on = gi < 2 || p.fused_gating;
     base = static_cast<const char*>(ptr) + (uint64_t(uint32_t(h)) << sh);
-    stride = gi < 2 ? uint64_t(gi == 0 ? p.gate_stride_t[0] : p.gate_stride_t[1]) << sh : 0;
+    stride = gi < 2 ? uint64_t(p.gate_stride_t[gi & 1]) << sh : 0;
   }
-  // this lane's gate input of row t, converted (the same value raw_to_float gave)
+  // this lane's raw gate input of row t (0 for an unused lane)
   __device__ __forceinline__ uint32_t load(uint32_t t) const {
     return on ? load_raw_at(base + uint64_t(t) * stride, 0, f32) : 0u;
   }
@@ -245,13 +246,7 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
   const int sh = f32 ? 2 : 1;   // log2 bytes per q/k/v element
   const RawCvt cvt(p.qkv_dtype);
   const uint32_t t0 = uint32_t(row0 + c0);   // the chunk's first row (0 <= t0 < T < 2^31)
-  const int64_t jst = p.journal_stride_t;
-  // journal columns: k_hat | v | g | beta; the v and g columns of this CTA
-  float* const jrow0 = p.journal + uint64_t(t0) * uint64_t(jst);
-  const int64_t jvc = int64_t(p.num_k_heads) * DK + int64_t(pos.h) * Dv + col_base;
-  const int64_t jgc = int64_t(p.num_k_heads) * DK + int64_t(p.num_v_heads) * Dv + pos.h;
-  // Every global load of the chunk is issued before the first value is used (raw bits,
-  // converted afterwards), so staging costs about one memory latency, not one per element.
+  const uint64_t jst = uint64_t(p.journal_stride_t);   // journal columns: k_hat | v | g | beta
   constexpr int VPT = (ROWS * WC + 31) / 32;   // v entries per thread, at most (ROWS: rows per chunk)
   const int cols_log2 = __ffs(slice_cols) - 1;   // slice_cols: a power of two (see CtaSlice)
   const uint64_t v_st = uint64_t(p.v_stride_t) << sh;
@@ -267,14 +262,19 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
       vraw[j] = load_raw_at(v0 + uint64_t(uint32_t(rr)) * v_st + (uint32_t(jj) << sh), 0, f32);
     }
   }
-  const GateLane gl(p, pos.h, lane);
-  const uint64_t q_st = uint64_t(p.q_stride_t) << sh, k_st = uint64_t(p.k_stride_t) << sh;
-  const char* const q0 = static_cast<const char*>(p.q) + (uint64_t(int64_t(hk) * p.q_stride_h + lane) << sh);
-  const char* const k0 = static_cast<const char*>(p.k) + (uint64_t(int64_t(hk) * p.k_stride_h + lane) << sh);
   for (int rr = warp; rr < nrows; rr += nwarps) {
+    // The row's addresses are computed here from the parameters (constant bank), not hoisted
+    // out of the loop: a warp stages one or two rows, and hoisted 64-bit bases stay live
+    // through the loop (d64 16-bit kernels: 96 -> 107 registers on sm_80, one CTA less per
+    // SM). The opaque copies keep the compiler from hoisting them.
+    int lane_r = lane, hk_r = hk, h_r = pos.h;
+    asm volatile("" : "+r"(lane_r), "+r"(hk_r), "+r"(h_r));
     const uint32_t t = t0 + uint32_t(rr);
-    const char* const qp = q0 + uint64_t(t) * q_st;
-    const char* const kp = k0 + uint64_t(t) * k_st;
+    const char* const qp = static_cast<const char*>(p.q) +
+                           (uint64_t(int64_t(hk_r) * p.q_stride_h + lane_r) << sh) + uint64_t(t) * (uint64_t(p.q_stride_t) << sh);
+    const char* const kp = static_cast<const char*>(p.k) +
+                           (uint64_t(int64_t(hk_r) * p.k_stride_h + lane_r) << sh) + uint64_t(t) * (uint64_t(p.k_stride_t) << sh);
+    const GateLane gl(p, h_r, lane_r);
     uint32_t qraw[PER_LANE], kraw[PER_LANE];
 #pragma unroll
     for (int e = 0; e < PER_LANE; ++e) {
@@ -300,8 +300,8 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
       rq *= iq;
       rk = ik;
     }
-    float* const jrow = jrow0 + uint64_t(uint32_t(rr)) * uint64_t(jst);
-    float* const jk = jrow + (hk * DK + lane);
+    float* const jrow = p.journal + uint64_t(t) * jst;
+    float* const jk = jrow + (hk_r * DK + lane_r);
     float kq = 0.f;
 #pragma unroll
     for (int e = 0; e < PER_LANE; ++e) {
@@ -320,12 +320,15 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
       st.beta[rr] = beta;
       st.kq[rr] = kq;
       if (pos.z == 0) {
-        float* const jg = jrow + jgc;
+        float* const jg = jrow + (int64_t(p.num_k_heads) * DK + int64_t(p.num_v_heads) * Dv + h_r);
         jg[0] = g;
         jg[p.num_v_heads] = beta;
       }
     }
   }
+  int h_v = pos.h;
+  asm volatile("" : "+r"(h_v));   // (as above: computed here, not kept live through the row loop)
+  const int64_t jvc = int64_t(p.num_k_heads) * DK + int64_t(h_v) * Dv + col_base;   // this CTA's v columns
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const int e = threadIdx.x + j * blockDim.x;
@@ -333,7 +336,7 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
       const int rr = e >> cols_log2, jj = e & (slice_cols - 1);
       const float x = raw_to_float_sel(vraw[j], cvt);
       st.v[rr][jj] = x;
-      (jrow0 + uint64_t(uint32_t(rr)) * uint64_t(jst))[jvc + jj] = x;
+      (p.journal + uint64_t(t0 + uint32_t(rr)) * jst)[jvc + jj] = x;
     }
   }
 }
