@@ -235,7 +235,7 @@ __device__ __forceinline__ void warp_sum2(float a, float b, int lane, F f, float
 // folded in) plus row * bytes-per-row, one 32 x 64-bit multiply-add per row and tensor; the
 // elements of a row are immediate offsets. Row and element offsets stay 64-bit where a tensor
 // can exceed 2^31 elements (row * stride, head * stride); offsets inside a row are 32-bit.
-template <int DK, int WC, int ROWS, class Stage>
+template <int DK, int WC, int ROWS, class Stage, bool FIRST_ROW_OUTSIDE = false>
 __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st, const BlockPos& pos,
                                             int row0, int c0, int nrows, int hk, int slice_cols,
                                             int col_base, bool write_k) {
@@ -262,7 +262,11 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
       vraw[j] = load_raw_at(v0 + uint64_t(uint32_t(rr)) * v_st + (uint32_t(jj) << sh), 0, f32);
     }
   }
-  for (int rr = warp; rr < nrows; rr += nwarps) {
+  // FIRST_ROW_OUTSIDE: the warp's first row straight-line, further rows (more rows than
+  // warps) in a loop. At the head of a loop that issues loads ptxas waits for the scoreboard of
+  // the loads before it: with the first row inside the loop, an f32 verify's q/k loads waited
+  // for its state loads (sm_75/80; sm_90 waited at the chunk loop, see gdn_verify_impl).
+  auto stage_row = [&](int rr) {
     // The row's addresses are computed here from the parameters (constant bank), not hoisted
     // out of the loop: a warp stages one or two rows, and hoisted 64-bit bases stay live
     // through the loop (d64 16-bit kernels: 96 -> 107 registers on sm_80, one CTA less per
@@ -325,6 +329,12 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
         jg[p.num_v_heads] = beta;
       }
     }
+  };
+  if constexpr (FIRST_ROW_OUTSIDE) {
+    if (warp < nrows) stage_row(warp);
+    for (int rr = warp + nwarps; rr < nrows; rr += nwarps) stage_row(rr);
+  } else {
+    for (int rr = warp; rr < nrows; rr += nwarps) stage_row(rr);
   }
   int h_v = pos.h;
   asm volatile("" : "+r"(h_v));   // (as above: computed here, not kept live through the row loop)
@@ -370,11 +380,24 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   const bool write_k = pos.z == 0 && vs.hk_first;   // one CTA journals each k row
   const int jc = tile.red_col();   // the column whose sums and output this lane holds
 
+  // f32 states: chunk 0 is staged before the chunk loop, its first row per warp outside the
+  // row loop (stage_chunk<..., true>). With the staging loads inside those loops, ptxas put a
+  // wait on the state loads' scoreboard (no register dependency: the loop heads) before the q/k
+  // loads (sm_75/80/90 SASS, also before this change), so a warp paid two memory round trips,
+  // state then q/k, before its first row; now all of the first row's loads issue right behind
+  // the state loads. 16-bit states unpack their state loads at once (that wait comes first
+  // anyway) and keep the single loop: the copies cost them registers for nothing.
+  constexpr bool kPeel = sizeof(TS) == 4;
+  if constexpr (kPeel)
+    stage_chunk<DK, Tile::WARP_COLS, kRowChunk, RowStage<DK>, true>(p, st, pos, row0, 0, min(kRowChunk, qlen), hk,
+                                                                    slice_cols, col_base, write_k);
   for (int c0 = 0; c0 < qlen; c0 += kRowChunk) {
     const int nrows = min(kRowChunk, qlen - c0);
-    __syncthreads();   // the previous chunk's rows have been consumed
-    stage_chunk<DK, Tile::WARP_COLS, kRowChunk>(p, st, pos, row0, c0, nrows, hk, slice_cols, col_base,
-                                                write_k);
+    if (!kPeel || c0 > 0) {
+      __syncthreads();   // the previous chunk's rows have been consumed
+      stage_chunk<DK, Tile::WARP_COLS, kRowChunk>(p, st, pos, row0, c0, nrows, hk, slice_cols, col_base,
+                                                  write_k);
+    }
     __syncthreads();
 
     for (int rr = 0; rr < nrows; ++rr) {
