@@ -379,6 +379,10 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   }
   const bool write_k = pos.z == 0 && vs.hk_first;   // one CTA journals each k row
   const int jc = tile.red_col();   // the column whose sums and output this lane holds
+  // Per-thread constants of the token loop, computed once: without the opaque copies ptxas
+  // rematerialises them from the lane id in every token (about 5 instructions per token).
+  int vj = col - col_base + jc, ocol = col + jc;   // this lane's v slot and output column
+  asm volatile("" : "+r"(vj), "+r"(ocol));
 
   // f32 states: chunk 0 is staged before the chunk loop, its first row per warp outside the
   // row loop (stage_chunk<..., true>). With the staging loads inside those loops, ptxas put a
@@ -413,11 +417,11 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
         const float sk = tile.reduce_scatter(ak), sq = tile.reduce_scatter(aq);
         const float decay = st.decay[rr], beta = st.beta[rr], kq = st.kq[rr];
         // this lane's column jc only: the other lanes hold the others
-        delta1 = delta_of(beta, st.v[rr][col - col_base + jc], decay, sk);
+        delta1 = delta_of(beta, st.v[rr][vj], decay, sk);
         o = fmaf(decay, sq, delta1 * kq);   // S_new^T q from the pre-token state
       }
       if (tile.red_writer())
-        store_dt(p.out, t * p.out_stride_t + pos.h * p.out_stride_h + col + jc, p.out_dtype, o);
+        store_dt(p.out, t * p.out_stride_t + pos.h * p.out_stride_h + ocol, p.out_dtype, o);
       if (slot_ok && c0 + rr + 1 < qlen) {
         float delta[CJ];
         tile.all_gather(delta1, delta);
