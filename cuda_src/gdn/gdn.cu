@@ -381,8 +381,11 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   const int jc = tile.red_col();   // the column whose sums and output this lane holds
   // Per-thread constants of the token loop, computed once: without the opaque copies ptxas
   // rematerialises them from the lane id in every token (about 5 instructions per token).
+  // Not for f32 Dk=64: there the two registers cost occupancy (sm_86/89: 72 -> 78 registers,
+  // 7 -> 6 CTAs of 4 warps per SM), and ptxas's rematerialisation is the better choice.
+  constexpr bool kPin = !(sizeof(TS) == 4 && DK == 64);
   int vj = col - col_base + jc, ocol = col + jc;   // this lane's v slot and output column
-  asm volatile("" : "+r"(vj), "+r"(ocol));
+  if constexpr (kPin) asm volatile("" : "+r"(vj), "+r"(ocol));
 
   // f32 states: chunk 0 is staged before the chunk loop, its first row per warp outside the
   // row loop (stage_chunk<..., true>). With the staging loads inside those loops, ptxas put a
@@ -417,11 +420,11 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
         const float sk = tile.reduce_scatter(ak), sq = tile.reduce_scatter(aq);
         const float decay = st.decay[rr], beta = st.beta[rr], kq = st.kq[rr];
         // this lane's column jc only: the other lanes hold the others
-        delta1 = delta_of(beta, st.v[rr][vj], decay, sk);
+        delta1 = delta_of(beta, st.v[rr][kPin ? vj : col - col_base + jc], decay, sk);
         o = fmaf(decay, sq, delta1 * kq);   // S_new^T q from the pre-token state
       }
       if (tile.red_writer())
-        store_dt(p.out, t * p.out_stride_t + pos.h * p.out_stride_h + ocol, p.out_dtype, o);
+        store_dt(p.out, t * p.out_stride_t + pos.h * p.out_stride_h + (kPin ? ocol : col + jc), p.out_dtype, o);
       if (slot_ok && c0 + rr + 1 < qlen) {
         float delta[CJ];
         tile.all_gather(delta1, delta);
