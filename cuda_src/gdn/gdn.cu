@@ -86,6 +86,39 @@ __device__ __forceinline__ CtaSlice cta_slice(const P& p) {
   return c;
 }
 
+// gdn_verify's CtaSlice: the same values, with unsigned divisions (every operand is >= 0:
+// blockIdx.x, and the host's Hv, Hk, slices >= 1: about 12 instructions each instead of 20)
+// and one division for both hk and h % group (write_k). gdn_commit keeps cta_slice: its SASS
+// stays byte-identical (its journal loads are sensitive to scheduling, see gdn_commit_impl).
+struct VerifySlice {
+  CtaSlice c;
+  bool hk_first;   // h % group == 0: this head is the first value head of its key head
+};
+
+template <int WARP_COLS>
+__device__ __forceinline__ VerifySlice verify_slice(const GdnVerifyParams& p) {
+  VerifySlice v;
+  CtaSlice& c = v.c;
+  const uint32_t x = blockIdx.x, ns = uint32_t(p.num_slices), hv = uint32_t(p.num_v_heads);
+  const uint32_t bh = x / ns;
+  const uint32_t b = bh / hv;
+  c.pos.z = int(x - bh * ns);
+  c.pos.h = int(bh - b * hv);
+  c.pos.b = int(b);
+  c.lane = threadIdx.x & 31;
+  c.warp = threadIdx.x >> 5;
+  c.nwarps = blockDim.x >> 5;
+  c.slice_cols = c.nwarps * WARP_COLS;
+  c.col_base = c.pos.z * c.slice_cols;
+  const uint32_t group = hv / uint32_t(p.num_k_heads);
+  const uint32_t hk = uint32_t(c.pos.h) / group;
+  c.group = int(group);
+  c.hk = int(hk);
+  c.Dv = p.head_v_dim;
+  v.hk_first = uint32_t(c.pos.h) == hk * group;
+  return v;
+}
+
 // A verify block's rows and slot, checked; the status of the sequence is written here.
 struct VerifyRows {
   int row0, row1, slot;
@@ -105,40 +138,91 @@ __device__ __forceinline__ VerifyRows verify_rows(const GdnVerifyParams& p, cons
   return v;
 }
 
-// The raw gate inputs of row t, one per lane so that the four loads are in flight
-// together: lane 0 gate0[t], 1 gate1[t], and with fused gating 2 A_log, 3 dt_bias.
-__device__ __forceinline__ uint32_t gate_raw(const GdnVerifyParams& p, int64_t t, int h, int lane) {
-  const void* ptr = nullptr;
-  int64_t i = h;
-  int dt = 0;
-  if (lane == 0) {
-    ptr = p.gate0; i = t * p.gate_stride_t[0] + h; dt = p.gate_dtype[0];
-  } else if (lane == 1) {
-    ptr = p.gate1; i = t * p.gate_stride_t[1] + h; dt = p.gate_dtype[1];
-  } else if (lane == 2 && p.fused_gating) {
-    ptr = p.A_log; dt = p.gate_dtype[2];
-  } else if (lane == 3 && p.fused_gating) {
-    ptr = p.dt_bias; dt = p.gate_dtype[3];
-  }
-  return ptr != nullptr ? load_raw(ptr, i, dt) : 0u;
+// Run-time dtype codes as the two facts raw_to_float_sel needs (branch-free conversion).
+struct RawCvt {
+  int shl;    // 16 for bf16 (its bits are the high half of a float), else 0
+  bool f16;
+  __device__ __forceinline__ explicit RawCvt(int dt) : shl(dt == SPECDEC_DT_BF16 ? 16 : 0), f16(dt == SPECDEC_DT_F16) {}
+};
+
+// raw_to_float without branches: the same value bit for bit (f32: the bits; bf16: bits << 16;
+// f16: __half2float of the low half), as two candidates and a select.
+__device__ __forceinline__ float raw_to_float_sel(uint32_t u, RawCvt c) {
+  const float h = __half2float(__ushort_as_half(static_cast<unsigned short>(u)));
+  const float f = __uint_as_float(u << c.shl);
+  return c.f16 ? h : f;
 }
 
-// gate_raw's values (all lanes of the warp) -> (g, beta), the same in every lane;
-// fused: g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b).
-__device__ __forceinline__ void gates_of_row(const GdnVerifyParams& p, uint32_t raw, float& g,
-                                             float& beta) {
-  const float x0 = raw_to_float(__shfl_sync(0xffffffffu, raw, 0), p.gate_dtype[0]);
-  const float x1 = raw_to_float(__shfl_sync(0xffffffffu, raw, 1), p.gate_dtype[1]);
-  const uint32_t r2 = __shfl_sync(0xffffffffu, raw, 2), r3 = __shfl_sync(0xffffffffu, raw, 3);
+// Element e of a row whose address (this lane's element 0) is `lanep`: 32-bit or 16-bit,
+// zero-extended raw bits. Both loads use the same register and an immediate offset.
+__device__ __forceinline__ uint32_t load_raw_at(const char* lanep, int e, bool f32) {
+  return f32 ? __float_as_uint(__ldg(reinterpret_cast<const float*>(lanep) + e))
+             : static_cast<uint32_t>(__ldg(reinterpret_cast<const unsigned short*>(lanep) + e));
+}
+
+// The gate input this lane loads for every row: lane & 3 = 0 gate0[t], 1 gate1[t], and
+// with fused gating 2 A_log, 3 dt_bias (lanes >= 4 repeat lanes 0..3: same addresses, no
+// extra traffic, no lane test). Byte address at row 0 and bytes per row.
+static_assert(offsetof(GdnVerifyParams, gate1) == offsetof(GdnVerifyParams, gate0) + sizeof(void*) &&
+                  offsetof(GdnVerifyParams, A_log) == offsetof(GdnVerifyParams, gate0) + 2 * sizeof(void*) &&
+                  offsetof(GdnVerifyParams, dt_bias) == offsetof(GdnVerifyParams, gate0) + 3 * sizeof(void*),
+              "GateLane indexes gate0, gate1, A_log, dt_bias as one array");
+struct GateLane {
+  const char* base;
+  uint64_t stride;   // bytes per row (0 for A_log / dt_bias)
+  bool on, f32;
+  RawCvt cvt;
+  __device__ __forceinline__ GateLane(const GdnVerifyParams& p, int h, int lane) : cvt(p.gate_dtype[lane & 3]) {
+    const int gi = lane & 3;
+    const int dt = p.gate_dtype[gi];
+    const void* ptr = (&p.gate0)[gi];   // gate0, gate1, A_log, dt_bias are consecutive fields
+    const int sh = dt == SPECDEC_DT_F32 ? 2 : 1;
+    f32 = dt == SPECDEC_DT_F32;
+    on = gi < 2 || p.fused_gating;
+    base = static_cast<const char*>(ptr) + (uint64_t(uint32_t(h)) << sh);
+    stride = gi < 2 ? uint64_t(p.gate_stride_t[gi & 1]) << sh : 0;
+  }
+  // this lane's raw gate input of row t (0 for an unused lane)
+  __device__ __forceinline__ uint32_t load(uint32_t t) const {
+    return on ? load_raw_at(base + uint64_t(t) * stride, 0, f32) : 0u;
+  }
+};
+
+// The four gate inputs of a row (GateLane::load, converted, in lanes 0..3) -> (g, beta), the
+// same in every lane; fused: g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b).
+// Same float operations on the same values as before (only the conversion moved before the
+// shuffle: it is exact either way).
+__device__ __forceinline__ void gates_of_row(const GdnVerifyParams& p, float gx, float& g, float& beta) {
+  const float x0 = __shfl_sync(0xffffffffu, gx, 0);
+  const float x1 = __shfl_sync(0xffffffffu, gx, 1);
+  const float x2 = __shfl_sync(0xffffffffu, gx, 2), x3 = __shfl_sync(0xffffffffu, gx, 3);
   if (p.fused_gating) {
-    const float x = x0 + raw_to_float(r3, p.gate_dtype[3]);
+    const float x = x0 + x3;
     const float softplus = fmaxf(x, 0.f) + log1pf(__expf(-fabsf(x)));
-    g = -__expf(raw_to_float(r2, p.gate_dtype[2])) * softplus;
+    g = -__expf(x2) * softplus;
     beta = 1.f / (1.f + __expf(-x1));
   } else {
     g = x0;
     beta = x1;
   }
+}
+
+// warp_sum of a and of b at once, bit-identical to two warp_sum calls: the first step (xor 16)
+// hands b to the upper half-warp and a to the lower one, so the remaining steps reduce one value
+// per lane (a in lanes 0..15, b in 16..31), each step adding the same two partial sums as
+// warp_sum's butterfly (x + y == y + x); the result is f(total) of this lane's half, and
+// f(the other total) arrives by one more shuffle. 6 shuffles and 6 adds instead of 10 + 10.
+// Returns f(sum a) in fa, f(sum b) in fb (f: the per-total function, evaluated once per lane).
+template <class F>
+__device__ __forceinline__ void warp_sum2(float a, float b, int lane, F f, float& fa, float& fb) {
+  const bool up = lane & 16;
+  float x = (up ? b : a) + __shfl_xor_sync(0xffffffffu, up ? a : b, 16);
+#pragma unroll
+  for (int d = 8; d > 0; d >>= 1) x += __shfl_xor_sync(0xffffffffu, x, d);
+  const float mine = f(x);
+  const float other = __shfl_xor_sync(0xffffffffu, mine, 16);
+  fa = up ? other : mine;
+  fb = up ? mine : other;
 }
 
 // ------------------------------------------------------------------------ gdn_verify
@@ -147,20 +231,27 @@ __device__ __forceinline__ void gates_of_row(const GdnVerifyParams& p, uint32_t 
 // q * scale at Stage::idx positions, the CTA's v slice, decay, beta, k.q) and writes the
 // journal. Every global load of the chunk is issued before the first value is used (raw
 // bits, converted afterwards), so staging costs about one memory latency, not one per element.
-template <int DK, int WC, int ROWS, class Stage>
+// Addresses: every input's byte address at the chunk's first row (head, column and lane
+// folded in) plus row * bytes-per-row, one 32 x 64-bit multiply-add per row and tensor; the
+// elements of a row are immediate offsets. Row and element offsets stay 64-bit where a tensor
+// can exceed 2^31 elements (row * stride, head * stride); offsets inside a row are 32-bit.
+template <int DK, int WC, int ROWS, class Stage, bool FIRST_ROW_OUTSIDE = false>
 __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st, const BlockPos& pos,
                                             int row0, int c0, int nrows, int hk, int slice_cols,
                                             int col_base, bool write_k) {
   constexpr int PER_LANE = DK / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int Dv = p.head_v_dim;
-  const int64_t jv = int64_t(p.num_k_heads) * DK;            // journal column offsets
-  const int64_t jg = jv + int64_t(p.num_v_heads) * Dv;
-  const int64_t jb = jg + p.num_v_heads;
-  // Every global load of the chunk is issued before the first value is used (raw bits,
-  // converted afterwards), so staging costs about one memory latency, not one per element.
+  const bool f32 = p.qkv_dtype == SPECDEC_DT_F32;
+  const int sh = f32 ? 2 : 1;   // log2 bytes per q/k/v element
+  const RawCvt cvt(p.qkv_dtype);
+  const uint32_t t0 = uint32_t(row0 + c0);   // the chunk's first row (0 <= t0 < T < 2^31)
+  const uint64_t jst = uint64_t(p.journal_stride_t);   // journal columns: k_hat | v | g | beta
   constexpr int VPT = (ROWS * WC + 31) / 32;   // v entries per thread, at most (ROWS: rows per chunk)
   const int cols_log2 = __ffs(slice_cols) - 1;   // slice_cols: a power of two (see CtaSlice)
+  const uint64_t v_st = uint64_t(p.v_stride_t) << sh;
+  const char* const v0 = static_cast<const char*>(p.v) +
+                         (uint64_t(int64_t(pos.h) * p.v_stride_h + col_base) << sh) + uint64_t(t0) * v_st;
   uint32_t vraw[VPT];
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
@@ -168,34 +259,53 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
     vraw[j] = 0u;
     if (e < nrows * slice_cols) {
       const int rr = e >> cols_log2, jj = e & (slice_cols - 1);
-      vraw[j] = load_raw(p.v, (row0 + c0 + rr) * p.v_stride_t + pos.h * p.v_stride_h + col_base + jj,
-                         p.qkv_dtype);
+      vraw[j] = load_raw_at(v0 + uint64_t(uint32_t(rr)) * v_st + (uint32_t(jj) << sh), 0, f32);
     }
   }
-  for (int rr = warp; rr < nrows; rr += nwarps) {
-    const int64_t t = row0 + c0 + rr;
+  // FIRST_ROW_OUTSIDE: the warp's first row straight-line, further rows (more rows than
+  // warps) in a loop. At the head of a loop that issues loads ptxas waits for the scoreboard of
+  // the loads before it: with the first row inside the loop, an f32 verify's q/k loads waited
+  // for its state loads (sm_75/80; sm_90 waited at the chunk loop, see gdn_verify_impl).
+  auto stage_row = [&](int rr) {
+    // The row's addresses are computed here from the parameters (constant bank), not hoisted
+    // out of the loop: a warp stages one or two rows, and hoisted 64-bit bases stay live
+    // through the loop (d64 16-bit kernels: 96 -> 107 registers on sm_80, one CTA less per
+    // SM). The opaque copies keep the compiler from hoisting them.
+    int lane_r = lane, hk_r = hk, h_r = pos.h;
+    asm volatile("" : "+r"(lane_r), "+r"(hk_r), "+r"(h_r));
+    const uint32_t t = t0 + uint32_t(rr);
+    const char* const qp = static_cast<const char*>(p.q) +
+                           (uint64_t(int64_t(hk_r) * p.q_stride_h + lane_r) << sh) + uint64_t(t) * (uint64_t(p.q_stride_t) << sh);
+    const char* const kp = static_cast<const char*>(p.k) +
+                           (uint64_t(int64_t(hk_r) * p.k_stride_h + lane_r) << sh) + uint64_t(t) * (uint64_t(p.k_stride_t) << sh);
+    const GateLane gl(p, h_r, lane_r);
     uint32_t qraw[PER_LANE], kraw[PER_LANE];
 #pragma unroll
     for (int e = 0; e < PER_LANE; ++e) {
-      const int i = lane + 32 * e;
-      qraw[e] = load_raw(p.q, t * p.q_stride_t + hk * p.q_stride_h + i, p.qkv_dtype);
-      kraw[e] = load_raw(p.k, t * p.k_stride_t + hk * p.k_stride_h + i, p.qkv_dtype);
+      qraw[e] = load_raw_at(qp, 32 * e, f32);
+      kraw[e] = load_raw_at(kp, 32 * e, f32);
     }
-    const uint32_t graw = gate_raw(p, t, pos.h, lane);
+    const uint32_t graw = gl.load(t);
     float qx[PER_LANE], kx[PER_LANE];
     float ssq = 0.f, ssk = 0.f;
 #pragma unroll
     for (int e = 0; e < PER_LANE; ++e) {
-      qx[e] = raw_to_float(qraw[e], p.qkv_dtype);
-      kx[e] = raw_to_float(kraw[e], p.qkv_dtype);
+      qx[e] = raw_to_float_sel(qraw[e], cvt);
+      kx[e] = raw_to_float_sel(kraw[e], cvt);
       ssq = fmaf(qx[e], qx[e], ssq);
       ssk = fmaf(kx[e], kx[e], ssk);
     }
     float rq = p.scale, rk = 1.f;
     if (p.qk_l2norm) {
-      rq *= rsqrtf(warp_sum(ssq) + 1e-6f);
-      rk = rsqrtf(warp_sum(ssk) + 1e-6f);
+      // rq = scale * rsqrt(sum q^2 + eps), rk = rsqrt(sum k^2 + eps): the same sums as
+      // warp_sum (warp_sum2), the same rsqrt and multiply
+      float iq, ik;
+      warp_sum2(ssq, ssk, lane, [](float x) { return rsqrtf(x + 1e-6f); }, iq, ik);
+      rq *= iq;
+      rk = ik;
     }
+    float* const jrow = p.journal + uint64_t(t) * jst;
+    float* const jk = jrow + (hk_r * DK + lane_r);
     float kq = 0.f;
 #pragma unroll
     for (int e = 0; e < PER_LANE; ++e) {
@@ -204,29 +314,39 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
       st.k[rr][Stage::idx(i)] = kn;
       st.q[rr][Stage::idx(i)] = qn;
       kq = fmaf(kn, qn, kq);
-      if (write_k) p.journal[t * p.journal_stride_t + hk * DK + i] = kn;
+      if (write_k) jk[32 * e] = kn;
     }
     kq = warp_sum(kq);
     float g, beta;
-    gates_of_row(p, graw, g, beta);
+    gates_of_row(p, raw_to_float_sel(graw, gl.cvt), g, beta);
     if (lane == 0) {
       st.decay[rr] = __expf(g);
       st.beta[rr] = beta;
       st.kq[rr] = kq;
       if (pos.z == 0) {
-        p.journal[t * p.journal_stride_t + jg + pos.h] = g;
-        p.journal[t * p.journal_stride_t + jb + pos.h] = beta;
+        float* const jg = jrow + (int64_t(p.num_k_heads) * DK + int64_t(p.num_v_heads) * Dv + h_r);
+        jg[0] = g;
+        jg[p.num_v_heads] = beta;
       }
     }
+  };
+  if constexpr (FIRST_ROW_OUTSIDE) {
+    if (warp < nrows) stage_row(warp);
+    for (int rr = warp + nwarps; rr < nrows; rr += nwarps) stage_row(rr);
+  } else {
+    for (int rr = warp; rr < nrows; rr += nwarps) stage_row(rr);
   }
+  int h_v = pos.h;
+  asm volatile("" : "+r"(h_v));   // (as above: computed here, not kept live through the row loop)
+  const int64_t jvc = int64_t(p.num_k_heads) * DK + int64_t(h_v) * Dv + col_base;   // this CTA's v columns
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const int e = threadIdx.x + j * blockDim.x;
     if (e < nrows * slice_cols) {
       const int rr = e >> cols_log2, jj = e & (slice_cols - 1);
-      const float x = raw_to_float(vraw[j], p.qkv_dtype);
+      const float x = raw_to_float_sel(vraw[j], cvt);
       st.v[rr][jj] = x;
-      p.journal[(row0 + c0 + rr) * p.journal_stride_t + jv + int64_t(pos.h) * Dv + col_base + jj] = x;
+      (p.journal + uint64_t(t0 + uint32_t(rr)) * jst)[jvc + jj] = x;
     }
   }
 }
@@ -238,10 +358,11 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   constexpr int RI = Tile::RI, CJ = Tile::CJ;
   __shared__ __align__(16) RowStage<DK> st;
 
-  const CtaSlice cs = cta_slice<Tile::WARP_COLS>(p);
+  const VerifySlice vs = verify_slice<Tile::WARP_COLS>(p);
+  const CtaSlice& cs = vs.c;
   const BlockPos pos = cs.pos;
-  const int lane = cs.lane, warp = cs.warp, nwarps = cs.nwarps, slice_cols = cs.slice_cols;
-  const int col_base = cs.col_base, group = cs.group, hk = cs.hk, Dv = cs.Dv;
+  const int lane = cs.lane, warp = cs.warp, slice_cols = cs.slice_cols;
+  const int col_base = cs.col_base, hk = cs.hk, Dv = cs.Dv;
 
   const VerifyRows vr = verify_rows(p, pos);
   if (!vr.go) return;
@@ -251,19 +372,39 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
 
   Tile tile(lane);
   const int col = col_base + warp * Tile::WARP_COLS + tile.lc * CJ;   // this thread's first column
-  if (slot_ok) {
-    const TS* head = static_cast<const TS*>(p.state) + slot * p.state_stride_slot +
+  if (slot_ok) {   // slot >= 0 here
+    const TS* head = static_cast<const TS*>(p.state) + uint64_t(uint32_t(slot)) * uint64_t(p.state_stride_slot) +
                      int64_t(pos.h) * DK * Dv;
-    tile.template load<true>(head, col, Dv);   // all loads in flight before any math
+    tile.load_head_nc(head, col, Dv);   // all loads in flight before any math
   }
-  const bool write_k = pos.z == 0 && pos.h % group == 0;   // one CTA journals each k row
+  const bool write_k = pos.z == 0 && vs.hk_first;   // one CTA journals each k row
   const int jc = tile.red_col();   // the column whose sums and output this lane holds
+  // Per-thread constants of the token loop, computed once: without the opaque copies ptxas
+  // rematerialises them from the lane id in every token (about 5 instructions per token).
+  // Not for f32 Dk=64: there the two registers cost occupancy (sm_86/89: 72 -> 78 registers,
+  // 7 -> 6 CTAs of 4 warps per SM), and ptxas's rematerialisation is the better choice.
+  constexpr bool kPin = !(sizeof(TS) == 4 && DK == 64);
+  int vj = col - col_base + jc, ocol = col + jc;   // this lane's v slot and output column
+  if constexpr (kPin) asm volatile("" : "+r"(vj), "+r"(ocol));
 
+  // f32 states: chunk 0 is staged before the chunk loop, its first row per warp outside the
+  // row loop (stage_chunk<..., true>). With the staging loads inside those loops, ptxas put a
+  // wait on the state loads' scoreboard (no register dependency: the loop heads) before the q/k
+  // loads (sm_75/80/90 SASS, also before this change), so a warp paid two memory round trips,
+  // state then q/k, before its first row; now all of the first row's loads issue right behind
+  // the state loads. 16-bit states unpack their state loads at once (that wait comes first
+  // anyway) and keep the single loop: the copies cost them registers for nothing.
+  constexpr bool kPeel = sizeof(TS) == 4;
+  if constexpr (kPeel)
+    stage_chunk<DK, Tile::WARP_COLS, kRowChunk, RowStage<DK>, true>(p, st, pos, row0, 0, min(kRowChunk, qlen), hk,
+                                                                    slice_cols, col_base, write_k);
   for (int c0 = 0; c0 < qlen; c0 += kRowChunk) {
     const int nrows = min(kRowChunk, qlen - c0);
-    __syncthreads();   // the previous chunk's rows have been consumed
-    stage_chunk<DK, Tile::WARP_COLS, kRowChunk>(p, st, pos, row0, c0, nrows, hk, slice_cols, col_base,
-                                                write_k);
+    if (!kPeel || c0 > 0) {
+      __syncthreads();   // the previous chunk's rows have been consumed
+      stage_chunk<DK, Tile::WARP_COLS, kRowChunk>(p, st, pos, row0, c0, nrows, hk, slice_cols, col_base,
+                                                  write_k);
+    }
     __syncthreads();
 
     for (int rr = 0; rr < nrows; ++rr) {
@@ -279,11 +420,11 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
         const float sk = tile.reduce_scatter(ak), sq = tile.reduce_scatter(aq);
         const float decay = st.decay[rr], beta = st.beta[rr], kq = st.kq[rr];
         // this lane's column jc only: the other lanes hold the others
-        delta1 = delta_of(beta, st.v[rr][col - col_base + jc], decay, sk);
+        delta1 = delta_of(beta, st.v[rr][kPin ? vj : col - col_base + jc], decay, sk);
         o = fmaf(decay, sq, delta1 * kq);   // S_new^T q from the pre-token state
       }
       if (tile.red_writer())
-        store_dt(p.out, t * p.out_stride_t + pos.h * p.out_stride_h + col + jc, p.out_dtype, o);
+        store_dt(p.out, t * p.out_stride_t + pos.h * p.out_stride_h + (kPin ? ocol : col + jc), p.out_dtype, o);
       if (slot_ok && c0 + rr + 1 < qlen) {
         float delta[CJ];
         tile.all_gather(delta1, delta);
@@ -438,10 +579,11 @@ __device__ __forceinline__ void gdn_verify_wy_impl(const GdnVerifyParams& p) {
   using Tile = WyTile<DK, VK>;
   __shared__ __align__(16) WyStage<DK> st;
 
-  const CtaSlice cs = cta_slice<Tile::WARP_COLS>(p);
+  const VerifySlice vs = verify_slice<Tile::WARP_COLS>(p);
+  const CtaSlice& cs = vs.c;
   const BlockPos pos = cs.pos;
-  const int lane = cs.lane, warp = cs.warp, nwarps = cs.nwarps, slice_cols = cs.slice_cols;
-  const int col_base = cs.col_base, group = cs.group, hk = cs.hk, Dv = cs.Dv;
+  const int lane = cs.lane, warp = cs.warp, slice_cols = cs.slice_cols;
+  const int col_base = cs.col_base, hk = cs.hk, Dv = cs.Dv;
 
   const VerifyRows vr = verify_rows(p, pos);
   if (!vr.go) return;
@@ -456,7 +598,7 @@ __device__ __forceinline__ void gdn_verify_wy_impl(const GdnVerifyParams& p) {
                         int64_t(pos.h) * DK * Dv;
     tile.template load<true>(head, col, Dv);   // all loads in flight before any math
   }
-  const bool write_k = pos.z == 0 && pos.h % group == 0;   // one CTA journals each k row
+  const bool write_k = pos.z == 0 && vs.hk_first;   // one CTA journals each k row
   const int64_t ob = int64_t(pos.h) * p.out_stride_h + col;   // out index of row 0, this column
 
   for (int c0 = 0; c0 < qlen; c0 += kWyRows) {

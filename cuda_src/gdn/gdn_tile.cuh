@@ -248,6 +248,27 @@ struct StateTile {
     }
   }
 
+  // gdn_verify's load<true>: the same 16-byte loads, with the offsets inside the head in 32 bits
+  // (a head is Dk x Dv <= 128 x 1024 elements) from one 64-bit base, so a load costs one
+  // IMAD.WIDE or an immediate offset instead of a 64-bit multiply-add chain.
+  __device__ __forceinline__ void load_head_nc(const TS* head, int col, int Dv) {
+    if constexpr (!VK) {
+      const TS* b = head + (lr * Dv + col);
+      const int step = 16 * Dv;   // row(r + 1) - row(r), times Dv
+#pragma unroll
+      for (int r = 0; r < RI; ++r) load_state_vec<TS, CJ, true>(b + r * step, s[r]);
+    } else {
+      const TS* b = head + (col * DK + lr * RI);
+#pragma unroll
+      for (int c = 0; c < CJ; ++c) {
+        float t[RI];
+        load_state_vec<TS, RI, true>(b + c * DK, t);
+#pragma unroll
+        for (int r = 0; r < RI; ++r) s[r][c] = t[r];
+      }
+    }
+  }
+
   __device__ __forceinline__ void store(TS* head, int col, int Dv) const {
     if constexpr (!VK) {
 #pragma unroll
