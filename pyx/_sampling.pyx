@@ -16,6 +16,9 @@ cdef extern from "sampling/sampling_params.h":
     int SPEC_SAMPLE_THRESHOLD_CTAS_PER_SM
     int SPEC_SAMPLE_THRESHOLD_MIN_TOKENS
     int SPEC_SAMPLE_THRESHOLD_CANDIDATES
+    int SPEC_SAMPLE_HIST_THREADS
+    int SPEC_SAMPLE_HIST_CTAS_PER_SM
+    int SPEC_SAMPLE_HIST_BINS
 
     ctypedef struct SpecSampleTile:
         float m
@@ -27,6 +30,8 @@ cdef extern from "sampling/sampling_params.h":
     ctypedef struct SpecSampleRow:
         uint32_t tau_key
         float m
+        float z
+        uint32_t pad
 
     ctypedef struct SpecSampleFilter:
         pass
@@ -62,6 +67,7 @@ cdef extern from "sampling/sampling_params.h":
         int32_t filtered_pass
         int32_t no_filters
         int32_t filter_step
+        int32_t hist_path
 
 PARAM_SIZES = {"SpecSampleParams": sizeof(SpecSampleParams)}
 TILE = SPEC_SAMPLE_TILE
@@ -74,6 +80,8 @@ FILTER_BYTES = sizeof(SpecSampleFilter)
 THRESHOLD_STEPS = SPEC_SAMPLE_THRESHOLD_STEPS
 THRESHOLD_CTAS_PER_SM = SPEC_SAMPLE_THRESHOLD_CTAS_PER_SM
 THRESHOLD_MIN_TOKENS = SPEC_SAMPLE_THRESHOLD_MIN_TOKENS
+HIST_CTAS_PER_SM = SPEC_SAMPLE_HIST_CTAS_PER_SM
+HIST_BINS = SPEC_SAMPLE_HIST_BINS
 
 
 def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size_t stream,
@@ -85,12 +93,15 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
                        int64_t logits_stride, int64_t draft_probs_stride,
                        int64_t emitted_stride, int64_t logprobs_stride,
                        int num_rows, int batch, int vocab, int draft_vocab, int num_tiles,
-                       int tiles_per_cta, int width, bint filters=True, int threshold_ctas=1):
-    """tiles (grid T x chunks) -> threshold x SPEC_SAMPLE_THRESHOLD_STEPS (grid T x
-    threshold_ctas, filter_step 0..3) -> tiles, filtered pass -> finish (grid B). ``filters=False`` (the caller's promise that no request filters) skips the two
-    filter launches; finish then flags a request that does filter (status 5) instead of
-    sampling it unfiltered. With filters=True the launches always run (CTAs of unfiltered
-    rows exit at once)."""
+                       int tiles_per_cta, int width, bint filters=True, int threshold_ctas=1,
+                       Kernel k_hist=None):
+    """f32 logits: tiles (grid T x chunks) -> threshold x SPEC_SAMPLE_THRESHOLD_STEPS (grid
+    T x threshold_ctas, filter_step 0..3) -> tiles, filtered pass -> finish (grid B).
+    16-bit logits (``k_hist`` given): tiles -> hist (grid T x threshold_ctas, one launch:
+    thresholds and kept mass) -> finish. ``filters=False`` (the caller's promise that no
+    request filters) skips the filter launches; finish then flags a request that does filter
+    (status 5) instead of sampling it unfiltered. With filters=True the launches always run
+    (CTAs of unfiltered rows exit at once)."""
     cdef SpecSampleParams p
     p.logits = <const void*>logits
     p.cu_q = <const int32_t*>cu_q
@@ -122,10 +133,13 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
     p.filtered_pass = 0
     p.no_filters = 0 if filters else 1
     p.filter_step = 0
+    p.hist_path = 1 if (filters and k_hist is not None) else 0
     cdef unsigned int chunks = (num_tiles + tiles_per_cta - 1) // tiles_per_cta
     if num_rows > 0:
         launch(k_tiles, num_rows, chunks, 1, SPEC_SAMPLE_TILE_THREADS, 1, 1, 0, stream, &p)
-        if filters:
+        if filters and k_hist is not None:
+            launch(k_hist, num_rows, threshold_ctas, 1, SPEC_SAMPLE_HIST_THREADS, 1, 1, 0, stream, &p)
+        elif filters:
             for step in range(SPEC_SAMPLE_THRESHOLD_STEPS):
                 p.filter_step = step
                 launch(k_threshold, num_rows, threshold_ctas, 1, SPEC_SAMPLE_THRESHOLD_THREADS,

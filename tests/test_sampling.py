@@ -619,17 +619,26 @@ def test_spec_sample_gpu_matches_reference_sampled(dtype, mode, rng):
 
 
 @needs_gpu
-@pytest.mark.parametrize("case", ["onehot", "draft_probs", "filters", "disjoint"])
-def test_spec_sample_gpu_chi_square(case, rng):
+@pytest.mark.parametrize("case,dtype", [
+    ("onehot", "float32"), ("draft_probs", "float32"), ("filters", "float32"), ("disjoint", "float32"),
+    # 16-bit logits filter through the exact-value histogram (thresholds and kept mass in one
+    # launch) and finish sums the sampling row's kept tiles itself: the same distribution
+    ("filters", "bfloat16"), ("filters", "float16"), ("filters_draft_probs", "bfloat16"),
+    ("min_p", "bfloat16")])
+def test_spec_sample_gpu_chi_square(case, dtype, rng):
     V, N = 37, N_STAT
     block = np.stack([rand_logits(rng, V), rand_logits(rng, V)]).astype(np.float32)
+    block, seen = to_dtype(block, dtype)
     temp, top_k, top_p, min_p, dp = 0.9, 0, 1.0, 0.0, None
-    if case == "filters":
+    if case.startswith("filters"):
         top_k, top_p, min_p = 20, 0.8, 0.01
+    if case == "min_p":
+        min_p = 0.05
     if case == "disjoint":
         block[0, V // 2:] = -np.inf
-    p0 = filtered_probs(block[0], temp, top_k, top_p, min_p)
-    if case in ("draft_probs", "disjoint"):
+        seen[0, V // 2:] = -np.inf
+    p0 = filtered_probs(seen[0], temp, top_k, top_p, min_p)
+    if case in ("draft_probs", "disjoint", "filters_draft_probs"):
         qd = dirichlet_q(rng, V, zeros=5)
         if case == "disjoint":
             qd = np.zeros(V)
@@ -641,7 +650,7 @@ def test_spec_sample_gpu_chi_square(case, rng):
     cu_q = (np.arange(N + 1) * 2).astype(np.int32)
     logits = np.tile(block, (N, 1))
     params = make_params(N, temp, top_k, top_p, min_p, seed=seeds(N, 1))
-    n, em, st = gpu_run(cu_q, logits, "float32", drafts, params, 2, dp)
+    n, em, st = gpu_run(cu_q, logits, dtype, drafts, params, 2, dp)
     assert (st == 0).all()
     assert chi_square_z(np.bincount(em[:, 0], minlength=V), p0) < 4.5
     qv = np.zeros(V)
@@ -651,7 +660,7 @@ def test_spec_sample_gpu_chi_square(case, rng):
         qv = dp[0].astype(np.float64)
     acc = np.minimum(p0, qv).sum()
     assert abs((n == 1).mean() - acc) < 5 * math.sqrt(acc * (1 - acc) / N) + 1e-9
-    p1 = filtered_probs(block[1], temp, top_k, top_p, min_p)
+    p1 = filtered_probs(seen[1], temp, top_k, top_p, min_p)
     if (n == 1).sum() > 1000:
         assert chi_square_z(np.bincount(em[n == 1, 1], minlength=V), p1) < 4.5
 
@@ -845,7 +854,7 @@ def test_threshold_split_and_workspace_size():
         head = T * (-(-V // TILE) * _TILE_BYTES + _ROW_BYTES)
         assert spec_sample_workspace_size(T, V) == -(-head // 16) * 16 + T * _FILTER_BYTES
     assert _FILTER_BYTES % 16 == 0
-    assert spec_sample_workspace_size(256, 151936) == 386048 + 256 * 32864
+    assert spec_sample_workspace_size(256, 151936) == 388096 + 256 * 32864
 
 
 def _kept_check(cu_q, seen, params, n, em, st):
@@ -950,7 +959,7 @@ def _threshold_model(x32, temperature, top_k, top_p):
 
 
 @needs_gpu
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_spec_sample_gpu_threshold_exact(dtype, rng):
     """The threshold key the kernels leave in the workspace, against the integer-mass rule
     computed in numpy, on distributions that stress the bucket window: N(0, 3) logits, a
@@ -966,7 +975,11 @@ def test_spec_sample_gpu_threshold_exact(dtype, rng):
         (1.0, 0, 1e-4, "normal"), (1.0, 0, 0.0, "normal"), (1.0, 0, 0.9, "tail"),
         (0.6, 0, 0.95, "tail"), (1.0, 0, 0.8, "dominant"), (1.0, 0, 0.3, "plateau"),
         (1.0, 50, 1.0, "normal"), (1.0, 7000, 1.0, "tail"), (0.8, 50, 0.9, "normal"),
-        (1.0, 4000, 0.7, "tail"), (1.0, 1, 1.0, "normal"), (1.0, 0, 0.9, "halfinf")]
+        (1.0, 4000, 0.7, "tail"), (1.0, 1, 1.0, "normal"), (1.0, 0, 0.9, "halfinf"),
+        # max just above 0, the rest below: for 16-bit logits the crossing lies past the
+        # histogram's 8192 values (the fallback radix select)
+        (1.0, 0, 0.9, "crosszero"), (1.0, 50, 1.0, "crosszero"), (1.0, 50, 0.9, "crosszero"),
+        (2.0, 0, 0.99, "wide")]
     B = len(cases)
     cu_q = np.arange(B + 1, dtype=np.int32)
     x = rng.standard_normal((B, V)) * 3
@@ -982,6 +995,11 @@ def test_spec_sample_gpu_threshold_exact(dtype, rng):
             x[b, 17] = 3.0
         elif kind == "halfinf":
             x[b, rng.choice(V, V // 2, replace=False)] = -np.inf
+        elif kind == "crosszero":
+            x[b] = -np.abs(rng.standard_normal(V) * 3)
+            x[b, 17] = 0.25
+        elif kind == "wide":   # fp16: 8192 values span 8 octaves below the max
+            x[b] = rng.standard_normal(V) * 6
     host, seen = to_dtype(x, dtype)
     params = make_params(B, temperature=[c[0] for c in cases], top_k=[c[1] for c in cases],
                          top_p=[c[2] for c in cases])
@@ -993,7 +1011,7 @@ def test_spec_sample_gpu_threshold_exact(dtype, rng):
        na, em, st, workspace=ws)
     raw = ws.to_numpy()
     off = B * (-(-V // TILE)) * 20
-    tau_gpu = raw[off:off + 8 * B].view(np.uint32).reshape(B, 2)[:, 0].astype(np.uint64)
+    tau_gpu = raw[off:off + 16 * B].view(np.uint32).reshape(B, 4)[:, 0].astype(np.uint64)
     for b, (temp, top_k, top_p, kind) in enumerate(cases):
         x32 = np.asarray(seen[b], np.float32)
         floor, keys, mass = _threshold_model(x32, temp, top_k, top_p)

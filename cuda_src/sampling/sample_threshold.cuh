@@ -182,6 +182,37 @@ __device__ __forceinline__ bool last_cta(uint32_t* counter, int* sh_flag) {
   return last;
 }
 
+// The exact select's 11/11/10-bit radix rounds: the largest key K with mass(keys >= K) >= tgt
+// over the keys that walk(count) hands to count(key, x) (a candidate list, or a whole row).
+// Integer sums: the same K whatever the order. Returns K in every thread of the CTA.
+template <int kThreads, typename Walk, typename Mass>
+__device__ uint32_t radix_rounds(Walk&& walk, Mass&& mass, unsigned long long tgt,
+                                 unsigned long long* hist, unsigned long long* scan, int* digit,
+                                 unsigned long long* above) {
+  uint32_t* h32 = reinterpret_cast<uint32_t*>(hist);
+  uint32_t prefix = 0;
+  for (int round = 0; round < 3; ++round) {   // digits: bits 31..21, 20..10, 9..0
+    const int sh = round == 0 ? 21 : round == 1 ? 10 : 0;
+    const int width = round == 2 ? 10 : 11;
+    const int hi_shift = sh + width;   // bits above this digit must match prefix
+    for (int j = threadIdx.x; j < 2048; j += kThreads) hist[j] = 0ull;
+    if (threadIdx.x == 0) { *digit = 0; *above = 0ull; }
+    __syncthreads();
+    walk([&](uint32_t key, float x) {
+      if (hi_shift < 32 && (key >> hi_shift) != (prefix >> hi_shift)) return;
+      const unsigned long long add = mass(x);
+      if (add) hist_add(h32, static_cast<int>((key >> sh) & ((1u << width) - 1u)), add);
+    });
+    __syncthreads();
+    hist_combine<kThreads>(hist);
+    find_digit<kThreads>(hist, tgt, scan, digit, above);
+    prefix |= static_cast<uint32_t>(*digit) << sh;
+    tgt -= *above;
+    __syncthreads();
+  }
+  return prefix;
+}
+
 static_assert(sizeof(SpecSampleFilterHead) == 96, "SpecSampleFilterHead layout");
 static_assert(sizeof(SpecSampleFilter) % 16 == 0, "SpecSampleFilter: rows stay 16-byte aligned");
 
@@ -450,39 +481,19 @@ __device__ void threshold_kernel(const SpecSampleParams& p) {
   const bool from_list = nc_all <= static_cast<uint32_t>(kCand);
   const int nc = from_list ? static_cast<int>(nc_all) : 0;
   for (int j = threadIdx.x; j < nc; j += kThreads) cand[j] = __ldcg(f->cand + j);
-  uint32_t prefix = 0;
   const unsigned long long target = __ldcg(f->head.target + slot);
-  unsigned long long tgt = from_list ? target - __ldcg(f->head.above + slot) : target;
-  for (int round = 0; round < 3; ++round) {   // digits: bits 31..21, 20..10, 9..0
-    const int sh = round == 0 ? 21 : round == 1 ? 10 : 0;
-    const int width = round == 2 ? 10 : 11;
-    const int hi_shift = sh + width;   // bits above this digit must match prefix
-    for (int j = threadIdx.x; j < 2048; j += kThreads) hist[j] = 0ull;
-    if (threadIdx.x == 0) { digit = 0; above = 0ull; }
-    __syncthreads();
-    auto count = [&](uint32_t key, float x) {
-      if (hi_shift < 32 && (key >> hi_shift) != (prefix >> hi_shift)) return;
-      const unsigned long long add = mass(x);
-      if (add) hist_add(h32, static_cast<int>((key >> sh) & ((1u << width) - 1u)), add);
-    };
-    if (from_list) {
-      for (int j = threadIdx.x; j < nc; j += kThreads) {
-        const uint32_t key = cand[j];
-        count(key, key_to_float(key));
-      }
-    } else {
-      for_each_logit<kThreads>(row, V, 0, 1, [&](float x) {
-        if (excluded(x)) return;
-        count(order_key(x), x);
-      });
-    }
-    __syncthreads();
-    hist_combine<kThreads>(hist);
-    find_digit<kThreads>(hist, tgt, scan, &digit, &above);
-    prefix |= static_cast<uint32_t>(digit) << sh;
-    tgt -= above;
-    __syncthreads();
-  }
+  const unsigned long long tgt = from_list ? target - __ldcg(f->head.above + slot) : target;
+  const uint32_t prefix = radix_rounds<kThreads>(
+      [&](auto&& count) {
+        if (from_list) {
+          for (int j = threadIdx.x; j < nc; j += kThreads) count(cand[j], key_to_float(cand[j]));
+        } else {
+          for_each_logit<kThreads>(row, V, 0, 1, [&](float x) {
+            if (!excluded(x)) count(order_key(x), x);
+          });
+        }
+      },
+      mass, tgt, hist, scan, &digit, &above);
   if (threadIdx.x == 0) {
     if (slot + 1 < nslots) f->head.tau_k = prefix;          // the key floor of slot 1
     else rows[r].tau_key = max(prefix, key_floor);           // the row's threshold

@@ -249,15 +249,6 @@ __device__ void tiles_kernel(const SpecSampleParams& p) {
   const int b = owner_of_row(p.cu_q, p.batch, r);
   const SeqParams sp = seq_params(p, b);
   if (p.filtered_pass && !sp.filtered) return;
-  if (!p.filtered_pass && !p.no_filters && (sp.k_on || sp.p_on)) {
-    // zero the row's threshold state (head + global bucket counts and mass sums) for the threshold launches that
-    // follow in stream order: no memset launch, nothing kept between calls, graph-capturable
-    constexpr int kZero = static_cast<int>((sizeof(SpecSampleFilterHead) + 2 * 2048 * sizeof(uint32_t)) / 16);
-    uint4* z = reinterpret_cast<uint4*>(ws_filters(p) + r);
-    for (int i = blockIdx.y * SPEC_SAMPLE_TILE_THREADS + threadIdx.x; i < kZero;
-         i += gridDim.y * SPEC_SAMPLE_TILE_THREADS)
-      z[i] = make_uint4(0u, 0u, 0u, 0u);
-  }
   const int r0 = __ldg(p.cu_q + b);
   const int q = __ldg(p.cu_q + b + 1) - r0;
   TileCtx c;
@@ -306,6 +297,17 @@ __device__ void tiles_kernel(const SpecSampleParams& p) {
       out.m = a.m; out.s = a.s; out.raw_max = a.raw_max; out.arg = a.arg; out.flags = a.flags;
       ws_tiles(p)[static_cast<int64_t>(r) * p.num_tiles + tile] = out;
     }
+  }
+  if (!p.filtered_pass && !p.no_filters && sp.filtered) {
+    // zero the row's filter state (the f32 path: head, bucket counts and mass sums; the hist
+    // path: head and all 8192 value bins; the whole record either way) for the filter launches
+    // that follow in stream order: no memset launch, nothing kept between calls,
+    // graph-capturable. Last in the kernel, where it costs no registers.
+    constexpr int kZero = static_cast<int>(sizeof(SpecSampleFilter) / 16);
+    uint4* z = reinterpret_cast<uint4*>(ws_filters(p) + r);
+    for (int i = blockIdx.y * SPEC_SAMPLE_TILE_THREADS + threadIdx.x; i < kZero;
+         i += gridDim.y * SPEC_SAMPLE_TILE_THREADS)
+      z[i] = make_uint4(0u, 0u, 0u, 0u);
   }
 }
 

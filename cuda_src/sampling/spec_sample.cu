@@ -38,6 +38,7 @@
 #include "sampling/sample_common.cuh"
 #include "sampling/sample_tiles.cuh"
 #include "sampling/sample_threshold.cuh"
+#include "sampling/sample_hist.cuh"
 #include "sampling/sample_finish.cuh"
 
 
@@ -49,6 +50,12 @@
   extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_FINISH_THREADS, 1)                \
   spec_sample_finish_##NAME(const SpecSampleParams p) { finish_kernel<T>(p); }
 
+#define SPEC_SAMPLE_HIST_KERNEL(NAME, T)                                                      \
+  extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_HIST_THREADS, SPEC_SAMPLE_HIST_CTAS_PER_SM) \
+  spec_sample_hist_##NAME(const SpecSampleParams p) { hist_kernel<T>(p); }
+
 SPEC_SAMPLE_KERNELS(f32, float)
 SPEC_SAMPLE_KERNELS(f16, __half)
 SPEC_SAMPLE_KERNELS(bf16, bf16_t)
+SPEC_SAMPLE_HIST_KERNEL(f16, __half)
+SPEC_SAMPLE_HIST_KERNEL(bf16, bf16_t)

@@ -11,7 +11,7 @@ from ..reference.sampling import check_filters
 TILE = 2048                 # SPEC_SAMPLE_TILE (tokens per tile; also the reference's TILE)
 MAX_TILES = 1024            # SPEC_SAMPLE_MAX_TILES -> V <= 2^21
 _TILE_BYTES = 20            # sizeof(SpecSampleTile)
-_ROW_BYTES = 8              # sizeof(SpecSampleRow)
+_ROW_BYTES = 16             # sizeof(SpecSampleRow)
 _FILTER_BYTES = 32864       # sizeof(SpecSampleFilter): the threshold's per-row state
 _THRESHOLD_CTAS_PER_SM = 2  # SPEC_SAMPLE_THRESHOLD_CTAS_PER_SM
 _THRESHOLD_MIN_TOKENS = 8192  # SPEC_SAMPLE_THRESHOLD_MIN_TOKENS: tokens per threshold CTA, at least
@@ -171,6 +171,8 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
     name = _KERNEL_DTYPES[lg.dtype]
     ks = [runtime.kernel("sampling", f"spec_sample_{stage}_{name}", dev)
           for stage in ("tiles", "threshold", "finish")]
+    # 16-bit logits: the filters in one exact-value histogram launch (no recount)
+    k_hist = runtime.kernel("sampling", f"spec_sample_hist_{name}", dev) if name != "f32" else None
     from .. import _sampling
     _sampling.launch_spec_sample(
         *ks, stream_h, lg.ptr, cq.ptr, di.ptr, tp.ptr, tk.ptr, pp.ptr, mp.ptr, sd.ptr,
@@ -178,5 +180,5 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
         lg.strides[0], dp.strides[0] if draft_probs is not None else 0, em.strides[0],
         lp.strides[0] if accepted_logprobs is not None else 0,
         T, B, V, Vd, num_tiles, tiles_per_cta, W, filters is None or bool(filters),
-        _threshold_ctas(T, V, runtime.sm_count(dev)))
+        _threshold_ctas(T, V, runtime.sm_count(dev)), k_hist)
     return num_accepted, emitted, status
