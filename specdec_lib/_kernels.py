@@ -94,8 +94,10 @@ register(KernelModule(
     name="sampling",
     source="cuda_src/sampling/spec_sample.cu",
     params_header="sampling/sampling_params.h",
-    kernels={f"spec_sample_{stage}_{t}": "SpecSampleParams"
-             for stage in ("tiles", "threshold", "finish") for t in ("f32", "f16", "bf16")},
+    kernels={**{f"spec_sample_{stage}_{t}": "SpecSampleParams"
+                for stage in ("tiles", "threshold", "finish") for t in ("f32", "f16", "bf16")},
+             # 16-bit logits only: the exact-value histogram of the filters
+             **{f"spec_sample_hist_{t}": "SpecSampleParams" for t in ("f16", "bf16")}},
 ))
 
 register(KernelModule(
