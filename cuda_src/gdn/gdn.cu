@@ -174,17 +174,23 @@ struct GateLane {
   RawCvt cvt;
   __device__ __forceinline__ GateLane(const GdnVerifyParams& p, int h, int lane) : cvt(p.gate_dtype[lane & 3]) {
     const int gi = lane & 3;
-    const int dt = p.gate_dtype[gi];
-    const void* ptr = (&p.gate0)[gi];   // gate0, gate1, A_log, dt_bias are consecutive fields
+    on = gi < 2 || p.fused_gating;
+    // An unused lane (2, 3 without fused gating: A_log / dt_bias may be null) loads gate0's
+    // element, a valid address, and drops it (load): the load is unconditional. As `on ? load :
+    // 0` ptxas made it a branch and scheduled it after the waits for the q/k loads (a second
+    // memory round trip per row; sm_90 SASS, seen once v staging was shortened).
+    const int gs = on ? gi : 0;
+    const int dt = p.gate_dtype[gs];
+    const void* ptr = (&p.gate0)[gs];   // gate0, gate1, A_log, dt_bias are consecutive fields
     const int sh = dt == SPECDEC_DT_F32 ? 2 : 1;
     f32 = dt == SPECDEC_DT_F32;
-    on = gi < 2 || p.fused_gating;
     base = static_cast<const char*>(ptr) + (uint64_t(uint32_t(h)) << sh);
-    stride = gi < 2 ? uint64_t(p.gate_stride_t[gi & 1]) << sh : 0;
+    stride = gs < 2 ? uint64_t(p.gate_stride_t[gs & 1]) << sh : 0;
   }
   // this lane's raw gate input of row t (0 for an unused lane)
   __device__ __forceinline__ uint32_t load(uint32_t t) const {
-    return on ? load_raw_at(base + uint64_t(t) * stride, 0, f32) : 0u;
+    const uint32_t raw = load_raw_at(base + uint64_t(t) * stride, 0, f32);
+    return on ? raw : 0u;
   }
 };
 
@@ -248,19 +254,26 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
   const uint32_t t0 = uint32_t(row0 + c0);   // the chunk's first row (0 <= t0 < T < 2^31)
   const uint64_t jst = uint64_t(p.journal_stride_t);   // journal columns: k_hat | v | g | beta
   constexpr int VPT = (ROWS * WC + 31) / 32;   // v entries per thread, at most (ROWS: rows per chunk)
+  // Thread x's v entries: e = x + j * blockDim.x of the chunk's nrows x slice_cols. blockDim.x =
+  // 32 nwarps and slice_cols = WC nwarps, so entry j is row x / slice_cols + j * (32 / WC) and
+  // column x % slice_cols: one address per thread and a constant row step, not a split of e per
+  // entry (e < nrows * slice_cols <=> its row < nrows).
+  static_assert(WC <= 32 && 32 % WC == 0, "warp columns divide 32");
+  constexpr int VROWS = 32 / WC;   // rows between a thread's v entries
   const int cols_log2 = __ffs(slice_cols) - 1;   // slice_cols: a power of two (see CtaSlice)
+  // Opaque copies (as in stage_row): the v addresses are computed here, not hoisted out of the
+  // chunk loop and kept live (or spilled, f32 Dk 128 on sm_90) through the token loop.
+  int h_v = pos.h, cb_v = col_base, x_v = threadIdx.x;
+  asm volatile("" : "+r"(h_v), "+r"(cb_v), "+r"(x_v));
+  const int vr0 = x_v >> cols_log2, vc = x_v & (slice_cols - 1);   // row and column of entry 0
   const uint64_t v_st = uint64_t(p.v_stride_t) << sh;
-  const char* const v0 = static_cast<const char*>(p.v) +
-                         (uint64_t(int64_t(pos.h) * p.v_stride_h + col_base) << sh) + uint64_t(t0) * v_st;
+  const char* const vp = static_cast<const char*>(p.v) + (uint64_t(int64_t(h_v) * p.v_stride_h + cb_v) << sh) +
+                         uint64_t(t0 + uint32_t(vr0)) * v_st + (uint32_t(vc) << sh);
   uint32_t vraw[VPT];
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
-    const int e = threadIdx.x + j * blockDim.x;
     vraw[j] = 0u;
-    if (e < nrows * slice_cols) {
-      const int rr = e >> cols_log2, jj = e & (slice_cols - 1);
-      vraw[j] = load_raw_at(v0 + uint64_t(uint32_t(rr)) * v_st + (uint32_t(jj) << sh), 0, f32);
-    }
+    if (vr0 + j * VROWS < nrows) vraw[j] = load_raw_at(vp + uint64_t(j * VROWS) * v_st, 0, f32);
   }
   // FIRST_ROW_OUTSIDE: the warp's first row straight-line, further rows (more rows than
   // warps) in a loop. At the head of a loop that issues loads ptxas waits for the scoreboard of
@@ -336,17 +349,18 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
   } else {
     for (int rr = warp; rr < nrows; rr += nwarps) stage_row(rr);
   }
-  int h_v = pos.h;
-  asm volatile("" : "+r"(h_v));   // (as above: computed here, not kept live through the row loop)
-  const int64_t jvc = int64_t(p.num_k_heads) * DK + int64_t(h_v) * Dv + col_base;   // this CTA's v columns
+  asm volatile("" : "+r"(h_v), "+r"(cb_v), "+r"(x_v));   // (as above: computed here, not kept live through the row loop)
+  const int vr1 = x_v >> cols_log2, vc1 = x_v & (slice_cols - 1);
+  // this thread's journal v entry of row vr1 (journal columns: k_hat | v | g | beta)
+  float* const jv = p.journal + uint64_t(t0 + uint32_t(vr1)) * jst +
+                    (int64_t(p.num_k_heads) * DK + int64_t(h_v) * Dv + cb_v + vc1);
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
-    const int e = threadIdx.x + j * blockDim.x;
-    if (e < nrows * slice_cols) {
-      const int rr = e >> cols_log2, jj = e & (slice_cols - 1);
+    const int rr = vr1 + j * VROWS;
+    if (rr < nrows) {
       const float x = raw_to_float_sel(vraw[j], cvt);
-      st.v[rr][jj] = x;
-      (p.journal + uint64_t(t0 + uint32_t(rr)) * jst)[jvc + jj] = x;
+      st.v[rr][vc1] = x;
+      jv[uint64_t(j * VROWS) * jst] = x;
     }
   }
 }
