@@ -366,9 +366,20 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
 }
 
 
+// Verify's tile: 8 columns per thread for 16-bit states and for f32 with Dk = 128 (16 columns per
+// warp: half as many CTAs as with commit's 4 for the same state, so the per-CTA work that does
+// not scale with columns -- block/head divisions, addresses, q/k loads and normalisation, gates,
+// journal -- is paid once per 16 columns of a warp instead of 8). f32 Dk = 64 keeps 4: there 8
+// would cost 4 of its 7 CTAs per SM on sm_75-89 (70 -> 104+ registers). ops/gdn.py
+// (_launch_shape) launches with 2 * verify_cj columns per warp.
+template <typename TS, int DK>
+__host__ __device__ constexpr int verify_cj() { return sizeof(TS) == 4 && DK == 64 ? 4 : 8; }
+template <typename TS, int DK, bool VK>
+using VerifyTile = StateTile<TS, DK, VK, verify_cj<TS, DK>()>;
+
 template <typename TS, int DK, bool VK>
 __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
-  using Tile = StateTile<TS, DK, VK>;
+  using Tile = VerifyTile<TS, DK, VK>;
   constexpr int RI = Tile::RI, CJ = Tile::CJ;
   __shared__ __align__(16) RowStage<DK> st;
 
@@ -385,14 +396,15 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   const int qlen = row1 - row0;
 
   Tile tile(lane);
-  const int col = col_base + warp * Tile::WARP_COLS + tile.lc * CJ;   // this thread's first column
+  // this thread's first column; its column c is col + Tile::piece_off(c)
+  const int col = col_base + warp * Tile::WARP_COLS + tile.lc * Tile::SPAN;
   if (slot_ok) {   // slot >= 0 here
     const TS* head = static_cast<const TS*>(p.state) + uint64_t(uint32_t(slot)) * uint64_t(p.state_stride_slot) +
                      int64_t(pos.h) * DK * Dv;
     tile.load_head_nc(head, col, Dv);   // all loads in flight before any math
   }
   const bool write_k = pos.z == 0 && vs.hk_first;   // one CTA journals each k row
-  const int jc = tile.red_col();   // the column whose sums and output this lane holds
+  const int jc = Tile::piece_off(tile.red_col());   // (offset of) the column whose sums and output this lane holds
   // Per-thread constants of the token loop, computed once: without the opaque copies ptxas
   // rematerialises them from the lane id in every token (about 5 instructions per token).
   // Not for f32 Dk=64: there the two registers cost occupancy (sm_86/89: 72 -> 78 registers,
@@ -642,6 +654,11 @@ __device__ __forceinline__ void gdn_verify_wy_impl(const GdnVerifyParams& p) {
 #ifndef SPECDEC_GDN_F32_WY
 #define SPECDEC_GDN_F32_WY 0
 #endif
+#if SPECDEC_GDN_F32_WY
+// WyTile owns 8 columns per warp; ops/gdn.py (_launch_shape) now launches f32 verify with
+// VerifyTile's 16. Both would have to agree before this path can be switched on again.
+#error "SPECDEC_GDN_F32_WY needs ops/gdn.py to launch f32 verify with 8 columns per warp"
+#endif
 
 template <typename TS, int DK, bool VK>
 __device__ __forceinline__ void gdn_verify_dispatch(const GdnVerifyParams& p) {
@@ -767,6 +784,9 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   SPECDEC_GDN_LAYOUTS(TS, TNAME, 64, VMINB)  \
   SPECDEC_GDN_LAYOUTS(TS, TNAME, 128, VMINB)
 
-SPECDEC_GDN_DIMS(float, f32, (SPECDEC_GDN_F32_WY ? 2 : 1))
+SPECDEC_GDN_LAYOUTS(float, f32, 64, 1)
+// f32 Dk = 128, 8 columns per thread: capped at 128 registers (4 CTAs of 4 warps per SM, as
+// with 4 columns); uncapped ptxas takes 141-166 (3 CTAs).
+SPECDEC_GDN_LAYOUTS(float, f32, 128, 2)
 SPECDEC_GDN_DIMS(__half, f16, 1)
 SPECDEC_GDN_DIMS(bf16_t, bf16, 1)
