@@ -470,7 +470,10 @@ def test_gdn_commit_gpu_every_accept_len(rng, layout, sdt):
 @pytest.mark.parametrize("sdt", ["f32", "bf16", "f16"])
 def test_gdn_gpu_chain_equals_sequential(rng, layout, sdt):
     """5 rounds of GPU verify + commit (random accept lengths, q=1 rows, a padding row) ==
-    the reference's one-token decoding, and == the GPU's own one-token rounds bit for bit."""
+    the reference's one-token decoding, and == the GPU's own one-token rounds bit for bit:
+    the states, and verify's float32 output of each accepted row (computed from the state
+    verify advanced in registers) == a one-token verify's from the state commit wrote (verify
+    and commit tile the columns differently for f32 Dk = 128: 8 vs 4 per thread)."""
     from specdec_lib import ops
     sdt = STATE_DTYPES[sdt]
     Hk, Hv, D, B = 2, 4, 128, 4
@@ -489,9 +492,10 @@ def test_gdn_gpu_chain_equals_sequential(rng, layout, sdt):
         T = int(cu_q[-1])
         d_j = poison((T, W), "float32")
         d_x = {n: dev(a) for n, a in {**x, **gat}.items()}
+        d_o = poison((T, Hv, D), "float32")
         ops.gdn_verify(**d_x, state=d_state, slot_ids=dev(slot_ids), cu_q=dev(cu_q),
-                       out=poison((T, Hv, D), "bfloat16"), journal=d_j, qk_l2norm=True,
-                       layout=layout)
+                       out=d_o, journal=d_j, qk_l2norm=True, layout=layout)
+        o_block = d_o.to_numpy().reshape(T, Hv, D)
         acc = np.array([rng.integers(0, q + 1) for q in q_lens], np.int32)
         ops.gdn_commit(d_state, dev(slot_ids), dev(cu_q), dev(acc), d_j, layout=layout)
         for b in range(B):
@@ -500,10 +504,12 @@ def test_gdn_gpu_chain_equals_sequential(rng, layout, sdt):
                 one = {n: a[t:t + 1] for n, a in {**x, **gat}.items() if n not in ("A_log", "dt_bias")}
                 one.update({n: gat[n] for n in ("A_log", "dt_bias")})
                 d_j1 = poison((1, W), "float32")
+                d_o1 = poison((1, Hv, D), "float32")
                 ops.gdn_verify(**{n: dev(a) for n, a in one.items()}, state=d_seq,
                                slot_ids=dev(slot_ids[b:b + 1]), cu_q=dev([0, 1]),
-                               out=poison((1, Hv, D), "bfloat16"), journal=d_j1, qk_l2norm=True,
-                               layout=layout)
+                               out=d_o1, journal=d_j1, qk_l2norm=True, layout=layout)
+                np.testing.assert_array_equal(d_o1.to_numpy().reshape(Hv, D).view(np.uint32),
+                                              o_block[t].view(np.uint32))
                 ops.gdn_commit(d_seq, dev(slot_ids[b:b + 1]), dev([0, 1]), dev([1]), d_j1,
                                layout=layout)
                 gdn_decode_reference(**one, state=ref_state, slot_ids=slot_ids[b:b + 1],

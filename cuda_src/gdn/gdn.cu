@@ -174,17 +174,23 @@ struct GateLane {
   RawCvt cvt;
   __device__ __forceinline__ GateLane(const GdnVerifyParams& p, int h, int lane) : cvt(p.gate_dtype[lane & 3]) {
     const int gi = lane & 3;
-    const int dt = p.gate_dtype[gi];
-    const void* ptr = (&p.gate0)[gi];   // gate0, gate1, A_log, dt_bias are consecutive fields
+    on = gi < 2 || p.fused_gating;
+    // An unused lane (2, 3 without fused gating: A_log / dt_bias may be null) loads gate0's
+    // element, a valid address, and drops it (load): the load is unconditional. As `on ? load :
+    // 0` ptxas made it a branch and scheduled it after the waits for the q/k loads (a second
+    // memory round trip per row; sm_90 SASS, seen once v staging was shortened).
+    const int gs = on ? gi : 0;
+    const int dt = p.gate_dtype[gs];
+    const void* ptr = (&p.gate0)[gs];   // gate0, gate1, A_log, dt_bias are consecutive fields
     const int sh = dt == SPECDEC_DT_F32 ? 2 : 1;
     f32 = dt == SPECDEC_DT_F32;
-    on = gi < 2 || p.fused_gating;
     base = static_cast<const char*>(ptr) + (uint64_t(uint32_t(h)) << sh);
-    stride = gi < 2 ? uint64_t(p.gate_stride_t[gi & 1]) << sh : 0;
+    stride = gs < 2 ? uint64_t(p.gate_stride_t[gs & 1]) << sh : 0;
   }
   // this lane's raw gate input of row t (0 for an unused lane)
   __device__ __forceinline__ uint32_t load(uint32_t t) const {
-    return on ? load_raw_at(base + uint64_t(t) * stride, 0, f32) : 0u;
+    const uint32_t raw = load_raw_at(base + uint64_t(t) * stride, 0, f32);
+    return on ? raw : 0u;
   }
 };
 
@@ -248,19 +254,26 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
   const uint32_t t0 = uint32_t(row0 + c0);   // the chunk's first row (0 <= t0 < T < 2^31)
   const uint64_t jst = uint64_t(p.journal_stride_t);   // journal columns: k_hat | v | g | beta
   constexpr int VPT = (ROWS * WC + 31) / 32;   // v entries per thread, at most (ROWS: rows per chunk)
+  // Thread x's v entries: e = x + j * blockDim.x of the chunk's nrows x slice_cols. blockDim.x =
+  // 32 nwarps and slice_cols = WC nwarps, so entry j is row x / slice_cols + j * (32 / WC) and
+  // column x % slice_cols: one address per thread and a constant row step, not a split of e per
+  // entry (e < nrows * slice_cols <=> its row < nrows).
+  static_assert(WC <= 32 && 32 % WC == 0, "warp columns divide 32");
+  constexpr int VROWS = 32 / WC;   // rows between a thread's v entries
   const int cols_log2 = __ffs(slice_cols) - 1;   // slice_cols: a power of two (see CtaSlice)
+  // Opaque copies (as in stage_row): the v addresses are computed here, not hoisted out of the
+  // chunk loop and kept live (or spilled, f32 Dk 128 on sm_90) through the token loop.
+  int h_v = pos.h, cb_v = col_base, x_v = threadIdx.x;
+  asm volatile("" : "+r"(h_v), "+r"(cb_v), "+r"(x_v));
+  const int vr0 = x_v >> cols_log2, vc = x_v & (slice_cols - 1);   // row and column of entry 0
   const uint64_t v_st = uint64_t(p.v_stride_t) << sh;
-  const char* const v0 = static_cast<const char*>(p.v) +
-                         (uint64_t(int64_t(pos.h) * p.v_stride_h + col_base) << sh) + uint64_t(t0) * v_st;
+  const char* const vp = static_cast<const char*>(p.v) + (uint64_t(int64_t(h_v) * p.v_stride_h + cb_v) << sh) +
+                         uint64_t(t0 + uint32_t(vr0)) * v_st + (uint32_t(vc) << sh);
   uint32_t vraw[VPT];
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
-    const int e = threadIdx.x + j * blockDim.x;
     vraw[j] = 0u;
-    if (e < nrows * slice_cols) {
-      const int rr = e >> cols_log2, jj = e & (slice_cols - 1);
-      vraw[j] = load_raw_at(v0 + uint64_t(uint32_t(rr)) * v_st + (uint32_t(jj) << sh), 0, f32);
-    }
+    if (vr0 + j * VROWS < nrows) vraw[j] = load_raw_at(vp + uint64_t(j * VROWS) * v_st, 0, f32);
   }
   // FIRST_ROW_OUTSIDE: the warp's first row straight-line, further rows (more rows than
   // warps) in a loop. At the head of a loop that issues loads ptxas waits for the scoreboard of
@@ -336,25 +349,37 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
   } else {
     for (int rr = warp; rr < nrows; rr += nwarps) stage_row(rr);
   }
-  int h_v = pos.h;
-  asm volatile("" : "+r"(h_v));   // (as above: computed here, not kept live through the row loop)
-  const int64_t jvc = int64_t(p.num_k_heads) * DK + int64_t(h_v) * Dv + col_base;   // this CTA's v columns
+  asm volatile("" : "+r"(h_v), "+r"(cb_v), "+r"(x_v));   // (as above: computed here, not kept live through the row loop)
+  const int vr1 = x_v >> cols_log2, vc1 = x_v & (slice_cols - 1);
+  // this thread's journal v entry of row vr1 (journal columns: k_hat | v | g | beta)
+  float* const jv = p.journal + uint64_t(t0 + uint32_t(vr1)) * jst +
+                    (int64_t(p.num_k_heads) * DK + int64_t(h_v) * Dv + cb_v + vc1);
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
-    const int e = threadIdx.x + j * blockDim.x;
-    if (e < nrows * slice_cols) {
-      const int rr = e >> cols_log2, jj = e & (slice_cols - 1);
+    const int rr = vr1 + j * VROWS;
+    if (rr < nrows) {
       const float x = raw_to_float_sel(vraw[j], cvt);
-      st.v[rr][jj] = x;
-      (p.journal + uint64_t(t0 + uint32_t(rr)) * jst)[jvc + jj] = x;
+      st.v[rr][vc1] = x;
+      jv[uint64_t(j * VROWS) * jst] = x;
     }
   }
 }
 
 
+// Verify's tile: 8 columns per thread for 16-bit states and for f32 with Dk = 128 (16 columns per
+// warp: half as many CTAs as with commit's 4 for the same state, so the per-CTA work that does
+// not scale with columns -- block/head divisions, addresses, q/k loads and normalisation, gates,
+// journal -- is paid once per 16 columns of a warp instead of 8). f32 Dk = 64 keeps 4: there 8
+// would cost 4 of its 7 CTAs per SM on sm_75-89 (70 -> 104+ registers). ops/gdn.py
+// (_launch_shape) launches with 2 * verify_cj columns per warp.
+template <typename TS, int DK>
+__host__ __device__ constexpr int verify_cj() { return sizeof(TS) == 4 && DK == 64 ? 4 : 8; }
+template <typename TS, int DK, bool VK>
+using VerifyTile = StateTile<TS, DK, VK, verify_cj<TS, DK>()>;
+
 template <typename TS, int DK, bool VK>
 __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
-  using Tile = StateTile<TS, DK, VK>;
+  using Tile = VerifyTile<TS, DK, VK>;
   constexpr int RI = Tile::RI, CJ = Tile::CJ;
   __shared__ __align__(16) RowStage<DK> st;
 
@@ -371,14 +396,15 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   const int qlen = row1 - row0;
 
   Tile tile(lane);
-  const int col = col_base + warp * Tile::WARP_COLS + tile.lc * CJ;   // this thread's first column
+  // this thread's first column; its column c is col + Tile::piece_off(c)
+  const int col = col_base + warp * Tile::WARP_COLS + tile.lc * Tile::SPAN;
   if (slot_ok) {   // slot >= 0 here
     const TS* head = static_cast<const TS*>(p.state) + uint64_t(uint32_t(slot)) * uint64_t(p.state_stride_slot) +
                      int64_t(pos.h) * DK * Dv;
     tile.load_head_nc(head, col, Dv);   // all loads in flight before any math
   }
   const bool write_k = pos.z == 0 && vs.hk_first;   // one CTA journals each k row
-  const int jc = tile.red_col();   // the column whose sums and output this lane holds
+  const int jc = Tile::piece_off(tile.red_col());   // (offset of) the column whose sums and output this lane holds
   // Per-thread constants of the token loop, computed once: without the opaque copies ptxas
   // rematerialises them from the lane id in every token (about 5 instructions per token).
   // Not for f32 Dk=64: there the two registers cost occupancy (sm_86/89: 72 -> 78 registers,
@@ -628,6 +654,11 @@ __device__ __forceinline__ void gdn_verify_wy_impl(const GdnVerifyParams& p) {
 #ifndef SPECDEC_GDN_F32_WY
 #define SPECDEC_GDN_F32_WY 0
 #endif
+#if SPECDEC_GDN_F32_WY
+// WyTile owns 8 columns per warp; ops/gdn.py (_launch_shape) now launches f32 verify with
+// VerifyTile's 16. Both would have to agree before this path can be switched on again.
+#error "SPECDEC_GDN_F32_WY needs ops/gdn.py to launch f32 verify with 8 columns per warp"
+#endif
 
 template <typename TS, int DK, bool VK>
 __device__ __forceinline__ void gdn_verify_dispatch(const GdnVerifyParams& p) {
@@ -753,6 +784,9 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   SPECDEC_GDN_LAYOUTS(TS, TNAME, 64, VMINB)  \
   SPECDEC_GDN_LAYOUTS(TS, TNAME, 128, VMINB)
 
-SPECDEC_GDN_DIMS(float, f32, (SPECDEC_GDN_F32_WY ? 2 : 1))
+SPECDEC_GDN_LAYOUTS(float, f32, 64, 1)
+// f32 Dk = 128, 8 columns per thread: capped at 128 registers (4 CTAs of 4 warps per SM, as
+// with 4 columns); uncapped ptxas takes 141-166 (3 CTAs).
+SPECDEC_GDN_LAYOUTS(float, f32, 128, 2)
 SPECDEC_GDN_DIMS(__half, f16, 1)
 SPECDEC_GDN_DIMS(bf16_t, bf16, 1)

@@ -158,12 +158,25 @@ __device__ __forceinline__ void store_state_vec(TS* p, const float* d) {
 //        per lane pair.
 //   "vk" ([Dv][Dk], Dk contiguous): lane = 16*lc + lr, rows lr*RI + r (contiguous),
 //        columns lc*CJ + c: a column is 16 lanes x RI contiguous elements.
-template <typename TS, int DK, bool VK>
+// CJX: columns per thread, 4 or 8; 0 picks the default above (4 for f32, 8 for 16-bit).
+// gdn_verify uses 8 for every dtype (gdn.cu), gdn_commit the default. Each column's sums are
+// the same FMA chain over the same rows and the same butterfly tree for any CJ (see
+// reduce_scatter), so the two agree bit for bit.
+template <typename TS, int DK, bool VK, int CJX = 0>
 struct StateTile {
   static constexpr int RI = DK / 16;
-  static constexpr int CJ = sizeof(TS) == 4 ? 4 : 8;
+  static constexpr int CJ = CJX != 0 ? CJX : sizeof(TS) == 4 ? 4 : 8;
+  static_assert(CJ == 4 || CJ == 8, "4 or 8 columns per thread");
   static constexpr int WARP_COLS = 2 * CJ;
   static constexpr int LOG_CJ = CJ == 4 ? 2 : 3;
+  // gdn_verify's column placement (load_head_nc, piece_off): a thread's CJ columns are NP pieces
+  // of SPAN (one 16-byte vector each), the lane pair's pieces interleaved (piece u of lane lc
+  // at warp column u * 2 * SPAN + lc * SPAN), so each kv load instruction reads 32 contiguous
+  // bytes per lane pair. NP = 1 (f32 CJ 4, 16-bit CJ 8): columns lc * CJ + c, as load/store.
+  static constexpr int SPAN = CJ * int(sizeof(TS)) > 16 ? 16 / int(sizeof(TS)) : CJ;
+  static constexpr int NP = CJ / SPAN;
+  // column c's offset from the thread's first column (col0 = warp's first + lc * SPAN)
+  __device__ __forceinline__ static constexpr int piece_off(int c) { return (c / SPAN) * 2 * SPAN + c % SPAN; }
   static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
 
   int lr, lc;
@@ -250,19 +263,22 @@ struct StateTile {
 
   // gdn_verify's load<true>: the same 16-byte loads, with the offsets inside the head in 32 bits
   // (a head is Dk x Dv <= 128 x 1024 elements) from one 64-bit base, so a load costs one
-  // IMAD.WIDE or an immediate offset instead of a 64-bit multiply-add chain.
-  __device__ __forceinline__ void load_head_nc(const TS* head, int col, int Dv) {
+  // IMAD.WIDE or an immediate offset instead of a 64-bit multiply-add chain. col0: the thread's
+  // first column; column c is col0 + piece_off(c) (with NP = 1, the columns load() reads).
+  __device__ __forceinline__ void load_head_nc(const TS* head, int col0, int Dv) {
     if constexpr (!VK) {
-      const TS* b = head + (lr * Dv + col);
+      const TS* b = head + (lr * Dv + col0);
       const int step = 16 * Dv;   // row(r + 1) - row(r), times Dv
 #pragma unroll
-      for (int r = 0; r < RI; ++r) load_state_vec<TS, CJ, true>(b + r * step, s[r]);
+      for (int r = 0; r < RI; ++r)
+#pragma unroll
+        for (int u = 0; u < NP; ++u) load_state_vec<TS, SPAN, true>(b + r * step + u * 2 * SPAN, s[r] + u * SPAN);
     } else {
-      const TS* b = head + (col * DK + lr * RI);
+      const TS* b = head + (col0 * DK + lr * RI);
 #pragma unroll
       for (int c = 0; c < CJ; ++c) {
         float t[RI];
-        load_state_vec<TS, RI, true>(b + c * DK, t);
+        load_state_vec<TS, RI, true>(b + piece_off(c) * DK, t);
 #pragma unroll
         for (int r = 0; r < RI; ++r) s[r][c] = t[r];
       }

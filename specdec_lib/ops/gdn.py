@@ -70,9 +70,17 @@ def _state_arg(state, layout):
     return st, slots, Hv, Dk, Dv
 
 
-def _launch_shape(B, Hv, Dv, state_dtype, device):
+def _warp_cols(state_dtype, Dk, verify):
+    """State columns (Dv entries) per warp: 2 x the kernel's columns per thread (gdn_tile.cuh
+    StateTile CJ). commit: 4 per thread for f32, 8 for 16-bit states; verify (gdn.cu verify_cj):
+    8 for every state but f32 with Dk = 64."""
+    if state_dtype != "float32" or (verify and Dk == 128):
+        return 16
+    return 8
+
+
+def _launch_shape(B, Hv, Dv, state_dtype, device, warp_cols):
     """(warps per CTA, slices per head): enough CTAs to fill the GPU, <= 8 warps."""
-    warp_cols = 8 if state_dtype == "float32" else 16
     cands = [w for w in (8, 4, 2, 1) if Dv % (w * warp_cols) == 0 and w * warp_cols <= 128]
     if not cands:
         raise ValueError(f"state: head_v_dim Dv={Dv} must be a multiple of {warp_cols} for "
@@ -162,7 +170,7 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots)
     if B == 0 or (T == 0 and status is None):
         return out, journal   # (with a status the kernel still runs: every status[b] is written)
-    warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev)
+    warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev, _warp_cols(st.dtype, Dk, verify=True))
     if B * Hv * slices >= 2**31:   # grid.x
         raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
     kern = runtime.kernel("gdn", f"gdn_verify_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
@@ -199,7 +207,7 @@ def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", statu
     _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots, al)
     if B == 0 or (T == 0 and status is None):
         return state
-    warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev)
+    warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev, _warp_cols(st.dtype, Dk, verify=False))
     if B * Hv * slices >= 2**31:   # grid.x
         raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
     kern = runtime.kernel("gdn", f"gdn_commit_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
