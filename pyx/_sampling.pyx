@@ -30,8 +30,6 @@ cdef extern from "sampling/sampling_params.h":
     ctypedef struct SpecSampleRow:
         uint32_t tau_key
         float m
-        float z
-        uint32_t pad
 
     ctypedef struct SpecSampleFilter:
         pass
@@ -67,7 +65,6 @@ cdef extern from "sampling/sampling_params.h":
         int32_t filtered_pass
         int32_t no_filters
         int32_t filter_step
-        int32_t hist_path
 
 PARAM_SIZES = {"SpecSampleParams": sizeof(SpecSampleParams)}
 TILE = SPEC_SAMPLE_TILE
@@ -98,7 +95,8 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
     """f32 logits: tiles (grid T x chunks) -> threshold x SPEC_SAMPLE_THRESHOLD_STEPS (grid
     T x threshold_ctas, filter_step 0..3) -> tiles, filtered pass -> finish (grid B).
     16-bit logits (``k_hist`` given): tiles -> hist (grid T x threshold_ctas, one launch:
-    thresholds and kept mass) -> finish. ``filters=False`` (the caller's promise that no
+    the thresholds from an exact-value histogram, then the filtered rows' tile sums
+    recounted over the kept set) -> finish. ``filters=False`` (the caller's promise that no
     request filters) skips the filter launches; finish then flags a request that does filter
     (status 5) instead of sampling it unfiltered. With filters=True the launches always run
     (CTAs of unfiltered rows exit at once)."""
@@ -133,7 +131,6 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
     p.filtered_pass = 0
     p.no_filters = 0 if filters else 1
     p.filter_step = 0
-    p.hist_path = 1 if (filters and k_hist is not None) else 0
     cdef unsigned int chunks = (num_tiles + tiles_per_cta - 1) // tiles_per_cta
     if num_rows > 0:
         launch(k_tiles, num_rows, chunks, 1, SPEC_SAMPLE_TILE_THREADS, 1, 1, 0, stream, &p)

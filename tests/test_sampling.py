@@ -846,6 +846,12 @@ def test_threshold_split_and_workspace_size():
                                           spec_sample_workspace_size)
     assert _threshold_ctas(256, 151936, 132) == 3
     assert _threshold_ctas(4, 151936, 132) == 19
+    from specdec_lib.ops.sampling import _hist_ctas
+    assert _hist_ctas(256, 151936, 132) == 1 and _hist_ctas(132, 151936, 132) == 1
+    assert _hist_ctas(4, 151936, 132) == 19 and _hist_ctas(64, 151936, 132) == 5
+    for T in (1, 4, 64, 131, 4096):
+        for V in (1, 7, 8193, 151936, 2 ** 21):
+            assert 1 <= _hist_ctas(T, V, 132) <= max(1, -(-V // _THRESHOLD_MIN_TOKENS))
     for T in (1, 4, 64, 256, 4096):
         for V in (1, 7, 8192, 8193, 151936, 2 ** 21):
             s = _threshold_ctas(T, V, 132)
@@ -854,7 +860,7 @@ def test_threshold_split_and_workspace_size():
         head = T * (-(-V // TILE) * _TILE_BYTES + _ROW_BYTES)
         assert spec_sample_workspace_size(T, V) == -(-head // 16) * 16 + T * _FILTER_BYTES
     assert _FILTER_BYTES % 16 == 0
-    assert spec_sample_workspace_size(256, 151936) == 388096 + 256 * 32864
+    assert spec_sample_workspace_size(256, 151936) == 386048 + 256 * 32864
 
 
 def _kept_check(cu_q, seen, params, n, em, st):
@@ -959,8 +965,10 @@ def _threshold_model(x32, temperature, top_k, top_p):
 
 
 @needs_gpu
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-def test_spec_sample_gpu_threshold_exact(dtype, rng):
+@pytest.mark.parametrize("dtype,pad", [("float32", 0), ("bfloat16", 0), ("float16", 0),
+                                       # >= one row per SM: the 16-bit path's one-CTA-per-row split
+                                       ("bfloat16", 160), ("float16", 160)])
+def test_spec_sample_gpu_threshold_exact(dtype, pad, rng):
     """The threshold key the kernels leave in the workspace, against the integer-mass rule
     computed in numpy, on distributions that stress the bucket window: N(0, 3) logits, a
     heavy tail (most of the vocabulary 40+ below the max: the clamped far bucket), a few
@@ -1000,6 +1008,11 @@ def test_spec_sample_gpu_threshold_exact(dtype, rng):
             x[b, 17] = 0.25
         elif kind == "wide":   # fp16: 8192 values span 8 octaves below the max
             x[b] = rng.standard_normal(V) * 6
+    if pad:   # greedy rows of zeros after the cases (they only make the batch large)
+        x = np.concatenate([x, np.zeros((pad, V))])
+        cases = cases + [(0.0, 0, 1.0, "pad")] * pad
+        B = len(cases)
+        cu_q = np.arange(B + 1, dtype=np.int32)
     host, seen = to_dtype(x, dtype)
     params = make_params(B, temperature=[c[0] for c in cases], top_k=[c[1] for c in cases],
                          top_p=[c[2] for c in cases])
@@ -1011,8 +1024,10 @@ def test_spec_sample_gpu_threshold_exact(dtype, rng):
        na, em, st, workspace=ws)
     raw = ws.to_numpy()
     off = B * (-(-V // TILE)) * 20
-    tau_gpu = raw[off:off + 16 * B].view(np.uint32).reshape(B, 4)[:, 0].astype(np.uint64)
+    tau_gpu = raw[off:off + 8 * B].view(np.uint32).reshape(B, 2)[:, 0].astype(np.uint64)
     for b, (temp, top_k, top_p, kind) in enumerate(cases):
+        if kind == "pad":
+            continue
         x32 = np.asarray(seen[b], np.float32)
         floor, keys, mass = _threshold_model(x32, temp, top_k, top_p)
         tau = tau_gpu[b]

@@ -113,13 +113,9 @@ __device__ __forceinline__ RowEval row_eval(const SpecSampleParams& p, const Seq
   e.x = i < k ? __ldg(p.draft_ids + dbase + i) : -1;
   const bool in_range = e.x >= 0 && e.x < p.vocab;
   const float lx = (!sp.greedy && in_range) ? load_logit(row, e.x) : -INFINITY;
-  const bool from_row = sp.filtered && !p.no_filters;
-  e.tau_key = from_row ? ws_rows(p)[r].tau_key : 0u;
-  // hist path: the kept mass comes with the threshold (the tile sums are unfiltered)
-  const bool hist_z = from_row && p.hist_path;
-  const float z_kept = hist_z ? ws_rows(p)[r].z : 0.f;
+  e.tau_key = (sp.filtered && !p.no_filters) ? ws_rows(p)[r].tau_key : 0u;
   e.s = warp_row_stats(p, r);
-  e.ex = 0.f; e.px = 0.f; e.z_full = hist_z ? z_kept : e.s.z; e.accept = 0;
+  e.ex = 0.f; e.px = 0.f; e.z_full = e.s.z; e.accept = 0;
   if (sp.greedy) {
     e.accept = i < k && e.x == e.s.arg;
     return e;
@@ -131,7 +127,7 @@ __device__ __forceinline__ RowEval row_eval(const SpecSampleParams& p, const Seq
     if (lx != -INFINITY && (!sp.filtered || kept(lx, sx, e.tau_key, e.s.m, sp.min_p)))
       e.ex = exp2f(sx - e.s.m);
   }
-  if (!hist_z) e.z_full = onehot ? e.s.z + e.ex : e.s.z;   // one-hot rows left x out of the tile sums
+  e.z_full = onehot ? e.s.z + e.ex : e.s.z;   // one-hot rows left x out of the tile sums
   e.px = e.z_full > 0.f ? e.ex / e.z_full : 0.f;
   if (jd >= 0) {
     const float qx = onehot ? 1.f
@@ -140,50 +136,6 @@ __device__ __forceinline__ RowEval row_eval(const SpecSampleParams& p, const Seq
     e.accept = u * qx < e.px;
   }
   return e;
-}
-
-// Hist path (16-bit logits, no recount launch): the sampling row's kept tile sums, one warp per
-// tile: sum of exp2(s2 - m) over the tokens the filters keep, the excluded one-hot draft left
-// out (the recount's rule). A tile whose largest logit is below the threshold keeps nothing
-// and is not read.
-template <typename T, int kThreads>
-__device__ void kept_tile_sums(const SpecSampleParams& p, const T* row, const SpecSampleTile* tl,
-                               float m, float scale, uint32_t tau_key, float min_p, int excl,
-                               float* out) {
-  constexpr int kN = VecN<T>::kN, kV = kTile / kN / 32;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float tau_f = tau_key == 0u ? -INFINITY : key_to_float(tau_key);   // x >= tau_f: the key test
-  const bool aligned = is_aligned16(row);
-  auto weight = [&](float x, int tok) {   // NaN fails x >= tau_f; -inf weighs 0
-    const float w = exp2f(__fsub_rn(__fmul_rn(x, scale), m));
-    const bool in = x >= tau_f && tok != excl && (!(min_p > 0.f) || w >= min_p);
-    return in ? w : 0.f;
-  };
-  for (int t = warp; t < p.num_tiles; t += kThreads / 32) {
-    const int base = t * kTile;
-    if (order_key(tl[t].raw_max) < tau_key) {
-      if (lane == 0) out[t] = 0.f;
-      continue;
-    }
-    float acc = 0.f;
-    if (aligned && base + kTile <= p.vocab) {
-      const uint4* src = reinterpret_cast<const uint4*>(row + base);
-      uint4 u[kV];
-#pragma unroll
-      for (int j = 0; j < kV; ++j) u[j] = __ldg(src + j * 32 + lane);
-#pragma unroll
-      for (int j = 0; j < kV; ++j) {
-        float x[kN];
-        unpack16(u[j], x, static_cast<const T*>(nullptr));
-#pragma unroll
-        for (int e = 0; e < kN; ++e) acc += weight(x[e], base + (j * 32 + lane) * kN + e);
-      }
-    } else {
-      for (int j = lane; j < kTile && base + j < p.vocab; j += 32) acc += weight(load_logit(row, base + j), base + j);
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) out[t] = acc;
-  }
 }
 
 // Block-wide (any, argmax a, argmax b): one barrier round for the level-1 tile race.
@@ -217,7 +169,6 @@ __device__ void finish_kernel(const SpecSampleParams& p) {
   __shared__ KeyArg sh_arg[2 * kWarps];
   __shared__ float sh_sum[kWarps];
   __shared__ float w_tile[SPEC_SAMPLE_MAX_TILES];
-  __shared__ float kp_tile[SPEC_SAMPLE_MAX_TILES];   // hist path: kept tile sums of p
   __shared__ float q_sh[kTile];
   __shared__ RowEval sh_eval[kRows];
   __shared__ int sh_range[2];
@@ -323,16 +274,11 @@ __device__ void finish_kernel(const SpecSampleParams& p) {
   const SpecSampleTile* tl = ws_tiles(p) + static_cast<int64_t>(r) * p.num_tiles;
   const float inv_z = z_full > 0.f ? 1.f / z_full : 0.f;
 
-  // tile weights (relative units: exp2(s2 - m)). Hist path: p's kept tile sums from the row
-  const bool kept_here = sp.filtered && p.hist_path;
-  if (kept_here) {
-    kept_tile_sums<T, kThreads>(p, row, tl, s.m, sp.scale, tau_key, sp.min_p, excl, kp_tile);
-    __syncthreads();
-  }
+  // tile weights (relative units: exp2(s2 - m))
   if (qrow == nullptr) {
     for (int t = threadIdx.x; t < p.num_tiles; t += kThreads) {
       const SpecSampleTile x_t = tl[t];
-      w_tile[t] = kept_here ? kp_tile[t] : scaled_sum(x_t.m, x_t.s, s.m);
+      w_tile[t] = scaled_sum(x_t.m, x_t.s, s.m);
     }
   } else {
     // residual max(0, p - q) per tile: one pass over this row and its draft probabilities
@@ -365,7 +311,7 @@ __device__ void finish_kernel(const SpecSampleParams& p) {
     for (int t = threadIdx.x; t < p.num_tiles; t += kThreads) {
       const float w = w_tile[t];
       const SpecSampleTile x_t = tl[t];   // p's tile sums: one-hot rows add back the draft
-      const float wp = (kept_here ? kp_tile[t] : scaled_sum(x_t.m, x_t.s, s.m)) + (t == x_tile ? ch.ex : 0.f);
+      const float wp = scaled_sum(x_t.m, x_t.s, s.m) + (t == x_tile ? ch.ex : 0.f);
       any |= w > 0.f;
       if (w > 0.f || wp > 0.f) {
         const float le = log2f(philox_exponential(spec_bits(seed, step, i, kPurposeTile, t)));

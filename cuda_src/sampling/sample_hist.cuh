@@ -1,6 +1,7 @@
 // spec_sample pass 2 for 16-bit logits: the filters' keep threshold from an exact histogram.
 // Included by spec_sample.cu only.
 #pragma once
+#include <type_traits>
 #include "common/ragged.cuh"
 #include "sampling/sample_common.cuh"
 #include "sampling/sample_threshold.cuh"
@@ -15,14 +16,15 @@ namespace {
 // one pass that counts tokens per *value* holds everything the filters need: bin i counts the
 // tokens whose value is the i-th representable value below the row max (i = distance in the
 // monotone 16-bit key). Top-k is the first bin where the cumulative count reaches k; top-p the
-// first where the cumulative mass (count x exp2(v * scale - m), a few thousand exp2 per row,
-// not one per token) reaches top_p x the kept mass; min-p a per-value test; and the kept mass
-// Z_N falls out for the accept step, so no recount of the tile sums is needed. A pass is a
-// shared counter increment per token: no exponential, no window, no candidate list.
+// first where the cumulative mass (count x exp2(v * scale - m): a few thousand exp2 per row,
+// not one per token) reaches top_p x the kept mass. A pass is one shared counter increment per
+// token: no exponential, no window, no candidate list, one launch for top-k and top-p together.
+// The CTA that resolves a row's threshold then recounts the row's tile sums over the kept set
+// (the f32 path's separate recount launch), so finish sees the same records on both paths.
 // The bins cover SPEC_SAMPLE_HIST_BINS values below the max (bf16: 64 octaves; fp16: 8);
 // tokens farther down go to a lane's scratch word. When the answer depends on them (the
-// crossing lies past the last bin: logits spread across zero, or a very wide fp16 row), the
-// last CTA falls back to the exact radix select over the whole row, as the f32 path does.
+// crossing lies past the last bin: logits spread across zero, or a very wide fp16 row), that
+// CTA falls back to the exact radix select over the whole row (the f32 path's rule).
 
 constexpr int kHistBins = SPEC_SAMPLE_HIST_BINS;
 
@@ -85,54 +87,134 @@ __device__ __forceinline__ void for_each_word(const T* row, int V, int chunk, in
   }
 }
 
+// Sum of a double over the CTA (fixed order: deterministic), in every thread.
+template <int kThreads>
+__device__ __forceinline__ double block_dsum(double v, double* sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  double all = 0.0;
+  for (int w = 0; w < kThreads / 32; ++w) all += sh[w];
+  __syncthreads();
+  return all;
+}
+
 // Smallest bin j < limit with sum_{i <= j} val(i) >= target (-1: none), in every thread. Thread
-// t owns bins [t * kPer, (t + 1) * kPer); sums in double, scanned in a fixed order.
+// t owns bins [t * kPer, (t + 1) * kPer); double sums in a fixed order (a warp scan, then the
+// warp totals): two barriers.
 template <int kThreads, typename F>
-__device__ __forceinline__ int first_crossing(F&& val, double target, int limit, double* sh_scan,
+__device__ __forceinline__ int first_crossing(F&& val, double target, int limit, double* sh_warp,
                                               int* sh_out) {
   constexpr int kPer = kHistBins / kThreads;
-  const int t = threadIdx.x;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   double local = 0.0;
+#pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int j = t * kPer + i;
     if (j < limit) local += val(j);
   }
-  if (t == 0) *sh_out = -1;
-  sh_scan[t] = local;
-  __syncthreads();
-  for (int d = 1; d < kThreads; d <<= 1) {   // Hillis-Steele inclusive scan
-    const double add = t >= d ? sh_scan[t - d] : 0.0;
-    __syncthreads();
-    sh_scan[t] += add;
-    __syncthreads();
+  double inc = local;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const double o = __shfl_up_sync(0xffffffffu, inc, d);
+    if (lane >= d) inc += o;
   }
-  double run = sh_scan[t] - local;   // exclusive
+  if (lane == 31) sh_warp[warp] = inc;
+  if (t == 0) *sh_out = 0x7fffffff;
+  __syncthreads();
+  double run = inc - local;   // exclusive prefix
+  for (int w = 0; w < warp; ++w) run += sh_warp[w];
   if (run < target && run + local >= target) {   // the crossing is in this thread's bins
+    int last = -1;
     for (int i = 0; i < kPer; ++i) {
       const int j = t * kPer + i;
       if (j >= limit) break;
-      run += val(j);
-      if (run >= target) { *sh_out = j; break; }
+      const double v = val(j);
+      if (v > 0.0) last = j;
+      run += v;
+      if (run >= target) { last = j; break; }
     }
+    if (last >= 0) atomicMin(sh_out, last);   // (rounding: at worst this thread's last non-empty bin)
   }
   __syncthreads();
   const int out = *sh_out;
   __syncthreads();
-  return out;
+  return out == 0x7fffffff ? -1 : out;
 }
 
-// Grid (T, S), one launch (16-bit logits only), every row whose request filters (top-k, top-p
-// or min-p). Each CTA counts its vocab slice into shared bins and adds the non-zero ones to the
-// row's global bins (integer atomics: order-free); the last CTA resolves the thresholds and
-// writes the row's record (tau_key, m, z = kept mass).
+// Row r's tile records [t_lo, t_hi) recounted over the kept set (the recount of the f32 path:
+// the tile pass's filtered_pass): s = sum of exp2(s2 - m) over the tokens with key >= tau_key
+// that pass min-p, the one-hot draft left out; m = the row max (so finish merges them as it
+// merges any partials). One warp per tile; a tile whose largest logit is below the threshold
+// keeps nothing and is not read.
+template <int kThreads, typename T>
+__device__ void recount_tiles(const SpecSampleParams& p, const T* row, int r, float m, float scale,
+                              uint32_t tau_key, float min_p, int excl, int t_lo, int t_hi) {
+  constexpr int kN = VecN<T>::kN, kV = kTile / kN / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float tau_f = tau_key == 0u ? -INFINITY : key_to_float(tau_key);   // x >= tau_f: the key test
+  const bool aligned = is_aligned16(row);
+  SpecSampleTile* tl = ws_tiles(p) + static_cast<int64_t>(r) * p.num_tiles;
+  auto sum_tile = [&](int base, auto minp_c, auto excl_c) {
+    constexpr bool kMinP = decltype(minp_c)::value, kExcl = decltype(excl_c)::value;
+    auto weight = [&](float x, int tok) {   // NaN fails x >= tau_f; -inf weighs 0
+      const float w = exp2f(__fsub_rn(__fmul_rn(x, scale), m));
+      bool in = x >= tau_f;
+      if constexpr (kMinP) in = in && w >= min_p;
+      if constexpr (kExcl) in = in && tok != excl;
+      return in ? w : 0.f;
+    };
+    float acc = 0.f;
+    if (aligned && base + kTile <= p.vocab) {
+      const uint4* src = reinterpret_cast<const uint4*>(row + base);
+      uint4 u[kV];
+#pragma unroll
+      for (int j = 0; j < kV; ++j) u[j] = __ldg(src + j * 32 + lane);
+#pragma unroll
+      for (int j = 0; j < kV; ++j) {
+        float x[kN];
+        unpack16(u[j], x, static_cast<const T*>(nullptr));
+#pragma unroll
+        for (int e = 0; e < kN; ++e) acc += weight(x[e], base + (j * 32 + lane) * kN + e);
+      }
+    } else {
+      for (int j = lane; j < kTile && base + j < p.vocab; j += 32) acc += weight(load_logit(row, base + j), base + j);
+    }
+    return warp_sum(acc);
+  };
+  using yes = std::true_type;
+  using no = std::false_type;
+  for (int t = t_lo + warp; t < t_hi; t += kThreads / 32) {
+    const int base = t * kTile;
+    float s = 0.f;
+    if (order_key(tl[t].raw_max) >= tau_key) {
+      const bool has_excl = excl >= base && excl < base + kTile;
+      if (min_p > 0.f) s = has_excl ? sum_tile(base, yes(), yes()) : sum_tile(base, yes(), no());
+      else s = has_excl ? sum_tile(base, no(), yes()) : sum_tile(base, no(), no());
+    }
+    if (lane == 0) { tl[t].m = m; tl[t].s = s; }
+  }
+}
+
+// Grid (T, S), one launch (16-bit logits only), every row whose request filters. Top-k / top-p
+// rows: each CTA counts its vocab slice into shared bins; with S > 1 it adds the non-zero ones
+// to the row's global bins (integer atomics: order-free) and the last CTA goes on. That CTA
+// (the only one when S = 1, the rows >= SMs case: no global traffic) resolves the threshold,
+// writes the row's record and recounts the row's tile sums over the kept set. Min-p-only rows
+// (no threshold) recount their tiles at once, split over the S CTAs.
 template <typename T>
 __device__ void hist_kernel(const SpecSampleParams& p) {
   constexpr int kThreads = SPEC_SAMPLE_HIST_THREADS;
-  constexpr int kPer = kHistBins / kThreads;
+  constexpr int kWarps = kThreads / 32;
   __shared__ uint32_t bins[kHistBins + 32];   // + one scratch word per lane (tokens past the bins)
-  __shared__ double scan[kThreads];
-  __shared__ int sh_last, sh_out;
-  __shared__ float sh_red[2 * (kThreads / 32)];
+  __shared__ unsigned long long scan64[kThreads];   // the fallback's radix
+  __shared__ double sh_d[kWarps];
+  __shared__ int sh_last, sh_out, digit;
+  __shared__ unsigned long long above;
+  __shared__ float sh_red[2 * kWarps];
   const int r = blockIdx.x, chunk = blockIdx.y, nchunks = gridDim.y;
   const int b = owner_of_row(p.cu_q, p.batch, r);
   const SeqParams sp = seq_params(p, b);
@@ -140,6 +222,7 @@ __device__ void hist_kernel(const SpecSampleParams& p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const T* row = static_cast<const T*>(p.logits) + static_cast<int64_t>(r) * p.logits_stride;
   const int V = p.vocab;
+  const bool cut_on = sp.k_on || sp.p_on;
   // row max of s2 and raw max, from the tile partials
   float m = -INFINITY, raw_max = -INFINITY;
   for (int t = threadIdx.x; t < p.num_tiles; t += kThreads) {
@@ -149,28 +232,43 @@ __device__ void hist_kernel(const SpecSampleParams& p) {
   }
   m = warp_max(m);
   raw_max = warp_max(raw_max);
-  if (lane == 0) { sh_red[warp] = m; sh_red[kThreads / 32 + warp] = raw_max; }
-  for (int j = threadIdx.x; j < kHistBins + 32; j += kThreads) bins[j] = 0u;
+  if (lane == 0) { sh_red[warp] = m; sh_red[kWarps + warp] = raw_max; }
+  if (cut_on)
+    for (int j = threadIdx.x; j < kHistBins + 32; j += kThreads) bins[j] = 0u;
   __syncthreads();
   m = sh_red[0];
-  raw_max = sh_red[kThreads / 32];
-  for (int w = 1; w < kThreads / 32; ++w) {
+  raw_max = sh_red[kWarps];
+  for (int w = 1; w < kWarps; ++w) {
     m = fmaxf(m, sh_red[w]);
-    raw_max = fmaxf(raw_max, sh_red[kThreads / 32 + w]);
+    raw_max = fmaxf(raw_max, sh_red[kWarps + w]);
   }
   SpecSampleRow* rows = ws_rows(p);
-  if (!(m > -INFINITY) || !(raw_max < INFINITY)) {   // nothing finite / +inf: the block is invalid
-    if (chunk == 0 && threadIdx.x == 0) {
-      SpecSampleRow rs;
-      rs.tau_key = 0u; rs.m = m; rs.z = 0.f; rs.pad = 0u;
-      rows[r] = rs;
-    }
+  auto write_row = [&](uint32_t tau) {
+    SpecSampleRow rs;
+    rs.tau_key = tau; rs.m = m;
+    rows[r] = rs;
+  };
+  // nothing finite, or a +inf: the block is invalid (finish flags it), nothing to filter
+  if (!(m > -INFINITY) || !(raw_max < INFINITY)) {
+    if (chunk == 0 && threadIdx.x == 0) write_row(0u);
     return;
   }
-  const uint32_t omax = max_key16(raw_max, static_cast<const T*>(nullptr));
+  const float scale = sp.scale;
+  const float min_p = sp.min_p;
+  const int r0 = __ldg(p.cu_q + b);
+  const int excl = excluded_draft(p, b, r - r0, __ldg(p.cu_q + b + 1) - r0);
+  if (!cut_on) {   // min-p only: no threshold, each CTA recounts its share of the tiles
+    if (chunk == 0 && threadIdx.x == 0) write_row(0u);
+    const int per = (p.num_tiles + nchunks - 1) / nchunks;
+    recount_tiles<kThreads>(p, row, r, m, scale, 0u, min_p, excl, min(p.num_tiles, chunk * per),
+                            min(p.num_tiles, (chunk + 1) * per));
+    return;
+  }
+  uint32_t omax = max_key16(raw_max, static_cast<const T*>(nullptr));
+  uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(bins));
+  asm("" : "+r"(sbase));   // computed once, not per vector
   const uint32_t omax2 = omax | (omax << 16);
   const uint32_t lim = kHistBins + lane;   // farther tokens: this lane's scratch word
-  const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(bins));
 
   // --- the pass: per token a key difference and one shared increment (no branch). A NaN (its
   // block is invalid anyway) may borrow across the halves: its bins are wrong, none out of range.
@@ -182,40 +280,38 @@ __device__ void hist_kernel(const SpecSampleParams& p) {
     asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(sbase + 4u * i1) : "memory");
   });
   __syncthreads();
-  SpecSampleFilter* f = ws_filters(p) + r;
-  uint32_t* gbins = f->count;   // count, msum and cand: 8192 contiguous words (see the header)
-  for (int j = threadIdx.x; j < kHistBins; j += kThreads)
-    if (bins[j]) atomicAdd(gbins + j, bins[j]);
-  if (!last_cta(f->head.done, &sh_last)) return;
+  if (nchunks > 1) {
+    SpecSampleFilter* f = ws_filters(p) + r;
+    uint32_t* gbins = f->count;   // count, msum and cand: 8192 contiguous words (see the header)
+    for (int j = threadIdx.x; j < kHistBins; j += kThreads)
+      if (bins[j]) atomicAdd(gbins + j, bins[j]);
+    if (!last_cta(f->head.done, &sh_last)) return;
+    for (int j = threadIdx.x; j < kHistBins; j += kThreads) bins[j] = __ldcg(gbins + j);
+    __syncthreads();
+  }
 
-  // --- last CTA: the row's bins -> thresholds and kept mass
-  for (int j = threadIdx.x; j < kHistBins; j += kThreads) bins[j] = __ldcg(gbins + j);
-  __syncthreads();
-  const float scale = sp.scale;
-  const float min_p = sp.min_p;
-  // covers_all: the bins reach the lowest key, so no token lies past them
-  const bool covers_all = omax < static_cast<uint32_t>(kHistBins);
+  // --- resolve: the row's bins -> the threshold
   auto value = [&](int j) { return bits16_to_float(ord16_inverse(omax - j), static_cast<const T*>(nullptr)); };
-  // weight of one token of bin j (the expression kept() and the recount use)
+  // weight of one token of bin j (the expression kept() uses)
   auto unit = [&](int j) { return exp2f(__fsub_rn(__fmul_rn(value(j), scale), m)); };
   auto mass = [&](int j) { return bins[j] ? static_cast<double>(bins[j]) * unit(j) : 0.0; };
   auto count = [&](int j) { return static_cast<double>(bins[j]); };
   bool ok = true;
-  int cut = -1;   // the last kept bin (-1: no top-k / top-p cut)
+  int cut = kHistBins;   // the last kept bin
   if (sp.k_on) {
-    cut = first_crossing<kThreads>(count, static_cast<double>(sp.top_k), kHistBins, scan, &sh_out);
+    cut = first_crossing<kThreads>(count, static_cast<double>(sp.top_k), kHistBins, sh_d, &sh_out);
     ok = cut >= 0;
   }
   if (ok && sp.p_on) {
     int jp;
     if (!(sp.top_p > 0.f)) {
-      jp = first_crossing<kThreads>(count, 1.0, kHistBins, scan, &sh_out);   // the max and its ties
+      jp = first_crossing<kThreads>(count, 1.0, kHistBins, sh_d, &sh_out);   // the max and its ties
     } else {
       double base;
       if (sp.k_on) {   // top-p on the top-k-renormalised distribution
-        base = 0.0;
-        for (int j = threadIdx.x; j <= cut; j += kThreads) base += mass(j);
-        base = static_cast<double>(block_sum<kThreads>(static_cast<float>(base), sh_red));
+        double part = 0.0;
+        for (int j = threadIdx.x; j <= cut; j += kThreads) part += mass(j);
+        base = block_dsum<kThreads>(part, sh_d);
       } else {         // the whole row: the tile sums (they leave the one-hot draft out)
         float z = 0.f;
         for (int t = threadIdx.x; t < p.num_tiles; t += kThreads) {
@@ -223,86 +319,55 @@ __device__ void hist_kernel(const SpecSampleParams& p) {
           z += scaled_sum(tr.m, tr.s, m);
         }
         z = block_sum<kThreads>(z, sh_red);
-        const int r0 = __ldg(p.cu_q + b);
-        const int x = excluded_draft(p, b, r - r0, __ldg(p.cu_q + b + 1) - r0);
-        if (x >= 0 && x < V) {
-          const float lx = load_logit(row, x);
+        if (excl >= 0 && excl < V) {
+          const float lx = load_logit(row, excl);
           if (lx > -INFINITY) z += exp2f(__fsub_rn(__fmul_rn(lx, scale), m));
         }
         base = static_cast<double>(z);
       }
       jp = first_crossing<kThreads>(mass, static_cast<double>(sp.top_p) * base,
-                                    sp.k_on ? cut + 1 : kHistBins, scan, &sh_out);
+                                    sp.k_on ? cut + 1 : kHistBins, sh_d, &sh_out);
       if (jp < 0 && sp.k_on) jp = cut;   // rounding: the reference keeps the whole top-k set
     }
     ok = jp >= 0;
-    cut = (cut < 0 || (jp >= 0 && jp < cut)) ? jp : cut;
+    cut = min(cut, jp);
   }
-  // min-p only: no cut, but the kept mass must not include tokens past the bins
-  if (ok && cut < 0 && !covers_all) ok = !(min_p > 0.f) ? false : unit(kHistBins - 1) < min_p;
-  if (ok) {
-    const int last = cut < 0 ? kHistBins - 1 : cut;
-    float z = 0.f;
-    for (int i = 0; i < kPer; ++i) {   // fixed order: deterministic
-      const int j = threadIdx.x * kPer + i;
-      if (j <= last && bins[j] && (!(min_p > 0.f) || unit(j) >= min_p)) z += static_cast<float>(mass(j));
-    }
-    z = block_sum<kThreads>(z, sh_red);
-    if (threadIdx.x == 0) {
-      SpecSampleRow rs;
-      rs.tau_key = cut < 0 ? 0u : order_key(value(cut));
-      rs.m = m; rs.z = z; rs.pad = 0u;
-      rows[r] = rs;
-    }
-    return;
-  }
+  uint32_t tau = ok ? order_key(value(cut)) : 0u;
 
-  // --- fallback (the crossing lies past the bins): the exact radix select over the whole row in
-  // this CTA, the f32 path's rule (integer masses), then the kept mass in one more pass
-  __syncthreads();
-  unsigned long long* hist = reinterpret_cast<unsigned long long*>(bins);   // 16 KB of the 32
-  unsigned long long* scan64 = reinterpret_cast<unsigned long long*>(scan);
-  __shared__ int digit;
-  __shared__ unsigned long long above;
-  auto dist = [&](float x) { return __fsub_rn(m, __fmul_rn(x, scale)); };
-  auto qmass = [&](float x) {
-    return static_cast<unsigned long long>(static_cast<uint32_t>(fminf(exp2f(-dist(x)), 1.f) * 2147483648.0f));
-  };
-  auto one = [](float) { return 1ull; };
-  uint32_t floor_key = 0u;
-  auto walk = [&](auto&& cnt) {
-    for_each_logit<kThreads>(row, V, 0, 1, [&](float x) {
-      if (!isnan(x) && order_key(x) >= floor_key) cnt(order_key(x), x);
-    });
-  };
-  if (sp.k_on)
-    floor_key = radix_rounds<kThreads>(walk, one, static_cast<unsigned long long>(sp.top_k), hist, scan64,
-                                       &digit, &above);
-  if (sp.p_on) {
-    unsigned long long tot = 0;
-    walk([&](uint32_t, float x) { tot += qmass(x); });
-    const unsigned long long all = block_sum_u64<kThreads>(tot, scan64);
-    if (threadIdx.x == 0) above = all;
-    __syncthreads();
-    const unsigned long long total = above;
-    __syncthreads();
-    unsigned long long target =
-        static_cast<unsigned long long>(ceil(static_cast<double>(fmaxf(sp.top_p, 0.f)) * static_cast<double>(total)));
-    target = target < 1ull ? 1ull : (target > total ? total : target);
-    floor_key = max(floor_key, radix_rounds<kThreads>(walk, qmass, target, hist, scan64, &digit, &above));
+  if (!ok) {
+    // --- fallback (the crossing lies past the bins): the exact radix select over the whole row
+    // in this CTA, the f32 path's rule (integer masses)
+    unsigned long long* hist = reinterpret_cast<unsigned long long*>(bins);   // 16 KB of the 32
+    auto qmass = [&](float x) {
+      return static_cast<unsigned long long>(
+          static_cast<uint32_t>(fminf(exp2f(__fsub_rn(__fmul_rn(x, scale), m)), 1.f) * 2147483648.0f));
+    };
+    auto one = [](float) { return 1ull; };
+    auto walk = [&](auto&& cnt) {
+      for_each_logit<kThreads>(row, V, 0, 1, [&](float x) {
+        if (!isnan(x) && order_key(x) >= tau) cnt(order_key(x), x);
+      });
+    };
+    if (sp.k_on)
+      tau = radix_rounds<kThreads>(walk, one, static_cast<unsigned long long>(sp.top_k), hist, scan64,
+                                   &digit, &above);
+    if (sp.p_on) {
+      unsigned long long tot = 0;
+      walk([&](uint32_t, float x) { tot += qmass(x); });
+      const unsigned long long all = block_sum_u64<kThreads>(tot, scan64);
+      if (threadIdx.x == 0) above = all;
+      __syncthreads();
+      const unsigned long long total = above;
+      __syncthreads();
+      unsigned long long target = static_cast<unsigned long long>(
+          ceil(static_cast<double>(fmaxf(sp.top_p, 0.f)) * static_cast<double>(total)));
+      target = target < 1ull ? 1ull : (target > total ? total : target);
+      tau = max(tau, radix_rounds<kThreads>(walk, qmass, target, hist, scan64, &digit, &above));
+    }
   }
-  float z = 0.f;
-  for_each_logit<kThreads>(row, V, 0, 1, [&](float x) {
-    const float s2 = x * scale;
-    if (!isnan(x) && x > -INFINITY && kept(x, s2, floor_key, m, min_p)) z += exp2f(__fsub_rn(s2, m));
-  });
-  z = block_sum<kThreads>(z, sh_red);
-  if (threadIdx.x == 0) {
-    SpecSampleRow rs;
-    rs.tau_key = floor_key;
-    rs.m = m; rs.z = z; rs.pad = 0u;
-    rows[r] = rs;
-  }
+  if (threadIdx.x == 0) write_row(tau);
+  // --- the row's tile sums over the kept set, in place (this CTA is the row's only one left)
+  recount_tiles<kThreads>(p, row, r, m, scale, tau, min_p, excl, 0, p.num_tiles);
 }
 
 }  // namespace

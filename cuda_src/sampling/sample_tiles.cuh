@@ -298,10 +298,10 @@ __device__ void tiles_kernel(const SpecSampleParams& p) {
       ws_tiles(p)[static_cast<int64_t>(r) * p.num_tiles + tile] = out;
     }
   }
-  if (!p.filtered_pass && !p.no_filters && sp.filtered) {
-    // zero the row's filter state (the f32 path: head, bucket counts and mass sums; the hist
-    // path: head and all 8192 value bins; the whole record either way) for the filter launches
-    // that follow in stream order: no memset launch, nothing kept between calls,
+  if (!p.filtered_pass && !p.no_filters && (sp.k_on || sp.p_on)) {
+    // zero the row's filter state (the f32 path: head, bucket counts and mass sums; 16-bit
+    // logits: head and all 8192 value bins; the whole record either way) for the filter
+    // launches that follow in stream order: no memset launch, nothing kept between calls,
     // graph-capturable. Last in the kernel, where it costs no registers.
     constexpr int kZero = static_cast<int>(sizeof(SpecSampleFilter) / 16);
     uint4* z = reinterpret_cast<uint4*>(ws_filters(p) + r);

@@ -13,8 +13,8 @@
 #define SPEC_SAMPLE_THRESHOLD_STEPS 4          /* threshold launches per call (2 per filter) */
 #define SPEC_SAMPLE_THRESHOLD_MIN_TOKENS 8192  /* a threshold CTA covers at least this many tokens */
 #define SPEC_SAMPLE_THRESHOLD_CANDIDATES 4096  /* keys of the selected bucket kept in the row's list */
-#define SPEC_SAMPLE_HIST_THREADS 256     /* spec_sample_hist_* (16-bit logits): the exact-value histogram */
-#define SPEC_SAMPLE_HIST_CTAS_PER_SM 3   /* its occupancy (launch bounds) */
+#define SPEC_SAMPLE_HIST_THREADS 512     /* spec_sample_hist_* (16-bit logits): exact-value histogram + recount */
+#define SPEC_SAMPLE_HIST_CTAS_PER_SM 2   /* its occupancy (launch bounds) */
 #define SPEC_SAMPLE_HIST_BINS 8192       /* values below the row max it counts exactly */
 #define SPEC_SAMPLE_FINISH_THREADS 512   /* level-2 race: 4 tokens per thread */
 #define SPEC_SAMPLE_FINISH_ROWS 32       /* block rows whose accept step finish evaluates in parallel */
@@ -48,10 +48,6 @@ typedef struct {
 typedef struct {
   uint32_t tau_key; /* kept iff orderable_key(logit) >= tau_key (0: no top-k/top-p cut) */
   float m;          /* row max of s2 */
-  float z;          /* 16-bit logits (hist launch): kept mass, sum of exp2(s2 - m) over the kept
-                       tokens (the one-hot draft included); f32 logits: unused (the recount's tile
-                       sums hold it) */
-  uint32_t pad;
 } SpecSampleRow;
 
 /* Per-row state of the threshold (spec_sample_threshold_*, split over gridDim.y CTAs per row).
@@ -115,7 +111,4 @@ typedef struct {
   int32_t no_filters;           /* 1: the filter launches were skipped (host promise: no request
                                    filters); finish flags a request that does (status 5) */
   int32_t filter_step;          /* spec_sample_threshold_*: 0..SPEC_SAMPLE_THRESHOLD_STEPS-1 */
-  int32_t hist_path;            /* 1: 16-bit logits, the filters ran as spec_sample_hist_* (no
-                                   recount): finish takes a filtered row's kept mass from its
-                                   SpecSampleRow and sums the sampling row's kept tiles itself */
 } SpecSampleParams;

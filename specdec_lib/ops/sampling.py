@@ -11,7 +11,7 @@ from ..reference.sampling import check_filters
 TILE = 2048                 # SPEC_SAMPLE_TILE (tokens per tile; also the reference's TILE)
 MAX_TILES = 1024            # SPEC_SAMPLE_MAX_TILES -> V <= 2^21
 _TILE_BYTES = 20            # sizeof(SpecSampleTile)
-_ROW_BYTES = 16             # sizeof(SpecSampleRow)
+_ROW_BYTES = 8              # sizeof(SpecSampleRow)
 _FILTER_BYTES = 32864       # sizeof(SpecSampleFilter): the threshold's per-row state
 _THRESHOLD_CTAS_PER_SM = 2  # SPEC_SAMPLE_THRESHOLD_CTAS_PER_SM
 _THRESHOLD_MIN_TOKENS = 8192  # SPEC_SAMPLE_THRESHOLD_MIN_TOKENS: tokens per threshold CTA, at least
@@ -40,6 +40,18 @@ def _threshold_ctas(num_rows: int, vocab: int, sm_count: int) -> int:
     _THRESHOLD_CTAS_PER_SM x 2 CTAs per SM if every row filters, but no CTA with fewer than
     _THRESHOLD_MIN_TOKENS tokens. B=64 k=3 (T=256), V=151936 on 132 SMs: 3; B=1 (T=4): 19."""
     want = -(-(2 * _THRESHOLD_CTAS_PER_SM * max(1, sm_count)) // max(1, num_rows))
+    return max(1, min(want, -(-int(vocab) // _THRESHOLD_MIN_TOKENS)))
+
+
+def _hist_ctas(num_rows: int, vocab: int, sm_count: int) -> int:
+    """CTAs per row of the 16-bit hist launch (grid rows x this). One per row once the rows
+    fill the SMs: the row's histogram never leaves shared memory (no global merge, no
+    last-CTA hand-off) and the same CTA recounts the row. Fewer rows: about 2 CTAs per SM,
+    none with fewer than _THRESHOLD_MIN_TOKENS tokens. B=64 k=3 (T=256) on 132 SMs: 1; B=1
+    (T=4), V=151936: 19."""
+    if num_rows >= sm_count:
+        return 1
+    want = -(-(2 * max(1, sm_count)) // max(1, num_rows))
     return max(1, min(want, -(-int(vocab) // _THRESHOLD_MIN_TOKENS)))
 
 
@@ -180,5 +192,5 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
         lg.strides[0], dp.strides[0] if draft_probs is not None else 0, em.strides[0],
         lp.strides[0] if accepted_logprobs is not None else 0,
         T, B, V, Vd, num_tiles, tiles_per_cta, W, filters is None or bool(filters),
-        _threshold_ctas(T, V, runtime.sm_count(dev)), k_hist)
+        (_hist_ctas if k_hist is not None else _threshold_ctas)(T, V, runtime.sm_count(dev)), k_hist)
     return num_accepted, emitted, status
