@@ -29,10 +29,15 @@ namespace {
 constexpr int kHistBins = SPEC_SAMPLE_HIST_BINS;
 
 // Monotone 16-bit key of both halves of a word of bf16 / fp16 bit patterns (sign-magnitude to
-// offset binary: larger value, larger key; -0 one below +0). Halves do not interact.
+// offset binary: larger value, larger key; -0 one below +0). Halves do not interact. Two
+// instructions: a byte permute that replicates each half's sign over the half (s = 0xffff for
+// a negative half), then one LOP3 (w ^ (s | 0x80008000)): a negative half is inverted, a
+// positive one gets its top bit.
 __device__ __forceinline__ uint32_t ord16x2(uint32_t w) {
-  const uint32_t neg = (w >> 15) & 0x00010001u;
-  return w ^ (neg * 0x7fffu) ^ 0x80008000u;
+  uint32_t s, o;
+  asm("prmt.b32 %0, %1, %1, 0xBB99;" : "=r"(s) : "r"(w));
+  asm("lop3.b32 %0, %1, %2, 0x80008000, 0x1E;" : "=r"(o) : "r"(w), "r"(s));   // w ^ (s | 0x80008000)
+  return o;
 }
 __device__ __forceinline__ uint32_t ord16_inverse(uint32_t o) {   // key -> bit pattern
   return (o & 0x8000u) ? (o ^ 0x8000u) : (~o & 0xffffu);
@@ -161,11 +166,16 @@ __device__ void recount_tiles(const SpecSampleParams& p, const T* row, int r, fl
   auto sum_tile = [&](int base, auto minp_c, auto excl_c) {
     constexpr bool kMinP = decltype(minp_c)::value, kExcl = decltype(excl_c)::value;
     auto weight = [&](float x, int tok) {   // NaN fails x >= tau_f; -inf weighs 0
-      const float w = exp2f(__fsub_rn(__fmul_rn(x, scale), m));
-      bool in = x >= tau_f;
-      if constexpr (kMinP) in = in && w >= min_p;
-      if constexpr (kExcl) in = in && tok != excl;
-      return in ? w : 0.f;
+      if constexpr (kMinP) {   // min-p decides with kept()'s own expression
+        const float w = exp2f(__fsub_rn(__fmul_rn(x, scale), m));
+        bool in = x >= tau_f && w >= min_p;
+        if constexpr (kExcl) in = in && tok != excl;
+        return in ? w : 0.f;
+      } else {                 // a token left out weighs exp2(-inf) = 0: FFMA, FSEL, MUFU
+        bool in = x >= tau_f;
+        if constexpr (kExcl) in = in && tok != excl;
+        return exp2f(in ? fmaf(x, scale, -m) : -INFINITY);
+      }
     };
     float acc = 0.f;
     if (aligned && base + kTile <= p.vocab) {
