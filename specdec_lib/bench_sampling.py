@@ -67,8 +67,10 @@ def bench_spec_sample(b: Bench):
             (64, 0.5, 1.0, False, "half greedy, no filter, filters=False", 0),
             (64, 0.5, 0.9, None, "half greedy, top-p 0.9", 0),
             (64, 0.5, 0.9, None, "half greedy, top-k 50 + top-p 0.9", 50),
-            # a wide top-p window (PERF.md "Known limit on main": the 4096-key list overflows)
+            # a wide nucleus (f32 logits: a wide top-p window)
             (64, 0.5, 0.99, None, "half greedy, top-p 0.99", 0),
+            # every row filters: 256 rows for the hist launch's one CTA per row
+            (64, 0.0, 0.9, None, "all sampled, top-p 0.9", 0),
             (64, 0.0, 1.0, None, "all sampled, no filter", 0),
             (64, 0.0, 1.0, False, "all sampled, no filter, filters=False", 0),
             (1, 0.0, 1.0, None, "sampled, no filter", 0),
