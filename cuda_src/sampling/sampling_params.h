@@ -13,8 +13,8 @@
 #define SPEC_SAMPLE_THRESHOLD_STEPS 4          /* threshold launches per call (2 per filter) */
 #define SPEC_SAMPLE_THRESHOLD_MIN_TOKENS 8192  /* a threshold CTA covers at least this many tokens */
 #define SPEC_SAMPLE_THRESHOLD_CANDIDATES 4096  /* keys of the selected bucket kept in the row's list */
-#define SPEC_SAMPLE_HIST_THREADS 1024    /* spec_sample_hist_* (16-bit logits): exact-value histogram + recount */
-#define SPEC_SAMPLE_HIST_CTAS_PER_SM 1   /* its occupancy (launch bounds): 32 warps per SM for one row */
+#define SPEC_SAMPLE_HIST_THREADS 512     /* spec_sample_hist_* (16-bit logits): exact-value histogram + recount */
+#define SPEC_SAMPLE_HIST_CTAS_PER_SM 2   /* its occupancy (launch bounds) */
 #define SPEC_SAMPLE_HIST_BINS 8192       /* values below the row max it counts exactly */
 #define SPEC_SAMPLE_FINISH_THREADS 512   /* level-2 race: 4 tokens per thread */
 #define SPEC_SAMPLE_FINISH_ROWS 32       /* block rows whose accept step finish evaluates in parallel */

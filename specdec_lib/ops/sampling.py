@@ -46,12 +46,12 @@ def _threshold_ctas(num_rows: int, vocab: int, sm_count: int) -> int:
 def _hist_ctas(num_rows: int, vocab: int, sm_count: int) -> int:
     """CTAs per row of the 16-bit hist launch (grid rows x this). One per row once the rows
     fill the SMs: the row's histogram never leaves shared memory (no global merge, no
-    last-CTA hand-off) and the same CTA recounts the row. Fewer rows: about one CTA (of
-    1024 threads) per SM, none with fewer than _THRESHOLD_MIN_TOKENS tokens. B=64 k=3
-    (T=256) on 132 SMs: 1; B=1 (T=4), V=151936: 19."""
+    last-CTA hand-off) and the same CTA recounts the row. Fewer rows: about 2 CTAs per SM,
+    none with fewer than _THRESHOLD_MIN_TOKENS tokens. B=64 k=3 (T=256) on 132 SMs: 1; B=1
+    (T=4), V=151936: 19."""
     if num_rows >= sm_count:
         return 1
-    want = -(-max(1, sm_count) // max(1, num_rows))
+    want = -(-(2 * max(1, sm_count)) // max(1, num_rows))
     return max(1, min(want, -(-int(vocab) // _THRESHOLD_MIN_TOKENS)))
 
 
