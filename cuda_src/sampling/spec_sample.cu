@@ -5,7 +5,7 @@
 // draft_ids [T-B], optional draft_probs [T-B, Vd] (+ d2t [Vd]); outputs num_accepted [B],
 // emitted [B, W], status [B], optional logprobs [B, W].
 //
-// Three kernels, launched in this order on one stream:
+// Three kernels (four for f32 logits), launched in this order on one stream:
 //  1. spec_sample_tiles_<dt>     grid (T, ceil(num_tiles / tiles_per_cta)), 4 warps (it also
 //     zeroes the threshold state of rows that filter): the vocab
 //     is split across CTAs so batch 1 fills the GPU; one warp owns one 2048-token tile at a
@@ -24,6 +24,10 @@
 //     max: it is a per-token test).
 //     filters=False on the host skips these launches (params.no_filters = 1); finish then
 //     gives a request that filters status 5 instead of sampling it unfiltered.
+//  2'. spec_sample_hist_<dt>     16-bit logits only, instead of 2.: grid (T, S), 512 threads,
+//     one launch: a count per logit value below the row max gives top-k / top-p exactly
+//     (sample_hist.cuh); the CTA that resolves a row's threshold then recounts that row's
+//     tile sums over the kept set, as the filtered tile pass does for f32.
 //  3. spec_sample_finish_<dt>    grid B, 512 threads: one CTA per sequence; its warps evaluate
 //     all rows of the block at once (tile merge in a fixed order: deterministic; draft logit,
 //     Philox uniform, accept decision), warp 0 scans the decisions (the accept chain), all
