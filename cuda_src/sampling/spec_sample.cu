@@ -5,7 +5,8 @@
 // draft_ids [T-B], optional draft_probs [T-B, Vd] (+ d2t [Vd]); outputs num_accepted [B],
 // emitted [B, W], status [B], optional logprobs [B, W].
 //
-// Three kernels (four for f32 logits), launched in this order on one stream:
+// Three kernels per call (tiles, one filter kernel: threshold for f32 / hist for 16-bit
+// logits, finish), launched in this order on one stream:
 //  1. spec_sample_tiles_<dt>     grid (T, ceil(num_tiles / tiles_per_cta)), 4 warps (it also
 //     zeroes the threshold state of rows that filter): the vocab
 //     is split across CTAs so batch 1 fills the GPU; one warp owns one 2048-token tile at a
