@@ -58,38 +58,14 @@ __device__ __forceinline__ uint32_t max_key16(float f, const __half*) {
 }
 
 // Calls f(w, n) for the 32-bit words of chunk `chunk` of `nchunks` slices of the row: two
-// tokens per word (n = 2), 8 words of 16-byte loads per thread in flight; tokens outside whole
-// vectors (tail, misaligned rows) one per call in the low half (n = 1).
+// tokens per word (n = 2), 8 vectors of 16-byte loads per thread in flight; tokens outside
+// whole vectors (tail, misaligned rows) one per call in the low half (n = 1).
 template <int kThreads, typename T, typename F>
 __device__ __forceinline__ void for_each_word(const T* row, int V, int chunk, int nchunks, F&& f) {
-  constexpr int kU = 8;
   const uint16_t* r16 = reinterpret_cast<const uint16_t*>(row);
-  if (is_aligned16(row)) {
-    const int nvec = V / 8;
-    const int per = (nvec + nchunks - 1) / nchunks;
-    const int v_lo = min(nvec, chunk * per), v_hi = min(nvec, v_lo + per);
-    const uint4* src = reinterpret_cast<const uint4*>(row);
-    for (int v0 = v_lo; v0 < v_hi; v0 += kThreads * kU) {
-      uint4 u[kU];
-#pragma unroll
-      for (int k = 0; k < kU; ++k) {
-        const int vi = v0 + k * kThreads + threadIdx.x;
-        if (vi < v_hi) u[k] = __ldg(src + vi);
-      }
-#pragma unroll
-      for (int k = 0; k < kU; ++k) {
-        if (v0 + k * kThreads + threadIdx.x < v_hi) {
-          f(u[k].x, 2); f(u[k].y, 2); f(u[k].z, 2); f(u[k].w, 2);
-        }
-      }
-    }
-    if (chunk == nchunks - 1)
-      for (int i = nvec * 8 + threadIdx.x; i < V; i += kThreads) f(static_cast<uint32_t>(__ldg(r16 + i)), 1);
-  } else {
-    const int per = (V + nchunks - 1) / nchunks;
-    const int lo = min(V, chunk * per), hi = min(V, lo + per);
-    for (int i = lo + threadIdx.x; i < hi; i += kThreads) f(static_cast<uint32_t>(__ldg(r16 + i)), 1);
-  }
+  for_each_raw<kThreads, 8, 8>(row, V, chunk, nchunks,
+      [&](const uint4& u) { f(u.x, 2); f(u.y, 2); f(u.z, 2); f(u.w, 2); },
+      [&](int i) { f(static_cast<uint32_t>(__ldg(r16 + i)), 1); });
 }
 
 // Sum of a double over the CTA (fixed order: deterministic), in every thread.

@@ -92,20 +92,14 @@ __device__ __forceinline__ void hist_combine(unsigned long long* hist) {
   __syncthreads();
 }
 
-// One 16-byte vector per call: f(x, n) with float x[kN] of which the
-// first n are tokens (kU vectors in flight per thread), so a pass can compute a whole vector
-// branch-free and take its rare path once per vector. Tokens that are not part of a whole
-// vector (the row's tail, every token of a misaligned row) come one per call (n = 1); n is a
-// constant at each call, so the passes' `e < n` tests fold away.
-template <int kThreads, int kU, typename T, typename F, int kProc = 4>
-__device__ __forceinline__ void for_each_vec(const T* row, int V, int chunk, int nchunks, F&& f) {
-  constexpr int kN = VecN<T>::kN;
-  auto single = [&](int i) {
-    float x[kN];
-#pragma unroll
-    for (int e = 0; e < kN; ++e) x[e] = e == 0 ? load_logit(row, i) : -INFINITY;
-    f(x, 1);
-  };
+// The walk over chunk `chunk` of `nchunks` equal slices of a row of V tokens: fvec(u) for each
+// 16-byte vector u of the slice (kU loads per thread in flight, handed over kProc at a time),
+// fone(i) for each token i outside whole vectors (the row's tail in the last chunk, every
+// token of a misaligned row). The threshold passes and the 16-bit histogram share it.
+template <int kThreads, int kU, int kProc, typename T, typename FVec, typename FOne>
+__device__ __forceinline__ void for_each_raw(const T* row, int V, int chunk, int nchunks, FVec&& fvec,
+                                             FOne&& fone) {
+  constexpr int kN = 16 / sizeof(T);
   if (is_aligned16(row)) {
     const int nvec = V / kN;
     const int per = (nvec + nchunks - 1) / nchunks;
@@ -118,30 +112,46 @@ __device__ __forceinline__ void for_each_vec(const T* row, int V, int chunk, int
         const int vi = v0 + k * kThreads + threadIdx.x;
         if (vi < v_hi) u[k] = __ldg(src + vi);
       }
-      // kU vectors in flight, processed kProc at a time by one copy of f's code (the rest
+      // kU vectors in flight, processed kProc at a time by one copy of fvec's code (the rest
       // shifted down between rounds: register moves), so the loop body stays small enough
       // for the instruction cache (r4's profile: 19-24% "no_inst" stalls at kProc = kU = 8).
 #pragma unroll 1
       for (int h = 0; h < kU / kProc; ++h) {
 #pragma unroll
-        for (int k = 0; k < kProc; ++k) {
-          if (v0 + (h * kProc + k) * kThreads + threadIdx.x < v_hi) {
-            float x[kN];
-            unpack16(u[k], x, static_cast<const T*>(nullptr));
-            f(x, kN);
-          }
-        }
+        for (int k = 0; k < kProc; ++k)
+          if (v0 + (h * kProc + k) * kThreads + threadIdx.x < v_hi) fvec(u[k]);
 #pragma unroll
         for (int k = 0; k + kProc < kU; ++k) u[k] = u[k + kProc];
       }
     }
     if (chunk == nchunks - 1)
-      for (int i = nvec * kN + threadIdx.x; i < V; i += kThreads) single(i);
+      for (int i = nvec * kN + threadIdx.x; i < V; i += kThreads) fone(i);
   } else {
     const int per = (V + nchunks - 1) / nchunks;
     const int lo = min(V, chunk * per), hi = min(V, lo + per);
-    for (int i = lo + threadIdx.x; i < hi; i += kThreads) single(i);
+    for (int i = lo + threadIdx.x; i < hi; i += kThreads) fone(i);
   }
+}
+
+// One 16-byte vector per call: f(x, n) with float x[kN] of which the first n are tokens, so a
+// pass can compute a whole vector branch-free and take its rare path once per vector. Tokens
+// outside whole vectors come one per call (n = 1); n is a constant at each call, so the
+// passes' `e < n` tests fold away.
+template <int kThreads, int kU, typename T, typename F, int kProc = 4>
+__device__ __forceinline__ void for_each_vec(const T* row, int V, int chunk, int nchunks, F&& f) {
+  constexpr int kN = VecN<T>::kN;
+  for_each_raw<kThreads, kU, kProc>(row, V, chunk, nchunks,
+      [&](const uint4& u) {
+        float x[kN];
+        unpack16(u, x, static_cast<const T*>(nullptr));
+        f(x, kN);
+      },
+      [&](int i) {
+        float x[kN];
+#pragma unroll
+        for (int e = 0; e < kN; ++e) x[e] = e == 0 ? load_logit(row, i) : -INFINITY;
+        f(x, 1);
+      });
 }
 
 // Calls f(x) for every token of chunk `chunk` of `nchunks` equal slices of the row: for_each_vec's
