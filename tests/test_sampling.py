@@ -822,6 +822,7 @@ def test_spec_sample_workspace_size_matches_the_extension():
     assert _sampling.TILE_WARPS == ops_sampling._TILE_WARPS
     assert _sampling.TILE_CTAS_PER_SM == ops_sampling._TILE_CTAS_PER_SM
     assert _sampling.FILTER_BYTES == ops_sampling._FILTER_BYTES
+    assert _sampling.HIST_CTAS_PER_SM == ops_sampling._HIST_CTAS_PER_SM
     assert _sampling.THRESHOLD_CTAS_PER_SM == ops_sampling._THRESHOLD_CTAS_PER_SM
     assert _sampling.THRESHOLD_MIN_TOKENS == ops_sampling._THRESHOLD_MIN_TOKENS
 

@@ -15,6 +15,7 @@ _ROW_BYTES = 8              # sizeof(SpecSampleRow)
 _FILTER_BYTES = 32864       # sizeof(SpecSampleFilter): the threshold's per-row state
 _THRESHOLD_CTAS_PER_SM = 2  # SPEC_SAMPLE_THRESHOLD_CTAS_PER_SM
 _THRESHOLD_MIN_TOKENS = 8192  # SPEC_SAMPLE_THRESHOLD_MIN_TOKENS: tokens per threshold CTA, at least
+_HIST_CTAS_PER_SM = 2       # SPEC_SAMPLE_HIST_CTAS_PER_SM
 _KERNEL_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _TILE_WARPS = 4             # SPEC_SAMPLE_TILE_THREADS / 32: tiles a CTA works on at once
 _TILE_CTAS_PER_SM = 6       # SPEC_SAMPLE_TILE_CTAS_PER_SM: resident tile CTAs per SM
@@ -34,25 +35,31 @@ def spec_sample_workspace_size(num_rows: int, vocab: int) -> int:
     return -(-head // 16) * 16 + int(num_rows) * _FILTER_BYTES
 
 
+def _ctas_per_row(num_rows: int, vocab: int, ctas: int) -> int:
+    """Split of a row-parallel launch (grid rows x this) that gives about `ctas` CTAs in all,
+    none with fewer than _THRESHOLD_MIN_TOKENS tokens."""
+    want = -(-ctas // max(1, num_rows))
+    return max(1, min(want, -(-int(vocab) // _THRESHOLD_MIN_TOKENS)))
+
+
 @functools.lru_cache(maxsize=256)
 def _threshold_ctas(num_rows: int, vocab: int, sm_count: int) -> int:
     """CTAs per row of the threshold launches (grid rows x this): enough for about
     _THRESHOLD_CTAS_PER_SM x 2 CTAs per SM if every row filters, but no CTA with fewer than
     _THRESHOLD_MIN_TOKENS tokens. B=64 k=3 (T=256), V=151936 on 132 SMs: 3; B=1 (T=4): 19."""
-    want = -(-(2 * _THRESHOLD_CTAS_PER_SM * max(1, sm_count)) // max(1, num_rows))
-    return max(1, min(want, -(-int(vocab) // _THRESHOLD_MIN_TOKENS)))
+    return _ctas_per_row(num_rows, vocab, 2 * _THRESHOLD_CTAS_PER_SM * max(1, sm_count))
 
 
+@functools.lru_cache(maxsize=256)
 def _hist_ctas(num_rows: int, vocab: int, sm_count: int) -> int:
     """CTAs per row of the 16-bit hist launch (grid rows x this). One per row once the rows
     fill the SMs: the row's histogram never leaves shared memory (no global merge, no
-    last-CTA hand-off) and the same CTA recounts the row. Fewer rows: about 2 CTAs per SM,
-    none with fewer than _THRESHOLD_MIN_TOKENS tokens. B=64 k=3 (T=256) on 132 SMs: 1; B=1
-    (T=4), V=151936: 19."""
+    last-CTA hand-off) and the same CTA recounts the row. Fewer rows: about
+    _HIST_CTAS_PER_SM CTAs per SM, none with fewer than _THRESHOLD_MIN_TOKENS tokens.
+    B=64 k=3 (T=256) on 132 SMs: 1; B=1 (T=4), V=151936: 19."""
     if num_rows >= sm_count:
         return 1
-    want = -(-(2 * max(1, sm_count)) // max(1, num_rows))
-    return max(1, min(want, -(-int(vocab) // _THRESHOLD_MIN_TOKENS)))
+    return _ctas_per_row(num_rows, vocab, _HIST_CTAS_PER_SM * max(1, sm_count))
 
 
 @functools.lru_cache(maxsize=256)
