@@ -3,7 +3,7 @@
 # forced PTX family (the sm_75 / sm_80 code paths through driver JIT), run the benchmarks,
 # and write every log under OUTDIR.
 #
-#   tools/gpu_check.sh OUTDIR [--tests EXPR] [--bench "op op"|none] [--families "native 75 80"]
+#   tools/gpu_check.sh OUTDIR [--tests EXPR] [--bench "op op"|none] [--families "native 75 80"] [--parallel]
 #
 # Expects (see ../shared/GPU_MACHINE.md): .whl/ holding the nvidia-cuda-runtime and
 # nvidia-cuda-profiler-api header wheels matching that machine's cuda-bindings (and
@@ -12,13 +12,14 @@
 set -u -o pipefail
 OUT=${1:?usage: tools/gpu_check.sh OUTDIR [--tests EXPR] [--bench OPS] [--families LIST]}
 shift
-TESTS="" BENCH="" BENCH80="" FAMS="native 75 80" FORCED=1 TEST_TIMEOUT=${TEST_TIMEOUT:-240}
+TESTS="" BENCH="" BENCH80="" FAMS="native 75 80" FORCED=1 TEST_TIMEOUT=${TEST_TIMEOUT:-240} PARALLEL=0
 while [ $# -gt 0 ]; do
   case $1 in
     --tests) TESTS=$2; shift 2 ;;
     --bench) BENCH=$2; shift 2 ;;
     --bench80) BENCH80=$2; shift 2 ;;   # benchmarks to repeat on the forced compute_80 path
     --families) FAMS=$2; shift 2 ;;
+    --parallel) PARALLEL=1; shift ;;    # the families' test runs at once (correctness only: one GPU)
     *) echo "unknown option $1"; exit 2 ;;
   esac
 done
@@ -60,13 +61,17 @@ run_tests() {   # $1 = label, rest = env
   echo "tests $label: $(tail -1 "$OUT/tests_$label.log")" | tee -a "$OUT/summary.txt"
   grep -E "^(FAILED|ERROR)" "$OUT/tests_$label.log" | head -25
 }
-for fam in $FAMS; do
-  case $fam in
+run_family() {
+  case $1 in
     native) run_tests native ;;
     none) ;;
-    *) run_tests ptx$fam SPECDEC_FORCE_ARCH=$fam ;;
+    *) run_tests ptx$1 SPECDEC_FORCE_ARCH=$1 ;;
   esac
+}
+for fam in $FAMS; do
+  if [ $PARALLEL = 1 ]; then run_family $fam & else run_family $fam; fi
 done
+wait
 case " $FAMS " in *" 80 "*) FORCED=1 ;; *) FORCED=0 ;; esac
 
 if [ "$BENCH" != "none" ]; then
