@@ -86,17 +86,16 @@ __device__ __forceinline__ CtaSlice cta_slice(const P& p) {
   return c;
 }
 
-// gdn_verify's CtaSlice: the same values, with unsigned divisions (every operand is >= 0:
-// blockIdx.x, and the host's Hv, Hk, slices >= 1: about 12 instructions each instead of 20)
-// and one division for both hk and h % group (write_k). gdn_commit keeps cta_slice: its SASS
-// stays byte-identical (its journal loads are sensitive to scheduling, see gdn_commit_impl).
+// CtaSlice with unsigned divisions (every operand is >= 0: blockIdx.x, and the host's Hv, Hk,
+// slices >= 1: about 12 instructions each instead of 20) and one division for both hk and
+// h % group (write_k). gdn_verify and gdn_commit (P: their parameter blocks).
 struct VerifySlice {
   CtaSlice c;
   bool hk_first;   // h % group == 0: this head is the first value head of its key head
 };
 
-template <int WARP_COLS>
-__device__ __forceinline__ VerifySlice verify_slice(const GdnVerifyParams& p) {
+template <int WARP_COLS, typename P>
+__device__ __forceinline__ VerifySlice verify_slice(const P& p) {
   VerifySlice v;
   CtaSlice& c = v.c;
   const uint32_t x = blockIdx.x, ns = uint32_t(p.num_slices), hv = uint32_t(p.num_v_heads);
@@ -671,19 +670,28 @@ __device__ __forceinline__ void gdn_verify_dispatch(const GdnVerifyParams& p) {
 
 // ------------------------------------------------------------------------ gdn_commit
 
+// Commit's tile: the same columns per thread as verify's (verify_cj), and verify's column
+// placement (StateTile::piece_off, load_head / store_head). Each column's S^T k is dot_all's
+// per-column FMA chain and butterfly, the same for any CJ, so the state is bit-identical.
+template <typename TS, int DK>
+__host__ __device__ constexpr int commit_cj() { return 0; }
+template <typename TS, int DK, bool VK>
+using CommitTile = StateTile<TS, DK, VK, commit_cj<TS, DK>()>;
+
 template <typename TS, int DK, bool VK>
 __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
-  using Tile = StateTile<TS, DK, VK>;
-  constexpr int RI = Tile::RI, CJ = Tile::CJ;
+  using Tile = CommitTile<TS, DK, VK>;
+  constexpr int RI = Tile::RI, CJ = Tile::CJ, WC = Tile::WARP_COLS;
   constexpr int PER_LANE = DK / 32;
   __shared__ __align__(16) float sk_rows[kRowChunk][DK];
-  __shared__ float sv_rows[kRowChunk][kMaxSliceCols];
+  __shared__ __align__(16) float sv_rows[kRowChunk][kMaxSliceCols];
   __shared__ float sdecay[kRowChunk], sbeta[kRowChunk];
 
-  const CtaSlice cs = cta_slice<Tile::WARP_COLS>(p);
+  const VerifySlice vs = verify_slice<WC>(p);
+  const CtaSlice& cs = vs.c;
   const BlockPos pos = cs.pos;
   const int lane = cs.lane, warp = cs.warp, nwarps = cs.nwarps, slice_cols = cs.slice_cols;
-  const int col_base = cs.col_base, group = cs.group, hk = cs.hk, Dv = cs.Dv;
+  const int col_base = cs.col_base, hk = cs.hk, Dv = cs.Dv;
 
   const int row0 = __ldg(p.cu_q + pos.b), row1 = __ldg(p.cu_q + pos.b + 1);
   const int slot = __ldg(p.slot_ids + pos.b);
@@ -698,51 +706,70 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   if (!rows_ok || !acc_ok || !slot_ok || n == 0) return;   // state untouched, not even read
 
   Tile tile(lane);
-  const int col = col_base + warp * Tile::WARP_COLS + tile.lc * CJ;
-  TS* head = static_cast<TS*>(p.state) + slot * p.state_stride_slot + int64_t(pos.h) * DK * Dv;
-  tile.template load<false>(head, col, Dv);
-  const int64_t jv = int64_t(p.num_k_heads) * DK;
-  const int64_t jg = jv + int64_t(p.num_v_heads) * Dv;
-  const int64_t jb = jg + p.num_v_heads;
+  const int vj = warp * WC + tile.lc * Tile::SPAN;   // the thread's first column in the slice
+  const int col = col_base + vj;                      // ... and in the head; column c: + piece_off(c)
+  TS* const head = static_cast<TS*>(p.state) + uint64_t(uint32_t(slot)) * uint64_t(p.state_stride_slot) +
+                   int64_t(pos.h) * DK * Dv;
+  tile.template load_head<false>(head, col, Dv);
 
-  for (int c0 = 0; c0 < n; c0 += kRowChunk) {
-    const int nrows = min(kRowChunk, n - c0);
-    __syncthreads();
-    // All journal loads of the chunk in flight before the first is used (as in verify).
-    // Keep the division here (not verify's shift/mask): with e >> log2, e & (cols - 1) ptxas
-    // if-converts the loads and makes the first one wait on the state loads' scoreboard (SASS
-    // LDG wait mask), so the journal round trip came after the state's: commit f32 kv 91 ->
-    // 102 us, vk 78 -> 87 (H200, d24c791). The division keeps them in flight together.
-    constexpr int VPT = kRowChunk * Tile::WARP_COLS / 32;   // v entries per thread, at most
+  // Stages block rows c0 .. c0+nrows-1 of the journal (k_hat rows, the slice's v entries, decay,
+  // beta) into shared memory. All journal loads of the chunk are in flight before the first is
+  // used (as in verify), none of them behind a wait on the state loads: chunk 0 is staged before
+  // the chunk loop and each warp's first row outside the row loop (stage_chunk's FIRST_ROW_OUTSIDE),
+  // because at the head of a loop that issues loads ptxas waits for the scoreboard of the loads
+  // before it (sm_90 SASS: with chunk 0 inside the chunk loop the first v-entry load waited on the
+  // state loads' scoreboard, two memory round trips per CTA, the d24c791 regression again).
+  // Thread x's v entries, as in stage_chunk: entry j is row x / slice_cols + j * VROWS, column
+  // x % slice_cols (one address and a constant row step instead of a division per entry).
+  static_assert(WC <= 32 && 32 % WC == 0, "warp columns divide 32");
+  constexpr int VROWS = 32 / WC;
+  constexpr int VPT = (kRowChunk * WC + 31) / 32;   // v entries per thread, at most
+  // The addresses are computed in each call from the parameters and opaque copies of the CTA's
+  // indices (as in stage_chunk): nothing of chunk 0's staging is shared with a later chunk's and
+  // kept live through the token loop (f32 Dk=64 kernels: +8 registers, one CTA less per SM).
+  auto stage = [&](int c0, int nrows) {
+    int h_v = pos.h, cb_v = col_base, x_v = threadIdx.x, hk_r = hk, r0 = row0;
+    asm volatile("" : "+r"(h_v), "+r"(cb_v), "+r"(x_v), "+r"(hk_r), "+r"(r0));
+    const uint64_t jst = uint64_t(p.journal_stride_t);   // journal columns: k_hat | v | g | beta
+    const int64_t jv = int64_t(p.num_k_heads) * DK;
+    const int64_t jg = jv + int64_t(p.num_v_heads) * Dv;
+    const int64_t jb = jg + p.num_v_heads;
+    const uint32_t t0 = uint32_t(r0 + c0);   // the chunk's first row (0 <= t0 < T < 2^31)
+    const int cols_log2 = __ffs(slice_cols) - 1;      // slice_cols: a power of two (see CtaSlice)
+    const int vr0 = x_v >> cols_log2, vc = x_v & (slice_cols - 1);
+    const float* const vp = p.journal + uint64_t(t0 + uint32_t(vr0)) * jst + (jv + int64_t(h_v) * Dv + cb_v + vc);
     float vrow[VPT];
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
-      const int e = threadIdx.x + j * blockDim.x;
       vrow[j] = 0.f;
-      if (e < nrows * slice_cols) {
-        const int rr = e / slice_cols, jj = e - rr * slice_cols;
-        vrow[j] = __ldg(p.journal + (row0 + c0 + rr) * p.journal_stride_t + jv + int64_t(pos.h) * Dv +
-                        col_base + jj);
-      }
+      if (vr0 + j * VROWS < nrows) vrow[j] = __ldg(vp + uint64_t(j * VROWS) * jst);
     }
-    for (int rr = warp; rr < nrows; rr += nwarps) {
-      const float* jrow = p.journal + (row0 + c0 + rr) * p.journal_stride_t;
+    // k row, g, beta of row rr, one row per warp
+    auto stage_row = [&](int rr) {
+      const float* const jrow = p.journal + uint64_t(t0 + uint32_t(rr)) * jst;
+      const int lane_r = x_v & 31;
+      const float* const jk = jrow + (hk_r * DK + lane_r);
       float kx[PER_LANE];
 #pragma unroll
-      for (int e = 0; e < PER_LANE; ++e) kx[e] = __ldg(jrow + hk * DK + lane + 32 * e);
-      const float gb = __ldg(jrow + ((lane & 1) ? jb : jg) + pos.h);   // lane 0: g, lane 1: beta
+      for (int e = 0; e < PER_LANE; ++e) kx[e] = __ldg(jk + 32 * e);
+      const float gb = __ldg(jrow + ((lane_r & 1) ? jb : jg) + h_v);   // lane 0: g, lane 1: beta
 #pragma unroll
       for (int e = 0; e < PER_LANE; ++e) sk_rows[rr][lane + 32 * e] = kx[e];
       if (lane == 0) sdecay[rr] = __expf(gb);
       if (lane == 1) sbeta[rr] = gb;
-    }
+    };
+    for (int rr = warp; rr < nrows; rr += nwarps) stage_row(rr);
 #pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-      const int e = threadIdx.x + j * blockDim.x;
-      if (e < nrows * slice_cols) {
-        const int rr = e / slice_cols, jj = e - rr * slice_cols;
-        sv_rows[rr][jj] = vrow[j];
-      }
+    for (int j = 0; j < VPT; ++j)
+      if (vr0 + j * VROWS < nrows) sv_rows[vr0 + j * VROWS][vc] = vrow[j];
+  };
+
+  stage(0, min(kRowChunk, n));
+  for (int c0 = 0; c0 < n; c0 += kRowChunk) {
+    const int nrows = min(kRowChunk, n - c0);
+    if (c0 > 0) {
+      __syncthreads();   // the previous chunk's rows have been consumed
+      stage(c0, nrows);
     }
     __syncthreads();
     for (int rr = 0; rr < nrows; ++rr) {
@@ -752,11 +779,12 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
       tile.dot_all(kr, sk);
       const float decay = sdecay[rr], beta = sbeta[rr];
 #pragma unroll
-      for (int c = 0; c < CJ; ++c) delta[c] = delta_of(beta, sv_rows[rr][col - col_base + c], decay, sk[c]);
+      for (int c = 0; c < CJ; ++c)
+        delta[c] = delta_of(beta, sv_rows[rr][vj + Tile::piece_off(c)], decay, sk[c]);
       tile.template update<TS>(decay, kr, delta);
     }
   }
-  tile.store(head, col, Dv);
+  tile.store_head(head, col, Dv);
 }
 
 }  // namespace

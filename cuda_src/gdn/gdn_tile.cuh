@@ -265,22 +265,48 @@ struct StateTile {
   // (a head is Dk x Dv <= 128 x 1024 elements) from one 64-bit base, so a load costs one
   // IMAD.WIDE or an immediate offset instead of a 64-bit multiply-add chain. col0: the thread's
   // first column; column c is col0 + piece_off(c) (with NP = 1, the columns load() reads).
-  __device__ __forceinline__ void load_head_nc(const TS* head, int col0, int Dv) {
+  // NC: through the non-coherent path (verify); gdn_commit reads coherently (load_head<false>)
+  // and writes the same elements back with store_head.
+  template <bool NC>
+  __device__ __forceinline__ void load_head(const TS* head, int col0, int Dv) {
     if constexpr (!VK) {
       const TS* b = head + (lr * Dv + col0);
       const int step = 16 * Dv;   // row(r + 1) - row(r), times Dv
 #pragma unroll
       for (int r = 0; r < RI; ++r)
 #pragma unroll
-        for (int u = 0; u < NP; ++u) load_state_vec<TS, SPAN, true>(b + r * step + u * 2 * SPAN, s[r] + u * SPAN);
+        for (int u = 0; u < NP; ++u) load_state_vec<TS, SPAN, NC>(b + r * step + u * 2 * SPAN, s[r] + u * SPAN);
     } else {
       const TS* b = head + (col0 * DK + lr * RI);
 #pragma unroll
       for (int c = 0; c < CJ; ++c) {
         float t[RI];
-        load_state_vec<TS, RI, true>(b + piece_off(c) * DK, t);
+        load_state_vec<TS, RI, NC>(b + piece_off(c) * DK, t);
 #pragma unroll
         for (int r = 0; r < RI; ++r) s[r][c] = t[r];
+      }
+    }
+  }
+  __device__ __forceinline__ void load_head_nc(const TS* head, int col0, int Dv) { load_head<true>(head, col0, Dv); }
+
+  // load_head's placement and addressing, stored (gdn_commit): each kv store instruction writes
+  // 32 contiguous bytes per lane pair (whole sectors) for any CJ.
+  __device__ __forceinline__ void store_head(TS* head, int col0, int Dv) const {
+    if constexpr (!VK) {
+      TS* b = head + (lr * Dv + col0);
+      const int step = 16 * Dv;
+#pragma unroll
+      for (int r = 0; r < RI; ++r)
+#pragma unroll
+        for (int u = 0; u < NP; ++u) store_state_vec<TS, SPAN>(b + r * step + u * 2 * SPAN, s[r] + u * SPAN);
+    } else {
+      TS* b = head + (col0 * DK + lr * RI);
+#pragma unroll
+      for (int c = 0; c < CJ; ++c) {
+        float t[RI];
+#pragma unroll
+        for (int r = 0; r < RI; ++r) t[r] = s[r][c];
+        store_state_vec<TS, RI>(b + piece_off(c) * DK, t);
       }
     }
   }
