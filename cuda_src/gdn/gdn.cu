@@ -670,13 +670,17 @@ __device__ __forceinline__ void gdn_verify_dispatch(const GdnVerifyParams& p) {
 
 // ------------------------------------------------------------------------ gdn_commit
 
-// Commit's tile: the same columns per thread as verify's (verify_cj), and verify's column
-// placement (StateTile::piece_off, load_head / store_head). Each column's S^T k is dot_all's
-// per-column FMA chain and butterfly, the same for any CJ, so the state is bit-identical.
-template <typename TS, int DK>
-__host__ __device__ constexpr int commit_cj() { return 0; }
+// Commit's tile: the same columns per thread as verify's (verify_cj: 8 for f32 Dk = 128, which
+// halves the CTAs and with them the per-CTA prologue, index math and journal staging per column)
+// except f32 "vk" Dk = 128, which keeps 4 (8 takes 127 registers there: 5 -> 4 CTAs of 4 warps
+// per SM on sm_75-90; "kv" stays at 4 CTAs), and verify's column placement (StateTile::piece_off, load_head / store_head: each kv load and
+// store instruction covers 32 contiguous bytes per lane pair). Each column's S^T k is dot_all's
+// per-column FMA chain over the same rows and the same butterfly for any CJ, and the delta and
+// update are per column / element, so the state is bit-identical to the 4-column commit's.
 template <typename TS, int DK, bool VK>
-using CommitTile = StateTile<TS, DK, VK, commit_cj<TS, DK>()>;
+__host__ __device__ constexpr int commit_cj() { return sizeof(TS) == 4 && VK ? 4 : verify_cj<TS, DK>(); }
+template <typename TS, int DK, bool VK>
+using CommitTile = StateTile<TS, DK, VK, commit_cj<TS, DK, VK>()>;
 
 template <typename TS, int DK, bool VK>
 __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
@@ -791,15 +795,14 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
 
 // Kernel names: gdn_{verify,commit}_{kv,vk}_d{64,128}_{f32,f16,bf16} (state layout, Dk,
 // state dtype); input dtypes are run-time codes (they only touch the staging code).
-// VMINB: the verify kernel's minimum CTAs of kMaxThreads per SM. The f32 (WY) verify gets 2,
-// i.e. at most 128 registers (4 CTAs of 4 warps per SM): uncapped, ptxas keeps every gathered
-// row of a chunk in flight and takes ~230 registers (2 CTAs per SM).
+// VMINB: the minimum CTAs of kMaxThreads per SM of both kernels. f32 Dk = 128 gets 2, i.e. at
+// most 128 registers (4 CTAs of 4 warps per SM) for their 8 columns per thread.
 #define SPECDEC_GDN_KERNELS(TS, TNAME, DK, VK, LNAME, VMINB)                                   \
   extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
       gdn_verify_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                          \
     gdn_verify_dispatch<TS, DK, VK>(p);                                                        \
   }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                                    \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
       gdn_commit_##LNAME##_d##DK##_##TNAME(const GdnCommitParams p) {                          \
     gdn_commit_impl<TS, DK, VK>(p);                                                            \
   }
@@ -813,8 +816,8 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   SPECDEC_GDN_LAYOUTS(TS, TNAME, 128, VMINB)
 
 SPECDEC_GDN_LAYOUTS(float, f32, 64, 1)
-// f32 Dk = 128, 8 columns per thread: capped at 128 registers (4 CTAs of 4 warps per SM, as
-// with 4 columns); uncapped ptxas takes 141-166 (3 CTAs).
+// f32 Dk = 128, 8 columns per thread (verify and commit): capped at 128 registers (4 CTAs of 4
+// warps per SM, as with 4 columns); uncapped ptxas takes 141-166 for verify (3 CTAs).
 SPECDEC_GDN_LAYOUTS(float, f32, 128, 2)
 SPECDEC_GDN_DIMS(__half, f16, 1)
 SPECDEC_GDN_DIMS(bf16_t, bf16, 1)

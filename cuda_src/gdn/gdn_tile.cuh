@@ -159,7 +159,8 @@ __device__ __forceinline__ void store_state_vec(TS* p, const float* d) {
 //   "vk" ([Dv][Dk], Dk contiguous): lane = 16*lc + lr, rows lr*RI + r (contiguous),
 //        columns lc*CJ + c: a column is 16 lanes x RI contiguous elements.
 // CJX: columns per thread, 4 or 8; 0 picks the default above (4 for f32, 8 for 16-bit).
-// gdn_verify uses 8 for every dtype (gdn.cu), gdn_commit the default. Each column's sums are
+// gdn_verify uses 8 for every dtype but f32 with Dk = 64 (gdn.cu verify_cj), gdn_commit too except
+// for f32 "vk" (commit_cj). Each column's sums are
 // the same FMA chain over the same rows and the same butterfly tree for any CJ (see
 // reduce_scatter), so the two agree bit for bit.
 template <typename TS, int DK, bool VK, int CJX = 0>
