@@ -791,6 +791,106 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   tile.store_head(head, col, Dv);
 }
 
+// 16-bit states keep session 4's commit (SASS byte-identical to it): the staging above takes up
+// to 10 more registers with them (sm_75 vk d64 bf16: 79 -> 89, 6 -> 5 CTAs of 4 warps per SM)
+// and they wait for their state loads (unpacking) before staging anyway.
+template <typename TS, int DK, bool VK>
+__device__ __forceinline__ void gdn_commit_packed_impl(const GdnCommitParams& p) {
+  using Tile = StateTile<TS, DK, VK>;
+  constexpr int RI = Tile::RI, CJ = Tile::CJ;
+  constexpr int PER_LANE = DK / 32;
+  __shared__ __align__(16) float sk_rows[kRowChunk][DK];
+  __shared__ float sv_rows[kRowChunk][kMaxSliceCols];
+  __shared__ float sdecay[kRowChunk], sbeta[kRowChunk];
+
+  const CtaSlice cs = cta_slice<Tile::WARP_COLS>(p);
+  const BlockPos pos = cs.pos;
+  const int lane = cs.lane, warp = cs.warp, nwarps = cs.nwarps, slice_cols = cs.slice_cols;
+  const int col_base = cs.col_base, group = cs.group, hk = cs.hk, Dv = cs.Dv;
+
+  const int row0 = __ldg(p.cu_q + pos.b), row1 = __ldg(p.cu_q + pos.b + 1);
+  const int slot = __ldg(p.slot_ids + pos.b);
+  const int n = __ldg(p.accept_len + pos.b);
+  const bool rows_ok = 0 <= row0 && row0 <= row1 && row1 <= p.num_rows;
+  const bool acc_ok = 0 <= n && n <= row1 - row0;
+  const bool slot_ok = slot >= 0 && slot < p.num_slots;
+  if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
+    p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) |
+                      (rows_ok && !acc_ok ? SPECDEC_GDN_BAD_ACCEPT : 0) |
+                      (slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
+  if (!rows_ok || !acc_ok || !slot_ok || n == 0) return;   // state untouched, not even read
+
+  Tile tile(lane);
+  const int col = col_base + warp * Tile::WARP_COLS + tile.lc * CJ;
+  TS* head = static_cast<TS*>(p.state) + slot * p.state_stride_slot + int64_t(pos.h) * DK * Dv;
+  tile.template load<false>(head, col, Dv);
+  const int64_t jv = int64_t(p.num_k_heads) * DK;
+  const int64_t jg = jv + int64_t(p.num_v_heads) * Dv;
+  const int64_t jb = jg + p.num_v_heads;
+
+  for (int c0 = 0; c0 < n; c0 += kRowChunk) {
+    const int nrows = min(kRowChunk, n - c0);
+    __syncthreads();
+    // All journal loads of the chunk in flight before the first is used (as in verify).
+    // Keep the division here (not verify's shift/mask): with e >> log2, e & (cols - 1) ptxas
+    // if-converts the loads and makes the first one wait on the state loads' scoreboard (SASS
+    // LDG wait mask), so the journal round trip came after the state's: commit f32 kv 91 ->
+    // 102 us, vk 78 -> 87 (H200, d24c791). The division keeps them in flight together.
+    constexpr int VPT = kRowChunk * Tile::WARP_COLS / 32;   // v entries per thread, at most
+    float vrow[VPT];
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int e = threadIdx.x + j * blockDim.x;
+      vrow[j] = 0.f;
+      if (e < nrows * slice_cols) {
+        const int rr = e / slice_cols, jj = e - rr * slice_cols;
+        vrow[j] = __ldg(p.journal + (row0 + c0 + rr) * p.journal_stride_t + jv + int64_t(pos.h) * Dv +
+                        col_base + jj);
+      }
+    }
+    for (int rr = warp; rr < nrows; rr += nwarps) {
+      const float* jrow = p.journal + (row0 + c0 + rr) * p.journal_stride_t;
+      float kx[PER_LANE];
+#pragma unroll
+      for (int e = 0; e < PER_LANE; ++e) kx[e] = __ldg(jrow + hk * DK + lane + 32 * e);
+      const float gb = __ldg(jrow + ((lane & 1) ? jb : jg) + pos.h);   // lane 0: g, lane 1: beta
+#pragma unroll
+      for (int e = 0; e < PER_LANE; ++e) sk_rows[rr][lane + 32 * e] = kx[e];
+      if (lane == 0) sdecay[rr] = __expf(gb);
+      if (lane == 1) sbeta[rr] = gb;
+    }
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int e = threadIdx.x + j * blockDim.x;
+      if (e < nrows * slice_cols) {
+        const int rr = e / slice_cols, jj = e - rr * slice_cols;
+        sv_rows[rr][jj] = vrow[j];
+      }
+    }
+    __syncthreads();
+    for (int rr = 0; rr < nrows; ++rr) {
+      // the same S^T k sums (dot_all == reduce_scatter bit for bit) and delta as gdn_verify
+      float kr[RI], sk[CJ], delta[CJ];
+      tile.gather(sk_rows[rr], kr);
+      tile.dot_all(kr, sk);
+      const float decay = sdecay[rr], beta = sbeta[rr];
+#pragma unroll
+      for (int c = 0; c < CJ; ++c) delta[c] = delta_of(beta, sv_rows[rr][col - col_base + c], decay, sk[c]);
+      tile.template update<TS>(decay, kr, delta);
+    }
+  }
+  tile.store(head, col, Dv);
+}
+
+template <typename TS, int DK, bool VK>
+__device__ __forceinline__ void gdn_commit_dispatch(const GdnCommitParams& p) {
+  if constexpr (sizeof(TS) == 4) {
+    gdn_commit_impl<TS, DK, VK>(p);
+  } else {
+    gdn_commit_packed_impl<TS, DK, VK>(p);
+  }
+}
+
 }  // namespace
 
 // Kernel names: gdn_{verify,commit}_{kv,vk}_d{64,128}_{f32,f16,bf16} (state layout, Dk,
@@ -804,7 +904,7 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
       gdn_commit_##LNAME##_d##DK##_##TNAME(const GdnCommitParams p) {                          \
-    gdn_commit_impl<TS, DK, VK>(p);                                                            \
+    gdn_commit_dispatch<TS, DK, VK>(p);                                                        \
   }
 
 #define SPECDEC_GDN_LAYOUTS(TS, TNAME, DK, VMINB)        \
