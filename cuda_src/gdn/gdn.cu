@@ -742,11 +742,16 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
     const int cols_log2 = __ffs(slice_cols) - 1;      // slice_cols: a power of two (see CtaSlice)
     const int vr0 = x_v >> cols_log2, vc = x_v & (slice_cols - 1);
     const float* const vp = p.journal + uint64_t(t0 + uint32_t(vr0)) * jst + (jv + int64_t(h_v) * Dv + cb_v + vc);
+    // bytes between a thread's v entries, opaque: folded into the row index, the entries' addresses
+    // were one 64-bit multiply-add each ((t0 + vr0 + j * VROWS) * jst), now one add
+    uint64_t vstep = uint64_t(VROWS) * jst * sizeof(float);
+    asm volatile("" : "+l"(vstep));
     float vrow[VPT];
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
       vrow[j] = 0.f;
-      if (vr0 + j * VROWS < nrows) vrow[j] = __ldg(vp + uint64_t(j * VROWS) * jst);
+      if (vr0 + j * VROWS < nrows)
+        vrow[j] = __ldg(reinterpret_cast<const float*>(reinterpret_cast<const char*>(vp) + j * vstep));
     }
     // k row, g, beta of row rr, one row per warp
     auto stage_row = [&](int rr) {
