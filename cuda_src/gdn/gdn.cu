@@ -673,8 +673,9 @@ __device__ __forceinline__ void gdn_verify_dispatch(const GdnVerifyParams& p) {
 // Commit's tile: the same columns per thread as verify's (verify_cj: 8 for f32 Dk = 128, which
 // halves the CTAs and with them the per-CTA prologue, index math and journal staging per column)
 // except f32 "vk" Dk = 128, which keeps 4 (8 takes 127 registers there: 5 -> 4 CTAs of 4 warps
-// per SM on sm_75-90; "kv" stays at 4 CTAs), and verify's column placement (StateTile::piece_off, load_head / store_head: each kv load and
-// store instruction covers 32 contiguous bytes per lane pair). Each column's S^T k is dot_all's
+// per SM on sm_75-90; "kv" stays at 4 CTAs), and verify's column placement (StateTile::piece_off,
+// load_head / store_head: each kv load and store instruction covers 32 contiguous bytes per lane
+// pair). Each column's S^T k is dot_all's
 // per-column FMA chain over the same rows and the same butterfly for any CJ, and the delta and
 // update are per column / element, so the state is bit-identical to the 4-column commit's.
 template <typename TS, int DK, bool VK>
@@ -719,18 +720,20 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   // Stages block rows c0 .. c0+nrows-1 of the journal (k_hat rows, the slice's v entries, decay,
   // beta) into shared memory. All journal loads of the chunk are in flight before the first is
   // used (as in verify), none of them behind a wait on the state loads: chunk 0 is staged before
-  // the chunk loop and each warp's first row outside the row loop (stage_chunk's FIRST_ROW_OUTSIDE),
-  // because at the head of a loop that issues loads ptxas waits for the scoreboard of the loads
-  // before it (sm_90 SASS: with chunk 0 inside the chunk loop the first v-entry load waited on the
-  // state loads' scoreboard, two memory round trips per CTA, the d24c791 regression again).
+  // the chunk loop, because at the head of a loop that issues loads ptxas waits for the scoreboard
+  // of the loads before it (sm_90 SASS: with chunk 0 inside the chunk loop the first v-entry load
+  // waited on the state loads' scoreboard, two memory round trips per CTA, the d24c791 regression
+  // again; session 4's commit still had it on sm_86/89). The row loop needs no peeling here (no
+  // wait at its head in the SASS of sm_75-90; peeled, it cost up to 8 registers).
   // Thread x's v entries, as in stage_chunk: entry j is row x / slice_cols + j * VROWS, column
   // x % slice_cols (one address and a constant row step instead of a division per entry).
   static_assert(WC <= 32 && 32 % WC == 0, "warp columns divide 32");
   constexpr int VROWS = 32 / WC;
   constexpr int VPT = (kRowChunk * WC + 31) / 32;   // v entries per thread, at most
   // The addresses are computed in each call from the parameters and opaque copies of the CTA's
-  // indices (as in stage_chunk): nothing of chunk 0's staging is shared with a later chunk's and
-  // kept live through the token loop (f32 Dk=64 kernels: +8 registers, one CTA less per SM).
+  // indices, as in stage_chunk, so that the two calls share no address math kept live through the
+  // token loop (today's SASS is the same without the copies: 1515 vs 1516 instructions per warp
+  // on the bench path, same registers).
   auto stage = [&](int c0, int nrows) {
     int h_v = pos.h, cb_v = col_base, x_v = threadIdx.x, hk_r = hk, r0 = row0;
     asm volatile("" : "+r"(h_v), "+r"(cb_v), "+r"(x_v), "+r"(hk_r), "+r"(r0));
