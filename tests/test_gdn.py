@@ -473,7 +473,8 @@ def test_gdn_gpu_chain_equals_sequential(rng, layout, sdt):
     the reference's one-token decoding, and == the GPU's own one-token rounds bit for bit:
     the states, and verify's float32 output of each accepted row (computed from the state
     verify advanced in registers) == a one-token verify's from the state commit wrote (verify
-    and commit tile the columns differently for f32 Dk = 128: 8 vs 4 per thread)."""
+    and commit tile the columns alike, 8 per thread for f32 Dk = 128, but reduce differently:
+    reduce_scatter vs per-column butterflies)."""
     from specdec_lib import ops
     sdt = STATE_DTYPES[sdt]
     Hk, Hv, D, B = 2, 4, 128, 4

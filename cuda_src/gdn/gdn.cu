@@ -86,17 +86,16 @@ __device__ __forceinline__ CtaSlice cta_slice(const P& p) {
   return c;
 }
 
-// gdn_verify's CtaSlice: the same values, with unsigned divisions (every operand is >= 0:
-// blockIdx.x, and the host's Hv, Hk, slices >= 1: about 12 instructions each instead of 20)
-// and one division for both hk and h % group (write_k). gdn_commit keeps cta_slice: its SASS
-// stays byte-identical (its journal loads are sensitive to scheduling, see gdn_commit_impl).
+// CtaSlice with unsigned divisions (every operand is >= 0: blockIdx.x, and the host's Hv, Hk,
+// slices >= 1: about 12 instructions each instead of 20) and one division for both hk and
+// h % group (write_k). gdn_verify and gdn_commit (P: their parameter blocks).
 struct VerifySlice {
   CtaSlice c;
   bool hk_first;   // h % group == 0: this head is the first value head of its key head
 };
 
-template <int WARP_COLS>
-__device__ __forceinline__ VerifySlice verify_slice(const GdnVerifyParams& p) {
+template <int WARP_COLS, typename P>
+__device__ __forceinline__ VerifySlice verify_slice(const P& p) {
   VerifySlice v;
   CtaSlice& c = v.c;
   const uint32_t x = blockIdx.x, ns = uint32_t(p.num_slices), hv = uint32_t(p.num_v_heads);
@@ -671,8 +670,140 @@ __device__ __forceinline__ void gdn_verify_dispatch(const GdnVerifyParams& p) {
 
 // ------------------------------------------------------------------------ gdn_commit
 
+// Commit's tile: the same columns per thread as verify's (verify_cj: 8 for f32 Dk = 128, which
+// halves the CTAs and with them the per-CTA prologue, index math and journal staging per column)
+// except f32 "vk" Dk = 128, which keeps 4 (8 takes 127 registers there: 5 -> 4 CTAs of 4 warps
+// per SM on sm_75-90; "kv" stays at 4 CTAs), and verify's column placement (StateTile::piece_off,
+// load_head / store_head: each kv load and store instruction covers 32 contiguous bytes per lane
+// pair). Each column's S^T k is dot_all's
+// per-column FMA chain over the same rows and the same butterfly for any CJ, and the delta and
+// update are per column / element, so the state is bit-identical to the 4-column commit's.
+template <typename TS, int DK, bool VK>
+__host__ __device__ constexpr int commit_cj() { return sizeof(TS) == 4 && VK ? 4 : verify_cj<TS, DK>(); }
+template <typename TS, int DK, bool VK>
+using CommitTile = StateTile<TS, DK, VK, commit_cj<TS, DK, VK>()>;
+
 template <typename TS, int DK, bool VK>
 __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
+  using Tile = CommitTile<TS, DK, VK>;
+  constexpr int RI = Tile::RI, CJ = Tile::CJ, WC = Tile::WARP_COLS;
+  constexpr int PER_LANE = DK / 32;
+  __shared__ __align__(16) float sk_rows[kRowChunk][DK];
+  __shared__ __align__(16) float sv_rows[kRowChunk][kMaxSliceCols];
+  __shared__ float sdecay[kRowChunk], sbeta[kRowChunk];
+
+  const VerifySlice vs = verify_slice<WC>(p);
+  const CtaSlice& cs = vs.c;
+  const BlockPos pos = cs.pos;
+  const int lane = cs.lane, warp = cs.warp, nwarps = cs.nwarps, slice_cols = cs.slice_cols;
+  const int col_base = cs.col_base, hk = cs.hk, Dv = cs.Dv;
+
+  const int row0 = __ldg(p.cu_q + pos.b), row1 = __ldg(p.cu_q + pos.b + 1);
+  const int slot = __ldg(p.slot_ids + pos.b);
+  const int n = __ldg(p.accept_len + pos.b);
+  const bool rows_ok = 0 <= row0 && row0 <= row1 && row1 <= p.num_rows;
+  const bool acc_ok = 0 <= n && n <= row1 - row0;
+  const bool slot_ok = slot >= 0 && slot < p.num_slots;
+  if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
+    p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) |
+                      (rows_ok && !acc_ok ? SPECDEC_GDN_BAD_ACCEPT : 0) |
+                      (slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
+  if (!rows_ok || !acc_ok || !slot_ok || n == 0) return;   // state untouched, not even read
+
+  Tile tile(lane);
+  const int vj = warp * WC + tile.lc * Tile::SPAN;   // the thread's first column in the slice
+  const int col = col_base + vj;                      // ... and in the head; column c: + piece_off(c)
+  TS* const head = static_cast<TS*>(p.state) + uint64_t(uint32_t(slot)) * uint64_t(p.state_stride_slot) +
+                   int64_t(pos.h) * DK * Dv;
+  tile.template load_head<false>(head, col, Dv);
+
+  // Stages block rows c0 .. c0+nrows-1 of the journal (k_hat rows, the slice's v entries, decay,
+  // beta) into shared memory. All journal loads of the chunk are in flight before the first is
+  // used (as in verify), none of them behind a wait on the state loads: chunk 0 is staged before
+  // the chunk loop, because at the head of a loop that issues loads ptxas waits for the scoreboard
+  // of the loads before it (sm_90 SASS: with chunk 0 inside the chunk loop the first v-entry load
+  // waited on the state loads' scoreboard, two memory round trips per CTA, the d24c791 regression
+  // again; session 4's commit still had it on sm_86/89). The row loop needs no peeling here (no
+  // wait at its head in the SASS of sm_75-90; peeled, it cost up to 8 registers).
+  // Thread x's v entries, as in stage_chunk: entry j is row x / slice_cols + j * VROWS, column
+  // x % slice_cols (one address and a constant row step instead of a division per entry).
+  static_assert(WC <= 32 && 32 % WC == 0, "warp columns divide 32");
+  constexpr int VROWS = 32 / WC;
+  constexpr int VPT = (kRowChunk * WC + 31) / 32;   // v entries per thread, at most
+  // The addresses are computed in each call from the parameters and opaque copies of the CTA's
+  // indices, as in stage_chunk, so that the two calls share no address math kept live through the
+  // token loop (today's SASS is the same without the copies: 1515 vs 1516 instructions per warp
+  // on the bench path, same registers).
+  auto stage = [&](int c0, int nrows) {
+    int h_v = pos.h, cb_v = col_base, x_v = threadIdx.x, hk_r = hk, r0 = row0;
+    asm volatile("" : "+r"(h_v), "+r"(cb_v), "+r"(x_v), "+r"(hk_r), "+r"(r0));
+    const uint64_t jst = uint64_t(p.journal_stride_t);   // journal columns: k_hat | v | g | beta
+    const int64_t jv = int64_t(p.num_k_heads) * DK;
+    const int64_t jg = jv + int64_t(p.num_v_heads) * Dv;
+    const int64_t jb = jg + p.num_v_heads;
+    const uint32_t t0 = uint32_t(r0 + c0);   // the chunk's first row (0 <= t0 < T < 2^31)
+    const int cols_log2 = __ffs(slice_cols) - 1;      // slice_cols: a power of two (see CtaSlice)
+    const int vr0 = x_v >> cols_log2, vc = x_v & (slice_cols - 1);
+    const float* const vp = p.journal + uint64_t(t0 + uint32_t(vr0)) * jst + (jv + int64_t(h_v) * Dv + cb_v + vc);
+    // bytes between a thread's v entries, opaque: folded into the row index, the entries' addresses
+    // were one 64-bit multiply-add each ((t0 + vr0 + j * VROWS) * jst), now one add
+    uint64_t vstep = uint64_t(VROWS) * jst * sizeof(float);
+    asm volatile("" : "+l"(vstep));
+    float vrow[VPT];
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      vrow[j] = 0.f;
+      if (vr0 + j * VROWS < nrows)
+        vrow[j] = __ldg(reinterpret_cast<const float*>(reinterpret_cast<const char*>(vp) + j * vstep));
+    }
+    // k row, g, beta of row rr, one row per warp
+    auto stage_row = [&](int rr) {
+      const float* const jrow = p.journal + uint64_t(t0 + uint32_t(rr)) * jst;
+      const int lane_r = x_v & 31;
+      const float* const jk = jrow + (hk_r * DK + lane_r);
+      float kx[PER_LANE];
+#pragma unroll
+      for (int e = 0; e < PER_LANE; ++e) kx[e] = __ldg(jk + 32 * e);
+      const float gb = __ldg(jrow + ((lane_r & 1) ? jb : jg) + h_v);   // lane 0: g, lane 1: beta
+#pragma unroll
+      for (int e = 0; e < PER_LANE; ++e) sk_rows[rr][lane + 32 * e] = kx[e];
+      if (lane == 0) sdecay[rr] = __expf(gb);
+      if (lane == 1) sbeta[rr] = gb;
+    };
+    for (int rr = warp; rr < nrows; rr += nwarps) stage_row(rr);
+#pragma unroll
+    for (int j = 0; j < VPT; ++j)
+      if (vr0 + j * VROWS < nrows) sv_rows[vr0 + j * VROWS][vc] = vrow[j];
+  };
+
+  stage(0, min(kRowChunk, n));
+  for (int c0 = 0; c0 < n; c0 += kRowChunk) {
+    const int nrows = min(kRowChunk, n - c0);
+    if (c0 > 0) {
+      __syncthreads();   // the previous chunk's rows have been consumed
+      stage(c0, nrows);
+    }
+    __syncthreads();
+    for (int rr = 0; rr < nrows; ++rr) {
+      // the same S^T k sums (dot_all == reduce_scatter bit for bit) and delta as gdn_verify
+      float kr[RI], sk[CJ], delta[CJ];
+      tile.gather(sk_rows[rr], kr);
+      tile.dot_all(kr, sk);
+      const float decay = sdecay[rr], beta = sbeta[rr];
+#pragma unroll
+      for (int c = 0; c < CJ; ++c)
+        delta[c] = delta_of(beta, sv_rows[rr][vj + Tile::piece_off(c)], decay, sk[c]);
+      tile.template update<TS>(decay, kr, delta);
+    }
+  }
+  tile.store_head(head, col, Dv);
+}
+
+// 16-bit states keep session 4's commit (SASS byte-identical to it): the staging above takes up
+// to 10 more registers with them (sm_75 vk d64 bf16: 79 -> 89, 6 -> 5 CTAs of 4 warps per SM)
+// and they wait for their state loads (unpacking) before staging anyway.
+template <typename TS, int DK, bool VK>
+__device__ __forceinline__ void gdn_commit_packed_impl(const GdnCommitParams& p) {
   using Tile = StateTile<TS, DK, VK>;
   constexpr int RI = Tile::RI, CJ = Tile::CJ;
   constexpr int PER_LANE = DK / 32;
@@ -759,21 +890,29 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   tile.store(head, col, Dv);
 }
 
+template <typename TS, int DK, bool VK>
+__device__ __forceinline__ void gdn_commit_dispatch(const GdnCommitParams& p) {
+  if constexpr (sizeof(TS) == 4) {
+    gdn_commit_impl<TS, DK, VK>(p);
+  } else {
+    gdn_commit_packed_impl<TS, DK, VK>(p);
+  }
+}
+
 }  // namespace
 
 // Kernel names: gdn_{verify,commit}_{kv,vk}_d{64,128}_{f32,f16,bf16} (state layout, Dk,
 // state dtype); input dtypes are run-time codes (they only touch the staging code).
-// VMINB: the verify kernel's minimum CTAs of kMaxThreads per SM. The f32 (WY) verify gets 2,
-// i.e. at most 128 registers (4 CTAs of 4 warps per SM): uncapped, ptxas keeps every gathered
-// row of a chunk in flight and takes ~230 registers (2 CTAs per SM).
+// VMINB: the minimum CTAs of kMaxThreads per SM of both kernels. f32 Dk = 128 gets 2, i.e. at
+// most 128 registers (4 CTAs of 4 warps per SM) for their 8 columns per thread.
 #define SPECDEC_GDN_KERNELS(TS, TNAME, DK, VK, LNAME, VMINB)                                   \
   extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
       gdn_verify_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                          \
     gdn_verify_dispatch<TS, DK, VK>(p);                                                        \
   }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                                    \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
       gdn_commit_##LNAME##_d##DK##_##TNAME(const GdnCommitParams p) {                          \
-    gdn_commit_impl<TS, DK, VK>(p);                                                            \
+    gdn_commit_dispatch<TS, DK, VK>(p);                                                        \
   }
 
 #define SPECDEC_GDN_LAYOUTS(TS, TNAME, DK, VMINB)        \
@@ -785,8 +924,8 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   SPECDEC_GDN_LAYOUTS(TS, TNAME, 128, VMINB)
 
 SPECDEC_GDN_LAYOUTS(float, f32, 64, 1)
-// f32 Dk = 128, 8 columns per thread: capped at 128 registers (4 CTAs of 4 warps per SM, as
-// with 4 columns); uncapped ptxas takes 141-166 (3 CTAs).
+// f32 Dk = 128, 8 columns per thread (verify and commit): capped at 128 registers (4 CTAs of 4
+// warps per SM, as with 4 columns); uncapped ptxas takes 141-166 for verify (3 CTAs).
 SPECDEC_GDN_LAYOUTS(float, f32, 128, 2)
 SPECDEC_GDN_DIMS(__half, f16, 1)
 SPECDEC_GDN_DIMS(bf16_t, bf16, 1)

@@ -159,7 +159,8 @@ __device__ __forceinline__ void store_state_vec(TS* p, const float* d) {
 //   "vk" ([Dv][Dk], Dk contiguous): lane = 16*lc + lr, rows lr*RI + r (contiguous),
 //        columns lc*CJ + c: a column is 16 lanes x RI contiguous elements.
 // CJX: columns per thread, 4 or 8; 0 picks the default above (4 for f32, 8 for 16-bit).
-// gdn_verify uses 8 for every dtype (gdn.cu), gdn_commit the default. Each column's sums are
+// gdn_verify uses 8 for every dtype but f32 with Dk = 64 (gdn.cu verify_cj), gdn_commit too except
+// for f32 "vk" (commit_cj). Each column's sums are
 // the same FMA chain over the same rows and the same butterfly tree for any CJ (see
 // reduce_scatter), so the two agree bit for bit.
 template <typename TS, int DK, bool VK, int CJX = 0>
@@ -265,22 +266,48 @@ struct StateTile {
   // (a head is Dk x Dv <= 128 x 1024 elements) from one 64-bit base, so a load costs one
   // IMAD.WIDE or an immediate offset instead of a 64-bit multiply-add chain. col0: the thread's
   // first column; column c is col0 + piece_off(c) (with NP = 1, the columns load() reads).
-  __device__ __forceinline__ void load_head_nc(const TS* head, int col0, int Dv) {
+  // NC: through the non-coherent path (verify); gdn_commit reads coherently (load_head<false>)
+  // and writes the same elements back with store_head.
+  template <bool NC>
+  __device__ __forceinline__ void load_head(const TS* head, int col0, int Dv) {
     if constexpr (!VK) {
       const TS* b = head + (lr * Dv + col0);
       const int step = 16 * Dv;   // row(r + 1) - row(r), times Dv
 #pragma unroll
       for (int r = 0; r < RI; ++r)
 #pragma unroll
-        for (int u = 0; u < NP; ++u) load_state_vec<TS, SPAN, true>(b + r * step + u * 2 * SPAN, s[r] + u * SPAN);
+        for (int u = 0; u < NP; ++u) load_state_vec<TS, SPAN, NC>(b + r * step + u * 2 * SPAN, s[r] + u * SPAN);
     } else {
       const TS* b = head + (col0 * DK + lr * RI);
 #pragma unroll
       for (int c = 0; c < CJ; ++c) {
         float t[RI];
-        load_state_vec<TS, RI, true>(b + piece_off(c) * DK, t);
+        load_state_vec<TS, RI, NC>(b + piece_off(c) * DK, t);
 #pragma unroll
         for (int r = 0; r < RI; ++r) s[r][c] = t[r];
+      }
+    }
+  }
+  __device__ __forceinline__ void load_head_nc(const TS* head, int col0, int Dv) { load_head<true>(head, col0, Dv); }
+
+  // load_head's placement and addressing, stored (gdn_commit): each kv store instruction writes
+  // 32 contiguous bytes per lane pair (whole sectors) for any CJ.
+  __device__ __forceinline__ void store_head(TS* head, int col0, int Dv) const {
+    if constexpr (!VK) {
+      TS* b = head + (lr * Dv + col0);
+      const int step = 16 * Dv;
+#pragma unroll
+      for (int r = 0; r < RI; ++r)
+#pragma unroll
+        for (int u = 0; u < NP; ++u) store_state_vec<TS, SPAN>(b + r * step + u * 2 * SPAN, s[r] + u * SPAN);
+    } else {
+      TS* b = head + (col0 * DK + lr * RI);
+#pragma unroll
+      for (int c = 0; c < CJ; ++c) {
+        float t[RI];
+#pragma unroll
+        for (int r = 0; r < RI; ++r) t[r] = s[r][c];
+        store_state_vec<TS, RI>(b + piece_off(c) * DK, t);
       }
     }
   }

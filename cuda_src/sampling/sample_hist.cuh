@@ -28,6 +28,7 @@ namespace {
 
 constexpr int kHistBins = SPEC_SAMPLE_HIST_BINS;
 
+
 // Monotone 16-bit key of both halves of a word of bf16 / fp16 bit patterns (sign-magnitude to
 // offset binary: larger value, larger key; -0 one below +0). Halves do not interact. Two
 // instructions: a byte permute that replicates each half's sign over the half (s = 0xffff for
@@ -57,17 +58,6 @@ __device__ __forceinline__ uint32_t max_key16(float f, const __half*) {
   return ord16x2(__half_as_ushort(__float2half_rn(f))) & 0xffffu;
 }
 
-// Calls f(w, n) for the 32-bit words of chunk `chunk` of `nchunks` slices of the row: two
-// tokens per word (n = 2), 8 vectors of 16-byte loads per thread in flight; tokens outside
-// whole vectors (tail, misaligned rows) one per call in the low half (n = 1).
-template <int kThreads, typename T, typename F>
-__device__ __forceinline__ void for_each_word(const T* row, int V, int chunk, int nchunks, F&& f) {
-  const uint16_t* r16 = reinterpret_cast<const uint16_t*>(row);
-  for_each_raw<kThreads, 8, 8>(row, V, chunk, nchunks,
-      [&](const uint4& u) { f(u.x, 2); f(u.y, 2); f(u.z, 2); f(u.w, 2); },
-      [&](int i) { f(static_cast<uint32_t>(__ldg(r16 + i)), 1); });
-}
-
 // Sum of a double over the CTA (fixed order: deterministic), in every thread.
 template <int kThreads>
 __device__ __forceinline__ double block_dsum(double v, double* sh) {
@@ -83,20 +73,17 @@ __device__ __forceinline__ double block_dsum(double v, double* sh) {
   return all;
 }
 
-// Smallest bin j < limit with sum_{i <= j} val(i) >= target (-1: none), in every thread. Thread
-// t owns bins [t * kPer, (t + 1) * kPer); double sums in a fixed order (a warp scan, then the
-// warp totals): two barriers.
-template <int kThreads, typename F>
-__device__ __forceinline__ int first_crossing(F&& val, double target, int limit, double* sh_warp,
-                                              int* sh_out) {
-  constexpr int kPer = kHistBins / kThreads;
+// Smallest bin j < limit with sum_{i <= j} v(i) >= target (-1: none), in every thread, over
+// values each thread holds in registers (v[i] = bin t * kPer + i: computed once, not per
+// search; r7's profile put a third of the launch's stalls in the resolve). Double sums in a
+// fixed order (a warp scan, then the warp totals): two barriers.
+template <int kThreads, int kPer>
+__device__ __forceinline__ int first_crossing_regs(const float (&v)[kPer], double target, int limit,
+                                                   double* sh_warp, int* sh_out) {
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   double local = 0.0;
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int j = t * kPer + i;
-    if (j < limit) local += val(j);
-  }
+  for (int i = 0; i < kPer; ++i) local += (t * kPer + i < limit) ? static_cast<double>(v[i]) : 0.0;
   double inc = local;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
@@ -109,16 +96,18 @@ __device__ __forceinline__ int first_crossing(F&& val, double target, int limit,
   double run = inc - local;   // exclusive prefix
   for (int w = 0; w < warp; ++w) run += sh_warp[w];
   if (run < target && run + local >= target) {   // the crossing is in this thread's bins
-    int last = -1;
-    for (int i = 0; i < kPer; ++i) {
-      const int j = t * kPer + i;
-      if (j >= limit) break;
-      const double v = val(j);
-      if (v > 0.0) last = j;
-      run += v;
-      if (run >= target) { last = j; break; }
+    int found = -1, last_nz = -1;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {   // constant indices: v stays in registers
+      const float vi = (t * kPer + i < limit) ? v[i] : 0.f;
+      if (found < 0 && vi > 0.f) {
+        last_nz = t * kPer + i;
+        run += static_cast<double>(vi);
+        if (run >= target) found = t * kPer + i;
+      }
     }
-    if (last >= 0) atomicMin(sh_out, last);   // (rounding: at worst this thread's last non-empty bin)
+    const int last = found >= 0 ? found : last_nz;   // (rounding: its last non-empty bin)
+    if (last >= 0) atomicMin(sh_out, last);
   }
   __syncthreads();
   const int out = *sh_out;
@@ -201,21 +190,37 @@ __device__ void hist_kernel(const SpecSampleParams& p) {
   __shared__ int sh_last, sh_out, digit;
   __shared__ unsigned long long above;
   __shared__ float sh_red[2 * kWarps];
+  constexpr int kU = 8;   // 16-byte vectors per thread in flight
   const int r = blockIdx.x, chunk = blockIdx.y, nchunks = gridDim.y;
-  const int b = owner_of_row(p.cu_q, p.batch, r);
-  const SeqParams sp = seq_params(p, b);
-  if (!sp.filtered) return;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const T* row = static_cast<const T*>(p.logits) + static_cast<int64_t>(r) * p.logits_stride;
   const int V = p.vocab;
-  const bool cut_on = sp.k_on || sp.p_on;
-  // row max of s2 and raw max, from the tile partials
+  // This CTA's slice in 16-byte vectors needs no parameter, so its first loads go out before
+  // owner_of_row's dependent loads, the request's parameters and the tile records (r7: ~15%
+  // of the stall samples waited there before any logit was requested).
+  const bool aligned = is_aligned16(row);
+  const int nvec = aligned ? V / 8 : 0;
+  const int vper = (nvec + nchunks - 1) / nchunks;
+  const int v_lo = min(nvec, chunk * vper), v_hi = min(nvec, v_lo + vper);
+  const uint4* src = reinterpret_cast<const uint4*>(row);
+  constexpr int kPre = 4;   // loaded before the parameter chain (all 8: spills at 64 registers)
+  uint4 u[kU];
+  if (v_lo < v_hi) {   // unpredicated loads of clamped indices: predicated ones were sunk below
+#pragma unroll         // owner_of_row's loop by ptxas
+    for (int k = 0; k < kPre; ++k) u[k] = __ldg(src + min(v_lo + k * kThreads + static_cast<int>(threadIdx.x), v_hi - 1));
+  }
+  // row max of s2 and raw max, from the tile partials (they need only the row: their loads
+  // go out with the logits', ahead of owner_of_row's chain too)
   float m = -INFINITY, raw_max = -INFINITY;
   for (int t = threadIdx.x; t < p.num_tiles; t += kThreads) {
     const SpecSampleTile tr = ws_tiles(p)[static_cast<int64_t>(r) * p.num_tiles + t];
     m = fmaxf(m, tr.m);
     raw_max = fmaxf(raw_max, tr.raw_max);
   }
+  const int b = owner_of_row(p.cu_q, p.batch, r);
+  const SeqParams sp = seq_params(p, b);
+  if (!sp.filtered) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool cut_on = sp.k_on || sp.p_on;
   m = warp_max(m);
   raw_max = warp_max(raw_max);
   if (lane == 0) { sh_red[warp] = m; sh_red[kWarps + warp] = raw_max; }
@@ -243,6 +248,22 @@ __device__ void hist_kernel(const SpecSampleParams& p) {
   const float min_p = sp.min_p;
   const int r0 = __ldg(p.cu_q + b);
   const int excl = excluded_draft(p, b, r - r0, __ldg(p.cu_q + b + 1) - r0);
+  // top-p without top-k: its base is the whole row's mass, the tile sums (they leave the
+  // one-hot draft out) + the draft; read here, while the first logits are in flight
+  float z_row = 0.f;
+  if (sp.p_on && !sp.k_on && sp.top_p > 0.f) {
+    float z = 0.f;
+    for (int t = threadIdx.x; t < p.num_tiles; t += kThreads) {
+      const SpecSampleTile tr = ws_tiles(p)[static_cast<int64_t>(r) * p.num_tiles + t];
+      z += scaled_sum(tr.m, tr.s, m);
+    }
+    z = block_sum<kThreads>(z, sh_red);
+    if (excl >= 0 && excl < V) {
+      const float lx = load_logit(row, excl);
+      if (lx > -INFINITY) z += exp2f(__fsub_rn(__fmul_rn(lx, scale), m));
+    }
+    z_row = z;
+  }
   if (!cut_on) {   // min-p only: no threshold, each CTA recounts its share of the tiles
     if (chunk == 0 && threadIdx.x == 0) write_row(0u);
     const int per = (p.num_tiles + nchunks - 1) / nchunks;
@@ -258,13 +279,34 @@ __device__ void hist_kernel(const SpecSampleParams& p) {
 
   // --- the pass: per token a key difference and one shared increment (no branch). A NaN (its
   // block is invalid anyway) may borrow across the halves: its bins are wrong, none out of range.
-  for_each_word<kThreads>(row, V, chunk, nchunks, [&](uint32_t w, int n) {
+  auto count_word = [&](uint32_t w, auto two) {
     const uint32_t d = omax2 - ord16x2(w);
     const uint32_t i0 = min(d & 0xffffu, lim);
-    const uint32_t i1 = n == 2 ? min(d >> 16, lim) : lim;
+    const uint32_t i1 = decltype(two)::value ? min(d >> 16, lim) : lim;
     asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(sbase + 4u * i0) : "memory");
     asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(sbase + 4u * i1) : "memory");
-  });
+  };
+  for (int v0 = v_lo; v0 < v_hi; v0 += kThreads * kU) {
+#pragma unroll
+    for (int k = 0; k < kU; ++k) {   // (the first batch's first kPre were loaded at the top)
+      const int vi = v0 + k * kThreads + threadIdx.x;
+      if ((v0 != v_lo || k >= kPre) && vi < v_hi) u[k] = __ldg(src + vi);
+    }
+#pragma unroll
+    for (int k = 0; k < kU; ++k) {
+      if (v0 + k * kThreads + threadIdx.x < v_hi) {
+        count_word(u[k].x, std::true_type()); count_word(u[k].y, std::true_type());
+        count_word(u[k].z, std::true_type()); count_word(u[k].w, std::true_type());
+      }
+    }
+  }
+  {   // tokens outside whole vectors (the tail, every token of a misaligned row), one at a time
+    const uint16_t* r16 = reinterpret_cast<const uint16_t*>(row);
+    const int lo = aligned ? (chunk == nchunks - 1 ? nvec * 8 : V) : min(V, chunk * ((V + nchunks - 1) / nchunks));
+    const int hi = aligned ? V : min(V, lo + (V + nchunks - 1) / nchunks);
+    for (int i = lo + threadIdx.x; i < hi; i += kThreads)
+      count_word(static_cast<uint32_t>(__ldg(r16 + i)), std::false_type());
+  }
   __syncthreads();
   if (nchunks > 1) {
     SpecSampleFilter* f = ws_filters(p) + r;
@@ -280,39 +322,37 @@ __device__ void hist_kernel(const SpecSampleParams& p) {
   auto value = [&](int j) { return bits16_to_float(ord16_inverse(omax - j), static_cast<const T*>(nullptr)); };
   // weight of one token of bin j (the expression kept() uses)
   auto unit = [&](int j) { return exp2f(__fsub_rn(__fmul_rn(value(j), scale), m)); };
-  auto mass = [&](int j) { return bins[j] ? static_cast<double>(bins[j]) * unit(j) : 0.0; };
-  auto count = [&](int j) { return static_cast<double>(bins[j]); };
+  // this thread's bins in registers: counts, and (top-p) masses with one exp2 per non-empty bin
+  constexpr int kPer = kHistBins / kThreads;
+  float cnt[kPer], wgt[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = threadIdx.x * kPer + i;
+    const uint32_t c = bins[j];
+    cnt[i] = static_cast<float>(c);   // exact: c <= V < 2^24
+    wgt[i] = (sp.p_on && c) ? static_cast<float>(c) * unit(j) : 0.f;
+  }
   bool ok = true;
   int cut = kHistBins;   // the last kept bin
   if (sp.k_on) {
-    cut = first_crossing<kThreads>(count, static_cast<double>(sp.top_k), kHistBins, sh_d, &sh_out);
+    cut = first_crossing_regs<kThreads>(cnt, static_cast<double>(sp.top_k), kHistBins, sh_d, &sh_out);
     ok = cut >= 0;
   }
   if (ok && sp.p_on) {
     int jp;
     if (!(sp.top_p > 0.f)) {
-      jp = first_crossing<kThreads>(count, 1.0, kHistBins, sh_d, &sh_out);   // the max and its ties
+      jp = first_crossing_regs<kThreads>(cnt, 1.0, kHistBins, sh_d, &sh_out);   // the max and its ties
     } else {
-      double base;
+      double base = static_cast<double>(z_row);
       if (sp.k_on) {   // top-p on the top-k-renormalised distribution
         double part = 0.0;
-        for (int j = threadIdx.x; j <= cut; j += kThreads) part += mass(j);
+#pragma unroll
+        for (int i = 0; i < kPer; ++i)
+          part += (static_cast<int>(threadIdx.x) * kPer + i <= cut) ? static_cast<double>(wgt[i]) : 0.0;
         base = block_dsum<kThreads>(part, sh_d);
-      } else {         // the whole row: the tile sums (they leave the one-hot draft out)
-        float z = 0.f;
-        for (int t = threadIdx.x; t < p.num_tiles; t += kThreads) {
-          const SpecSampleTile tr = ws_tiles(p)[static_cast<int64_t>(r) * p.num_tiles + t];
-          z += scaled_sum(tr.m, tr.s, m);
-        }
-        z = block_sum<kThreads>(z, sh_red);
-        if (excl >= 0 && excl < V) {
-          const float lx = load_logit(row, excl);
-          if (lx > -INFINITY) z += exp2f(__fsub_rn(__fmul_rn(lx, scale), m));
-        }
-        base = static_cast<double>(z);
       }
-      jp = first_crossing<kThreads>(mass, static_cast<double>(sp.top_p) * base,
-                                    sp.k_on ? cut + 1 : kHistBins, sh_d, &sh_out);
+      jp = first_crossing_regs<kThreads>(wgt, static_cast<double>(sp.top_p) * base,
+                                         sp.k_on ? cut + 1 : kHistBins, sh_d, &sh_out);
       if (jp < 0 && sp.k_on) jp = cut;   // rounding: the reference keeps the whole top-k set
     }
     ok = jp >= 0;

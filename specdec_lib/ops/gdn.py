@@ -70,11 +70,11 @@ def _state_arg(state, layout):
     return st, slots, Hv, Dk, Dv
 
 
-def _warp_cols(state_dtype, Dk, verify):
+def _warp_cols(state_dtype, Dk, verify, layout="kv"):
     """State columns (Dv entries) per warp: 2 x the kernel's columns per thread (gdn_tile.cuh
-    StateTile CJ). commit: 4 per thread for f32, 8 for 16-bit states; verify (gdn.cu verify_cj):
-    8 for every state but f32 with Dk = 64."""
-    if state_dtype != "float32" or (verify and Dk == 128):
+    StateTile CJ). verify (gdn.cu verify_cj): 8 per thread for every state but f32 with Dk = 64;
+    commit (commit_cj): the same, except 4 for f32 states in the "vk" layout."""
+    if state_dtype != "float32" or (Dk == 128 and (verify or layout == "kv")):
         return 16
     return 8
 
@@ -207,7 +207,8 @@ def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", statu
     _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots, al)
     if B == 0 or (T == 0 and status is None):
         return state
-    warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev, _warp_cols(st.dtype, Dk, verify=False))
+    warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev,
+                                  _warp_cols(st.dtype, Dk, verify=False, layout=layout))
     if B * Hv * slices >= 2**31:   # grid.x
         raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
     kern = runtime.kernel("gdn", f"gdn_commit_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
