@@ -43,6 +43,12 @@ cdef extern from "gdn/gdn_params.h":
         int32_t out_dtype
         int32_t gate_dtype[4]
         float scale
+        const float* pending_journal
+        const int32_t* pending_row0
+        const int32_t* pending_len
+        int64_t pending_journal_stride_t
+        int32_t pending_num_rows
+        int32_t pad_
 
     ctypedef struct GdnCommitParams:
         void* state
@@ -73,8 +79,12 @@ def launch_gdn_verify(Kernel kern, unsigned int grid, unsigned int block, size_t
                       strides, gate_strides, int64_t state_stride_slot, int64_t journal_stride_t,
                       int num_rows, int batch, int num_k_heads, int num_v_heads, int head_v_dim,
                       int num_slots, int num_slices, bint qk_l2norm, bint fused_gating,
-                      int qkv_dtype, int out_dtype, gate_dtypes, float scale):
-    """strides: (q_t, q_h, k_t, k_h, v_t, v_h, out_t, out_h) in elements."""
+                      int qkv_dtype, int out_dtype, gate_dtypes, float scale,
+                      uintptr_t pending_journal=0, uintptr_t pending_row0=0,
+                      uintptr_t pending_len=0, int64_t pending_journal_stride_t=0,
+                      int pending_num_rows=0):
+    """strides: (q_t, q_h, k_t, k_h, v_t, v_h, out_t, out_h) in elements. pending_*: the
+    gdn_verify_fused kernels' previous-round rows (0 for gdn_verify)."""
     cdef GdnVerifyParams p
     cdef int i
     p.q = <const void*>q
@@ -112,6 +122,12 @@ def launch_gdn_verify(Kernel kern, unsigned int grid, unsigned int block, size_t
     for i in range(4):
         p.gate_dtype[i] = gate_dtypes[i]
     p.scale = scale
+    p.pending_journal = <const float*>pending_journal
+    p.pending_row0 = <const int32_t*>pending_row0
+    p.pending_len = <const int32_t*>pending_len
+    p.pending_journal_stride_t = pending_journal_stride_t
+    p.pending_num_rows = pending_num_rows
+    p.pad_ = 0
     launch(kern, grid, 1, 1, block, 1, 1, 0, stream, &p)
 
 

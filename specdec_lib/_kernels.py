@@ -78,8 +78,8 @@ register(KernelModule(
     name="gdn",
     source="cuda_src/gdn/gdn.cu",
     params_header="gdn/gdn_params.h",
-    kernels={f"gdn_{op}_{lay}_d{d}_{t}": ("GdnVerifyParams" if op == "verify" else "GdnCommitParams")
-             for op in ("verify", "commit") for lay in ("kv", "vk") for d in (64, 128)
+    kernels={f"gdn_{op}_{lay}_d{d}_{t}": ("GdnCommitParams" if op == "commit" else "GdnVerifyParams")
+             for op in ("verify", "commit", "verify_fused") for lay in ("kv", "vk") for d in (64, 128)
              for t in ("f32", "f16", "bf16")},
 ))
 

@@ -562,3 +562,182 @@ def test_gdn_gpu_rejects_before_launch(rng):
     assert flags[1] == 4 and not np.delete(flags, 1).any()
     s1 = c["slot_ids"][1]
     np.testing.assert_array_equal(host(d_state, c["state"])[s1], c["state"][s1])
+
+
+# ------------------------------------------------------------------ fused mode
+# The commit of round r folded into the verify of round r+1 (pending_* arguments), gdn_flush
+# for sequences that leave. A schedule of 5 rounds in which sequences join (nothing pending),
+# leave (flushed after their last round), change places, and a padding row comes and goes.
+
+FUSED_SCHEDULE = [[0, 1, 2, -1], [2, 0, 1, -1], [0, 3, 2], [3, 0, 4, 2, -1], [4, 3, 0]]
+
+
+def fused_schedule_run(rng, verify, commit, flush, *, Hk=2, Hv=4, D=8, in_dtype=np.float32,
+                       max_q=4):
+    """Drives FUSED_SCHEDULE twice through the backend callables -- unfused (verify then
+    commit every round) and fused (verify with the previous round's pending rows, flush on
+    leaving, flush of everyone at the end) -- on the same inputs. verify(x, gat, slot_ids,
+    cu_q, T, pending) -> (out, journal) with pending None or (journal, row0, len);
+    commit(slot_ids, cu_q, acc, journal); flush(slot_ids, journal, row0, len). Returns the
+    per-round (unfused, fused) outputs and journals."""
+    nseq = 1 + max(max(r) for r in FUSED_SCHEDULE)
+    slot_of = rng.permutation(nseq + 2)[:nseq]
+    pending = {}                                     # seq -> (row0, len) in the last journal
+    last_j = None
+    rounds = []
+    for r, batch in enumerate(FUSED_SCHEDULE):
+        q_lens = rng.integers(1, max_q + 1, len(batch))
+        q_lens[0] = 1                                # a plain decode row
+        cu_q, x, gat = make_block(rng, q_lens, Hk, Hv, D, D, in_dtype, True, unit_k=False)
+        T = int(cu_q[-1])
+        slot_ids = np.array([slot_of[s] if s >= 0 else -1 for s in batch], np.int32)
+        out_u, j_u = verify(x, gat, slot_ids, cu_q, T, None, "u")
+        p_r0 = np.array([pending.get(s, (0, 0))[0] for s in batch], np.int32)
+        p_n = np.array([pending.get(s, (0, 0))[1] if s >= 0 else 1 for s in batch], np.int32)
+        out_f, j_f = verify(x, gat, slot_ids, cu_q, T, None if r == 0 else (last_j, p_r0, p_n), "f")
+        acc = np.array([rng.integers(0, q + 1) for q in q_lens], np.int32)
+        commit(slot_ids, cu_q, acc, j_u)
+        pending = {s: (int(cu_q[i]), int(acc[i])) for i, s in enumerate(batch) if s >= 0}
+        nxt = set(FUSED_SCHEDULE[r + 1]) if r + 1 < len(FUSED_SCHEDULE) else set()
+        leave = [s for s in pending if s not in nxt]
+        if leave:
+            flush(np.array([slot_of[s] for s in leave], np.int32), j_f,
+                  np.array([pending[s][0] for s in leave], np.int32),
+                  np.array([pending[s][1] for s in leave], np.int32))
+        last_j = j_f
+        rounds.append((out_u, out_f, j_u, j_f))
+    return rounds
+
+
+def test_gdn_fused_mode_equals_verify_commit():
+    """Reference: fused rounds + flushes == verify + commit rounds, outputs and states."""
+    rng = np.random.default_rng(21)
+    Hk, Hv, D = 2, 4, 8
+    state0 = make_state(rng, 8, Hv, D, D, np.float16, "vk")
+    st = {"u": state0.copy(), "f": state0.copy()}
+
+    def verify(x, gat, slot_ids, cu_q, T, pending, which):
+        out, j = empty_out(T, Hv, D), empty_journal(T, Hk, Hv, D, D)
+        kw = {} if pending is None else dict(zip(("pending_journal", "pending_row0", "pending_len"), pending))
+        gdn_verify(**x, **gat, state=st[which], slot_ids=slot_ids, cu_q=cu_q, out=out, journal=j,
+                   qk_l2norm=True, layout="vk", **kw)
+        return out, j
+
+    rounds = fused_schedule_run(
+        rng, verify, lambda sl, cu, acc, j: gdn_commit(st["u"], sl, cu, acc, j, layout="vk"),
+        lambda sl, j, r0, n: ref.gdn_flush(st["f"], sl, j, r0, n, layout="vk"))
+    for out_u, out_f, j_u, j_f in rounds:
+        np.testing.assert_array_equal(out_u, out_f)
+        np.testing.assert_array_equal(j_u, j_f)
+    np.testing.assert_array_equal(st["u"], st["f"])
+    assert not np.array_equal(st["u"], state0)
+
+
+def test_gdn_fused_mode_rejects():
+    rng = np.random.default_rng(22)
+    cu_q, x, gat = make_block(rng, [2, 1], 1, 2, 4, 4)
+    state = make_state(rng, 3, 2, 4, 4, np.float32, "kv")
+    before = state.copy()
+    j = empty_journal(3, 1, 2, 4, 4)
+    pj = np.zeros_like(j)
+    base = dict(**x, **gat, state=state, slot_ids=[0, 1], cu_q=cu_q, out=empty_out(3, 2, 4), journal=j)
+    with pytest.raises(ValueError, match="pending_journal: must not be"):
+        gdn_verify(**base, pending_journal=j, pending_row0=[0, 0], pending_len=[0, 0])
+    with pytest.raises(ValueError, match="without pending_journal"):
+        gdn_verify(**base, pending_len=[1, 1])
+    with pytest.raises(ValueError, match="outside the pending"):
+        gdn_verify(**base, pending_journal=pj, pending_row0=[2, 0], pending_len=[2, 0])
+    with pytest.raises(ValueError, match="outside the pending"):
+        ref.gdn_flush(state, [0, 1], pj, [0, 0], [-1, 0])
+    with pytest.raises(ValueError, match="same slot"):
+        ref.gdn_flush(state, [1, 1], pj, [0, 0], [1, 1])
+    np.testing.assert_array_equal(state, before)
+
+
+@needs_gpu
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+@pytest.mark.parametrize("sdt", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("D", [128, 64])
+def test_gdn_gpu_fused_mode_bit_exact(rng, layout, sdt, D):
+    """GPU fused rounds (gdn_verify with pending rows, gdn_flush on leaving and at the end)
+    == GPU verify + commit rounds bit for bit (outputs, journals, every slot of the pool),
+    and the final states == the float64 reference's."""
+    from specdec_lib import ops
+    sdt = STATE_DTYPES[sdt]
+    Hk, Hv = 2, 4
+    state0 = make_state(rng, 8, Hv, D, D, sdt, layout)
+    st = {"u": dev(state0), "f": dev(state0)}
+    ref_state = state0.copy()
+    W = gdn_journal_width(Hk, Hv, D, D)
+
+    def verify(x, gat, slot_ids, cu_q, T, pending, which):
+        d_o, d_j, d_s = poison((T, Hv, D), "float32"), poison((T, W), "float32"), poison((len(slot_ids),), "int32")
+        kw = {}
+        if pending is not None:
+            kw = dict(pending_journal=pending[0], pending_row0=dev(pending[1]), pending_len=dev(pending[2]))
+        ops.gdn_verify(**{n: dev(a) for n, a in {**x, **gat}.items()}, state=st[which],
+                       slot_ids=dev(slot_ids), cu_q=dev(cu_q), out=d_o, journal=d_j,
+                       qk_l2norm=True, layout=layout, status=d_s, **kw)
+        assert not d_s.to_numpy().any()
+        if which == "u":   # the reference follows the unfused rounds
+            gdn_verify(**x, **gat, state=ref_state, slot_ids=slot_ids, cu_q=cu_q,
+                       out=empty_out(T, Hv, D), journal=empty_journal(T, Hk, Hv, D, D),
+                       qk_l2norm=True, layout=layout)
+        return d_o, d_j
+
+    def commit(sl, cu, acc, d_j):
+        ops.gdn_commit(st["u"], dev(sl), dev(cu), dev(acc), d_j, layout=layout)
+        gdn_commit(ref_state, sl, cu, acc, d_j.to_numpy(), layout=layout)
+
+    def flush(sl, d_j, r0, n):
+        d_s = poison((len(sl),), "int32")
+        ops.gdn_flush(st["f"], dev(sl), d_j, dev(r0), dev(n), layout=layout, status=d_s)
+        assert not d_s.to_numpy().any()
+
+    rounds = fused_schedule_run(rng, verify, commit, flush, Hk=Hk, Hv=Hv, D=D, in_dtype=np.uint16)
+    for out_u, out_f, j_u, j_f in rounds:
+        np.testing.assert_array_equal(out_u.to_numpy().view(np.uint32), out_f.to_numpy().view(np.uint32))
+        np.testing.assert_array_equal(j_u.to_numpy().view(np.uint32), j_f.to_numpy().view(np.uint32))
+    got_u, got_f = host(st["u"], state0), host(st["f"], state0)
+    np.testing.assert_array_equal(got_u.view(np.uint8), got_f.view(np.uint8))
+    e = rel_err(f64(got_f), f64(ref_state))
+    assert e < tol(sdt), f"states after the schedule: rel err {e}"
+    assert not np.array_equal(got_f.view(np.uint8), state0.view(np.uint8))
+
+
+@needs_gpu
+def test_gdn_gpu_fused_mode_rejects_and_flags(rng):
+    from specdec_lib import ops
+    c = gpu_case(rng, layout="kv", sdt=np.float32, ratio=2, fused=False, l2norm=False,
+                 in_dtype=np.float32)
+    B, T, W = len(c["slot_ids"]), c["T"], gdn_journal_width(c["Hk"], c["Hv"], 128, 128)
+    d_state = dev(c["state"])
+    j = poison((T, W), "float32")
+    pj = dev(np.zeros((6, W), np.float32))
+    base = dict(**{n: dev(a) for n, a in {**c["x"], **c["gat"]}.items()}, state=d_state,
+                slot_ids=dev(c["slot_ids"]), cu_q=dev(c["cu_q"]),
+                out=poison((T, c["Hv"], 128), "float32"), journal=j)
+    ok_r0, ok_n = dev(np.zeros(B, np.int32)), dev(np.ones(B, np.int32))
+    cases = [
+        (dict(pending_journal=j, pending_row0=ok_r0, pending_len=ok_n), "overlaps journal"),
+        (dict(pending_journal=dev(np.zeros((6, W + 1), np.float32)), pending_row0=ok_r0,
+              pending_len=ok_n), "pending_journal: expected"),
+        (dict(pending_journal=pj, pending_row0=ok_r0, pending_len=dev(np.full(B, 7, np.int32))),
+         "outside the pending"),
+        (dict(pending_len=ok_n), "without pending_journal"),
+    ]
+    for kw, match in cases:
+        with pytest.raises(ValueError, match=match):
+            ops.gdn_verify(**base, **kw)
+    with pytest.raises(ValueError, match="outside the pending"):
+        ops.gdn_flush(d_state, base["slot_ids"], pj, ok_r0, dev(np.full(B, -1, np.int32)))
+    np.testing.assert_array_equal(host(d_state, c["state"]), c["state"])
+    # without the host check: the kernel commits nothing for that sequence and flags it
+    n = np.zeros(B, np.int32)
+    n[1] = 7
+    st = poison((B,), "int32")
+    ops.gdn_verify(**base, pending_journal=pj, pending_row0=ok_r0, pending_len=dev(n),
+                   status=st, check_indices=False)
+    flags = st.to_numpy()
+    assert flags[1] == 8 and not np.delete(flags, 1).any()
+    np.testing.assert_array_equal(host(d_state, c["state"]), c["state"])

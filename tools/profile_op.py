@@ -7,6 +7,7 @@
 Cases (the shapes of docs/PERF.md's tables):
   gdn            gdn_verify + gdn_commit, B=64 q=4 Hk=16 Hv=32 128x128 f32 kv state, bf16 in
   gdn_bf16       the same with a bf16 state
+  gdn_fused      the fused mode's round (gdn_verify_fused: previous commit + verify), f32 kv
   sample         spec_sample B=64 k=3 V=151936 bf16, half greedy, no filter (filters=False)
   sample_topp    the same with top-p 0.9 (filters=None)
   sample_b1      spec_sample B=1, sampled, no filter (filters=False)
@@ -24,14 +25,17 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _gdn(state_dtype, iters):
+def _gdn(state_dtype, iters, fused_mode=False):
     from specdec_lib.bench import Bench
     from specdec_lib.bench_gdn import gdn_round_calls
     b = Bench(0)
-    verify, commit = gdn_round_calls(b, 64, 4, 16, 32, 128, state_dtype, "kv")
+    verify, commit, fused = gdn_round_calls(b, 64, 4, 16, 32, 128, state_dtype, "kv")
     for _ in range(iters):
-        verify()
-        commit()
+        if fused_mode:
+            fused()
+        else:
+            verify()
+            commit()
     b.close()   # waits for the stream
 
 
@@ -48,6 +52,7 @@ def _sample(B, greedy_frac, top_p, filters, iters):
 CASES = {
     "gdn": lambda n: _gdn("float32", n),
     "gdn_bf16": lambda n: _gdn("bfloat16", n),
+    "gdn_fused": lambda n: _gdn("float32", n, fused_mode=True),
     "sample": lambda n: _sample(64, 0.5, 1.0, False, n),
     "sample_topp": lambda n: _sample(64, 0.5, 0.9, None, n),
     "sample_b1": lambda n: _sample(1, 0.0, 1.0, False, n),

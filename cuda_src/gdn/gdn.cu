@@ -119,21 +119,40 @@ __device__ __forceinline__ VerifySlice verify_slice(const P& p) {
 }
 
 // A verify block's rows and slot, checked; the status of the sequence is written here.
+// FUSED (gdn_verify_fused): also the previous round's pending rows, committed before the block.
 struct VerifyRows {
   int row0, row1, slot;
-  bool slot_ok, go;   // go: valid rows and at least one of them
+  bool slot_ok, go;   // go: valid rows and at least one of them (FUSED: or rows to commit)
+  int pend_row0, pend_n;   // FUSED: pending journal rows to replay first (pend_n = 0: none)
 };
 
+template <bool FUSED = false>
 __device__ __forceinline__ VerifyRows verify_rows(const GdnVerifyParams& p, const BlockPos& pos) {
   VerifyRows v;
-  v.row0 = __ldg(p.cu_q + pos.b);
-  v.row1 = __ldg(p.cu_q + pos.b + 1);
+  if (FUSED && p.cu_q == nullptr) {   // gdn_flush: no block, only the pending rows
+    v.row0 = v.row1 = 0;
+  } else {
+    v.row0 = __ldg(p.cu_q + pos.b);
+    v.row1 = __ldg(p.cu_q + pos.b + 1);
+  }
   v.slot = __ldg(p.slot_ids + pos.b);
   const bool rows_ok = 0 <= v.row0 && v.row0 <= v.row1 && v.row1 <= p.num_rows;
   v.slot_ok = v.slot >= 0 && v.slot < p.num_slots;
+  v.pend_row0 = 0;
+  v.pend_n = 0;
+  bool pend_ok = true;
+  if constexpr (FUSED) {
+    const int r = __ldg(p.pending_row0 + pos.b), n = __ldg(p.pending_len + pos.b);
+    pend_ok = n == 0 || (n > 0 && r >= 0 && r <= p.pending_num_rows - n);
+    if (rows_ok && v.slot_ok && pend_ok) {
+      v.pend_row0 = r;
+      v.pend_n = n;
+    }
+  }
   if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
-    p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) | (v.slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
-  v.go = rows_ok && v.row0 != v.row1;
+    p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) | (v.slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0) |
+                      (pend_ok ? 0 : SPECDEC_GDN_BAD_PENDING);
+  v.go = rows_ok && (v.row0 != v.row1 || v.pend_n > 0);
   return v;
 }
 
@@ -228,6 +247,114 @@ __device__ __forceinline__ void warp_sum2(float a, float b, int lane, F f, float
   const float other = __shfl_xor_sync(0xffffffffu, mine, 16);
   fa = up ? other : mine;
   fb = up ? mine : other;
+}
+
+// ------------------------------------------------------------------------ journal replay
+// (gdn_commit, and the commit half of gdn_verify_fused)
+
+// Journal rows staged for a replay (gdn_commit, and the commit half of gdn_verify_fused).
+template <int DK>
+struct JournalStage {
+  float k[kRowChunk][DK];             // k_hat rows
+  float v[kRowChunk][kMaxSliceCols];  // the CTA's v slice
+  float decay[kRowChunk], beta[kRowChunk];
+};
+
+// Where a replay reads its journal: the journal and its row stride, Hk, Hv (column offsets).
+struct JournalRef {
+  const float* journal;
+  int64_t stride_t;
+  int num_k_heads, num_v_heads;
+};
+
+// Stages journal rows t0 .. t0+nrows-1 (k_hat rows, the slice's v entries, decay, beta) into
+// shared memory. All journal loads of the chunk are in flight before the first is used (as in
+// verify), none of them behind a wait on the state loads: the caller stages chunk 0 before its
+// chunk loop, because at the head of a loop that issues loads ptxas waits for the scoreboard of
+// the loads before it (sm_90 SASS: with chunk 0 inside the chunk loop the first v-entry load
+// waited on the state loads' scoreboard, two memory round trips per CTA, the d24c791 regression
+// again; session 4's commit still had it on sm_86/89). The row loop needs no peeling here (no
+// wait at its head in the SASS of sm_75-90; peeled, it cost up to 8 registers).
+// Thread x's v entries, as in stage_chunk: entry j is row x / slice_cols + j * VROWS, column
+// x % slice_cols (one address and a constant row step instead of a division per entry).
+// The addresses are computed in each call from the arguments and opaque copies of the CTA's
+// indices, as in stage_chunk, so that two calls share no address math kept live through the
+// token loop.
+template <int DK, int WC>
+__device__ __forceinline__ void stage_journal(const JournalRef& jr, JournalStage<DK>& js, int h, int hk,
+                                              int col_base, int slice_cols, int Dv, int t0_arg, int nrows) {
+  constexpr int PER_LANE = DK / 32;
+  static_assert(WC <= 32 && 32 % WC == 0, "warp columns divide 32");
+  constexpr int VROWS = 32 / WC;
+  constexpr int VPT = (kRowChunk * WC + 31) / 32;   // v entries per thread, at most
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  int h_v = h, cb_v = col_base, x_v = threadIdx.x, hk_r = hk, r0 = t0_arg;
+  asm volatile("" : "+r"(h_v), "+r"(cb_v), "+r"(x_v), "+r"(hk_r), "+r"(r0));
+  const uint64_t jst = uint64_t(jr.stride_t);   // journal columns: k_hat | v | g | beta
+  const int64_t jv = int64_t(jr.num_k_heads) * DK;
+  const int64_t jg = jv + int64_t(jr.num_v_heads) * Dv;
+  const int64_t jb = jg + jr.num_v_heads;
+  const uint32_t t0 = uint32_t(r0);   // the chunk's first row (0 <= t0 < T < 2^31)
+  const int cols_log2 = __ffs(slice_cols) - 1;      // slice_cols: a power of two (see CtaSlice)
+  const int vr0 = x_v >> cols_log2, vc = x_v & (slice_cols - 1);
+  const float* const vp = jr.journal + uint64_t(t0 + uint32_t(vr0)) * jst + (jv + int64_t(h_v) * Dv + cb_v + vc);
+  // bytes between a thread's v entries, opaque: folded into the row index, the entries' addresses
+  // were one 64-bit multiply-add each ((t0 + vr0 + j * VROWS) * jst), now one add
+  uint64_t vstep = uint64_t(VROWS) * jst * sizeof(float);
+  asm volatile("" : "+l"(vstep));
+  float vrow[VPT];
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    vrow[j] = 0.f;
+    if (vr0 + j * VROWS < nrows)
+      vrow[j] = __ldg(reinterpret_cast<const float*>(reinterpret_cast<const char*>(vp) + j * vstep));
+  }
+  // k row, g, beta of row rr, one row per warp
+  auto stage_row = [&](int rr) {
+    const float* const jrow = jr.journal + uint64_t(t0 + uint32_t(rr)) * jst;
+    const int lane_r = x_v & 31;
+    const float* const jk = jrow + (hk_r * DK + lane_r);
+    float kx[PER_LANE];
+#pragma unroll
+    for (int e = 0; e < PER_LANE; ++e) kx[e] = __ldg(jk + 32 * e);
+    const float gb = __ldg(jrow + ((lane_r & 1) ? jb : jg) + h_v);   // lane 0: g, lane 1: beta
+#pragma unroll
+    for (int e = 0; e < PER_LANE; ++e) js.k[rr][lane + 32 * e] = kx[e];
+    if (lane == 0) js.decay[rr] = __expf(gb);
+    if (lane == 1) js.beta[rr] = gb;
+  };
+  for (int rr = warp; rr < nrows; rr += nwarps) stage_row(rr);
+#pragma unroll
+  for (int j = 0; j < VPT; ++j)
+    if (vr0 + j * VROWS < nrows) js.v[vr0 + j * VROWS][vc] = vrow[j];
+}
+
+// Replays the first n rows from journal row t0 on the tile (the state in registers): the same
+// S^T k sums (dot_all == reduce_scatter bit for bit), delta and rounded update as gdn_verify, so
+// the state equals one-token decoding of those rows. vj: the thread's first column in the slice.
+// Chunk 0 must already be staged (stage_journal) and not yet synchronised.
+template <typename TS, class Tile, int DK>
+__device__ __forceinline__ void replay_journal(Tile& tile, const JournalRef& jr, JournalStage<DK>& js, int h, int hk,
+                                               int col_base, int slice_cols, int Dv, int t0, int n, int vj) {
+  constexpr int RI = Tile::RI, CJ = Tile::CJ;
+  for (int c0 = 0; c0 < n; c0 += kRowChunk) {
+    const int nrows = min(kRowChunk, n - c0);
+    if (c0 > 0) {
+      __syncthreads();   // the previous chunk's rows have been consumed
+      stage_journal<DK, Tile::WARP_COLS>(jr, js, h, hk, col_base, slice_cols, Dv, t0 + c0, nrows);
+    }
+    __syncthreads();
+    for (int rr = 0; rr < nrows; ++rr) {
+      float kr[RI], sk[CJ], delta[CJ];
+      tile.gather(js.k[rr], kr);
+      tile.dot_all(kr, sk);
+      const float decay = js.decay[rr], beta = js.beta[rr];
+#pragma unroll
+      for (int c = 0; c < CJ; ++c)
+        delta[c] = delta_of(beta, js.v[rr][vj + Tile::piece_off(c)], decay, sk[c]);
+      tile.template update<TS>(decay, kr, delta);
+    }
+  }
 }
 
 // ------------------------------------------------------------------------ gdn_verify
@@ -376,11 +503,22 @@ __host__ __device__ constexpr int verify_cj() { return sizeof(TS) == 4 && DK == 
 template <typename TS, int DK, bool VK>
 using VerifyTile = StateTile<TS, DK, VK, verify_cj<TS, DK>()>;
 
-template <typename TS, int DK, bool VK>
+// FUSED (gdn_verify_fused): the state is first advanced over the sequence's pending rows (the
+// previous round's accepted ones, replayed from its journal exactly as gdn_commit does) and
+// written back, then the block is verified from the advanced registers: one state read and one
+// write per round instead of verify's read plus commit's read and write. The pending journal
+// rows are staged next to the block's first chunk, before any math, so both round trips overlap
+// the state loads.
+struct NoStage {};
+template <bool B, class T, class F> struct Pick { using type = T; };
+template <class T, class F> struct Pick<false, T, F> { using type = F; };
+
+template <typename TS, int DK, bool VK, bool FUSED = false>
 __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   using Tile = VerifyTile<TS, DK, VK>;
   constexpr int RI = Tile::RI, CJ = Tile::CJ;
   __shared__ __align__(16) RowStage<DK> st;
+  __shared__ __align__(16) typename Pick<FUSED, JournalStage<DK>, NoStage>::type js;
 
   const VerifySlice vs = verify_slice<Tile::WARP_COLS>(p);
   const CtaSlice& cs = vs.c;
@@ -388,7 +526,7 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   const int lane = cs.lane, warp = cs.warp, slice_cols = cs.slice_cols;
   const int col_base = cs.col_base, hk = cs.hk, Dv = cs.Dv;
 
-  const VerifyRows vr = verify_rows(p, pos);
+  const VerifyRows vr = verify_rows<FUSED>(p, pos);
   if (!vr.go) return;
   const int row0 = vr.row0, row1 = vr.row1, slot = vr.slot;
   const bool slot_ok = vr.slot_ok;
@@ -397,10 +535,18 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   Tile tile(lane);
   // this thread's first column; its column c is col + Tile::piece_off(c)
   const int col = col_base + warp * Tile::WARP_COLS + tile.lc * Tile::SPAN;
-  if (slot_ok) {   // slot >= 0 here
-    const TS* head = static_cast<const TS*>(p.state) + uint64_t(uint32_t(slot)) * uint64_t(p.state_stride_slot) +
-                     int64_t(pos.h) * DK * Dv;
-    tile.load_head_nc(head, col, Dv);   // all loads in flight before any math
+  // (fused: written back after the replay; slot >= 0 wherever it is used)
+  TS* const head = const_cast<TS*>(static_cast<const TS*>(p.state)) +
+                   uint64_t(uint32_t(slot)) * uint64_t(p.state_stride_slot) + int64_t(pos.h) * DK * Dv;
+  if (slot_ok) {
+    // all loads in flight before any math; fused: coherent loads (this kernel writes the state)
+    tile.template load_head<!FUSED>(head, col, Dv);
+  }
+  const JournalRef pj{p.pending_journal, p.pending_journal_stride_t, p.num_k_heads, p.num_v_heads};
+  if constexpr (FUSED) {
+    if (vr.pend_n > 0)
+      stage_journal<DK, Tile::WARP_COLS>(pj, js, pos.h, hk, col_base, slice_cols, Dv, vr.pend_row0,
+                                         min(kRowChunk, vr.pend_n));
   }
   const bool write_k = pos.z == 0 && vs.hk_first;   // one CTA journals each k row
   const int jc = Tile::piece_off(tile.red_col());   // (offset of) the column whose sums and output this lane holds
@@ -421,8 +567,16 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   // anyway) and keep the single loop: the copies cost them registers for nothing.
   constexpr bool kPeel = sizeof(TS) == 4;
   if constexpr (kPeel)
-    stage_chunk<DK, Tile::WARP_COLS, kRowChunk, RowStage<DK>, true>(p, st, pos, row0, 0, min(kRowChunk, qlen), hk,
-                                                                    slice_cols, col_base, write_k);
+    if (!FUSED || qlen > 0)
+      stage_chunk<DK, Tile::WARP_COLS, kRowChunk, RowStage<DK>, true>(p, st, pos, row0, 0, min(kRowChunk, qlen), hk,
+                                                                      slice_cols, col_base, write_k);
+  if constexpr (FUSED) {
+    if (vr.pend_n > 0) {   // uniform over the CTA (its barriers)
+      replay_journal<TS, Tile, DK>(tile, pj, js, pos.h, hk, col_base, slice_cols, Dv, vr.pend_row0, vr.pend_n,
+                                   col - col_base);
+      tile.store_head(head, col, Dv);
+    }
+  }
   for (int c0 = 0; c0 < qlen; c0 += kRowChunk) {
     const int nrows = min(kRowChunk, qlen - c0);
     if (!kPeel || c0 > 0) {
@@ -686,16 +840,13 @@ using CommitTile = StateTile<TS, DK, VK, commit_cj<TS, DK, VK>()>;
 template <typename TS, int DK, bool VK>
 __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   using Tile = CommitTile<TS, DK, VK>;
-  constexpr int RI = Tile::RI, CJ = Tile::CJ, WC = Tile::WARP_COLS;
-  constexpr int PER_LANE = DK / 32;
-  __shared__ __align__(16) float sk_rows[kRowChunk][DK];
-  __shared__ __align__(16) float sv_rows[kRowChunk][kMaxSliceCols];
-  __shared__ float sdecay[kRowChunk], sbeta[kRowChunk];
+  constexpr int WC = Tile::WARP_COLS;
+  __shared__ __align__(16) JournalStage<DK> js;
 
   const VerifySlice vs = verify_slice<WC>(p);
   const CtaSlice& cs = vs.c;
   const BlockPos pos = cs.pos;
-  const int lane = cs.lane, warp = cs.warp, nwarps = cs.nwarps, slice_cols = cs.slice_cols;
+  const int lane = cs.lane, warp = cs.warp, slice_cols = cs.slice_cols;
   const int col_base = cs.col_base, hk = cs.hk, Dv = cs.Dv;
 
   const int row0 = __ldg(p.cu_q + pos.b), row1 = __ldg(p.cu_q + pos.b + 1);
@@ -716,86 +867,9 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   TS* const head = static_cast<TS*>(p.state) + uint64_t(uint32_t(slot)) * uint64_t(p.state_stride_slot) +
                    int64_t(pos.h) * DK * Dv;
   tile.template load_head<false>(head, col, Dv);
-
-  // Stages block rows c0 .. c0+nrows-1 of the journal (k_hat rows, the slice's v entries, decay,
-  // beta) into shared memory. All journal loads of the chunk are in flight before the first is
-  // used (as in verify), none of them behind a wait on the state loads: chunk 0 is staged before
-  // the chunk loop, because at the head of a loop that issues loads ptxas waits for the scoreboard
-  // of the loads before it (sm_90 SASS: with chunk 0 inside the chunk loop the first v-entry load
-  // waited on the state loads' scoreboard, two memory round trips per CTA, the d24c791 regression
-  // again; session 4's commit still had it on sm_86/89). The row loop needs no peeling here (no
-  // wait at its head in the SASS of sm_75-90; peeled, it cost up to 8 registers).
-  // Thread x's v entries, as in stage_chunk: entry j is row x / slice_cols + j * VROWS, column
-  // x % slice_cols (one address and a constant row step instead of a division per entry).
-  static_assert(WC <= 32 && 32 % WC == 0, "warp columns divide 32");
-  constexpr int VROWS = 32 / WC;
-  constexpr int VPT = (kRowChunk * WC + 31) / 32;   // v entries per thread, at most
-  // The addresses are computed in each call from the parameters and opaque copies of the CTA's
-  // indices, as in stage_chunk, so that the two calls share no address math kept live through the
-  // token loop (today's SASS is the same without the copies: 1515 vs 1516 instructions per warp
-  // on the bench path, same registers).
-  auto stage = [&](int c0, int nrows) {
-    int h_v = pos.h, cb_v = col_base, x_v = threadIdx.x, hk_r = hk, r0 = row0;
-    asm volatile("" : "+r"(h_v), "+r"(cb_v), "+r"(x_v), "+r"(hk_r), "+r"(r0));
-    const uint64_t jst = uint64_t(p.journal_stride_t);   // journal columns: k_hat | v | g | beta
-    const int64_t jv = int64_t(p.num_k_heads) * DK;
-    const int64_t jg = jv + int64_t(p.num_v_heads) * Dv;
-    const int64_t jb = jg + p.num_v_heads;
-    const uint32_t t0 = uint32_t(r0 + c0);   // the chunk's first row (0 <= t0 < T < 2^31)
-    const int cols_log2 = __ffs(slice_cols) - 1;      // slice_cols: a power of two (see CtaSlice)
-    const int vr0 = x_v >> cols_log2, vc = x_v & (slice_cols - 1);
-    const float* const vp = p.journal + uint64_t(t0 + uint32_t(vr0)) * jst + (jv + int64_t(h_v) * Dv + cb_v + vc);
-    // bytes between a thread's v entries, opaque: folded into the row index, the entries' addresses
-    // were one 64-bit multiply-add each ((t0 + vr0 + j * VROWS) * jst), now one add
-    uint64_t vstep = uint64_t(VROWS) * jst * sizeof(float);
-    asm volatile("" : "+l"(vstep));
-    float vrow[VPT];
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-      vrow[j] = 0.f;
-      if (vr0 + j * VROWS < nrows)
-        vrow[j] = __ldg(reinterpret_cast<const float*>(reinterpret_cast<const char*>(vp) + j * vstep));
-    }
-    // k row, g, beta of row rr, one row per warp
-    auto stage_row = [&](int rr) {
-      const float* const jrow = p.journal + uint64_t(t0 + uint32_t(rr)) * jst;
-      const int lane_r = x_v & 31;
-      const float* const jk = jrow + (hk_r * DK + lane_r);
-      float kx[PER_LANE];
-#pragma unroll
-      for (int e = 0; e < PER_LANE; ++e) kx[e] = __ldg(jk + 32 * e);
-      const float gb = __ldg(jrow + ((lane_r & 1) ? jb : jg) + h_v);   // lane 0: g, lane 1: beta
-#pragma unroll
-      for (int e = 0; e < PER_LANE; ++e) sk_rows[rr][lane + 32 * e] = kx[e];
-      if (lane == 0) sdecay[rr] = __expf(gb);
-      if (lane == 1) sbeta[rr] = gb;
-    };
-    for (int rr = warp; rr < nrows; rr += nwarps) stage_row(rr);
-#pragma unroll
-    for (int j = 0; j < VPT; ++j)
-      if (vr0 + j * VROWS < nrows) sv_rows[vr0 + j * VROWS][vc] = vrow[j];
-  };
-
-  stage(0, min(kRowChunk, n));
-  for (int c0 = 0; c0 < n; c0 += kRowChunk) {
-    const int nrows = min(kRowChunk, n - c0);
-    if (c0 > 0) {
-      __syncthreads();   // the previous chunk's rows have been consumed
-      stage(c0, nrows);
-    }
-    __syncthreads();
-    for (int rr = 0; rr < nrows; ++rr) {
-      // the same S^T k sums (dot_all == reduce_scatter bit for bit) and delta as gdn_verify
-      float kr[RI], sk[CJ], delta[CJ];
-      tile.gather(sk_rows[rr], kr);
-      tile.dot_all(kr, sk);
-      const float decay = sdecay[rr], beta = sbeta[rr];
-#pragma unroll
-      for (int c = 0; c < CJ; ++c)
-        delta[c] = delta_of(beta, sv_rows[rr][vj + Tile::piece_off(c)], decay, sk[c]);
-      tile.template update<TS>(decay, kr, delta);
-    }
-  }
+  const JournalRef jr{p.journal, p.journal_stride_t, p.num_k_heads, p.num_v_heads};
+  stage_journal<DK, WC>(jr, js, pos.h, hk, col_base, slice_cols, Dv, row0, min(kRowChunk, n));
+  replay_journal<TS, Tile, DK>(tile, jr, js, pos.h, hk, col_base, slice_cols, Dv, row0, n, vj);
   tile.store_head(head, col, Dv);
 }
 
@@ -901,7 +975,7 @@ __device__ __forceinline__ void gdn_commit_dispatch(const GdnCommitParams& p) {
 
 }  // namespace
 
-// Kernel names: gdn_{verify,commit}_{kv,vk}_d{64,128}_{f32,f16,bf16} (state layout, Dk,
+// Kernel names: gdn_{verify,commit,verify_fused}_{kv,vk}_d{64,128}_{f32,f16,bf16} (state layout, Dk,
 // state dtype); input dtypes are run-time codes (they only touch the staging code).
 // VMINB: the minimum CTAs of kMaxThreads per SM of both kernels. f32 Dk = 128 gets 2, i.e. at
 // most 128 registers (4 CTAs of 4 warps per SM) for their 8 columns per thread.
@@ -913,6 +987,10 @@ __device__ __forceinline__ void gdn_commit_dispatch(const GdnCommitParams& p) {
   extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
       gdn_commit_##LNAME##_d##DK##_##TNAME(const GdnCommitParams p) {                          \
     gdn_commit_dispatch<TS, DK, VK>(p);                                                        \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
+      gdn_verify_fused_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                    \
+    gdn_verify_impl<TS, DK, VK, true>(p);                                                      \
   }
 
 #define SPECDEC_GDN_LAYOUTS(TS, TNAME, DK, VMINB)        \

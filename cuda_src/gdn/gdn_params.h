@@ -4,7 +4,9 @@
  *
  * State pool: [slots, Hv, Dk, Dv] (layout "kv") or [slots, Hv, Dv, Dk] ("vk"), the
  * inner [Hv, ., .] block contiguous, the slot stride free (a view into a bigger cache).
- * Journal: float32 [T, W], W = Hk*Dk + Hv*Dv + 2*Hv, per row k_hat | v | g | beta. */
+ * Journal: float32 [T, W], W = Hk*Dk + Hv*Dv + 2*Hv, per row k_hat | v | g | beta.
+ * gdn_verify_fused_* kernels take GdnVerifyParams with the pending_* fields set and write the
+ * state (state is then read and written). */
 #pragma once
 #include <stdint.h>
 
@@ -17,6 +19,8 @@
 #define SPECDEC_GDN_BAD_SLOT 1      /* slot id >= slots: outputs zero, state untouched */
 #define SPECDEC_GDN_BAD_ROWS 2      /* cu_q[b..b+1] not inside [0, T]: sequence skipped */
 #define SPECDEC_GDN_BAD_ACCEPT 4    /* accept_len[b] outside [0, q]: state untouched */
+#define SPECDEC_GDN_BAD_PENDING 8   /* fused verify: pending rows outside the pending journal:
+                                       nothing committed, the block verified on the stored state */
 
 typedef struct {
   const void* q;              /* [T, Hk, Dk] */
@@ -28,7 +32,7 @@ typedef struct {
   const void* dt_bias;        /* [Hv] (fused gating only, else NULL) */
   const void* state;          /* read only */
   const int32_t* slot_ids;    /* [B]; < 0 = padding row */
-  const int32_t* cu_q;        /* [B+1] */
+  const int32_t* cu_q;        /* [B+1]; gdn_verify_fused: NULL = no block (gdn_flush) */
   void* out;                  /* [T, Hv, Dv] */
   float* journal;             /* [T, W] */
   int32_t* status;            /* [B] or NULL */
@@ -52,6 +56,15 @@ typedef struct {
   int32_t out_dtype;
   int32_t gate_dtype[4];      /* gate0, gate1, A_log, dt_bias */
   float scale;                /* applied to q after the norm */
+  /* gdn_verify_fused_* only (NULL / 0 otherwise): before the block, the state is advanced over
+   * the previous round's accepted rows pending_row0[b] .. + pending_len[b] - 1 of
+   * pending_journal and written back (the commit of round r folded into the verify of r+1) */
+  const float* pending_journal;     /* [Tp, W], the previous verify's journal (not `journal`) */
+  const int32_t* pending_row0;      /* [B] */
+  const int32_t* pending_len;       /* [B]; 0: nothing pending */
+  int64_t pending_journal_stride_t;
+  int32_t pending_num_rows;         /* Tp */
+  int32_t pad_;
 } GdnVerifyParams;
 
 typedef struct {

@@ -13,7 +13,7 @@ import math
 from .. import runtime
 from .._validate import DeviceArg, as_scale, as_stream, to_host
 from ..reference.gdn import (LAYOUTS, check_accept_len, check_batch, check_gating,
-                             gdn_journal_width, journal_num_k_heads)
+                             check_pending, gdn_journal_width, journal_num_k_heads)
 
 _FLOATS = ("float32", "float16", "bfloat16")
 _DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -22,7 +22,7 @@ _MAX_WARPS = 8
 # launch tuning (benchmarks may override): warps per CTA, None = heuristic
 TUNING = {"warps": None}
 
-__all__ = ["gdn_verify", "gdn_commit", "gdn_journal_width"]
+__all__ = ["gdn_verify", "gdn_commit", "gdn_flush", "gdn_journal_width"]
 
 
 def _batch_args(dev, slot_ids, cu_q, status, accept_len=None, *, commit=False):
@@ -103,9 +103,41 @@ def _row_strides(name, a, ndim):
     return a.strides[:ndim - 1]
 
 
+def _pending_args(dev, B, W, journal_arg, pending_journal, pending_row0, pending_len):
+    """The fused mode's pending rows: (journal DeviceArg, row0, len) checked on ``dev``; the
+    pending journal [Tp, W] float32 must not overlap the journal being written."""
+    pj = DeviceArg("pending_journal", pending_journal, dtype="float32", ndim=2, device=dev)
+    if pj.shape[1] != W:
+        raise ValueError(f"pending_journal: expected [Tp, {W}] (the journal width of this "
+                         f"state and these heads), got {list(pj.shape)}")
+    _row_strides("pending_journal", pj, 2)
+    if journal_arg is not None and pj.shape[0] and journal_arg.shape[0]:
+        lo, hi = _extent(pj), _extent(journal_arg)
+        if lo[0] < hi[1] and hi[0] < lo[1]:
+            raise ValueError("pending_journal: overlaps journal (the kernel reads the previous "
+                             "round's rows while it writes this round's: use two buffers)")
+    r0 = DeviceArg("pending_row0", pending_row0, dtype="int32", shape=(B,), device=dev,
+                   contiguous=True)
+    n = DeviceArg("pending_len", pending_len, dtype="int32", shape=(B,), device=dev,
+                  contiguous=True)
+    return pj, r0, n
+
+
+def _extent(a):
+    """[first byte, last byte + 1) of a 2-D float32 DeviceArg (non-negative strides)."""
+    last = sum((d - 1) * st for d, st in zip(a.shape, a.strides))
+    return a.ptr, a.ptr + 4 * (last + 1)
+
+
+def _check_pending_on_host(check_indices, stream_h, r0, n, pending_rows):
+    if check_indices and not runtime.driver().stream_is_capturing(stream_h):
+        check_pending(to_host(r0, stream_h), to_host(n, stream_h), pending_rows, r0.shape[0])
+
+
 def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=None, a=None,
                b=None, A_log=None, dt_bias=None, scale=None, qk_l2norm=False, layout="kv",
-               status=None, check_indices=True, stream=None):
+               status=None, check_indices=True, stream=None, pending_journal=None,
+               pending_row0=None, pending_len=None):
     """Outputs of every block row of a speculative round; the state is only read.
 
     q, k: [T, Hk, Dk]; v: [T, Hv, Dv] (one float dtype: float32/float16/bfloat16; the
@@ -124,6 +156,17 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     on out-of-range or shared slots and bad offsets before launch; pass False in a
     captured graph or hot loop (skipped automatically while the stream is capturing):
     the kernel then flags such rows in ``status`` and never faults.
+
+    Fused mode (the commit of round r folded into the verify of round r+1: one state read
+    and one write per round instead of three passes): pass ``pending_journal`` (the
+    previous round's journal, a different buffer from ``journal``), ``pending_row0`` and
+    ``pending_len`` (int32 [B]: sequence b's accepted rows of that journal, 0 = nothing
+    pending, e.g. a sequence that joins the batch). Each state is first advanced over its
+    pending rows exactly as gdn_commit would (bit for bit) and written back, then the block
+    is verified from it. The state then lags the accepted tokens by one round: call
+    ``gdn_flush`` for sequences that leave (or before reading their state). A bad pending
+    range raises with ``check_indices``; without, the kernel skips that commit and sets
+    SPECDEC_GDN_BAD_PENDING (8) in ``status``.
 
     Example::
 
@@ -158,6 +201,11 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
         g1 = DeviceArg("beta", beta, dtype=_FLOATS, shape=(T, Hv), device=dev)
         al = db = DeviceArg("A_log", None, optional=True)
     B, sl, cq, _, sa = _batch_args(dev, slot_ids, cu_q, status)
+    fused_mode = pending_journal is not None
+    if fused_mode:
+        pj, pr, pn = _pending_args(dev, B, W, ja, pending_journal, pending_row0, pending_len)
+    elif pending_row0 is not None or pending_len is not None:
+        raise ValueError("pending_row0 / pending_len: given without pending_journal")
     strides = []
     for name, arg in (("q", qa), ("k", ka), ("v", va), ("out", oa)):
         strides += list(_row_strides(name, arg, 3))
@@ -168,12 +216,18 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     scale = as_scale(scale, 1.0 / math.sqrt(Dk))
     stream_h = as_stream(stream)
     _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots)
-    if B == 0 or (T == 0 and status is None):
+    if fused_mode:
+        _check_pending_on_host(check_indices, stream_h, pr, pn, pj.shape[0])
+        if B == 0:
+            return out, journal
+    elif B == 0 or (T == 0 and status is None):
         return out, journal   # (with a status the kernel still runs: every status[b] is written)
     warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev, _warp_cols(st.dtype, Dk, verify=True))
     if B * Hv * slices >= 2**31:   # grid.x
         raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
-    kern = runtime.kernel("gdn", f"gdn_verify_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
+    op = "verify_fused" if fused_mode else "verify"
+    kern = runtime.kernel("gdn", f"gdn_{op}_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
+    pending = (pj.ptr, pr.ptr, pn.ptr, pj.strides[0], pj.shape[0]) if fused_mode else ()
     from .. import _gdn
     _gdn.launch_gdn_verify(
         kern, B * Hv * slices, 32 * warps, stream_h, qa.ptr, ka.ptr, va.ptr, g0.ptr, g1.ptr,
@@ -181,8 +235,44 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
         st.strides[0], ja.strides[0], T, B, Hk, Hv, Dv, slots, slices, bool(qk_l2norm), fused,
         _DT_CODE[qa.dtype], _DT_CODE[oa.dtype],
         [_DT_CODE[g0.dtype], _DT_CODE[g1.dtype], _DT_CODE.get(al.dtype, 0), _DT_CODE.get(db.dtype, 0)],
-        scale)
+        scale, *pending)
     return out, journal
+
+
+def gdn_flush(state, slot_ids, pending_journal, pending_row0, pending_len, *, layout="kv",
+              status=None, check_indices=True, stream=None):
+    """Commits the rows a fused-mode gdn_verify left pending, in place: state[slot_ids[b]]
+    advances over rows pending_row0[b] .. + pending_len[b] - 1 of ``pending_journal`` (the
+    last verify's journal), bit for bit as gdn_commit would. For sequences that leave the
+    batch (pending_len 0 for the others) or before reading a state. Arguments as in
+    gdn_verify's fused mode; slot_ids < 0 are skipped."""
+    st, slots, Hv, Dk, Dv = _state_arg(state, layout)
+    dev = st.device
+    pjr = DeviceArg("pending_journal", pending_journal, dtype="float32", ndim=2, device=dev)
+    Hk = journal_num_k_heads(pjr.shape[1], Hv, Dk, Dv, hint=" (was it written for this state?)")
+    sl = DeviceArg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
+    B = sl.shape[0]
+    pj, pr, pn = _pending_args(dev, B, pjr.shape[1], None, pending_journal, pending_row0,
+                               pending_len)
+    sa = DeviceArg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
+                   optional=True)
+    stream_h = as_stream(stream)
+    if check_indices and not runtime.driver().stream_is_capturing(stream_h):
+        check_batch(to_host(sl, stream_h), [0] * (B + 1), 0, slots)
+    _check_pending_on_host(check_indices, stream_h, pr, pn, pj.shape[0])
+    if B == 0:
+        return state
+    warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev, _warp_cols(st.dtype, Dk, verify=True))
+    if B * Hv * slices >= 2**31:   # grid.x
+        raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
+    kern = runtime.kernel("gdn", f"gdn_verify_fused_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
+    from .. import _gdn
+    # the fused verify with no block (cu_q NULL): only the pending rows are replayed
+    _gdn.launch_gdn_verify(
+        kern, B * Hv * slices, 32 * warps, stream_h, 0, 0, 0, 0, 0, 0, 0, st.ptr, sl.ptr, 0, 0,
+        0, sa.ptr, [0] * 8, [0, 0], st.strides[0], 0, 0, B, Hk, Hv, Dv, slots, slices, False,
+        False, 0, 0, [0, 0, 0, 0], 1.0, pj.ptr, pr.ptr, pn.ptr, pj.strides[0], pj.shape[0])
+    return state
 
 
 def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", status=None,

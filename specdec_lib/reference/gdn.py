@@ -263,13 +263,23 @@ def _run_rows(state, slot, layout, rows, r0, r1, head_of_v, out=None, commit=Fal
 
 
 def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=None, a=None,
-               b=None, A_log=None, dt_bias=None, scale=None, qk_l2norm=False, layout="kv"):
+               b=None, A_log=None, dt_bias=None, scale=None, qk_l2norm=False, layout="kv",
+               pending_journal=None, pending_row0=None, pending_len=None):
     """Outputs of every block row from the committed state; the state is not written.
 
     q, k [T, Hk, Dk]; v [T, Hv, Dv]; state [slots, Hv, Dk, Dv] ("kv") or
     [slots, Hv, Dv, Dk] ("vk"); slot_ids [B]; cu_q [B+1]; out [T, Hv, Dv] (written);
     journal float32 [T, gdn_journal_width(Hk, Hv, Dk, Dv)] (written). Returns (out, journal).
+
+    Fused mode (``pending_journal`` given, with ``pending_row0`` and ``pending_len`` [B]):
+    each state is first advanced over its pending rows exactly as gdn_flush does (the
+    commit of the previous round, folded in; the state IS written then), and the block is
+    verified from the advanced state.
     """
+    if pending_journal is None and (pending_row0 is not None or pending_len is not None):
+        raise ValueError("pending_row0 / pending_len: given without pending_journal")
+    if pending_journal is not None and pending_journal is journal:
+        raise ValueError("pending_journal: must not be the journal this call writes")
     slots, Hv, Dk, Dv = _state_dims(state, layout)
     rows = _Rows(q, k, v, Hv, Dk, Dv, g, beta, a, b, A_log, dt_bias, scale, qk_l2norm)
     T, Hk = rows.T, rows.Hk
@@ -280,6 +290,12 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     if journal.dtype != np.float32 or journal.shape != (T, W):
         raise ValueError(f"journal: expected float32 [{T}, {W}], got {journal.dtype} {journal.shape}")
     slot_ids, cu_q = check_batch(slot_ids, cu_q, T, slots)
+    if pending_journal is not None:   # (checked before anything is written)
+        jk_p = _journal_rows(pending_journal, Hv, Dk, Dv)[0]
+        if jk_p.shape[1] != Hk:
+            raise ValueError(f"pending_journal: written for Hk={jk_p.shape[1]}, this block has Hk={Hk}")
+        p_r0, p_n = check_pending(pending_row0, pending_len, jk_p.shape[0], len(slot_ids))
+        _replay(state, slot_ids, pending_journal, p_r0, p_n, layout)
     head_of_v = np.arange(Hv) // (Hv // Hk)
     rows.journal(journal)
     for bi, slot in enumerate(slot_ids):
@@ -291,17 +307,26 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     return out, journal
 
 
-def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv"):
-    """Advances each sequence's state over its first accept_len[b] block rows (in place).
+def check_pending(pending_row0, pending_len, pending_rows, batch):
+    """Validates a fused verify's / flush's pending rows: int [B] each, rows
+    row0[b] .. row0[b]+len[b]-1 inside the pending journal's ``pending_rows`` rows (any row0
+    where len = 0). Returns (row0, len) as int64."""
+    r0 = _check_int("pending_row0", pending_row0, (batch,))
+    n = _check_int("pending_len", pending_len, (batch,))
+    bad = np.nonzero((n < 0) | ((n > 0) & ((r0 < 0) | (r0 + n > pending_rows))))[0]
+    if len(bad):
+        b = int(bad[0])
+        raise ValueError(f"pending_row0 / pending_len: sequence {b} has pending rows "
+                         f"{int(r0[b])}..{int(r0[b]) + int(n[b]) - 1}, outside the pending "
+                         f"journal's {pending_rows} rows (len must be >= 0)")
+    return r0, n
 
-    Replays the journal written by gdn_verify; accept_len[b] = 0 leaves the state
-    untouched, as does a negative slot id. Returns state.
-    """
+
+def _replay(state, slot_ids, journal, row0, n, layout):
+    """Advances state[slot_ids[b]] over journal rows row0[b] .. row0[b]+n[b]-1 (in place)."""
     slots, Hv, Dk, Dv = _state_dims(state, layout)
     jk, jv, jg, jbeta = _journal_rows(journal, Hv, Dk, Dv)
-    T, Hk = jk.shape[0], jk.shape[1]
-    slot_ids, cu_q = check_batch(slot_ids, cu_q, T, slots)
-    acc = check_accept_len(accept_len, cu_q)
+    Hk = jk.shape[1]
 
     class _J:
         pass
@@ -309,10 +334,37 @@ def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv"):
     rows.k, rows.v, rows.g, rows.beta = jk, jv, jg, jbeta
     head_of_v = np.arange(Hv) // (Hv // Hk)
     for bi, slot in enumerate(slot_ids):
-        if slot < 0 or acc[bi] == 0:
+        if slot < 0 or n[bi] == 0:
             continue
-        r0 = int(cu_q[bi])
-        _run_rows(state, int(slot), layout, rows, r0, r0 + int(acc[bi]), head_of_v, commit=True)
+        r0 = int(row0[bi])
+        _run_rows(state, int(slot), layout, rows, r0, r0 + int(n[bi]), head_of_v, commit=True)
+
+
+def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv"):
+    """Advances each sequence's state over its first accept_len[b] block rows (in place).
+
+    Replays the journal written by gdn_verify; accept_len[b] = 0 leaves the state
+    untouched, as does a negative slot id. Returns state.
+    """
+    slots, Hv, Dk, Dv = _state_dims(state, layout)
+    T = _journal_rows(journal, Hv, Dk, Dv)[0].shape[0]
+    slot_ids, cu_q = check_batch(slot_ids, cu_q, T, slots)
+    acc = check_accept_len(accept_len, cu_q)
+    _replay(state, slot_ids, journal, cu_q[:-1], acc, layout)
+    return state
+
+
+def gdn_flush(state, slot_ids, pending_journal, pending_row0, pending_len, *, layout="kv"):
+    """Commits pending rows (fused mode): advances state[slot_ids[b]] over rows
+    pending_row0[b] .. + pending_len[b] - 1 of ``pending_journal`` (a previous gdn_verify's
+    journal), in place. For sequences that leave the batch, or before reading a state that a
+    fused verify has not caught up yet. Returns state."""
+    slots, Hv, Dk, Dv = _state_dims(state, layout)
+    Tp = _journal_rows(pending_journal, Hv, Dk, Dv)[0].shape[0]
+    slot_ids = np.asarray(slot_ids)
+    slot_ids, _ = check_batch(slot_ids, np.zeros(len(slot_ids) + 1, np.int64), 0, slots)
+    r0, n = check_pending(pending_row0, pending_len, Tp, len(slot_ids))
+    _replay(state, slot_ids, pending_journal, r0, n, layout)
     return state
 
 
