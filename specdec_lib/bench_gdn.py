@@ -94,14 +94,19 @@ def bench_gdn_round(b: Bench):
         ms_f = timer(fused)
         b.report("gdn_round", shape + " fused mode", 2 * pass_bytes, ms_f,
                  vs_3_passes=round(ms_f / ideal_ms, 3), vs_2_passes=round(ms_f / ideal_ms * 1.5, 3))
-        if B == 64 and sdt == "float32" and layout == "kv":
+        if B == 64 and sdt == "float32":
             for w in (1, 2, 4, 8):       # launch-shape sweep (warps per CTA)
                 gdn_ops.TUNING["warps"] = w
                 try:
-                    b.report("gdn_round", shape + f" warps={w}", 3 * pass_bytes, b.time(round_))
+                    if layout == "kv":
+                        b.report("gdn_round", shape + f" warps={w}", 3 * pass_bytes, b.time(round_))
+                    if w > 1:
+                        b.report("gdn_round", shape + f" fused mode warps={w}", 2 * pass_bytes,
+                                 b.time(fused))
                 except Exception as e:   # an invalid shape for this Dv: say so, go on
                     print(f"  warps={w}: {e}")
             gdn_ops.TUNING["warps"] = None
+        if B == 64 and sdt == "float32" and layout == "kv":
             _fla_peer_isolated(b, B, q, Hk, Hv, D, pass_bytes, shape)
 
 
