@@ -176,6 +176,13 @@ cdef class Kernel:
                 f"cuFuncSetAttribute({self.name}, max dynamic smem={nbytes})")
             self.max_dynamic_smem = nbytes
 
+    def occupancy(self, int block, size_t dynamic_smem=0):
+        """CTAs of ``block`` threads that fit on one SM at once (the driver's occupancy count)."""
+        cdef int n = 0
+        check(cydriver.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, self.func, block, dynamic_smem),
+              f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})")
+        return n
+
     def attributes(self):
         """Registers, static smem, local bytes, max threads, PTX/binary version as the driver sees them."""
         cdef int v = 0

@@ -48,7 +48,7 @@ cdef extern from "gdn/gdn_params.h":
         const int32_t* pending_len
         int64_t pending_journal_stride_t
         int32_t pending_num_rows
-        int32_t pad_
+        int32_t prefetch_ahead
 
     ctypedef struct GdnCommitParams:
         void* state
@@ -66,7 +66,7 @@ cdef extern from "gdn/gdn_params.h":
         int32_t head_v_dim
         int32_t num_slots
         int32_t num_slices
-        int32_t pad_
+        int32_t prefetch_ahead
 
 PARAM_SIZES = {"GdnVerifyParams": sizeof(GdnVerifyParams),
                "GdnCommitParams": sizeof(GdnCommitParams)}
@@ -82,7 +82,7 @@ def launch_gdn_verify(Kernel kern, unsigned int grid, unsigned int block, size_t
                       int qkv_dtype, int out_dtype, gate_dtypes, float scale,
                       uintptr_t pending_journal=0, uintptr_t pending_row0=0,
                       uintptr_t pending_len=0, int64_t pending_journal_stride_t=0,
-                      int pending_num_rows=0):
+                      int pending_num_rows=0, int prefetch_ahead=0):
     """strides: (q_t, q_h, k_t, k_h, v_t, v_h, out_t, out_h) in elements. pending_*: the
     gdn_verify_fused kernels' previous-round rows (0 for gdn_verify)."""
     cdef GdnVerifyParams p
@@ -127,7 +127,7 @@ def launch_gdn_verify(Kernel kern, unsigned int grid, unsigned int block, size_t
     p.pending_len = <const int32_t*>pending_len
     p.pending_journal_stride_t = pending_journal_stride_t
     p.pending_num_rows = pending_num_rows
-    p.pad_ = 0
+    p.prefetch_ahead = prefetch_ahead
     launch(kern, grid, 1, 1, block, 1, 1, 0, stream, &p)
 
 
@@ -135,7 +135,8 @@ def launch_gdn_commit(Kernel kern, unsigned int grid, unsigned int block, size_t
                       uintptr_t state, uintptr_t slot_ids, uintptr_t cu_q, uintptr_t accept_len,
                       uintptr_t journal, uintptr_t status, int64_t state_stride_slot,
                       int64_t journal_stride_t, int num_rows, int batch, int num_k_heads,
-                      int num_v_heads, int head_v_dim, int num_slots, int num_slices):
+                      int num_v_heads, int head_v_dim, int num_slots, int num_slices,
+                      int prefetch_ahead=0):
     cdef GdnCommitParams p
     p.state = <void*>state
     p.slot_ids = <const int32_t*>slot_ids
@@ -152,5 +153,5 @@ def launch_gdn_commit(Kernel kern, unsigned int grid, unsigned int block, size_t
     p.head_v_dim = head_v_dim
     p.num_slots = num_slots
     p.num_slices = num_slices
-    p.pad_ = 0
+    p.prefetch_ahead = prefetch_ahead
     launch(kern, grid, 1, 1, block, 1, 1, 0, stream, &p)

@@ -106,6 +106,17 @@ def bench_gdn_round(b: Bench):
                 except Exception as e:   # an invalid shape for this Dv: say so, go on
                     print(f"  warps={w}: {e}")
             gdn_ops.TUNING["warps"] = None
+        if B == 64:                      # without the next wave's L2 prefetch (gdn.cu)
+            gdn_ops.TUNING["l2_prefetch"] = False
+            try:
+                b.report("gdn_verify", shape + " no L2 prefetch", pass_bytes, b.time(verify))
+                b.report("gdn_commit", shape + f" accept={q} no L2 prefetch", 2 * pass_bytes,
+                         b.time(commit))
+                b.report("gdn_round", shape + " no L2 prefetch", 3 * pass_bytes, b.time(round_))
+                b.report("gdn_round", shape + " fused mode, no L2 prefetch", 2 * pass_bytes,
+                         b.time(fused))
+            finally:
+                gdn_ops.TUNING["l2_prefetch"] = True
         if B == 64 and sdt == "float32" and layout == "kv":
             _fla_peer_isolated(b, B, q, Hk, Hv, D, pass_bytes, shape)
 

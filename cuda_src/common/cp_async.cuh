@@ -41,4 +41,10 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// Ask L2 for the 128-byte line holding `p` (no register written, nothing waits for it): data a
+// later CTA will load then comes from L2 instead of DRAM. PTX prefetch.global.L2, every target.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 }  // namespace specdec

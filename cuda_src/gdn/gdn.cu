@@ -33,6 +33,7 @@
 //    the new block's outputs: 1 read + 1 write per round instead of 1 + 2. Needs a
 //    per-sequence "pending accept_len" and a flush op for sequences that leave the
 //    batch; worth it only if the round is bandwidth-bound at ~3 passes (measure first).
+#include "common/cp_async.cuh"
 #include "gdn/gdn_tile.cuh"
 
 using namespace specdec;
@@ -154,6 +155,57 @@ __device__ __forceinline__ VerifyRows verify_rows(const GdnVerifyParams& p, cons
                       (pend_ok ? 0 : SPECDEC_GDN_BAD_PENDING);
   v.go = rows_ok && (v.row0 != v.row1 || v.pend_n > 0);
   return v;
+}
+
+// L2 prefetch of the next wave's state. A CTA loads its state slice, waits for it, then computes;
+// with 4 CTAs per SM the load phases and the compute phases overlap only partly, so each CTA
+// pays a DRAM round trip under load before its math. CTA x (x + ahead < grid, ahead = the
+// resident CTAs of the launch, host side) asks L2 for the slice CTA x + ahead will load: that CTA
+// starts about one wave later and finds its state in L2 (one wave ahead is 17 MB for f32
+// B=64 Hv=32 128x128 on 132 SMs x 4 CTAs: well inside the H200's 50 MB L2). No register holds the
+// data and nothing waits for it; a wrong guess of the order costs bandwidth, never correctness.
+struct NextSlice {
+  int slot;      // < 0: nothing to prefetch
+  uint32_t h, z;
+};
+
+// The slot of CTA blockIdx.x + ahead (issued with the CTA's own index loads).
+template <typename P>
+__device__ __forceinline__ NextSlice next_slice(const P& p) {
+  NextSlice n;
+  n.slot = -1;
+  n.h = n.z = 0;
+  const uint32_t nb = blockIdx.x + uint32_t(p.prefetch_ahead);
+  if (p.prefetch_ahead > 0 && nb < gridDim.x) {
+    const uint32_t ns = uint32_t(p.num_slices), hv = uint32_t(p.num_v_heads);
+    const uint32_t bh = nb / ns, b = bh / hv;
+    n.z = nb - bh * ns;
+    n.h = bh - b * hv;
+    const int slot = __ldg(p.slot_ids + b);
+    n.slot = slot < p.num_slots ? slot : -1;
+  }
+  return n;
+}
+
+// One prefetch per 128-byte line of that CTA's [Dk x slice_cols] slice ("kv": Dk row segments of
+// slice_cols elements; "vk": slice_cols contiguous columns of Dk elements).
+template <typename TS, int DK, bool VK, typename P>
+__device__ __forceinline__ void prefetch_slice_l2(const P& p, const NextSlice& n, int slice_cols) {
+  if (n.slot < 0) return;
+  const int Dv = p.head_v_dim;
+  const char* const head = static_cast<const char*>(p.state) +
+                           (uint64_t(uint32_t(n.slot)) * uint64_t(p.state_stride_slot) + uint64_t(n.h) * DK * Dv) *
+                               sizeof(TS);
+  if constexpr (!VK) {
+    const uint32_t seg = uint32_t(slice_cols) * sizeof(TS);   // bytes per row segment
+    const char* const c0 = head + uint64_t(n.z) * seg;
+    for (int r = threadIdx.x; r < DK; r += blockDim.x)
+      for (uint32_t o = 0; o < seg; o += 128) prefetch_l2(c0 + uint64_t(r) * Dv * sizeof(TS) + o);
+  } else {
+    const uint32_t bytes = uint32_t(slice_cols) * DK * sizeof(TS);
+    const char* const c0 = head + uint64_t(n.z) * bytes;
+    for (uint32_t o = threadIdx.x * 128u; o < bytes; o += blockDim.x * 128u) prefetch_l2(c0 + o);
+  }
 }
 
 // Run-time dtype codes as the two facts raw_to_float_sel needs (branch-free conversion).
@@ -537,6 +589,7 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   const int col_base = cs.col_base, hk = cs.hk, Dv = cs.Dv;
 
   const VerifyRows vr = verify_rows<FUSED>(p, pos);
+  const NextSlice next = next_slice(p);
   if (!vr.go) return;
   const int row0 = vr.row0, row1 = vr.row1, slot = vr.slot;
   const bool slot_ok = vr.slot_ok;
@@ -580,6 +633,9 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
     if (!FUSED || qlen > 0)
       stage_chunk<DK, Tile::WARP_COLS, kRowChunk, RowStage<DK>, true>(p, st, pos, row0, 0, min(kRowChunk, qlen), hk,
                                                                       slice_cols, col_base, write_k);
+  // after the staging loads (its address waits for the next slot id: placed earlier, that wait
+  // delayed the staging loads by a round trip, sm_90 SASS)
+  prefetch_slice_l2<TS, DK, VK>(p, next, slice_cols);
   if constexpr (FUSED) {
     if (vr.pend_n > 0) {   // uniform over the CTA (its barriers)
       replay_journal<TS, Tile, DK, true>(tile, pj, js, pos.h, hk, col_base, slice_cols, Dv, vr.pend_row0,
@@ -869,6 +925,7 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
     p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) |
                       (rows_ok && !acc_ok ? SPECDEC_GDN_BAD_ACCEPT : 0) |
                       (slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
+  const NextSlice next = next_slice(p);
   if (!rows_ok || !acc_ok || !slot_ok || n == 0) return;   // state untouched, not even read
 
   Tile tile(lane);
@@ -879,6 +936,7 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   tile.template load_head<false>(head, col, Dv);
   const JournalRef jr{p.journal, p.journal_stride_t, p.num_k_heads, p.num_v_heads};
   stage_journal<DK, WC>(jr, js, pos.h, hk, col_base, slice_cols, Dv, row0, min(kRowChunk, n));
+  prefetch_slice_l2<TS, DK, VK>(p, next, slice_cols);   // (after the staging loads, as in verify)
   replay_journal<TS, Tile, DK>(tile, jr, js, pos.h, hk, col_base, slice_cols, Dv, row0, n, vj);
   tile.store_head(head, col, Dv);
 }
@@ -910,12 +968,14 @@ __device__ __forceinline__ void gdn_commit_packed_impl(const GdnCommitParams& p)
     p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) |
                       (rows_ok && !acc_ok ? SPECDEC_GDN_BAD_ACCEPT : 0) |
                       (slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
+  const NextSlice next = next_slice(p);
   if (!rows_ok || !acc_ok || !slot_ok || n == 0) return;   // state untouched, not even read
 
   Tile tile(lane);
   const int col = col_base + warp * Tile::WARP_COLS + tile.lc * CJ;
   TS* head = static_cast<TS*>(p.state) + slot * p.state_stride_slot + int64_t(pos.h) * DK * Dv;
   tile.template load<false>(head, col, Dv);
+  prefetch_slice_l2<TS, DK, VK>(p, next, slice_cols);
   const int64_t jv = int64_t(p.num_k_heads) * DK;
   const int64_t jg = jv + int64_t(p.num_v_heads) * Dv;
   const int64_t jb = jg + p.num_v_heads;

@@ -64,7 +64,7 @@ typedef struct {
   const int32_t* pending_len;       /* [B]; 0: nothing pending */
   int64_t pending_journal_stride_t;
   int32_t pending_num_rows;         /* Tp */
-  int32_t pad_;
+  int32_t prefetch_ahead;           /* > 0: CTA x asks L2 for CTA x + this's state slice */
 } GdnVerifyParams;
 
 typedef struct {
@@ -83,5 +83,5 @@ typedef struct {
   int32_t head_v_dim;
   int32_t num_slots;
   int32_t num_slices;
-  int32_t pad_;
+  int32_t prefetch_ahead;     /* as in GdnVerifyParams */
 } GdnCommitParams;

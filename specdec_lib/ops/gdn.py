@@ -19,8 +19,24 @@ _FLOATS = ("float32", "float16", "bfloat16")
 _DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
 _STATE_NAME = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _MAX_WARPS = 8
-# launch tuning (benchmarks may override): warps per CTA, None = heuristic
-TUNING = {"warps": None}
+# launch tuning (benchmarks may override): warps per CTA, None = heuristic; l2_prefetch: each
+# CTA asks L2 for the state slice of the CTA one wave of resident CTAs later (gdn.cu
+# prefetch_slice_l2)
+TUNING = {"warps": None, "l2_prefetch": True}
+_OCCUPANCY = {}
+
+
+def _prefetch_ahead(kern, block, device, grid):
+    """Resident CTAs of this launch on the whole GPU (the prefetch distance), 0 when the
+    grid fits in one wave (nothing later to prefetch for) or prefetching is off."""
+    if not TUNING["l2_prefetch"]:
+        return 0
+    key = (kern.module, kern.name, device, block)
+    per_sm = _OCCUPANCY.get(key)
+    if per_sm is None:
+        per_sm = _OCCUPANCY[key] = max(1, kern.occupancy(block))
+    ahead = per_sm * runtime.sm_count(device)
+    return ahead if ahead < grid else 0
 
 __all__ = ["gdn_verify", "gdn_commit", "gdn_flush", "gdn_journal_width"]
 
@@ -227,7 +243,8 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
         raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
     op = "verify_fused" if fused_mode else "verify"
     kern = runtime.kernel("gdn", f"gdn_{op}_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
-    pending = (pj.ptr, pr.ptr, pn.ptr, pj.strides[0], pj.shape[0]) if fused_mode else ()
+    pending = (pj.ptr, pr.ptr, pn.ptr, pj.strides[0], pj.shape[0]) if fused_mode else (0, 0, 0, 0, 0)
+    ahead = _prefetch_ahead(kern, 32 * warps, dev, B * Hv * slices)
     from .. import _gdn
     _gdn.launch_gdn_verify(
         kern, B * Hv * slices, 32 * warps, stream_h, qa.ptr, ka.ptr, va.ptr, g0.ptr, g1.ptr,
@@ -235,7 +252,7 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
         st.strides[0], ja.strides[0], T, B, Hk, Hv, Dv, slots, slices, bool(qk_l2norm), fused,
         _DT_CODE[qa.dtype], _DT_CODE[oa.dtype],
         [_DT_CODE[g0.dtype], _DT_CODE[g1.dtype], _DT_CODE.get(al.dtype, 0), _DT_CODE.get(db.dtype, 0)],
-        scale, *pending)
+        scale, *pending, ahead)
     return out, journal
 
 
@@ -266,12 +283,13 @@ def gdn_flush(state, slot_ids, pending_journal, pending_row0, pending_len, *, la
     if B * Hv * slices >= 2**31:   # grid.x
         raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
     kern = runtime.kernel("gdn", f"gdn_verify_fused_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
+    ahead = _prefetch_ahead(kern, 32 * warps, dev, B * Hv * slices)
     from .. import _gdn
     # the fused verify with no block (cu_q NULL): only the pending rows are replayed
     _gdn.launch_gdn_verify(
         kern, B * Hv * slices, 32 * warps, stream_h, 0, 0, 0, 0, 0, 0, 0, st.ptr, sl.ptr, 0, 0,
         0, sa.ptr, [0] * 8, [0, 0], st.strides[0], 0, 0, B, Hk, Hv, Dv, slots, slices, False,
-        False, 0, 0, [0, 0, 0, 0], 1.0, pj.ptr, pr.ptr, pn.ptr, pj.strides[0], pj.shape[0])
+        False, 0, 0, [0, 0, 0, 0], 1.0, pj.ptr, pr.ptr, pn.ptr, pj.strides[0], pj.shape[0], ahead)
     return state
 
 
@@ -302,9 +320,10 @@ def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", statu
     if B * Hv * slices >= 2**31:   # grid.x
         raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
     kern = runtime.kernel("gdn", f"gdn_commit_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
+    ahead = _prefetch_ahead(kern, 32 * warps, dev, B * Hv * slices)
     from .. import _gdn
     _gdn.launch_gdn_commit(kern, B * Hv * slices, 32 * warps, stream_h, st.ptr, sl.ptr, cq.ptr,
                            al.ptr, ja.ptr, sa.ptr, st.strides[0], ja.strides[0], T, B, Hk, Hv,
-                           Dv, slots, slices)
+                           Dv, slots, slices, ahead)
     return state
 
