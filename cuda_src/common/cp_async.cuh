@@ -25,6 +25,17 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
 #endif
 }
 
+// 4-byte cp.async (.ca; any 4-byte aligned address: scattered scalars such as a journal's entries
+// go to shared memory without passing through registers). sm_75: a plain load + shared store.
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+#else
+  *reinterpret_cast<uint32_t*>(smem_dst) = __ldg(reinterpret_cast<const uint32_t*>(gmem_src));
+#endif
+}
+
 // Close the group of cp.async issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

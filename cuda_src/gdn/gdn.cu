@@ -309,7 +309,7 @@ template <int DK>
 struct JournalStage {
   float k[kRowChunk][DK];             // k_hat rows
   float v[kRowChunk][kMaxSliceCols];  // the CTA's v slice
-  float decay[kRowChunk], beta[kRowChunk];
+  float g[kRowChunk], beta[kRowChunk];   // decay = exp(g) where it is used
 };
 
 // Where a replay reads its journal: the journal and its row stride, Hk, Hv (column offsets).
@@ -332,6 +332,15 @@ struct JournalRef {
 // The addresses are computed in each call from the arguments and opaque copies of the CTA's
 // indices, as in stage_chunk, so that two calls share no address math kept live through the
 // token loop.
+// Stages journal rows t0 .. t0+nrows-1 (k_hat rows, the slice's v entries, g, beta) into shared
+// memory with 4-byte cp.async: nothing passes through registers and nothing waits here, so the
+// copies overlap whatever the caller issues next (gdn_verify_fused: the block's first chunk); the
+// reader waits (cp_async_wait<0> + barrier, replay_journal). Loaded into registers and stored, the
+// v entries' shared stores waited on the state loads' scoreboard (ptxas shares scoreboards among
+// loads; sm_90 SASS), which put the block's staging loads a round trip later; register staging
+// also spilled the fused "vk" kernel at its 128-register cap. sm_75: synchronous copies.
+// Thread x's v entries, as in stage_chunk: entry j is row x / slice_cols + j * VROWS, column
+// x % slice_cols (one address and a constant row step instead of a division per entry).
 template <int DK, int WC>
 __device__ __forceinline__ void stage_journal(const JournalRef& jr, JournalStage<DK>& js, int h, int hk,
                                               int col_base, int slice_cols, int Dv, int t0_arg, int nrows) {
@@ -350,35 +359,19 @@ __device__ __forceinline__ void stage_journal(const JournalRef& jr, JournalStage
   const int cols_log2 = __ffs(slice_cols) - 1;      // slice_cols: a power of two (see CtaSlice)
   const int vr0 = x_v >> cols_log2, vc = x_v & (slice_cols - 1);
   const float* const vp = jr.journal + uint64_t(t0 + uint32_t(vr0)) * jst + (jv + int64_t(h_v) * Dv + cb_v + vc);
-  // bytes between a thread's v entries, opaque: folded into the row index, the entries' addresses
-  // were one 64-bit multiply-add each ((t0 + vr0 + j * VROWS) * jst), now one add
-  uint64_t vstep = uint64_t(VROWS) * jst * sizeof(float);
-  asm volatile("" : "+l"(vstep));
-  float vrow[VPT];
-#pragma unroll
-  for (int j = 0; j < VPT; ++j) {
-    vrow[j] = 0.f;
-    if (vr0 + j * VROWS < nrows)
-      vrow[j] = __ldg(reinterpret_cast<const float*>(reinterpret_cast<const char*>(vp) + j * vstep));
-  }
-  // k row, g, beta of row rr, one row per warp
-  auto stage_row = [&](int rr) {
-    const float* const jrow = jr.journal + uint64_t(t0 + uint32_t(rr)) * jst;
-    const int lane_r = x_v & 31;
-    const float* const jk = jrow + (hk_r * DK + lane_r);
-    float kx[PER_LANE];
-#pragma unroll
-    for (int e = 0; e < PER_LANE; ++e) kx[e] = __ldg(jk + 32 * e);
-    const float gb = __ldg(jrow + ((lane_r & 1) ? jb : jg) + h_v);   // lane 0: g, lane 1: beta
-#pragma unroll
-    for (int e = 0; e < PER_LANE; ++e) js.k[rr][lane + 32 * e] = kx[e];
-    if (lane == 0) js.decay[rr] = __expf(gb);
-    if (lane == 1) js.beta[rr] = gb;
-  };
-  for (int rr = warp; rr < nrows; rr += nwarps) stage_row(rr);
+  const uint64_t vstep = uint64_t(VROWS) * jst;   // floats between a thread's v entries
 #pragma unroll
   for (int j = 0; j < VPT; ++j)
-    if (vr0 + j * VROWS < nrows) js.v[vr0 + j * VROWS][vc] = vrow[j];
+    if (vr0 + j * VROWS < nrows) cp_async_4(&js.v[vr0 + j * VROWS][vc], vp + j * vstep);
+  // k row, g, beta of row rr, one row per warp (lane 0: g, lane 1: beta)
+  for (int rr = warp; rr < nrows; rr += nwarps) {
+    const float* const jrow = jr.journal + uint64_t(t0 + uint32_t(rr)) * jst;
+    const float* const jk = jrow + (hk_r * DK + (x_v & 31));
+#pragma unroll
+    for (int e = 0; e < PER_LANE; ++e) cp_async_4(&js.k[rr][lane + 32 * e], jk + 32 * e);
+    if (lane < 2) cp_async_4(lane == 0 ? &js.g[rr] : &js.beta[rr], jrow + (lane == 0 ? jg : jb) + h_v);
+  }
+  cp_async_commit();
 }
 
 // Replays the first n rows from journal row t0 on the tile (the state in registers): the same
@@ -399,11 +392,12 @@ __device__ __forceinline__ void replay_journal(Tile& tile, const JournalRef& jr,
       __syncthreads();   // the previous chunk's rows have been consumed
       stage_journal<DK, Tile::WARP_COLS>(jr, js, h, hk, col_base, slice_cols, Dv, t0 + c0, nrows);
     }
-    __syncthreads();
+    cp_async_wait<0>();   // this thread's copies have landed ...
+    __syncthreads();      // ... and everyone's
     for (int rr = 0; rr < nrows; ++rr) {
       float kr[RI], sk[CJ], delta[CJ];
       tile.gather(js.k[rr], kr);
-      const float decay = js.decay[rr], beta = js.beta[rr];
+      const float decay = __expf(js.g[rr]), beta = js.beta[rr];
       if constexpr (SCATTER) {
         tile.partial_dot(kr, sk);
         const float d = delta_of(beta, js.v[rr][vr], decay, tile.reduce_scatter(sk));
@@ -605,6 +599,8 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
     // all loads in flight before any math; fused: coherent loads (this kernel writes the state)
     tile.template load_head<!FUSED>(head, col, Dv);
   }
+  // fused: the pending rows' first chunk is copied (cp.async) before the block's first chunk is
+  // staged; both are in flight at once (stage_journal)
   const JournalRef pj{p.pending_journal, p.pending_journal_stride_t, p.num_k_heads, p.num_v_heads};
   if constexpr (FUSED) {
     if (vr.pend_n > 0)
