@@ -21,15 +21,20 @@ _STATE_NAME = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _MAX_WARPS = 8
 # launch tuning (benchmarks may override): warps per CTA, None = heuristic; l2_prefetch: each
 # CTA asks L2 for the state slice of the CTA one wave of resident CTAs later (gdn.cu
-# prefetch_slice_l2)
-TUNING = {"warps": None, "l2_prefetch": True}
+# prefetch_slice_l2); None = where it measured faster on the H200 (s6-r4/r5, B=64: 16-bit
+# states' verify / commit / fused, 2-3 %, and the f32 fused kernel, 1 %), not f32 gdn_verify /
+# gdn_commit (1-4 % slower with it)
+TUNING = {"warps": None, "l2_prefetch": None}
 _OCCUPANCY = {}
 
 
-def _prefetch_ahead(kern, block, device, grid):
+def _prefetch_ahead(kern, block, device, grid, state_dtype, fused_kernel):
     """Resident CTAs of this launch on the whole GPU (the prefetch distance), 0 when the
     grid fits in one wave (nothing later to prefetch for) or prefetching is off."""
-    if not TUNING["l2_prefetch"]:
+    on = TUNING["l2_prefetch"]
+    if on is None:
+        on = fused_kernel or state_dtype != "float32"
+    if not on:
         return 0
     key = (kern.module, kern.name, device, block)
     per_sm = _OCCUPANCY.get(key)
@@ -244,7 +249,7 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     op = "verify_fused" if fused_mode else "verify"
     kern = runtime.kernel("gdn", f"gdn_{op}_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
     pending = (pj.ptr, pr.ptr, pn.ptr, pj.strides[0], pj.shape[0]) if fused_mode else (0, 0, 0, 0, 0)
-    ahead = _prefetch_ahead(kern, 32 * warps, dev, B * Hv * slices)
+    ahead = _prefetch_ahead(kern, 32 * warps, dev, B * Hv * slices, st.dtype, fused_mode)
     from .. import _gdn
     _gdn.launch_gdn_verify(
         kern, B * Hv * slices, 32 * warps, stream_h, qa.ptr, ka.ptr, va.ptr, g0.ptr, g1.ptr,
@@ -283,7 +288,7 @@ def gdn_flush(state, slot_ids, pending_journal, pending_row0, pending_len, *, la
     if B * Hv * slices >= 2**31:   # grid.x
         raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
     kern = runtime.kernel("gdn", f"gdn_verify_fused_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
-    ahead = _prefetch_ahead(kern, 32 * warps, dev, B * Hv * slices)
+    ahead = _prefetch_ahead(kern, 32 * warps, dev, B * Hv * slices, st.dtype, True)
     from .. import _gdn
     # the fused verify with no block (cu_q NULL): only the pending rows are replayed
     _gdn.launch_gdn_verify(
@@ -320,7 +325,7 @@ def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", statu
     if B * Hv * slices >= 2**31:   # grid.x
         raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
     kern = runtime.kernel("gdn", f"gdn_commit_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
-    ahead = _prefetch_ahead(kern, 32 * warps, dev, B * Hv * slices)
+    ahead = _prefetch_ahead(kern, 32 * warps, dev, B * Hv * slices, st.dtype, False)
     from .. import _gdn
     _gdn.launch_gdn_commit(kern, B * Hv * slices, 32 * warps, stream_h, st.ptr, sl.ptr, cq.ptr,
                            al.ptr, ja.ptr, sa.ptr, st.strides[0], ja.strides[0], T, B, Hk, Hv,
