@@ -19,7 +19,8 @@ while [ $# -gt 0 ]; do
     --bench) BENCH=$2; shift 2 ;;
     --bench80) BENCH80=$2; shift 2 ;;   # benchmarks to repeat on the forced compute_80 path
     --families) FAMS=$2; shift 2 ;;
-    --parallel) PARALLEL=1; shift ;;    # the families' test runs at once (correctness only: one GPU)
+    --parallel) PARALLEL=1; shift ;;    # the families' test runs at once (correctness only: one GPU;
+                                        # the long-run memory-growth tests then run alone after them)
     *) echo "unknown option $1"; exit 2 ;;
   esac
 done
@@ -68,10 +69,18 @@ run_family() {
     *) run_tests ptx$1 SPECDEC_FORCE_ARCH=$1 ;;
   esac
 }
-for fam in $FAMS; do
-  if [ $PARALLEL = 1 ]; then run_family $fam & else run_family $fam; fi
-done
-wait
+if [ $PARALLEL = 1 ]; then
+  # the long-run tests check device-wide memory growth, which the other families' processes
+  # on the same GPU would show: they run afterwards, natively and alone
+  TESTS_ALL=$TESTS
+  TESTS="${TESTS_ALL:+($TESTS_ALL) and }not long_run"
+  for fam in $FAMS; do run_family $fam & done
+  wait
+  TESTS="${TESTS_ALL:+($TESTS_ALL) and }long_run"
+  run_tests native_long_run
+else
+  for fam in $FAMS; do run_family $fam; done
+fi
 case " $FAMS " in *" 80 "*) FORCED=1 ;; *) FORCED=0 ;; esac
 
 if [ "$BENCH" != "none" ]; then
