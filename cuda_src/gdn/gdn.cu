@@ -899,6 +899,30 @@ __host__ __device__ constexpr int commit_cj() { return sizeof(TS) == 4 && VK ? 4
 template <typename TS, int DK, bool VK>
 using CommitTile = StateTile<TS, DK, VK, commit_cj<TS, DK, VK>()>;
 
+// A commit's rows, slot and accept length, checked; the status of the sequence is written here
+// (gdn_commit, both state widths). go: valid and at least one row to replay.
+struct CommitRows {
+  int row0, slot, n;
+  bool go;
+};
+
+__device__ __forceinline__ CommitRows commit_rows(const GdnCommitParams& p, const BlockPos& pos) {
+  CommitRows c;
+  c.row0 = __ldg(p.cu_q + pos.b);
+  const int row1 = __ldg(p.cu_q + pos.b + 1);
+  c.slot = __ldg(p.slot_ids + pos.b);
+  c.n = __ldg(p.accept_len + pos.b);
+  const bool rows_ok = 0 <= c.row0 && c.row0 <= row1 && row1 <= p.num_rows;
+  const bool acc_ok = 0 <= c.n && c.n <= row1 - c.row0;
+  const bool slot_ok = c.slot >= 0 && c.slot < p.num_slots;
+  if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
+    p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) |
+                      (rows_ok && !acc_ok ? SPECDEC_GDN_BAD_ACCEPT : 0) |
+                      (c.slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
+  c.go = rows_ok && acc_ok && slot_ok && c.n != 0;
+  return c;
+}
+
 template <typename TS, int DK, bool VK>
 __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   using Tile = CommitTile<TS, DK, VK>;
@@ -911,18 +935,10 @@ __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
   const int lane = cs.lane, warp = cs.warp, slice_cols = cs.slice_cols;
   const int col_base = cs.col_base, hk = cs.hk, Dv = cs.Dv;
 
-  const int row0 = __ldg(p.cu_q + pos.b), row1 = __ldg(p.cu_q + pos.b + 1);
-  const int slot = __ldg(p.slot_ids + pos.b);
-  const int n = __ldg(p.accept_len + pos.b);
-  const bool rows_ok = 0 <= row0 && row0 <= row1 && row1 <= p.num_rows;
-  const bool acc_ok = 0 <= n && n <= row1 - row0;
-  const bool slot_ok = slot >= 0 && slot < p.num_slots;
-  if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
-    p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) |
-                      (rows_ok && !acc_ok ? SPECDEC_GDN_BAD_ACCEPT : 0) |
-                      (slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
+  const CommitRows cr = commit_rows(p, pos);
+  const int row0 = cr.row0, slot = cr.slot, n = cr.n;
   const NextSlice next = next_slice(p);
-  if (!rows_ok || !acc_ok || !slot_ok || n == 0) return;   // state untouched, not even read
+  if (!cr.go) return;   // state untouched, not even read
 
   Tile tile(lane);
   const int vj = warp * WC + tile.lc * Tile::SPAN;   // the thread's first column in the slice
@@ -954,18 +970,10 @@ __device__ __forceinline__ void gdn_commit_packed_impl(const GdnCommitParams& p)
   const int lane = cs.lane, warp = cs.warp, nwarps = cs.nwarps, slice_cols = cs.slice_cols;
   const int col_base = cs.col_base, group = cs.group, hk = cs.hk, Dv = cs.Dv;
 
-  const int row0 = __ldg(p.cu_q + pos.b), row1 = __ldg(p.cu_q + pos.b + 1);
-  const int slot = __ldg(p.slot_ids + pos.b);
-  const int n = __ldg(p.accept_len + pos.b);
-  const bool rows_ok = 0 <= row0 && row0 <= row1 && row1 <= p.num_rows;
-  const bool acc_ok = 0 <= n && n <= row1 - row0;
-  const bool slot_ok = slot >= 0 && slot < p.num_slots;
-  if (p.status != nullptr && pos.z == 0 && pos.h == 0 && threadIdx.x == 0)
-    p.status[pos.b] = (rows_ok ? 0 : SPECDEC_GDN_BAD_ROWS) |
-                      (rows_ok && !acc_ok ? SPECDEC_GDN_BAD_ACCEPT : 0) |
-                      (slot >= p.num_slots ? SPECDEC_GDN_BAD_SLOT : 0);
+  const CommitRows cr = commit_rows(p, pos);
+  const int row0 = cr.row0, slot = cr.slot, n = cr.n;
   const NextSlice next = next_slice(p);
-  if (!rows_ok || !acc_ok || !slot_ok || n == 0) return;   // state untouched, not even read
+  if (!cr.go) return;   // state untouched, not even read
 
   Tile tile(lane);
   const int col = col_base + warp * Tile::WARP_COLS + tile.lc * CJ;
