@@ -118,6 +118,18 @@ def _launch_shape(B, Hv, Dv, state_dtype, device, warp_cols):
     return w, Dv // (w * warp_cols)
 
 
+def _gdn_launch(op, layout, st, Dk, Dv, Hv, B, dev, warp_cols):
+    """(kernel, grid, block, slices, prefetch distance) of gdn kernel ``op`` ("verify",
+    "commit", "verify_fused") for this state and batch."""
+    warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev, warp_cols)
+    grid = B * Hv * slices
+    if grid >= 2**31:   # grid.x
+        raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
+    kern = runtime.kernel("gdn", f"gdn_{op}_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
+    ahead = _prefetch_ahead(kern, 32 * warps, dev, grid, st.dtype, op == "verify_fused")
+    return kern, grid, 32 * warps, slices, ahead
+
+
 def _row_strides(name, a, ndim):
     if a.shape[-1] > 1 and a.strides[-1] != 1:
         raise ValueError(f"{name}: the last dimension must be contiguous (strides {a.strides})")
@@ -126,9 +138,10 @@ def _row_strides(name, a, ndim):
 
 def _pending_args(dev, B, W, journal_arg, pending_journal, pending_row0, pending_len):
     """The fused mode's pending rows: (journal DeviceArg, row0, len) checked on ``dev``; the
-    pending journal [Tp, W] float32 must not overlap the journal being written."""
+    pending journal [Tp, W] float32 (W None: any width) must not overlap the journal being
+    written (``journal_arg``, None for gdn_flush)."""
     pj = DeviceArg("pending_journal", pending_journal, dtype="float32", ndim=2, device=dev)
-    if pj.shape[1] != W:
+    if W is not None and pj.shape[1] != W:
         raise ValueError(f"pending_journal: expected [Tp, {W}] (the journal width of this "
                          f"state and these heads), got {list(pj.shape)}")
     _row_strides("pending_journal", pj, 2)
@@ -243,16 +256,13 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
             return out, journal
     elif B == 0 or (T == 0 and status is None):
         return out, journal   # (with a status the kernel still runs: every status[b] is written)
-    warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev, _warp_cols(st.dtype, Dk, verify=True))
-    if B * Hv * slices >= 2**31:   # grid.x
-        raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
-    op = "verify_fused" if fused_mode else "verify"
-    kern = runtime.kernel("gdn", f"gdn_{op}_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
+    kern, grid, block, slices, ahead = _gdn_launch(
+        "verify_fused" if fused_mode else "verify", layout, st, Dk, Dv, Hv, B, dev,
+        _warp_cols(st.dtype, Dk, verify=True))
     pending = (pj.ptr, pr.ptr, pn.ptr, pj.strides[0], pj.shape[0]) if fused_mode else (0, 0, 0, 0, 0)
-    ahead = _prefetch_ahead(kern, 32 * warps, dev, B * Hv * slices, st.dtype, fused_mode)
     from .. import _gdn
     _gdn.launch_gdn_verify(
-        kern, B * Hv * slices, 32 * warps, stream_h, qa.ptr, ka.ptr, va.ptr, g0.ptr, g1.ptr,
+        kern, grid, block, stream_h, qa.ptr, ka.ptr, va.ptr, g0.ptr, g1.ptr,
         al.ptr, db.ptr, st.ptr, sl.ptr, cq.ptr, oa.ptr, ja.ptr, sa.ptr, strides, gate_strides,
         st.strides[0], ja.strides[0], T, B, Hk, Hv, Dv, slots, slices, bool(qk_l2norm), fused,
         _DT_CODE[qa.dtype], _DT_CODE[oa.dtype],
@@ -270,12 +280,10 @@ def gdn_flush(state, slot_ids, pending_journal, pending_row0, pending_len, *, la
     gdn_verify's fused mode; slot_ids < 0 are skipped."""
     st, slots, Hv, Dk, Dv = _state_arg(state, layout)
     dev = st.device
-    pjr = DeviceArg("pending_journal", pending_journal, dtype="float32", ndim=2, device=dev)
-    Hk = journal_num_k_heads(pjr.shape[1], Hv, Dk, Dv, hint=" (was it written for this state?)")
     sl = DeviceArg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
     B = sl.shape[0]
-    pj, pr, pn = _pending_args(dev, B, pjr.shape[1], None, pending_journal, pending_row0,
-                               pending_len)
+    pj, pr, pn = _pending_args(dev, B, None, None, pending_journal, pending_row0, pending_len)
+    Hk = journal_num_k_heads(pj.shape[1], Hv, Dk, Dv, hint=" (was it written for this state?)")
     sa = DeviceArg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
                    optional=True)
     stream_h = as_stream(stream)
@@ -284,15 +292,12 @@ def gdn_flush(state, slot_ids, pending_journal, pending_row0, pending_len, *, la
     _check_pending_on_host(check_indices, stream_h, pr, pn, pj.shape[0])
     if B == 0:
         return state
-    warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev, _warp_cols(st.dtype, Dk, verify=True))
-    if B * Hv * slices >= 2**31:   # grid.x
-        raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
-    kern = runtime.kernel("gdn", f"gdn_verify_fused_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
-    ahead = _prefetch_ahead(kern, 32 * warps, dev, B * Hv * slices, st.dtype, True)
+    kern, grid, block, slices, ahead = _gdn_launch("verify_fused", layout, st, Dk, Dv, Hv, B, dev,
+                                                   _warp_cols(st.dtype, Dk, verify=True))
     from .. import _gdn
     # the fused verify with no block (cu_q NULL): only the pending rows are replayed
     _gdn.launch_gdn_verify(
-        kern, B * Hv * slices, 32 * warps, stream_h, 0, 0, 0, 0, 0, 0, 0, st.ptr, sl.ptr, 0, 0,
+        kern, grid, block, stream_h, 0, 0, 0, 0, 0, 0, 0, st.ptr, sl.ptr, 0, 0,
         0, sa.ptr, [0] * 8, [0, 0], st.strides[0], 0, 0, B, Hk, Hv, Dv, slots, slices, False,
         False, 0, 0, [0, 0, 0, 0], 1.0, pj.ptr, pr.ptr, pn.ptr, pj.strides[0], pj.shape[0], ahead)
     return state
@@ -320,14 +325,10 @@ def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", statu
     _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots, al)
     if B == 0 or (T == 0 and status is None):
         return state
-    warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev,
-                                  _warp_cols(st.dtype, Dk, verify=False, layout=layout))
-    if B * Hv * slices >= 2**31:   # grid.x
-        raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
-    kern = runtime.kernel("gdn", f"gdn_commit_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
-    ahead = _prefetch_ahead(kern, 32 * warps, dev, B * Hv * slices, st.dtype, False)
+    kern, grid, block, slices, ahead = _gdn_launch(
+        "commit", layout, st, Dk, Dv, Hv, B, dev, _warp_cols(st.dtype, Dk, verify=False, layout=layout))
     from .. import _gdn
-    _gdn.launch_gdn_commit(kern, B * Hv * slices, 32 * warps, stream_h, st.ptr, sl.ptr, cq.ptr,
+    _gdn.launch_gdn_commit(kern, grid, block, stream_h, st.ptr, sl.ptr, cq.ptr,
                            al.ptr, ja.ptr, sa.ptr, st.strides[0], ja.strides[0], T, B, Hk, Hv,
                            Dv, slots, slices, ahead)
     return state
