@@ -279,6 +279,39 @@ cdef int launch(Kernel k, unsigned int gx, unsigned int gy, unsigned int gz,
     return 0
 
 
+cdef int launch_cluster(Kernel k, unsigned int gx, unsigned int bx, unsigned int smem,
+                        size_t stream, void* params, unsigned int cluster_x) except -1:
+    """Launch ``k`` on a 1-D grid of ``gx`` CTAs in clusters of ``cluster_x`` (sm_90+:
+    cuLaunchKernelEx with the cluster-dimension attribute), one by-value parameter block."""
+    cdef void* args[1]
+    cdef cydriver.CUresult err
+    cdef cydriver.CUlaunchConfig cfg
+    cdef cydriver.CUlaunchAttribute attr
+    args[0] = params
+    memset(&cfg, 0, sizeof(cfg))
+    memset(&attr, 0, sizeof(attr))
+    attr.id = cydriver.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x = cluster_x
+    attr.value.clusterDim.y = 1
+    attr.value.clusterDim.z = 1
+    cfg.gridDimX = gx
+    cfg.gridDimY = 1
+    cfg.gridDimZ = 1
+    cfg.blockDimX = bx
+    cfg.blockDimY = 1
+    cfg.blockDimZ = 1
+    cfg.sharedMemBytes = smem
+    cfg.hStream = <cydriver.CUstream>stream
+    cfg.attrs = &attr
+    cfg.numAttrs = 1
+    with nogil:
+        err = cydriver.cuLaunchKernelEx(&cfg, k.func, args, NULL)
+    if err != cydriver.CUDA_SUCCESS:
+        check(err, f"cuLaunchKernelEx({k.module}:{k.name}, grid={gx}, block={bx}, "
+                   f"cluster={cluster_x}, smem={smem})")
+    return 0
+
+
 # ------------------------------------------------------------------ memory, streams, events
 
 def mem_alloc(size_t nbytes):

@@ -3,7 +3,7 @@
 three kernels in order on the caller's stream. No validation here
 (specdec_lib.ops.sampling does it before calling in)."""
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
-from specdec_lib._driver cimport Kernel, launch
+from specdec_lib._driver cimport Kernel, launch, launch_cluster
 
 cdef extern from "sampling/sampling_params.h":
     int SPEC_SAMPLE_TILE
@@ -19,6 +19,11 @@ cdef extern from "sampling/sampling_params.h":
     int SPEC_SAMPLE_HIST_THREADS
     int SPEC_SAMPLE_HIST_CTAS_PER_SM
     int SPEC_SAMPLE_HIST_BINS
+    int SPEC_SAMPLE_ROWS_THREADS
+    int SPEC_SAMPLE_ROWS_BINS
+    int SPEC_SAMPLE_ROWS_MAX_TILES
+    int SPEC_SAMPLE_ROWS_MAX_CLUSTER
+    int SPEC_SAMPLE_CHAIN_THREADS
 
     ctypedef struct SpecSampleTile:
         float m
@@ -32,6 +37,9 @@ cdef extern from "sampling/sampling_params.h":
         float m
 
     ctypedef struct SpecSampleFilter:
+        pass
+
+    ctypedef struct SpecSampleRowOut:
         pass
 
     ctypedef struct SpecSampleParams:
@@ -79,27 +87,21 @@ THRESHOLD_CTAS_PER_SM = SPEC_SAMPLE_THRESHOLD_CTAS_PER_SM
 THRESHOLD_MIN_TOKENS = SPEC_SAMPLE_THRESHOLD_MIN_TOKENS
 HIST_CTAS_PER_SM = SPEC_SAMPLE_HIST_CTAS_PER_SM
 HIST_BINS = SPEC_SAMPLE_HIST_BINS
+ROWS_BINS = SPEC_SAMPLE_ROWS_BINS
+ROWS_MAX_TILES = SPEC_SAMPLE_ROWS_MAX_TILES
+ROWS_MAX_CLUSTER = SPEC_SAMPLE_ROWS_MAX_CLUSTER
+ROW_OUT_BYTES = sizeof(SpecSampleRowOut)
 
 
-def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size_t stream,
-                       uintptr_t logits, uintptr_t cu_q, uintptr_t draft_ids,
-                       uintptr_t temperature, uintptr_t top_k, uintptr_t top_p, uintptr_t min_p,
-                       uintptr_t seed, uintptr_t step, uintptr_t draft_probs, uintptr_t d2t,
-                       uintptr_t num_accepted, uintptr_t emitted, uintptr_t status,
-                       uintptr_t logprobs, uintptr_t workspace,
-                       int64_t logits_stride, int64_t draft_probs_stride,
-                       int64_t emitted_stride, int64_t logprobs_stride,
-                       int num_rows, int batch, int vocab, int draft_vocab, int num_tiles,
-                       int tiles_per_cta, int width, bint filters=True, int threshold_ctas=1,
-                       Kernel k_hist=None):
-    """f32 logits: tiles (grid T x chunks) -> threshold x SPEC_SAMPLE_THRESHOLD_STEPS (grid
-    T x threshold_ctas, filter_step 0..3) -> tiles, filtered pass -> finish (grid B).
-    16-bit logits (``k_hist`` given): tiles -> hist (grid T x threshold_ctas, one launch:
-    the thresholds from an exact-value histogram, then the filtered rows' tile sums
-    recounted over the kept set) -> finish. ``filters=False`` (the caller's promise that no
-    request filters) skips the filter launches; finish then flags a request that does filter
-    (status 5) instead of sampling it unfiltered. With filters=True the launches always run
-    (CTAs of unfiltered rows exit at once)."""
+cdef SpecSampleParams _params(uintptr_t logits, uintptr_t cu_q, uintptr_t draft_ids,
+                              uintptr_t temperature, uintptr_t top_k, uintptr_t top_p, uintptr_t min_p,
+                              uintptr_t seed, uintptr_t step, uintptr_t draft_probs, uintptr_t d2t,
+                              uintptr_t num_accepted, uintptr_t emitted, uintptr_t status,
+                              uintptr_t logprobs, uintptr_t workspace,
+                              int64_t logits_stride, int64_t draft_probs_stride,
+                              int64_t emitted_stride, int64_t logprobs_stride,
+                              int num_rows, int batch, int vocab, int draft_vocab, int num_tiles,
+                              int tiles_per_cta, int width, bint filters):
     cdef SpecSampleParams p
     p.logits = <const void*>logits
     p.cu_q = <const int32_t*>cu_q
@@ -131,6 +133,32 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
     p.filtered_pass = 0
     p.no_filters = 0 if filters else 1
     p.filter_step = 0
+    return p
+
+
+def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size_t stream,
+                       uintptr_t logits, uintptr_t cu_q, uintptr_t draft_ids,
+                       uintptr_t temperature, uintptr_t top_k, uintptr_t top_p, uintptr_t min_p,
+                       uintptr_t seed, uintptr_t step, uintptr_t draft_probs, uintptr_t d2t,
+                       uintptr_t num_accepted, uintptr_t emitted, uintptr_t status,
+                       uintptr_t logprobs, uintptr_t workspace,
+                       int64_t logits_stride, int64_t draft_probs_stride,
+                       int64_t emitted_stride, int64_t logprobs_stride,
+                       int num_rows, int batch, int vocab, int draft_vocab, int num_tiles,
+                       int tiles_per_cta, int width, bint filters=True, int threshold_ctas=1,
+                       Kernel k_hist=None):
+    """f32 logits: tiles (grid T x chunks) -> threshold x SPEC_SAMPLE_THRESHOLD_STEPS (grid
+    T x threshold_ctas, filter_step 0..3) -> tiles, filtered pass -> finish (grid B).
+    16-bit logits (``k_hist`` given): tiles -> hist (grid T x threshold_ctas, one launch:
+    the thresholds from an exact-value histogram, then the filtered rows' tile sums
+    recounted over the kept set) -> finish. ``filters=False`` (the caller's promise that no
+    request filters) skips the filter launches; finish then flags a request that does filter
+    (status 5) instead of sampling it unfiltered. With filters=True the launches always run
+    (CTAs of unfiltered rows exit at once)."""
+    cdef SpecSampleParams p = _params(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p,
+                  seed, step, draft_probs, d2t, num_accepted, emitted, status, logprobs, workspace,
+                  logits_stride, draft_probs_stride, emitted_stride, logprobs_stride,
+                  num_rows, batch, vocab, draft_vocab, num_tiles, tiles_per_cta, width, filters)
     cdef unsigned int chunks = (num_tiles + tiles_per_cta - 1) // tiles_per_cta
     if num_rows > 0:
         launch(k_tiles, num_rows, chunks, 1, SPEC_SAMPLE_TILE_THREADS, 1, 1, 0, stream, &p)
@@ -146,3 +174,26 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
             launch(k_tiles, num_rows, chunks, 1, SPEC_SAMPLE_TILE_THREADS, 1, 1, 0, stream, &p)
             p.filtered_pass = 0
     launch(k_finish, batch, 1, 1, SPEC_SAMPLE_FINISH_THREADS, 1, 1, 0, stream, &p)
+
+
+def launch_spec_sample_rows(Kernel k_rows, Kernel k_chain, size_t stream,
+                            uintptr_t logits, uintptr_t cu_q, uintptr_t draft_ids,
+                            uintptr_t temperature, uintptr_t top_k, uintptr_t top_p, uintptr_t min_p,
+                            uintptr_t seed, uintptr_t step, uintptr_t num_accepted, uintptr_t emitted,
+                            uintptr_t status, uintptr_t logprobs, uintptr_t workspace,
+                            int64_t logits_stride, int64_t emitted_stride, int64_t logprobs_stride,
+                            int num_rows, int batch, int vocab, int num_tiles, int tiles_per_cta,
+                            int cluster, unsigned int smem, int width, bint filters=True):
+    """sm_90, 16-bit logits, one-hot drafts: spec_sample_rows (grid T x cluster CTAs in
+    clusters of ``cluster``, each holding ``tiles_per_cta`` tiles of its row in ``smem`` bytes
+    of dynamic shared memory) -> spec_sample_chain (one thread per sequence)."""
+    cdef SpecSampleParams p = _params(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p,
+                                      seed, step, 0, 0, num_accepted, emitted, status, logprobs,
+                                      workspace, logits_stride, 0, emitted_stride, logprobs_stride,
+                                      num_rows, batch, vocab, 0, num_tiles, tiles_per_cta, width,
+                                      filters)
+    if num_rows > 0:
+        k_rows.set_max_dynamic_smem(smem)
+        launch_cluster(k_rows, num_rows * cluster, SPEC_SAMPLE_ROWS_THREADS, smem, stream, &p, cluster)
+    launch(k_chain, (batch + SPEC_SAMPLE_CHAIN_THREADS - 1) // SPEC_SAMPLE_CHAIN_THREADS, 1, 1,
+           SPEC_SAMPLE_CHAIN_THREADS, 1, 1, 0, stream, &p)

@@ -97,7 +97,10 @@ register(KernelModule(
     kernels={**{f"spec_sample_{stage}_{t}": "SpecSampleParams"
                 for stage in ("tiles", "threshold", "finish") for t in ("f32", "f16", "bf16")},
              # 16-bit logits only: the exact-value histogram of the filters
-             **{f"spec_sample_hist_{t}": "SpecSampleParams" for t in ("f16", "bf16")}},
+             **{f"spec_sample_hist_{t}": "SpecSampleParams" for t in ("f16", "bf16")},
+             # sm_90, 16-bit logits, one-hot drafts: one cluster per row + the block chain
+             **{f"spec_sample_rows_{t}": "SpecSampleParams" for t in ("f16", "bf16")},
+             "spec_sample_chain": "SpecSampleParams"},
 ))
 
 register(KernelModule(

@@ -89,6 +89,30 @@ def bench_spec_sample(b: Bench):
                      floor_ms, impl="flashinfer-chain(floor)")
             _torch_peer(b, B, k, V)
         del run   # its inputs and workspace
+    # the same shapes through the tiles -> hist -> finish launches (what sm_75 / sm_80 run;
+    # on sm_90 the default for 16-bit logits and one-hot drafts is the one-pass rows path)
+    import os
+    from .ops.sampling import PATH_ENV, sample_path
+    if sample_path("bfloat16", True, V, b.device) == "rows":
+        old = os.environ.get(PATH_ENV)
+        os.environ[PATH_ENV] = "tiles"
+        try:
+            for B, greedy_frac, top_p, filters, label, top_k in (
+                    (64, 0.5, 1.0, None, "half greedy, no filter", 0),
+                    (64, 0.5, 0.9, None, "half greedy, top-p 0.9", 0),
+                    (64, 0.5, 0.9, None, "half greedy, top-k 50 + top-p 0.9", 50),
+                    (1, 0.0, 1.0, None, "sampled, no filter", 0),
+                    (1, 0.0, 0.9, None, "sampled, top-p 0.9", 0)):
+                run, T = spec_sample_call(b, B, k, V, greedy_frac, top_p, filters, top_k)
+                ms = b.time_graph(run) if B <= 4 else b.time(run, iters=20)
+                b.report("spec_sample", f"B={B} k={k} V={V} bf16 {label}", T * V * 2, ms,
+                         impl="specdec_lib(tiles path)")
+                del run
+        finally:
+            if old is None:
+                os.environ.pop(PATH_ENV, None)
+            else:
+                os.environ[PATH_ENV] = old
 
 
 def _torch_peer(b: Bench, B, k, V):

@@ -364,6 +364,27 @@ def test_spec_sample_validation_errors(rng):
 # value the op ever writes) before each run, so an element the kernel misses shows up.
 
 SENTINEL = 0x7F7F7F7F
+
+
+# Every GPU test runs on both kernel paths of spec_sample: "auto" (on sm_90 code with 16-bit
+# logits and one-hot drafts, the one-pass cluster path spec_sample_rows) and "tiles" (the
+# tiles -> hist / threshold -> finish launches, every other case and every older GPU).
+def pytest_generate_tests(metafunc):
+    if "spec_sample_path" in metafunc.fixturenames and metafunc.definition.get_closest_marker("gpu"):
+        metafunc.parametrize("spec_sample_path", ["auto", "tiles"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def spec_sample_path(request, monkeypatch):
+    from specdec_lib.ops.sampling import PATH_ENV
+    path = getattr(request, "param", "auto")
+    monkeypatch.delenv(PATH_ENV, raising=False)
+    if path == "tiles":
+        from specdec_lib import runtime
+        if runtime.gpu_unavailable_reason() is None and runtime.arch_family(0) < 90:
+            pytest.skip("below sm_90 code the automatic path is the tiles path already")
+        monkeypatch.setenv(PATH_ENV, "tiles")
+    return path
 GPU_DTYPES = ["float32", "float16", "bfloat16"]
 
 
@@ -1026,6 +1047,11 @@ def test_spec_sample_gpu_threshold_exact(dtype, pad, rng):
     raw = ws.to_numpy()
     off = B * (-(-V // TILE)) * 20
     tau_gpu = raw[off:off + 8 * B].view(np.uint32).reshape(B, 2)[:, 0].astype(np.uint64)
+    from specdec_lib.ops.sampling import sample_path
+    if sample_path(dtype, True, V) == "rows":   # SpecSampleRowOut.tau, in each row's filter slot
+        off = -(-(off + 8 * B) // 16) * 16
+        tau_gpu = np.array([raw[off + b * 32864 + 28:off + b * 32864 + 32].view(np.uint32)[0]
+                            for b in range(B)], np.uint64)
     for b, (temp, top_k, top_p, kind) in enumerate(cases):
         if kind == "pad":
             continue

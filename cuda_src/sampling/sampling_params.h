@@ -16,6 +16,12 @@
 #define SPEC_SAMPLE_HIST_THREADS 512     /* spec_sample_hist_* (16-bit logits): exact-value histogram + recount */
 #define SPEC_SAMPLE_HIST_CTAS_PER_SM 2   /* its occupancy (launch bounds) */
 #define SPEC_SAMPLE_HIST_BINS 8192       /* values below the row max it counts exactly */
+#define SPEC_SAMPLE_ROWS_THREADS 256    /* spec_sample_rows_* (sm_90, 16-bit, one-hot): one cluster per row */
+#define SPEC_SAMPLE_ROWS_CTAS_PER_SM 3  /* its occupancy (launch bounds) */
+#define SPEC_SAMPLE_ROWS_BINS 4096      /* values below the row max counted per histogram window */
+#define SPEC_SAMPLE_ROWS_MAX_TILES 32   /* tiles one CTA of the cluster holds (128 KB of smem) */
+#define SPEC_SAMPLE_ROWS_MAX_CLUSTER 8  /* CTAs per row (the portable cluster size) */
+#define SPEC_SAMPLE_CHAIN_THREADS 128   /* spec_sample_chain: one thread per sequence */
 #define SPEC_SAMPLE_FINISH_THREADS 512   /* level-2 race: 4 tokens per thread */
 #define SPEC_SAMPLE_FINISH_ROWS 32       /* block rows whose accept step finish evaluates in parallel */
 
@@ -78,6 +84,19 @@ typedef struct {
 } SpecSampleFilter;   /* 96 + 8192 + 8192 + 16384 = 32864 bytes. 16-bit logits use count, msum
                          and cand as one array of SPEC_SAMPLE_HIST_BINS (8192) per-value counts
                          (spec_sample_hist_*) */
+
+/* Per row result of spec_sample_rows_* (in the row's SpecSampleFilter slot), read by
+ * spec_sample_chain. */
+typedef struct {
+  int32_t owner;    /* the sequence whose params the row used (cu_q not increasing: mismatch) */
+  int32_t token;    /* greedy: argmax (-1: all NaN); sampled: the row's sample (-1: none drawn) */
+  int32_t accept;   /* sampled: u < p(x) for the row's draft */
+  uint32_t flags;   /* NaN / +inf seen in the row */
+  int32_t empty;    /* nothing to sample (sampled: max -inf; greedy: all NaN) */
+  float lp_draft;   /* log p(x) */
+  float lp_token;   /* log-probability of token */
+  uint32_t tau;     /* sampled: the top-k / top-p keep threshold (order_key; 0: no cut), for tests */
+} SpecSampleRowOut;
 
 typedef struct {
   const void* logits;           /* [T, V], last dim contiguous */

@@ -45,6 +45,7 @@
 #include "sampling/sample_threshold.cuh"
 #include "sampling/sample_hist.cuh"
 #include "sampling/sample_finish.cuh"
+#include "sampling/sample_rows.cuh"
 
 
 #define SPEC_SAMPLE_KERNELS(NAME, T)                                                          \
@@ -64,3 +65,14 @@ SPEC_SAMPLE_KERNELS(f16, __half)
 SPEC_SAMPLE_KERNELS(bf16, bf16_t)
 SPEC_SAMPLE_HIST_KERNEL(f16, __half)
 SPEC_SAMPLE_HIST_KERNEL(bf16, bf16_t)
+
+// sm_90, 16-bit logits, one-hot drafts: one cluster per row, the row read once (sample_rows.cuh)
+#define SPEC_SAMPLE_ROWS_KERNEL(NAME, T)                                                      \
+  extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_ROWS_THREADS, SPEC_SAMPLE_ROWS_CTAS_PER_SM) \
+  spec_sample_rows_##NAME(const SpecSampleParams p) { rows_kernel<T>(p); }
+
+SPEC_SAMPLE_ROWS_KERNEL(f16, __half)
+SPEC_SAMPLE_ROWS_KERNEL(bf16, bf16_t)
+
+extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_CHAIN_THREADS)
+spec_sample_chain(const SpecSampleParams p) { chain_kernel(p); }

@@ -3,6 +3,7 @@ specdec_lib/reference/sampling.py)."""
 from __future__ import annotations
 
 import functools
+import os
 
 from .. import runtime
 from .._validate import DeviceArg, as_stream
@@ -19,6 +20,10 @@ _HIST_CTAS_PER_SM = 2       # SPEC_SAMPLE_HIST_CTAS_PER_SM
 _KERNEL_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _TILE_WARPS = 4             # SPEC_SAMPLE_TILE_THREADS / 32: tiles a CTA works on at once
 _TILE_CTAS_PER_SM = 6       # SPEC_SAMPLE_TILE_CTAS_PER_SM: resident tile CTAs per SM
+_ROWS_BINS = 4096           # SPEC_SAMPLE_ROWS_BINS
+_ROWS_MAX_TILES = 32        # SPEC_SAMPLE_ROWS_MAX_TILES: tiles one CTA of a row's cluster holds
+_ROWS_MAX_CLUSTER = 8       # SPEC_SAMPLE_ROWS_MAX_CLUSTER: CTAs per row
+PATH_ENV = "SPECDEC_SPEC_SAMPLE_PATH"   # auto (default) | rows | tiles: which kernels run
 
 
 def spec_sample_workspace_size(num_rows: int, vocab: int) -> int:
@@ -80,6 +85,40 @@ def _tiles_per_cta(num_rows: int, num_tiles: int, sm_count: int) -> int:
         if chunks == 1:
             break
     return min(best[1], max(num_tiles, 1)) if best else 1
+
+
+def rows_plan(num_tiles: int):
+    """(tiles per CTA, CTAs per row = cluster size, dynamic shared memory bytes) of the
+    one-pass path (spec_sample_rows_*): the row split over at most _ROWS_MAX_CLUSTER CTAs,
+    every CTA with at least one tile. V=151936 (75 tiles): 10 tiles x 8 CTAs, 59,520 B."""
+    tpc = -(-num_tiles // _ROWS_MAX_CLUSTER)
+    cluster = -(-num_tiles // tpc)
+    smem = tpc * TILE * 2 + (_ROWS_BINS + 32) * 4 + (-(-_ROWS_BINS // cluster)) * 4
+    return tpc, cluster, smem
+
+
+def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0) -> str:
+    """Which kernels ``spec_sample`` runs for these inputs on ``device``: "rows" (one launch
+    that reads each row once, one thread-block cluster per row, + the chain launch: sm_90
+    code, 16-bit logits, one-hot drafts, V <= 524288) or "tiles" (tiles -> threshold or
+    hist -> finish: every other case). The environment variable SPECDEC_SPEC_SAMPLE_PATH=
+    tiles forces the latter (comparisons, debugging); =rows raises where it cannot run."""
+    want = os.environ.get(PATH_ENV, "auto").strip().lower() or "auto"
+    if want not in ("auto", "rows", "tiles"):
+        raise ValueError(f"{PATH_ENV}={want!r}: expected auto, rows or tiles")
+    num_tiles = -(-int(vocab) // TILE)
+    why = None
+    if dtype not in ("float16", "bfloat16"):
+        why = "float32 logits"
+    elif not one_hot:
+        why = "draft_probs given"
+    elif num_tiles > _ROWS_MAX_TILES * _ROWS_MAX_CLUSTER:
+        why = f"V > {TILE * _ROWS_MAX_TILES * _ROWS_MAX_CLUSTER}"
+    elif runtime.arch_family(device) < 90:
+        why = f"code family {runtime.arch_family(device)} (clusters need sm_90)"
+    if want == "rows" and why is not None:
+        raise ValueError(f"{PATH_ENV}=rows: the one-pass path cannot run here ({why})")
+    return "tiles" if (want == "tiles" or why is not None) else "rows"
 
 
 def _vec(name, obj, dtype, n, dev):
@@ -186,13 +225,24 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
     if B == 0:
         return num_accepted, emitted, status
     num_tiles = -(-V // TILE)
+    from .. import _sampling
+    if sample_path(lg.dtype, draft_probs is None, V, dev) == "rows":
+        tpc, cluster, smem = rows_plan(num_tiles)
+        name = _KERNEL_DTYPES[lg.dtype]
+        _sampling.launch_spec_sample_rows(
+            runtime.kernel("sampling", f"spec_sample_rows_{name}", dev),
+            runtime.kernel("sampling", "spec_sample_chain", dev), stream_h,
+            lg.ptr, cq.ptr, di.ptr, tp.ptr, tk.ptr, pp.ptr, mp.ptr, sd.ptr, st.ptr,
+            na.ptr, em.ptr, ss.ptr, lp.ptr, ws.ptr, lg.strides[0], em.strides[0],
+            lp.strides[0] if accepted_logprobs is not None else 0,
+            T, B, V, num_tiles, tpc, cluster, smem, W, filters is None or bool(filters))
+        return num_accepted, emitted, status
     tiles_per_cta = _tiles_per_cta(T, num_tiles, runtime.sm_count(dev))
     name = _KERNEL_DTYPES[lg.dtype]
     ks = [runtime.kernel("sampling", f"spec_sample_{stage}_{name}", dev)
           for stage in ("tiles", "threshold", "finish")]
     # 16-bit logits: the filters in one exact-value histogram launch (no recount)
     k_hist = runtime.kernel("sampling", f"spec_sample_hist_{name}", dev) if name != "f32" else None
-    from .. import _sampling
     _sampling.launch_spec_sample(
         *ks, stream_h, lg.ptr, cq.ptr, di.ptr, tp.ptr, tk.ptr, pp.ptr, mp.ptr, sd.ptr,
         st.ptr, dp.ptr, dm.ptr, na.ptr, em.ptr, ss.ptr, lp.ptr, ws.ptr,

@@ -1,0 +1,642 @@
+// spec_sample in one pass over the logits (16-bit logits, one-hot drafts, sm_90): a cluster of
+// CTAs holds one logit row in shared memory and runs every step of that row on chip; a tiny
+// chain launch then walks each block's rows. Included by spec_sample.cu only.
+//
+// Why: the three-launch path (tiles -> hist -> finish) reads a filtered row two to three times
+// from memory (the hist count needs the row max first, the recount needs the threshold). Here
+// the row is loaded once (cp.async, CTA rank c holds tiles [c * tpc, (c + 1) * tpc)) and each
+// step that needs the whole row's result of the previous one waits at a cluster barrier and
+// reads its peers' partials through distributed shared memory:
+//   A  raw max / argmax / NaN-inf flags per chunk              -> cluster merge (row max)
+//   B  sampled rows: per-chunk sums exp2(s2 - m) (no cut), the row mass (top-p base), and the
+//      exact-value histogram of the 16-bit keys below the max (top-k / top-p, as hist_kernel)
+//      -> cluster reduce-scatter + all-gather of the bins -> every CTA resolves the same
+//      threshold (windows further down are counted again from shared memory if the crossing
+//      lies past the first kRowBins values)
+//   C  kept sums per chunk over {key >= tau, min-p} (cut rows only; chunks below tau skipped)
+//   D  accept decision (u < p(x)); a rejected or bonus row races its tiles (cluster merge)
+//      and the owner CTA of the winning tile races its tokens: the reference's two-level race.
+// Per row the result goes to a SpecSampleRowOut record; spec_sample_chain assembles the blocks.
+// Greedy rows stop after A (plus one sum pass for logprobs).
+#pragma once
+#include <type_traits>
+#include "common/cluster.cuh"
+#include "common/cp_async.cuh"
+#include "common/ragged.cuh"
+#include "sampling/sample_common.cuh"
+#include "sampling/sample_hist.cuh"
+#include "sampling/sample_finish.cuh"
+
+using namespace specdec;
+
+namespace {
+
+constexpr int kRowThreads = SPEC_SAMPLE_ROWS_THREADS;
+constexpr int kRowWarps = kRowThreads / 32;
+constexpr int kRowBins = SPEC_SAMPLE_ROWS_BINS;
+constexpr int kChunk = 512;                       // tokens of one warp work item (64 vectors)
+constexpr int kChunksPerTile = kTile / kChunk;
+constexpr int kRowMaxChunks = SPEC_SAMPLE_ROWS_MAX_TILES * kChunksPerTile;
+
+__device__ __forceinline__ SpecSampleRowOut* ws_row_out(const SpecSampleParams& p) {
+  return reinterpret_cast<SpecSampleRowOut*>(ws_filters(p));   // one per row, in its filter slot
+}
+
+// What a CTA publishes for its peers (read through distributed shared memory after a barrier).
+struct RowsRec {
+  float raw_max;      // A
+  int arg;
+  uint32_t flags;
+  float z;            // B: sum exp2(s2 - m) of this CTA's tokens (top-p base / greedy logsumexp)
+  float wsum;         // C: kept mass of this CTA's tiles (one-hot draft left out)
+  KeyArg best_r, best_p;   // D: tile race
+  int any;
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+template <int kThreads>
+__device__ __forceinline__ float block_max_f(float v, float* sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  float r = sh[0];
+  for (int w = 1; w < kThreads / 32; ++w) r = fmaxf(r, sh[w]);
+  __syncthreads();
+  return r;
+}
+
+template <int kThreads>
+__device__ __forceinline__ int block_max_i(int v, int* sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, d));
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  int r = sh[0];
+  for (int w = 1; w < kThreads / 32; ++w) r = max(r, sh[w]);
+  __syncthreads();
+  return r;
+}
+
+template <typename T>
+__device__ void rows_kernel(const SpecSampleParams& p) {
+  extern __shared__ __align__(16) unsigned char rows_dyn[];
+  __shared__ float chunk_max[kRowMaxChunks];
+  __shared__ float chunk_sum[kRowMaxChunks];
+  __shared__ RowsRec rec;
+  __shared__ float sh_f[2 * kRowWarps];
+  __shared__ int sh_i[kRowWarps];
+  __shared__ double sh_d[kRowWarps];
+  __shared__ KeyArg sh_arg[2 * kRowWarps];
+  __shared__ int sh_out;
+  __shared__ RowsRec row_all;     // the cluster-merged record (written by thread 0)
+  constexpr int kN = 8;           // tokens per 16-byte vector
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int C = static_cast<int>(cluster_size());
+  const int rank = static_cast<int>(cluster_rank());
+  const int r = blockIdx.x / C;
+  const int V = p.vocab;
+  const int tpc = p.tiles_per_cta;
+  const int t0 = rank * tpc;                                   // first tile of this CTA
+  const int ntl = max(0, min(tpc, p.num_tiles - t0));          // its tiles
+  const int tok0 = t0 * kTile;
+  const int ntok = max(0, min(ntl * kTile, V - tok0));         // its real tokens
+  const int nchunks = ntl * kChunksPerTile;
+  uint4* data = reinterpret_cast<uint4*>(rows_dyn);            // ntl * kTile tokens
+  uint32_t* bins = reinterpret_cast<uint32_t*>(rows_dyn + static_cast<size_t>(tpc) * kTile * 2);
+  const int P = (kRowBins + C - 1) / C;                        // bins per CTA in the reduce-scatter
+  uint32_t* part = bins + kRowBins + 32;
+  const T* row = static_cast<const T*>(p.logits) + static_cast<int64_t>(r) * p.logits_stride;
+
+  // ---- load the slice (cp.async, 16-byte, L2 only); tail / misaligned rows token by token,
+  // padding past V with -inf (weighs nothing, never the max of a row that has a real token)
+  {
+    const T* src = row + tok0;
+    const int nvec_all = ntl * (kTile / kN);
+    if (is_aligned16(row)) {
+      const int nvec = ntok / kN;
+      for (int v = threadIdx.x; v < nvec; v += kRowThreads)
+        cp_async_16(data + v, reinterpret_cast<const uint4*>(src) + v, true);
+      cp_async_commit();
+      uint16_t* d16 = reinterpret_cast<uint16_t*>(data);
+      const uint16_t* s16 = reinterpret_cast<const uint16_t*>(src);
+      const uint16_t ninf = std::is_same<T, bf16_t>::value ? 0xFF80u : 0xFC00u;
+      for (int j = nvec * kN + threadIdx.x; j < nvec_all * kN; j += kRowThreads)
+        d16[j] = j < ntok ? __ldg(s16 + j) : ninf;
+    } else {
+      uint16_t* d16 = reinterpret_cast<uint16_t*>(data);
+      const uint16_t* s16 = reinterpret_cast<const uint16_t*>(src);
+      const uint16_t ninf = std::is_same<T, bf16_t>::value ? 0xFF80u : 0xFC00u;
+      for (int j = threadIdx.x; j < nvec_all * kN; j += kRowThreads)
+        d16[j] = j < ntok ? __ldg(s16 + j) : ninf;
+    }
+  }
+  // while the slice is in flight: the row's sequence, its parameters, its draft
+  const int b = owner_of_row(p.cu_q, p.batch, r);
+  const int r0 = __ldg(p.cu_q + b);
+  const int q = __ldg(p.cu_q + b + 1) - r0;
+  const int i = r - r0;                      // block row
+  const int k = q - 1;
+  SeqParams sp = seq_params(p, b);
+  if (p.no_filters) { sp.filtered = sp.k_on = sp.p_on = false; sp.min_p = 0.f; }
+  const int dpos = r - b;                    // draft_ids index of this row's draft
+  const bool has_draft = i >= 0 && i < k && dpos >= 0 && dpos < p.num_rows - p.batch;
+  const int x = has_draft ? __ldg(p.draft_ids + dpos) : -1;
+  const bool x_ok = x >= 0 && x < V;
+  const float lx = (!sp.greedy && x_ok) ? load_logit(row, x) : -INFINITY;
+  const uint64_t seed = __ldg(p.seed + b);
+  const int64_t step = __ldg(p.step + b);
+  const bool cut_on = sp.k_on || sp.p_on;
+  if (!sp.greedy && cut_on)
+    for (int j = threadIdx.x; j < kRowBins + 32; j += kRowThreads) bins[j] = 0u;
+  cp_async_wait<0>();
+  __syncthreads();
+
+  auto chunk_vec = [&](int c, int j) { return data[c * (kChunk / kN) + j * 32 + lane]; };
+  auto chunk_tok = [&](int c, int j, int e) { return tok0 + c * kChunk + (j * 32 + lane) * kN + e; };
+
+  // ---- A: raw max, its lowest id, NaN / +inf flags
+  {
+    float mx = -INFINITY;
+    int arg = -1;
+    uint32_t fl = 0u;
+    for (int c = warp; c < nchunks; c += kRowWarps) {
+      float cm = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float f[kN];
+        unpack16(chunk_vec(c, j), f, static_cast<const T*>(nullptr));
+#pragma unroll
+        for (int e = 0; e < kN; ++e) {
+          const float v = f[e];
+          fl |= (v != v) ? kFlagNaN : 0u;
+          fl |= (v == INFINITY) ? kFlagPosInf : 0u;
+          cm = fmaxf(cm, v);
+          if (v > mx || (arg < 0 && v == v)) { mx = v; arg = chunk_tok(c, j, e); }
+        }
+      }
+      cm = warp_max(cm);
+      if (lane == 0) chunk_max[c] = cm;
+    }
+    // CTA merge: max, then the lowest id holding it (ids ascend with lane / chunk order)
+    KeyArg ka;
+    ka.key = mx; ka.idx = arg;
+    ka = block_argmax<kRowThreads>(ka, sh_arg);
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) fl |= __shfl_xor_sync(0xffffffffu, fl, d);
+    if (lane == 0) sh_i[warp] = static_cast<int>(fl);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint32_t f = 0u;
+      for (int w = 0; w < kRowWarps; ++w) f |= static_cast<uint32_t>(sh_i[w]);
+      rec.raw_max = ka.key; rec.arg = ka.idx; rec.flags = f;
+    }
+  }
+  cluster_sync();
+  if (threadIdx.x == 0) {
+    KeyArg best;
+    best.key = -INFINITY; best.idx = -1;
+    uint32_t f = 0u;
+    for (int c = 0; c < C; ++c) {
+      KeyArg o;
+      o.key = ld_cluster_f32(cluster_map(&rec.raw_max, c));
+      o.idx = static_cast<int>(ld_cluster_u32(cluster_map(&rec.arg, c)));
+      best = better(best, o);
+      f |= ld_cluster_u32(cluster_map(&rec.flags, c));
+    }
+    row_all.raw_max = best.key;
+    row_all.arg = (best.idx >= V) ? -1 : best.idx;   // only -inf padding found: the row is all NaN
+    row_all.flags = f;
+  }
+  __syncthreads();
+  const float M = row_all.raw_max;
+  const int arg = row_all.arg;
+  const uint32_t flags = row_all.flags;
+  SpecSampleRowOut* out = ws_row_out(p) + r;
+  const float scale = sp.scale;
+  const float m = __fmul_rn(M, scale);   // max of s2 = logit * scale (rounding is monotone)
+
+  uint32_t tau = 0u;   // sampled rows: kept iff order_key(logit) >= tau (0: no cut)
+  auto write_rec = [&](int token, int accept, float lp_draft, float lp_token, int empty) {
+    SpecSampleRowOut o;
+    o.owner = b; o.token = token; o.accept = accept; o.flags = flags; o.empty = empty;
+    o.lp_draft = lp_draft; o.lp_token = lp_token; o.tau = tau;
+    *out = o;
+  };
+
+  // ---- sum of exp2(s2 - m) over this CTA's tokens -> the cluster's, in rank order
+  auto cluster_sum_z = [&](float z) {
+    z = block_sum<kRowThreads>(z, sh_f);
+    if (threadIdx.x == 0) rec.z = z;
+    cluster_sync();
+    if (threadIdx.x == 0) {
+      float s = 0.f;
+      for (int c = 0; c < C; ++c) s += ld_cluster_f32(cluster_map(&rec.z, c));
+      row_all.z = s;
+    }
+    __syncthreads();
+    return row_all.z;
+  };
+
+  if (sp.greedy) {
+    float lp = 0.f;
+    if (p.logprobs != nullptr) {   // log-softmax of the raw logits at the argmax (NaN left out)
+      float z = 0.f;
+      for (int c = warp; c < nchunks; c += kRowWarps)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          float f[kN];
+          unpack16(chunk_vec(c, j), f, static_cast<const T*>(nullptr));
+#pragma unroll
+          for (int e = 0; e < kN; ++e) z += (f[e] == f[e]) ? exp2f(__fsub_rn(__fmul_rn(f[e], kLog2e), m)) : 0.f;
+        }
+      z = cluster_sum_z(z);
+      lp = (M * kLog2e - m - (z > 0.f ? log2f(z) : 0.f)) * kLn2;
+    }
+    if (rank == 0 && threadIdx.x == 0) write_rec(arg, 0, 0.f, lp, arg < 0);
+    cluster_sync();   // peers may still read rec
+    return;
+  }
+  if (flags != 0u || !(M > -INFINITY)) {   // the block is invalid (chain flags it)
+    if (rank == 0 && threadIdx.x == 0) write_rec(-1, 0, 0.f, 0.f, !(M > -INFINITY));
+    cluster_sync();
+    return;
+  }
+  const float min_p = sp.min_p;
+  const int excl = x_ok && i < k ? x : -1;     // left out of the sums: they are p - onehot(x)
+  const uint32_t omax = max_key16(M, static_cast<const T*>(nullptr));
+
+  // ---- B: sums (no cut), row mass (top-p base), histogram of the first window
+  uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(bins));
+  auto count_window = [&](uint32_t w0) {   // every token with distance in [w0, w0 + kRowBins)
+    const uint32_t lim = kRowBins + lane;
+    const uint32_t omax2 = omax | (omax << 16);
+    for (int c = warp; c < nchunks; c += kRowWarps)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint4 u = chunk_vec(c, j);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+          const uint32_t d = omax2 - ord16x2(w[h]);   // per half >= 0: no borrow (NaN rows never get here)
+          const uint32_t i0 = min((d & 0xffffu) - w0, lim), i1 = min((d >> 16) - w0, lim);
+          asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(sbase + 4u * i0) : "memory");
+          asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(sbase + 4u * i1) : "memory");
+        }
+      }
+  };
+  auto sum_pass = [&](auto kZ, auto kCount, auto kMinP) {
+    constexpr bool Z = decltype(kZ)::value, CNT = decltype(kCount)::value, MP = decltype(kMinP)::value;
+    float z = 0.f;
+    const uint32_t lim = kRowBins + lane;
+    const uint32_t omax2 = omax | (omax << 16);
+    for (int c = warp; c < nchunks; c += kRowWarps) {
+      float cs = 0.f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint4 u = chunk_vec(c, j);
+        if constexpr (CNT) {
+          const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+          for (int h = 0; h < 4; ++h) {
+            const uint32_t d = omax2 - ord16x2(w[h]);
+            const uint32_t i0 = min(d & 0xffffu, lim), i1 = min(d >> 16, lim);
+            asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(sbase + 4u * i0) : "memory");
+            asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(sbase + 4u * i1) : "memory");
+          }
+        }
+        if constexpr (Z || !CNT) {
+          float f[kN];
+          unpack16(u, f, static_cast<const T*>(nullptr));
+#pragma unroll
+          for (int e = 0; e < kN; ++e) {
+            const float w = exp2f(__fsub_rn(__fmul_rn(f[e], scale), m));
+            if constexpr (Z) z += w;
+            if constexpr (!CNT) {   // tile sums without a cut: min-p and the draft decide
+              bool in = chunk_tok(c, j, e) != excl;
+              if constexpr (MP) in = in && w >= min_p;
+              cs += in ? w : 0.f;
+            }
+          }
+        }
+      }
+      if constexpr (!CNT) {
+        cs = warp_sum(cs);
+        if (lane == 0) chunk_sum[c] = cs;
+      }
+    }
+    return z;
+  };
+  using yes = std::true_type;
+  using no = std::false_type;
+  float z_row = 0.f;
+  if (!cut_on) {
+    if (min_p > 0.f) sum_pass(no(), no(), yes()); else sum_pass(no(), no(), no());
+  } else {
+    const bool need_z = sp.p_on && !sp.k_on && sp.top_p > 0.f;
+    const float z = need_z ? sum_pass(yes(), yes(), no()) : sum_pass(no(), yes(), no());
+    if (need_z) z_row = cluster_sum_z(z);
+    // ---- the threshold: bins merged over the cluster, resolved identically in every CTA
+    uint32_t cur_w0 = 0u;
+    auto merge_bins = [&]() {   // reduce-scatter into part, then all-gather into bins
+      __syncthreads();
+      cluster_sync();
+      const int lo = rank * P, hi = min(kRowBins, lo + P);
+      for (int j = lo + threadIdx.x; j < hi; j += kRowThreads) {
+        uint32_t s = 0u;
+        for (int c = 0; c < C; ++c) s += ld_cluster_u32(cluster_map(bins + j, c));
+        part[j - lo] = s;
+      }
+      cluster_sync();
+      for (int j = threadIdx.x; j < kRowBins; j += kRowThreads) {
+        const int c = j / P;
+        bins[j] = ld_cluster_u32(cluster_map(part + (j - c * P), c));
+      }
+      __syncthreads();
+    };
+    auto recount = [&](uint32_t w0) {   // another window, from shared memory (rare)
+      __syncthreads();
+      for (int j = threadIdx.x; j < kRowBins + 32; j += kRowThreads) bins[j] = 0u;
+      __syncthreads();
+      count_window(w0);
+      merge_bins();
+      cur_w0 = w0;
+    };
+    merge_bins();
+    auto value = [&](uint32_t d) { return bits16_to_float(ord16_inverse(omax - d), static_cast<const T*>(nullptr)); };
+    auto unit = [&](uint32_t d) { return exp2f(__fsub_rn(__fmul_rn(value(d), scale), m)); };
+    constexpr int kPer = kRowBins / kRowThreads;
+    // First distance d < dlim where the cumulative count (mass) from the max reaches target;
+    // none: the last non-empty distance below dlim (rounding near top_p = 1). Windows past the
+    // first are counted again. mass_through: the mass of distances <= the answer.
+    double mass_through = 0.0;   // search(): the mass of distances <= its answer (want_mass)
+    auto search = [&](bool by_mass, double target, uint32_t dlim, bool want_mass) {
+      double above_c = 0.0, above_m = 0.0;
+      int last_nz = -1;
+      for (uint32_t w0 = 0; w0 < dlim; w0 += kRowBins) {
+        if (w0 != cur_w0) recount(w0);
+        const int limit = static_cast<int>(min(static_cast<uint32_t>(kRowBins), dlim - w0));
+        auto bin_mass = [&](int jj) {
+          const uint32_t c = jj < limit ? bins[jj] : 0u;
+          return c ? static_cast<float>(c) * unit(w0 + jj) : 0.f;
+        };
+        float v[kPer];   // counts or masses of this thread's bins (one array: no spills at 80 registers)
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          const int jj = threadIdx.x * kPer + e;
+          v[e] = by_mass ? bin_mass(jj) : static_cast<float>(jj < limit ? bins[jj] : 0u);
+        }
+        const int j = first_crossing_regs<kRowThreads>(v, target - (by_mass ? above_m : above_c), limit,
+                                                      sh_d, &sh_out);
+        if (j >= 0) {
+          if (want_mass) {
+            double part_m = 0.0;
+            for (int e = 0; e < kPer; ++e) {
+              const int jj = threadIdx.x * kPer + e;
+              if (jj <= j) part_m += static_cast<double>(bin_mass(jj));
+            }
+            mass_through = above_m + block_dsum<kRowThreads>(part_m, sh_d);
+          }
+          return static_cast<int>(w0) + j;
+        }
+        double sc = 0.0, sm = 0.0;
+        int nz = -1;
+        for (int e = 0; e < kPer; ++e) {
+          const int jj = threadIdx.x * kPer + e;
+          const uint32_t c = jj < limit ? bins[jj] : 0u;
+          sc += static_cast<double>(c);
+          if (want_mass || by_mass) sm += static_cast<double>(bin_mass(jj));
+          if (c) nz = jj;
+        }
+        above_c += block_dsum<kRowThreads>(sc, sh_d);
+        above_m += block_dsum<kRowThreads>(sm, sh_d);
+        nz = block_max_i<kRowThreads>(nz, sh_i);
+        if (nz >= 0) last_nz = static_cast<int>(w0) + nz;
+      }
+      if (want_mass) mass_through = above_m;
+      return last_nz;
+    };
+    const uint32_t dall = omax + 1u;   // every distance a token can have
+    int cut = static_cast<int>(dall) - 1;
+    double base = static_cast<double>(z_row);
+    if (sp.k_on) {
+      cut = search(false, static_cast<double>(sp.top_k), dall, sp.p_on);
+      base = mass_through;
+    }
+    if (sp.p_on) {
+      int jp;
+      if (!(sp.top_p > 0.f)) jp = search(false, 1.0, dall, false);   // the max and its ties
+      else jp = search(true, static_cast<double>(sp.top_p) * base, static_cast<uint32_t>(cut) + 1u, false);
+      if (jp < 0) jp = cut;
+      cut = min(cut, jp);
+    }
+    tau = cut >= 0 ? order_key(value(static_cast<uint32_t>(cut))) : 0u;
+
+    // ---- C: kept sums per chunk (the one-hot draft left out); chunks below tau keep nothing
+    const float tau_f = tau == 0u ? -INFINITY : key_to_float(tau);
+    for (int c = warp; c < nchunks; c += kRowWarps) {
+      float cs = 0.f;
+      if (order_key(chunk_max[c]) >= tau) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          float f[kN];
+          unpack16(chunk_vec(c, j), f, static_cast<const T*>(nullptr));
+#pragma unroll
+          for (int e = 0; e < kN; ++e) {
+            const float w = exp2f(__fsub_rn(__fmul_rn(f[e], scale), m));
+            const bool in = f[e] >= tau_f && (!(min_p > 0.f) || w >= min_p) && chunk_tok(c, j, e) != excl;
+            cs += in ? w : 0.f;
+          }
+        }
+        cs = warp_sum(cs);
+      }
+      if (lane == 0) chunk_sum[c] = cs;
+    }
+  }
+  __syncthreads();
+
+  // ---- D: accept, then (rejected / bonus row) the two-level race
+  float wsum = 0.f;   // this CTA's kept mass, tiles in order, chunks in order
+  if (threadIdx.x == 0) {
+    for (int c = 0; c < nchunks; ++c) wsum += chunk_sum[c];
+    rec.wsum = wsum;
+  }
+  cluster_sync();
+  if (threadIdx.x == 0) {
+    float s = 0.f;
+    for (int c = 0; c < C; ++c) s += ld_cluster_f32(cluster_map(&rec.wsum, c));
+    row_all.wsum = s;
+  }
+  __syncthreads();
+  float ex = 0.f;   // weight of the draft if kept
+  if (x_ok && lx != -INFINITY) {
+    const float sx = __fmul_rn(lx, scale);
+    if (!sp.filtered || kept(lx, sx, tau, m, min_p)) ex = exp2f(__fsub_rn(sx, m));
+  }
+  const float z_full = row_all.wsum + (excl >= 0 ? ex : 0.f);
+  const float px = z_full > 0.f ? ex / z_full : 0.f;
+  int accept = 0;
+  if (i < k && x_ok) accept = philox_uniform24(spec_bits(seed, step, i, kPurposeAccept, 0)) < px;
+  if (rank == 0 && threadIdx.x == 0) write_rec(-1, accept, logf(px), 0.f, 0);
+  if (accept) { cluster_sync(); return; }
+
+  // level 1: tiles (one noise per tile serves the residual race and its fallback p)
+  {
+    int any = 0;
+    KeyArg best_r, best_p;
+    best_r.key = best_p.key = -INFINITY;
+    best_r.idx = best_p.idx = -1;
+    const int x_tile = excl >= 0 ? excl / kTile : -1;
+    for (int t = threadIdx.x; t < ntl; t += kRowThreads) {
+      float w = 0.f;
+      for (int c = 0; c < kChunksPerTile; ++c) w += chunk_sum[t * kChunksPerTile + c];
+      const int tg = t0 + t;
+      const float wp = w + (tg == x_tile ? ex : 0.f);
+      any |= w > 0.f;
+      if (w > 0.f || wp > 0.f) {
+        const float le = log2f(philox_exponential(spec_bits(seed, step, i, kPurposeTile, tg)));
+        KeyArg c;
+        c.idx = tg;
+        if (w > 0.f) { c.key = log2f(w) - le; best_r = better(best_r, c); }
+        if (wp > 0.f) { c.key = log2f(wp) - le; best_p = better(best_p, c); }
+      }
+    }
+    block_race2<kRowThreads>(any, best_r, best_p, sh_arg);
+    if (threadIdx.x == 0) { rec.best_r = best_r; rec.best_p = best_p; rec.any = any; }
+  }
+  cluster_sync();
+  if (threadIdx.x == 0) {
+    KeyArg br, bp;
+    br.key = bp.key = -INFINITY;
+    br.idx = bp.idx = -1;
+    int any = 0;
+    for (int c = 0; c < C; ++c) {
+      KeyArg o;
+      o.key = ld_cluster_f32(cluster_map(&rec.best_r.key, c));
+      o.idx = static_cast<int>(ld_cluster_u32(cluster_map(&rec.best_r.idx, c)));
+      br = better(br, o);
+      o.key = ld_cluster_f32(cluster_map(&rec.best_p.key, c));
+      o.idx = static_cast<int>(ld_cluster_u32(cluster_map(&rec.best_p.idx, c)));
+      bp = better(bp, o);
+      any |= static_cast<int>(ld_cluster_u32(cluster_map(&rec.any, c)));
+    }
+    row_all.any = any;
+    row_all.best_r = any ? br : bp;
+  }
+  __syncthreads();
+  const bool use_p = !row_all.any;
+  const int tile = row_all.best_r.idx < 0 ? 0 : row_all.best_r.idx;
+  if (tile >= t0 && tile < t0 + ntl) {   // level 2 in the CTA that holds the tile
+    const int lt = tile - t0;
+    KeyArg tb;
+    tb.key = -INFINITY; tb.idx = -1;
+    const int skip = use_p ? -1 : excl;
+    for (int j = threadIdx.x; j < kTile / kN; j += kRowThreads) {
+      float f[kN];
+      unpack16(data[lt * (kTile / kN) + j], f, static_cast<const T*>(nullptr));
+#pragma unroll
+      for (int e = 0; e < kN; ++e) {
+        const int tok = tile * kTile + j * kN + e;
+        const float l = f[e];
+        if (tok >= V || l == -INFINITY || tok == skip) continue;
+        const float s2 = __fmul_rn(l, scale);
+        if (sp.filtered && !kept(l, s2, tau, m, min_p)) continue;
+        KeyArg c;
+        c.key = __fsub_rn(s2, m) - log2f(philox_exponential(spec_bits(seed, step, i, kPurposeToken, tok)));
+        c.idx = tok;
+        tb = better(tb, c);
+      }
+    }
+    tb = block_argmax<kRowThreads>(tb, sh_arg);
+    if (threadIdx.x == 0) {
+      const int tok = tb.idx;
+      float lpt = -INFINITY;
+      if (tok >= 0 && z_full > 0.f)
+        lpt = (__fsub_rn(__fmul_rn(load_logit(row, tok), scale), m) - log2f(z_full)) * kLn2;
+      out->token = tok;
+      out->lp_token = lpt;
+    }
+  }
+  cluster_sync();   // peers may still read rec
+}
+
+#else
+template <typename T>
+__device__ void rows_kernel(const SpecSampleParams&) { __trap(); }   // never launched below sm_90
+#endif
+
+// One thread per sequence: the block's layout and status, the accept chain over its rows'
+// records, emitted / num_accepted / status / logprobs (what finish_kernel writes).
+__device__ void chain_kernel(const SpecSampleParams& p) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= p.batch) return;
+  const int W = p.width;
+  int32_t* em = p.emitted + static_cast<int64_t>(b) * p.emitted_stride;
+  float* lp = p.logprobs ? p.logprobs + static_cast<int64_t>(b) * p.logprobs_stride : nullptr;
+  for (int j = 0; j < W; ++j) {
+    em[j] = -1;
+    if (lp) lp[j] = 0.f;
+  }
+  const int r0 = __ldg(p.cu_q + b), r1 = __ldg(p.cu_q + b + 1);
+  const int q = r1 - r0;
+  int st = SPEC_SAMPLE_OK;
+  if (q < 1 || q > W || r0 < 0 || r1 > p.num_rows || r0 - b < 0 || r1 - b - 1 > p.num_rows - p.batch)
+    st = SPEC_SAMPLE_BAD_LAYOUT;
+  const SpecSampleRowOut* rows = ws_row_out(p) + (st == SPEC_SAMPLE_OK ? r0 : 0);
+  // rows whose records another sequence wrote (cu_q not increasing): the layout is bad
+  for (int i = 0; st == SPEC_SAMPLE_OK && i < q; ++i)
+    if (rows[i].owner != b) st = SPEC_SAMPLE_BAD_LAYOUT;
+  const SeqParams sp = seq_params(p, b);
+  if (st == SPEC_SAMPLE_OK && p.no_filters && sp.filtered) st = SPEC_SAMPLE_FILTER_SKIPPED;
+  if (st != SPEC_SAMPLE_OK) {
+    p.num_accepted[b] = 0;
+    p.status[b] = st;
+    return;
+  }
+  const int k = q - 1;
+  const int dbase = r0 - b;
+  uint32_t flags = 0u;
+  bool empty = false, bad = false;
+  for (int i = 0; i < q; ++i) {
+    flags |= rows[i].flags;
+    empty |= rows[i].empty != 0;
+  }
+  for (int j = 0; j < k; ++j) {
+    const int x = __ldg(p.draft_ids + dbase + j);
+    bad |= !(x >= 0 && x < p.vocab);
+  }
+  st = flags ? SPEC_SAMPLE_NONFINITE : empty ? SPEC_SAMPLE_EMPTY : bad ? SPEC_SAMPLE_BAD_DRAFT : SPEC_SAMPLE_OK;
+  const bool invalid = sp.greedy ? empty : (st == SPEC_SAMPLE_NONFINITE || st == SPEC_SAMPLE_EMPTY);
+  if (invalid) {
+    p.num_accepted[b] = 0;
+    p.status[b] = st;
+    return;
+  }
+  int n = k;
+  for (int i = 0; i < q; ++i) {
+    const SpecSampleRowOut o = rows[i];
+    const int x = i < k ? __ldg(p.draft_ids + dbase + i) : -1;
+    if (sp.greedy) {
+      em[i] = o.token;
+      if (lp) lp[i] = o.lp_token;
+      if (!(i < k && x == o.token)) { n = i; break; }
+    } else if (i < k && o.accept) {
+      em[i] = x;
+      if (lp) lp[i] = o.lp_draft;
+    } else {
+      n = i;
+      em[i] = o.token;
+      if (lp) lp[i] = o.lp_token;
+      if (o.token < 0) st = SPEC_SAMPLE_EMPTY;
+      break;
+    }
+  }
+  p.num_accepted[b] = n;
+  p.status[b] = st;
+}
+
+}  // namespace
