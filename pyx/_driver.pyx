@@ -176,6 +176,38 @@ cdef class Kernel:
                 f"cuFuncSetAttribute({self.name}, max dynamic smem={nbytes})")
             self.max_dynamic_smem = nbytes
 
+    def prefer_max_shared(self):
+        """Ask for the largest shared-memory carveout (L1 gets the rest): kernels whose
+        occupancy is set by their shared memory, not their registers."""
+        check(cydriver.cuFuncSetAttribute(
+            self.func, cydriver.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100),
+            f"cuFuncSetAttribute({self.name}, preferred carveout=100)")
+
+    def max_active_clusters(self, int grid, int block, unsigned int dynamic_smem, int cluster):
+        """Clusters of ``cluster`` CTAs of ``block`` threads that can run on the device at once
+        (cuOccupancyMaxActiveClusters)."""
+        cdef int n = 0
+        cdef cydriver.CUlaunchConfig cfg
+        cdef cydriver.CUlaunchAttribute attr
+        memset(&cfg, 0, sizeof(cfg))
+        memset(&attr, 0, sizeof(attr))
+        attr.id = cydriver.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x = cluster
+        attr.value.clusterDim.y = 1
+        attr.value.clusterDim.z = 1
+        cfg.gridDimX = grid
+        cfg.gridDimY = 1
+        cfg.gridDimZ = 1
+        cfg.blockDimX = block
+        cfg.blockDimY = 1
+        cfg.blockDimZ = 1
+        cfg.sharedMemBytes = dynamic_smem
+        cfg.attrs = &attr
+        cfg.numAttrs = 1
+        check(cydriver.cuOccupancyMaxActiveClusters(&n, self.func, &cfg),
+              f"cuOccupancyMaxActiveClusters({self.name})")
+        return n
+
     def occupancy(self, int block, size_t dynamic_smem=0):
         """CTAs of ``block`` threads that fit on one SM at once (the driver's occupancy count)."""
         cdef int n = 0

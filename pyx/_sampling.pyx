@@ -193,7 +193,9 @@ def launch_spec_sample_rows(Kernel k_rows, Kernel k_chain, size_t stream,
                                       num_rows, batch, vocab, 0, num_tiles, tiles_per_cta, width,
                                       filters)
     if num_rows > 0:
-        k_rows.set_max_dynamic_smem(smem)
+        if smem > <unsigned int>k_rows.max_dynamic_smem:
+            k_rows.prefer_max_shared()
+            k_rows.set_max_dynamic_smem(smem)
         launch_cluster(k_rows, num_rows * cluster, SPEC_SAMPLE_ROWS_THREADS, smem, stream, &p, cluster)
     launch(k_chain, (batch + SPEC_SAMPLE_CHAIN_THREADS - 1) // SPEC_SAMPLE_CHAIN_THREADS, 1, 1,
            SPEC_SAMPLE_CHAIN_THREADS, 1, 1, 0, stream, &p)

@@ -94,6 +94,13 @@ def bench_spec_sample(b: Bench):
     import os
     from .ops.sampling import PATH_ENV, sample_path
     if sample_path("bfloat16", True, V, b.device) == "rows":
+        from . import runtime
+        from .ops.sampling import rows_plan
+        tpc, cluster, smem = rows_plan(-(-V // 2048))
+        k_rows = runtime.kernel("sampling", "spec_sample_rows_bf16", b.device)
+        print(f"  rows path: {tpc} tiles x {cluster} CTAs per row, {smem} B dynamic smem, "
+              f"{k_rows.max_active_clusters(256 * cluster, 256, smem, cluster)} clusters resident, "
+              f"attrs {k_rows.attributes()}")
         old = os.environ.get(PATH_ENV)
         os.environ[PATH_ENV] = "tiles"
         try:

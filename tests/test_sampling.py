@@ -1048,10 +1048,9 @@ def test_spec_sample_gpu_threshold_exact(dtype, pad, rng):
     off = B * (-(-V // TILE)) * 20
     tau_gpu = raw[off:off + 8 * B].view(np.uint32).reshape(B, 2)[:, 0].astype(np.uint64)
     from specdec_lib.ops.sampling import sample_path
-    if sample_path(dtype, True, V) == "rows":   # SpecSampleRowOut.tau, in each row's filter slot
+    if sample_path(dtype, True, V) == "rows":   # SpecSampleRowOut [T] (32 B), its field tau
         off = -(-(off + 8 * B) // 16) * 16
-        tau_gpu = np.array([raw[off + b * 32864 + 28:off + b * 32864 + 32].view(np.uint32)[0]
-                            for b in range(B)], np.uint64)
+        tau_gpu = raw[off:off + 32 * B].view(np.uint32).reshape(B, 8)[:, 7].astype(np.uint64)
     for b, (temp, top_k, top_p, kind) in enumerate(cases):
         if kind == "pad":
             continue

@@ -39,7 +39,7 @@ constexpr int kChunksPerTile = kTile / kChunk;
 constexpr int kRowMaxChunks = SPEC_SAMPLE_ROWS_MAX_TILES * kChunksPerTile;
 
 __device__ __forceinline__ SpecSampleRowOut* ws_row_out(const SpecSampleParams& p) {
-  return reinterpret_cast<SpecSampleRowOut*>(ws_filters(p));   // one per row, in its filter slot
+  return reinterpret_cast<SpecSampleRowOut*>(ws_filters(p));   // [T], where the filter state starts
 }
 
 // What a CTA publishes for its peers (read through distributed shared memory after a barrier).
@@ -54,6 +54,31 @@ struct RowsRec {
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+// Packed 16-bit helpers (two logits per 32-bit word; element 0 in the low half).
+template <typename T> __device__ __forceinline__ uint32_t ninf2();
+template <> __device__ __forceinline__ uint32_t ninf2<bf16_t>() { return 0xFF80FF80u; }
+template <> __device__ __forceinline__ uint32_t ninf2<__half>() { return 0xFC00FC00u; }
+template <typename T> __device__ __forceinline__ uint32_t hmax2(uint32_t a, uint32_t b);   // NaN ignored
+template <typename T> __device__ __forceinline__ uint32_t hmax2_nan(uint32_t a, uint32_t b);   // NaN wins
+template <> __device__ __forceinline__ uint32_t hmax2<bf16_t>(uint32_t a, uint32_t b) {
+  uint32_t d; asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+template <> __device__ __forceinline__ uint32_t hmax2<__half>(uint32_t a, uint32_t b) {
+  uint32_t d; asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+template <> __device__ __forceinline__ uint32_t hmax2_nan<bf16_t>(uint32_t a, uint32_t b) {
+  uint32_t d; asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+template <> __device__ __forceinline__ uint32_t hmax2_nan<__half>(uint32_t a, uint32_t b) {
+  uint32_t d; asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+template <typename T> __device__ __forceinline__ float half_lo(uint32_t w) {
+  return bits16_to_float(w & 0xffffu, static_cast<const T*>(nullptr));
+}
+template <typename T> __device__ __forceinline__ float half_hi(uint32_t w) {
+  return bits16_to_float(w >> 16, static_cast<const T*>(nullptr));
+}
 
 template <int kThreads>
 __device__ __forceinline__ float block_max_f(float v, float* sh) {
@@ -159,33 +184,27 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
   auto chunk_vec = [&](int c, int j) { return data[c * (kChunk / kN) + j * 32 + lane]; };
   auto chunk_tok = [&](int c, int j, int e) { return tok0 + c * kChunk + (j * 32 + lane) * kN + e; };
 
-  // ---- A: raw max, its lowest id, NaN / +inf flags
+  // ---- A: raw max (packed 16-bit max, NaN ignored), NaN / +inf flags (a NaN-propagating
+  // max); the argmax only for greedy rows, afterwards, in the chunks whose max is the row's
   {
-    float mx = -INFINITY;
-    int arg = -1;
-    uint32_t fl = 0u;
+    uint32_t mx2 = ninf2<T>(), nn2 = ninf2<T>();
     for (int c = warp; c < nchunks; c += kRowWarps) {
-      float cm = -INFINITY;
+      uint32_t cm2 = ninf2<T>();
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        float f[kN];
-        unpack16(chunk_vec(c, j), f, static_cast<const T*>(nullptr));
-#pragma unroll
-        for (int e = 0; e < kN; ++e) {
-          const float v = f[e];
-          fl |= (v != v) ? kFlagNaN : 0u;
-          fl |= (v == INFINITY) ? kFlagPosInf : 0u;
-          cm = fmaxf(cm, v);
-          if (v > mx || (arg < 0 && v == v)) { mx = v; arg = chunk_tok(c, j, e); }
-        }
+        const uint4 u = chunk_vec(c, j);
+        cm2 = hmax2<T>(cm2, hmax2<T>(hmax2<T>(u.x, u.y), hmax2<T>(u.z, u.w)));
+        nn2 = hmax2_nan<T>(nn2, hmax2_nan<T>(hmax2_nan<T>(u.x, u.y), hmax2_nan<T>(u.z, u.w)));
       }
-      cm = warp_max(cm);
+      mx2 = hmax2<T>(mx2, cm2);
+      const float cm = warp_max(fmaxf(half_lo<T>(cm2), half_hi<T>(cm2)));
       if (lane == 0) chunk_max[c] = cm;
     }
-    // CTA merge: max, then the lowest id holding it (ids ascend with lane / chunk order)
-    KeyArg ka;
-    ka.key = mx; ka.idx = arg;
-    ka = block_argmax<kRowThreads>(ka, sh_arg);
+    const float nlo = half_lo<T>(nn2), nhi = half_hi<T>(nn2);
+    uint32_t fl = (nlo != nlo || nhi != nhi) ? kFlagNaN : 0u;
+    const float mx = fmaxf(half_lo<T>(mx2), half_hi<T>(mx2));
+    fl |= mx == INFINITY ? kFlagPosInf : 0u;
+    const float bm = block_max_f<kRowThreads>(mx, sh_f);
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) fl |= __shfl_xor_sync(0xffffffffu, fl, d);
     if (lane == 0) sh_i[warp] = static_cast<int>(fl);
@@ -193,29 +212,53 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
     if (threadIdx.x == 0) {
       uint32_t f = 0u;
       for (int w = 0; w < kRowWarps; ++w) f |= static_cast<uint32_t>(sh_i[w]);
-      rec.raw_max = ka.key; rec.arg = ka.idx; rec.flags = f;
+      rec.raw_max = bm; rec.flags = f;
     }
   }
   cluster_sync();
   if (threadIdx.x == 0) {
-    KeyArg best;
-    best.key = -INFINITY; best.idx = -1;
+    float mx = -INFINITY;
     uint32_t f = 0u;
     for (int c = 0; c < C; ++c) {
-      KeyArg o;
-      o.key = ld_cluster_f32(cluster_map(&rec.raw_max, c));
-      o.idx = static_cast<int>(ld_cluster_u32(cluster_map(&rec.arg, c)));
-      best = better(best, o);
+      mx = fmaxf(mx, ld_cluster_f32(cluster_map(&rec.raw_max, c)));
       f |= ld_cluster_u32(cluster_map(&rec.flags, c));
     }
-    row_all.raw_max = best.key;
-    row_all.arg = (best.idx >= V) ? -1 : best.idx;   // only -inf padding found: the row is all NaN
+    row_all.raw_max = mx;
     row_all.flags = f;
   }
   __syncthreads();
   const float M = row_all.raw_max;
-  const int arg = row_all.arg;
   const uint32_t flags = row_all.flags;
+  int arg = -1;
+  if (sp.greedy) {   // lowest id of a token equal to M (-0 == +0; NaN never; -inf if all are)
+    int best = 0x7fffffff;
+    for (int c = warp; c < nchunks; c += kRowWarps) {
+      if (!(chunk_max[c] == M) || c * kChunk + tok0 >= best) continue;
+      int found = 0x7fffffff;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float f[kN];
+        unpack16(chunk_vec(c, j), f, static_cast<const T*>(nullptr));
+#pragma unroll
+        for (int e = kN - 1; e >= 0; --e)
+          if (f[e] == M) found = chunk_tok(c, j, e);
+        if (found != 0x7fffffff) break;
+      }
+#pragma unroll
+      for (int d = 16; d > 0; d >>= 1) found = min(found, __shfl_xor_sync(0xffffffffu, found, d));
+      best = min(best, found);
+    }
+    best = -block_max_i<kRowThreads>(-best, sh_i);   // block min
+    if (threadIdx.x == 0) rec.arg = best;
+    cluster_sync();
+    if (threadIdx.x == 0) {
+      int a = 0x7fffffff;
+      for (int c = 0; c < C; ++c) a = min(a, static_cast<int>(ld_cluster_u32(cluster_map(&rec.arg, c))));
+      row_all.arg = a >= V ? -1 : a;   // none, or only -inf padding: the row is all NaN
+    }
+    __syncthreads();
+    arg = row_all.arg;
+  }
   SpecSampleRowOut* out = ws_row_out(p) + r;
   const float scale = sp.scale;
   const float m = __fmul_rn(M, scale);   // max of s2 = logit * scale (rounding is monotone)
@@ -289,56 +332,84 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
         }
       }
   };
-  auto sum_pass = [&](auto kZ, auto kCount, auto kMinP) {
-    constexpr bool Z = decltype(kZ)::value, CNT = decltype(kCount)::value, MP = decltype(kMinP)::value;
+  // count pass of the first window (+ the row mass for a top-p base)
+  auto count_pass = [&](auto kZ) {
+    constexpr bool Z = decltype(kZ)::value;
     float z = 0.f;
     const uint32_t lim = kRowBins + lane;
     const uint32_t omax2 = omax | (omax << 16);
     for (int c = warp; c < nchunks; c += kRowWarps) {
-      float cs = 0.f;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const uint4 u = chunk_vec(c, j);
-        if constexpr (CNT) {
-          const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-          for (int h = 0; h < 4; ++h) {
-            const uint32_t d = omax2 - ord16x2(w[h]);
-            const uint32_t i0 = min(d & 0xffffu, lim), i1 = min(d >> 16, lim);
-            asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(sbase + 4u * i0) : "memory");
-            asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(sbase + 4u * i1) : "memory");
-          }
+        for (int h = 0; h < 4; ++h) {
+          const uint32_t d = omax2 - ord16x2(w[h]);
+          const uint32_t i0 = min(d & 0xffffu, lim), i1 = min(d >> 16, lim);
+          asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(sbase + 4u * i0) : "memory");
+          asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(sbase + 4u * i1) : "memory");
         }
-        if constexpr (Z || !CNT) {
+        if constexpr (Z) {
           float f[kN];
           unpack16(u, f, static_cast<const T*>(nullptr));
 #pragma unroll
-          for (int e = 0; e < kN; ++e) {
-            const float w = exp2f(__fsub_rn(__fmul_rn(f[e], scale), m));
-            if constexpr (Z) z += w;
-            if constexpr (!CNT) {   // tile sums without a cut: min-p and the draft decide
-              bool in = chunk_tok(c, j, e) != excl;
-              if constexpr (MP) in = in && w >= min_p;
-              cs += in ? w : 0.f;
-            }
-          }
+          for (int e = 0; e < kN; ++e) z += exp2f(fmaf(f[e], scale, -m));
         }
-      }
-      if constexpr (!CNT) {
-        cs = warp_sum(cs);
-        if (lane == 0) chunk_sum[c] = cs;
       }
     }
     return z;
+  };
+  // Kept mass per chunk -> chunk_sum: tokens >= tau_f (kCut), passing min-p, the one-hot draft
+  // left out (only the chunk that holds it tests ids). A cut skips chunks whose max is below it.
+  // Min-p decides with kept()'s own expression; otherwise a token left out weighs exp2(-inf).
+  auto kept_sums = [&](auto kCut, float tau_f) {
+    constexpr bool CUT = decltype(kCut)::value;
+    auto chunk = [&](int c, auto kMinP, auto kExcl) {
+      constexpr bool MP = decltype(kMinP)::value, EX = decltype(kExcl)::value;
+      float cs = 0.f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float f[kN];
+        unpack16(chunk_vec(c, j), f, static_cast<const T*>(nullptr));
+#pragma unroll
+        for (int e = 0; e < kN; ++e) {
+          bool in = true;
+          if constexpr (CUT) in = f[e] >= tau_f;
+          if constexpr (EX) in = in && chunk_tok(c, j, e) != excl;
+          if constexpr (MP) {
+            const float w = exp2f(__fsub_rn(__fmul_rn(f[e], scale), m));
+            cs += (in && w >= min_p) ? w : 0.f;
+          } else if constexpr (CUT || EX) {
+            cs += exp2f(in ? fmaf(f[e], scale, -m) : -INFINITY);
+          } else {
+            cs += exp2f(fmaf(f[e], scale, -m));
+          }
+        }
+      }
+      return warp_sum(cs);
+    };
+    using yes = std::true_type;
+    using no = std::false_type;
+    for (int c = warp; c < nchunks; c += kRowWarps) {
+      float cs = 0.f;
+      if (!CUT || order_key(chunk_max[c]) >= tau) {
+        const int first = tok0 + c * kChunk;
+        const bool ex = excl >= first && excl < first + kChunk;
+        if (min_p > 0.f) cs = ex ? chunk(c, yes(), yes()) : chunk(c, yes(), no());
+        else cs = ex ? chunk(c, no(), yes()) : chunk(c, no(), no());
+      }
+      if (lane == 0) chunk_sum[c] = cs;
+    }
   };
   using yes = std::true_type;
   using no = std::false_type;
   float z_row = 0.f;
   if (!cut_on) {
-    if (min_p > 0.f) sum_pass(no(), no(), yes()); else sum_pass(no(), no(), no());
+    kept_sums(no(), -INFINITY);
   } else {
     const bool need_z = sp.p_on && !sp.k_on && sp.top_p > 0.f;
-    const float z = need_z ? sum_pass(yes(), yes(), no()) : sum_pass(no(), yes(), no());
+    const float z = need_z ? count_pass(yes()) : count_pass(no());
     if (need_z) z_row = cluster_sum_z(z);
     // ---- the threshold: bins merged over the cluster, resolved identically in every CTA
     uint32_t cur_w0 = 0u;
@@ -436,26 +507,8 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
     }
     tau = cut >= 0 ? order_key(value(static_cast<uint32_t>(cut))) : 0u;
 
-    // ---- C: kept sums per chunk (the one-hot draft left out); chunks below tau keep nothing
-    const float tau_f = tau == 0u ? -INFINITY : key_to_float(tau);
-    for (int c = warp; c < nchunks; c += kRowWarps) {
-      float cs = 0.f;
-      if (order_key(chunk_max[c]) >= tau) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          float f[kN];
-          unpack16(chunk_vec(c, j), f, static_cast<const T*>(nullptr));
-#pragma unroll
-          for (int e = 0; e < kN; ++e) {
-            const float w = exp2f(__fsub_rn(__fmul_rn(f[e], scale), m));
-            const bool in = f[e] >= tau_f && (!(min_p > 0.f) || w >= min_p) && chunk_tok(c, j, e) != excl;
-            cs += in ? w : 0.f;
-          }
-        }
-        cs = warp_sum(cs);
-      }
-      if (lane == 0) chunk_sum[c] = cs;
-    }
+    // ---- C: kept sums per chunk over the cut
+    kept_sums(yes(), tau == 0u ? -INFINITY : key_to_float(tau));
   }
   __syncthreads();
 

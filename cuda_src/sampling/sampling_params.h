@@ -85,7 +85,7 @@ typedef struct {
                          and cand as one array of SPEC_SAMPLE_HIST_BINS (8192) per-value counts
                          (spec_sample_hist_*) */
 
-/* Per row result of spec_sample_rows_* (in the row's SpecSampleFilter slot), read by
+/* Per row result of spec_sample_rows_* ([T] of them where the SpecSampleFilter array starts), read by
  * spec_sample_chain. */
 typedef struct {
   int32_t owner;    /* the sequence whose params the row used (cu_q not increasing: mismatch) */
