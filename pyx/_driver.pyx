@@ -183,6 +183,12 @@ cdef class Kernel:
             self.func, cydriver.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100),
             f"cuFuncSetAttribute({self.name}, preferred carveout=100)")
 
+    def allow_large_clusters(self):
+        """Let the kernel launch with clusters of more than 8 CTAs (sm_90: up to 16)."""
+        check(cydriver.cuFuncSetAttribute(
+            self.func, cydriver.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+            f"cuFuncSetAttribute({self.name}, non-portable cluster size)")
+
     def max_active_clusters(self, int grid, int block, unsigned int dynamic_smem, int cluster):
         """Clusters of ``cluster`` CTAs of ``block`` threads that can run on the device at once
         (cuOccupancyMaxActiveClusters)."""

@@ -196,6 +196,8 @@ def launch_spec_sample_rows(Kernel k_rows, Kernel k_chain, size_t stream,
         if smem > <unsigned int>k_rows.max_dynamic_smem:
             k_rows.prefer_max_shared()
             k_rows.set_max_dynamic_smem(smem)
+        if cluster > 8:
+            k_rows.allow_large_clusters()
         launch_cluster(k_rows, num_rows * cluster, SPEC_SAMPLE_ROWS_THREADS, smem, stream, &p, cluster)
     launch(k_chain, (batch + SPEC_SAMPLE_CHAIN_THREADS - 1) // SPEC_SAMPLE_CHAIN_THREADS, 1, 1,
            SPEC_SAMPLE_CHAIN_THREADS, 1, 1, 0, stream, &p)

@@ -101,6 +101,21 @@ def bench_spec_sample(b: Bench):
         print(f"  rows path: {tpc} tiles x {cluster} CTAs per row, {smem} B dynamic smem, "
               f"{k_rows.max_active_clusters(256 * cluster, 256, smem, cluster)} clusters resident, "
               f"attrs {k_rows.attributes()}")
+        from .ops.sampling import CLUSTER_ENV
+        for cl in (4, 16):   # CTAs per row other than the default 8
+            os.environ[CLUSTER_ENV] = str(cl)
+            try:
+                for B, greedy_frac, top_p, label in ((64, 0.5, 0.9, "half greedy, top-p 0.9"),
+                                                     (64, 0.5, 1.0, "half greedy, no filter"),
+                                                     (1, 0.0, 0.9, "sampled, top-p 0.9"),
+                                                     (1, 0.0, 1.0, "sampled, no filter")):
+                    run, T = spec_sample_call(b, B, k, V, greedy_frac, top_p, None)
+                    ms = b.time_graph(run) if B <= 4 else b.time(run, iters=20)
+                    b.report("spec_sample", f"B={B} k={k} V={V} bf16 {label}", T * V * 2, ms,
+                             impl=f"specdec_lib(rows, {cl} CTAs/row)")
+                    del run
+            finally:
+                os.environ.pop(CLUSTER_ENV, None)
         old = os.environ.get(PATH_ENV)
         os.environ[PATH_ENV] = "tiles"
         try:

@@ -51,6 +51,10 @@ struct RowsRec {
   float wsum;         // C: kept mass of this CTA's tiles (one-hot draft left out)
   KeyArg best_r, best_p;   // D: tile race
   int any;
+  double pc, pm;      // threshold: count and mass of this CTA's part of the window
+  int pnz;            //   its last non-empty bin (-1: none)
+  int cut;            //   the crossing (owner CTA)
+  double mt;          //   mass through the crossing (owner CTA)
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -118,6 +122,8 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
   __shared__ double sh_d[kRowWarps];
   __shared__ KeyArg sh_arg[2 * kRowWarps];
   __shared__ int sh_out;
+  __shared__ double sh_pc[SPEC_SAMPLE_ROWS_MAX_CLUSTER], sh_pm[SPEC_SAMPLE_ROWS_MAX_CLUSTER];
+  __shared__ int sh_pnz[SPEC_SAMPLE_ROWS_MAX_CLUSTER];
   __shared__ RowsRec row_all;     // the cluster-merged record (written by thread 0)
   constexpr int kN = 8;           // tokens per 16-byte vector
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -216,15 +222,13 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
     }
   }
   cluster_sync();
-  if (threadIdx.x == 0) {
-    float mx = -INFINITY;
-    uint32_t f = 0u;
-    for (int c = 0; c < C; ++c) {
-      mx = fmaxf(mx, ld_cluster_f32(cluster_map(&rec.raw_max, c)));
-      f |= ld_cluster_u32(cluster_map(&rec.flags, c));
-    }
-    row_all.raw_max = mx;
-    row_all.flags = f;
+  if (warp == 0) {   // lane c reads CTA c (the reads overlap; max and OR are order-free)
+    float mx = lane < C ? ld_cluster_f32(cluster_map(&rec.raw_max, lane)) : -INFINITY;
+    uint32_t f = lane < C ? ld_cluster_u32(cluster_map(&rec.flags, lane)) : 0u;
+    mx = warp_max(mx);
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) f |= __shfl_xor_sync(0xffffffffu, f, d);
+    if (lane == 0) { row_all.raw_max = mx; row_all.flags = f; }
   }
   __syncthreads();
   const float M = row_all.raw_max;
@@ -251,10 +255,11 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
     best = -block_max_i<kRowThreads>(-best, sh_i);   // block min
     if (threadIdx.x == 0) rec.arg = best;
     cluster_sync();
-    if (threadIdx.x == 0) {
-      int a = 0x7fffffff;
-      for (int c = 0; c < C; ++c) a = min(a, static_cast<int>(ld_cluster_u32(cluster_map(&rec.arg, c))));
-      row_all.arg = a >= V ? -1 : a;   // none, or only -inf padding: the row is all NaN
+    if (warp == 0) {
+      int a = lane < C ? static_cast<int>(ld_cluster_u32(cluster_map(&rec.arg, lane))) : 0x7fffffff;
+#pragma unroll
+      for (int d = 16; d > 0; d >>= 1) a = min(a, __shfl_xor_sync(0xffffffffu, a, d));
+      if (lane == 0) row_all.arg = a >= V ? -1 : a;   // none, or only -inf padding: all NaN
     }
     __syncthreads();
     arg = row_all.arg;
@@ -271,18 +276,26 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
     *out = o;
   };
 
-  // ---- sum of exp2(s2 - m) over this CTA's tokens -> the cluster's, in rank order
+  // Sum of a float field of rec over the cluster's CTAs (call after the cluster barrier that
+  // follows the writes): warp 0, lane c reads CTA c, a fixed shuffle tree; in every thread.
+  auto cluster_sum = [&](const float* field) {
+    if (warp == 0) {
+      float v = lane < C ? ld_cluster_f32(cluster_map(field, lane)) : 0.f;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) v += __shfl_down_sync(0xffffffffu, v, d);
+      if (lane == 0) sh_f[0] = v;
+    }
+    __syncthreads();
+    const float r = sh_f[0];
+    __syncthreads();
+    return r;
+  };
+  // ---- sum of exp2(s2 - m) over this CTA's tokens -> the cluster's
   auto cluster_sum_z = [&](float z) {
     z = block_sum<kRowThreads>(z, sh_f);
     if (threadIdx.x == 0) rec.z = z;
     cluster_sync();
-    if (threadIdx.x == 0) {
-      float s = 0.f;
-      for (int c = 0; c < C; ++c) s += ld_cluster_f32(cluster_map(&rec.z, c));
-      row_all.z = s;
-    }
-    __syncthreads();
-    return row_all.z;
+    return cluster_sum(&rec.z);
   };
 
   if (sp.greedy) {
@@ -411,82 +424,108 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
     const bool need_z = sp.p_on && !sp.k_on && sp.top_p > 0.f;
     const float z = need_z ? count_pass(yes()) : count_pass(no());
     if (need_z) z_row = cluster_sum_z(z);
-    // ---- the threshold: bins merged over the cluster, resolved identically in every CTA
+    // ---- the threshold, split over the cluster: CTA c owns window bins [c * P, (c + 1) * P)
+    // (their cluster-wide sums in `part`); the parts' totals locate the crossing, the owning CTA
+    // finds the bin and broadcasts it. Windows past the first are counted again (rare).
     uint32_t cur_w0 = 0u;
-    auto merge_bins = [&]() {   // reduce-scatter into part, then all-gather into bins
+    const int plo = rank * P, phi = min(kRowBins, plo + P);
+    auto reduce_bins = [&]() {
       __syncthreads();
       cluster_sync();
-      const int lo = rank * P, hi = min(kRowBins, lo + P);
-      for (int j = lo + threadIdx.x; j < hi; j += kRowThreads) {
+      for (int j = plo + threadIdx.x; j < phi; j += kRowThreads) {
         uint32_t s = 0u;
         for (int c = 0; c < C; ++c) s += ld_cluster_u32(cluster_map(bins + j, c));
-        part[j - lo] = s;
-      }
-      cluster_sync();
-      for (int j = threadIdx.x; j < kRowBins; j += kRowThreads) {
-        const int c = j / P;
-        bins[j] = ld_cluster_u32(cluster_map(part + (j - c * P), c));
+        part[j - plo] = s;
       }
       __syncthreads();
     };
-    auto recount = [&](uint32_t w0) {   // another window, from shared memory (rare)
-      __syncthreads();
+    auto recount = [&](uint32_t w0) {
       for (int j = threadIdx.x; j < kRowBins + 32; j += kRowThreads) bins[j] = 0u;
       __syncthreads();
       count_window(w0);
-      merge_bins();
+      reduce_bins();
       cur_w0 = w0;
     };
-    merge_bins();
+    reduce_bins();
     auto value = [&](uint32_t d) { return bits16_to_float(ord16_inverse(omax - d), static_cast<const T*>(nullptr)); };
     auto unit = [&](uint32_t d) { return exp2f(__fsub_rn(__fmul_rn(value(d), scale), m)); };
-    constexpr int kPer = kRowBins / kRowThreads;
+    constexpr int kPer = kRowBins / kRowThreads;   // a part has at most kRowBins bins
+    double mass_through = 0.0;   // search(want_mass): the mass of distances <= its answer
     // First distance d < dlim where the cumulative count (mass) from the max reaches target;
-    // none: the last non-empty distance below dlim (rounding near top_p = 1). Windows past the
-    // first are counted again. mass_through: the mass of distances <= the answer.
-    double mass_through = 0.0;   // search(): the mass of distances <= its answer (want_mass)
+    // none: the last non-empty distance below dlim (rounding near top_p = 1).
     auto search = [&](bool by_mass, double target, uint32_t dlim, bool want_mass) {
       double above_c = 0.0, above_m = 0.0;
       int last_nz = -1;
+      const bool need_m = by_mass || want_mass;
       for (uint32_t w0 = 0; w0 < dlim; w0 += kRowBins) {
         if (w0 != cur_w0) recount(w0);
         const int limit = static_cast<int>(min(static_cast<uint32_t>(kRowBins), dlim - w0));
-        auto bin_mass = [&](int jj) {
-          const uint32_t c = jj < limit ? bins[jj] : 0u;
-          return c ? static_cast<float>(c) * unit(w0 + jj) : 0.f;
+        const int my_hi = min(phi, limit);   // my bins that count: [plo, my_hi)
+        auto bin_mass = [&](int j) {          // j: window bin index in my part
+          const uint32_t c = part[j - plo];
+          return c ? static_cast<float>(c) * unit(w0 + j) : 0.f;
         };
-        float v[kPer];   // counts or masses of this thread's bins (one array: no spills at 80 registers)
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) {
-          const int jj = threadIdx.x * kPer + e;
-          v[e] = by_mass ? bin_mass(jj) : static_cast<float>(jj < limit ? bins[jj] : 0u);
-        }
-        const int j = first_crossing_regs<kRowThreads>(v, target - (by_mass ? above_m : above_c), limit,
-                                                      sh_d, &sh_out);
-        if (j >= 0) {
-          if (want_mass) {
-            double part_m = 0.0;
-            for (int e = 0; e < kPer; ++e) {
-              const int jj = threadIdx.x * kPer + e;
-              if (jj <= j) part_m += static_cast<double>(bin_mass(jj));
-            }
-            mass_through = above_m + block_dsum<kRowThreads>(part_m, sh_d);
-          }
-          return static_cast<int>(w0) + j;
-        }
         double sc = 0.0, sm = 0.0;
         int nz = -1;
-        for (int e = 0; e < kPer; ++e) {
-          const int jj = threadIdx.x * kPer + e;
-          const uint32_t c = jj < limit ? bins[jj] : 0u;
+        for (int j = plo + threadIdx.x; j < my_hi; j += kRowThreads) {
+          const uint32_t c = part[j - plo];
           sc += static_cast<double>(c);
-          if (want_mass || by_mass) sm += static_cast<double>(bin_mass(jj));
-          if (c) nz = jj;
+          if (need_m) sm += static_cast<double>(bin_mass(j));
+          if (c) nz = j;
         }
-        above_c += block_dsum<kRowThreads>(sc, sh_d);
-        above_m += block_dsum<kRowThreads>(sm, sh_d);
+        sc = block_dsum<kRowThreads>(sc, sh_d);
+        if (need_m) sm = block_dsum<kRowThreads>(sm, sh_d);
         nz = block_max_i<kRowThreads>(nz, sh_i);
-        if (nz >= 0) last_nz = static_cast<int>(w0) + nz;
+        if (threadIdx.x == 0) { rec.pc = sc; rec.pm = sm; rec.pnz = nz; }
+        cluster_sync();
+        if (threadIdx.x < C) {
+          sh_pc[threadIdx.x] = __longlong_as_double(ld_cluster_u64(cluster_map(&rec.pc, threadIdx.x)));
+          sh_pm[threadIdx.x] = __longlong_as_double(ld_cluster_u64(cluster_map(&rec.pm, threadIdx.x)));
+          sh_pnz[threadIdx.x] = static_cast<int>(ld_cluster_u32(cluster_map(&rec.pnz, threadIdx.x)));
+        }
+        __syncthreads();
+        int owner = -1;
+        double before_c = above_c, before_m = above_m;
+        for (int c = 0; c < C; ++c) {
+          const double v = by_mass ? before_m + sh_pm[c] : before_c + sh_pc[c];
+          if (v >= target) { owner = c; break; }
+          before_c += sh_pc[c];
+          before_m += sh_pm[c];
+          if (sh_pnz[c] >= 0) last_nz = static_cast<int>(w0) + sh_pnz[c];
+        }
+        if (owner < 0) {   // past this window (before_* now hold its totals)
+          above_c = before_c;
+          above_m = before_m;
+          continue;
+        }
+        if (owner == rank) {   // the bin, in this CTA's part
+          float v[kPer];
+#pragma unroll
+          for (int e = 0; e < kPer; ++e) {
+            const int j = plo + static_cast<int>(threadIdx.x) * kPer + e;
+            v[e] = j < my_hi ? (by_mass ? bin_mass(j) : static_cast<float>(part[j - plo])) : 0.f;
+          }
+          int jl = first_crossing_regs<kRowThreads>(v, target - (by_mass ? before_m : before_c),
+                                                   my_hi - plo, sh_d, &sh_out);
+          if (jl < 0) jl = nz - plo;   // rounding between the two double sums: its last non-empty bin
+          double mt = 0.0;
+          if (want_mass) {
+            double part_m = 0.0;
+            for (int j = plo + threadIdx.x; j <= plo + jl; j += kRowThreads) part_m += static_cast<double>(bin_mass(j));
+            mt = before_m + block_dsum<kRowThreads>(part_m, sh_d);
+          }
+          if (threadIdx.x == 0) { rec.cut = static_cast<int>(w0) + plo + jl; rec.mt = mt; }
+        }
+        cluster_sync();
+        if (threadIdx.x == 0) {
+          sh_i[0] = static_cast<int>(ld_cluster_u32(cluster_map(&rec.cut, owner)));
+          sh_d[0] = __longlong_as_double(ld_cluster_u64(cluster_map(&rec.mt, owner)));
+        }
+        __syncthreads();
+        const int cut = sh_i[0];
+        if (want_mass) mass_through = sh_d[0];
+        __syncthreads();
+        return cut;
       }
       if (want_mass) mass_through = above_m;
       return last_nz;
@@ -519,18 +558,13 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
     rec.wsum = wsum;
   }
   cluster_sync();
-  if (threadIdx.x == 0) {
-    float s = 0.f;
-    for (int c = 0; c < C; ++c) s += ld_cluster_f32(cluster_map(&rec.wsum, c));
-    row_all.wsum = s;
-  }
-  __syncthreads();
+  const float wsum_all = cluster_sum(&rec.wsum);
   float ex = 0.f;   // weight of the draft if kept
   if (x_ok && lx != -INFINITY) {
     const float sx = __fmul_rn(lx, scale);
     if (!sp.filtered || kept(lx, sx, tau, m, min_p)) ex = exp2f(__fsub_rn(sx, m));
   }
-  const float z_full = row_all.wsum + (excl >= 0 ? ex : 0.f);
+  const float z_full = wsum_all + (excl >= 0 ? ex : 0.f);
   const float px = z_full > 0.f ? ex / z_full : 0.f;
   int accept = 0;
   if (i < k && x_ok) accept = philox_uniform24(spec_bits(seed, step, i, kPurposeAccept, 0)) < px;
@@ -562,23 +596,33 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
     if (threadIdx.x == 0) { rec.best_r = best_r; rec.best_p = best_p; rec.any = any; }
   }
   cluster_sync();
-  if (threadIdx.x == 0) {
+  if (warp == 0) {   // lane c reads CTA c; better() and OR are order-free
     KeyArg br, bp;
     br.key = bp.key = -INFINITY;
     br.idx = bp.idx = -1;
     int any = 0;
-    for (int c = 0; c < C; ++c) {
-      KeyArg o;
-      o.key = ld_cluster_f32(cluster_map(&rec.best_r.key, c));
-      o.idx = static_cast<int>(ld_cluster_u32(cluster_map(&rec.best_r.idx, c)));
-      br = better(br, o);
-      o.key = ld_cluster_f32(cluster_map(&rec.best_p.key, c));
-      o.idx = static_cast<int>(ld_cluster_u32(cluster_map(&rec.best_p.idx, c)));
-      bp = better(bp, o);
-      any |= static_cast<int>(ld_cluster_u32(cluster_map(&rec.any, c)));
+    if (lane < C) {
+      br.key = ld_cluster_f32(cluster_map(&rec.best_r.key, lane));
+      br.idx = static_cast<int>(ld_cluster_u32(cluster_map(&rec.best_r.idx, lane)));
+      bp.key = ld_cluster_f32(cluster_map(&rec.best_p.key, lane));
+      bp.idx = static_cast<int>(ld_cluster_u32(cluster_map(&rec.best_p.idx, lane)));
+      any = static_cast<int>(ld_cluster_u32(cluster_map(&rec.any, lane)));
     }
-    row_all.any = any;
-    row_all.best_r = any ? br : bp;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+      KeyArg o;
+      o.key = __shfl_xor_sync(0xffffffffu, br.key, d);
+      o.idx = __shfl_xor_sync(0xffffffffu, br.idx, d);
+      br = better(br, o);
+      o.key = __shfl_xor_sync(0xffffffffu, bp.key, d);
+      o.idx = __shfl_xor_sync(0xffffffffu, bp.idx, d);
+      bp = better(bp, o);
+      any |= __shfl_xor_sync(0xffffffffu, any, d);
+    }
+    if (lane == 0) {
+      row_all.any = any;
+      row_all.best_r = any ? br : bp;
+    }
   }
   __syncthreads();
   const bool use_p = !row_all.any;

@@ -22,8 +22,10 @@ _TILE_WARPS = 4             # SPEC_SAMPLE_TILE_THREADS / 32: tiles a CTA works o
 _TILE_CTAS_PER_SM = 6       # SPEC_SAMPLE_TILE_CTAS_PER_SM: resident tile CTAs per SM
 _ROWS_BINS = 4096           # SPEC_SAMPLE_ROWS_BINS
 _ROWS_MAX_TILES = 32        # SPEC_SAMPLE_ROWS_MAX_TILES: tiles one CTA of a row's cluster holds
-_ROWS_MAX_CLUSTER = 8       # SPEC_SAMPLE_ROWS_MAX_CLUSTER: CTAs per row
+_ROWS_MAX_CLUSTER = 16      # SPEC_SAMPLE_ROWS_MAX_CLUSTER: CTAs per row, at most
+_ROWS_CLUSTER = 8           # CTAs per row by default (the portable cluster size)
 PATH_ENV = "SPECDEC_SPEC_SAMPLE_PATH"   # auto (default) | rows | tiles: which kernels run
+CLUSTER_ENV = "SPECDEC_SPEC_SAMPLE_CLUSTER"   # rows path: CTAs per row (1..16; tuning runs)
 
 
 def spec_sample_workspace_size(num_rows: int, vocab: int) -> int:
@@ -87,11 +89,17 @@ def _tiles_per_cta(num_rows: int, num_tiles: int, sm_count: int) -> int:
     return min(best[1], max(num_tiles, 1)) if best else 1
 
 
-def rows_plan(num_tiles: int):
+def rows_plan(num_tiles: int, cluster: int | None = None):
     """(tiles per CTA, CTAs per row = cluster size, dynamic shared memory bytes) of the
-    one-pass path (spec_sample_rows_*): the row split over at most _ROWS_MAX_CLUSTER CTAs,
+    one-pass path (spec_sample_rows_*): the row split over ``cluster`` CTAs (default 8, or
+    $SPECDEC_SPEC_SAMPLE_CLUSTER), at least ceil(num_tiles / 32) (a CTA holds <= 32 tiles),
     every CTA with at least one tile. V=151936 (75 tiles): 10 tiles x 8 CTAs, 59,520 B."""
-    tpc = -(-num_tiles // _ROWS_MAX_CLUSTER)
+    if cluster is None:
+        cluster = int(os.environ.get(CLUSTER_ENV, _ROWS_CLUSTER))
+    if not 1 <= cluster <= _ROWS_MAX_CLUSTER:
+        raise ValueError(f"{CLUSTER_ENV}={cluster}: expected 1..{_ROWS_MAX_CLUSTER}")
+    cluster = max(cluster, -(-num_tiles // _ROWS_MAX_TILES))
+    tpc = -(-num_tiles // cluster)
     cluster = -(-num_tiles // tpc)
     smem = tpc * TILE * 2 + (_ROWS_BINS + 32) * 4 + (-(-_ROWS_BINS // cluster)) * 4
     return tpc, cluster, smem
@@ -114,6 +122,8 @@ def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0) -> str:
         why = "draft_probs given"
     elif num_tiles > _ROWS_MAX_TILES * _ROWS_MAX_CLUSTER:
         why = f"V > {TILE * _ROWS_MAX_TILES * _ROWS_MAX_CLUSTER}"
+    elif num_tiles > _ROWS_MAX_TILES * _ROWS_CLUSTER:   # > 8 CTAs per row: not every GPU
+        why = f"V > {TILE * _ROWS_MAX_TILES * _ROWS_CLUSTER}"
     elif runtime.arch_family(device) < 90:
         why = f"code family {runtime.arch_family(device)} (clusters need sm_90)"
     if want == "rows" and why is not None:
