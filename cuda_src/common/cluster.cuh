@@ -28,6 +28,14 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
                "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+// The two halves of cluster_sync(): work between them overlaps the other CTAs' arrival (e.g.
+// arrive once this CTA has stopped reading its peers, wait just before exiting).
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
 // Address of this CTA's shared variable `p` in CTA `rank`'s shared memory (shared::cluster window).
 __device__ __forceinline__ uint32_t cluster_map(const void* p, uint32_t rank) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));

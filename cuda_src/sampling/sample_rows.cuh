@@ -77,6 +77,18 @@ template <> __device__ __forceinline__ uint32_t hmax2_nan<bf16_t>(uint32_t a, ui
 template <> __device__ __forceinline__ uint32_t hmax2_nan<__half>(uint32_t a, uint32_t b) {
   uint32_t d; asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
 }
+template <typename T> __device__ __forceinline__ uint32_t pack2(float f);   // f (a 16-bit value) twice
+template <> __device__ __forceinline__ uint32_t pack2<bf16_t>(float f) { return (__float_as_uint(f) >> 16) * 0x10001u; }
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float f) {
+  return static_cast<uint32_t>(__half_as_ushort(__float2half_rn(f))) * 0x10001u;
+}
+template <typename T> __device__ __forceinline__ uint32_t heq2(uint32_t a, uint32_t b);   // per half: 1.0 if equal, else 0
+template <> __device__ __forceinline__ uint32_t heq2<bf16_t>(uint32_t a, uint32_t b) {
+  uint32_t d; asm("set.eq.bf16x2.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+template <> __device__ __forceinline__ uint32_t heq2<__half>(uint32_t a, uint32_t b) {
+  uint32_t d; asm("set.eq.f16x2.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
 template <typename T> __device__ __forceinline__ float half_lo(uint32_t w) {
   return bits16_to_float(w & 0xffffu, static_cast<const T*>(nullptr));
 }
@@ -114,7 +126,7 @@ __device__ __forceinline__ int block_max_i(int v, int* sh) {
 template <typename T>
 __device__ void rows_kernel(const SpecSampleParams& p) {
   extern __shared__ __align__(16) unsigned char rows_dyn[];
-  __shared__ float chunk_max[kRowMaxChunks];
+  __shared__ uint32_t bins[kRowBins + 32];   // histogram window (+ a scratch word per lane)
   __shared__ float chunk_sum[kRowMaxChunks];
   __shared__ RowsRec rec;
   __shared__ float sh_f[2 * kRowWarps];
@@ -138,9 +150,8 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
   const int ntok = max(0, min(ntl * kTile, V - tok0));         // its real tokens
   const int nchunks = ntl * kChunksPerTile;
   uint4* data = reinterpret_cast<uint4*>(rows_dyn);            // ntl * kTile tokens
-  uint32_t* bins = reinterpret_cast<uint32_t*>(rows_dyn + static_cast<size_t>(tpc) * kTile * 2);
   const int P = (kRowBins + C - 1) / C;                        // bins per CTA in the reduce-scatter
-  uint32_t* part = bins + kRowBins + 32;
+  uint32_t* part = reinterpret_cast<uint32_t*>(rows_dyn + static_cast<size_t>(tpc) * kTile * 2);
   const T* row = static_cast<const T*>(p.logits) + static_cast<int64_t>(r) * p.logits_stride;
 
   // ---- load the slice (cp.async, 16-byte, L2 only); tail / misaligned rows token by token,
@@ -191,20 +202,16 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
   auto chunk_tok = [&](int c, int j, int e) { return tok0 + c * kChunk + (j * 32 + lane) * kN + e; };
 
   // ---- A: raw max (packed 16-bit max, NaN ignored), NaN / +inf flags (a NaN-propagating
-  // max); the argmax only for greedy rows, afterwards, in the chunks whose max is the row's
+  // max); the argmax only for greedy rows, afterwards (packed compares with the row max)
   {
     uint32_t mx2 = ninf2<T>(), nn2 = ninf2<T>();
     for (int c = warp; c < nchunks; c += kRowWarps) {
-      uint32_t cm2 = ninf2<T>();
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const uint4 u = chunk_vec(c, j);
-        cm2 = hmax2<T>(cm2, hmax2<T>(hmax2<T>(u.x, u.y), hmax2<T>(u.z, u.w)));
+        mx2 = hmax2<T>(mx2, hmax2<T>(hmax2<T>(u.x, u.y), hmax2<T>(u.z, u.w)));
         nn2 = hmax2_nan<T>(nn2, hmax2_nan<T>(hmax2_nan<T>(u.x, u.y), hmax2_nan<T>(u.z, u.w)));
       }
-      mx2 = hmax2<T>(mx2, cm2);
-      const float cm = warp_max(fmaxf(half_lo<T>(cm2), half_hi<T>(cm2)));
-      if (lane == 0) chunk_max[c] = cm;
     }
     const float nlo = half_lo<T>(nn2), nhi = half_hi<T>(nn2);
     uint32_t fl = (nlo != nlo || nhi != nhi) ? kFlagNaN : 0u;
@@ -236,21 +243,25 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
   int arg = -1;
   if (sp.greedy) {   // lowest id of a token equal to M (-0 == +0; NaN never; -inf if all are)
     int best = 0x7fffffff;
+    const uint32_t m2 = pack2<T>(M);
     for (int c = warp; c < nchunks; c += kRowWarps) {
-      if (!(chunk_max[c] == M) || c * kChunk + tok0 >= best) continue;
       int found = 0x7fffffff;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        float f[kN];
-        unpack16(chunk_vec(c, j), f, static_cast<const T*>(nullptr));
+        const uint4 u = chunk_vec(c, j);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-        for (int e = kN - 1; e >= 0; --e)
-          if (f[e] == M) found = chunk_tok(c, j, e);
+        for (int h = 3; h >= 0; --h) {   // highest first: the lowest hit is written last
+          const uint32_t eq = heq2<T>(w[h], m2);   // per half non-zero where equal (-0 == +0)
+          if (eq & 0xffff0000u) found = chunk_tok(c, j, 2 * h + 1);
+          if (eq & 0x0000ffffu) found = chunk_tok(c, j, 2 * h);
+        }
         if (found != 0x7fffffff) break;
       }
 #pragma unroll
       for (int d = 16; d > 0; d >>= 1) found = min(found, __shfl_xor_sync(0xffffffffu, found, d));
       best = min(best, found);
+      if (best != 0x7fffffff) break;   // later chunks of this warp hold higher ids
     }
     best = -block_max_i<kRowThreads>(-best, sh_i);   // block min
     if (threadIdx.x == 0) rec.arg = best;
@@ -327,7 +338,15 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
   const uint32_t omax = max_key16(M, static_cast<const T*>(nullptr));
 
   // ---- B: sums (no cut), row mass (top-p base), histogram of the first window
-  uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(bins));
+  // one token's count: an index into the static bins (the address needs no add; the clamp
+  // to this lane's scratch word is one packed min for both halves)
+  auto count2 = [&](uint32_t d2, uint32_t lim2) {
+    uint32_t c2;
+    asm("min.u16x2 %0, %1, %2;" : "=r"(c2) : "r"(d2), "r"(lim2));
+    const uint32_t a2 = c2 << 2;   // both byte offsets at once (a half is < 2^13: no carry)
+    atomicAdd(reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(bins) + (a2 & 0xffffu)), 1u);
+    atomicAdd(reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(bins) + (a2 >> 16)), 1u);
+  };
   auto count_window = [&](uint32_t w0) {   // every token with distance in [w0, w0 + kRowBins)
     const uint32_t lim = kRowBins + lane;
     const uint32_t omax2 = omax | (omax << 16);
@@ -340,8 +359,8 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
         for (int h = 0; h < 4; ++h) {
           const uint32_t d = omax2 - ord16x2(w[h]);   // per half >= 0: no borrow (NaN rows never get here)
           const uint32_t i0 = min((d & 0xffffu) - w0, lim), i1 = min((d >> 16) - w0, lim);
-          asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(sbase + 4u * i0) : "memory");
-          asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(sbase + 4u * i1) : "memory");
+          atomicAdd(bins + i0, 1u);
+          atomicAdd(bins + i1, 1u);
         }
       }
   };
@@ -349,7 +368,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
   auto count_pass = [&](auto kZ) {
     constexpr bool Z = decltype(kZ)::value;
     float z = 0.f;
-    const uint32_t lim = kRowBins + lane;
+    const uint32_t lim2 = (kRowBins + lane) * 0x10001u;
     const uint32_t omax2 = omax | (omax << 16);
     for (int c = warp; c < nchunks; c += kRowWarps) {
 #pragma unroll
@@ -358,10 +377,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
         for (int h = 0; h < 4; ++h) {
-          const uint32_t d = omax2 - ord16x2(w[h]);
-          const uint32_t i0 = min(d & 0xffffu, lim), i1 = min(d >> 16, lim);
-          asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(sbase + 4u * i0) : "memory");
-          asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(sbase + 4u * i1) : "memory");
+          count2(omax2 - ord16x2(w[h]), lim2);   // per half >= 0: no borrow (NaN rows never get here)
         }
         if constexpr (Z) {
           float f[kN];
@@ -374,7 +390,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
     return z;
   };
   // Kept mass per chunk -> chunk_sum: tokens >= tau_f (kCut), passing min-p, the one-hot draft
-  // left out (only the chunk that holds it tests ids). A cut skips chunks whose max is below it.
+  // left out (only the chunk that holds it tests ids).
   // Min-p decides with kept()'s own expression; otherwise a token left out weighs exp2(-inf).
   auto kept_sums = [&](auto kCut, float tau_f) {
     constexpr bool CUT = decltype(kCut)::value;
@@ -406,7 +422,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
     using no = std::false_type;
     for (int c = warp; c < nchunks; c += kRowWarps) {
       float cs = 0.f;
-      if (!CUT || order_key(chunk_max[c]) >= tau) {
+      {
         const int first = tok0 + c * kChunk;
         const bool ex = excl >= first && excl < first + kChunk;
         if (min_p > 0.f) cs = ex ? chunk(c, yes(), yes()) : chunk(c, yes(), no());
@@ -625,6 +641,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
     }
   }
   __syncthreads();
+  cluster_arrive();   // no more reads of peers: they may leave once the owner's arrival is in
   const bool use_p = !row_all.any;
   const int tile = row_all.best_r.idx < 0 ? 0 : row_all.best_r.idx;
   if (tile >= t0 && tile < t0 + ntl) {   // level 2 in the CTA that holds the tile
@@ -658,7 +675,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
       out->lp_token = lpt;
     }
   }
-  cluster_sync();   // peers may still read rec
+  cluster_wait();
 }
 
 #else

@@ -93,7 +93,7 @@ def rows_plan(num_tiles: int, cluster: int | None = None):
     """(tiles per CTA, CTAs per row = cluster size, dynamic shared memory bytes) of the
     one-pass path (spec_sample_rows_*): the row split over ``cluster`` CTAs (default 8, or
     $SPECDEC_SPEC_SAMPLE_CLUSTER), at least ceil(num_tiles / 32) (a CTA holds <= 32 tiles),
-    every CTA with at least one tile. V=151936 (75 tiles): 10 tiles x 8 CTAs, 59,520 B."""
+    every CTA with at least one tile. V=151936 (75 tiles): 10 tiles x 8 CTAs, 41,472 B."""
     if cluster is None:
         cluster = int(os.environ.get(CLUSTER_ENV, _ROWS_CLUSTER))
     if not 1 <= cluster <= _ROWS_MAX_CLUSTER:
@@ -101,7 +101,7 @@ def rows_plan(num_tiles: int, cluster: int | None = None):
     cluster = max(cluster, -(-num_tiles // _ROWS_MAX_TILES))
     tpc = -(-num_tiles // cluster)
     cluster = -(-num_tiles // tpc)
-    smem = tpc * TILE * 2 + (_ROWS_BINS + 32) * 4 + (-(-_ROWS_BINS // cluster)) * 4
+    smem = tpc * TILE * 2 + (-(-_ROWS_BINS // cluster)) * 4   # + the static histogram
     return tpc, cluster, smem
 
 
