@@ -92,8 +92,8 @@ def bench_spec_sample(b: Bench):
     # the same shapes through the tiles -> hist -> finish launches (what sm_75 / sm_80 run;
     # on sm_90 the default for 16-bit logits and one-hot drafts is the one-pass rows path)
     import os
-    from .ops.sampling import PATH_ENV, sample_path
-    if sample_path("bfloat16", True, V, b.device) == "rows":
+    from .ops.sampling import PATH_ENV, rows_unsupported
+    if rows_unsupported("bfloat16", True, V, b.device) is None:
         from . import runtime
         from .ops.sampling import rows_plan
         tpc, cluster, smem = rows_plan(-(-V // 2048))
@@ -104,6 +104,7 @@ def bench_spec_sample(b: Bench):
         from .ops.sampling import CLUSTER_ENV
         for cl in (4, 16):   # CTAs per row other than the default 8
             os.environ[CLUSTER_ENV] = str(cl)
+            os.environ[PATH_ENV] = "rows"
             try:
                 for B, greedy_frac, top_p, label in ((64, 0.5, 0.9, "half greedy, top-p 0.9"),
                                                      (64, 0.5, 1.0, "half greedy, no filter"),
@@ -116,6 +117,7 @@ def bench_spec_sample(b: Bench):
                     del run
             finally:
                 os.environ.pop(CLUSTER_ENV, None)
+                os.environ.pop(PATH_ENV, None)
         old = os.environ.get(PATH_ENV)
         os.environ[PATH_ENV] = "tiles"
         try:
@@ -130,6 +132,16 @@ def bench_spec_sample(b: Bench):
                 b.report("spec_sample", f"B={B} k={k} V={V} bf16 {label}", T * V * 2, ms,
                          impl="specdec_lib(tiles path)")
                 del run
+            # where the two paths cross over (the automatic choice: sample_path)
+            for B in (4, 8, 16, 32):
+                for top_p, label in ((1.0, "half greedy, no filter"), (0.9, "half greedy, top-p 0.9")):
+                    for path in ("rows", "tiles"):
+                        os.environ[PATH_ENV] = path
+                        run, T = spec_sample_call(b, B, k, V, 0.5, top_p, None)
+                        ms = b.time_graph(run) if B <= 4 else b.time(run, iters=20)
+                        b.report("spec_sample", f"B={B} k={k} V={V} bf16 {label}", T * V * 2, ms,
+                                 impl=f"specdec_lib({path} path)")
+                        del run
         finally:
             if old is None:
                 os.environ.pop(PATH_ENV, None)

@@ -366,24 +366,27 @@ def test_spec_sample_validation_errors(rng):
 SENTINEL = 0x7F7F7F7F
 
 
-# Every GPU test runs on both kernel paths of spec_sample: "auto" (on sm_90 code with 16-bit
-# logits and one-hot drafts, the one-pass cluster path spec_sample_rows) and "tiles" (the
-# tiles -> hist / threshold -> finish launches, every other case and every older GPU).
+# Every GPU test runs on both kernel paths of spec_sample: "rows" (the one-pass cluster path
+# spec_sample_rows, at any batch size, wherever it can run: sm_90 code, 16-bit logits, one-hot
+# drafts; other inputs take the tiles path) and "tiles" (tiles -> hist / threshold -> finish).
 def pytest_generate_tests(metafunc):
     if "spec_sample_path" in metafunc.fixturenames and metafunc.definition.get_closest_marker("gpu"):
-        metafunc.parametrize("spec_sample_path", ["auto", "tiles"], indirect=True)
+        metafunc.parametrize("spec_sample_path", ["rows", "tiles"], indirect=True)
 
 
 @pytest.fixture(autouse=True)
 def spec_sample_path(request, monkeypatch):
+    """"rows" forces the one-pass path wherever it can run (so large batches test it too),
+    "tiles" the other; CPU tests see neither."""
     from specdec_lib.ops.sampling import PATH_ENV
-    path = getattr(request, "param", "auto")
+    path = getattr(request, "param", None)
     monkeypatch.delenv(PATH_ENV, raising=False)
-    if path == "tiles":
+    if path == "rows":
         from specdec_lib import runtime
         if runtime.gpu_unavailable_reason() is None and runtime.arch_family(0) < 90:
-            pytest.skip("below sm_90 code the automatic path is the tiles path already")
-        monkeypatch.setenv(PATH_ENV, "tiles")
+            pytest.skip("below sm_90 code only the tiles path runs")
+    if path is not None:
+        monkeypatch.setenv(PATH_ENV, path)
     return path
 GPU_DTYPES = ["float32", "float16", "bfloat16"]
 
@@ -1048,7 +1051,7 @@ def test_spec_sample_gpu_threshold_exact(dtype, pad, rng):
     off = B * (-(-V // TILE)) * 20
     tau_gpu = raw[off:off + 8 * B].view(np.uint32).reshape(B, 2)[:, 0].astype(np.uint64)
     from specdec_lib.ops.sampling import sample_path
-    if sample_path(dtype, True, V) == "rows":   # SpecSampleRowOut [T] (32 B), its field tau
+    if sample_path(dtype, True, V, 0, B) == "rows":   # SpecSampleRowOut [T] (32 B), its field tau
         off = -(-(off + 8 * B) // 16) * 16
         tau_gpu = raw[off:off + 32 * B].view(np.uint32).reshape(B, 8)[:, 7].astype(np.uint64)
     for b, (temp, top_k, top_p, kind) in enumerate(cases):
@@ -1089,3 +1092,32 @@ def test_spec_sample_gpu_threshold_split_batch1(filt, rng):
         same += int(n[0] == rn[0] and (em == rem).all())
     assert bad <= 1, f"{bad} sampled tokens outside the reference's kept set"
     assert same >= 7, f"{8 - same} of 8 draws differ from the reference"
+
+
+def test_sample_path_rules_without_a_gpu(monkeypatch):
+    """The kernel path choice on what needs no device: f32 logits and draft probabilities
+    always take the tiles path; the environment switch is validated; the cluster plan keeps
+    every CTA busy with at most 32 tiles."""
+    from specdec_lib.ops.sampling import (CLUSTER_ENV, PATH_ENV, rows_plan, rows_unsupported,
+                                          sample_path)
+    assert rows_unsupported("float32", True, 151936) == "float32 logits"
+    assert rows_unsupported("bfloat16", False, 151936) == "draft_probs given"
+    assert rows_unsupported("float16", True, 2048 * 256 + 1).startswith("V >")
+    monkeypatch.setenv(PATH_ENV, "rows")
+    assert sample_path("float32", True, 151936, 0, 4) == "tiles"
+    monkeypatch.setenv(PATH_ENV, "tiles")
+    assert sample_path("bfloat16", True, 151936, 0, 4) == "tiles"
+    monkeypatch.setenv(PATH_ENV, "fast")
+    with pytest.raises(ValueError, match=PATH_ENV):
+        sample_path("float32", True, 151936, 0, 4)
+    monkeypatch.delenv(PATH_ENV)
+    assert rows_plan(75) == (10, 8, 10 * 4096 + 512 * 4)
+    assert rows_plan(75, 4)[:2] == (19, 4)
+    assert rows_plan(1) == (1, 1, 4096 + 4096 * 4)
+    for nt in (1, 2, 9, 75, 128, 255, 256):
+        for cl in (1, 4, 8, 16):
+            tpc, c, smem = rows_plan(nt, cl)
+            assert tpc <= 32 and (c - 1) * tpc < nt <= c * tpc
+    monkeypatch.setenv(CLUSTER_ENV, "17")
+    with pytest.raises(ValueError, match=CLUSTER_ENV):
+        rows_plan(75)

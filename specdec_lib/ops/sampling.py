@@ -24,6 +24,7 @@ _ROWS_BINS = 4096           # SPEC_SAMPLE_ROWS_BINS
 _ROWS_MAX_TILES = 32        # SPEC_SAMPLE_ROWS_MAX_TILES: tiles one CTA of a row's cluster holds
 _ROWS_MAX_CLUSTER = 16      # SPEC_SAMPLE_ROWS_MAX_CLUSTER: CTAs per row, at most
 _ROWS_CLUSTER = 8           # CTAs per row by default (the portable cluster size)
+_ROWS_MAX_T = 32            # automatic path: rows for calls with at most this many logit rows
 PATH_ENV = "SPECDEC_SPEC_SAMPLE_PATH"   # auto (default) | rows | tiles: which kernels run
 CLUSTER_ENV = "SPECDEC_SPEC_SAMPLE_CLUSTER"   # rows path: CTAs per row (1..16; tuning runs)
 
@@ -93,7 +94,7 @@ def rows_plan(num_tiles: int, cluster: int | None = None):
     """(tiles per CTA, CTAs per row = cluster size, dynamic shared memory bytes) of the
     one-pass path (spec_sample_rows_*): the row split over ``cluster`` CTAs (default 8, or
     $SPECDEC_SPEC_SAMPLE_CLUSTER), at least ceil(num_tiles / 32) (a CTA holds <= 32 tiles),
-    every CTA with at least one tile. V=151936 (75 tiles): 10 tiles x 8 CTAs, 41,472 B."""
+    every CTA with at least one tile. V=151936 (75 tiles): 10 tiles x 8 CTAs, 43,008 B."""
     if cluster is None:
         cluster = int(os.environ.get(CLUSTER_ENV, _ROWS_CLUSTER))
     if not 1 <= cluster <= _ROWS_MAX_CLUSTER:
@@ -105,30 +106,36 @@ def rows_plan(num_tiles: int, cluster: int | None = None):
     return tpc, cluster, smem
 
 
-def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0) -> str:
-    """Which kernels ``spec_sample`` runs for these inputs on ``device``: "rows" (one launch
-    that reads each row once, one thread-block cluster per row, + the chain launch: sm_90
-    code, 16-bit logits, one-hot drafts, V <= 524288) or "tiles" (tiles -> threshold or
-    hist -> finish: every other case). The environment variable SPECDEC_SPEC_SAMPLE_PATH=
-    tiles forces the latter (comparisons, debugging); =rows raises where it cannot run."""
+def rows_unsupported(dtype: str, one_hot: bool, vocab: int, device: int = 0):
+    """Why the one-pass path (spec_sample_rows_*) cannot run these inputs on ``device``, or
+    None: it needs sm_90 code (thread-block clusters), 16-bit logits, one-hot drafts and
+    V <= 524288."""
+    num_tiles = -(-int(vocab) // TILE)
+    if dtype not in ("float16", "bfloat16"):
+        return "float32 logits"
+    if not one_hot:
+        return "draft_probs given"
+    if num_tiles > _ROWS_MAX_TILES * _ROWS_CLUSTER:   # > 8 CTAs per row: not every GPU
+        return f"V > {TILE * _ROWS_MAX_TILES * _ROWS_CLUSTER}"
+    if runtime.arch_family(device) < 90:
+        return f"code family {runtime.arch_family(device)} (clusters need sm_90)"
+    return None
+
+
+def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0, num_rows: int = 1) -> str:
+    """Which kernels ``spec_sample`` runs: "rows" (one launch that keeps each row on chip in
+    a thread-block cluster, + the chain launch) or "tiles" (tiles -> threshold or hist ->
+    finish). Automatic: rows where it can run (``rows_unsupported``) and the call has at
+    most _ROWS_MAX_T logit rows (it is faster for small batches: B=1 top-p 24 vs 34 us;
+    slower from B=16 on, where its cluster barriers leave the SMs waiting: PERF.md).
+    SPECDEC_SPEC_SAMPLE_PATH=tiles forces the tiles path; =rows takes the rows path at any
+    batch size wherever it can run (tests, benchmarks)."""
     want = os.environ.get(PATH_ENV, "auto").strip().lower() or "auto"
     if want not in ("auto", "rows", "tiles"):
         raise ValueError(f"{PATH_ENV}={want!r}: expected auto, rows or tiles")
-    num_tiles = -(-int(vocab) // TILE)
-    why = None
-    if dtype not in ("float16", "bfloat16"):
-        why = "float32 logits"
-    elif not one_hot:
-        why = "draft_probs given"
-    elif num_tiles > _ROWS_MAX_TILES * _ROWS_MAX_CLUSTER:
-        why = f"V > {TILE * _ROWS_MAX_TILES * _ROWS_MAX_CLUSTER}"
-    elif num_tiles > _ROWS_MAX_TILES * _ROWS_CLUSTER:   # > 8 CTAs per row: not every GPU
-        why = f"V > {TILE * _ROWS_MAX_TILES * _ROWS_CLUSTER}"
-    elif runtime.arch_family(device) < 90:
-        why = f"code family {runtime.arch_family(device)} (clusters need sm_90)"
-    if want == "rows" and why is not None:
-        raise ValueError(f"{PATH_ENV}=rows: the one-pass path cannot run here ({why})")
-    return "tiles" if (want == "tiles" or why is not None) else "rows"
+    if want == "tiles" or rows_unsupported(dtype, one_hot, vocab, device) is not None:
+        return "tiles"
+    return "rows" if (want == "rows" or num_rows <= _ROWS_MAX_T) else "tiles"
 
 
 def _vec(name, obj, dtype, n, dev):
@@ -236,7 +243,7 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
         return num_accepted, emitted, status
     num_tiles = -(-V // TILE)
     from .. import _sampling
-    if sample_path(lg.dtype, draft_probs is None, V, dev) == "rows":
+    if sample_path(lg.dtype, draft_probs is None, V, dev, T) == "rows":
         tpc, cluster, smem = rows_plan(num_tiles)
         name = _KERNEL_DTYPES[lg.dtype]
         _sampling.launch_spec_sample_rows(
