@@ -347,29 +347,14 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
     atomicAdd(reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(bins) + (a2 & 0xffffu)), 1u);
     atomicAdd(reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(bins) + (a2 >> 16)), 1u);
   };
-  auto count_window = [&](uint32_t w0) {   // every token with distance in [w0, w0 + kRowBins)
-    const uint32_t lim = kRowBins + lane;
-    const uint32_t omax2 = omax | (omax << 16);
-    for (int c = warp; c < nchunks; c += kRowWarps)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const uint4 u = chunk_vec(c, j);
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int h = 0; h < 4; ++h) {
-          const uint32_t d = omax2 - ord16x2(w[h]);   // per half >= 0: no borrow (NaN rows never get here)
-          const uint32_t i0 = min((d & 0xffffu) - w0, lim), i1 = min((d >> 16) - w0, lim);
-          atomicAdd(bins + i0, 1u);
-          atomicAdd(bins + i1, 1u);
-        }
-      }
-  };
-  // count pass of the first window (+ the row mass for a top-p base)
-  auto count_pass = [&](auto kZ) {
-    constexpr bool Z = decltype(kZ)::value;
+  // Count every token with distance in [w0, w0 + kRowBins) (+ the row mass for a top-p base).
+  // Windows past the first (kWin) subtract w0 per half: a token above the window wraps to
+  // >= kRowBins, i.e. into the scratch words.
+  auto count_pass = [&](auto kZ, auto kWin, uint32_t w0) {
+    constexpr bool Z = decltype(kZ)::value, WIN = decltype(kWin)::value;
     float z = 0.f;
     const uint32_t lim2 = (kRowBins + lane) * 0x10001u;
-    const uint32_t omax2 = omax | (omax << 16);
+    const uint32_t omax2 = omax | (omax << 16), w02 = w0 * 0x10001u;
     for (int c = warp; c < nchunks; c += kRowWarps) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -377,7 +362,8 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
         for (int h = 0; h < 4; ++h) {
-          count2(omax2 - ord16x2(w[h]), lim2);   // per half >= 0: no borrow (NaN rows never get here)
+          const uint32_t d2 = omax2 - ord16x2(w[h]);   // per half >= 0: no borrow (NaN rows never get here)
+          count2(WIN ? __vsub2(d2, w02) : d2, lim2);
         }
         if constexpr (Z) {
           float f[kN];
@@ -438,7 +424,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
     kept_sums(no(), -INFINITY);
   } else {
     const bool need_z = sp.p_on && !sp.k_on && sp.top_p > 0.f;
-    const float z = need_z ? count_pass(yes()) : count_pass(no());
+    const float z = need_z ? count_pass(yes(), no(), 0u) : count_pass(no(), no(), 0u);
     if (need_z) z_row = cluster_sum_z(z);
     // ---- the threshold, split over the cluster: CTA c owns window bins [c * P, (c + 1) * P)
     // (their cluster-wide sums in `part`); the parts' totals locate the crossing, the owning CTA
@@ -458,7 +444,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
     auto recount = [&](uint32_t w0) {
       for (int j = threadIdx.x; j < kRowBins + 32; j += kRowThreads) bins[j] = 0u;
       __syncthreads();
-      count_window(w0);
+      count_pass(no(), yes(), w0);
       reduce_bins();
       cur_w0 = w0;
     };

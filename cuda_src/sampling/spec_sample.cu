@@ -37,6 +37,11 @@
 //     With draft_probs the residual max(0, p - q) is not known per tile from pass 1, so this
 //     CTA recomputes it over the rejected row (one row read); a known cost of that mode.
 //
+// sm_90 code, 16-bit logits, one-hot drafts, small calls (ops.sampling.sample_path): instead
+// of 1-3, two launches -- spec_sample_rows_<dt> (one thread-block cluster per row keeps the
+// row in shared memory through max, histogram, threshold, kept sums, accept and the race:
+// sample_rows.cuh) and spec_sample_chain (one thread per sequence walks its rows' records).
+//
 // Numbers: s2 = logit * log2(e) / temperature so every exponential is one exp2. Greedy rows
 // compare raw logits (bit-exact with the reference: NaN never wins, lowest id on ties).
 // Nothing faults on NaN / inf / bad ids / bad cu_q: such rows get a status code.

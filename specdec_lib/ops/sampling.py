@@ -24,7 +24,7 @@ _ROWS_BINS = 4096           # SPEC_SAMPLE_ROWS_BINS
 _ROWS_MAX_TILES = 32        # SPEC_SAMPLE_ROWS_MAX_TILES: tiles one CTA of a row's cluster holds
 _ROWS_MAX_CLUSTER = 16      # SPEC_SAMPLE_ROWS_MAX_CLUSTER: CTAs per row, at most
 _ROWS_CLUSTER = 8           # CTAs per row by default (the portable cluster size)
-_ROWS_MAX_T = 32            # automatic path: rows for calls with at most this many logit rows
+_ROWS_MAX_T = 64            # automatic path: rows for calls with at most this many logit rows
 PATH_ENV = "SPECDEC_SPEC_SAMPLE_PATH"   # auto (default) | rows | tiles: which kernels run
 CLUSTER_ENV = "SPECDEC_SPEC_SAMPLE_CLUSTER"   # rows path: CTAs per row (1..16; tuning runs)
 
@@ -126,8 +126,9 @@ def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0, num_rows
     """Which kernels ``spec_sample`` runs: "rows" (one launch that keeps each row on chip in
     a thread-block cluster, + the chain launch) or "tiles" (tiles -> threshold or hist ->
     finish). Automatic: rows where it can run (``rows_unsupported``) and the call has at
-    most _ROWS_MAX_T logit rows (it is faster for small batches: B=1 top-p 24 vs 34 us;
-    slower from B=16 on, where its cluster barriers leave the SMs waiting: PERF.md).
+    most _ROWS_MAX_T logit rows (H200, V=151936, q=4, top-p 0.9: B=1 24 vs 34 us, B=4 26 vs
+    37, B=16 40 vs 52; B=32 65 vs 61 and B=64 125 vs 85 us, where its cluster barriers
+    leave the SMs waiting: PERF.md spec_sample, session 7).
     SPECDEC_SPEC_SAMPLE_PATH=tiles forces the tiles path; =rows takes the rows path at any
     batch size wherever it can run (tests, benchmarks)."""
     want = os.environ.get(PATH_ENV, "auto").strip().lower() or "auto"
