@@ -161,6 +161,28 @@ def ensure_context(int device):
 
 # ------------------------------------------------------------------ modules and kernels
 
+cdef void _cluster_config(cydriver.CUlaunchConfig* cfg, cydriver.CUlaunchAttribute* attr,
+                          unsigned int grid, unsigned int block, unsigned int smem, size_t stream,
+                          unsigned int cluster) noexcept:
+    """A 1-D launch of ``grid`` CTAs of ``block`` threads in clusters of ``cluster``."""
+    memset(cfg, 0, sizeof(cfg[0]))
+    memset(attr, 0, sizeof(attr[0]))
+    attr.id = cydriver.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x = cluster
+    attr.value.clusterDim.y = 1
+    attr.value.clusterDim.z = 1
+    cfg.gridDimX = grid
+    cfg.gridDimY = 1
+    cfg.gridDimZ = 1
+    cfg.blockDimX = block
+    cfg.blockDimY = 1
+    cfg.blockDimZ = 1
+    cfg.sharedMemBytes = smem
+    cfg.hStream = <cydriver.CUstream>stream
+    cfg.attrs = attr
+    cfg.numAttrs = 1
+
+
 cdef class Kernel:
     """A loaded kernel (CUfunction) plus what launching it needs to know."""
 
@@ -195,21 +217,7 @@ cdef class Kernel:
         cdef int n = 0
         cdef cydriver.CUlaunchConfig cfg
         cdef cydriver.CUlaunchAttribute attr
-        memset(&cfg, 0, sizeof(cfg))
-        memset(&attr, 0, sizeof(attr))
-        attr.id = cydriver.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attr.value.clusterDim.x = cluster
-        attr.value.clusterDim.y = 1
-        attr.value.clusterDim.z = 1
-        cfg.gridDimX = grid
-        cfg.gridDimY = 1
-        cfg.gridDimZ = 1
-        cfg.blockDimX = block
-        cfg.blockDimY = 1
-        cfg.blockDimZ = 1
-        cfg.sharedMemBytes = dynamic_smem
-        cfg.attrs = &attr
-        cfg.numAttrs = 1
+        _cluster_config(&cfg, &attr, grid, block, dynamic_smem, 0, cluster)
         check(cydriver.cuOccupancyMaxActiveClusters(&n, self.func, &cfg),
               f"cuOccupancyMaxActiveClusters({self.name})")
         return n
@@ -326,22 +334,7 @@ cdef int launch_cluster(Kernel k, unsigned int gx, unsigned int bx, unsigned int
     cdef cydriver.CUlaunchConfig cfg
     cdef cydriver.CUlaunchAttribute attr
     args[0] = params
-    memset(&cfg, 0, sizeof(cfg))
-    memset(&attr, 0, sizeof(attr))
-    attr.id = cydriver.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.clusterDim.x = cluster_x
-    attr.value.clusterDim.y = 1
-    attr.value.clusterDim.z = 1
-    cfg.gridDimX = gx
-    cfg.gridDimY = 1
-    cfg.gridDimZ = 1
-    cfg.blockDimX = bx
-    cfg.blockDimY = 1
-    cfg.blockDimZ = 1
-    cfg.sharedMemBytes = smem
-    cfg.hStream = <cydriver.CUstream>stream
-    cfg.attrs = &attr
-    cfg.numAttrs = 1
+    _cluster_config(&cfg, &attr, gx, bx, smem, stream, cluster_x)
     with nogil:
         err = cydriver.cuLaunchKernelEx(&cfg, k.func, args, NULL)
     if err != cydriver.CUDA_SUCCESS:

@@ -138,6 +138,19 @@ __device__ __forceinline__ RowEval row_eval(const SpecSampleParams& p, const Seq
   return e;
 }
 
+// Level 1 of the race, one tile: residual weight w and p's weight wp share one noise.
+__device__ __forceinline__ void race_tile(uint64_t seed, int64_t step, int row, int t, float w,
+                                          float wp, int& any, KeyArg& best_r, KeyArg& best_p) {
+  any |= w > 0.f;
+  if (w > 0.f || wp > 0.f) {
+    const float le = log2f(philox_exponential(spec_bits(seed, step, row, kPurposeTile, t)));
+    KeyArg c;
+    c.idx = t;
+    if (w > 0.f) { c.key = log2f(w) - le; best_r = better(best_r, c); }
+    if (wp > 0.f) { c.key = log2f(wp) - le; best_p = better(best_p, c); }
+  }
+}
+
 // Block-wide (any, argmax a, argmax b): one barrier round for the level-1 tile race.
 template <int kThreads>
 __device__ __forceinline__ void block_race2(int& any, KeyArg& a, KeyArg& b, KeyArg* sh) {
@@ -312,14 +325,7 @@ __device__ void finish_kernel(const SpecSampleParams& p) {
       const float w = w_tile[t];
       const SpecSampleTile x_t = tl[t];   // p's tile sums: one-hot rows add back the draft
       const float wp = scaled_sum(x_t.m, x_t.s, s.m) + (t == x_tile ? ch.ex : 0.f);
-      any |= w > 0.f;
-      if (w > 0.f || wp > 0.f) {
-        const float le = log2f(philox_exponential(spec_bits(seed, step, i, kPurposeTile, t)));
-        KeyArg c;
-        c.idx = t;
-        if (w > 0.f) { c.key = log2f(w) - le; best_r = better(best_r, c); }
-        if (wp > 0.f) { c.key = log2f(wp) - le; best_p = better(best_p, c); }
-      }
+      race_tile(seed, step, i, t, w, wp, any, best_r, best_p);
     }
   }
   block_race2<kThreads>(any, best_r, best_p, sh_arg);

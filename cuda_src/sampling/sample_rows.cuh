@@ -96,28 +96,16 @@ template <typename T> __device__ __forceinline__ float half_hi(uint32_t w) {
   return bits16_to_float(w >> 16, static_cast<const T*>(nullptr));
 }
 
-template <int kThreads>
-__device__ __forceinline__ float block_max_f(float v, float* sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  float r = sh[0];
-  for (int w = 1; w < kThreads / 32; ++w) r = fmaxf(r, sh[w]);
-  __syncthreads();
-  return r;
-}
-
-template <int kThreads>
-__device__ __forceinline__ int block_max_i(int v, int* sh) {
+// Max over the CTA, in every thread (max is order-free: any tree gives the same bits).
+template <int kThreads, typename V>
+__device__ __forceinline__ V block_max(V v, V* sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, d));
   __syncthreads();
   if (lane == 0) sh[warp] = v;
   __syncthreads();
-  int r = sh[0];
+  V r = sh[0];
   for (int w = 1; w < kThreads / 32; ++w) r = max(r, sh[w]);
   __syncthreads();
   return r;
@@ -217,7 +205,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
     uint32_t fl = (nlo != nlo || nhi != nhi) ? kFlagNaN : 0u;
     const float mx = fmaxf(half_lo<T>(mx2), half_hi<T>(mx2));
     fl |= mx == INFINITY ? kFlagPosInf : 0u;
-    const float bm = block_max_f<kRowThreads>(mx, sh_f);
+    const float bm = block_max<kRowThreads>(mx, sh_f);
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) fl |= __shfl_xor_sync(0xffffffffu, fl, d);
     if (lane == 0) sh_i[warp] = static_cast<int>(fl);
@@ -263,7 +251,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
       best = min(best, found);
       if (best != 0x7fffffff) break;   // later chunks of this warp hold higher ids
     }
-    best = -block_max_i<kRowThreads>(-best, sh_i);   // block min
+    best = -block_max<kRowThreads>(-best, sh_i);   // block min
     if (threadIdx.x == 0) rec.arg = best;
     cluster_sync();
     if (warp == 0) {
@@ -477,7 +465,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
         }
         sc = block_dsum<kRowThreads>(sc, sh_d);
         if (need_m) sm = block_dsum<kRowThreads>(sm, sh_d);
-        nz = block_max_i<kRowThreads>(nz, sh_i);
+        nz = block_max<kRowThreads>(nz, sh_i);
         if (threadIdx.x == 0) { rec.pc = sc; rec.pm = sm; rec.pnz = nz; }
         cluster_sync();
         if (threadIdx.x < C) {
@@ -585,14 +573,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
       for (int c = 0; c < kChunksPerTile; ++c) w += chunk_sum[t * kChunksPerTile + c];
       const int tg = t0 + t;
       const float wp = w + (tg == x_tile ? ex : 0.f);
-      any |= w > 0.f;
-      if (w > 0.f || wp > 0.f) {
-        const float le = log2f(philox_exponential(spec_bits(seed, step, i, kPurposeTile, tg)));
-        KeyArg c;
-        c.idx = tg;
-        if (w > 0.f) { c.key = log2f(w) - le; best_r = better(best_r, c); }
-        if (wp > 0.f) { c.key = log2f(wp) - le; best_p = better(best_p, c); }
-      }
+      race_tile(seed, step, i, tg, w, wp, any, best_r, best_p);
     }
     block_race2<kRowThreads>(any, best_r, best_p, sh_arg);
     if (threadIdx.x == 0) { rec.best_r = best_r; rec.best_p = best_p; rec.any = any; }
