@@ -151,21 +151,26 @@ __device__ __forceinline__ void race_tile(uint64_t seed, int64_t step, int row, 
   }
 }
 
+// Warp-wide argmax a and argmax b, in every lane (better() picks the same winner in any order).
+__device__ __forceinline__ void warp_race2(KeyArg& a, KeyArg& b) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    KeyArg o;
+    o.key = __shfl_xor_sync(0xffffffffu, a.key, d);
+    o.idx = __shfl_xor_sync(0xffffffffu, a.idx, d);
+    a = better(a, o);
+    o.key = __shfl_xor_sync(0xffffffffu, b.key, d);
+    o.idx = __shfl_xor_sync(0xffffffffu, b.idx, d);
+    b = better(b, o);
+  }
+}
+
 // Block-wide (any, argmax a, argmax b): one barrier round for the level-1 tile race.
 template <int kThreads>
 __device__ __forceinline__ void block_race2(int& any, KeyArg& a, KeyArg& b, KeyArg* sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   any = __syncthreads_or(any);
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) {
-    KeyArg o;
-    o.key = __shfl_down_sync(0xffffffffu, a.key, d);
-    o.idx = __shfl_down_sync(0xffffffffu, a.idx, d);
-    a = better(a, o);
-    o.key = __shfl_down_sync(0xffffffffu, b.key, d);
-    o.idx = __shfl_down_sync(0xffffffffu, b.idx, d);
-    b = better(b, o);
-  }
+  warp_race2(a, b);
   if (lane == 0) { sh[2 * warp] = a; sh[2 * warp + 1] = b; }
   __syncthreads();
   a = sh[0]; b = sh[1];

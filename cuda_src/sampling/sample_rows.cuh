@@ -591,17 +591,8 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
       bp.idx = static_cast<int>(ld_cluster_u32(cluster_map(&rec.best_p.idx, lane)));
       any = static_cast<int>(ld_cluster_u32(cluster_map(&rec.any, lane)));
     }
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-      KeyArg o;
-      o.key = __shfl_xor_sync(0xffffffffu, br.key, d);
-      o.idx = __shfl_xor_sync(0xffffffffu, br.idx, d);
-      br = better(br, o);
-      o.key = __shfl_xor_sync(0xffffffffu, bp.key, d);
-      o.idx = __shfl_xor_sync(0xffffffffu, bp.idx, d);
-      bp = better(bp, o);
-      any |= __shfl_xor_sync(0xffffffffu, any, d);
-    }
+    warp_race2(br, bp);
+    any = __any_sync(0xffffffffu, any);
     if (lane == 0) {
       row_all.any = any;
       row_all.best_r = any ? br : bp;
