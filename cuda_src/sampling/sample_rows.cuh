@@ -237,14 +237,15 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const uint4 u = chunk_vec(c, j);
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+        const uint32_t eq[4] = {heq2<T>(u.x, m2), heq2<T>(u.y, m2), heq2<T>(u.z, m2),
+                                heq2<T>(u.w, m2)};   // per half non-zero where equal (-0 == +0)
+        if ((eq[0] | eq[1] | eq[2] | eq[3]) == 0u) continue;   // the common case: no hit
 #pragma unroll
         for (int h = 3; h >= 0; --h) {   // highest first: the lowest hit is written last
-          const uint32_t eq = heq2<T>(w[h], m2);   // per half non-zero where equal (-0 == +0)
-          if (eq & 0xffff0000u) found = chunk_tok(c, j, 2 * h + 1);
-          if (eq & 0x0000ffffu) found = chunk_tok(c, j, 2 * h);
+          if (eq[h] & 0xffff0000u) found = chunk_tok(c, j, 2 * h + 1);
+          if (eq[h] & 0x0000ffffu) found = chunk_tok(c, j, 2 * h);
         }
-        if (found != 0x7fffffff) break;
+        break;
       }
 #pragma unroll
       for (int d = 16; d > 0; d >>= 1) found = min(found, __shfl_xor_sync(0xffffffffu, found, d));
