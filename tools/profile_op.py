@@ -11,6 +11,8 @@ Cases (the shapes of docs/PERF.md's tables):
   sample         spec_sample B=64 k=3 V=151936 bf16, half greedy, no filter (filters=False)
   sample_topp    the same with top-p 0.9 (filters=None)
   sample_b1      spec_sample B=1, sampled, no filter (filters=False)
+  sample_topp_rows  sample_topp through the rows path (SPECDEC_SPEC_SAMPLE_PATH=rows; the
+                 automatic choice at B=64 is the tiles path)
 
 Nothing is timed or checked here: the benchmark times (``python3 -m specdec_lib bench``)
 and the tests check; this only gives ncu / compute-sanitizer a short, known launch sequence.
@@ -39,7 +41,11 @@ def _gdn(state_dtype, iters, fused_mode=False):
     b.close()   # waits for the stream
 
 
-def _sample(B, greedy_frac, top_p, filters, iters):
+def _sample(B, greedy_frac, top_p, filters, iters, path=None):
+    import os
+    if path is not None:
+        from specdec_lib.ops.sampling import PATH_ENV
+        os.environ[PATH_ENV] = path
     from specdec_lib.bench import Bench
     from specdec_lib.bench_sampling import spec_sample_call
     b = Bench(0)
@@ -56,6 +62,7 @@ CASES = {
     "sample": lambda n: _sample(64, 0.5, 1.0, False, n),
     "sample_topp": lambda n: _sample(64, 0.5, 0.9, None, n),
     "sample_b1": lambda n: _sample(1, 0.0, 1.0, False, n),
+    "sample_topp_rows": lambda n: _sample(64, 0.5, 0.9, None, n, path="rows"),
 }
 
 

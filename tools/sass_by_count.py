@@ -18,7 +18,9 @@ def main():
     ap.add_argument("--top", type=int, default=15)
     a = ap.parse_args()
     rows = list(csv.reader(open(a.csv)))
-    hdr = next(r for r in rows if "Instructions Executed" in r)
+    hdr = next((r for r in rows if "Instructions Executed" in r), None)
+    if hdr is None:
+        raise SystemExit(f"{a.csv}: no per-line table (did ncu profile a kernel? see its .ncu.log)")
     data = rows[rows.index(hdr) + 1:]
     ia, src, ad = hdr.index("Instructions Executed"), hdr.index("Source"), hdr.index("Address")
     st = hdr.index("Warp Stall Sampling (All Samples)")
