@@ -11,6 +11,7 @@ Cases (the shapes of docs/PERF.md's tables):
   sample         spec_sample B=64 k=3 V=151936 bf16, half greedy, no filter (filters=False)
   sample_topp    the same with top-p 0.9 (filters=None)
   sample_b1      spec_sample B=1, sampled, no filter (filters=False)
+  sample_b1_topp spec_sample B=1, sampled, top-p 0.9 (the rows path on sm_90)
   sample_topp_rows  sample_topp through the rows path (SPECDEC_SPEC_SAMPLE_PATH=rows; the
                  automatic choice at B=64 is the tiles path)
 
@@ -62,6 +63,7 @@ CASES = {
     "sample": lambda n: _sample(64, 0.5, 1.0, False, n),
     "sample_topp": lambda n: _sample(64, 0.5, 0.9, None, n),
     "sample_b1": lambda n: _sample(1, 0.0, 1.0, False, n),
+    "sample_b1_topp": lambda n: _sample(1, 0.0, 0.9, None, n),
     "sample_topp_rows": lambda n: _sample(64, 0.5, 0.9, None, n, path="rows"),
 }
 
