@@ -186,7 +186,7 @@ def launch_spec_sample_rows(Kernel k_rows, Kernel k_chain, size_t stream,
                             int cluster, unsigned int smem, int width, bint filters=True):
     """sm_90, 16-bit logits, one-hot drafts: spec_sample_rows (grid T x cluster CTAs in
     clusters of ``cluster``, each holding ``tiles_per_cta`` tiles of its row in ``smem`` bytes
-    of dynamic shared memory) -> spec_sample_chain (one thread per sequence)."""
+    of dynamic shared memory) -> spec_sample_chain (one warp per sequence)."""
     cdef SpecSampleParams p = _params(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p,
                                       seed, step, 0, 0, num_accepted, emitted, status, logprobs,
                                       workspace, logits_stride, 0, emitted_stride, logprobs_stride,
@@ -199,5 +199,6 @@ def launch_spec_sample_rows(Kernel k_rows, Kernel k_chain, size_t stream,
         if cluster > 8:
             k_rows.allow_large_clusters()
         launch_cluster(k_rows, num_rows * cluster, SPEC_SAMPLE_ROWS_THREADS, smem, stream, &p, cluster)
-    launch(k_chain, (batch + SPEC_SAMPLE_CHAIN_THREADS - 1) // SPEC_SAMPLE_CHAIN_THREADS, 1, 1,
+    cdef int per_cta = SPEC_SAMPLE_CHAIN_THREADS // 32   # one warp per sequence
+    launch(k_chain, (batch + per_cta - 1) // per_cta, 1, 1,
            SPEC_SAMPLE_CHAIN_THREADS, 1, 1, 0, stream, &p)

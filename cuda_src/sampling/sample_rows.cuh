@@ -642,74 +642,85 @@ template <typename T>
 __device__ void rows_kernel(const SpecSampleParams&) { __trap(); }   // never launched below sm_90
 #endif
 
-// One thread per sequence: the block's layout and status, the accept chain over its rows'
-// records, emitted / num_accepted / status / logprobs (what finish_kernel writes).
+// One warp per sequence: the block's layout and status, the accept chain over its rows'
+// records, emitted / num_accepted / status / logprobs (what finish_kernel writes). Lane i
+// reads row i's record and draft (32 rows at a time), so the records' loads overlap.
 __device__ void chain_kernel(const SpecSampleParams& p) {
-  const int b = blockIdx.x * blockDim.x + threadIdx.x;
-  if (b >= p.batch) return;
+  constexpr unsigned kAll = 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  const int b = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (b >= p.batch) return;   // warp-uniform
   const int W = p.width;
   int32_t* em = p.emitted + static_cast<int64_t>(b) * p.emitted_stride;
   float* lp = p.logprobs ? p.logprobs + static_cast<int64_t>(b) * p.logprobs_stride : nullptr;
-  for (int j = 0; j < W; ++j) {
-    em[j] = -1;
-    if (lp) lp[j] = 0.f;
-  }
   const int r0 = __ldg(p.cu_q + b), r1 = __ldg(p.cu_q + b + 1);
   const int q = r1 - r0;
+  const int k = q - 1;
+  const int dbase = r0 - b;
   int st = SPEC_SAMPLE_OK;
   if (q < 1 || q > W || r0 < 0 || r1 > p.num_rows || r0 - b < 0 || r1 - b - 1 > p.num_rows - p.batch)
     st = SPEC_SAMPLE_BAD_LAYOUT;
   const SpecSampleRowOut* rows = ws_row_out(p) + (st == SPEC_SAMPLE_OK ? r0 : 0);
-  // rows whose records another sequence wrote (cu_q not increasing): the layout is bad
-  for (int i = 0; st == SPEC_SAMPLE_OK && i < q; ++i)
-    if (rows[i].owner != b) st = SPEC_SAMPLE_BAD_LAYOUT;
   const SeqParams sp = seq_params(p, b);
-  if (st == SPEC_SAMPLE_OK && p.no_filters && sp.filtered) st = SPEC_SAMPLE_FILTER_SKIPPED;
-  if (st != SPEC_SAMPLE_OK) {
-    p.num_accepted[b] = 0;
-    p.status[b] = st;
-    return;
-  }
-  const int k = q - 1;
-  const int dbase = r0 - b;
   uint32_t flags = 0u;
-  bool empty = false, bad = false;
-  for (int i = 0; i < q; ++i) {
-    flags |= rows[i].flags;
-    empty |= rows[i].empty != 0;
+  bool empty = false, bad = false, foreign = false;
+  if (st == SPEC_SAMPLE_OK) {
+    for (int i = lane; i < q; i += 32) {
+      const SpecSampleRowOut o = rows[i];
+      flags |= o.flags;
+      empty |= o.empty != 0;
+      foreign |= o.owner != b;   // records another sequence wrote: cu_q is not increasing
+      if (i < k) {
+        const int x = __ldg(p.draft_ids + dbase + i);
+        bad |= !(x >= 0 && x < p.vocab);
+      }
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) flags |= __shfl_xor_sync(kAll, flags, d);
+    empty = __any_sync(kAll, empty);
+    bad = __any_sync(kAll, bad);
+    if (__any_sync(kAll, foreign)) st = SPEC_SAMPLE_BAD_LAYOUT;
   }
-  for (int j = 0; j < k; ++j) {
-    const int x = __ldg(p.draft_ids + dbase + j);
-    bad |= !(x >= 0 && x < p.vocab);
+  if (st == SPEC_SAMPLE_OK && p.no_filters && sp.filtered) st = SPEC_SAMPLE_FILTER_SKIPPED;
+  bool invalid = st != SPEC_SAMPLE_OK;
+  if (!invalid) {
+    st = flags ? SPEC_SAMPLE_NONFINITE : empty ? SPEC_SAMPLE_EMPTY : bad ? SPEC_SAMPLE_BAD_DRAFT : SPEC_SAMPLE_OK;
+    invalid = sp.greedy ? empty : (st == SPEC_SAMPLE_NONFINITE || st == SPEC_SAMPLE_EMPTY);
   }
-  st = flags ? SPEC_SAMPLE_NONFINITE : empty ? SPEC_SAMPLE_EMPTY : bad ? SPEC_SAMPLE_BAD_DRAFT : SPEC_SAMPLE_OK;
-  const bool invalid = sp.greedy ? empty : (st == SPEC_SAMPLE_NONFINITE || st == SPEC_SAMPLE_EMPTY);
-  if (invalid) {
-    p.num_accepted[b] = 0;
-    p.status[b] = st;
-    return;
-  }
-  int n = k;
-  for (int i = 0; i < q; ++i) {
-    const SpecSampleRowOut o = rows[i];
-    const int x = i < k ? __ldg(p.draft_ids + dbase + i) : -1;
-    if (sp.greedy) {
-      em[i] = o.token;
-      if (lp) lp[i] = o.lp_token;
-      if (!(i < k && x == o.token)) { n = i; break; }
-    } else if (i < k && o.accept) {
-      em[i] = x;
-      if (lp) lp[i] = o.lp_draft;
-    } else {
-      n = i;
-      em[i] = o.token;
-      if (lp) lp[i] = o.lp_token;
-      if (o.token < 0) st = SPEC_SAMPLE_EMPTY;
-      break;
+  int n = -1;   // accepted drafts = the row that emits the correction / bonus token
+  if (!invalid) {
+    for (int base = 0; base < q && n < 0; base += 32) {
+      const int i = base + lane;
+      SpecSampleRowOut o;
+      o.token = -1; o.accept = 0; o.lp_draft = 0.f; o.lp_token = 0.f;
+      int x = -1;
+      if (i < q) {
+        o = rows[i];
+        if (i < k) x = __ldg(p.draft_ids + dbase + i);
+      }
+      const bool acc = i < k && (sp.greedy ? x == o.token : o.accept != 0);
+      const unsigned rej = __ballot_sync(kAll, i < q && !acc);   // the last row never accepts
+      const int first = rej ? base + __ffs(rej) - 1 : -1;
+      if (i < q && (first < 0 || i <= first)) {
+        const bool emits_draft = !sp.greedy && i != first;
+        em[i] = emits_draft ? x : o.token;
+        if (lp) lp[i] = emits_draft ? o.lp_draft : o.lp_token;
+      }
+      if (first >= 0) {
+        n = first;
+        const int tok = __shfl_sync(kAll, o.token, first - base);
+        if (!sp.greedy && tok < 0) st = SPEC_SAMPLE_EMPTY;
+      }
     }
   }
-  p.num_accepted[b] = n;
-  p.status[b] = st;
+  for (int j = n + 1 + lane; j < W; j += 32) {   // padding (everything for an invalid block)
+    em[j] = -1;
+    if (lp) lp[j] = 0.f;
+  }
+  if (lane == 0) {
+    p.num_accepted[b] = invalid ? 0 : n;
+    p.status[b] = st;
+  }
 }
 
 }  // namespace

@@ -21,7 +21,7 @@
 #define SPEC_SAMPLE_ROWS_BINS 4096      /* values below the row max counted per histogram window */
 #define SPEC_SAMPLE_ROWS_MAX_TILES 32   /* tiles one CTA of the cluster holds (128 KB of smem) */
 #define SPEC_SAMPLE_ROWS_MAX_CLUSTER 16 /* CTAs per row (above 8: a non-portable cluster size, sm_90 allows 16) */
-#define SPEC_SAMPLE_CHAIN_THREADS 128   /* spec_sample_chain: one thread per sequence */
+#define SPEC_SAMPLE_CHAIN_THREADS 128   /* spec_sample_chain: one warp per sequence */
 #define SPEC_SAMPLE_FINISH_THREADS 512   /* level-2 race: 4 tokens per thread */
 #define SPEC_SAMPLE_FINISH_ROWS 32       /* block rows whose accept step finish evaluates in parallel */
 

@@ -40,7 +40,7 @@
 // sm_90 code, 16-bit logits, one-hot drafts, small calls (ops.sampling.sample_path): instead
 // of 1-3, two launches -- spec_sample_rows_<dt> (one thread-block cluster per row keeps the
 // row in shared memory through max, histogram, threshold, kept sums, accept and the race:
-// sample_rows.cuh) and spec_sample_chain (one thread per sequence walks its rows' records).
+// sample_rows.cuh) and spec_sample_chain (one warp per sequence walks its rows' records).
 //
 // Numbers: s2 = logit * log2(e) / temperature so every exponential is one exp2. Greedy rows
 // compare raw logits (bit-exact with the reference: NaN never wins, lowest id on ties).
