@@ -166,12 +166,17 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
     Philox keying are those of ``specdec_lib.reference.sampling``; the same inputs give the
     same tokens on every run, stream and GPU.
 
-    ``filters``: None/True: the top-k / top-p threshold launches (4, each split over many
-    CTAs per row) and the recount launch run (their CTAs for rows without filters exit at
-    once). False: the caller promises that no sampled request has top_k in (0, V), top_p < 1 or min_p > 0 (greedy requests may carry any
-    values), and those launches are skipped (five launches less per call). A
-    request that filters despite the promise is never sampled unfiltered: its block gets
-    status 5 (``STATUS_FILTER_SKIPPED``), num_accepted 0 and emitted -1.
+    Kernels (``sample_path``): on sm_90 code, 16-bit logits with one-hot drafts and at most
+    64 logit rows take the rows path (one thread-block cluster per row keeps the row in
+    shared memory through every step; + a chain launch); every other call the tiles path
+    (tiles -> threshold (f32) or hist (16-bit) -> finish). Same results either way.
+
+    ``filters``: None/True: the filter work runs (tiles path: the threshold / hist launch;
+    its CTAs for rows without filters exit at once). False: the caller promises that no
+    sampled request has top_k in (0, V), top_p < 1 or min_p > 0 (greedy requests may carry
+    any values), and the filter work is skipped (tiles path: one to five launches less per
+    call). A request that filters despite the promise is never sampled unfiltered: its block
+    gets status 5 (``STATUS_FILTER_SKIPPED``), num_accepted 0 and emitted -1.
 
     Example::
 
