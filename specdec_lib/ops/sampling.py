@@ -169,7 +169,8 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
     Kernels (``sample_path``): on sm_90 code, 16-bit logits with one-hot drafts and at most
     64 logit rows take the rows path (one thread-block cluster per row keeps the row in
     shared memory through every step; + a chain launch); every other call the tiles path
-    (tiles -> threshold (f32) or hist (16-bit) -> finish). Same results either way.
+    (tiles -> threshold (f32) or hist (16-bit) -> finish). The same rules either way (sums
+    in other orders: a draw on a float32 rounding boundary may differ between the paths).
 
     ``filters``: None/True: the filter work runs (tiles path: the threshold / hist launch;
     its CTAs for rows without filters exit at once). False: the caller promises that no
