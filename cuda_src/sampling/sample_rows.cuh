@@ -7,17 +7,19 @@
 // the row is loaded once (cp.async, CTA rank c holds tiles [c * tpc, (c + 1) * tpc)) and each
 // step that needs the whole row's result of the previous one waits at a cluster barrier and
 // reads its peers' partials through distributed shared memory:
-//   A  raw max / argmax / NaN-inf flags per chunk              -> cluster merge (row max)
-//   B  sampled rows: per-chunk sums exp2(s2 - m) (no cut), the row mass (top-p base), and the
-//      exact-value histogram of the 16-bit keys below the max (top-k / top-p, as hist_kernel)
-//      -> cluster reduce-scatter + all-gather of the bins -> every CTA resolves the same
-//      threshold (windows further down are counted again from shared memory if the crossing
-//      lies past the first kRowBins values)
-//   C  kept sums per chunk over {key >= tau, min-p} (cut rows only; chunks below tau skipped)
+//   A  raw max and NaN / +inf flags (packed 16-bit maxes)            -> cluster max
+//      greedy rows: the lowest id holding the max (packed compares)  -> cluster min; done
+//   B  sampled rows without top-k / top-p: kept sums per chunk (min-p, the draft left out).
+//      With a cut: the exact-value histogram of the 16-bit keys below the max (+ the row mass
+//      for a top-p base) -> each CTA sums its part of the bins over the cluster; the parts'
+//      totals locate the crossing, the owner CTA finds the bin and broadcasts it (windows
+//      further down are counted again from shared memory if the crossing lies past the first
+//      kRowBins values)
+//   C  (cut rows) kept sums per chunk over {key >= tau, min-p}, the draft left out
 //   D  accept decision (u < p(x)); a rejected or bonus row races its tiles (cluster merge)
-//      and the owner CTA of the winning tile races its tokens: the reference's two-level race.
+//      and the CTA holding the winning tile races its tokens: the reference's two-level race.
 // Per row the result goes to a SpecSampleRowOut record; spec_sample_chain assembles the blocks.
-// Greedy rows stop after A (plus one sum pass for logprobs).
+// Where it wins and loses against the tiles path: docs/PERF.md, spec_sample session 7.
 #pragma once
 #include <type_traits>
 #include "common/cluster.cuh"
@@ -124,7 +126,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
   __shared__ int sh_out;
   __shared__ double sh_pc[SPEC_SAMPLE_ROWS_MAX_CLUSTER], sh_pm[SPEC_SAMPLE_ROWS_MAX_CLUSTER];
   __shared__ int sh_pnz[SPEC_SAMPLE_ROWS_MAX_CLUSTER];
-  __shared__ RowsRec row_all;     // the cluster-merged record (written by thread 0)
+  __shared__ RowsRec row_all;     // the cluster-merged record (written by lane 0 of warp 0)
   constexpr int kN = 8;           // tokens per 16-byte vector
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int C = static_cast<int>(cluster_size());
