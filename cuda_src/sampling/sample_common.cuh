@@ -79,6 +79,24 @@ __device__ __forceinline__ bool kept(float logit, float s2, uint32_t tau_key, fl
   return !(min_p > 0.f) || exp2f(__fsub_rn(s2, row_m)) >= min_p;
 }
 
+// Block b of cu_q is usable: 1 <= q <= width rows inside [0, T), its drafts inside [0, T-B).
+__device__ __forceinline__ bool block_layout_ok(const SpecSampleParams& p, int b, int r0, int r1) {
+  const int q = r1 - r0;
+  return !(q < 1 || q > p.width || r0 < 0 || r1 > p.num_rows || r0 - b < 0 ||
+           r1 - b - 1 > p.num_rows - p.batch);
+}
+
+// Status of a block with a valid layout (precedence NONFINITE > EMPTY > BAD_DRAFT) and whether
+// it is invalid (no tokens): sampled blocks on NaN / +inf or an empty row, greedy blocks only
+// on an all-NaN row.
+__device__ __forceinline__ int block_status(uint32_t flags, bool empty, bool bad_draft,
+                                            bool greedy, bool& invalid) {
+  const int st = flags ? SPEC_SAMPLE_NONFINITE : empty ? SPEC_SAMPLE_EMPTY
+               : bad_draft ? SPEC_SAMPLE_BAD_DRAFT : SPEC_SAMPLE_OK;
+  invalid = greedy ? empty : (st == SPEC_SAMPLE_NONFINITE || st == SPEC_SAMPLE_EMPTY);
+  return st;
+}
+
 // Online (max, sum-exp2) with a separate raw-logit argmax.
 struct Partial {
   float m, s, raw_max;

@@ -206,7 +206,7 @@ __device__ void finish_kernel(const SpecSampleParams& p) {
   __syncthreads();
   const int r0 = __ldg(p.cu_q + b), r1 = __ldg(p.cu_q + b + 1);
   const int q = r1 - r0;
-  if (q < 1 || q > W || r0 < 0 || r1 > p.num_rows || r0 - b < 0 || r1 - b - 1 > p.num_rows - p.batch) {
+  if (!block_layout_ok(p, b, r0, r1)) {
     if (threadIdx.x == 0) { p.num_accepted[b] = 0; p.status[b] = SPEC_SAMPLE_BAD_LAYOUT; }
     return;
   }
@@ -239,9 +239,8 @@ __device__ void finish_kernel(const SpecSampleParams& p) {
   const uint32_t flags = sh_flags;
   const bool empty = sh_empty != 0;
   const bool bad_draft = sh_bad != 0;
-  const int st = flags ? SPEC_SAMPLE_NONFINITE : empty ? SPEC_SAMPLE_EMPTY
-               : bad_draft ? SPEC_SAMPLE_BAD_DRAFT : SPEC_SAMPLE_OK;
-  const bool invalid = sp.greedy ? empty : (st == SPEC_SAMPLE_NONFINITE || st == SPEC_SAMPLE_EMPTY);
+  bool invalid;
+  const int st = block_status(flags, empty, bad_draft, sp.greedy, invalid);
   if (invalid) {
     if (threadIdx.x == 0) { p.num_accepted[b] = 0; p.status[b] = st; }
     return;

@@ -660,8 +660,7 @@ __device__ void chain_kernel(const SpecSampleParams& p) {
   const int k = q - 1;
   const int dbase = r0 - b;
   int st = SPEC_SAMPLE_OK;
-  if (q < 1 || q > W || r0 < 0 || r1 > p.num_rows || r0 - b < 0 || r1 - b - 1 > p.num_rows - p.batch)
-    st = SPEC_SAMPLE_BAD_LAYOUT;
+  if (!block_layout_ok(p, b, r0, r1)) st = SPEC_SAMPLE_BAD_LAYOUT;
   const SpecSampleRowOut* rows = ws_row_out(p) + (st == SPEC_SAMPLE_OK ? r0 : 0);
   const SeqParams sp = seq_params(p, b);
   uint32_t flags = 0u;
@@ -685,10 +684,7 @@ __device__ void chain_kernel(const SpecSampleParams& p) {
   }
   if (st == SPEC_SAMPLE_OK && p.no_filters && sp.filtered) st = SPEC_SAMPLE_FILTER_SKIPPED;
   bool invalid = st != SPEC_SAMPLE_OK;
-  if (!invalid) {
-    st = flags ? SPEC_SAMPLE_NONFINITE : empty ? SPEC_SAMPLE_EMPTY : bad ? SPEC_SAMPLE_BAD_DRAFT : SPEC_SAMPLE_OK;
-    invalid = sp.greedy ? empty : (st == SPEC_SAMPLE_NONFINITE || st == SPEC_SAMPLE_EMPTY);
-  }
+  if (!invalid) st = block_status(flags, empty, bad, sp.greedy, invalid);
   int n = -1;   // accepted drafts = the row that emits the correction / bonus token
   if (!invalid) {
     for (int base = 0; base < q && n < 0; base += 32) {
