@@ -13,6 +13,9 @@ its time floor: it reads fp32 target probabilities [B, k+1, V] and draft probabi
 """
 from __future__ import annotations
 
+import contextlib
+import os
+
 import numpy as np
 
 from .bench import Bench, bench
@@ -58,6 +61,33 @@ def spec_sample_call(b: Bench, B, k, V, greedy_frac, top_p, filters, top_k=0):
     return run, T
 
 
+@contextlib.contextmanager
+def _env(**values):
+    """Set environment variables for the calls inside (the kernel path and cluster size are
+    read per call), then restore what was there."""
+    old = {key: os.environ.get(key) for key in values}
+    os.environ.update({key: str(v) for key, v in values.items()})
+    try:
+        yield
+    finally:
+        for key, v in old.items():
+            if v is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = v
+
+
+def _timed(b: Bench, B, k, V, greedy_frac, top_p, filters, top_k, label, host=False, **report):
+    """One spec_sample call of this mix timed (graph replays for B <= 4) and reported (with
+    its host time per call when ``host``); returns the call (its inputs stay alive with it)."""
+    run, T = spec_sample_call(b, B, k, V, greedy_frac, top_p, filters, top_k)
+    ms = b.time_graph(run) if B <= 4 else b.time(run, iters=20)
+    if host:
+        report["host_us"] = round(b.host_us(run), 1)
+    b.report("spec_sample", f"B={B} k={k} V={V} bf16 {label}", T * V * 2, ms, **report)
+    return run
+
+
 @bench("spec_sample")
 def bench_spec_sample(b: Bench):
     V, k = 151936, 3
@@ -77,11 +107,7 @@ def bench_spec_sample(b: Bench):
             (1, 0.0, 1.0, False, "sampled, no filter, filters=False", 0),
             (1, 0.0, 0.9, None, "sampled, top-p 0.9", 0),
             (1, 0.0, 0.9, None, "sampled, top-k 50 + top-p 0.9", 50)):
-        run, T = spec_sample_call(b, B, k, V, greedy_frac, top_p, filters, top_k)
-        nbytes = T * V * 2
-        ms = b.time_graph(run) if B <= 4 else b.time(run, iters=20)
-        b.report("spec_sample", f"B={B} k={k} V={V} bf16 {label}", nbytes, ms,
-                 host_us=round(b.host_us(run), 1))
+        run = _timed(b, B, k, V, greedy_frac, top_p, filters, top_k, label, host=True)
         if B == 64 and top_p == 1.0 and greedy_frac == 0.5 and filters is None and top_k == 0:
             fi_bytes = (B * (k + 1) * V + B * k * V) * 4
             floor_ms = fi_bytes / (b.copy_bw() * 1e6)
@@ -90,63 +116,40 @@ def bench_spec_sample(b: Bench):
             _torch_peer(b, B, k, V)
         del run   # its inputs and workspace
     # the same shapes through the tiles -> hist -> finish launches (what sm_75 / sm_80 run;
-    # on sm_90 the default for 16-bit logits and one-hot drafts is the one-pass rows path)
-    import os
-    from .ops.sampling import PATH_ENV, rows_unsupported
-    if rows_unsupported("bfloat16", True, V, b.device) is None:
-        from . import runtime
-        from .ops.sampling import rows_plan
-        tpc, cluster, smem = rows_plan(-(-V // 2048))
-        k_rows = runtime.kernel("sampling", "spec_sample_rows_bf16", b.device)
-        print(f"  rows path: {tpc} tiles x {cluster} CTAs per row, {smem} B dynamic smem, "
-              f"{k_rows.max_active_clusters(256 * cluster, 256, smem, cluster)} clusters resident, "
-              f"attrs {k_rows.attributes()}")
-        from .ops.sampling import CLUSTER_ENV
-        for cl in (4, 16):   # CTAs per row other than the default 8
-            os.environ[CLUSTER_ENV] = str(cl)
-            os.environ[PATH_ENV] = "rows"
-            try:
-                for B, greedy_frac, top_p, label in ((64, 0.5, 0.9, "half greedy, top-p 0.9"),
-                                                     (64, 0.5, 1.0, "half greedy, no filter"),
-                                                     (1, 0.0, 0.9, "sampled, top-p 0.9"),
-                                                     (1, 0.0, 1.0, "sampled, no filter")):
-                    run, T = spec_sample_call(b, B, k, V, greedy_frac, top_p, None)
-                    ms = b.time_graph(run) if B <= 4 else b.time(run, iters=20)
-                    b.report("spec_sample", f"B={B} k={k} V={V} bf16 {label}", T * V * 2, ms,
-                             impl=f"specdec_lib(rows, {cl} CTAs/row)")
-                    del run
-            finally:
-                os.environ.pop(CLUSTER_ENV, None)
-                os.environ.pop(PATH_ENV, None)
-        old = os.environ.get(PATH_ENV)
-        os.environ[PATH_ENV] = "tiles"
-        try:
-            for B, greedy_frac, top_p, filters, label, top_k in (
-                    (64, 0.5, 1.0, None, "half greedy, no filter", 0),
-                    (64, 0.5, 0.9, None, "half greedy, top-p 0.9", 0),
-                    (64, 0.5, 0.9, None, "half greedy, top-k 50 + top-p 0.9", 50),
-                    (1, 0.0, 1.0, None, "sampled, no filter", 0),
-                    (1, 0.0, 0.9, None, "sampled, top-p 0.9", 0)):
-                run, T = spec_sample_call(b, B, k, V, greedy_frac, top_p, filters, top_k)
-                ms = b.time_graph(run) if B <= 4 else b.time(run, iters=20)
-                b.report("spec_sample", f"B={B} k={k} V={V} bf16 {label}", T * V * 2, ms,
-                         impl="specdec_lib(tiles path)")
-                del run
-            # where the two paths cross over (the automatic choice: sample_path)
-            for B in (4, 8, 16, 32):
-                for top_p, label in ((1.0, "half greedy, no filter"), (0.9, "half greedy, top-p 0.9")):
-                    for path in ("rows", "tiles"):
-                        os.environ[PATH_ENV] = path
-                        run, T = spec_sample_call(b, B, k, V, 0.5, top_p, None)
-                        ms = b.time_graph(run) if B <= 4 else b.time(run, iters=20)
-                        b.report("spec_sample", f"B={B} k={k} V={V} bf16 {label}", T * V * 2, ms,
-                                 impl=f"specdec_lib({path} path)")
-                        del run
-        finally:
-            if old is None:
-                os.environ.pop(PATH_ENV, None)
-            else:
-                os.environ[PATH_ENV] = old
+    # on sm_90 the default for 16-bit logits, one-hot drafts and <= 64 rows is the rows path)
+    from . import runtime
+    from ._sampling import ROWS_THREADS
+    from .ops.sampling import CLUSTER_ENV, PATH_ENV, TILE, rows_plan, rows_unsupported
+    if rows_unsupported("bfloat16", True, V, b.device) is not None:
+        return
+    tpc, cluster, smem = rows_plan(-(-V // TILE))
+    k_rows = runtime.kernel("sampling", "spec_sample_rows_bf16", b.device)
+    print(f"  rows path: {tpc} tiles x {cluster} CTAs per row, {smem} B dynamic smem, "
+          f"{k_rows.max_active_clusters(ROWS_THREADS * cluster, ROWS_THREADS, smem, cluster)} "
+          f"clusters resident, attrs {k_rows.attributes()}")
+    for cl in (4, 16):   # CTAs per row other than the default 8
+        with _env(**{CLUSTER_ENV: cl, PATH_ENV: "rows"}):
+            for B, greedy_frac, top_p, label in ((64, 0.5, 0.9, "half greedy, top-p 0.9"),
+                                                 (64, 0.5, 1.0, "half greedy, no filter"),
+                                                 (1, 0.0, 0.9, "sampled, top-p 0.9"),
+                                                 (1, 0.0, 1.0, "sampled, no filter")):
+                _timed(b, B, k, V, greedy_frac, top_p, None, 0, label,
+                       impl=f"specdec_lib(rows, {cl} CTAs/row)")
+    with _env(**{PATH_ENV: "tiles"}):
+        for B, greedy_frac, top_p, filters, label, top_k in (
+                (64, 0.5, 1.0, None, "half greedy, no filter", 0),
+                (64, 0.5, 0.9, None, "half greedy, top-p 0.9", 0),
+                (64, 0.5, 0.9, None, "half greedy, top-k 50 + top-p 0.9", 50),
+                (1, 0.0, 1.0, None, "sampled, no filter", 0),
+                (1, 0.0, 0.9, None, "sampled, top-p 0.9", 0)):
+            _timed(b, B, k, V, greedy_frac, top_p, filters, top_k, label,
+                   impl="specdec_lib(tiles path)")
+    # where the two paths cross over (the automatic choice: ops.sampling.sample_path)
+    for B in (4, 8, 16, 32):
+        for top_p, label in ((1.0, "half greedy, no filter"), (0.9, "half greedy, top-p 0.9")):
+            for path in ("rows", "tiles"):
+                with _env(**{PATH_ENV: path}):
+                    _timed(b, B, k, V, 0.5, top_p, None, 0, label, impl=f"specdec_lib({path} path)")
 
 
 def _torch_peer(b: Bench, B, k, V):

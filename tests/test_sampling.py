@@ -847,6 +847,11 @@ def test_spec_sample_workspace_size_matches_the_extension():
     assert _sampling.TILE_CTAS_PER_SM == ops_sampling._TILE_CTAS_PER_SM
     assert _sampling.FILTER_BYTES == ops_sampling._FILTER_BYTES
     assert _sampling.HIST_CTAS_PER_SM == ops_sampling._HIST_CTAS_PER_SM
+    # the rows path's plan (ops.sampling.rows_plan) and the record layout the threshold test reads
+    assert _sampling.ROWS_BINS == ops_sampling._ROWS_BINS
+    assert _sampling.ROWS_MAX_TILES == ops_sampling._ROWS_MAX_TILES
+    assert _sampling.ROWS_MAX_CLUSTER == ops_sampling._ROWS_MAX_CLUSTER
+    assert _sampling.ROW_OUT_BYTES == 32
     assert _sampling.THRESHOLD_CTAS_PER_SM == ops_sampling._THRESHOLD_CTAS_PER_SM
     assert _sampling.THRESHOLD_MIN_TOKENS == ops_sampling._THRESHOLD_MIN_TOKENS
 
