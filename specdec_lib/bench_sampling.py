@@ -144,10 +144,10 @@ def bench_spec_sample(b: Bench):
                 (1, 0.0, 0.9, None, "sampled, top-p 0.9", 0)):
             _timed(b, B, k, V, greedy_frac, top_p, filters, top_k, label,
                    impl="specdec_lib(tiles path)")
-    # where the two paths cross over (the automatic choice: ops.sampling.sample_path)
+    # where the paths cross over (the automatic choice: ops.sampling.sample_path)
     for B in (4, 8, 16, 32):
         for top_p, label in ((1.0, "half greedy, no filter"), (0.9, "half greedy, top-p 0.9")):
-            for path in ("rows", "tiles"):
+            for path in ("rows", "stream", "tiles"):
                 with _env(**{PATH_ENV: path}):
                     _timed(b, B, k, V, 0.5, top_p, None, 0, label, impl=f"specdec_lib({path} path)")
 

@@ -366,22 +366,24 @@ def test_spec_sample_validation_errors(rng):
 SENTINEL = 0x7F7F7F7F
 
 
-# Every GPU test runs on both kernel paths of spec_sample: "rows" (the one-pass cluster path
-# spec_sample_rows, at any batch size, wherever it can run: sm_90 code, 16-bit logits, one-hot
-# drafts; other inputs take the tiles path) and "tiles" (tiles -> hist / threshold -> finish).
+# Every GPU test runs on the three kernel paths of spec_sample: "rows" (the one-pass cluster
+# path spec_sample_rows, at any batch size, wherever it can run: sm_90 code, 16-bit logits,
+# one-hot drafts; other inputs take the tiles path), "stream" (spec_sample_stream + race, the
+# same inputs with 16-byte aligned rows; others fall back as in the automatic choice) and
+# "tiles" (tiles -> hist / threshold -> finish).
 def pytest_generate_tests(metafunc):
     if "spec_sample_path" in metafunc.fixturenames and metafunc.definition.get_closest_marker("gpu"):
-        metafunc.parametrize("spec_sample_path", ["rows", "tiles"], indirect=True)
+        metafunc.parametrize("spec_sample_path", ["rows", "stream", "tiles"], indirect=True)
 
 
 @pytest.fixture(autouse=True)
 def spec_sample_path(request, monkeypatch):
-    """"rows" forces the one-pass path wherever it can run (so large batches test it too),
-    "tiles" the other; CPU tests see neither."""
+    """"rows" / "stream" force that path wherever it can run (so large and small batches test
+    it), "tiles" the other; CPU tests see none."""
     from specdec_lib.ops.sampling import PATH_ENV
     path = getattr(request, "param", None)
     monkeypatch.delenv(PATH_ENV, raising=False)
-    if path == "rows":
+    if path in ("rows", "stream"):
         from specdec_lib import runtime
         if runtime.gpu_unavailable_reason() is None and runtime.arch_family(0) < 90:
             pytest.skip("below sm_90 code only the tiles path runs")
@@ -1056,7 +1058,7 @@ def test_spec_sample_gpu_threshold_exact(dtype, pad, rng):
     off = B * (-(-V // TILE)) * 20
     tau_gpu = raw[off:off + 8 * B].view(np.uint32).reshape(B, 2)[:, 0].astype(np.uint64)
     from specdec_lib.ops.sampling import sample_path
-    if sample_path(dtype, True, V, 0, B) == "rows":   # SpecSampleRowOut [T] (32 B), its field tau
+    if sample_path(dtype, True, V, 0, B) in ("rows", "stream"):   # SpecSampleRowOut [T] (32 B), its field tau
         off = -(-(off + 8 * B) // 16) * 16
         tau_gpu = raw[off:off + 32 * B].view(np.uint32).reshape(B, 8)[:, 7].astype(np.uint64)
     for b, (temp, top_k, top_p, kind) in enumerate(cases):
@@ -1104,12 +1106,17 @@ def test_sample_path_rules_without_a_gpu(monkeypatch):
     always take the tiles path; the environment switch is validated; the cluster plan keeps
     every CTA busy with at most 32 tiles."""
     from specdec_lib.ops.sampling import (CLUSTER_ENV, PATH_ENV, rows_plan, rows_unsupported,
-                                          sample_path)
+                                          sample_path, stream_unsupported)
     assert rows_unsupported("float32", True, 151936) == "float32 logits"
     assert rows_unsupported("bfloat16", False, 151936) == "draft_probs given"
     assert rows_unsupported("float16", True, 2048 * 256 + 1).startswith("V >")
     monkeypatch.setenv(PATH_ENV, "rows")
     assert sample_path("float32", True, 151936, 0, 4) == "tiles"
+    monkeypatch.setenv(PATH_ENV, "stream")
+    assert sample_path("float16", False, 151936, 0, 4) == "tiles"
+    assert stream_unsupported("bfloat16", True, 151936, aligned=False) == "rows not 16-byte aligned"
+    assert stream_unsupported("float16", True, (1 << 20) + 1).startswith("V >")
+    assert stream_unsupported("float32", True, 151936) == "float32 logits"
     monkeypatch.setenv(PATH_ENV, "tiles")
     assert sample_path("bfloat16", True, 151936, 0, 4) == "tiles"
     monkeypatch.setenv(PATH_ENV, "fast")

@@ -644,14 +644,15 @@ template <typename T>
 __device__ void rows_kernel(const SpecSampleParams&) { __trap(); }   // never launched below sm_90
 #endif
 
-// One warp per sequence: the block's layout and status, the accept chain over its rows'
-// records, emitted / num_accepted / status / logprobs (what finish_kernel writes). Lane i
-// reads row i's record and draft (32 rows at a time), so the records' loads overlap.
-__device__ void chain_kernel(const SpecSampleParams& p) {
+// One warp, sequence b: the block's layout and status, the accept chain over its rows'
+// records; kWrite: emitted / num_accepted / status / logprobs (what finish_kernel writes).
+// Lane i reads row i's record and draft (32 rows at a time), so the records' loads overlap.
+// Returns the block row that samples (the first rejection or the bonus row) when the block
+// is valid and sampled, else -1 (the stream path races that row before writing).
+template <bool kWrite>
+__device__ int chain_seq(const SpecSampleParams& p, int b) {
   constexpr unsigned kAll = 0xffffffffu;
   const int lane = threadIdx.x & 31;
-  const int b = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-  if (b >= p.batch) return;   // warp-uniform
   const int W = p.width;
   int32_t* em = p.emitted + static_cast<int64_t>(b) * p.emitted_stride;
   float* lp = p.logprobs ? p.logprobs + static_cast<int64_t>(b) * p.logprobs_stride : nullptr;
@@ -701,8 +702,10 @@ __device__ void chain_kernel(const SpecSampleParams& p) {
       const int first = rej ? base + __ffs(rej) - 1 : -1;
       if (i < q && (first < 0 || i <= first)) {
         const bool emits_draft = !sp.greedy && i != first;
-        em[i] = emits_draft ? x : o.token;
-        if (lp) lp[i] = emits_draft ? o.lp_draft : o.lp_token;
+        if (kWrite) {
+          em[i] = emits_draft ? x : o.token;
+          if (lp) lp[i] = emits_draft ? o.lp_draft : o.lp_token;
+        }
       }
       if (first >= 0) {
         n = first;
@@ -711,14 +714,23 @@ __device__ void chain_kernel(const SpecSampleParams& p) {
       }
     }
   }
-  for (int j = n + 1 + lane; j < W; j += 32) {   // padding (everything for an invalid block)
-    em[j] = -1;
-    if (lp) lp[j] = 0.f;
+  if (kWrite) {
+    for (int j = n + 1 + lane; j < W; j += 32) {   // padding (everything for an invalid block)
+      em[j] = -1;
+      if (lp) lp[j] = 0.f;
+    }
+    if (lane == 0) {
+      p.num_accepted[b] = invalid ? 0 : n;
+      p.status[b] = st;
+    }
   }
-  if (lane == 0) {
-    p.num_accepted[b] = invalid ? 0 : n;
-    p.status[b] = st;
-  }
+  return (invalid || sp.greedy) ? -1 : n;
+}
+
+// One warp per sequence (the rows path's second launch).
+__device__ void chain_kernel(const SpecSampleParams& p) {
+  const int b = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (b < p.batch) chain_seq<true>(p, b);   // warp-uniform
 }
 
 }  // namespace

@@ -25,7 +25,8 @@ _ROWS_MAX_TILES = 32        # SPEC_SAMPLE_ROWS_MAX_TILES: tiles one CTA of a row
 _ROWS_MAX_CLUSTER = 16      # SPEC_SAMPLE_ROWS_MAX_CLUSTER: CTAs per row, at most
 _ROWS_CLUSTER = 8           # CTAs per row by default (the portable cluster size)
 _ROWS_MAX_T = 64            # automatic path: rows for calls with at most this many logit rows
-PATH_ENV = "SPECDEC_SPEC_SAMPLE_PATH"   # auto (default) | rows | tiles: which kernels run
+_STREAM_MAX_V = 1 << 20     # stream path: its large-count table holds 32 values of >= 32768 tokens
+PATH_ENV = "SPECDEC_SPEC_SAMPLE_PATH"   # auto (default) | rows | stream | tiles: which kernels run
 CLUSTER_ENV = "SPECDEC_SPEC_SAMPLE_CLUSTER"   # rows path: CTAs per row (1..16; tuning runs)
 
 
@@ -122,21 +123,49 @@ def rows_unsupported(dtype: str, one_hot: bool, vocab: int, device: int = 0):
     return None
 
 
-def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0, num_rows: int = 1) -> str:
+def stream_unsupported(dtype: str, one_hot: bool, vocab: int, device: int = 0, aligned: bool = True):
+    """Why the streaming path (spec_sample_stream_* + spec_sample_race_*) cannot run these
+    inputs on ``device``, or None: sm_90 code (its 192 KB of shared memory per CTA, packed
+    16-bit maxes), 16-bit logits, one-hot drafts, V <= 2^20 and rows that start on 16-byte
+    boundaries (``aligned``: the data pointer and the row stride)."""
+    if dtype not in ("float16", "bfloat16"):
+        return "float32 logits"
+    if not one_hot:
+        return "draft_probs given"
+    if int(vocab) > _STREAM_MAX_V:
+        return f"V > {_STREAM_MAX_V}"
+    if not aligned:
+        return "rows not 16-byte aligned"
+    if runtime.arch_family(device) < 90:
+        return f"code family {runtime.arch_family(device)} (needs sm_90)"
+    return None
+
+
+def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0, num_rows: int = 1,
+                aligned: bool = True) -> str:
     """Which kernels ``spec_sample`` runs: "rows" (one launch that keeps each row on chip in
-    a thread-block cluster, + the chain launch) or "tiles" (tiles -> threshold or hist ->
-    finish). Automatic: rows where it can run (``rows_unsupported``) and the call has at
-    most _ROWS_MAX_T logit rows (H200, V=151936, q=4, top-p 0.9: B=1 24 vs 34 us, B=4 26 vs
-    37, B=16 40 vs 52; B=32 65 vs 61 and B=64 125 vs 85 us, where its cluster barriers
-    leave the SMs waiting: PERF.md spec_sample, session 7).
-    SPECDEC_SPEC_SAMPLE_PATH=tiles forces the tiles path; =rows takes the rows path at any
-    batch size wherever it can run (tests, benchmarks)."""
+    a thread-block cluster, + the chain launch), "stream" (one persistent CTA per SM streams
+    whole rows into an absolute histogram, + a tile-parallel race of the rows that sample)
+    or "tiles" (tiles -> threshold or hist -> finish). Automatic: rows where it can run
+    (``rows_unsupported``) and the call has at most _ROWS_MAX_T logit rows (one wave of
+    clusters: B=1 top-p 23 us vs 34 on the tiles path), else stream where it can run
+    (``stream_unsupported``), else tiles (PERF.md spec_sample, sessions 7 and 8).
+    SPECDEC_SPEC_SAMPLE_PATH=tiles forces the tiles path; =rows / =stream take that path at
+    any batch size wherever it can run (tests, benchmarks)."""
     want = os.environ.get(PATH_ENV, "auto").strip().lower() or "auto"
-    if want not in ("auto", "rows", "tiles"):
-        raise ValueError(f"{PATH_ENV}={want!r}: expected auto, rows or tiles")
-    if want == "tiles" or rows_unsupported(dtype, one_hot, vocab, device) is not None:
+    if want not in ("auto", "rows", "stream", "tiles"):
+        raise ValueError(f"{PATH_ENV}={want!r}: expected auto, rows, stream or tiles")
+    if want == "tiles":
         return "tiles"
-    return "rows" if (want == "rows" or num_rows <= _ROWS_MAX_T) else "tiles"
+    rows_ok = rows_unsupported(dtype, one_hot, vocab, device) is None
+    stream_ok = stream_unsupported(dtype, one_hot, vocab, device, aligned) is None
+    if want == "rows" and rows_ok:
+        return "rows"
+    if want == "stream" and stream_ok:
+        return "stream"
+    if rows_ok and num_rows <= _ROWS_MAX_T:
+        return "rows"
+    return "stream" if stream_ok else "tiles"
 
 
 def _vec(name, obj, dtype, n, dev):
@@ -250,7 +279,19 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
         return num_accepted, emitted, status
     num_tiles = -(-V // TILE)
     from .. import _sampling
-    if sample_path(lg.dtype, draft_probs is None, V, dev, T) == "rows":
+    aligned = lg.ptr % 16 == 0 and (T <= 1 or (lg.strides[0] * lg.itemsize) % 16 == 0)
+    path = sample_path(lg.dtype, draft_probs is None, V, dev, T, aligned)
+    if path == "stream":
+        name = _KERNEL_DTYPES[lg.dtype]
+        _sampling.launch_spec_sample_stream(
+            runtime.kernel("sampling", f"spec_sample_stream_{name}", dev),
+            runtime.kernel("sampling", f"spec_sample_race_{name}", dev), stream_h,
+            lg.ptr, cq.ptr, di.ptr, tp.ptr, tk.ptr, pp.ptr, mp.ptr, sd.ptr, st.ptr,
+            na.ptr, em.ptr, ss.ptr, lp.ptr, ws.ptr, lg.strides[0], em.strides[0],
+            lp.strides[0] if accepted_logprobs is not None else 0,
+            T, B, V, num_tiles, runtime.sm_count(dev), W, filters is None or bool(filters))
+        return num_accepted, emitted, status
+    if path == "rows":
         tpc, cluster, smem = rows_plan(num_tiles)
         name = _KERNEL_DTYPES[lg.dtype]
         _sampling.launch_spec_sample_rows(

@@ -1,0 +1,511 @@
+// spec_sample for many rows in two launches (sm_90, 16-bit logits, one-hot drafts, rows
+// 16-byte aligned). Included by spec_sample.cu only.
+//
+// Why: the tiles path reads a filtered row up to three times and launches three kernels; the
+// rows path holds a row in a cluster but pays cluster barriers and per-CTA fixed work 8 times
+// per row. Here one persistent CTA per SM owns whole rows and streams each row once from DRAM
+// (a cp.async ring of SPEC_SAMPLE_STREAM_STAGES x 8 KB, the next row's first stages issued
+// before the current row's resolve), counting every token into an ABSOLUTE exact-value
+// histogram of the 16-bit keys (65536 u16 counters = 128 KB of shared memory, two per word).
+// Absolute bins need no row max first, so max, NaN / +inf flags and the counts are one pass
+// with no exp per token; the row mass, top-k, top-p, min-p, p(draft) and the accept decision
+// come from the bins (an exp per bin). Greedy rows only track a lazy argmax.
+//   spec_sample_stream_<dt>: per row a SpecSampleRowOut record (accept, tau, greedy token).
+//   spec_sample_race_<dt>: grid (tile groups, B); every CTA walks its sequence's records
+//     (chain_seq) to find the row that samples, sums its tiles' kept weights and races them
+//     (level 1); the last CTA of the sequence merges, races the winning tile's tokens (level
+//     2), writes the token into the record and assembles the block's outputs (chain_seq).
+// A u16 counter would wrap after 65535 equal keys: every 28672 tokens (61440 for the first
+// segment) counters past 0x7fff are moved into a small table of large counts (rare: a value
+// repeated tens of thousands of times), so no counter ever wraps.
+#pragma once
+#include "common/cp_async.cuh"
+#include "common/ragged.cuh"
+#include "sampling/sample_common.cuh"
+#include "sampling/sample_hist.cuh"
+#include "sampling/sample_finish.cuh"
+#include "sampling/sample_rows.cuh"
+
+using namespace specdec;
+
+namespace {
+
+constexpr int kStreamThreads = SPEC_SAMPLE_STREAM_THREADS;
+constexpr int kStreamStages = SPEC_SAMPLE_STREAM_STAGES;
+constexpr int kHistWords = 32768;                           // 65536 u16 counters
+constexpr int kKeysPerThread = 65536 / kStreamThreads;     // a thread's keys in the resolve
+constexpr int kBigCounts = 32;                              // large-count table entries
+constexpr uint32_t kNoKey = 0xffffffffu;
+constexpr int kRaceThreads = SPEC_SAMPLE_RACE_THREADS;
+constexpr int kRaceWarps = kRaceThreads / 32;               // one tile per warp
+
+// Race partials of one CTA of spec_sample_race (after the records and the done counters).
+struct RaceSlot {
+  int any;
+  KeyArg r, p;
+  float wsum;     // kept mass of its tiles, the draft included (z of p)
+};
+
+__device__ __forceinline__ uint32_t* ws_race_done(const SpecSampleParams& p) {   // [B]
+  return reinterpret_cast<uint32_t*>(ws_row_out(p) + p.num_rows);
+}
+__device__ __forceinline__ RaceSlot* ws_race_slots(const SpecSampleParams& p) {   // [B, G]
+  return reinterpret_cast<RaceSlot*>(ws_race_done(p) + ((p.batch + 3) & ~3));
+}
+
+// The row's parameters as the stream and race kernels see them (filters off under no_filters).
+__device__ __forceinline__ SeqParams stream_params(const SpecSampleParams& p, int b) {
+  SeqParams sp = seq_params(p, b);
+  if (p.no_filters) { sp.filtered = sp.k_on = sp.p_on = false; sp.min_p = 0.f; }
+  return sp;
+}
+
+// Weight of the draft's logit lx if the filters keep it, else 0.
+__device__ __forceinline__ float draft_weight_of(float lx, const SeqParams& sp, uint32_t tau, float m) {
+  if (!(lx > -INFINITY)) return 0.f;
+  const float sx = __fmul_rn(lx, sp.scale);
+  if (sp.filtered && !kept(lx, sx, tau, m, sp.min_p)) return 0.f;
+  return exp2f(__fsub_rn(sx, m));
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+// Exclusive prefix (in thread order) of two doubles over the CTA, and the totals.
+template <int kThreads>
+__device__ __forceinline__ void block_excl_scan2(double a, double b, double& ea, double& eb,
+                                                 double& ta, double& tb, double* sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  double ia = a, ib = b;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const double oa = __shfl_up_sync(0xffffffffu, ia, d), ob = __shfl_up_sync(0xffffffffu, ib, d);
+    if (lane >= d) { ia += oa; ib += ob; }
+  }
+  __syncthreads();
+  if (lane == 31) { sh[2 * warp] = ia; sh[2 * warp + 1] = ib; }
+  __syncthreads();
+  double pa = 0.0, pb = 0.0;
+  ta = 0.0; tb = 0.0;
+  for (int w = 0; w < kThreads / 32; ++w) {
+    if (w == warp) { pa = ta; pb = tb; }
+    ta += sh[2 * w]; tb += sh[2 * w + 1];
+  }
+  ea = pa + ia - a;
+  eb = pb + ib - b;
+  __syncthreads();
+}
+
+template <typename T>
+__device__ void stream_kernel(const SpecSampleParams& p) {
+  extern __shared__ __align__(16) unsigned char stream_dyn[];
+  uint32_t* hist = reinterpret_cast<uint32_t*>(stream_dyn);                        // [kHistWords]
+  uint4* ring = reinterpret_cast<uint4*>(stream_dyn + kHistWords * sizeof(uint32_t));   // [stages][threads]
+  __shared__ uint32_t big_key[kBigCounts], big_cnt[kBigCounts];
+  __shared__ int any_big;
+  __shared__ float sh_f[kStreamThreads / 32];
+  __shared__ int sh_i[kStreamThreads / 32];
+  __shared__ double sh_d[2 * (kStreamThreads / 32)];
+  __shared__ double sh_b[2];
+  __shared__ int sh_owner, sh_out;
+  const int tid = threadIdx.x;
+  const int V = p.vocab;
+  const int nvec = V / 8;                                        // full 16-byte vectors
+  const int tail = V - nvec * 8;
+  const int nstages = (nvec + kStreamThreads - 1) / kStreamThreads;
+  if (blockIdx.x == 0)
+    for (int j = tid; j < p.batch; j += kStreamThreads) ws_race_done(p)[j] = 0u;
+
+  auto row_ptr = [&](int r) {
+    return static_cast<const T*>(p.logits) + static_cast<int64_t>(r) * p.logits_stride;
+  };
+  auto issue = [&](const T* row, int s) {   // stage s of a row into its ring slot (own cell)
+    const int j = s * kStreamThreads + tid;
+    if (s < nstages && j < nvec)
+      cp_async_16(ring + (s % kStreamStages) * kStreamThreads + tid,
+                  reinterpret_cast<const uint4*>(row) + j, true);
+    cp_async_commit();
+  };
+  if (blockIdx.x < p.num_rows)
+    for (int s = 0; s < kStreamStages - 1; ++s) issue(row_ptr(blockIdx.x), s);
+
+  for (int r = blockIdx.x; r < p.num_rows; r += gridDim.x) {
+    const T* row = row_ptr(r);
+    const int b = owner_of_row(p.cu_q, p.batch, r);
+    const int r0 = __ldg(p.cu_q + b);
+    const int q = __ldg(p.cu_q + b + 1) - r0;
+    const int i = r - r0;
+    const int k = q - 1;
+    const SeqParams sp = stream_params(p, b);
+    const int dpos = r - b;
+    const bool has_draft = i >= 0 && i < k && dpos >= 0 && dpos < p.num_rows - p.batch;
+    const int x = has_draft ? __ldg(p.draft_ids + dpos) : -1;
+    const bool x_ok = x >= 0 && x < V;
+    const float lx = (!sp.greedy && x_ok) ? load_logit(row, x) : -INFINITY;
+    const bool count = !sp.greedy || p.logprobs != nullptr;
+
+    __syncthreads();   // the previous row's resolve is done with the bins
+    if (count) {
+      uint4* h4 = reinterpret_cast<uint4*>(hist);
+      for (int j = tid; j < kHistWords / 4; j += kStreamThreads) h4[j] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    if (tid < kBigCounts) { big_key[tid] = kNoKey; big_cnt[tid] = 0u; }
+    if (tid == 0) any_big = 0;
+    __syncthreads();
+
+    // Moves counts past 0x7fff into the large-count table (between barriers: one writer per word).
+    auto normalize = [&]() {
+      __syncthreads();
+      uint4* h4 = reinterpret_cast<uint4*>(hist);
+      for (int j = tid; j < kHistWords / 4; j += kStreamThreads) {
+        uint4 v = h4[j];
+        if (((v.x | v.y | v.z | v.w) & 0x80008000u) == 0u) continue;
+        auto fix = [&](uint32_t& w, uint32_t word) {
+#pragma unroll
+          for (uint32_t h = 0; h < 2; ++h) {
+            const uint32_t bit = 0x8000u << (16 * h);
+            if (!(w & bit)) continue;
+            w -= bit;
+            const uint32_t key = 2u * word + h;
+            any_big = 1;
+            for (int s = 0; s < kBigCounts; ++s) {
+              const uint32_t old = atomicCAS(&big_key[s], kNoKey, key);
+              if (old == kNoKey || old == key) { atomicAdd(&big_cnt[s], 0x8000u); break; }
+            }
+          }
+        };
+        fix(v.x, 4u * j); fix(v.y, 4u * j + 1u); fix(v.z, 4u * j + 2u); fix(v.w, 4u * j + 3u);
+        h4[j] = v;
+      }
+      __syncthreads();
+    };
+
+    // ---- the stream: packed max / NaN max, lazy argmax (greedy), counts (sampled / logprobs)
+    uint32_t mx2 = ninf2<T>(), nn2 = ninf2<T>();
+    float best_v = -INFINITY;
+    int best_i = 0x7fffffff;
+    auto count_word = [&](uint32_t w) {
+      const uint32_t k2 = ord16x2(w);
+      atomicAdd(hist + ((k2 >> 1) & 0x7fffu), 1u << ((k2 << 4) & 16u));
+      atomicAdd(hist + (k2 >> 17), 1u << ((k2 >> 12) & 16u));
+    };
+    for (int s = 0; s < nstages; ++s) {
+      issue(row, s + kStreamStages - 1);
+      cp_async_wait<kStreamStages - 1>();
+      const int j = s * kStreamThreads + tid;
+      if (j < nvec) {
+        const uint4 u = ring[(s % kStreamStages) * kStreamThreads + tid];
+        const uint32_t vm = hmax2<T>(hmax2<T>(u.x, u.y), hmax2<T>(u.z, u.w));
+        mx2 = hmax2<T>(mx2, vm);
+        nn2 = hmax2_nan<T>(nn2, hmax2_nan<T>(hmax2_nan<T>(u.x, u.y), hmax2_nan<T>(u.z, u.w)));
+        if (count) { count_word(u.x); count_word(u.y); count_word(u.z); count_word(u.w); }
+        if (sp.greedy && fmaxf(half_lo<T>(vm), half_hi<T>(vm)) >= best_v) {   // rare after the start
+          float f[8];
+          unpack16(u, f, static_cast<const T*>(nullptr));
+#pragma unroll
+          for (int e = 0; e < 8; ++e)
+            if (f[e] > best_v || (best_i == 0x7fffffff && f[e] == best_v)) { best_v = f[e]; best_i = 8 * j + e; }
+        }
+      }
+      const int done = s + 1;
+      if (count && done < nstages && (done == 15 || (done > 15 && (done - 15) % 7 == 0))) normalize();
+    }
+    if (tid < tail) {   // the last V % 8 tokens, one per thread
+      const int id = nvec * 8 + tid;
+      const uint32_t h = reinterpret_cast<const uint16_t*>(row)[id];
+      const uint32_t w2 = h * 0x10001u;
+      mx2 = hmax2<T>(mx2, w2);
+      nn2 = hmax2_nan<T>(nn2, w2);
+      if (count) { const uint32_t k = ord16x2(w2) & 0xffffu; atomicAdd(hist + (k >> 1), 1u << ((k & 1u) << 4)); }
+      const float f = half_lo<T>(w2);
+      if (sp.greedy && (f > best_v || (best_i == 0x7fffffff && f == best_v))) { best_v = f; best_i = id; }
+    }
+    // the next row's first stages load under this row's resolve
+    if (r + gridDim.x < p.num_rows)
+      for (int s = 0; s < kStreamStages - 1; ++s) issue(row_ptr(r + gridDim.x), s);
+
+    // ---- row max, flags; greedy: the lowest id holding the max
+    const float nlo = half_lo<T>(nn2), nhi = half_hi<T>(nn2);
+    const float M = block_max<kStreamThreads>(fmaxf(half_lo<T>(mx2), half_hi<T>(mx2)), sh_f);
+    uint32_t flags = __syncthreads_or(nlo != nlo || nhi != nhi) ? kFlagNaN : 0u;
+    if (M == INFINITY) flags |= kFlagPosInf;
+    SpecSampleRowOut* out = ws_row_out(p) + r;
+    const float scale = sp.scale;
+    const float m = __fmul_rn(M, scale);
+    auto write_rec = [&](int token, int accept, float lp_draft, float lp_token, int empty, uint32_t tau) {
+      SpecSampleRowOut o;
+      o.owner = b; o.token = token; o.accept = accept; o.flags = flags; o.empty = empty;
+      o.lp_draft = lp_draft; o.lp_token = lp_token; o.tau = tau;
+      *out = o;
+    };
+    int arg = -1;
+    if (sp.greedy) {
+      const int a = -block_max<kStreamThreads>(-(best_v == M ? best_i : 0x7fffffff), sh_i);
+      arg = a == 0x7fffffff ? -1 : a;   // none: every token is NaN
+    }
+    if ((sp.greedy && !count) || (!sp.greedy && (flags != 0u || !(M > -INFINITY)))) {
+      if (tid == 0) write_rec(sp.greedy ? arg : -1, 0, 0.f, 0.f, sp.greedy ? arg < 0 : !(M > -INFINITY), 0u);
+      continue;
+    }
+
+    // ---- the bins: thread t holds keys [65535 - 128 (t + 1), 65535 - 128 t], highest first
+    const uint32_t omax = max_key16(M, static_cast<const T*>(nullptr));
+    const bool big = any_big != 0;
+    auto cnt = [&](uint32_t key) {
+      uint32_t c = (hist[key >> 1] >> ((key & 1u) << 4)) & 0xffffu;
+      if (big)
+        for (int s = 0; s < kBigCounts; ++s) if (big_key[s] == key) c += big_cnt[s];
+      return c;
+    };
+    auto value = [&](uint32_t key) { return bits16_to_float(ord16_inverse(key), static_cast<const T*>(nullptr)); };
+    auto unit = [&](uint32_t key) { return exp2f(__fsub_rn(__fmul_rn(value(key), scale), m)); };
+    auto mass = [&](uint32_t key, uint32_t c) { return c ? static_cast<float>(c) * unit(key) : 0.f; };
+    const uint32_t khi = 65535u - kKeysPerThread * tid;
+    const uint32_t kbot = ord16x2(ninf2<T>()) & 0xffffu;   // -inf; keys below it are NaN
+    // fn(key, count) over this thread's non-empty keys in [max(lo, kbot), omax], highest first
+    // (16-byte reads of the bins: most are empty).
+    auto for_keys = [&](uint32_t lo, auto fn) {
+      lo = max(lo, kbot);
+      if (khi + 1u - kKeysPerThread > omax || khi < lo) return;
+      const uint4* h4 = reinterpret_cast<const uint4*>(hist) + (khi + 1u - kKeysPerThread) / 8u;
+      for (int q4 = kKeysPerThread / 8 - 1; q4 >= 0; --q4) {
+        const uint4 v = h4[q4];
+        if (((v.x | v.y | v.z | v.w) == 0u) && !big) continue;
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 7; e >= 0; --e) {
+          const uint32_t key = khi + 1u - kKeysPerThread + 8u * q4 + e;
+          uint32_t c = (w[e >> 1] >> ((e & 1) << 4)) & 0xffffu;
+          if (big)
+            for (int s = 0; s < kBigCounts; ++s) if (big_key[s] == key) c += big_cnt[s];
+          if (c && key <= omax && key >= lo) fn(key, c);
+        }
+      }
+    };
+    double seg_c = 0.0, seg_m = 0.0;
+    uint32_t lo_nz = 0xffffffffu;   // this thread's lowest non-empty key
+    for_keys(0u, [&](uint32_t key, uint32_t c) {
+      seg_c += c;
+      seg_m += static_cast<double>(mass(key, c));
+      lo_nz = key;
+    });
+    double ex_c, ex_m, tot_c, tot_m;
+    block_excl_scan2<kStreamThreads>(seg_c, seg_m, ex_c, ex_m, tot_c, tot_m, sh_d);
+
+    if (sp.greedy) {   // logprobs: log-softmax of the raw logits at the argmax (NaN left out)
+      const float z = static_cast<float>(tot_m);
+      if (tid == 0) write_rec(arg, 0, 0.f, (M * kLog2e - m - (z > 0.f ? log2f(z) : 0.f)) * kLn2, arg < 0, 0u);
+      continue;
+    }
+
+    // First key (from the top) where the cumulative count / mass reaches target (-1: none);
+    // *through: the mass of the keys from the top down to it.
+    auto search = [&](bool by_mass, double target, double* through) {
+      const double ex = by_mass ? ex_m : ex_c, seg = by_mass ? seg_m : seg_c;
+      if (tid == 0) sh_owner = -1;
+      __syncthreads();
+      if (ex < target && ex + seg >= target) { sh_owner = tid; sh_b[0] = ex; sh_b[1] = ex_m; }
+      __syncthreads();
+      const int owner = sh_owner;
+      const double before = sh_b[0], before_m = sh_b[1];
+      __syncthreads();
+      if (owner < 0) return -1;
+      const uint32_t okhi = 65535u - kKeysPerThread * owner;
+      const uint32_t key = okhi - static_cast<uint32_t>(tid);
+      const bool in = tid < kKeysPerThread && key <= omax && key >= kbot;
+      const uint32_t c = in ? cnt(key) : 0u;
+      const float v[1] = {by_mass ? mass(key, c) : static_cast<float>(c)};
+      int jl = first_crossing_regs<kStreamThreads, 1>(v, target - before, kKeysPerThread, sh_d, &sh_out);
+      if (jl < 0) jl = block_max<kStreamThreads>(c ? tid : -1, sh_i);   // rounding: its last non-empty key
+      if (through != nullptr) {
+        const double part = block_dsum<kStreamThreads>(tid <= jl ? static_cast<double>(mass(key, c)) : 0.0, sh_d);
+        *through = before_m + part;
+      }
+      return static_cast<int>(okhi) - jl;
+    };
+    const int lowest = -block_max<kStreamThreads>(-static_cast<int>(min(lo_nz, 0x7fffffffu)), sh_i);
+    int cut = -1;   // keep keys >= cut (-1: no top-k / top-p cut)
+    double base = tot_m;
+    if (sp.k_on) {
+      cut = search(false, static_cast<double>(sp.top_k), sp.p_on ? &base : nullptr);
+      if (cut < 0) { cut = lowest; base = tot_m; }
+    }
+    if (sp.p_on) {
+      int kp = !(sp.top_p > 0.f) ? search(false, 1.0, nullptr)
+                                 : search(true, static_cast<double>(sp.top_p) * base, nullptr);
+      if (kp < 0) kp = cut >= 0 ? cut : lowest;
+      cut = max(cut, kp);
+    }
+    const uint32_t tau = cut >= 0 ? order_key(value(static_cast<uint32_t>(cut))) : 0u;
+
+    // ---- kept mass (top-k / top-p cut, min-p), p(draft), the accept decision
+    double z_kept = tot_m;
+    if (cut >= 0 || sp.min_p > 0.f) {
+      double zk = 0.0;
+      for_keys(cut >= 0 ? static_cast<uint32_t>(cut) : 0u, [&](uint32_t key, uint32_t c) {
+        const float u = unit(key);
+        if (!(sp.min_p > 0.f) || u >= sp.min_p) zk += static_cast<double>(static_cast<float>(c) * u);
+      });
+      z_kept = block_dsum<kStreamThreads>(zk, sh_d);
+    }
+    const float z_full = static_cast<float>(z_kept);
+    const float ex = x_ok ? draft_weight_of(lx, sp, tau, m) : 0.f;
+    const float px = z_full > 0.f ? ex / z_full : 0.f;
+    int accept = 0;
+    if (i < k && x_ok) {
+      const uint64_t seed = __ldg(p.seed + b);
+      const int64_t step = __ldg(p.step + b);
+      accept = philox_uniform24(spec_bits(seed, step, i, kPurposeAccept, 0)) < px;
+    }
+    if (tid == 0) {
+      write_rec(-1, accept, logf(px), 0.f, 0, tau);
+      SpecSampleRow rw;
+      rw.tau_key = tau; rw.m = m;
+      ws_rows(p)[r] = rw;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// Level 1 and 2 of the race on the row that samples; the last CTA of a sequence assembles it.
+template <typename T>
+__device__ void race_kernel(const SpecSampleParams& p) {
+  __shared__ KeyArg sh_arg[2 * kRaceWarps];
+  __shared__ float sh_wp[kRaceWarps];
+  __shared__ int sh_n, sh_last;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = blockIdx.x, G = gridDim.x, b = blockIdx.y;
+  if (warp == 0) {
+    const int n = chain_seq<false>(p, b);
+    if (lane == 0) sh_n = n;
+  }
+  __syncthreads();
+  const int n = sh_n;
+  if (n < 0) {   // invalid or greedy block: nothing to draw
+    if (g == 0 && warp == 0) chain_seq<true>(p, b);
+    return;
+  }
+  const int V = p.vocab;
+  const int r0 = __ldg(p.cu_q + b);
+  const int k = __ldg(p.cu_q + b + 1) - r0 - 1;
+  const int i = n, r = r0 + n;
+  const T* row = static_cast<const T*>(p.logits) + static_cast<int64_t>(r) * p.logits_stride;
+  const SeqParams sp = stream_params(p, b);
+  const int x = i < k ? __ldg(p.draft_ids + r0 - b + i) : -1;
+  const bool x_ok = x >= 0 && x < V;
+  const int excl = x_ok ? x : -1;   // the residual p - onehot(x) leaves it out
+  const SpecSampleRow rw = ws_rows(p)[r];
+  const uint32_t tau = rw.tau_key;
+  const float m = rw.m, scale = sp.scale, min_p = sp.min_p;
+  const float tau_f = tau == 0u ? -INFINITY : key_to_float(tau);
+  const uint64_t seed = __ldg(p.seed + b);
+  const int64_t step = __ldg(p.step + b);
+  const float ex = x_ok ? draft_weight_of(load_logit(row, x), sp, tau, m) : 0.f;
+  // weight of a token if the filters keep it (kept()'s decision; -inf weighs 0)
+  auto weight = [&](float f) {
+    const float w = exp2f(__fsub_rn(__fmul_rn(f, scale), m));
+    return (f >= tau_f && (!(min_p > 0.f) || w >= min_p)) ? w : 0.f;
+  };
+
+  // ---- level 1: warp w sums tile g * kRaceWarps + w
+  const int num_tiles = p.num_tiles;
+  const int nvec = V / 8;
+  int any = 0;
+  KeyArg best_r, best_p;
+  best_r.key = best_p.key = -INFINITY;
+  best_r.idx = best_p.idx = -1;
+  float wp = 0.f;
+  const int t = g * kRaceWarps + warp;
+  if (t < num_tiles) {
+    float w = 0.f;
+    const int v0 = t * (kTile / 8), v1 = min(nvec, v0 + kTile / 8);
+    for (int j = v0 + lane; j < v1; j += 32) {
+      float f[8];
+      unpack16(__ldg(reinterpret_cast<const uint4*>(row) + j), f, static_cast<const T*>(nullptr));
+#pragma unroll
+      for (int e = 0; e < 8; ++e) w += (8 * j + e == excl) ? 0.f : weight(f[e]);
+    }
+    if (v1 == nvec)
+      for (int id = nvec * 8 + lane; id < min(V, (t + 1) * kTile); id += 32)
+        w += id == excl ? 0.f : weight(load_logit(row, id));
+    w = warp_sum(w);
+    wp = w + ((excl >= 0 && excl / kTile == t) ? ex : 0.f);
+    if (lane == 0) race_tile(seed, step, i, t, w, wp, any, best_r, best_p);
+  }
+  if (lane == 0) sh_wp[warp] = wp;
+  block_race2<kRaceThreads>(any, best_r, best_p, sh_arg);   // (its barriers order sh_wp too)
+  RaceSlot* slots = ws_race_slots(p) + static_cast<int64_t>(b) * G;
+  if (tid == 0) {
+    float ws = 0.f;
+    for (int w = 0; w < kRaceWarps; ++w) ws += sh_wp[w];
+    RaceSlot s;
+    s.any = any; s.r = best_r; s.p = best_p; s.wsum = ws;
+    slots[g] = s;
+    __threadfence();
+    sh_last = atomicAdd(ws_race_done(p) + b, 1u) == static_cast<uint32_t>(G - 1);
+  }
+  __syncthreads();
+  if (!sh_last) return;
+  __threadfence();
+
+  // ---- the last CTA: merge the slots (lanes in g order, a fixed tree), level 2, assemble
+  if (warp == 0) {
+    KeyArg br, bp;
+    br.key = bp.key = -INFINITY;
+    br.idx = bp.idx = -1;
+    int a = 0;
+    float z = 0.f;
+    for (int gg = lane; gg < G; gg += 32) {
+      const RaceSlot* s = slots + gg;
+      KeyArg c;
+      c.key = __ldcg(&s->r.key); c.idx = __ldcg(&s->r.idx);
+      br = better(br, c);
+      c.key = __ldcg(&s->p.key); c.idx = __ldcg(&s->p.idx);
+      bp = better(bp, c);
+      a |= __ldcg(&s->any);
+      z += __ldcg(&s->wsum);
+    }
+    warp_race2(br, bp);
+    a = __any_sync(0xffffffffu, a);
+    z = warp_sum(z);
+    if (lane == 0) { sh_arg[0] = a ? br : bp; sh_arg[1].key = z; sh_arg[1].idx = a; }
+  }
+  __syncthreads();
+  const bool use_p = sh_arg[1].idx == 0;
+  const float z_full = sh_arg[1].key;
+  const int tile = sh_arg[0].idx < 0 ? 0 : sh_arg[0].idx;
+  __syncthreads();
+  KeyArg tb;
+  tb.key = -INFINITY; tb.idx = -1;
+  const int skip = use_p ? -1 : excl;
+  for (int tok = tile * kTile + tid; tok < min(V, (tile + 1) * kTile); tok += kRaceThreads) {
+    const float l = load_logit(row, tok);
+    if (l == -INFINITY || tok == skip) continue;
+    const float s2 = __fmul_rn(l, scale);
+    if (sp.filtered && !kept(l, s2, tau, m, min_p)) continue;
+    KeyArg c;
+    c.key = __fsub_rn(s2, m) - log2f(philox_exponential(spec_bits(seed, step, i, kPurposeToken, tok)));
+    c.idx = tok;
+    tb = better(tb, c);
+  }
+  tb = block_argmax<kRaceThreads>(tb, sh_arg);
+  if (tid == 0) {
+    const int tok = tb.idx;
+    float lpt = -INFINITY;
+    if (tok >= 0 && z_full > 0.f)
+      lpt = (__fsub_rn(__fmul_rn(load_logit(row, tok), scale), m) - log2f(z_full)) * kLn2;
+    SpecSampleRowOut* o = ws_row_out(p) + r;
+    o->token = tok;
+    o->lp_token = lpt;
+  }
+  __syncthreads();
+  if (warp == 0) chain_seq<true>(p, b);
+}
+
+#else
+template <typename T>
+__device__ void stream_kernel(const SpecSampleParams&) { __trap(); }   // never launched below sm_90
+template <typename T>
+__device__ void race_kernel(const SpecSampleParams&) { __trap(); }
+#endif
+
+}  // namespace
