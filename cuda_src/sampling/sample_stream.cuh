@@ -36,6 +36,7 @@ constexpr int kHistWords = 32768;                           // 65536 u16 counter
 constexpr int kKeysPerThread = 65536 / kStreamThreads;     // a thread's keys in the resolve
 constexpr int kBigCounts = 32;                              // large-count table entries
 constexpr uint32_t kNoKey = 0xffffffffu;
+constexpr float kFloorLog2 = 16.f;   // tokens counted: within 2^-16 of the running max's weight
 constexpr int kRaceThreads = SPEC_SAMPLE_RACE_THREADS;
 constexpr int kRaceWarps = kRaceThreads / 32;               // one tile per warp
 
@@ -107,6 +108,7 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
   __shared__ double sh_d[2 * (kStreamThreads / 32)];
   __shared__ double sh_b[2];
   __shared__ int sh_owner, sh_out;
+  __shared__ uint32_t sh_runmax;   // order_key of the block's running max (counted rows)
   const int tid = threadIdx.x;
   const int V = p.vocab;
   const int nvec = V / 8;                                        // full 16-byte vectors
@@ -141,15 +143,21 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
     const int x = has_draft ? __ldg(p.draft_ids + dpos) : -1;
     const bool x_ok = x >= 0 && x < V;
     const float lx = (!sp.greedy && x_ok) ? load_logit(row, x) : -INFINITY;
-    const bool count = !sp.greedy || p.logprobs != nullptr;
+    // z: the row mass (sampled rows, greedy logprobs) from an exp per token; bins: exact counts
+    // of the tokens within kFloorLog2 of the running max (top-k / top-p / min-p rows only)
+    const bool need_z = !sp.greedy || p.logprobs != nullptr;
+    const bool need_bins = !sp.greedy && (sp.k_on || sp.p_on || sp.min_p > 0.f);
+    const float scale = sp.scale;
+    const float span = kFloorLog2 / scale;   // the floor, in logit units below the running max
 
-    __syncthreads();   // the previous row's resolve is done with the bins
-    if (count) {
+    auto zero_bins = [&]() {
       uint4* h4 = reinterpret_cast<uint4*>(hist);
       for (int j = tid; j < kHistWords / 4; j += kStreamThreads) h4[j] = make_uint4(0u, 0u, 0u, 0u);
-    }
-    if (tid < kBigCounts) { big_key[tid] = kNoKey; big_cnt[tid] = 0u; }
-    if (tid == 0) any_big = 0;
+      if (tid < kBigCounts) { big_key[tid] = kNoKey; big_cnt[tid] = 0u; }
+      if (tid == 0) { any_big = 0; sh_runmax = order_key(-INFINITY); }
+    };
+    __syncthreads();   // the previous row's resolve is done with the bins
+    if (need_bins) zero_bins();
     __syncthreads();
 
     // Moves counts past 0x7fff into the large-count table (between barriers: one writer per word).
@@ -178,47 +186,80 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
       }
       __syncthreads();
     };
+    auto count_key = [&](uint32_t key) { atomicAdd(hist + (key >> 1), 1u << ((key & 1u) << 4)); };
 
-    // ---- the stream: packed max / NaN max, lazy argmax (greedy), counts (sampled / logprobs)
+    // ---- the stream: packed max / NaN max, lazy argmax (greedy), z, counts near the max
     uint32_t mx2 = ninf2<T>(), nn2 = ninf2<T>();
     float best_v = -INFINITY;
     int best_i = 0x7fffffff;
-    auto count_word = [&](uint32_t w) {
-      const uint32_t k2 = ord16x2(w);
-      atomicAdd(hist + ((k2 >> 1) & 0x7fffu), 1u << ((k2 << 4) & 16u));
-      atomicAdd(hist + (k2 >> 17), 1u << ((k2 >> 12) & 16u));
+    float zref = -INFINITY, zsum = 0.f;   // this thread's sum of exp2(s2 - zref)
+    float pub = -INFINITY;                 // the running max this thread last published
+    // one 16-byte vector of 8 tokens (ids 8 j ..); floor: count tokens >= it (logit units)
+    auto vector = [&](const uint4& u, int j, float floor) {
+      const uint32_t vm = hmax2<T>(hmax2<T>(u.x, u.y), hmax2<T>(u.z, u.w));
+      mx2 = hmax2<T>(mx2, vm);
+      nn2 = hmax2_nan<T>(nn2, hmax2_nan<T>(hmax2_nan<T>(u.x, u.y), hmax2_nan<T>(u.z, u.w)));
+      const float vmf = fmaxf(half_lo<T>(vm), half_hi<T>(vm));
+      if (sp.greedy && !(vmf >= best_v)) { if (!need_z) return; }
+      float f[8];
+      unpack16(u, f, static_cast<const T*>(nullptr));
+      if (sp.greedy && vmf >= best_v) {   // rare after the start
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if (f[e] > best_v || (best_i == 0x7fffffff && f[e] == best_v)) { best_v = f[e]; best_i = 8 * j + e; }
+      }
+      if (need_z) {
+        const float s2m = __fmul_rn(vmf, scale);
+        if (s2m > zref) {   // rare after the start: rescale to the new reference
+          zsum = zref == -INFINITY ? 0.f : zsum * exp2f(zref - s2m);
+          zref = s2m;
+        }
+        if (sp.greedy) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) zsum += f[e] == f[e] ? exp2f(fmaf(f[e], scale, -zref)) : 0.f;
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) zsum += exp2f(fmaf(f[e], scale, -zref));
+        }
+      }
+      if (need_bins && vmf >= floor) {   // ~10% of the vectors of a flat row, fewer of a peaked one
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+          const uint32_t k2 = ord16x2(w[h]);
+          if (f[2 * h] >= floor) count_key(k2 & 0xffffu);
+          if (f[2 * h + 1] >= floor) count_key(k2 >> 16);
+        }
+        if (vmf > pub) { pub = vmf; atomicMax(&sh_runmax, order_key(vmf)); }
+      }
     };
     for (int s = 0; s < nstages; ++s) {
       issue(row, s + kStreamStages - 1);
       cp_async_wait<kStreamStages - 1>();
       const int j = s * kStreamThreads + tid;
-      if (j < nvec) {
-        const uint4 u = ring[(s % kStreamStages) * kStreamThreads + tid];
-        const uint32_t vm = hmax2<T>(hmax2<T>(u.x, u.y), hmax2<T>(u.z, u.w));
-        mx2 = hmax2<T>(mx2, vm);
-        nn2 = hmax2_nan<T>(nn2, hmax2_nan<T>(hmax2_nan<T>(u.x, u.y), hmax2_nan<T>(u.z, u.w)));
-        if (count) { count_word(u.x); count_word(u.y); count_word(u.z); count_word(u.w); }
-        if (sp.greedy && fmaxf(half_lo<T>(vm), half_hi<T>(vm)) >= best_v) {   // rare after the start
-          float f[8];
-          unpack16(u, f, static_cast<const T*>(nullptr));
-#pragma unroll
-          for (int e = 0; e < 8; ++e)
-            if (f[e] > best_v || (best_i == 0x7fffffff && f[e] == best_v)) { best_v = f[e]; best_i = 8 * j + e; }
-        }
-      }
+      const float floor = need_bins ? key_to_float(sh_runmax) - span : -INFINITY;
+      if (j < nvec) vector(ring[(s % kStreamStages) * kStreamThreads + tid], j, floor);
       const int done = s + 1;
-      if (count && done < nstages && (done == 15 || (done > 15 && (done - 15) % 7 == 0))) normalize();
+      if (need_bins && done < nstages && (done == 15 || (done > 15 && (done - 15) % 7 == 0))) normalize();
     }
-    if (tid < tail) {   // the last V % 8 tokens, one per thread
-      const int id = nvec * 8 + tid;
-      const uint32_t h = reinterpret_cast<const uint16_t*>(row)[id];
-      const uint32_t w2 = h * 0x10001u;
-      mx2 = hmax2<T>(mx2, w2);
-      nn2 = hmax2_nan<T>(nn2, w2);
-      if (count) { const uint32_t k = ord16x2(w2) & 0xffffu; atomicAdd(hist + (k >> 1), 1u << ((k & 1u) << 4)); }
-      const float f = half_lo<T>(w2);
-      if (sp.greedy && (f > best_v || (best_i == 0x7fffffff && f == best_v))) { best_v = f; best_i = id; }
-    }
+    auto tail_tokens = [&](float floor) {   // the last V % 8 tokens, one per thread
+      if (tid < tail) {
+        const int id = nvec * 8 + tid;
+        const uint32_t h = reinterpret_cast<const uint16_t*>(row)[id];
+        const uint32_t w2 = h * 0x10001u;
+        const float f = half_lo<T>(w2);
+        mx2 = hmax2<T>(mx2, w2);
+        nn2 = hmax2_nan<T>(nn2, w2);
+        if (need_bins && f >= floor) count_key(ord16x2(w2) & 0xffffu);
+        if (need_z && (f == f || !sp.greedy)) {
+          const float s2 = __fmul_rn(f, scale);
+          if (s2 > zref) { zsum = zref == -INFINITY ? 0.f : zsum * exp2f(zref - s2); zref = s2; }
+          zsum += exp2f(fmaf(f, scale, -zref));
+        }
+        if (sp.greedy && (f > best_v || (best_i == 0x7fffffff && f == best_v))) { best_v = f; best_i = id; }
+      }
+    };
+    tail_tokens(need_bins ? key_to_float(sh_runmax) - span : -INFINITY);
     // the next row's first stages load under this row's resolve
     if (r + gridDim.x < p.num_rows)
       for (int s = 0; s < kStreamStages - 1; ++s) issue(row_ptr(r + gridDim.x), s);
@@ -229,7 +270,6 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
     uint32_t flags = __syncthreads_or(nlo != nlo || nhi != nhi) ? kFlagNaN : 0u;
     if (M == INFINITY) flags |= kFlagPosInf;
     SpecSampleRowOut* out = ws_row_out(p) + r;
-    const float scale = sp.scale;
     const float m = __fmul_rn(M, scale);
     auto write_rec = [&](int token, int accept, float lp_draft, float lp_token, int empty, uint32_t tau) {
       SpecSampleRowOut o;
@@ -242,110 +282,137 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
       const int a = -block_max<kStreamThreads>(-(best_v == M ? best_i : 0x7fffffff), sh_i);
       arg = a == 0x7fffffff ? -1 : a;   // none: every token is NaN
     }
-    if ((sp.greedy && !count) || (!sp.greedy && (flags != 0u || !(M > -INFINITY)))) {
+    if ((sp.greedy && !need_z) || (!sp.greedy && (flags != 0u || !(M > -INFINITY)))) {
       if (tid == 0) write_rec(sp.greedy ? arg : -1, 0, 0.f, 0.f, sp.greedy ? arg < 0 : !(M > -INFINITY), 0u);
       continue;
     }
-
-    // ---- the bins: thread t holds keys [65535 - 128 (t + 1), 65535 - 128 t], highest first
-    const uint32_t omax = max_key16(M, static_cast<const T*>(nullptr));
-    const bool big = any_big != 0;
-    auto cnt = [&](uint32_t key) {
-      uint32_t c = (hist[key >> 1] >> ((key & 1u) << 4)) & 0xffffu;
-      if (big)
-        for (int s = 0; s < kBigCounts; ++s) if (big_key[s] == key) c += big_cnt[s];
-      return c;
-    };
-    auto value = [&](uint32_t key) { return bits16_to_float(ord16_inverse(key), static_cast<const T*>(nullptr)); };
-    auto unit = [&](uint32_t key) { return exp2f(__fsub_rn(__fmul_rn(value(key), scale), m)); };
-    auto mass = [&](uint32_t key, uint32_t c) { return c ? static_cast<float>(c) * unit(key) : 0.f; };
-    const uint32_t khi = 65535u - kKeysPerThread * tid;
-    const uint32_t kbot = ord16x2(ninf2<T>()) & 0xffffu;   // -inf; keys below it are NaN
-    // fn(key, count) over this thread's non-empty keys in [max(lo, kbot), omax], highest first
-    // (16-byte reads of the bins: most are empty).
-    auto for_keys = [&](uint32_t lo, auto fn) {
-      lo = max(lo, kbot);
-      if (khi + 1u - kKeysPerThread > omax || khi < lo) return;
-      const uint4* h4 = reinterpret_cast<const uint4*>(hist) + (khi + 1u - kKeysPerThread) / 8u;
-      for (int q4 = kKeysPerThread / 8 - 1; q4 >= 0; --q4) {
-        const uint4 v = h4[q4];
-        if (((v.x | v.y | v.z | v.w) == 0u) && !big) continue;
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int e = 7; e >= 0; --e) {
-          const uint32_t key = khi + 1u - kKeysPerThread + 8u * q4 + e;
-          uint32_t c = (w[e >> 1] >> ((e & 1) << 4)) & 0xffffu;
-          if (big)
-            for (int s = 0; s < kBigCounts; ++s) if (big_key[s] == key) c += big_cnt[s];
-          if (c && key <= omax && key >= lo) fn(key, c);
-        }
-      }
-    };
-    double seg_c = 0.0, seg_m = 0.0;
-    uint32_t lo_nz = 0xffffffffu;   // this thread's lowest non-empty key
-    for_keys(0u, [&](uint32_t key, uint32_t c) {
-      seg_c += c;
-      seg_m += static_cast<double>(mass(key, c));
-      lo_nz = key;
-    });
-    double ex_c, ex_m, tot_c, tot_m;
-    block_excl_scan2<kStreamThreads>(seg_c, seg_m, ex_c, ex_m, tot_c, tot_m, sh_d);
-
+    // the row mass sum exp2(s2 - m) (fixed-order block sum)
+    const float z_row = block_sum<kStreamThreads>(zref == -INFINITY ? 0.f : zsum * exp2f(zref - m), sh_f);
     if (sp.greedy) {   // logprobs: log-softmax of the raw logits at the argmax (NaN left out)
-      const float z = static_cast<float>(tot_m);
-      if (tid == 0) write_rec(arg, 0, 0.f, (M * kLog2e - m - (z > 0.f ? log2f(z) : 0.f)) * kLn2, arg < 0, 0u);
+      if (tid == 0) write_rec(arg, 0, 0.f, (M * kLog2e - m - (z_row > 0.f ? log2f(z_row) : 0.f)) * kLn2, arg < 0, 0u);
       continue;
     }
 
-    // First key (from the top) where the cumulative count / mass reaches target (-1: none);
-    // *through: the mass of the keys from the top down to it.
-    auto search = [&](bool by_mass, double target, double* through) {
-      const double ex = by_mass ? ex_m : ex_c, seg = by_mass ? seg_m : seg_c;
-      if (tid == 0) sh_owner = -1;
-      __syncthreads();
-      if (ex < target && ex + seg >= target) { sh_owner = tid; sh_b[0] = ex; sh_b[1] = ex_m; }
-      __syncthreads();
-      const int owner = sh_owner;
-      const double before = sh_b[0], before_m = sh_b[1];
-      __syncthreads();
-      if (owner < 0) return -1;
-      const uint32_t okhi = 65535u - kKeysPerThread * owner;
-      const uint32_t key = okhi - static_cast<uint32_t>(tid);
-      const bool in = tid < kKeysPerThread && key <= omax && key >= kbot;
-      const uint32_t c = in ? cnt(key) : 0u;
-      const float v[1] = {by_mass ? mass(key, c) : static_cast<float>(c)};
-      int jl = first_crossing_regs<kStreamThreads, 1>(v, target - before, kKeysPerThread, sh_d, &sh_out);
-      if (jl < 0) jl = block_max<kStreamThreads>(c ? tid : -1, sh_i);   // rounding: its last non-empty key
-      if (through != nullptr) {
-        const double part = block_dsum<kStreamThreads>(tid <= jl ? static_cast<double>(mass(key, c)) : 0.0, sh_d);
-        *through = before_m + part;
+    // ---- the bins: thread t holds keys [65535 - 128 (t + 1), 65535 - 128 t], highest first;
+    // exact where the value is >= the final floor (every such token was counted)
+    const uint32_t omax = max_key16(M, static_cast<const T*>(nullptr));
+    const uint32_t kbot = ord16x2(ninf2<T>()) & 0xffffu;   // -inf; keys below it are NaN
+    const uint32_t khi = 65535u - kKeysPerThread * tid;
+    auto value = [&](uint32_t key) { return bits16_to_float(ord16_inverse(key), static_cast<const T*>(nullptr)); };
+    auto unit = [&](uint32_t key) { return exp2f(__fsub_rn(__fmul_rn(value(key), scale), m)); };
+    auto mass = [&](uint32_t key, uint32_t c) { return c ? static_cast<float>(c) * unit(key) : 0.f; };
+    uint32_t tau = 0u;
+    double z_kept = z_row;
+    for (int attempt = 0; attempt < 2 && need_bins; ++attempt) {
+      const float floor_final = attempt == 0 ? M - span : -INFINITY;
+      if (attempt == 1) {   // the cut lies below the floor: count every token (from L2 / DRAM)
+        __syncthreads();
+        zero_bins();
+        __syncthreads();
+        for (int s = 0; s < nstages; ++s) {
+          const int j = s * kStreamThreads + tid;
+          if (j < nvec) {
+            const uint4 u = __ldg(reinterpret_cast<const uint4*>(row) + j);
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {
+              const uint32_t k2 = ord16x2(w[h]);
+              count_key(k2 & 0xffffu);
+              count_key(k2 >> 16);
+            }
+          }
+          const int done = s + 1;
+          if (done < nstages && (done == 15 || (done > 15 && (done - 15) % 7 == 0))) normalize();
+        }
+        if (tid < tail) count_key(ord16x2(reinterpret_cast<const uint16_t*>(row)[nvec * 8 + tid] * 0x10001u) & 0xffffu);
       }
-      return static_cast<int>(okhi) - jl;
-    };
-    const int lowest = -block_max<kStreamThreads>(-static_cast<int>(min(lo_nz, 0x7fffffffu)), sh_i);
-    int cut = -1;   // keep keys >= cut (-1: no top-k / top-p cut)
-    double base = tot_m;
-    if (sp.k_on) {
-      cut = search(false, static_cast<double>(sp.top_k), sp.p_on ? &base : nullptr);
-      if (cut < 0) { cut = lowest; base = tot_m; }
-    }
-    if (sp.p_on) {
-      int kp = !(sp.top_p > 0.f) ? search(false, 1.0, nullptr)
-                                 : search(true, static_cast<double>(sp.top_p) * base, nullptr);
-      if (kp < 0) kp = cut >= 0 ? cut : lowest;
-      cut = max(cut, kp);
-    }
-    const uint32_t tau = cut >= 0 ? order_key(value(static_cast<uint32_t>(cut))) : 0u;
-
-    // ---- kept mass (top-k / top-p cut, min-p), p(draft), the accept decision
-    double z_kept = tot_m;
-    if (cut >= 0 || sp.min_p > 0.f) {
-      double zk = 0.0;
-      for_keys(cut >= 0 ? static_cast<uint32_t>(cut) : 0u, [&](uint32_t key, uint32_t c) {
-        const float u = unit(key);
-        if (!(sp.min_p > 0.f) || u >= sp.min_p) zk += static_cast<double>(static_cast<float>(c) * u);
+      __syncthreads();   // every count is in
+      const bool big = any_big != 0;
+      auto cnt = [&](uint32_t key) {
+        uint32_t c = (hist[key >> 1] >> ((key & 1u) << 4)) & 0xffffu;
+        if (big)
+          for (int s = 0; s < kBigCounts; ++s) if (big_key[s] == key) c += big_cnt[s];
+        return c;
+      };
+      auto exact = [&](uint32_t key) { return key >= kbot && key <= omax && value(key) >= floor_final; };
+      // fn(key, count) over this thread's non-empty exact keys >= lo, highest first
+      auto for_keys = [&](uint32_t lo, auto fn) {
+        if (khi + 1u - kKeysPerThread > omax || khi < max(lo, kbot)) return;
+        const uint4* h4 = reinterpret_cast<const uint4*>(hist) + (khi + 1u - kKeysPerThread) / 8u;
+        for (int q4 = kKeysPerThread / 8 - 1; q4 >= 0; --q4) {
+          const uint4 v = h4[q4];
+          if (((v.x | v.y | v.z | v.w) == 0u) && !big) continue;
+          const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int e = 7; e >= 0; --e) {
+            const uint32_t key = khi + 1u - kKeysPerThread + 8u * q4 + e;
+            uint32_t c = (w[e >> 1] >> ((e & 1) << 4)) & 0xffffu;
+            if (big)
+              for (int s = 0; s < kBigCounts; ++s) if (big_key[s] == key) c += big_cnt[s];
+            if (c && key >= lo && exact(key)) fn(key, c);
+          }
+        }
+      };
+      double seg_c = 0.0, seg_m = 0.0;
+      for_keys(0u, [&](uint32_t key, uint32_t c) {
+        seg_c += c;
+        seg_m += static_cast<double>(mass(key, c));
       });
-      z_kept = block_dsum<kStreamThreads>(zk, sh_d);
+      double ex_c, ex_m, tot_c, tot_m;
+      block_excl_scan2<kStreamThreads>(seg_c, seg_m, ex_c, ex_m, tot_c, tot_m, sh_d);
+      // First key (from the top) where the cumulative count / mass reaches target (-1: not
+      // within the exact keys); *through: the mass of the keys from the top down to it.
+      auto search = [&](bool by_mass, double target, double* through) {
+        const double ex = by_mass ? ex_m : ex_c, seg = by_mass ? seg_m : seg_c;
+        if (tid == 0) sh_owner = -1;
+        __syncthreads();
+        if (ex < target && ex + seg >= target) { sh_owner = tid; sh_b[0] = ex; sh_b[1] = ex_m; }
+        __syncthreads();
+        const int owner = sh_owner;
+        const double before = sh_b[0], before_m = sh_b[1];
+        __syncthreads();
+        if (owner < 0) return -1;
+        const uint32_t okhi = 65535u - kKeysPerThread * owner;
+        const uint32_t key = okhi - static_cast<uint32_t>(tid);
+        const uint32_t c = (tid < kKeysPerThread && exact(key)) ? cnt(key) : 0u;
+        const float v[1] = {by_mass ? mass(key, c) : static_cast<float>(c)};
+        int jl = first_crossing_regs<kStreamThreads, 1>(v, target - before, kKeysPerThread, sh_d, &sh_out);
+        if (jl < 0) jl = block_max<kStreamThreads>(c ? tid : -1, sh_i);   // rounding: its last non-empty key
+        if (through != nullptr) {
+          const double part = block_dsum<kStreamThreads>(tid <= jl ? static_cast<double>(mass(key, c)) : 0.0, sh_d);
+          *through = before_m + part;
+        }
+        return static_cast<int>(okhi) - jl;
+      };
+      // min-p keeps exp2(s2 - m) >= min_p: within the exact keys unless it reaches below the floor
+      bool below = sp.min_p > 0.f && !(log2f(sp.min_p) > -(kFloorLog2 - 1.f)) && attempt == 0;
+      int cut = -1;   // keep keys >= cut (-1: no top-k / top-p cut)
+      double base = z_row;
+      if (sp.k_on) {
+        cut = search(false, static_cast<double>(sp.top_k), sp.p_on ? &base : nullptr);
+        if (cut < 0) below = below || attempt == 0;   // fewer exact tokens than k
+      }
+      if (sp.p_on && !(cut < 0 && sp.k_on)) {
+        int kp = !(sp.top_p > 0.f) ? search(false, 1.0, nullptr)
+                                   : search(true, static_cast<double>(sp.top_p) * base, nullptr);
+        if (kp < 0) {
+          if (attempt == 0 && !sp.k_on) below = true;   // the mass to reach lies below the floor
+          kp = cut;
+        }
+        cut = max(cut, kp);
+      }
+      if (below && attempt == 0) continue;
+      tau = cut >= 0 ? order_key(value(static_cast<uint32_t>(cut))) : 0u;
+      // kept mass (top-k / top-p cut, min-p)
+      if (cut >= 0 || sp.min_p > 0.f) {
+        double zk = 0.0;
+        for_keys(cut >= 0 ? static_cast<uint32_t>(cut) : 0u, [&](uint32_t key, uint32_t c) {
+          const float u = unit(key);
+          if (!(sp.min_p > 0.f) || u >= sp.min_p) zk += static_cast<double>(static_cast<float>(c) * u);
+        });
+        z_kept = block_dsum<kStreamThreads>(zk, sh_d);
+      }
+      break;
     }
     const float z_full = static_cast<float>(z_kept);
     const float ex = x_ok ? draft_weight_of(lx, sp, tau, m) : 0.f;
