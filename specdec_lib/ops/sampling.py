@@ -148,8 +148,9 @@ def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0, num_rows
     whole rows into an absolute histogram, + a tile-parallel race of the rows that sample)
     or "tiles" (tiles -> threshold or hist -> finish). Automatic: rows where it can run
     (``rows_unsupported``) and the call has at most _ROWS_MAX_T logit rows (one wave of
-    clusters: B=1 top-p 23 us vs 34 on the tiles path), else stream where it can run
-    (``stream_unsupported``), else tiles (PERF.md spec_sample, sessions 7 and 8).
+    clusters: B=1 top-p 23 us vs 34 on the tiles path), else tiles. The stream path is
+    correct (every GPU test runs on it) but slower than tiles so far (B=64 top-p 0.9: 176 vs
+    85 us, no filter 76 vs 45: PERF.md spec_sample, session 8), so only the variable picks it.
     SPECDEC_SPEC_SAMPLE_PATH=tiles forces the tiles path; =rows / =stream take that path at
     any batch size wherever it can run (tests, benchmarks)."""
     want = os.environ.get(PATH_ENV, "auto").strip().lower() or "auto"
@@ -165,7 +166,7 @@ def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0, num_rows
         return "stream"
     if rows_ok and num_rows <= _ROWS_MAX_T:
         return "rows"
-    return "stream" if stream_ok else "tiles"
+    return "tiles"   # the stream path is opt-in until it beats the tiles path (PERF.md session 8)
 
 
 def _vec(name, obj, dtype, n, dev):
@@ -198,8 +199,10 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
     Kernels (``sample_path``): on sm_90 code, 16-bit logits with one-hot drafts and at most
     64 logit rows take the rows path (one thread-block cluster per row keeps the row in
     shared memory through every step; + a chain launch); every other call the tiles path
-    (tiles -> threshold (f32) or hist (16-bit) -> finish). The same rules either way (sums
-    in other orders: a draw on a float32 rounding boundary may differ between the paths).
+    (tiles -> threshold (f32) or hist (16-bit) -> finish). SPECDEC_SPEC_SAMPLE_PATH=stream
+    selects the streaming path (one persistent CTA per SM per row; 16-byte aligned rows).
+    The same rules on every path (sums in other orders: a draw on a float32 rounding
+    boundary may differ between the paths).
 
     ``filters``: None/True: the filter work runs (tiles path: the threshold / hist launch;
     its CTAs for rows without filters exit at once). False: the caller promises that no
