@@ -33,10 +33,14 @@ namespace {
 constexpr int kStreamThreads = SPEC_SAMPLE_STREAM_THREADS;
 constexpr int kStreamStages = SPEC_SAMPLE_STREAM_STAGES;
 constexpr int kHistWords = 32768;                           // 65536 u16 counters
-constexpr int kKeysPerThread = 65536 / kStreamThreads;     // a thread's keys in the resolve
 constexpr int kBigCounts = 32;                              // large-count table entries
 constexpr uint32_t kNoKey = 0xffffffffu;
 constexpr float kFloorLog2 = 16.f;   // tokens counted: within 2^-16 of the running max's weight
+constexpr int kStreamVecs = SPEC_SAMPLE_STREAM_VECS;        // 16-byte vectors per thread per stage
+// u16 counters never wrap: the first segment of stages counts < 65536 tokens from zero, later
+// ones < 32768 after a normalize left every counter <= 0x7fff (+ the V % 8 tail tokens)
+constexpr int kFirstSegment = 65528 / (8 * kStreamThreads * kStreamVecs);
+constexpr int kSegment = 32760 / (8 * kStreamThreads * kStreamVecs);
 constexpr int kRaceThreads = SPEC_SAMPLE_RACE_THREADS;
 constexpr int kRaceWarps = kRaceThreads / 32;               // one tile per warp
 
@@ -70,6 +74,15 @@ __device__ __forceinline__ float draft_weight_of(float lx, const SeqParams& sp, 
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+// Key of the largest 16-bit value <= f when f >= 0, of the smallest >= f when f < 0 (rounding
+// toward zero): every value >= f has a key >= it.
+__device__ __forceinline__ uint32_t floor_key16(float f, const bf16_t*) {
+  return f == -INFINITY ? 0u : ord16x2(__float_as_uint(f) >> 16) & 0xffffu;
+}
+__device__ __forceinline__ uint32_t floor_key16(float f, const __half*) {
+  return f == -INFINITY ? 0u : ord16x2(__half_as_ushort(__float2half_rz(f))) & 0xffffu;
+}
 
 // Exclusive prefix (in thread order) of two doubles over the CTA, and the totals.
 template <int kThreads>
@@ -113,18 +126,22 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
   const int V = p.vocab;
   const int nvec = V / 8;                                        // full 16-byte vectors
   const int tail = V - nvec * 8;
-  const int nstages = (nvec + kStreamThreads - 1) / kStreamThreads;
+  constexpr int kStage = kStreamThreads * kStreamVecs;          // vectors per stage
+  const int nstages = (nvec + kStage - 1) / kStage;
   if (blockIdx.x == 0)
     for (int j = tid; j < p.batch; j += kStreamThreads) ws_race_done(p)[j] = 0u;
 
   auto row_ptr = [&](int r) {
     return static_cast<const T*>(p.logits) + static_cast<int64_t>(r) * p.logits_stride;
   };
-  auto issue = [&](const T* row, int s) {   // stage s of a row into its ring slot (own cell)
-    const int j = s * kStreamThreads + tid;
-    if (s < nstages && j < nvec)
-      cp_async_16(ring + (s % kStreamStages) * kStreamThreads + tid,
-                  reinterpret_cast<const uint4*>(row) + j, true);
+  auto issue = [&](const T* row, int s) {   // stage s of a row into its ring slot (own cells)
+#pragma unroll
+    for (int v = 0; v < kStreamVecs; ++v) {
+      const int j = s * kStage + v * kStreamThreads + tid;
+      if (s < nstages && j < nvec)
+        cp_async_16(ring + ((s % kStreamStages) * kStreamVecs + v) * kStreamThreads + tid,
+                    reinterpret_cast<const uint4*>(row) + j, true);
+    }
     cp_async_commit();
   };
   if (blockIdx.x < p.num_rows)
@@ -188,59 +205,87 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
     };
     auto count_key = [&](uint32_t key) { atomicAdd(hist + (key >> 1), 1u << ((key & 1u) << 4)); };
 
-    // ---- the stream: packed max / NaN max, lazy argmax (greedy), z, counts near the max
+    // ---- the stream: packed max / NaN max, lazy argmax (greedy), z, counts near the max.
+    // One loop per row kind (kMode: 0 greedy, 1 greedy + z, 2 sampled, 3 sampled + bins), so
+    // no per-vector test of the kind.
     uint32_t mx2 = ninf2<T>(), nn2 = ninf2<T>();
     float best_v = -INFINITY;
     int best_i = 0x7fffffff;
     float zref = -INFINITY, zsum = 0.f;   // this thread's sum of exp2(s2 - zref)
     float pub = -INFINITY;                 // the running max this thread last published
-    // one 16-byte vector of 8 tokens (ids 8 j ..); floor: count tokens >= it (logit units)
-    auto vector = [&](const uint4& u, int j, float floor) {
-      const uint32_t vm = hmax2<T>(hmax2<T>(u.x, u.y), hmax2<T>(u.z, u.w));
-      mx2 = hmax2<T>(mx2, vm);
-      nn2 = hmax2_nan<T>(nn2, hmax2_nan<T>(hmax2_nan<T>(u.x, u.y), hmax2_nan<T>(u.z, u.w)));
-      const float vmf = fmaxf(half_lo<T>(vm), half_hi<T>(vm));
-      if (sp.greedy && !(vmf >= best_v)) { if (!need_z) return; }
-      float f[8];
-      unpack16(u, f, static_cast<const T*>(nullptr));
-      if (sp.greedy && vmf >= best_v) {   // rare after the start
+    auto stream = [&](auto kMode) {
+      constexpr int MODE = decltype(kMode)::value;
+      constexpr bool GREEDY = MODE <= 1, Z = MODE >= 1, BINS = MODE == 3;
+      // one 16-byte vector of 8 tokens (ids 8 j ..); floor: count tokens >= it (logit units)
+      auto vector = [&](const uint4& u, int j, float floor) {
+        const uint32_t vm = hmax2<T>(hmax2<T>(u.x, u.y), hmax2<T>(u.z, u.w));
+        mx2 = hmax2<T>(mx2, vm);
+        nn2 = hmax2_nan<T>(nn2, hmax2_nan<T>(hmax2_nan<T>(u.x, u.y), hmax2_nan<T>(u.z, u.w)));
+        const float vmf = fmaxf(half_lo<T>(vm), half_hi<T>(vm));
+        float f[8];
+        if constexpr (GREEDY) {
+          if (vmf >= best_v) {   // rare after the start
+            unpack16(u, f, static_cast<const T*>(nullptr));
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
-          if (f[e] > best_v || (best_i == 0x7fffffff && f[e] == best_v)) { best_v = f[e]; best_i = 8 * j + e; }
-      }
-      if (need_z) {
-        const float s2m = __fmul_rn(vmf, scale);
-        if (s2m > zref) {   // rare after the start: rescale to the new reference
-          zsum = zref == -INFINITY ? 0.f : zsum * exp2f(zref - s2m);
-          zref = s2m;
+            for (int e = 0; e < 8; ++e)
+              if (f[e] > best_v || (best_i == 0x7fffffff && f[e] == best_v)) { best_v = f[e]; best_i = 8 * j + e; }
+          }
         }
-        if (sp.greedy) {
+        if constexpr (Z) {
+          unpack16(u, f, static_cast<const T*>(nullptr));
+          const float s2m = __fmul_rn(vmf, scale);
+          if (s2m > zref) {   // rare after the start: rescale to the new reference
+            zsum = zref == -INFINITY ? 0.f : zsum * exp2f(zref - s2m);
+            zref = s2m;
+          }
 #pragma unroll
-          for (int e = 0; e < 8; ++e) zsum += f[e] == f[e] ? exp2f(fmaf(f[e], scale, -zref)) : 0.f;
-        } else {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) zsum += exp2f(fmaf(f[e], scale, -zref));
+          for (int e = 0; e < 8; ++e) {
+            const float w = exp2f(fmaf(f[e], scale, -zref));
+            zsum += (GREEDY && f[e] != f[e]) ? 0.f : w;   // greedy rows may hold NaN
+          }
         }
-      }
-      if (need_bins && vmf >= floor) {   // ~10% of the vectors of a flat row, fewer of a peaked one
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+        if constexpr (BINS) {
+          if (vmf >= floor) {   // ~10% of the vectors of a flat row, fewer of a peaked one
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-        for (int h = 0; h < 4; ++h) {
-          const uint32_t k2 = ord16x2(w[h]);
-          if (f[2 * h] >= floor) count_key(k2 & 0xffffu);
-          if (f[2 * h + 1] >= floor) count_key(k2 >> 16);
+            for (int h = 0; h < 4; ++h) {
+              const uint32_t k2 = ord16x2(w[h]);
+              if (f[2 * h] >= floor) count_key(k2 & 0xffffu);
+              if (f[2 * h + 1] >= floor) count_key(k2 >> 16);
+            }
+            if (vmf > pub) { pub = vmf; atomicMax(&sh_runmax, order_key(vmf)); }
+          }
         }
-        if (vmf > pub) { pub = vmf; atomicMax(&sh_runmax, order_key(vmf)); }
+      };
+      int s = 0;
+      auto stage = [&]() {
+        issue(row, s + kStreamStages - 1);
+        cp_async_wait<kStreamStages - 1>();
+        const float floor = BINS ? key_to_float(sh_runmax) - span : -INFINITY;
+        const uint4* slot = ring + (s % kStreamStages) * kStage + tid;
+#pragma unroll
+        for (int v = 0; v < kStreamVecs; ++v) {
+          const int j = s * kStage + v * kStreamThreads + tid;
+          if (j < nvec) vector(slot[v * kStreamThreads], j, floor);
+        }
+        ++s;
+      };
+      if constexpr (BINS) {   // segments short enough that no u16 counter wraps (normalize)
+        for (int seg_end = min(nstages, kFirstSegment); ; seg_end = min(nstages, seg_end + kSegment)) {
+          while (s < seg_end) stage();
+          if (s >= nstages) break;
+          normalize();
+        }
+      } else {
+        while (s < nstages) stage();
       }
     };
-    for (int s = 0; s < nstages; ++s) {
-      issue(row, s + kStreamStages - 1);
-      cp_async_wait<kStreamStages - 1>();
-      const int j = s * kStreamThreads + tid;
-      const float floor = need_bins ? key_to_float(sh_runmax) - span : -INFINITY;
-      if (j < nvec) vector(ring[(s % kStreamStages) * kStreamThreads + tid], j, floor);
-      const int done = s + 1;
-      if (need_bins && done < nstages && (done == 15 || (done > 15 && (done - 15) % 7 == 0))) normalize();
+    if (sp.greedy) {
+      if (need_z) stream(std::integral_constant<int, 1>());
+      else stream(std::integral_constant<int, 0>());
+    } else {
+      if (need_bins) stream(std::integral_constant<int, 3>());
+      else stream(std::integral_constant<int, 2>());
     }
     auto tail_tokens = [&](float floor) {   // the last V % 8 tokens, one per thread
       if (tid < tail) {
@@ -297,7 +342,6 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
     // exact where the value is >= the final floor (every such token was counted)
     const uint32_t omax = max_key16(M, static_cast<const T*>(nullptr));
     const uint32_t kbot = ord16x2(ninf2<T>()) & 0xffffu;   // -inf; keys below it are NaN
-    const uint32_t khi = 65535u - kKeysPerThread * tid;
     auto value = [&](uint32_t key) { return bits16_to_float(ord16_inverse(key), static_cast<const T*>(nullptr)); };
     auto unit = [&](uint32_t key) { return exp2f(__fsub_rn(__fmul_rn(value(key), scale), m)); };
     auto mass = [&](uint32_t key, uint32_t c) { return c ? static_cast<float>(c) * unit(key) : 0.f; };
@@ -310,8 +354,10 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
         zero_bins();
         __syncthreads();
         for (int s = 0; s < nstages; ++s) {
-          const int j = s * kStreamThreads + tid;
-          if (j < nvec) {
+#pragma unroll
+          for (int v = 0; v < kStreamVecs; ++v) {
+            const int j = s * kStage + v * kStreamThreads + tid;
+            if (j >= nvec) continue;
             const uint4 u = __ldg(reinterpret_cast<const uint4*>(row) + j);
             const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -322,7 +368,8 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
             }
           }
           const int done = s + 1;
-          if (done < nstages && (done == 15 || (done > 15 && (done - 15) % 7 == 0))) normalize();
+          if (done < nstages && (done == kFirstSegment || (done > kFirstSegment && (done - kFirstSegment) % kSegment == 0)))
+            normalize();
         }
         if (tid < tail) count_key(ord16x2(reinterpret_cast<const uint16_t*>(row)[nvec * 8 + tid] * 0x10001u) & 0xffffu);
       }
@@ -335,22 +382,20 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
         return c;
       };
       auto exact = [&](uint32_t key) { return key >= kbot && key <= omax && value(key) >= floor_final; };
+      // the keys that can be exact, [klo, omax], split over the threads highest first: thread t
+      // holds [omax - S (t + 1) + 1, omax - S t] (S = 1 for a peaked row's few hundred keys)
+      const uint32_t klo = attempt == 0 ? max(kbot, floor_key16(floor_final, static_cast<const T*>(nullptr))) : kbot;
+      const uint32_t nkeys = omax >= klo ? omax - klo + 1u : 0u;
+      const uint32_t S = (nkeys + kStreamThreads - 1) / kStreamThreads;   // <= 128
+      const int64_t khi = static_cast<int64_t>(omax) - static_cast<int64_t>(S) * tid;
       // fn(key, count) over this thread's non-empty exact keys >= lo, highest first
       auto for_keys = [&](uint32_t lo, auto fn) {
-        if (khi + 1u - kKeysPerThread > omax || khi < max(lo, kbot)) return;
-        const uint4* h4 = reinterpret_cast<const uint4*>(hist) + (khi + 1u - kKeysPerThread) / 8u;
-        for (int q4 = kKeysPerThread / 8 - 1; q4 >= 0; --q4) {
-          const uint4 v = h4[q4];
-          if (((v.x | v.y | v.z | v.w) == 0u) && !big) continue;
-          const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int e = 7; e >= 0; --e) {
-            const uint32_t key = khi + 1u - kKeysPerThread + 8u * q4 + e;
-            uint32_t c = (w[e >> 1] >> ((e & 1) << 4)) & 0xffffu;
-            if (big)
-              for (int s = 0; s < kBigCounts; ++s) if (big_key[s] == key) c += big_cnt[s];
-            if (c && key >= lo && exact(key)) fn(key, c);
-          }
+        const int64_t bottom = max(static_cast<int64_t>(lo), static_cast<int64_t>(klo));
+        for (uint32_t e = 0; e < S; ++e) {
+          const int64_t key = khi - e;
+          if (key < bottom) break;
+          const uint32_t c = cnt(static_cast<uint32_t>(key));
+          if (c && exact(static_cast<uint32_t>(key))) fn(static_cast<uint32_t>(key), c);
         }
       };
       double seg_c = 0.0, seg_m = 0.0;
@@ -372,17 +417,18 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
         const double before = sh_b[0], before_m = sh_b[1];
         __syncthreads();
         if (owner < 0) return -1;
-        const uint32_t okhi = 65535u - kKeysPerThread * owner;
-        const uint32_t key = okhi - static_cast<uint32_t>(tid);
-        const uint32_t c = (tid < kKeysPerThread && exact(key)) ? cnt(key) : 0u;
+        const int64_t okhi = static_cast<int64_t>(omax) - static_cast<int64_t>(S) * owner;
+        const int64_t skey = okhi - tid;
+        const uint32_t key = static_cast<uint32_t>(max(skey, static_cast<int64_t>(0)));
+        const uint32_t c = (tid < static_cast<int>(S) && skey >= static_cast<int64_t>(klo) && exact(key)) ? cnt(key) : 0u;
         const float v[1] = {by_mass ? mass(key, c) : static_cast<float>(c)};
-        int jl = first_crossing_regs<kStreamThreads, 1>(v, target - before, kKeysPerThread, sh_d, &sh_out);
+        int jl = first_crossing_regs<kStreamThreads, 1>(v, target - before, static_cast<int>(S), sh_d, &sh_out);
         if (jl < 0) jl = block_max<kStreamThreads>(c ? tid : -1, sh_i);   // rounding: its last non-empty key
         if (through != nullptr) {
           const double part = block_dsum<kStreamThreads>(tid <= jl ? static_cast<double>(mass(key, c)) : 0.0, sh_d);
           *through = before_m + part;
         }
-        return static_cast<int>(okhi) - jl;
+        return static_cast<int>(okhi - jl);
       };
       // min-p keeps exp2(s2 - m) >= min_p: within the exact keys unless it reaches below the floor
       bool below = sp.min_p > 0.f && !(log2f(sp.min_p) > -(kFloorLog2 - 1.f)) && attempt == 0;
@@ -485,9 +531,19 @@ __device__ void race_kernel(const SpecSampleParams& p) {
   if (t < num_tiles) {
     float w = 0.f;
     const int v0 = t * (kTile / 8), v1 = min(nvec, v0 + kTile / 8);
-    for (int j = v0 + lane; j < v1; j += 32) {
+    constexpr int kPer = kTile / 8 / 32;   // vectors per lane: all loads in flight at once
+    uint4 u[kPer];
+#pragma unroll
+    for (int it = 0; it < kPer; ++it) {
+      const int j = v0 + lane + 32 * it;
+      u[it] = j < v1 ? __ldg(reinterpret_cast<const uint4*>(row) + j) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int it = 0; it < kPer; ++it) {
+      const int j = v0 + lane + 32 * it;
+      if (j >= v1) continue;
       float f[8];
-      unpack16(__ldg(reinterpret_cast<const uint4*>(row) + j), f, static_cast<const T*>(nullptr));
+      unpack16(u[it], f, static_cast<const T*>(nullptr));
 #pragma unroll
       for (int e = 0; e < 8; ++e) w += (8 * j + e == excl) ? 0.f : weight(f[e]);
     }
@@ -544,15 +600,28 @@ __device__ void race_kernel(const SpecSampleParams& p) {
   KeyArg tb;
   tb.key = -INFINITY; tb.idx = -1;
   const int skip = use_p ? -1 : excl;
-  for (int tok = tile * kTile + tid; tok < min(V, (tile + 1) * kTile); tok += kRaceThreads) {
-    const float l = load_logit(row, tok);
-    if (l == -INFINITY || tok == skip) continue;
-    const float s2 = __fmul_rn(l, scale);
-    if (sp.filtered && !kept(l, s2, tau, m, min_p)) continue;
-    KeyArg c;
-    c.key = __fsub_rn(s2, m) - log2f(philox_exponential(spec_bits(seed, step, i, kPurposeToken, tok)));
-    c.idx = tok;
-    tb = better(tb, c);
+  {   // 8 consecutive tokens per thread: one 16-byte load (the row's tail token by token)
+    static_assert(kTile == 8 * kRaceThreads, "level 2: one vector per thread");
+    const int tok0 = tile * kTile + 8 * tid;
+    float f[8];
+    if (tok0 / 8 < nvec) {
+      unpack16(__ldg(reinterpret_cast<const uint4*>(row) + tok0 / 8), f, static_cast<const T*>(nullptr));
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = tok0 + e < V ? load_logit(row, tok0 + e) : -INFINITY;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int tok = tok0 + e;
+      const float l = f[e];
+      if (l == -INFINITY || tok == skip) continue;
+      const float s2 = __fmul_rn(l, scale);
+      if (sp.filtered && !kept(l, s2, tau, m, min_p)) continue;
+      KeyArg c;
+      c.key = __fsub_rn(s2, m) - log2f(philox_exponential(spec_bits(seed, step, i, kPurposeToken, tok)));
+      c.idx = tok;
+      tb = better(tb, c);
+    }
   }
   tb = block_argmax<kRaceThreads>(tb, sh_arg);
   if (tid == 0) {

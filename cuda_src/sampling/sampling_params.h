@@ -23,7 +23,8 @@
 #define SPEC_SAMPLE_ROWS_MAX_CLUSTER 16 /* CTAs per row (above 8: a non-portable cluster size, sm_90 allows 16) */
 #define SPEC_SAMPLE_CHAIN_THREADS 128   /* spec_sample_chain: one warp per sequence */
 #define SPEC_SAMPLE_STREAM_THREADS 512  /* spec_sample_stream_* (sm_90, 16-bit, one-hot): one CTA per SM owns whole rows */
-#define SPEC_SAMPLE_STREAM_STAGES 8     /* its cp.async ring: stages of 512 x 16 bytes in flight */
+#define SPEC_SAMPLE_STREAM_STAGES 4     /* its cp.async ring: stages in flight ... */
+#define SPEC_SAMPLE_STREAM_VECS 2       /* ... of 512 threads x 2 x 16 bytes (64 KB) */
 #define SPEC_SAMPLE_STREAM_HIST_BYTES 131072   /* its absolute histogram: 65536 u16 counters */
 #define SPEC_SAMPLE_RACE_THREADS 256    /* spec_sample_race_*: one tile per warp, grid (tile groups, B) */
 #define SPEC_SAMPLE_FINISH_THREADS 512   /* level-2 race: 4 tokens per thread */
