@@ -33,6 +33,7 @@ namespace {
 constexpr int kStreamThreads = SPEC_SAMPLE_STREAM_THREADS;
 constexpr int kStreamStages = SPEC_SAMPLE_STREAM_STAGES;
 constexpr int kHistWords = 32768;                           // 65536 u16 counters
+constexpr int kMaxOwned = 64;                               // rows per CTA in the balanced order
 constexpr int kBigCounts = 32;                              // large-count table entries
 constexpr uint32_t kNoKey = 0xffffffffu;
 constexpr float kFloorLog2 = 16.f;   // tokens counted: within 2^-16 of the running max's weight
@@ -122,6 +123,8 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
   __shared__ double sh_b[2];
   __shared__ int sh_owner, sh_out;
   __shared__ uint32_t sh_runmax;   // order_key of the block's running max (counted rows)
+  __shared__ int owned[kMaxOwned];   // this CTA's rows, in the balanced order
+  __shared__ int sh_order;           // 1: owned[] holds them
   const int tid = threadIdx.x;
   const int V = p.vocab;
   const int nvec = V / 8;                                        // full 16-byte vectors
@@ -144,10 +147,43 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
     }
     cp_async_commit();
   };
-  if (blockIdx.x < p.num_rows)
-    for (int s = 0; s < kStreamStages - 1; ++s) issue(row_ptr(blockIdx.x), s);
+  // The rows this CTA takes: with a valid layout and few enough rows per CTA, the sampled rows
+  // (the costly ones) dealt round-robin first and the greedy rows after them, so no CTA gets
+  // two sampled rows while another has none; else rows blockIdx.x, + gridDim.x, ...
+  const int G = gridDim.x, c = blockIdx.x;
+  const int n_mine = c < p.num_rows ? (p.num_rows - c + G - 1) / G : 0;
+  {
+    bool ok = n_mine <= kMaxOwned && __ldg(p.cu_q) == 0 && __ldg(p.cu_q + p.batch) == p.num_rows;
+    const int per = (p.batch + kStreamThreads - 1) / kStreamThreads;   // sequences per thread
+    const int b0 = min(p.batch, tid * per), b1 = min(p.batch, b0 + per);
+    double ns = 0.0, ng = 0.0;
+    for (int b = b0; b < b1; ++b) {
+      const int q = __ldg(p.cu_q + b + 1) - __ldg(p.cu_q + b);
+      ok = ok && q >= 0;
+      if (__ldg(p.temperature + b) > 0.f) ns += q; else ng += q;
+    }
+    ok = __syncthreads_and(ok);
+    if (tid == 0) sh_order = ok;
+    double es, eg, ts, tg;
+    block_excl_scan2<kStreamThreads>(ns, ng, es, eg, ts, tg, sh_d);
+    if (ok) {   // virtual index v (sampled rows [0, NS), greedy rows [NS, T)) -> CTA v % G, slot v / G
+      int vs = static_cast<int>(es), vg = static_cast<int>(ts + eg);
+      for (int b = b0; b < b1; ++b) {
+        const int r0 = __ldg(p.cu_q + b), q = __ldg(p.cu_q + b + 1) - r0;
+        const bool sampled = __ldg(p.temperature + b) > 0.f;
+        const int v0 = sampled ? vs : vg;
+        for (int v = v0 + ((c - v0) % G + G) % G; v < v0 + q; v += G) owned[v / G] = r0 + (v - v0);
+        if (sampled) vs += q; else vg += q;
+      }
+    }
+    __syncthreads();
+  }
+  auto mine = [&](int k) { return sh_order ? owned[k] : c + k * G; };
+  if (n_mine > 0)
+    for (int s = 0; s < kStreamStages - 1; ++s) issue(row_ptr(mine(0)), s);
 
-  for (int r = blockIdx.x; r < p.num_rows; r += gridDim.x) {
+  for (int kr = 0; kr < n_mine; ++kr) {
+    const int r = mine(kr);
     const T* row = row_ptr(r);
     const int b = owner_of_row(p.cu_q, p.batch, r);
     const int r0 = __ldg(p.cu_q + b);
@@ -306,8 +342,8 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
     };
     tail_tokens(need_bins ? key_to_float(sh_runmax) - span : -INFINITY);
     // the next row's first stages load under this row's resolve
-    if (r + gridDim.x < p.num_rows)
-      for (int s = 0; s < kStreamStages - 1; ++s) issue(row_ptr(r + gridDim.x), s);
+    if (kr + 1 < n_mine)
+      for (int s = 0; s < kStreamStages - 1; ++s) issue(row_ptr(mine(kr + 1)), s);
 
     // ---- row max, flags; greedy: the lowest id holding the max
     const float nlo = half_lo<T>(nn2), nhi = half_hi<T>(nn2);

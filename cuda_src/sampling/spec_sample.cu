@@ -93,7 +93,7 @@ spec_sample_chain(const SpecSampleParams p) { chain_kernel(p); }
 #define SPEC_SAMPLE_STREAM_KERNELS(NAME, T)                                                   \
   extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_STREAM_THREADS, 1)                 \
   spec_sample_stream_##NAME(const SpecSampleParams p) { stream_kernel<T>(p); }               \
-  extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_RACE_THREADS)                     \
+  extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_RACE_THREADS, SPEC_SAMPLE_RACE_CTAS_PER_SM) \
   spec_sample_race_##NAME(const SpecSampleParams p) { race_kernel<T>(p); }
 
 SPEC_SAMPLE_STREAM_KERNELS(f16, __half)
