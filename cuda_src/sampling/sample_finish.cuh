@@ -151,6 +151,19 @@ __device__ __forceinline__ void race_tile(uint64_t seed, int64_t step, int row, 
   }
 }
 
+// Level 2 of the race, one token of logit l: its key joins best if the filters keep it and it
+// is not `skip` (the one-hot draft of a residual race). -inf weighs nothing.
+__device__ __forceinline__ void race_token(KeyArg& best, float l, int tok, int skip, const SeqParams& sp,
+                                           uint32_t tau, float m, uint64_t seed, int64_t step, int row) {
+  if (l == -INFINITY || tok == skip) return;
+  const float s2 = __fmul_rn(l, sp.scale);
+  if (sp.filtered && !kept(l, s2, tau, m, sp.min_p)) return;
+  KeyArg c;
+  c.key = __fsub_rn(s2, m) - log2f(philox_exponential(spec_bits(seed, step, row, kPurposeToken, tok)));
+  c.idx = tok;
+  best = better(best, c);
+}
+
 // Warp-wide argmax a and argmax b, in every lane (better() picks the same winner in any order).
 __device__ __forceinline__ void warp_race2(KeyArg& a, KeyArg& b) {
 #pragma unroll

@@ -616,14 +616,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
 #pragma unroll
       for (int e = 0; e < kN; ++e) {
         const int tok = tile * kTile + j * kN + e;
-        const float l = f[e];
-        if (tok >= V || l == -INFINITY || tok == skip) continue;
-        const float s2 = __fmul_rn(l, scale);
-        if (sp.filtered && !kept(l, s2, tau, m, min_p)) continue;
-        KeyArg c;
-        c.key = __fsub_rn(s2, m) - log2f(philox_exponential(spec_bits(seed, step, i, kPurposeToken, tok)));
-        c.idx = tok;
-        tb = better(tb, c);
+        if (tok < V) race_token(tb, f[e], tok, skip, sp, tau, m, seed, step, i);
       }
     }
     tb = block_argmax<kRowThreads>(tb, sh_arg);

@@ -647,17 +647,7 @@ __device__ void race_kernel(const SpecSampleParams& p) {
       for (int e = 0; e < 8; ++e) f[e] = tok0 + e < V ? load_logit(row, tok0 + e) : -INFINITY;
     }
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int tok = tok0 + e;
-      const float l = f[e];
-      if (l == -INFINITY || tok == skip) continue;
-      const float s2 = __fmul_rn(l, scale);
-      if (sp.filtered && !kept(l, s2, tau, m, min_p)) continue;
-      KeyArg c;
-      c.key = __fsub_rn(s2, m) - log2f(philox_exponential(spec_bits(seed, step, i, kPurposeToken, tok)));
-      c.idx = tok;
-      tb = better(tb, c);
-    }
+    for (int e = 0; e < 8; ++e) race_token(tb, f[e], tok0 + e, skip, sp, tau, m, seed, step, i);
   }
   tb = block_argmax<kRaceThreads>(tb, sh_arg);
   if (tid == 0) {
