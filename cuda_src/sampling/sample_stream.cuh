@@ -246,26 +246,23 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
     // no per-vector test of the kind.
     uint32_t mx2 = ninf2<T>(), nn2 = ninf2<T>();
     float best_v = -INFINITY;
-    int best_i = 0x7fffffff;
+    int best_i = -1;   // greedy: the vector holding best_v first
     float zref = -INFINITY, zsum = 0.f;   // this thread's sum of exp2(s2 - zref)
     float pub = -INFINITY;                 // the running max this thread last published
     auto stream = [&](auto kMode) {
       constexpr int MODE = decltype(kMode)::value;
       constexpr bool GREEDY = MODE <= 1, Z = MODE >= 1, BINS = MODE == 3;
       // one 16-byte vector of 8 tokens (ids 8 j ..); floor: count tokens >= it (logit units)
-      auto vector = [&](const uint4& u, int j, float floor) {
+      auto vector = [&](const uint4& u, int j, uint32_t kf2) {
         const uint32_t vm = hmax2<T>(hmax2<T>(u.x, u.y), hmax2<T>(u.z, u.w));
         mx2 = hmax2<T>(mx2, vm);
         nn2 = hmax2_nan<T>(nn2, hmax2_nan<T>(hmax2_nan<T>(u.x, u.y), hmax2_nan<T>(u.z, u.w)));
         const float vmf = fmaxf(half_lo<T>(vm), half_hi<T>(vm));
         float f[8];
-        if constexpr (GREEDY) {
-          if (vmf >= best_v) {   // rare after the start
-            unpack16(u, f, static_cast<const T*>(nullptr));
-#pragma unroll
-            for (int e = 0; e < 8; ++e)
-              if (f[e] > best_v || (best_i == 0x7fffffff && f[e] == best_v)) { best_v = f[e]; best_i = 8 * j + e; }
-          }
+        if constexpr (GREEDY) {   // the first vector holding this thread's max (no branch)
+          const bool take = vmf > best_v || (best_i < 0 && vmf == vmf);
+          best_v = take ? vmf : best_v;
+          best_i = take ? j : best_i;
         }
         if constexpr (Z) {
           unpack16(u, f, static_cast<const T*>(nullptr));
@@ -280,14 +277,19 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
             zsum += (GREEDY && f[e] != f[e]) ? 0.f : w;   // greedy rows may hold NaN
           }
         }
-        if constexpr (BINS) {
-          if (vmf >= floor) {   // ~10% of the vectors of a flat row, fewer of a peaked one
-            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int h = 0; h < 4; ++h) {
-              const uint32_t k2 = ord16x2(w[h]);
-              if (f[2 * h] >= floor) count_key(k2 & 0xffffu);
-              if (f[2 * h + 1] >= floor) count_key(k2 >> 16);
+        if constexpr (BINS) {   // tokens with key >= kf2 (both halves): a hit mask, then the hits only
+          const uint32_t k0 = ord16x2(u.x), k1 = ord16x2(u.y), k2 = ord16x2(u.z), k3 = ord16x2(u.w);
+          const uint32_t c0 = __vcmpgeu2(k0, kf2), c1 = __vcmpgeu2(k1, kf2);
+          const uint32_t c2 = __vcmpgeu2(k2, kf2), c3 = __vcmpgeu2(k3, kf2);
+          if ((c0 | c1 | c2 | c3) != 0u) {
+            // bit h: the low half of word h, bit 16 + h: its high half
+            uint32_t hits = (c0 & 0x10001u) | ((c1 & 0x10001u) << 1) | ((c2 & 0x10001u) << 2) | ((c3 & 0x10001u) << 3);
+            while (hits) {
+              const int bit = __ffs(hits) - 1;
+              hits &= hits - 1u;
+              const int h = bit & 15;
+              const uint32_t kw = h < 2 ? (h == 0 ? k0 : k1) : (h == 2 ? k2 : k3);
+              count_key(bit >= 16 ? kw >> 16 : kw & 0xffffu);
             }
             if (vmf > pub) { pub = vmf; atomicMax(&sh_runmax, order_key(vmf)); }
           }
@@ -297,12 +299,12 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
       auto stage = [&]() {
         issue(row, s + kStreamStages - 1);
         cp_async_wait<kStreamStages - 1>();
-        const float floor = BINS ? key_to_float(sh_runmax) - span : -INFINITY;
+        const uint32_t kf2 = BINS ? floor_key16(key_to_float(sh_runmax) - span, static_cast<const T*>(nullptr)) * 0x10001u : 0u;
         const uint4* slot = ring + (s % kStreamStages) * kStage + tid;
 #pragma unroll
         for (int v = 0; v < kStreamVecs; ++v) {
           const int j = s * kStage + v * kStreamThreads + tid;
-          if (j < nvec) vector(slot[v * kStreamThreads], j, floor);
+          if (j < nvec) vector(slot[v * kStreamThreads], j, kf2);
         }
         ++s;
       };
@@ -323,7 +325,8 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
       if (need_bins) stream(std::integral_constant<int, 3>());
       else stream(std::integral_constant<int, 2>());
     }
-    auto tail_tokens = [&](float floor) {   // the last V % 8 tokens, one per thread
+    float tail_f = -INFINITY;   // this thread's tail token (greedy: checked against the row max)
+    auto tail_tokens = [&](uint32_t kf) {   // the last V % 8 tokens, one per thread
       if (tid < tail) {
         const int id = nvec * 8 + tid;
         const uint32_t h = reinterpret_cast<const uint16_t*>(row)[id];
@@ -331,16 +334,17 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
         const float f = half_lo<T>(w2);
         mx2 = hmax2<T>(mx2, w2);
         nn2 = hmax2_nan<T>(nn2, w2);
-        if (need_bins && f >= floor) count_key(ord16x2(w2) & 0xffffu);
+        const uint32_t key = ord16x2(w2) & 0xffffu;
+        if (need_bins && key >= kf) count_key(key);
         if (need_z && (f == f || !sp.greedy)) {
           const float s2 = __fmul_rn(f, scale);
           if (s2 > zref) { zsum = zref == -INFINITY ? 0.f : zsum * exp2f(zref - s2); zref = s2; }
           zsum += exp2f(fmaf(f, scale, -zref));
         }
-        if (sp.greedy && (f > best_v || (best_i == 0x7fffffff && f == best_v))) { best_v = f; best_i = id; }
+        tail_f = f;
       }
     };
-    tail_tokens(need_bins ? key_to_float(sh_runmax) - span : -INFINITY);
+    tail_tokens(need_bins ? floor_key16(key_to_float(sh_runmax) - span, static_cast<const T*>(nullptr)) : 0u);
     // the next row's first stages load under this row's resolve
     if (kr + 1 < n_mine)
       for (int s = 0; s < kStreamStages - 1; ++s) issue(row_ptr(mine(kr + 1)), s);
@@ -359,8 +363,16 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
       *out = o;
     };
     int arg = -1;
-    if (sp.greedy) {
-      const int a = -block_max<kStreamThreads>(-(best_v == M ? best_i : 0x7fffffff), sh_i);
+    if (sp.greedy) {   // the lowest id equal to M: in the candidate vector of a thread whose max is M
+      int mine = 0x7fffffff;
+      if (best_i >= 0 && best_v == M) {
+        float f[8];
+        unpack16(__ldg(reinterpret_cast<const uint4*>(row) + best_i), f, static_cast<const T*>(nullptr));
+#pragma unroll
+        for (int e = 7; e >= 0; --e) if (f[e] == M) mine = 8 * best_i + e;
+      }
+      if (tid < tail && tail_f == M) mine = min(mine, nvec * 8 + tid);
+      const int a = -block_max<kStreamThreads>(-mine, sh_i);
       arg = a == 0x7fffffff ? -1 : a;   // none: every token is NaN
     }
     if ((sp.greedy && !need_z) || (!sp.greedy && (flags != 0u || !(M > -INFINITY)))) {
