@@ -149,8 +149,8 @@ def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0, num_rows
     or "tiles" (tiles -> threshold or hist -> finish). Automatic: rows where it can run
     (``rows_unsupported``) and the call has at most _ROWS_MAX_T logit rows (one wave of
     clusters: B=1 top-p 23 us vs 34 on the tiles path), else tiles. The stream path is
-    correct (every GPU test runs on it) but slower than tiles so far (B=64 top-p 0.9: 176 vs
-    85 us, no filter 76 vs 45: PERF.md spec_sample, session 8), so only the variable picks it.
+    correct (every GPU test runs on it) but slower than tiles so far (B=64 top-p 0.9: 107 vs
+    84 us, no filter 62 vs 44: PERF.md spec_sample, session 8), so only the variable picks it.
     SPECDEC_SPEC_SAMPLE_PATH=tiles forces the tiles path; =rows / =stream take that path at
     any batch size wherever it can run (tests, benchmarks)."""
     want = os.environ.get(PATH_ENV, "auto").strip().lower() or "auto"
