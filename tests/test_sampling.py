@@ -1019,7 +1019,10 @@ def test_spec_sample_gpu_threshold_exact(dtype, pad, rng):
         # max just above 0, the rest below: for 16-bit logits the crossing lies past the
         # histogram's 8192 values (the fallback radix select)
         (1.0, 0, 0.9, "crosszero"), (1.0, 50, 1.0, "crosszero"), (1.0, 50, 0.9, "crosszero"),
-        (2.0, 0, 0.99, "wide")]
+        (2.0, 0, 0.99, "wide"),
+        # ~152k tokens of one value: more than a 16-bit counter holds (the stream path's
+        # large-count table; the crossing inside that one value's bin)
+        (1.0, 100000, 1.0, "flat"), (1.0, 0, 0.5, "flat")]
     B = len(cases)
     cu_q = np.arange(B + 1, dtype=np.int32)
     x = rng.standard_normal((B, V)) * 3
@@ -1038,6 +1041,9 @@ def test_spec_sample_gpu_threshold_exact(dtype, pad, rng):
         elif kind == "crosszero":
             x[b] = -np.abs(rng.standard_normal(V) * 3)
             x[b, 17] = 0.25
+        elif kind == "flat":
+            x[b] = 0.0
+            x[b, [5, 77, 150000]] = [1.0, 1.0, 0.5]
         elif kind == "wide":   # fp16: 8192 values span 8 octaves below the max
             x[b] = rng.standard_normal(V) * 6
     if pad:   # greedy rows of zeros after the cases (they only make the batch large)
