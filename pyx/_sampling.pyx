@@ -182,6 +182,14 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
     launch(k_finish, batch, 1, 1, SPEC_SAMPLE_FINISH_THREADS, 1, 1, 0, stream, &p)
 
 
+cdef void _allow_smem(Kernel k, unsigned int smem):
+    """Lets k launch with smem bytes of dynamic shared memory (the rows and stream paths hold
+    more than the default 48 KB)."""
+    if smem > <unsigned int>k.max_dynamic_smem:
+        k.prefer_max_shared()
+        k.set_max_dynamic_smem(smem)
+
+
 def launch_spec_sample_rows(Kernel k_rows, Kernel k_chain, size_t stream,
                             uintptr_t logits, uintptr_t cu_q, uintptr_t draft_ids,
                             uintptr_t temperature, uintptr_t top_k, uintptr_t top_p, uintptr_t min_p,
@@ -199,9 +207,7 @@ def launch_spec_sample_rows(Kernel k_rows, Kernel k_chain, size_t stream,
                                       num_rows, batch, vocab, 0, num_tiles, tiles_per_cta, width,
                                       filters)
     if num_rows > 0:
-        if smem > <unsigned int>k_rows.max_dynamic_smem:
-            k_rows.prefer_max_shared()
-            k_rows.set_max_dynamic_smem(smem)
+        _allow_smem(k_rows, smem)
         if cluster > 8:
             k_rows.allow_large_clusters()
         launch_cluster(k_rows, num_rows * cluster, SPEC_SAMPLE_ROWS_THREADS, smem, stream, &p, cluster)
@@ -232,9 +238,7 @@ def launch_spec_sample_stream(Kernel k_stream, Kernel k_race, size_t stream,
                                       num_rows, batch, vocab, 0, num_tiles, 0, width, filters)
     cdef unsigned int smem = STREAM_SMEM
     if num_rows > 0:
-        if smem > <unsigned int>k_stream.max_dynamic_smem:
-            k_stream.prefer_max_shared()
-            k_stream.set_max_dynamic_smem(smem)
+        _allow_smem(k_stream, smem)
         launch(k_stream, min(ctas, num_rows), 1, 1, SPEC_SAMPLE_STREAM_THREADS, 1, 1, smem, stream, &p)
     cdef int groups = (num_tiles + RACE_TILES_PER_CTA - 1) // RACE_TILES_PER_CTA
     launch(k_race, groups, batch, 1, SPEC_SAMPLE_RACE_THREADS, 1, 1, 0, stream, &p)

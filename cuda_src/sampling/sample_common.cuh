@@ -79,6 +79,22 @@ __device__ __forceinline__ bool kept(float logit, float s2, uint32_t tau_key, fl
   return !(min_p > 0.f) || exp2f(__fsub_rn(s2, row_m)) >= min_p;
 }
 
+// The request's parameters as a one-pass kernel (rows, stream) applies them: filters off when
+// the caller promised none (no_filters; chain_seq flags a request that filters anyway).
+__device__ __forceinline__ SeqParams applied_params(const SpecSampleParams& p, int b) {
+  SeqParams sp = seq_params(p, b);
+  if (p.no_filters) { sp.filtered = sp.k_on = sp.p_on = false; sp.min_p = 0.f; }
+  return sp;
+}
+
+// Weight exp2(s2 - m) of the draft's logit lx if the filters keep it, else 0.
+__device__ __forceinline__ float draft_weight_of(float lx, const SeqParams& sp, uint32_t tau, float m) {
+  if (!(lx > -INFINITY)) return 0.f;
+  const float sx = __fmul_rn(lx, sp.scale);
+  if (sp.filtered && !kept(lx, sx, tau, m, sp.min_p)) return 0.f;
+  return exp2f(__fsub_rn(sx, m));
+}
+
 // Block b of cu_q is usable: 1 <= q <= width rows inside [0, T), its drafts inside [0, T-B).
 __device__ __forceinline__ bool block_layout_ok(const SpecSampleParams& p, int b, int r0, int r1) {
   const int q = r1 - r0;

@@ -173,8 +173,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
   const int q = __ldg(p.cu_q + b + 1) - r0;
   const int i = r - r0;                      // block row
   const int k = q - 1;
-  SeqParams sp = seq_params(p, b);
-  if (p.no_filters) { sp.filtered = sp.k_on = sp.p_on = false; sp.min_p = 0.f; }
+  const SeqParams sp = applied_params(p, b);
   const int dpos = r - b;                    // draft_ids index of this row's draft
   const bool has_draft = i >= 0 && i < k && dpos >= 0 && dpos < p.num_rows - p.batch;
   const int x = has_draft ? __ldg(p.draft_ids + dpos) : -1;
@@ -552,11 +551,7 @@ __device__ void rows_kernel(const SpecSampleParams& p) {
   }
   cluster_sync();
   const float wsum_all = cluster_sum(&rec.wsum);
-  float ex = 0.f;   // weight of the draft if kept
-  if (x_ok && lx != -INFINITY) {
-    const float sx = __fmul_rn(lx, scale);
-    if (!sp.filtered || kept(lx, sx, tau, m, min_p)) ex = exp2f(__fsub_rn(sx, m));
-  }
+  const float ex = x_ok ? draft_weight_of(lx, sp, tau, m) : 0.f;   // weight of the draft if kept
   const float z_full = wsum_all + (excl >= 0 ? ex : 0.f);
   const float px = z_full > 0.f ? ex / z_full : 0.f;
   int accept = 0;

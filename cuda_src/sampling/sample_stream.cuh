@@ -4,20 +4,22 @@
 // Why: the tiles path reads a filtered row up to three times and launches three kernels; the
 // rows path holds a row in a cluster but pays cluster barriers and per-CTA fixed work 8 times
 // per row. Here one persistent CTA per SM owns whole rows and streams each row once from DRAM
-// (a cp.async ring of SPEC_SAMPLE_STREAM_STAGES x 8 KB, the next row's first stages issued
-// before the current row's resolve), counting every token into an ABSOLUTE exact-value
-// histogram of the 16-bit keys (65536 u16 counters = 128 KB of shared memory, two per word).
-// Absolute bins need no row max first, so max, NaN / +inf flags and the counts are one pass
-// with no exp per token; the row mass, top-k, top-p, min-p, p(draft) and the accept decision
-// come from the bins (an exp per bin). Greedy rows only track a lazy argmax.
+// (a cp.async ring of SPEC_SAMPLE_STREAM_STAGES x 16 KB, the next row's first stages issued
+// before the current row's resolve). Per row: packed max, NaN / +inf flags, a greedy argmax
+// candidate per thread, the row mass (an exp per token) and, for top-k / top-p / min-p rows,
+// an ABSOLUTE exact-value histogram of the 16-bit keys (65536 u16 counters = 128 KB of shared
+// memory, two per word) of the tokens within 2^-kFloorLog2 of the running max's weight. The
+// thresholds, p(draft) and the accept decision come from the bins (an exp per bin); a cut
+// below the counted range recounts every token of the row (rare on LM rows).
 //   spec_sample_stream_<dt>: per row a SpecSampleRowOut record (accept, tau, greedy token).
 //   spec_sample_race_<dt>: grid (tile groups, B); every CTA walks its sequence's records
 //     (chain_seq) to find the row that samples, sums its tiles' kept weights and races them
 //     (level 1); the last CTA of the sequence merges, races the winning tile's tokens (level
 //     2), writes the token into the record and assembles the block's outputs (chain_seq).
-// A u16 counter would wrap after 65535 equal keys: every 28672 tokens (61440 for the first
-// segment) counters past 0x7fff are moved into a small table of large counts (rare: a value
-// repeated tens of thousands of times), so no counter ever wraps.
+// A u16 counter would wrap after 65535 equal keys: between segments of the stream (normalize_due)
+// counters past 0x7fff are moved into a small table of large counts (rare: a value repeated
+// tens of thousands of times), so no counter ever wraps.
+// Slower than the tiles path so far (docs/PERF.md, spec_sample session 8): opt-in only.
 #pragma once
 #include "common/cp_async.cuh"
 #include "common/ragged.cuh"
@@ -42,6 +44,12 @@ constexpr int kStreamVecs = SPEC_SAMPLE_STREAM_VECS;        // 16-byte vectors p
 // ones < 32768 after a normalize left every counter <= 0x7fff (+ the V % 8 tail tokens)
 constexpr int kFirstSegment = 65528 / (8 * kStreamThreads * kStreamVecs);
 constexpr int kSegment = 32760 / (8 * kStreamThreads * kStreamVecs);
+
+// After `done` of `nstages` stages of counting: normalize the counters before the next stage.
+__device__ __forceinline__ bool normalize_due(int done, int nstages) {
+  return done < nstages &&
+         (done == kFirstSegment || (done > kFirstSegment && (done - kFirstSegment) % kSegment == 0));
+}
 constexpr int kRaceThreads = SPEC_SAMPLE_RACE_THREADS;
 constexpr int kRaceWarps = kRaceThreads / 32;               // one tile per warp
 
@@ -57,21 +65,6 @@ __device__ __forceinline__ uint32_t* ws_race_done(const SpecSampleParams& p) {  
 }
 __device__ __forceinline__ RaceSlot* ws_race_slots(const SpecSampleParams& p) {   // [B, G]
   return reinterpret_cast<RaceSlot*>(ws_race_done(p) + ((p.batch + 3) & ~3));
-}
-
-// The row's parameters as the stream and race kernels see them (filters off under no_filters).
-__device__ __forceinline__ SeqParams stream_params(const SpecSampleParams& p, int b) {
-  SeqParams sp = seq_params(p, b);
-  if (p.no_filters) { sp.filtered = sp.k_on = sp.p_on = false; sp.min_p = 0.f; }
-  return sp;
-}
-
-// Weight of the draft's logit lx if the filters keep it, else 0.
-__device__ __forceinline__ float draft_weight_of(float lx, const SeqParams& sp, uint32_t tau, float m) {
-  if (!(lx > -INFINITY)) return 0.f;
-  const float sx = __fmul_rn(lx, sp.scale);
-  if (sp.filtered && !kept(lx, sx, tau, m, sp.min_p)) return 0.f;
-  return exp2f(__fsub_rn(sx, m));
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -190,7 +183,7 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
     const int q = __ldg(p.cu_q + b + 1) - r0;
     const int i = r - r0;
     const int k = q - 1;
-    const SeqParams sp = stream_params(p, b);
+    const SeqParams sp = applied_params(p, b);
     const int dpos = r - b;
     const bool has_draft = i >= 0 && i < k && dpos >= 0 && dpos < p.num_rows - p.batch;
     const int x = has_draft ? __ldg(p.draft_ids + dpos) : -1;
@@ -241,18 +234,23 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
     };
     auto count_key = [&](uint32_t key) { atomicAdd(hist + (key >> 1), 1u << ((key & 1u) << 4)); };
 
-    // ---- the stream: packed max / NaN max, lazy argmax (greedy), z, counts near the max.
+    // ---- the stream: packed max / NaN max, argmax candidate (greedy), z, counts near the max.
     // One loop per row kind (kMode: 0 greedy, 1 greedy + z, 2 sampled, 3 sampled + bins), so
     // no per-vector test of the kind.
     uint32_t mx2 = ninf2<T>(), nn2 = ninf2<T>();
     float best_v = -INFINITY;
     int best_i = -1;   // greedy: the vector holding best_v first
     float zref = -INFINITY, zsum = 0.f;   // this thread's sum of exp2(s2 - zref)
+    auto rebase = [&](float s2) {          // zref = max(zref, s2) (rare after the start)
+      if (s2 > zref) { zsum = zref == -INFINITY ? 0.f : zsum * exp2f(zref - s2); zref = s2; }
+    };
+    // the count floor from the block's running max: keys >= it are counted
+    auto running_kf = [&]() { return floor_key16(key_to_float(sh_runmax) - span, static_cast<const T*>(nullptr)); };
     float pub = -INFINITY;                 // the running max this thread last published
     auto stream = [&](auto kMode) {
       constexpr int MODE = decltype(kMode)::value;
       constexpr bool GREEDY = MODE <= 1, Z = MODE >= 1, BINS = MODE == 3;
-      // one 16-byte vector of 8 tokens (ids 8 j ..); floor: count tokens >= it (logit units)
+      // one 16-byte vector of 8 tokens (ids 8 j ..); kf2: count the keys >= it (both halves)
       auto vector = [&](const uint4& u, int j, uint32_t kf2) {
         const uint32_t vm = hmax2<T>(hmax2<T>(u.x, u.y), hmax2<T>(u.z, u.w));
         mx2 = hmax2<T>(mx2, vm);
@@ -266,11 +264,7 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
         }
         if constexpr (Z) {
           unpack16(u, f, static_cast<const T*>(nullptr));
-          const float s2m = __fmul_rn(vmf, scale);
-          if (s2m > zref) {   // rare after the start: rescale to the new reference
-            zsum = zref == -INFINITY ? 0.f : zsum * exp2f(zref - s2m);
-            zref = s2m;
-          }
+          rebase(__fmul_rn(vmf, scale));
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
             const float w = exp2f(fmaf(f[e], scale, -zref));
@@ -299,7 +293,7 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
       auto stage = [&]() {
         issue(row, s + kStreamStages - 1);
         cp_async_wait<kStreamStages - 1>();
-        const uint32_t kf2 = BINS ? floor_key16(key_to_float(sh_runmax) - span, static_cast<const T*>(nullptr)) * 0x10001u : 0u;
+        const uint32_t kf2 = BINS ? running_kf() * 0x10001u : 0u;
         const uint4* slot = ring + (s % kStreamStages) * kStage + tid;
 #pragma unroll
         for (int v = 0; v < kStreamVecs; ++v) {
@@ -308,14 +302,9 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
         }
         ++s;
       };
-      if constexpr (BINS) {   // segments short enough that no u16 counter wraps (normalize)
-        for (int seg_end = min(nstages, kFirstSegment); ; seg_end = min(nstages, seg_end + kSegment)) {
-          while (s < seg_end) stage();
-          if (s >= nstages) break;
-          normalize();
-        }
-      } else {
-        while (s < nstages) stage();
+      while (s < nstages) {
+        stage();
+        if (BINS && normalize_due(s, nstages)) normalize();
       }
     };
     if (sp.greedy) {
@@ -337,14 +326,13 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
         const uint32_t key = ord16x2(w2) & 0xffffu;
         if (need_bins && key >= kf) count_key(key);
         if (need_z && (f == f || !sp.greedy)) {
-          const float s2 = __fmul_rn(f, scale);
-          if (s2 > zref) { zsum = zref == -INFINITY ? 0.f : zsum * exp2f(zref - s2); zref = s2; }
+          rebase(__fmul_rn(f, scale));
           zsum += exp2f(fmaf(f, scale, -zref));
         }
         tail_f = f;
       }
     };
-    tail_tokens(need_bins ? floor_key16(key_to_float(sh_runmax) - span, static_cast<const T*>(nullptr)) : 0u);
+    tail_tokens(need_bins ? running_kf() : 0u);
     // the next row's first stages load under this row's resolve
     if (kr + 1 < n_mine)
       for (int s = 0; s < kStreamStages - 1; ++s) issue(row_ptr(mine(kr + 1)), s);
@@ -386,8 +374,7 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
       continue;
     }
 
-    // ---- the bins: thread t holds keys [65535 - 128 (t + 1), 65535 - 128 t], highest first;
-    // exact where the value is >= the final floor (every such token was counted)
+    // ---- the bins: exact where the value is >= the final floor (every such token was counted)
     const uint32_t omax = max_key16(M, static_cast<const T*>(nullptr));
     const uint32_t kbot = ord16x2(ninf2<T>()) & 0xffffu;   // -inf; keys below it are NaN
     auto value = [&](uint32_t key) { return bits16_to_float(ord16_inverse(key), static_cast<const T*>(nullptr)); };
@@ -415,9 +402,7 @@ __device__ void stream_kernel(const SpecSampleParams& p) {
               count_key(k2 >> 16);
             }
           }
-          const int done = s + 1;
-          if (done < nstages && (done == kFirstSegment || (done > kFirstSegment && (done - kFirstSegment) % kSegment == 0)))
-            normalize();
+          if (normalize_due(s + 1, nstages)) normalize();
         }
         if (tid < tail) count_key(ord16x2(reinterpret_cast<const uint16_t*>(row)[nvec * 8 + tid] * 0x10001u) & 0xffffu);
       }
@@ -550,7 +535,7 @@ __device__ void race_kernel(const SpecSampleParams& p) {
   const int k = __ldg(p.cu_q + b + 1) - r0 - 1;
   const int i = n, r = r0 + n;
   const T* row = static_cast<const T*>(p.logits) + static_cast<int64_t>(r) * p.logits_stride;
-  const SeqParams sp = stream_params(p, b);
+  const SeqParams sp = applied_params(p, b);
   const int x = i < k ? __ldg(p.draft_ids + r0 - b + i) : -1;
   const bool x_ok = x >= 0 && x < V;
   const int excl = x_ok ? x : -1;   // the residual p - onehot(x) leaves it out

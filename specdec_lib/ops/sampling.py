@@ -158,15 +158,11 @@ def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0, num_rows
         raise ValueError(f"{PATH_ENV}={want!r}: expected auto, rows, stream or tiles")
     if want == "tiles":
         return "tiles"
-    rows_ok = rows_unsupported(dtype, one_hot, vocab, device) is None
-    stream_ok = stream_unsupported(dtype, one_hot, vocab, device, aligned) is None
-    if want == "rows" and rows_ok:
+    if want == "stream" and stream_unsupported(dtype, one_hot, vocab, device, aligned) is None:
+        return "stream"   # opt-in until it beats the tiles path (PERF.md session 8)
+    if rows_unsupported(dtype, one_hot, vocab, device) is None and (want == "rows" or num_rows <= _ROWS_MAX_T):
         return "rows"
-    if want == "stream" and stream_ok:
-        return "stream"
-    if rows_ok and num_rows <= _ROWS_MAX_T:
-        return "rows"
-    return "tiles"   # the stream path is opt-in until it beats the tiles path (PERF.md session 8)
+    return "tiles"
 
 
 def _vec(name, obj, dtype, n, dev):
@@ -284,8 +280,8 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
     from .. import _sampling
     aligned = lg.ptr % 16 == 0 and (T <= 1 or (lg.strides[0] * lg.itemsize) % 16 == 0)
     path = sample_path(lg.dtype, draft_probs is None, V, dev, T, aligned)
+    name = _KERNEL_DTYPES[lg.dtype]
     if path == "stream":
-        name = _KERNEL_DTYPES[lg.dtype]
         _sampling.launch_spec_sample_stream(
             runtime.kernel("sampling", f"spec_sample_stream_{name}", dev),
             runtime.kernel("sampling", f"spec_sample_race_{name}", dev), stream_h,
@@ -296,7 +292,6 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
         return num_accepted, emitted, status
     if path == "rows":
         tpc, cluster, smem = rows_plan(num_tiles)
-        name = _KERNEL_DTYPES[lg.dtype]
         _sampling.launch_spec_sample_rows(
             runtime.kernel("sampling", f"spec_sample_rows_{name}", dev),
             runtime.kernel("sampling", "spec_sample_chain", dev), stream_h,
@@ -306,7 +301,6 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
             T, B, V, num_tiles, tpc, cluster, smem, W, filters is None or bool(filters))
         return num_accepted, emitted, status
     tiles_per_cta = _tiles_per_cta(T, num_tiles, runtime.sm_count(dev))
-    name = _KERNEL_DTYPES[lg.dtype]
     ks = [runtime.kernel("sampling", f"spec_sample_{stage}_{name}", dev)
           for stage in ("tiles", "threshold", "finish")]
     # 16-bit logits: the filters in one exact-value histogram launch (no recount)
