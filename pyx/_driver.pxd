@@ -13,5 +13,8 @@ cdef int check(cydriver.CUresult err, str op) except -1
 cdef int launch(Kernel k, unsigned int gx, unsigned int gy, unsigned int gz,
                 unsigned int bx, unsigned int by, unsigned int bz,
                 unsigned int smem, size_t stream, void* params) except -1
+cdef int launch_after(Kernel k, unsigned int gx, unsigned int gy, unsigned int gz,
+                      unsigned int bx, unsigned int by, unsigned int bz,
+                      unsigned int smem, size_t stream, void* params, bint pdl) except -1
 cdef int launch_cluster(Kernel k, unsigned int gx, unsigned int bx, unsigned int smem,
                         size_t stream, void* params, unsigned int cluster_x) except -1

@@ -325,6 +325,42 @@ cdef int launch(Kernel k, unsigned int gx, unsigned int gy, unsigned int gz,
     return 0
 
 
+cdef int launch_after(Kernel k, unsigned int gx, unsigned int gy, unsigned int gz,
+                      unsigned int bx, unsigned int by, unsigned int bz,
+                      unsigned int smem, size_t stream, void* params, bint pdl) except -1:
+    """``launch`` for a kernel that follows another launch of the same op on ``stream``: with
+    ``pdl`` (sm_90 code that calls griddepcontrol.wait before it reads its predecessor's
+    results: cuda_src/common/pdl.cuh) through cuLaunchKernelEx with programmatic stream
+    serialization, so it is scheduled while the predecessor drains."""
+    if not pdl:
+        return launch(k, gx, gy, gz, bx, by, bz, smem, stream, params)
+    cdef void* args[1]
+    cdef cydriver.CUresult err
+    cdef cydriver.CUlaunchConfig cfg
+    cdef cydriver.CUlaunchAttribute attr
+    args[0] = params
+    memset(&cfg, 0, sizeof(cfg))
+    memset(&attr, 0, sizeof(attr))
+    attr.id = cydriver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    cfg.gridDimX = gx
+    cfg.gridDimY = gy
+    cfg.gridDimZ = gz
+    cfg.blockDimX = bx
+    cfg.blockDimY = by
+    cfg.blockDimZ = bz
+    cfg.sharedMemBytes = smem
+    cfg.hStream = <cydriver.CUstream>stream
+    cfg.attrs = &attr
+    cfg.numAttrs = 1
+    with nogil:
+        err = cydriver.cuLaunchKernelEx(&cfg, k.func, args, NULL)
+    if err != cydriver.CUDA_SUCCESS:
+        check(err, f"cuLaunchKernelEx({k.module}:{k.name}, grid=({gx},{gy},{gz}), "
+                   f"block=({bx},{by},{bz}), smem={smem}, programmatic serialization)")
+    return 0
+
+
 cdef int launch_cluster(Kernel k, unsigned int gx, unsigned int bx, unsigned int smem,
                         size_t stream, void* params, unsigned int cluster_x) except -1:
     """Launch ``k`` on a 1-D grid of ``gx`` CTAs in clusters of ``cluster_x`` (sm_90+:

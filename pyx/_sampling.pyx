@@ -3,7 +3,7 @@
 three kernels in order on the caller's stream. No validation here
 (specdec_lib.ops.sampling does it before calling in)."""
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
-from specdec_lib._driver cimport Kernel, launch, launch_cluster
+from specdec_lib._driver cimport Kernel, launch, launch_after, launch_cluster
 
 cdef extern from "sampling/sampling_params.h":
     int SPEC_SAMPLE_TILE
@@ -152,7 +152,7 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
                        int64_t emitted_stride, int64_t logprobs_stride,
                        int num_rows, int batch, int vocab, int draft_vocab, int num_tiles,
                        int tiles_per_cta, int width, bint filters=True, int threshold_ctas=1,
-                       Kernel k_hist=None):
+                       Kernel k_hist=None, bint pdl=False):
     """f32 logits: tiles (grid T x chunks) -> threshold x SPEC_SAMPLE_THRESHOLD_STEPS (grid
     T x threshold_ctas, filter_step 0..3) -> tiles, filtered pass -> finish (grid B).
     16-bit logits (``k_hist`` given): tiles -> hist (grid T x threshold_ctas, one launch:
@@ -160,7 +160,9 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
     recounted over the kept set) -> finish. ``filters=False`` (the caller's promise that no
     request filters) skips the filter launches; finish then flags a request that does filter
     (status 5) instead of sampling it unfiltered. With filters=True the launches always run
-    (CTAs of unfiltered rows exit at once)."""
+    (CTAs of unfiltered rows exit at once). ``pdl`` (sm_90 code): hist and finish are
+    launched with programmatic stream serialization (scheduled while their predecessor
+    drains; they wait for its results in the kernel)."""
     cdef SpecSampleParams p = _params(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p,
                   seed, step, draft_probs, d2t, num_accepted, emitted, status, logprobs, workspace,
                   logits_stride, draft_probs_stride, emitted_stride, logprobs_stride,
@@ -169,7 +171,8 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
     if num_rows > 0:
         launch(k_tiles, num_rows, chunks, 1, SPEC_SAMPLE_TILE_THREADS, 1, 1, 0, stream, &p)
         if filters and k_hist is not None:
-            launch(k_hist, num_rows, threshold_ctas, 1, SPEC_SAMPLE_HIST_THREADS, 1, 1, 0, stream, &p)
+            launch_after(k_hist, num_rows, threshold_ctas, 1, SPEC_SAMPLE_HIST_THREADS, 1, 1, 0,
+                         stream, &p, pdl)
         elif filters:
             for step in range(SPEC_SAMPLE_THRESHOLD_STEPS):
                 p.filter_step = step
@@ -179,7 +182,9 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
             p.filtered_pass = 1
             launch(k_tiles, num_rows, chunks, 1, SPEC_SAMPLE_TILE_THREADS, 1, 1, 0, stream, &p)
             p.filtered_pass = 0
-    launch(k_finish, batch, 1, 1, SPEC_SAMPLE_FINISH_THREADS, 1, 1, 0, stream, &p)
+    # (the first launch of the call when there are no rows: then a plain one)
+    launch_after(k_finish, batch, 1, 1, SPEC_SAMPLE_FINISH_THREADS, 1, 1, 0, stream, &p,
+                 pdl and num_rows > 0)
 
 
 cdef void _allow_smem(Kernel k, unsigned int smem):
@@ -197,10 +202,12 @@ def launch_spec_sample_rows(Kernel k_rows, Kernel k_chain, size_t stream,
                             uintptr_t status, uintptr_t logprobs, uintptr_t workspace,
                             int64_t logits_stride, int64_t emitted_stride, int64_t logprobs_stride,
                             int num_rows, int batch, int vocab, int num_tiles, int tiles_per_cta,
-                            int cluster, unsigned int smem, int width, bint filters=True):
+                            int cluster, unsigned int smem, int width, bint filters=True,
+                            bint pdl=False):
     """sm_90, 16-bit logits, one-hot drafts: spec_sample_rows (grid T x cluster CTAs in
     clusters of ``cluster``, each holding ``tiles_per_cta`` tiles of its row in ``smem`` bytes
-    of dynamic shared memory) -> spec_sample_chain (one warp per sequence)."""
+    of dynamic shared memory) -> spec_sample_chain (one warp per sequence; ``pdl``: launched
+    with programmatic stream serialization, as in launch_spec_sample)."""
     cdef SpecSampleParams p = _params(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p,
                                       seed, step, 0, 0, num_accepted, emitted, status, logprobs,
                                       workspace, logits_stride, 0, emitted_stride, logprobs_stride,
@@ -212,8 +219,8 @@ def launch_spec_sample_rows(Kernel k_rows, Kernel k_chain, size_t stream,
             k_rows.allow_large_clusters()
         launch_cluster(k_rows, num_rows * cluster, SPEC_SAMPLE_ROWS_THREADS, smem, stream, &p, cluster)
     cdef int per_cta = SPEC_SAMPLE_CHAIN_THREADS // 32   # one warp per sequence
-    launch(k_chain, (batch + per_cta - 1) // per_cta, 1, 1,
-           SPEC_SAMPLE_CHAIN_THREADS, 1, 1, 0, stream, &p)
+    launch_after(k_chain, (batch + per_cta - 1) // per_cta, 1, 1,
+                 SPEC_SAMPLE_CHAIN_THREADS, 1, 1, 0, stream, &p, pdl and num_rows > 0)
 
 
 STREAM_SMEM = (SPEC_SAMPLE_STREAM_HIST_BYTES

@@ -4,6 +4,7 @@
 #pragma once
 #include <math.h>
 #include "common/dtype.cuh"
+#include "common/pdl.cuh"
 #include "common/philox.cuh"
 #include "common/warp.cuh"
 #include "sampling/sampling_params.h"

@@ -191,6 +191,7 @@ __device__ void hist_kernel(const SpecSampleParams& p) {
   __shared__ unsigned long long above;
   __shared__ float sh_red[2 * kWarps];
   constexpr int kU = 8;   // 16-byte vectors per thread in flight
+  pdl_trigger();   // finish may be scheduled once every CTA is in
   const int r = blockIdx.x, chunk = blockIdx.y, nchunks = gridDim.y;
   const T* row = static_cast<const T*>(p.logits) + static_cast<int64_t>(r) * p.logits_stride;
   const int V = p.vocab;
@@ -208,6 +209,9 @@ __device__ void hist_kernel(const SpecSampleParams& p) {
 #pragma unroll         // owner_of_row's loop by ptxas
     for (int k = 0; k < kPre; ++k) u[k] = __ldg(src + min(v_lo + k * kThreads + static_cast<int>(threadIdx.x), v_hi - 1));
   }
+  // launched right after the tile pass: the logits above are the caller's (complete before
+  // the tile pass began), the tile records below are the tile pass's
+  pdl_wait();
   // row max of s2 and raw max, from the tile partials (they need only the row: their loads
   // go out with the logits', ahead of owner_of_row's chain too)
   float m = -INFINITY, raw_max = -INFINITY;

@@ -115,6 +115,7 @@ __device__ __forceinline__ V block_max(V v, V* sh) {
 
 template <typename T>
 __device__ void rows_kernel(const SpecSampleParams& p) {
+  pdl_trigger();   // the chain launch may be scheduled once every CTA is in
   extern __shared__ __align__(16) unsigned char rows_dyn[];
   __shared__ uint32_t bins[kRowBins + 32];   // histogram window (+ a scratch word per lane)
   __shared__ float chunk_sum[kRowMaxChunks];
@@ -717,6 +718,7 @@ __device__ int chain_seq(const SpecSampleParams& p, int b) {
 
 // One warp per sequence (the rows path's second launch).
 __device__ void chain_kernel(const SpecSampleParams& p) {
+  pdl_wait();   // launched right after the rows kernel: its records must be in
   const int b = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (b < p.batch) chain_seq<true>(p, b);   // warp-uniform
 }

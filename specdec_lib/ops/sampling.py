@@ -27,6 +27,7 @@ _ROWS_CLUSTER = 8           # CTAs per row by default (the portable cluster size
 _ROWS_MAX_T = 64            # automatic path: rows for calls with at most this many logit rows
 _STREAM_MAX_V = 1 << 20     # stream path: its large-count table holds 32 values of >= 32768 tokens
 PATH_ENV = "SPECDEC_SPEC_SAMPLE_PATH"   # auto (default) | rows | stream | tiles: which kernels run
+PDL_ENV = "SPECDEC_PDL"   # 1 (default) | 0: the later launches of a call the plain way (A/B timing)
 CLUSTER_ENV = "SPECDEC_SPEC_SAMPLE_CLUSTER"   # rows path: CTAs per row (1..16; tuning runs)
 
 
@@ -165,6 +166,14 @@ def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0, num_rows
     return "tiles"
 
 
+def use_pdl(device: int = 0) -> bool:
+    """Whether a call's launches after its first go out with programmatic stream
+    serialization (scheduled while the previous kernel drains; each waits for its
+    predecessor's results in griddepcontrol.wait, cuda_src/common/pdl.cuh): sm_90 code
+    only (the forced compute_75 / compute_80 code has no such wait), unless SPECDEC_PDL=0."""
+    return runtime.arch_family(device) >= 90 and os.environ.get(PDL_ENV, "1").strip() != "0"
+
+
 def _vec(name, obj, dtype, n, dev):
     return DeviceArg(name, obj, dtype=dtype, shape=(n,), device=dev, contiguous=True)
 
@@ -298,7 +307,8 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
             lg.ptr, cq.ptr, di.ptr, tp.ptr, tk.ptr, pp.ptr, mp.ptr, sd.ptr, st.ptr,
             na.ptr, em.ptr, ss.ptr, lp.ptr, ws.ptr, lg.strides[0], em.strides[0],
             lp.strides[0] if accepted_logprobs is not None else 0,
-            T, B, V, num_tiles, tpc, cluster, smem, W, filters is None or bool(filters))
+            T, B, V, num_tiles, tpc, cluster, smem, W, filters is None or bool(filters),
+            use_pdl(dev))
         return num_accepted, emitted, status
     tiles_per_cta = _tiles_per_cta(T, num_tiles, runtime.sm_count(dev))
     ks = [runtime.kernel("sampling", f"spec_sample_{stage}_{name}", dev)
@@ -311,5 +321,6 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
         lg.strides[0], dp.strides[0] if draft_probs is not None else 0, em.strides[0],
         lp.strides[0] if accepted_logprobs is not None else 0,
         T, B, V, Vd, num_tiles, tiles_per_cta, W, filters is None or bool(filters),
-        (_hist_ctas if k_hist is not None else _threshold_ctas)(T, V, runtime.sm_count(dev)), k_hist)
+        (_hist_ctas if k_hist is not None else _threshold_ctas)(T, V, runtime.sm_count(dev)), k_hist,
+        use_pdl(dev))
     return num_accepted, emitted, status
