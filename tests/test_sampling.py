@@ -1139,3 +1139,16 @@ def test_sample_path_rules_without_a_gpu(monkeypatch):
     monkeypatch.setenv(CLUSTER_ENV, "17")
     with pytest.raises(ValueError, match=CLUSTER_ENV):
         rows_plan(75)
+
+
+def test_spec_sample_pdl_rule(monkeypatch):
+    """Programmatic dependent launch only for sm_90 code (the forced compute_75 / compute_80
+    kernels have no griddepcontrol.wait, so launching them early would race), and
+    SPECDEC_PDL=0 turns it off."""
+    from specdec_lib.ops.sampling import PDL_ENV, use_pdl
+    monkeypatch.delenv(PDL_ENV, raising=False)
+    for fam, want in (("75", False), ("80", False), ("90", True)):
+        monkeypatch.setenv("SPECDEC_FORCE_ARCH", fam)
+        assert use_pdl(0) is want
+    monkeypatch.setenv(PDL_ENV, "0")
+    assert use_pdl(0) is False
