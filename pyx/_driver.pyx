@@ -161,26 +161,34 @@ def ensure_context(int device):
 
 # ------------------------------------------------------------------ modules and kernels
 
+cdef void _config(cydriver.CUlaunchConfig* cfg, cydriver.CUlaunchAttribute* attr,
+                  unsigned int gx, unsigned int gy, unsigned int gz,
+                  unsigned int bx, unsigned int by, unsigned int bz,
+                  unsigned int smem, size_t stream) noexcept:
+    """cuLaunchKernelEx's config of a launch with the one attribute ``attr`` (its caller sets it)."""
+    memset(cfg, 0, sizeof(cfg[0]))
+    cfg.gridDimX = gx
+    cfg.gridDimY = gy
+    cfg.gridDimZ = gz
+    cfg.blockDimX = bx
+    cfg.blockDimY = by
+    cfg.blockDimZ = bz
+    cfg.sharedMemBytes = smem
+    cfg.hStream = <cydriver.CUstream>stream
+    cfg.attrs = attr
+    cfg.numAttrs = 1
+
+
 cdef void _cluster_config(cydriver.CUlaunchConfig* cfg, cydriver.CUlaunchAttribute* attr,
                           unsigned int grid, unsigned int block, unsigned int smem, size_t stream,
                           unsigned int cluster) noexcept:
     """A 1-D launch of ``grid`` CTAs of ``block`` threads in clusters of ``cluster``."""
-    memset(cfg, 0, sizeof(cfg[0]))
     memset(attr, 0, sizeof(attr[0]))
     attr.id = cydriver.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     attr.value.clusterDim.x = cluster
     attr.value.clusterDim.y = 1
     attr.value.clusterDim.z = 1
-    cfg.gridDimX = grid
-    cfg.gridDimY = 1
-    cfg.gridDimZ = 1
-    cfg.blockDimX = block
-    cfg.blockDimY = 1
-    cfg.blockDimZ = 1
-    cfg.sharedMemBytes = smem
-    cfg.hStream = <cydriver.CUstream>stream
-    cfg.attrs = attr
-    cfg.numAttrs = 1
+    _config(cfg, attr, grid, 1, 1, block, 1, 1, smem, stream)
 
 
 cdef class Kernel:
@@ -339,20 +347,10 @@ cdef int launch_after(Kernel k, unsigned int gx, unsigned int gy, unsigned int g
     cdef cydriver.CUlaunchConfig cfg
     cdef cydriver.CUlaunchAttribute attr
     args[0] = params
-    memset(&cfg, 0, sizeof(cfg))
     memset(&attr, 0, sizeof(attr))
     attr.id = cydriver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     attr.value.programmaticStreamSerializationAllowed = 1
-    cfg.gridDimX = gx
-    cfg.gridDimY = gy
-    cfg.gridDimZ = gz
-    cfg.blockDimX = bx
-    cfg.blockDimY = by
-    cfg.blockDimZ = bz
-    cfg.sharedMemBytes = smem
-    cfg.hStream = <cydriver.CUstream>stream
-    cfg.attrs = &attr
-    cfg.numAttrs = 1
+    _config(&cfg, &attr, gx, gy, gz, bx, by, bz, smem, stream)
     with nogil:
         err = cydriver.cuLaunchKernelEx(&cfg, k.func, args, NULL)
     if err != cydriver.CUDA_SUCCESS:
