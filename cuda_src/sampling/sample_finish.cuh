@@ -205,8 +205,8 @@ __device__ void finish_kernel(const SpecSampleParams& p) {
   __shared__ int sh_range[2];
   __shared__ uint32_t sh_flags;
   __shared__ int sh_empty, sh_bad;
-  pdl_wait();   // launched right after the tile pass / hist: their records must be in
   __shared__ ChainResult sh_chain;
+  pdl_wait();   // launched right after the tile pass / hist: their records must be in
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int b = blockIdx.x;
   const int W = p.width;
