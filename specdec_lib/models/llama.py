@@ -1,0 +1,245 @@
+"""A Llama-architecture target as a host model of ``SpeculativeDecoder`` (SmolLM2 and kin).
+
+    x = embed[tokens]
+    per layer:  h = rms_norm(x);  q, k, v = split(h @ Wqkv);  rope(q, k)
+                append_kv(k, v) -> paged cache;  o = verify_attention(q)      (prefill: causal
+                x += o @ Wo;  h = rms_norm(x);  x += (silu(h @ Wg) * (h @ Wu)) @ Wd   attention)
+    hidden = rms_norm(x);  logits = hidden @ embed.T   (tied lm_head)
+
+Everything speculative and every elementwise step is a library op of the backend (``append_kv``,
+``verify_attention``, ``rms_norm`` with the residual add fused, ``rope``, ``silu_mul``); only
+the matrix products, the embedding gather and the prefill's causal attention are the host's,
+through a small ``_Math`` of the array library: numpy in float64 on the ``reference`` backend
+(the CPU oracle), torch in bf16 with cuBLAS and SDPA on the ``torch`` backend. One layer is
+ten launches on the GPU (three GEMMs fused as qkv / gate-up), so the round graph stays short.
+
+``forward`` runs a verify block (<= 16 rows per sequence); ``prefill`` runs whole prompts of
+fresh sequences (any length) in one pass, attention by the host's causal kernel, K/V still
+written through ``append_kv``; the model has no recurrent state, so ``commit`` does nothing.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class _NumpyMath:
+    """float64 numpy: the reference backend's dense math (exact enough to be the oracle)."""
+    name = "numpy"
+    act = np.float64
+    kv = np.float64
+
+    def param(self, a):
+        return np.ascontiguousarray(a, dtype=np.float64)
+
+    def table(self, a):
+        return np.asarray(a)
+
+    def empty(self, shape, dtype=None):
+        return np.empty(shape, dtype=self.act if dtype is None else dtype)
+
+    def zeros(self, shape, dtype=None):
+        return np.zeros(shape, dtype=self.act if dtype is None else dtype)
+
+    def linear(self, x, w):
+        return x @ w.T
+
+    def cat_rows(self, ws):
+        return np.ascontiguousarray(np.concatenate(ws, axis=0))
+
+    def causal_attention(self, q, k, v, scale):
+        """q [n, Hq, D], k/v [n, Hk, D] of one fresh sequence -> [n, Hq, D] (causal)."""
+        n, Hq, D = q.shape
+        g = Hq // k.shape[1]
+        kk, vv = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+        s = np.einsum("ihd,jhd->hij", q, kk) * scale
+        s = np.where(np.tril(np.ones((n, n), bool))[None], s, -np.inf)
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        s /= s.sum(axis=-1, keepdims=True)
+        return np.einsum("hij,jhd->ihd", s, vv)
+
+    def host_rows(self, a):
+        return np.asarray(a)
+
+
+class _TorchMath:
+    """torch bf16 on the backend's GPU: cuBLAS GEMMs (fp32 accumulate), SDPA for prefill."""
+    name = "torch"
+
+    def __init__(self, be):
+        import torch
+        self.torch, self.dev = torch, be.device
+        self.act = self.kv = torch.bfloat16
+        self.F = torch.nn.functional
+
+    def param(self, a):
+        return self.torch.as_tensor(np.ascontiguousarray(a, dtype=np.float32)).to(
+            self.dev, self.act)
+
+    def table(self, a):
+        return self.torch.as_tensor(np.asarray(a)).to(self.dev)
+
+    def empty(self, shape, dtype=None):
+        return self.torch.empty(shape, dtype=self.act if dtype is None else dtype, device=self.dev)
+
+    def zeros(self, shape, dtype=None):
+        return self.torch.zeros(shape, dtype=self.act if dtype is None else dtype, device=self.dev)
+
+    def linear(self, x, w):
+        return self.F.linear(x, w)
+
+    def cat_rows(self, ws):
+        return self.torch.cat(ws, dim=0).contiguous()
+
+    def causal_attention(self, q, k, v, scale):
+        o = self.F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True,
+            scale=scale, enable_gqa=True)
+        return o.transpose(0, 1)
+
+    def host_rows(self, a):
+        return a.cpu().numpy()
+
+
+def dense_math(backend):
+    if backend.name == "reference":
+        return _NumpyMath()
+    if backend.name == "torch":
+        return _TorchMath(backend)
+    raise ValueError(f"backend: the Llama host model runs on 'reference' or 'torch', "
+                     f"not {backend.name!r}")
+
+
+class LlamaTarget:
+    """Host passes of a Llama target for ``SpeculativeDecoder`` (slot b = sequence b)."""
+
+    def __init__(self, config, weights, backend, *, page_size=16, max_position=None):
+        from ..reference.layers import rope_cos_sin_cache
+        self.c, self.be = config, backend
+        self.m = m = dense_math(backend)
+        c = config
+        self.V, self.H, self.D = c.vocab_size, c.hidden_size, c.head_dim
+        self.nq, self.nkv, self.I = c.num_heads, c.num_kv_heads, c.intermediate_size
+        self.eps, self.page_size = float(c.rms_norm_eps), int(page_size)
+        self.hidden_size = self.H
+        self.embed = m.param(weights["model.embed_tokens.weight"])
+        self.lm_head = self.embed if c.tied_embeddings else m.param(weights["lm_head.weight"])
+        self.final_norm = m.param(weights["model.norm.weight"])
+        self.layers = []
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            self.layers.append(dict(
+                ln1=m.param(weights[p + "input_layernorm.weight"]),
+                ln2=m.param(weights[p + "post_attention_layernorm.weight"]),
+                qkv=m.cat_rows([m.param(weights[a + n + "_proj.weight"]) for n in "qkv"]),
+                o=m.param(weights[a + "o_proj.weight"]),
+                gate_up=m.cat_rows([m.param(weights[p + "mlp.gate_proj.weight"]),
+                                    m.param(weights[p + "mlp.up_proj.weight"])]),
+                down=m.param(weights[p + "mlp.down_proj.weight"])))
+        self.max_position = int(max_position or c.context_length)
+        self.cos_sin = m.table(rope_cos_sin_cache(self.max_position, self.D, c.rope_theta))
+        self.hidden_dtype = m.act
+        self.batch = 0
+
+    @property
+    def weight_bytes(self):
+        """Bytes of weights one forward pass reads (the decode roofline's numerator)."""
+        n = self.embed.shape[0] * self.embed.shape[1]
+        n += sum(L[k].shape[0] * L[k].shape[1] for L in self.layers for k in ("qkv", "o", "gate_up", "down"))
+        return n * (8 if self.m.name == "numpy" else 2)
+
+    # ------------------------------------------------------------------ caches
+    def reset(self, batch, max_len):
+        """Paged KV caches for ``batch`` empty sequences of up to ``max_len`` positions."""
+        if max_len > self.max_position:
+            raise ValueError(f"max_len: {max_len} positions exceed the model's "
+                             f"{self.max_position} (prompt + max_new_tokens + k + 1)")
+        m, ps = self.m, self.page_size
+        self.batch, self.max_len = batch, max_len
+        self.max_pages = -(-max_len // ps)
+        self.page_table = m.table(np.arange(batch * self.max_pages, dtype=np.int32)
+                                  .reshape(batch, self.max_pages))
+        shape = (batch * self.max_pages, ps, self.nkv, self.D)
+        self.kv = [(m.zeros(shape, m.kv), m.zeros(shape, m.kv)) for _ in self.layers]
+
+    def reset_slots(self, slot_ids):
+        """A new request takes these slots: nothing to clear (rows past L = 0 are dead)."""
+
+    def commit(self, cu_q, accept_len):
+        """No recurrent state: accepted KV rows are already in place, the rest are dead."""
+
+    # ------------------------------------------------------------------ passes
+    def forward(self, tokens, positions, cu_q, seq_lens, finished):
+        """A verify block: tokens/positions [T], cu_q [B+1], seq_lens [B] committed, finished
+        [B] (their K/V rows are not appended). Returns (logits [T, V], hidden [T, H])."""
+        be = self.be
+
+        def attend(i, q, k_cache, v_cache, out):
+            be.verify_attention(q, k_cache, v_cache, self.page_table, seq_lens, cu_q, out)
+        return self._run(tokens, positions, cu_q, seq_lens, finished, attend)
+
+    def prefill(self, tokens, positions, cu_q, seq_lens, finished, *, row_counts, logits=False):
+        """Whole prompts of fresh sequences (seq_lens[b] = 0 where row_counts[b] > 0), any
+        length, in one pass. ``row_counts`` (host ints) split the rows per sequence for the
+        causal attention. Returns (logits or None, hidden)."""
+        m = self.m
+        scale = 1.0 / np.sqrt(self.D)
+        bounds = np.concatenate([[0], np.cumsum(row_counts)]).astype(int)
+        cache = {}
+
+        def attend(i, q, k_cache, v_cache, out):
+            k, v = cache["k"], cache["v"]
+            for b in range(len(row_counts)):
+                r0, r1 = bounds[b], bounds[b + 1]
+                if r1 > r0:
+                    out[r0:r1] = m.causal_attention(q[r0:r1], k[r0:r1], v[r0:r1], scale)
+        return self._run(tokens, positions, cu_q, seq_lens, finished, attend, cache=cache,
+                         want_logits=logits)
+
+    def _run(self, tokens, positions, cu_q, seq_lens, finished, attend, cache=None,
+             want_logits=True):
+        be, m = self.be, self.m
+        T = tokens.shape[0]
+        H, nq, nkv, D = self.H, self.nq, self.nkv, self.D
+        x = self.embed[tokens]                                   # residual stream [T, H]
+        h = m.empty((T, H))
+        be.rms_norm(x, self.layers[0]["ln1"], h, eps=self.eps)
+        o = m.empty((T, nq, D), m.kv)
+        act = m.empty((T, self.I))
+        for i, L in enumerate(self.layers):
+            qkv = m.linear(h, L["qkv"])                          # [T, (nq + 2 nkv) D]
+            q = qkv[:, :nq * D].reshape(T, nq, D)
+            k = qkv[:, nq * D:(nq + nkv) * D].reshape(T, nkv, D)
+            v = qkv[:, (nq + nkv) * D:].reshape(T, nkv, D)
+            be.rope(q, k, positions, self.cos_sin)
+            kc, vc = self.kv[i]
+            be.append_kv(k, v, kc, vc, self.page_table, seq_lens, cu_q, finished)
+            if cache is not None:
+                cache["k"], cache["v"] = k, v
+            attend(i, q, kc, vc, o)
+            a = m.linear(o.reshape(T, nq * D), L["o"])
+            be.rms_norm(a, L["ln2"], h, eps=self.eps, residual=x, residual_out=x)
+            be.silu_mul(m.linear(h, L["gate_up"]), act)
+            d = m.linear(act, L["down"])
+            nxt = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.final_norm
+            be.rms_norm(d, nxt, h, eps=self.eps, residual=x, residual_out=x)
+        logits = m.linear(h, self.lm_head) if want_logits else None
+        return logits, h
+
+    def score(self, tokens):
+        """Logits [n, V] of one plain (non-speculative) forward pass over ``tokens`` (host
+        ints): the rescoring check of lossless decoding. Uses slot 0's caches."""
+        m = self.m
+        n = len(tokens)
+        B = self.batch
+        if n > self.max_len:
+            raise ValueError(f"tokens: {n} exceed the caches' {self.max_len} positions")
+        counts = [n] + [0] * (B - 1)
+        i32 = np.int32
+        tok = m.table(np.asarray(tokens, i32))
+        pos = m.table(np.arange(n, dtype=i32))
+        cu = m.table(np.asarray([0] + [n] * B, i32))
+        zeros = m.table(np.zeros(B, i32))
+        fin = m.table(np.zeros(B, np.uint8))
+        logits, _ = self.prefill(tok, pos, cu, zeros, fin, row_counts=counts, logits=True)
+        return m.host_rows(logits)
