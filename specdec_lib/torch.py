@@ -210,7 +210,7 @@ def _check_spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p
     _shape("draft_probs", draft_probs, T - B, None)
 
 
-def _check_rows(name_b, b_shape, **tensors):
+def _check_rows(b_shape, **tensors):
     for n, t in tensors.items():
         _shape(n, t, *b_shape)
 
@@ -219,7 +219,7 @@ def _check_seq_stop(emitted, num_accepted, out_tokens, out_lens, stop_ids, stop_
                     max_new_tokens, accept_len, finished):
     _shape("emitted", emitted, None, None)
     B = emitted.shape[0]
-    _check_rows("emitted", (B,), num_accepted=num_accepted, out_lens=out_lens,
+    _check_rows((B,), num_accepted=num_accepted, out_lens=out_lens,
                 max_new_tokens=max_new_tokens, accept_len=accept_len, finished=finished)
     _shape("out_tokens", out_tokens, B, None)
     _dt("finished", finished, torch.uint8)
@@ -228,7 +228,7 @@ def _check_seq_stop(emitted, num_accepted, out_tokens, out_lens, stop_ids, stop_
 def _check_seq_advance(emitted, accept_len, seq_lens, out_tokens, out_lens, last_token, finished):
     _shape("emitted", emitted, None, None)
     B = emitted.shape[0]
-    _check_rows("emitted", (B,), accept_len=accept_len, seq_lens=seq_lens, out_lens=out_lens,
+    _check_rows((B,), accept_len=accept_len, seq_lens=seq_lens, out_lens=out_lens,
                 last_token=last_token, finished=finished)
     _shape("out_tokens", out_tokens, B, None)
     _dt("finished", finished, torch.uint8)
@@ -238,7 +238,7 @@ def _check_seq_build_block(last_token, draft_tokens, num_draft, seq_lens, cu_q, 
                            positions, draft_ids=None):
     B = last_token.shape[0]
     _shape("draft_tokens", draft_tokens, B, None)
-    _check_rows("last_token", (B,), num_draft=num_draft, seq_lens=seq_lens)
+    _check_rows((B,), num_draft=num_draft, seq_lens=seq_lens)
     _shape("cu_q", cu_q, B + 1)
 
 
@@ -291,7 +291,7 @@ def _check_silu_mul(x, out):
 
 def _check_ngram_propose(prompt, prompt_lens, output, output_lens, draft_tokens, num_draft, **_):
     B = prompt.shape[0]
-    _check_rows("prompt", (B,), prompt_lens=prompt_lens, output_lens=output_lens,
+    _check_rows((B,), prompt_lens=prompt_lens, output_lens=output_lens,
                 num_draft=num_draft)
     _shape("output", output, B, None)
     _shape("draft_tokens", draft_tokens, B, None)
