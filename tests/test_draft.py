@@ -145,6 +145,8 @@ def test_ngram_propose_hand_cases():
     assert _ngram([3, 3], 4) == ([3], 1)                     # N = 2: n = 1 only
     # the proposal stops at the end of the context
     assert _ngram([3, 4, 3], 5) == ([4, 3], 2)
+    # the op's docstring example
+    assert _ngram([5, 1, 2, 7, 8, 1, 2], 3) == ([7, 8, 1], 3)
     # K larger than what is available; K = 1
     assert _ngram([1, 2, 9, 1, 2], 64) == ([9, 1, 2], 3)
     assert _ngram([1, 2, 9, 1, 2], 1) == ([9], 1)
