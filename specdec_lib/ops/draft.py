@@ -219,6 +219,20 @@ def draft_map_tokens(draft_ids, d2t, out, *, offsets=True, stream=None):
     return out
 
 
+def _token_rows(name, obj, B, dev, width):
+    """An int32 [B, width] token array of ngram_propose (rows strided, last dim contiguous)."""
+    a = DeviceArg(name, obj, dtype="int32", ndim=2, device=dev)
+    if a.shape[0] != B:
+        raise ValueError(f"{name}: expected shape [{B}, {width}] (batch from prompt), got "
+                         f"{list(a.shape)}")
+    _last_contiguous(a)
+    return a
+
+
+def _lengths(name, obj, B, dev):
+    return DeviceArg(name, obj, dtype="int32", shape=(B,), device=dev, contiguous=True)
+
+
 def ngram_propose(prompt, prompt_lens, output, output_lens, draft_tokens, num_draft, *,
                   min_n=1, max_n=3, check_indices=True, stream=None):
     """Prompt-lookup (n-gram) drafting, weight-free: propose the tokens that followed the
@@ -227,7 +241,7 @@ def ngram_propose(prompt, prompt_lens, output, output_lens, draft_tokens, num_dr
     prompt [B, P] int32 with prompt_lens [B] int32 valid tokens per row, output [B, O]
     int32 with output_lens [B] int32 (the context is ``prompt[b, :prompt_lens[b]] ++
     output[b, :output_lens[b]]``; a caller with one token buffer passes output_lens = 0 and
-    any [B, >=0] output) -> draft_tokens [B, K] int32 (1 <= K <= 64; -1 after the
+    any [B, >= 1] output) -> draft_tokens [B, K] int32 (1 <= K <= 64; -1 after the
     proposals) and num_draft [B] int32, ready for ``seq_build_block``. ``1 <= min_n <=
     max_n <= 32``. Rows of prompt / output / draft_tokens may be strided (last dimension
     contiguous); the length vectors are contiguous. P + O < 2^31.
@@ -243,27 +257,16 @@ def ngram_propose(prompt, prompt_lens, output, output_lens, draft_tokens, num_dr
     occurred before, n=2 ``[1, 2]`` did at 1 -> draft ``[7, 8, 1]``, num_draft 3.
     """
     pr = DeviceArg("prompt", prompt, dtype="int32", ndim=2)
+    _last_contiguous(pr)
     dev = pr.device
     B, P = pr.shape
-    pl = DeviceArg("prompt_lens", prompt_lens, dtype="int32", shape=(B,), device=dev,
-                   contiguous=True)
-    ou = DeviceArg("output", output, dtype="int32", ndim=2, device=dev)
-    if ou.shape[0] != B:
-        raise ValueError(f"output: expected shape [{B}, O] (batch from prompt), got "
-                         f"{list(ou.shape)}")
-    O = ou.shape[1]
-    ol = DeviceArg("output_lens", output_lens, dtype="int32", shape=(B,), device=dev,
-                   contiguous=True)
-    dt = DeviceArg("draft_tokens", draft_tokens, dtype="int32", ndim=2, device=dev)
-    if dt.shape[0] != B:
-        raise ValueError(f"draft_tokens: expected shape [{B}, K] (batch from prompt), got "
-                         f"{list(dt.shape)}")
-    nd = DeviceArg("num_draft", num_draft, dtype="int32", shape=(B,), device=dev,
-                   contiguous=True)
-    K = dt.shape[1]
+    pl = _lengths("prompt_lens", prompt_lens, B, dev)
+    ou = _token_rows("output", output, B, dev, "O")
+    ol = _lengths("output_lens", output_lens, B, dev)
+    dt = _token_rows("draft_tokens", draft_tokens, B, dev, "K")
+    nd = _lengths("num_draft", num_draft, B, dev)
+    O, K = ou.shape[1], dt.shape[1]
     min_n, max_n = check_ngram_args(min_n, max_n, K)
-    for a in (pr, ou, dt):
-        _last_contiguous(a)
     if P + O > _INT32_MAX:
         raise ValueError(f"prompt/output: P + O = {P + O} tokens exceeds the int32 range")
     if B > _INT32_MAX:
