@@ -61,10 +61,30 @@ cdef extern from "draft/draft_params.h":
         int32_t offsets
         int32_t pad_
 
+    ctypedef struct NgramProposeParams:
+        const int32_t* prompt
+        const int32_t* prompt_lens
+        const int32_t* output
+        const int32_t* output_lens
+        int32_t* draft_tokens
+        int32_t* num_draft
+        int64_t prompt_stride
+        int64_t output_stride
+        int64_t draft_stride
+        int32_t batch
+        int32_t prompt_cap
+        int32_t output_cap
+        int32_t num_slots
+        int32_t min_n
+        int32_t max_n
+        int32_t vec_prompt
+        int32_t vec_output
+
 PARAM_SIZES = {"DraftCarryParams": sizeof(DraftCarryParams),
                "CaptureHiddenParams": sizeof(CaptureHiddenParams),
                "DraftCombineParams": sizeof(DraftCombineParams),
-               "DraftMapTokensParams": sizeof(DraftMapTokensParams)}
+               "DraftMapTokensParams": sizeof(DraftMapTokensParams),
+               "NgramProposeParams": sizeof(NgramProposeParams)}
 
 
 def launch_draft_carry(Kernel k, unsigned int gx, unsigned int gy, unsigned int block,
@@ -148,4 +168,32 @@ def launch_draft_map_tokens(Kernel k, unsigned int grid, unsigned int block, siz
     p.d2t_64 = d2t_64
     p.offsets = offsets
     p.pad_ = 0
+    launch(k, grid, 1, 1, block, 1, 1, 0, stream, &p)
+
+
+def launch_ngram_propose(Kernel k, unsigned int grid, unsigned int block, size_t stream,
+                         uintptr_t prompt, uintptr_t prompt_lens, uintptr_t output,
+                         uintptr_t output_lens, uintptr_t draft_tokens, uintptr_t num_draft,
+                         int64_t prompt_stride, int64_t output_stride, int64_t draft_stride,
+                         int batch, int prompt_cap, int output_cap, int num_slots, int min_n,
+                         int max_n, bint vec_prompt, bint vec_output):
+    """Strides in elements; one CTA of exactly ``block`` (the kernel's kThreads) per sequence."""
+    cdef NgramProposeParams p
+    p.prompt = <const int32_t*>prompt
+    p.prompt_lens = <const int32_t*>prompt_lens
+    p.output = <const int32_t*>output
+    p.output_lens = <const int32_t*>output_lens
+    p.draft_tokens = <int32_t*>draft_tokens
+    p.num_draft = <int32_t*>num_draft
+    p.prompt_stride = prompt_stride
+    p.output_stride = output_stride
+    p.draft_stride = draft_stride
+    p.batch = batch
+    p.prompt_cap = prompt_cap
+    p.output_cap = output_cap
+    p.num_slots = num_slots
+    p.min_n = min_n
+    p.max_n = max_n
+    p.vec_prompt = vec_prompt
+    p.vec_output = vec_output
     launch(k, grid, 1, 1, block, 1, 1, 0, stream, &p)

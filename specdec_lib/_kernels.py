@@ -125,5 +125,6 @@ register(KernelModule(
              **{f"draft_combine_{t}_w{w}": "DraftCombineParams"
                 for t, w in (("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"),
                              ("bf16", "f32"))},
-             "draft_map_tokens": "DraftMapTokensParams"},
+             "draft_map_tokens": "DraftMapTokensParams",
+             "ngram_propose": "NgramProposeParams"},
 ))

@@ -1,8 +1,10 @@
 """Draft methods and their weights.
 
-``normalize_spec_method(name)`` turns what a user typed into one of the two draft
-methods the library runs: ``"eagle3"`` or ``"mtp"``. The weight *layout* of an MTP
-draft depends on the family that trained it; ``draft_layout(name, config)`` picks it:
+``normalize_spec_method(name)`` turns what a user typed into one of the draft methods
+the library runs: ``"eagle3"``, ``"mtp"`` or the weight-free ``"ngram"`` (prompt lookup,
+``ops.ngram_propose``; aliases ``prompt_lookup`` / ``prompt-lookup``). The weight *layout*
+of an MTP draft depends on the family that trained it; ``draft_layout(name, config)``
+picks it (for ``ngram`` it raises: there are no weights to lay out):
 
 ================  ===========================================================
 layout            tensors (H hidden, V vocab, Vd draft vocab)
@@ -48,6 +50,7 @@ import numpy as np
 # ---------------------------------------------------------------------------------------
 # method names
 
+_WEIGHT_FREE = "weight-free"
 _METHOD_ALIASES = {
     "eagle3": ("eagle3", "eagle3"),
     "mtp": ("mtp", None),                       # layout inferred from the config
@@ -55,6 +58,8 @@ _METHOD_ALIASES = {
     "qwen3_next_mtp": ("mtp", "qwen3_next_mtp"),
     "deepseek_mtp": ("mtp", "deepseek_mtp"),
     "hy3_mtp": ("mtp", "deepseek_mtp"),
+    "ngram": ("ngram", _WEIGHT_FREE),           # prompt lookup: no draft weights at all
+    "prompt_lookup": ("ngram", _WEIGHT_FREE),
 }
 KNOWN_METHODS = tuple(_METHOD_ALIASES)
 LAYOUTS = ("eagle3", "qwen3_next_mtp", "deepseek_mtp")
@@ -75,14 +80,24 @@ def _canon(name):
 
 
 def normalize_spec_method(name: str) -> str:
-    """``"eagle3"`` or ``"mtp"`` for any known name or alias (case-insensitive, ``-``/``.``
-    read as ``_``); ValueError listing the known names otherwise."""
+    """``"eagle3"``, ``"mtp"`` or ``"ngram"`` for any known name or alias (case-insensitive,
+    ``-``/``.`` read as ``_``); ValueError listing the known names otherwise."""
     return _METHOD_ALIASES[_canon(name)][0]
+
+
+def _reject_weight_free(name):
+    key = _canon(name)
+    if _METHOD_ALIASES[key][1] is _WEIGHT_FREE:
+        raise ValueError(f"method {name!r}: {_METHOD_ALIASES[key][0]} (prompt lookup) is "
+                         "weight-free, it has no draft weights or weight layout; propose "
+                         "drafts with specdec_lib.ops.ngram_propose")
 
 
 def draft_layout(name: str, config: dict | None = None) -> str:
     """The weight layout of a method name: explicit for aliases, from the config for
-    plain ``"mtp"`` (``model_type`` / ``architectures`` / ``num_nextn_predict_layers``)."""
+    plain ``"mtp"`` (``model_type`` / ``architectures`` / ``num_nextn_predict_layers``).
+    ValueError for the weight-free ``ngram``."""
+    _reject_weight_free(name)
     layout = _METHOD_ALIASES[_canon(name)][1]
     if layout is not None:
         return layout
@@ -422,7 +437,7 @@ _SPEC_BUILDERS = {"eagle3": _eagle3_spec, "qwen3_next_mtp": _qwen3_next_mtp_spec
 
 def weight_spec(method: str, config: dict) -> DraftWeightSpec:
     """The weight spec of a method (or alias) under a config (HF config.json as a dict)."""
-    normalize_spec_method(method)
+    _reject_weight_free(method)
     if not isinstance(config, dict):
         raise TypeError(f"config: expected a dict, got {type(config).__name__}")
     _reject_quantised_config(config)
@@ -479,8 +494,10 @@ def load_draft_weights(method: str, path, config: dict | None = None) -> DraftWe
     """Open and validate a draft checkpoint (file, directory or index json) lazily.
 
     ``config`` defaults to ``config.json`` next to the weights. Raises DraftWeightError
-    naming the first offending tensor, NotImplementedError for quantised checkpoints.
+    naming the first offending tensor, NotImplementedError for quantised checkpoints,
+    ValueError for the weight-free ``ngram`` (before any file is opened).
     """
+    _reject_weight_free(method)
     if config is None:
         base = path if os.path.isdir(path) else os.path.dirname(os.fspath(path))
         cfg_path = os.path.join(base, "config.json")

@@ -1,4 +1,4 @@
-"""Draft ops: draft_carry, capture_hidden, draft_combine, draft_map_tokens."""
+"""Draft ops: draft_carry, capture_hidden, draft_combine, draft_map_tokens, ngram_propose."""
 import numpy as np
 import pytest
 
@@ -96,6 +96,151 @@ def test_draft_reference_empty_batch():
     ref.draft_map_tokens(np.zeros(0, np.int32), np.zeros(3, np.int64), np.zeros(0, np.int32))
 
 
+# ------------------------------------------------------------------ ngram_propose (reference)
+
+def _ngram(ctx, K, *, split=None, min_n=1, max_n=3, pad=9):
+    """Run the reference on one context given as a list, split into prompt / output at
+    ``split`` (default: all prompt); slots past the lengths hold ``pad`` tokens, which
+    must never be read. Returns (proposed tokens, num_draft)."""
+    split = len(ctx) if split is None else split
+    P, O = split + 2, len(ctx) - split + 3
+    prompt = np.full((1, P), pad, np.int32)
+    output = np.full((1, O), pad, np.int32)
+    prompt[0, :split] = ctx[:split]
+    output[0, :len(ctx) - split] = ctx[split:]
+    dt = np.full((1, K), 12345, np.int32)
+    nd = np.full(1, 12345, np.int32)
+    ref.ngram_propose(prompt, np.array([split], np.int32), output,
+                      np.array([len(ctx) - split], np.int32), dt, nd, min_n=min_n, max_n=max_n)
+    m = int(nd[0])
+    assert 0 <= m <= K and np.all(dt[0, m:] == -1)
+    return dt[0, :m].tolist(), m
+
+
+def test_ngram_propose_hand_cases():
+    # repeats: n=3 [3,1,2] never occurred before; n=2 [1,2] did at 0 -> what followed it
+    assert _ngram([1, 2, 3, 1, 2], 4) == ([3, 1, 2], 3)
+    # overlapping matches: "a a a a" matches itself one step back, one token to propose
+    assert _ngram([7, 7, 7, 7], 4) == ([7], 1)
+    assert _ngram([7, 7, 7, 7, 7], 4, max_n=2) == ([7], 1)
+    assert _ngram([1, 2, 1, 2, 1], 4) == ([2, 1], 2)          # n=3 [1,2,1] at 0 overlaps
+    # a match at the very start of the context
+    assert _ngram([5, 6, 9, 9, 8, 5, 6], 3) == ([9, 9, 8], 3)
+    # the longest n wins over a later shorter match; each n alone takes its latest match
+    ctx = [1, 2, 3, 9, 5, 2, 3, 8, 7, 3, 6, 1, 2, 3]
+    assert _ngram(ctx, 3, max_n=3) == ([9, 5, 2], 3)
+    assert _ngram(ctx, 3, min_n=2, max_n=4) == ([9, 5, 2], 3)
+    assert _ngram(ctx, 3, max_n=2) == ([8, 7, 3], 3)
+    assert _ngram(ctx, 3, max_n=1) == ([6, 1, 2], 3)
+    # latest of several equal-length matches
+    assert _ngram([4, 1, 5, 4, 1, 6, 4, 1], 2, max_n=2) == ([6, 4], 2)
+    # no match, and min_n above the only match's length
+    assert _ngram([1, 2, 3, 4], 4) == ([], 0)
+    assert _ngram([4, 1, 2, 5, 1, 2], 4, min_n=3) == ([], 0)
+    assert _ngram([4, 1, 2, 5, 1, 2], 4, min_n=2) == ([5, 1, 2], 3)
+    # N = 0 and N = 1 propose nothing
+    assert _ngram([], 4) == ([], 0)
+    assert _ngram([3], 4) == ([], 0)
+    assert _ngram([3], 4, split=0) == ([], 0)
+    assert _ngram([3, 3], 4) == ([3], 1)                     # N = 2: n = 1 only
+    # the proposal stops at the end of the context
+    assert _ngram([3, 4, 3], 5) == ([4, 3], 2)
+    # the op's docstring example
+    assert _ngram([5, 1, 2, 7, 8, 1, 2], 3) == ([7, 8, 1], 3)
+    # K larger than what is available; K = 1
+    assert _ngram([1, 2, 9, 1, 2], 64) == ([9, 1, 2], 3)
+    assert _ngram([1, 2, 9, 1, 2], 1) == ([9], 1)
+
+
+def test_ngram_propose_prompt_output_boundary():
+    # the pattern split across the boundary (prompt ..2 | output 3)
+    assert _ngram([1, 2, 3, 4, 5, 6, 2, 3], 3, split=7) == ([4, 5, 6], 3)
+    # the match split across it (prompt 8 1 | output 2 ...)
+    assert _ngram([8, 1, 2, 9, 8, 1, 2], 3, split=2) == ([9, 8, 1], 3)
+    # the proposal runs from the prompt into the output
+    assert _ngram([1, 2, 3, 4, 1, 2], 3, split=3) == ([3, 4, 1], 3)
+    # everything in the output (prompt empty), or everything in the prompt
+    for split in (0, 6):
+        assert _ngram([1, 2, 3, 4, 1, 2], 3, split=split) == ([3, 4, 1], 3)
+
+
+def test_ngram_propose_batch_and_clamping():
+    prompt = np.array([[1, 2, 1, 0], [5, 5, 5, 5], [1, 2, 3, 4]], np.int32)
+    output = np.array([[2, 0], [0, 0], [1, 2]], np.int32)
+    dt = np.zeros((3, 3), np.int32)
+    nd = np.zeros(3, np.int32)
+    ref.ngram_propose(prompt, np.array([3, 1, 4], np.int32), output,
+                      np.array([1, 0, 2], np.int32), dt, nd)
+    assert dt.tolist() == [[1, 2, -1], [-1, -1, -1], [3, 4, 1]] and nd.tolist() == [2, 0, 3]
+    # out-of-range lengths: ValueError naming the array with check_indices, else clamped
+    with pytest.raises(ValueError, match="prompt_lens: 5 at row 0"):
+        ref.ngram_propose(prompt, np.array([5, 1, 4], np.int32), output,
+                          np.array([1, 0, 2], np.int32), dt, nd)
+    with pytest.raises(ValueError, match="output_lens: -1 at row 2"):
+        ref.ngram_propose(prompt, np.array([3, 1, 4], np.int32), output,
+                          np.array([1, 0, -1], np.int32), dt, nd)
+    ref.ngram_propose(prompt, np.array([99, -3, 4], np.int32), output,
+                      np.array([0, 7, -1], np.int32), dt, nd, check_indices=False)
+    want0 = _ngram([1, 2, 1, 0], 3)
+    assert nd.tolist() == [want0[1], 1, 0] and dt[1].tolist() == [0, -1, -1]
+
+
+def _ngram_by_string_search(ctx, K, min_n, max_n):
+    """The spec, written differently: the latest occurrence of the n-gram as a substring
+    of the joined tokens before the last one (",a,b,c," text; rfind)."""
+    N = len(ctx)
+    text = "," + ",".join(map(str, ctx[:N - 1])) + ","
+    for n in range(min(max_n, N - 1), min_n - 1, -1):
+        pos = text.rfind("," + ",".join(map(str, ctx[N - n:])) + ",")
+        if pos >= 0:
+            i = text.count(",", 0, pos + 1) - 1     # tokens before the match
+            return ctx[i + n:i + n + K]
+    return []
+
+
+def test_ngram_propose_matches_string_search(rng):
+    for _ in range(400):
+        B = int(rng.integers(1, 4))
+        P, O, K = int(rng.integers(0, 30)), int(rng.integers(0, 30)), int(rng.integers(1, 9))
+        vocab = int(rng.integers(1, 5))
+        min_n = int(rng.integers(1, 4))
+        max_n = int(rng.integers(min_n, 7))
+        prompt = rng.integers(0, vocab, (B, P)).astype(np.int32)
+        output = rng.integers(0, vocab, (B, O)).astype(np.int32)
+        pl = rng.integers(0, P + 1, B).astype(np.int32)
+        ol = rng.integers(0, O + 1, B).astype(np.int32)
+        dt = np.full((B, K), 777, np.int32)
+        nd = np.full(B, 777, np.int32)
+        ref.ngram_propose(prompt, pl, output, ol, dt, nd, min_n=min_n, max_n=max_n)
+        for b in range(B):
+            ctx = prompt[b, :pl[b]].tolist() + output[b, :ol[b]].tolist()
+            want = _ngram_by_string_search(ctx, K, min_n, max_n)
+            assert dt[b].tolist() == want + [-1] * (K - len(want)) and nd[b] == len(want)
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(min_n=0), ValueError, "min_n"),
+    (dict(min_n=True), TypeError, "min_n"),
+    (dict(max_n=33), ValueError, "max_n"),
+    (dict(min_n=3, max_n=2), ValueError, "max_n"),
+    (dict(max_n=2.0), TypeError, "max_n"),
+    (dict(draft_tokens=np.zeros((2, 0), np.int32)), ValueError, "draft_tokens"),
+    (dict(draft_tokens=np.zeros((2, 65), np.int32)), ValueError, "draft_tokens"),
+    (dict(draft_tokens=np.zeros((3, 4), np.int32)), ValueError, "draft_tokens"),
+    (dict(output=np.zeros((1, 4), np.int32)), ValueError, "output"),
+    (dict(prompt_lens=np.zeros(3, np.int32)), ValueError, "prompt_lens"),
+    (dict(num_draft=np.zeros((2, 1), np.int32)), ValueError, "num_draft"),
+    (dict(prompt=np.zeros((2, 4), np.float32)), TypeError, "prompt"),
+])
+def test_ngram_propose_reference_validation(kw, exc, match):
+    args = dict(prompt=np.zeros((2, 4), np.int32), prompt_lens=np.zeros(2, np.int32),
+                output=np.zeros((2, 4), np.int32), output_lens=np.zeros(2, np.int32),
+                draft_tokens=np.zeros((2, 4), np.int32), num_draft=np.zeros(2, np.int32))
+    args.update(kw)
+    with pytest.raises(exc, match=match):
+        ref.ngram_propose(**args)
+
+
 # ------------------------------------------------------------------ validation without a GPU
 
 class _Fake:
@@ -178,6 +323,37 @@ def test_draft_map_tokens_op_validation(override, exc, match):
     args = dict(draft_ids=_Fake((6,), "<i4"), d2t=_Fake((9,), "<i8"), out=_Fake((6,), "<i4"))
     with pytest.raises(exc, match=match):
         ops.draft_map_tokens(**dict(args, **override))
+
+
+@pytest.mark.parametrize("override,exc,match", [
+    (dict(prompt=_Fake((3, 8), "<i8")), TypeError, "prompt: dtype"),
+    (dict(prompt=_Fake((3,), "<i4")), ValueError, "prompt"),
+    (dict(prompt_lens=_Fake((4,), "<i4")), ValueError, "prompt_lens"),
+    (dict(prompt_lens=_Fake((3,), "<u4")), TypeError, "prompt_lens"),
+    (dict(output=_Fake((2, 5), "<i4")), ValueError, "output: expected shape"),
+    (dict(output=_Fake((3, 5), "<i4", strides=(40, 8))), ValueError, "output: the last"),
+    (dict(output_lens=_Fake((3,), "<i8")), TypeError, "output_lens"),
+    (dict(output_lens=_Fake((3,), "<i4", strides=(8,))), ValueError, "output_lens"),
+    (dict(draft_tokens=_Fake((3, 0), "<i4")), ValueError, "draft_tokens: K = 0"),
+    (dict(draft_tokens=_Fake((3, 65), "<i4")), ValueError, "draft_tokens: K = 65"),
+    (dict(draft_tokens=_Fake((4, 6), "<i4")), ValueError, "draft_tokens: expected shape"),
+    (dict(draft_tokens=_Fake((3, 6), "<f4")), TypeError, "draft_tokens"),
+    (dict(num_draft=_Fake((2,), "<i4")), ValueError, "num_draft"),
+    (dict(min_n=0), ValueError, "min_n"),
+    (dict(min_n=1.0), TypeError, "min_n"),
+    (dict(max_n=33), ValueError, "max_n"),
+    (dict(min_n=4, max_n=3), ValueError, "max_n"),
+    (dict(prompt=_Fake((3, 2**30), "<i4"), output=_Fake((3, 2**30), "<i4")), ValueError,
+     "prompt/output"),
+    (dict(stream=-1), ValueError, "stream"),
+])
+def test_ngram_propose_op_validation(override, exc, match):
+    from specdec_lib import ops
+    args = dict(prompt=_Fake((3, 8), "<i4"), prompt_lens=_Fake((3,), "<i4"),
+                output=_Fake((3, 5), "<i4"), output_lens=_Fake((3,), "<i4"),
+                draft_tokens=_Fake((3, 6), "<i4"), num_draft=_Fake((3,), "<i4"))
+    with pytest.raises(exc, match=match):
+        ops.ngram_propose(**dict(args, **override))
 
 
 # ------------------------------------------------------------------------------ GPU
@@ -423,3 +599,186 @@ def test_draft_ops_reject_before_launch(rng):
         ops.draft_carry(hidden, DeviceArray.from_numpy(np.array([0, 2, 4], np.int32)),
                         DeviceArray.from_numpy(np.ones(2, np.int32)), carry, col_begin=1)
     assert np.all(carry.to_numpy().view(np.uint32) == 0xFFFFFFFF)
+
+
+# ------------------------------------------------------------------ ngram_propose (GPU)
+
+_NG_SENTINEL = 0x5A   # outputs are filled with 0x5A5A5A5A, not poison()'s -1: -1 is the pad value
+
+
+def _ng_poisoned(shape):
+    from specdec_lib import DeviceArray
+    return DeviceArray.empty(shape, "int32").fill_bytes(_NG_SENTINEL)
+
+
+def _ng_case(rng, B, P, O, vocab=4):
+    """Random ragged contexts of four kinds (row b % 4): small-vocab noise (matches near
+    the end), a last token seen nowhere else (no match: the kernel scans every round),
+    distinct tokens whose only match is the context's first tokens (found in the last
+    round scanned), a short repeated phrase (a full-length match in the first round).
+    Slots past the lengths hold small-vocab noise, so a kernel reading them would match."""
+    prompt = rng.integers(0, vocab, (B, P)).astype(np.int32)
+    output = rng.integers(0, vocab, (B, O)).astype(np.int32)
+    pl = rng.integers(0, P + 1, B).astype(np.int32)
+    ol = rng.integers(0, O + 1, B).astype(np.int32)
+    if B > 1:
+        pl[0], ol[0] = P, O                       # one row uses both buffers in full
+    for b in range(B):
+        N = int(pl[b] + ol[b])
+        kind = b % 4
+        if kind == 0 or N < 2:
+            continue
+        if kind == 1:
+            ctx = rng.integers(0, vocab, N)
+            ctx[-1] = vocab + 1
+        elif kind == 2:
+            ctx = 100 + rng.permutation(N)
+            h = min(5, N // 2)
+            ctx[:h] = ctx[N - h:]
+        else:
+            ctx = np.resize(rng.integers(0, 1000, int(rng.integers(1, 8))), N)
+        prompt[b, :pl[b]] = ctx[:pl[b]]
+        output[b, :ol[b]] = ctx[pl[b]:]
+    return prompt, pl, output, ol
+
+
+def _ng_run(prompt, pl, output, ol, K, min_n, max_n, **kw):
+    from specdec_lib import DeviceArray, ops
+    B = prompt.shape[0]
+    dt, nd = _ng_poisoned((B, K)), _ng_poisoned((B,))
+    res = ops.ngram_propose(DeviceArray.from_numpy(prompt), DeviceArray.from_numpy(pl),
+                            DeviceArray.from_numpy(output), DeviceArray.from_numpy(ol), dt, nd,
+                            min_n=min_n, max_n=max_n, **kw)
+    assert res[0] is dt and res[1] is nd
+    return dt.to_numpy(), nd.to_numpy()
+
+
+def _ng_want(prompt, pl, output, ol, K, min_n, max_n, check_indices=True):
+    B = prompt.shape[0]
+    wd, wn = np.zeros((B, K), np.int32), np.zeros(B, np.int32)
+    ref.ngram_propose(prompt, pl, output, ol, wd, wn, min_n=min_n, max_n=max_n,
+                      check_indices=check_indices)
+    return wd, wn
+
+
+# (P, O, [(min_n, max_n, K), ...]): long contexts only with short n ranges (the reference
+# is a plain loop; its no-match rows cost N per n)
+_NG_SIZES = [(1, 1, [(1, 3, 4), (1, 1, 1)]),
+             (6, 3, [(1, 3, 4), (2, 5, 64), (1, 32, 3)]),
+             (300, 77, [(1, 3, 4), (2, 5, 64), (1, 32, 7), (3, 3, 1)]),
+             (4099, 1, [(1, 3, 5), (2, 4, 64)]),           # a round boundary, output nearly empty
+             (30000, 10000, [(1, 3, 4), (2, 5, 64)])]
+_NG_CASES = [pytest.param(B, P, O, mn, mx, K, id=f"B{B}-P{P}-O{O}-n{mn}..{mx}-K{K}")
+             for B in (1, 3, 64) for P, O, cfgs in _NG_SIZES for mn, mx, K in cfgs]
+
+
+@needs_gpu
+@pytest.mark.parametrize("B,P,O,min_n,max_n,K", _NG_CASES)
+def test_ngram_propose_gpu(B, P, O, min_n, max_n, K, rng):
+    case = _ng_case(rng, B, P, O)
+    got_d, got_n = _ng_run(*case, K, min_n, max_n)
+    want_d, want_n = _ng_want(*case, K, min_n, max_n)
+    np.testing.assert_array_equal(got_n, want_n)
+    np.testing.assert_array_equal(got_d, want_d)
+
+
+@needs_gpu
+def test_ngram_propose_gpu_deterministic_and_repeated(rng):
+    """Same inputs -> same bits on every run; consecutive calls on reused outputs."""
+    case = _ng_case(rng, 64, 2000, 500, vocab=3)
+    first = _ng_run(*case, 8, 1, 4)
+    for _ in range(3):
+        again = _ng_run(*case, 8, 1, 4)
+        np.testing.assert_array_equal(again[0], first[0])
+        np.testing.assert_array_equal(again[1], first[1])
+    np.testing.assert_array_equal(first[0], _ng_want(*case, 8, 1, 4)[0])
+
+
+@needs_gpu
+def test_ngram_propose_gpu_views(rng):
+    """Strided rows: prompt rows 16-byte aligned (int4 loads), output rows one element off
+    (scalar loads), draft_tokens rows padded; nothing outside the views is written."""
+    from specdec_lib import DeviceArray, ops
+    B, P, O, K = 5, 45, 23, 6
+    prompt, pl, output, ol = _ng_case(rng, B, P, O, vocab=3)
+    S = 48                                                 # P < S, S % 4 == 0
+    pbase = DeviceArray.from_numpy(rng.integers(0, 3, B * S + 4).astype(np.int32))
+    pv = _View(pbase, (B, P), (S, 1), offset=4)
+    obase = DeviceArray.from_numpy(rng.integers(0, 3, B * (O + 2) + 1).astype(np.int32))
+    ov = _View(obase, (B, O), (O + 2, 1), offset=1)
+    # write the case into the views' rows
+    ph, oh = pbase.to_numpy(), obase.to_numpy()
+    pv.np_view(ph)[...] = prompt
+    ov.np_view(oh)[...] = output
+    pbase.copy_from_numpy(ph)
+    obase.copy_from_numpy(oh)
+    dbase = _ng_poisoned((B * (K + 3),))
+    dv = _View(dbase, (B, K), (K + 3, 1))
+    nd = _ng_poisoned((B,))
+    ops.ngram_propose(pv, DeviceArray.from_numpy(pl), ov, DeviceArray.from_numpy(ol), dv, nd,
+                      max_n=4)
+    want_d, want_n = _ng_want(prompt, pl, output, ol, K, 1, 4)
+    dh = dbase.to_numpy()
+    np.testing.assert_array_equal(dv.np_view(dh), want_d)
+    np.testing.assert_array_equal(nd.to_numpy(), want_n)
+    gaps = dh.reshape(B, K + 3)[:, K:]
+    assert np.all(gaps.view(np.uint32) == 0x5A5A5A5A)
+
+
+@needs_gpu
+def test_ngram_propose_gpu_bad_lengths(rng):
+    """Lengths outside 0..P / 0..O: check_indices raises before the launch (outputs keep
+    their bytes); without it the kernel clamps, as the reference does, and never faults."""
+    from specdec_lib import DeviceArray, ops
+    B, P, O, K = 6, 20, 9, 4
+    prompt, _, output, _ = _ng_case(rng, B, P, O, vocab=2)
+    pl = np.array([21, -1, 2**31 - 1, -2**31, 0, 20], np.int32)
+    ol = np.array([3, 9, 10, -5, 2**31 - 1, -1], np.int32)
+    dt, nd = _ng_poisoned((B, K)), _ng_poisoned((B,))
+    args = (DeviceArray.from_numpy(prompt), DeviceArray.from_numpy(pl),
+            DeviceArray.from_numpy(output), DeviceArray.from_numpy(ol), dt, nd)
+    with pytest.raises(ValueError, match="prompt_lens"):
+        ops.ngram_propose(*args)
+    ok_pl = np.clip(pl, 0, P).astype(np.int32)
+    with pytest.raises(ValueError, match="output_lens"):
+        ops.ngram_propose(args[0], DeviceArray.from_numpy(ok_pl), *args[2:])
+    assert np.all(dt.to_numpy().view(np.uint32) == 0x5A5A5A5A)
+    assert np.all(nd.to_numpy().view(np.uint32) == 0x5A5A5A5A)
+    ops.ngram_propose(*args, check_indices=False)
+    want_d, want_n = _ng_want(prompt, pl, output, ol, K, 1, 3, check_indices=False)
+    np.testing.assert_array_equal(dt.to_numpy(), want_d)
+    np.testing.assert_array_equal(nd.to_numpy(), want_n)
+
+
+@needs_gpu
+def test_ngram_propose_gpu_graph_capture(rng):
+    """Captured once into a CUDA graph (the host-side length check skips itself while the
+    stream captures), replayed on new contexts written into the same buffers."""
+    cp = pytest.importorskip("cupy")
+    from specdec_lib import ops
+    B, P, O, K = 7, 300, 60, 5
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        bufs = [cp.asarray(a) for a in _ng_case(rng, B, P, O)]
+        dt = cp.full((B, K), 77, cp.int32)
+        nd = cp.full((B,), 77, cp.int32)
+    ops.ngram_propose(*bufs, dt, nd, max_n=4, stream=stream.ptr)      # eager: loads the module
+    stream.synchronize()
+    with stream:
+        dt.fill(77)
+        nd.fill(77)
+        stream.begin_capture()
+        try:
+            ops.ngram_propose(*bufs, dt, nd, max_n=4, stream=stream.ptr)
+        finally:
+            graph = stream.end_capture()
+    assert np.all(cp.asnumpy(dt, stream=stream) == 77)             # capture ran nothing
+    for _ in range(3):
+        case = _ng_case(rng, B, P, O)
+        for buf, host in zip(bufs, case):
+            buf.set(host, stream=stream)
+        graph.launch(stream)
+        stream.synchronize()
+        want_d, want_n = _ng_want(*case, K, 1, 4)
+        np.testing.assert_array_equal(cp.asnumpy(dt, stream=stream), want_d)
+        np.testing.assert_array_equal(cp.asnumpy(nd, stream=stream), want_n)

@@ -944,6 +944,44 @@ DRAFT_MAP_TOKENS = OpSpec(
      Arg("out", I32, (1,), "c", eq_dims=(0,))],
     empty=lambda kw: kw["draft_ids"].shape[0] == 0)
 
+def build_ngram_propose(g):
+    B, P, O, K = g.size(0, 4), g.size(0, 6), g.size(0, 6), g.size(1, 8)
+    kw = dict(prompt=g.arr((B, P), "int32", "rows"), prompt_lens=g.arr((B,), "int32"),
+              output=g.arr((B, O), "int32", "rows"), output_lens=g.arr((B,), "int32"),
+              draft_tokens=g.arr((B, K), "int32", "rows"), num_draft=g.arr((B,), "int32"),
+              check_indices=False)
+    if g.coin():
+        min_n = g.int(1, 4)
+        kw.update(min_n=min_n, max_n=g.int(min_n, 32))
+    return kw
+
+
+def _ngram_k_bad(g, kw):
+    dt = kw["draft_tokens"]
+    return _set(kw, draft_tokens=refake(dt, shape=(dt.shape[0], g.pick((0, 65, 1000))))), {"draft_tokens"}
+
+
+def _ngram_too_long(g, kw):
+    return _set(kw, prompt=refake(kw["prompt"], shape=(kw["prompt"].shape[0], 2**30)),
+                output=refake(kw["output"], shape=(kw["output"].shape[0], 2**30))), {"prompt", "output"}
+
+
+NGRAM_PROPOSE = OpSpec(
+    "ngram_propose", ops.ngram_propose, build_ngram_propose,
+    [Arg("prompt", I32, (2,), "last", anchor=True),
+     Arg("prompt_lens", I32, (1,), "c", eq_dims=(0,)),
+     Arg("output", I32, (2,), "last", eq_dims=(0,)),
+     Arg("output_lens", I32, (1,), "c", eq_dims=(0,)),
+     Arg("draft_tokens", I32, (2,), "last", eq_dims=(0,)),
+     Arg("num_draft", I32, (1,), "c", eq_dims=(0,))],
+    empty=lambda kw: kw["prompt"].shape[0] == 0,
+    extras=[Extra("min_n_bad", lambda g, kw: (_set(kw, min_n=g.pick((0, -1, 1.5, "1", None, True))), {"min_n"})),
+            Extra("max_n_bad", lambda g, kw: (_set(kw, max_n=g.pick((33, 2**40, 2.0, "3", None, False))), {"max_n"})),
+            Extra("max_n_below_min_n", lambda g, kw: (_set(kw, min_n=3, max_n=2), {"max_n"})),
+            Extra("k_out_of_range", _ngram_k_bad),
+            Extra("context_2^31", _ngram_too_long)])
+
+
 def _conv_rows_2_31(names, blame):
     def fn(g, kw):
         n = 2**31
@@ -969,7 +1007,7 @@ CONV_COMMIT.extras += [Extra("rows_2^31", _conv_rows_2_31(("journal",), "journal
 
 SPECS = [COPY, APPEND_KV, ATTENTION, GDN_VERIFY, GDN_COMMIT, CONV_VERIFY, CONV_COMMIT,
          SPEC_SAMPLE, SEQ_STOP, SEQ_ADVANCE, SEQ_BUILD_BLOCK, DRAFT_CARRY, CAPTURE_HIDDEN,
-         DRAFT_COMBINE, DRAFT_MAP_TOKENS]
+         DRAFT_COMBINE, DRAFT_MAP_TOKENS, NGRAM_PROPOSE]
 
 for _spec in SPECS:
     _spec.extras.append(Extra(
@@ -980,7 +1018,7 @@ def test_every_public_op_has_a_spec():
     public = {"copy", "append_kv", "verify_attention", "gdn_verify", "gdn_commit",
               "conv1d_verify", "conv1d_commit", "spec_sample", "seq_stop", "seq_advance",
               "seq_build_block", "draft_carry", "capture_hidden", "draft_combine",
-              "draft_map_tokens"}
+              "draft_map_tokens", "ngram_propose"}
     assert {s.name for s in SPECS} == public
     for s in SPECS:
         assert s.fn is getattr(ops, s.name)

@@ -71,11 +71,25 @@ def test_plain_mtp_layout_from_config():
         draft_layout("mtp", {"model_type": "llama"})
 
 
+@pytest.mark.parametrize("name", ["ngram", "NGram", "prompt_lookup", "prompt-lookup",
+                                  "Prompt-Lookup", " PROMPT_LOOKUP "])
+def test_ngram_aliases_are_weight_free(name, tmp_path):
+    assert normalize_spec_method(name) == "ngram"
+    with pytest.raises(ValueError, match="weight-free"):
+        draft_layout(name)
+    with pytest.raises(ValueError, match="weight-free"):
+        weight_spec(name, EAGLE3_CFG)
+    # raised before any file is looked for: no config, no checkpoint here
+    with pytest.raises(ValueError, match="weight-free"):
+        load_draft_weights(name, str(tmp_path / "missing"))
+
+
 def test_unknown_method_lists_known():
     with pytest.raises(ValueError) as e:
         normalize_spec_method("medusa")
     for k in registry.KNOWN_METHODS:
         assert k in str(e.value)
+    assert {"ngram", "prompt_lookup", "eagle3", "mtp"} <= set(registry.KNOWN_METHODS)
     with pytest.raises(TypeError):
         normalize_spec_method(3)
 

@@ -16,6 +16,15 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    const unsigned long long o = __shfl_xor_sync(0xffffffffu, v, d);
+    v = o > v ? o : v;
+  }
+  return v;
+}
+
 __device__ __forceinline__ int warp_min(int v) {
 #if __CUDA_ARCH__ >= 800
   return __reduce_min_sync(0xffffffffu, v);

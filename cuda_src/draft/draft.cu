@@ -1,7 +1,8 @@
-// draft family: what the drafter needs from the target each round.
+// draft family: what the drafter needs from the target each round, and the weight-free
+// prompt-lookup drafter (ngram_propose, in draft/ngram.cuh).
 // Semantics: specdec_lib/reference/draft.py.
 //
-// All four ops are memory-bound gathers/elementwise passes over at most a few rows of
+// The first four ops are memory-bound gathers/elementwise passes over at most a few rows of
 // H elements per sequence, so the design goals are 16-byte accesses where the layout
 // allows (the launcher decides and passes a flag or picks the unit size), several loads
 // in flight per thread before any store, and never trusting an index read from memory:
@@ -9,6 +10,7 @@
 #include "common/dtype.cuh"
 #include "common/warp.cuh"
 #include "draft/draft_params.h"
+#include "draft/ngram.cuh"
 
 using namespace specdec;
 

@@ -1,5 +1,5 @@
 /* Parameter blocks of the draft family (draft_carry, capture_hidden, draft_combine,
- * draft_map_tokens), shared by the kernels (nvcc) and the Cython launcher
+ * draft_map_tokens, ngram_propose), shared by the kernels (nvcc) and the Cython launcher
  * (pyx/_draft.pyx). Semantics: specdec_lib/reference/draft.py. */
 #pragma once
 #include <stdint.h>
@@ -71,3 +71,27 @@ typedef struct {
   int32_t offsets;            /* 1: target = id + d2t[id] (HF EAGLE3), 0: target = d2t[id] */
   int32_t pad_;
 } DraftMapTokensParams;
+
+/* ngram_propose: prompt-lookup drafting. The context of sequence b is
+ * prompt[b, :prompt_lens[b]] ++ output[b, :output_lens[b]] (lengths clamped into 0..P /
+ * 0..O); draft_tokens[b, :m] = the m <= K tokens after the latest earlier occurrence of the
+ * context's last n tokens (longest n in min_n..max_n first), -1 after; num_draft[b] = m. */
+typedef struct {
+  const int32_t* prompt;       /* [B, P], rows prompt_stride elements apart */
+  const int32_t* prompt_lens;  /* [B] */
+  const int32_t* output;       /* [B, O], rows output_stride elements apart */
+  const int32_t* output_lens;  /* [B] */
+  int32_t* draft_tokens;       /* [B, K] OUT, rows draft_stride elements apart */
+  int32_t* num_draft;          /* [B] OUT */
+  int64_t prompt_stride;       /* elements */
+  int64_t output_stride;
+  int64_t draft_stride;
+  int32_t batch;               /* B */
+  int32_t prompt_cap;          /* P (P + O < 2^31) */
+  int32_t output_cap;          /* O */
+  int32_t num_slots;           /* K, 1..64 */
+  int32_t min_n;               /* 1 <= min_n <= max_n <= 32 */
+  int32_t max_n;
+  int32_t vec_prompt;          /* 1: every prompt row starts 16-byte aligned (int4 loads) */
+  int32_t vec_output;          /* 1: the same for output rows */
+} NgramProposeParams;

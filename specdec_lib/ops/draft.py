@@ -1,5 +1,5 @@
-"""draft_carry, capture_hidden, draft_combine, draft_map_tokens on the GPU
-(kernels: cuda_src/draft/draft.cu).
+"""draft_carry, capture_hidden, draft_combine, draft_map_tokens, ngram_propose on the GPU
+(kernels: cuda_src/draft/draft.cu, cuda_src/draft/ngram.cuh).
 
 What the drafter needs from the target each round; semantics and argument order in
 ``specdec_lib.reference.draft``. Indices read from device memory (cu_q, accept_len,
@@ -11,15 +11,18 @@ import math
 import numbers
 
 from .. import runtime
-from .._validate import DeviceArg, as_stream, check_int
+from .._validate import DeviceArg, as_stream, check_int, to_host
+from ..reference.draft import check_ngram_args, check_ngram_lengths
 
-__all__ = ["draft_carry", "capture_hidden", "draft_combine", "draft_map_tokens"]
+__all__ = ["draft_carry", "capture_hidden", "draft_combine", "draft_map_tokens",
+           "ngram_propose"]
 
 _FLOATS = ("float32", "float16", "bfloat16")
 _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _THREADS = 256
 _UNROLL = 4                   # vector units per thread in the kernels (kUnroll / kCache)
 _COMBINE_MAX_THREADS = 512
+_NGRAM_THREADS = 256          # ngram.cuh kThreads: the kernel's reduction assumes exactly this
 _INT32_MAX = 2**31 - 1
 
 
@@ -214,3 +217,71 @@ def draft_map_tokens(draft_ids, d2t, out, *, offsets=True, stream=None):
                                    m.shape[0], di.dtype == "int64", m.dtype == "int64",
                                    bool(offsets))
     return out
+
+
+def _token_rows(name, obj, B, dev, width):
+    """An int32 [B, width] token array of ngram_propose (rows strided, last dim contiguous)."""
+    a = DeviceArg(name, obj, dtype="int32", ndim=2, device=dev)
+    if a.shape[0] != B:
+        raise ValueError(f"{name}: expected shape [{B}, {width}] (batch from prompt), got "
+                         f"{list(a.shape)}")
+    _last_contiguous(a)
+    return a
+
+
+def _lengths(name, obj, B, dev):
+    return DeviceArg(name, obj, dtype="int32", shape=(B,), device=dev, contiguous=True)
+
+
+def ngram_propose(prompt, prompt_lens, output, output_lens, draft_tokens, num_draft, *,
+                  min_n=1, max_n=3, check_indices=True, stream=None):
+    """Prompt-lookup (n-gram) drafting, weight-free: propose the tokens that followed the
+    latest earlier occurrence of the context's last n tokens (longest n first).
+
+    prompt [B, P] int32 with prompt_lens [B] int32 valid tokens per row, output [B, O]
+    int32 with output_lens [B] int32 (the context is ``prompt[b, :prompt_lens[b]] ++
+    output[b, :output_lens[b]]``; a caller with one token buffer passes output_lens = 0 and
+    any [B, >= 1] output) -> draft_tokens [B, K] int32 (1 <= K <= 64; -1 after the
+    proposals) and num_draft [B] int32, ready for ``seq_build_block``. ``1 <= min_n <=
+    max_n <= 32``. Rows of prompt / output / draft_tokens may be strided (last dimension
+    contiguous); the length vectors are contiguous. P + O < 2^31.
+
+    ``check_indices=True`` (default) copies the two length vectors to the host and raises
+    ValueError when one lies outside 0..P / 0..O; it is skipped while ``stream`` is being
+    captured into a CUDA graph. The kernel itself clamps lengths into range and never
+    faults; it reads no host value, so it can run inside a captured graph. Exact and
+    deterministic (integer comparisons, an order-free max-reduction). Semantics:
+    ``specdec_lib.reference.draft.ngram_propose``. Returns ``(draft_tokens, num_draft)``.
+
+    Example: context ``[5, 1, 2, 7, 8, 1, 2]``, max_n=3, K=3: n=3 ``[8, 1, 2]`` never
+    occurred before, n=2 ``[1, 2]`` did at 1 -> draft ``[7, 8, 1]``, num_draft 3.
+    """
+    pr = DeviceArg("prompt", prompt, dtype="int32", ndim=2)
+    _last_contiguous(pr)
+    dev = pr.device
+    B, P = pr.shape
+    pl = _lengths("prompt_lens", prompt_lens, B, dev)
+    ou = _token_rows("output", output, B, dev, "O")
+    ol = _lengths("output_lens", output_lens, B, dev)
+    dt = _token_rows("draft_tokens", draft_tokens, B, dev, "K")
+    nd = _lengths("num_draft", num_draft, B, dev)
+    O, K = ou.shape[1], dt.shape[1]
+    min_n, max_n = check_ngram_args(min_n, max_n, K)
+    if P + O > _INT32_MAX:
+        raise ValueError(f"prompt/output: P + O = {P + O} tokens exceeds the int32 range")
+    if B > _INT32_MAX:
+        raise ValueError(f"prompt: batch {B} exceeds the int32 range")
+    stream_h = as_stream(stream)
+    if B == 0:
+        return draft_tokens, num_draft
+    if check_indices and not runtime.driver().stream_is_capturing(stream_h):
+        check_ngram_lengths(to_host(pl, stream_h), to_host(ol, stream_h), P, O)
+    vec_prompt = (pr.ptr | _row_bytes(pr)) % 16 == 0
+    vec_output = (ou.ptr | _row_bytes(ou)) % 16 == 0
+    grid = int(min(B, 65535))
+    k = runtime.kernel("draft", "ngram_propose", dev)
+    from .. import _draft
+    _draft.launch_ngram_propose(k, grid, _NGRAM_THREADS, stream_h, pr.ptr, pl.ptr, ou.ptr,
+                                ol.ptr, dt.ptr, nd.ptr, pr.strides[0], ou.strides[0],
+                                dt.strides[0], B, P, O, K, min_n, max_n, vec_prompt, vec_output)
+    return draft_tokens, num_draft

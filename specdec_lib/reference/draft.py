@@ -9,6 +9,9 @@
 - ``draft_combine``   : ``RMSNorm(embed) ++ RMSNorm(hidden) -> [rows, 2H]``, the input of
                         MTP's fc / eh_proj and of EAGLE3's midlayer attention.
 - ``draft_map_tokens``: EAGLE3 draft vocabulary -> target vocabulary through ``d2t``.
+- ``ngram_propose``   : weight-free prompt-lookup drafting (vLLM's ngram proposer, HF's
+                        ``prompt_lookup_num_tokens``): the tokens that followed the latest
+                        earlier occurrence of the context's last n tokens.
 
 Same names and argument order as ``specdec_lib.ops.draft``; outputs are written into
 the caller's arrays and returned. Float math in float64.
@@ -164,3 +167,96 @@ def draft_map_tokens(draft_ids, d2t, out, *, offsets=True):
         else:
             out[i] = -1
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# prompt lookup (n-gram) drafting
+
+NGRAM_MAX_N = 32        # longest n-gram matched (the kernel keeps the pattern in shared memory)
+NGRAM_MAX_DRAFT = 64    # K: draft tokens per sequence
+
+
+def _plain_int(name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+    return int(v)
+
+
+def check_ngram_args(min_n, max_n, num_slots):
+    """``1 <= min_n <= max_n <= NGRAM_MAX_N`` and ``1 <= K <= NGRAM_MAX_DRAFT`` (K: the
+    width of draft_tokens); TypeError/ValueError naming the argument. Returns
+    ``(min_n, max_n)`` as ints."""
+    min_n = _plain_int("min_n", min_n)
+    max_n = _plain_int("max_n", max_n)
+    if min_n < 1:
+        raise ValueError(f"min_n: must be >= 1, got {min_n}")
+    if max_n > NGRAM_MAX_N:
+        raise ValueError(f"max_n: must be <= {NGRAM_MAX_N}, got {max_n}")
+    if max_n < min_n:
+        raise ValueError(f"max_n: must be >= min_n = {min_n}, got {max_n}")
+    if not 1 <= num_slots <= NGRAM_MAX_DRAFT:
+        raise ValueError(f"draft_tokens: K = {num_slots} draft slots per sequence, expected "
+                         f"1..{NGRAM_MAX_DRAFT}")
+    return min_n, max_n
+
+
+def check_ngram_lengths(prompt_lens, output_lens, P, O):
+    """ValueError naming the array and row when a length lies outside 0..P / 0..O."""
+    for name, lens, cap in (("prompt_lens", prompt_lens, P), ("output_lens", output_lens, O)):
+        lens = np.asarray(lens)
+        bad = np.flatnonzero((lens < 0) | (lens > cap))
+        if bad.size:
+            b = int(bad[0])
+            raise ValueError(f"{name}: {int(lens[b])} at row {b} is outside 0..{cap}")
+
+
+def ngram_propose(prompt, prompt_lens, output, output_lens, draft_tokens, num_draft, *,
+                  min_n=1, max_n=3, check_indices=True):
+    """Propose up to K draft tokens per sequence by prompt lookup.
+
+    prompt        int32 [B, P]   prompt tokens, prompt_lens int32 [B] of them valid
+    output        int32 [B, O]   generated tokens, output_lens int32 [B] of them valid
+    draft_tokens  int32 [B, K]   OUT (1 <= K <= 64): proposals, -1 after the last
+    num_draft     int32 [B]      OUT: m, the number of proposals (0..K)
+
+    The context of sequence b is ``c = prompt[b, :prompt_lens[b]] ++ output[b,
+    :output_lens[b]]``, length N. For n = min(max_n, N - 1) down to min_n (longest first)
+    the pattern is ``c[N-n:N]``; the match is the LARGEST start i with ``i + n <= N - 1``
+    and ``c[i:i+n] == c[N-n:N]`` (it may overlap the pattern). The first n with a match
+    wins: ``m = min(K, N - (i + n))`` tokens ``c[i+n : i+n+m]`` are proposed. No match for
+    any n (or N < 2): m = 0 and the row is all -1. ``1 <= min_n <= max_n <= 32``.
+
+    ``check_indices=True`` raises ValueError for lengths outside 0..P / 0..O; with False
+    they are clamped into range (what the kernel does with such values).
+    """
+    for name, a, nd in (("prompt", prompt, 2), ("prompt_lens", prompt_lens, 1),
+                        ("output", output, 2), ("output_lens", output_lens, 1),
+                        ("draft_tokens", draft_tokens, 2), ("num_draft", num_draft, 1)):
+        np_array(name, a, nd, "i")
+    B, P = prompt.shape
+    O = output.shape[1]
+    for name, a in (("prompt_lens", prompt_lens), ("output", output),
+                    ("output_lens", output_lens), ("draft_tokens", draft_tokens),
+                    ("num_draft", num_draft)):
+        if a.shape[0] != B:
+            raise ValueError(f"{name}: first dimension {a.shape[0]} != batch {B}")
+    K = draft_tokens.shape[1]
+    min_n, max_n = check_ngram_args(min_n, max_n, K)
+    if check_indices:
+        check_ngram_lengths(prompt_lens, output_lens, P, O)
+    for b in range(B):
+        lp = min(max(int(prompt_lens[b]), 0), P)
+        lo = min(max(int(output_lens[b]), 0), O)
+        c = [int(t) for t in prompt[b, :lp]] + [int(t) for t in output[b, :lo]]
+        N = len(c)
+        draft_tokens[b, :] = -1
+        num_draft[b] = 0
+        for n in range(min(max_n, N - 1), min_n - 1, -1):
+            pattern = c[N - n:]
+            match = next((i for i in range(N - 1 - n, -1, -1) if c[i:i + n] == pattern), None)
+            if match is not None:
+                m = min(K, N - (match + n))
+                draft_tokens[b, :m] = c[match + n:match + n + m]
+                num_draft[b] = m
+                break
+    return draft_tokens, num_draft
