@@ -127,3 +127,14 @@ register(KernelModule(
                              ("bf16", "f32"))},
              "draft_map_tokens": "DraftMapTokensParams"},
 ))
+
+register(KernelModule(
+    name="layers",
+    source="cuda_src/layers/layers.cu",
+    params_header="layers/layers_params.h",
+    kernels={**{f"rms_norm_{t}_w{w}": "RmsNormParams"
+                for t, w in (("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"),
+                             ("bf16", "f32"))},
+             **{f"{op}_{t}": p for op, p in (("rope", "RopeParams"), ("silu_mul", "SiluMulParams"))
+                for t in ("f32", "f16", "bf16")}},
+))

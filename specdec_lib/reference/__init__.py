@@ -7,3 +7,4 @@ from .gdn import gdn_commit, gdn_decode_reference, gdn_flush, gdn_journal_width,
 from .conv import conv1d_commit, conv1d_decode_reference, conv1d_verify  # noqa: F401
 from .sequence import seq_advance, seq_build_block, seq_stop  # noqa: F401
 from .draft import capture_hidden, draft_carry, draft_combine, draft_map_tokens  # noqa: F401
+from .layers import rms_norm, rope, rope_cos_sin_cache, silu_mul  # noqa: F401
