@@ -19,6 +19,15 @@
 #include "common/pack.cuh"
 #include "common/warp.cuh"
 
+// The (activation, weight) dtype pairs an RMSNorm kernel is instantiated for, as
+// X(name suffix, T, W): the weight is the activation dtype or float32.
+#define SPECDEC_FOR_NORM_DTYPES(X)  \
+  X(f32_wf32, float, float)         \
+  X(f16_wf16, __half, __half)       \
+  X(f16_wf32, __half, float)        \
+  X(bf16_wbf16, bf16_t, bf16_t)     \
+  X(bf16_wf32, bf16_t, float)
+
 namespace specdec {
 
 template <typename T, typename W, int N>

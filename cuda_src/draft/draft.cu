@@ -152,11 +152,7 @@ SPECDEC_CAPTURE_HIDDEN(bf16, bf16_t)
   extern "C" __global__ void __launch_bounds__(kCombineMaxThreads) draft_combine_##NAME(const DraftCombineParams p) { \
     draft_combine<T, W>(p);                                                             \
   }
-SPECDEC_DRAFT_COMBINE(f32_wf32, float, float)
-SPECDEC_DRAFT_COMBINE(f16_wf16, __half, __half)
-SPECDEC_DRAFT_COMBINE(f16_wf32, __half, float)
-SPECDEC_DRAFT_COMBINE(bf16_wbf16, bf16_t, bf16_t)
-SPECDEC_DRAFT_COMBINE(bf16_wf32, bf16_t, float)
+SPECDEC_FOR_NORM_DTYPES(SPECDEC_DRAFT_COMBINE)
 
 // draft_map_tokens: draft_ids [N] -> out [N] int32 through d2t [Vd]; one id per thread.
 extern "C" __global__ void __launch_bounds__(kThreads) draft_map_tokens(const DraftMapTokensParams p) {

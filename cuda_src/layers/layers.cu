@@ -100,11 +100,7 @@ __device__ __forceinline__ void silu_mul_items(const SiluMulParams& p) {
   extern "C" __global__ void __launch_bounds__(kNormMaxThreads) rms_norm_##NAME(const RmsNormParams p) { \
     rms_norm<T, W>(p);                                                                   \
   }
-SPECDEC_RMS_NORM(f32_wf32, float, float)
-SPECDEC_RMS_NORM(f16_wf16, __half, __half)
-SPECDEC_RMS_NORM(f16_wf32, __half, float)
-SPECDEC_RMS_NORM(bf16_wbf16, bf16_t, bf16_t)
-SPECDEC_RMS_NORM(bf16_wf32, bf16_t, float)
+SPECDEC_FOR_NORM_DTYPES(SPECDEC_RMS_NORM)
 
 #define SPECDEC_LAYERS_ELEMENTWISE(NAME, T)                                              \
   extern "C" __global__ void __launch_bounds__(kThreads) rope_##NAME(const RopeParams p) { \

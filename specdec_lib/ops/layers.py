@@ -11,12 +11,10 @@ from __future__ import annotations
 from .. import runtime
 from .._validate import DeviceArg, as_stream
 from ..reference.layers import check_eps, check_rope_shapes, rope_cos_sin_cache  # noqa: F401
-from .draft import _last_contiguous, _row_bytes, _threads_for
+from .draft import _FLOATS, _SHORT, _last_contiguous, _row_bytes, _threads_for
 
 __all__ = ["rms_norm", "rope", "rope_cos_sin_cache", "silu_mul"]
 
-_FLOATS = ("float32", "float16", "bfloat16")
-_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _THREADS = 256                # rope, silu_mul (kThreads)
 _NORM_MAX_THREADS = 1024      # rms_norm (kNormMaxThreads)
 _GRID_PER_SM = 16             # rope, silu_mul: grid-stride past this many CTAs per SM
