@@ -52,6 +52,10 @@ def _copy_kernels():
 
 MODULES: dict[str, KernelModule] = {}
 
+# (activation, weight) dtypes of the RMSNorm kernels (draft_combine, rms_norm): the weight is
+# the activation dtype or float32 (common/rms_norm.cuh: SPECDEC_FOR_NORM_DTYPES)
+NORM_DTYPES = (("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"), ("bf16", "f32"))
+
 
 def register(module: KernelModule) -> KernelModule:
     MODULES[module.name] = module
@@ -122,9 +126,16 @@ register(KernelModule(
     params_header="draft/draft_params.h",
     kernels={**{f"draft_carry_v{u}": "DraftCarryParams" for u in (1, 2, 4, 8, 16)},
              **{f"capture_hidden_{t}": "CaptureHiddenParams" for t in ("f32", "f16", "bf16")},
-             **{f"draft_combine_{t}_w{w}": "DraftCombineParams"
-                for t, w in (("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"),
-                             ("bf16", "f32"))},
+             **{f"draft_combine_{t}_w{w}": "DraftCombineParams" for t, w in NORM_DTYPES},
              "draft_map_tokens": "DraftMapTokensParams",
              "ngram_propose": "NgramProposeParams"},
+))
+
+register(KernelModule(
+    name="layers",
+    source="cuda_src/layers/layers.cu",
+    params_header="layers/layers_params.h",
+    kernels={**{f"rms_norm_{t}_w{w}": "RmsNormParams" for t, w in NORM_DTYPES},
+             **{f"{op}_{t}": p for op, p in (("rope", "RopeParams"), ("silu_mul", "SiluMulParams"))
+                for t in ("f32", "f16", "bf16")}},
 ))

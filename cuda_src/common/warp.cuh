@@ -1,5 +1,6 @@
 // Full-warp butterfly reductions (xor 16, 8, 4, 2, 1): every lane gets the result, the same
-// bits in every lane (each step adds / compares the same two values in both partners).
+// bits in every lane (each step adds / compares the same two values in both partners);
+// and cta_sum, the same over a whole CTA.
 #pragma once
 
 namespace specdec {
@@ -33,6 +34,18 @@ __device__ __forceinline__ int warp_min(int v) {
   for (int d = 16; d > 0; d >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, d));
   return v;
 #endif
+}
+
+// Sum over the whole CTA (blockDim.x a multiple of 32, at most 1024): every thread gets the
+// total, the same bits in every thread and on every run (a fixed butterfly within warps,
+// then the warps' partials in warp order). smem: 32 floats; safe to call repeatedly.
+__device__ __forceinline__ float cta_sum(float v, float* smem) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();            // smem may still be read from the previous call
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  return warp_sum(lane < (blockDim.x >> 5) ? smem[lane] : 0.f);
 }
 
 }  // namespace specdec

@@ -8,7 +8,8 @@
 // in flight per thread before any store, and never trusting an index read from memory:
 // a bad cu_q / accept_len / token id gives a zero row or -1, never an out-of-bounds read.
 #include "common/dtype.cuh"
-#include "common/warp.cuh"
+#include "common/pack.cuh"
+#include "common/rms_norm.cuh"
 #include "draft/draft_params.h"
 #include "draft/ngram.cuh"
 
@@ -53,42 +54,6 @@ __device__ __forceinline__ void draft_carry(const DraftCarryParams& p) {
   }
 }
 
-// ------------------------------------------------------------------ float packs
-// N elements of T moved as one access: 16 bytes when sizeof(T) * N == 16 (or 32).
-template <typename T, int N> struct alignas(sizeof(T) * N >= 16 ? 16 : sizeof(T) * N) Pack {
-  T e[N];
-};
-
-template <typename T, int N>
-__device__ __forceinline__ Pack<T, N> load_pack(const T* ptr) {
-  Pack<T, N> r;
-  if constexpr (sizeof(T) * N % 16 == 0) {
-    constexpr int Q = sizeof(T) * N / 16;
-    uint4 u[Q];
-#pragma unroll
-    for (int q = 0; q < Q; ++q) u[q] = __ldg(reinterpret_cast<const uint4*>(ptr) + q);
-    memcpy(&r, u, sizeof(r));
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) r.e[i] = ptr[i];
-  }
-  return r;
-}
-
-template <typename T, int N>
-__device__ __forceinline__ void store_pack(T* ptr, const Pack<T, N>& r) {
-  if constexpr (sizeof(T) * N % 16 == 0) {
-    constexpr int Q = sizeof(T) * N / 16;
-    uint4 u[Q];
-    memcpy(u, &r, sizeof(r));
-#pragma unroll
-    for (int q = 0; q < Q; ++q) reinterpret_cast<uint4*>(ptr)[q] = u[q];
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) ptr[i] = r.e[i];
-  }
-}
-
 // ------------------------------------------------------------------ capture_hidden
 // hidden (+ residual) [T, H] -> out[:, tap*H:(tap+1)*H] (out pre-offset). Grid (rows,
 // column chunks); each thread adds in float and rounds once to T.
@@ -130,62 +95,6 @@ __device__ __forceinline__ void capture_hidden(const CaptureHiddenParams& p) {
 }
 
 // ------------------------------------------------------------------ draft_combine
-__device__ __forceinline__ float block_sum(float v, float* smem /* [32] */) {
-  v = warp_sum(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();            // smem may still be read from the previous call
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  v = warp_sum(lane < (blockDim.x >> 5) ? smem[lane] : 0.f);
-  return v;                   // every thread holds the total
-}
-
-// y[0..H) = x * rsqrt(mean(x^2) + eps) * (w or 1 + w). The CTA owns the whole row: the
-// first kCache packs per thread stay in registers between the two passes, anything
-// beyond (H > kCache * N * blockDim) is read again (from L1/L2).
-template <typename T, typename W, int N>
-__device__ __forceinline__ void rms_norm_row(const T* x, const W* w, T* y, int H, float eps,
-                                             bool unit_offset, float* smem) {
-  constexpr int kCache = 4;
-  const int units = H / N;
-  Pack<T, N> cache[kCache];
-  float ss = 0.f;
-#pragma unroll
-  for (int j = 0; j < kCache; ++j) {
-    const int u = threadIdx.x + j * blockDim.x;
-    if (u < units) cache[j] = load_pack<T, N>(x + u * N);
-  }
-#pragma unroll
-  for (int j = 0; j < kCache; ++j) {
-    const int u = threadIdx.x + j * blockDim.x;
-    if (u < units) {
-#pragma unroll
-      for (int i = 0; i < N; ++i) { const float f = to_float(cache[j].e[i]); ss += f * f; }
-    }
-  }
-  for (int u = threadIdx.x + kCache * blockDim.x; u < units; u += blockDim.x) {
-    const Pack<T, N> v = load_pack<T, N>(x + u * N);
-#pragma unroll
-    for (int i = 0; i < N; ++i) { const float f = to_float(v.e[i]); ss += f * f; }
-  }
-  const float inv = rsqrtf(block_sum(ss, smem) / static_cast<float>(H) + eps);
-  const float off = unit_offset ? 1.f : 0.f;
-  auto emit = [&](int u, const Pack<T, N>& v) {
-    const Pack<W, N> wv = load_pack<W, N>(w + u * N);
-    Pack<T, N> o;
-#pragma unroll
-    for (int i = 0; i < N; ++i) o.e[i] = from_float<T>(to_float(v.e[i]) * inv * (off + to_float(wv.e[i])));
-    store_pack<T, N>(y + u * N, o);
-  };
-#pragma unroll
-  for (int j = 0; j < kCache; ++j) {
-    const int u = threadIdx.x + j * blockDim.x;
-    if (u < units) emit(u, cache[j]);
-  }
-  for (int u = threadIdx.x + kCache * blockDim.x; u < units; u += blockDim.x)
-    emit(u, load_pack<T, N>(x + u * N));
-}
-
 // embed/hidden [rows, H] (or the table [vocab, H] + token_ids) -> out [rows, 2H]; grid
 // (rows, 2): blockIdx.y = 0 normalises the embedding into columns 0..H, 1 the hidden
 // state into H..2H, so the two halves' reductions run in parallel CTAs.
@@ -210,15 +119,15 @@ __device__ __forceinline__ void combine_rows(const DraftCombineParams& p, float*
     } else {
       x = static_cast<const T*>(p.hidden) + r * p.hidden_stride;
     }
-    rms_norm_row<T, W, N>(x, w, y, p.width, p.eps, p.unit_offset, smem);
+    rms_norm_row<T, W, N>(x, nullptr, nullptr, w, y, p.width, p.eps, p.unit_offset, p.vectorize,
+                          smem);
   }
 }
 
 template <typename T, typename W>
 __device__ __forceinline__ void draft_combine(const DraftCombineParams& p) {
   __shared__ float smem[32];
-  if (p.vectorize) combine_rows<T, W, 16 / sizeof(T)>(p, smem);
-  else combine_rows<T, W, 1>(p, smem);
+  combine_rows<T, W, 16 / sizeof(T)>(p, smem);   // p.vectorize picks the access, not the order
 }
 
 }  // namespace
@@ -245,11 +154,7 @@ SPECDEC_CAPTURE_HIDDEN(bf16, bf16_t)
   extern "C" __global__ void __launch_bounds__(kCombineMaxThreads) draft_combine_##NAME(const DraftCombineParams p) { \
     draft_combine<T, W>(p);                                                             \
   }
-SPECDEC_DRAFT_COMBINE(f32_wf32, float, float)
-SPECDEC_DRAFT_COMBINE(f16_wf16, __half, __half)
-SPECDEC_DRAFT_COMBINE(f16_wf32, __half, float)
-SPECDEC_DRAFT_COMBINE(bf16_wbf16, bf16_t, bf16_t)
-SPECDEC_DRAFT_COMBINE(bf16_wf32, bf16_t, float)
+SPECDEC_FOR_NORM_DTYPES(SPECDEC_DRAFT_COMBINE)
 
 // draft_map_tokens: draft_ids [N] -> out [N] int32 through d2t [Vd]; one id per thread.
 extern "C" __global__ void __launch_bounds__(kThreads) draft_map_tokens(const DraftMapTokensParams p) {

@@ -184,8 +184,8 @@ def draft_combine(embed, hidden, embed_norm_weight, hidden_norm_weight, out, *, 
     bits = (em.ptr | hd.ptr | o.ptr | we.ptr | wh.ptr | H * E | _row_bytes(hd) | _row_bytes(o)
             | (em.strides[0] * E if em.shape[0] > 1 else 0))
     vectorize = bits % 16 == 0
-    units = H // (16 // E) if vectorize else H
-    threads = _threads_for(units, _COMBINE_MAX_THREADS)
+    # the kernel walks a row in 16-byte units either way (vectorize picks the access)
+    threads = _threads_for(-(-H // (16 // E)), _COMBINE_MAX_THREADS)
     k = runtime.kernel("draft", f"draft_combine_{_SHORT[dt]}_w{_SHORT[we.dtype]}", dev)
     from .. import _draft
     _draft.launch_draft_combine(k, rows, threads, stream_h, em.ptr, hd.ptr, we.ptr, wh.ptr,

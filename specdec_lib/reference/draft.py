@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import np_array
+from .layers import rms_norm_f64 as _rms_norm
 
 
 def draft_carry(hidden, cu_q, accept_len, out, *, row_begin=0, col_begin=0):
@@ -90,13 +91,6 @@ def capture_hidden(hidden, out, tap, *, residual=None):
         x = x + residual.astype(np.float64)
     out[:, tap * H:(tap + 1) * H] = x
     return out
-
-
-def _rms_norm(x, w, eps, unit_offset):
-    x = x.astype(np.float64)
-    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-    w = w.astype(np.float64)
-    return x * r * ((1.0 + w) if unit_offset else w)
 
 
 def draft_combine(embed, hidden, embed_norm_weight, hidden_norm_weight, out, *,

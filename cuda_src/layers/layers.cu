@@ -1,0 +1,116 @@
+// layers family: the elementwise glue of a dense (Llama-type) layer, so a host model's
+// layer is a few library launches (what a round captured as one CUDA graph wants).
+// Semantics: specdec_lib/reference/layers.py. All math in float32, one rounding to the
+// output dtype; bf16 is storage only (common/dtype.cuh), so the compute_75 path runs too.
+//
+//   rms_norm  x [T, H] (+ residual [T, H] -> residual_out), weight [H] -> out [T, H]
+//             one CTA per row, blockDim from H alone (common/rms_norm.cuh): a row's bits
+//             do not depend on T, the other rows or the alignment.
+//   rope      q [T, Hq, D], k [T, Hk, D] in place, positions [T], cos_sin_cache [P, D]
+//             one thread per (token, head, V-element chunk of the first half) and its
+//             partner chunk D/2 further on; a position outside [0, P) writes NaN over
+//             that token's heads (the flag: no read of the cache row).
+//   silu_mul  x [T, 2I] -> out [T, I]; one thread per V-element chunk of out.
+//
+// Activations are read with plain loads (not ld.global.nc): rms_norm and rope run in place.
+// The build uses --use_fast_math, so the rounding-sensitive steps are spelled out: products
+// that must not fuse into an FMA use __fmul_rn, divisions __fdiv_rn, exp accurate_expf.
+#include "common/dtype.cuh"
+#include "common/math.cuh"
+#include "common/pack.cuh"
+#include "common/rms_norm.cuh"
+#include "layers/layers_params.h"
+
+using namespace specdec;
+
+namespace {
+
+constexpr int kThreads = 256;          // rope, silu_mul
+constexpr int kNormMaxThreads = 1024;  // rms_norm: the launcher picks <= this from H
+
+template <typename T, typename W>
+__device__ __forceinline__ void rms_norm(const RmsNormParams& p) {
+  __shared__ float smem[32];
+  const bool fused = p.residual != nullptr;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const T* res = fused ? static_cast<const T*>(p.residual) + r * p.residual_stride : nullptr;
+    T* res_out = fused ? static_cast<T*>(p.residual_out) + r * p.residual_out_stride : nullptr;
+    rms_norm_row<T, W, 16 / sizeof(T)>(static_cast<const T*>(p.x) + r * p.x_stride, res, res_out,
+                                       static_cast<const W*>(p.weight),
+                                       static_cast<T*>(p.out) + r * p.out_stride, p.width, p.eps,
+                                       p.unit_offset, p.vectorize, smem);
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void rope_items(const RopeParams& p) {
+  const int half = p.head_dim >> 1;
+  const int chunks = half / V;         // V = 1 unless the launcher checked half % V == 0
+  const int64_t per_token = static_cast<int64_t>(p.q_heads + p.k_heads) * chunks;
+  const int64_t items = p.tokens * per_token;
+  const float nan = __int_as_float(0x7fc00000);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / per_token;
+    const int rem = static_cast<int>(i - t * per_token);
+    const int h = rem / chunks, c = rem - h * chunks;
+    T* x = (h < p.q_heads ? static_cast<T*>(p.q) + t * p.q_stride_t + h * p.q_stride_h
+                          : static_cast<T*>(p.k) + t * p.k_stride_t +
+                                static_cast<int64_t>(h - p.q_heads) * p.k_stride_h) + c * V;
+    const int64_t pos = __ldg(p.positions + t);
+    Pack<T, V> lo, hi;
+    if (pos >= 0 && pos < p.max_position) {
+      const Pack<T, V> a = load_pack<T, V, false>(x), b = load_pack<T, V, false>(x + half);
+      const float* row = p.cos_sin_cache + pos * p.head_dim + c * V;
+      const Pack<float, V> cs = load_pack<float, V>(row), sn = load_pack<float, V>(row + half);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float xa = to_float(a.e[j]), xb = to_float(b.e[j]);
+        lo.e[j] = from_float<T>(fmaf(xa, cs.e[j], -__fmul_rn(xb, sn.e[j])));
+        hi.e[j] = from_float<T>(fmaf(xb, cs.e[j], __fmul_rn(xa, sn.e[j])));
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) lo.e[j] = hi.e[j] = from_float<T>(nan);
+    }
+    store_pack<T, V>(x, lo);
+    store_pack<T, V>(x + half, hi);
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void silu_mul_items(const SiluMulParams& p) {
+  const int64_t chunks = p.width / V;  // V = 1 unless the launcher checked width % V == 0
+  const int64_t items = p.rows * chunks;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / chunks, c = i - r * chunks;
+    const T* g = static_cast<const T*>(p.x) + r * p.x_stride + c * V;
+    const Pack<T, V> a = load_pack<T, V, false>(g), b = load_pack<T, V, false>(g + p.width);
+    Pack<T, V> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) o.e[j] = from_float<T>(accurate_silu(to_float(a.e[j])) * to_float(b.e[j]));
+    store_pack<T, V>(static_cast<T*>(p.out) + r * p.out_stride + c * V, o);
+  }
+}
+
+}  // namespace
+
+#define SPECDEC_RMS_NORM(NAME, T, W)                                                     \
+  extern "C" __global__ void __launch_bounds__(kNormMaxThreads) rms_norm_##NAME(const RmsNormParams p) { \
+    rms_norm<T, W>(p);                                                                   \
+  }
+SPECDEC_FOR_NORM_DTYPES(SPECDEC_RMS_NORM)
+
+#define SPECDEC_LAYERS_ELEMENTWISE(NAME, T)                                              \
+  extern "C" __global__ void __launch_bounds__(kThreads) rope_##NAME(const RopeParams p) { \
+    if (p.vectorize) rope_items<T, 16 / sizeof(T)>(p);                                   \
+    else rope_items<T, 1>(p);                                                            \
+  }                                                                                      \
+  extern "C" __global__ void __launch_bounds__(kThreads) silu_mul_##NAME(const SiluMulParams p) { \
+    if (p.vectorize) silu_mul_items<T, 16 / sizeof(T)>(p);                               \
+    else silu_mul_items<T, 1>(p);                                                        \
+  }
+SPECDEC_LAYERS_ELEMENTWISE(f32, float)
+SPECDEC_LAYERS_ELEMENTWISE(f16, __half)
+SPECDEC_LAYERS_ELEMENTWISE(bf16, bf16_t)

@@ -1,0 +1,174 @@
+"""rms_norm, rope, silu_mul on the GPU (kernels: cuda_src/layers/layers.cu).
+
+The elementwise glue of a dense (Llama-type) layer, so that a host model's layer is a few
+library launches; semantics and argument order in ``specdec_lib.reference.layers`` (whose
+functions are also the CPU backend's host math). Activations float32, float16 or bfloat16,
+last dimension contiguous, other strides free (views into a fused projection work); math
+in float32, one rounding to the output dtype. ``T = 0`` is a no-op.
+"""
+from __future__ import annotations
+
+from .. import runtime
+from .._validate import DeviceArg, as_stream
+from ..reference.layers import check_eps, check_rope_shapes, rope_cos_sin_cache  # noqa: F401
+from .draft import _FLOATS, _SHORT, _last_contiguous, _row_bytes, _threads_for
+
+__all__ = ["rms_norm", "rope", "rope_cos_sin_cache", "silu_mul"]
+
+_THREADS = 256                # rope, silu_mul (kThreads)
+_NORM_MAX_THREADS = 1024      # rms_norm (kNormMaxThreads)
+_GRID_PER_SM = 16             # rope, silu_mul: grid-stride past this many CTAs per SM
+_INT32_MAX = 2**31 - 1
+
+
+def _rows_disjoint(a, width):
+    """An output's rows must not overlap (a row stride of at least its width)."""
+    if a.shape[0] > 1 and abs(a.strides[0]) < width:
+        raise ValueError(f"{a.name}: rows overlap (row stride {a.strides[0]} < width {width})")
+
+
+def _flat_grid(items, device):
+    return int(min(-(-items // _THREADS), runtime.sm_count(device) * _GRID_PER_SM))
+
+
+def rms_norm(x, weight, out, *, eps=1e-6, residual=None, residual_out=None, unit_offset=False,
+             stream=None):
+    """out = RMSNorm(s) * w, s = x, or s = x + residual (fused residual add).
+
+    x [T, H] float32/float16/bfloat16; weight [H] contiguous, x's dtype or float32; out
+    [T, H] x's dtype (may be x itself). w = weight, or 1 + weight with ``unit_offset``
+    (zero-centred norms). eps > 0. With ``residual`` [T, H] (x's dtype), ``residual_out``
+    [T, H] is required (it may be residual itself): it receives s = round(x + residual),
+    and out is the norm of that rounded s — bit for bit what the unfused
+    ``residual_out = x + residual; rms_norm(residual_out, ...)`` gives. One CTA per row;
+    a row's bits do not depend on T or on the other rows. Returns out.
+
+    Example (a Llama decoder layer's pre-MLP norm, residual stream updated in place)::
+
+        rms_norm(attn_out, ln2_weight, h, residual=resid, residual_out=resid, eps=1e-5)
+    """
+    xa = DeviceArg("x", x, dtype=_FLOATS, ndim=2)
+    dev = xa.device
+    T, H = xa.shape
+    dt = xa.dtype
+    o = DeviceArg("out", out, dtype=dt, shape=(T, H), device=dev)
+    w = DeviceArg("weight", weight, dtype=(dt, "float32") if dt != "float32" else dt,
+                  shape=(H,), device=dev, contiguous=True)
+    eps = check_eps(eps)
+    r = DeviceArg("residual", residual, dtype=dt, shape=(T, H), device=dev, optional=True)
+    ro = DeviceArg("residual_out", residual_out, dtype=dt, shape=(T, H), device=dev,
+                   optional=True)
+    fused = residual is not None
+    if fused and residual_out is None:
+        raise ValueError("residual_out: required with residual (it receives x + residual; "
+                         "pass residual itself to update it in place)")
+    if not fused and residual_out is not None:
+        raise ValueError("residual_out: given without residual")
+    for a in (xa, o, r, ro):
+        if a.obj is not None:
+            _last_contiguous(a)
+    _rows_disjoint(o, H)
+    if fused:
+        _rows_disjoint(ro, H)
+    if H >= 2**30:
+        raise ValueError(f"x: width {H} is too wide (at most 2^30 - 1)")
+    stream_h = as_stream(stream)
+    if T == 0 or H == 0:
+        return out
+    E = xa.itemsize
+    bits = xa.ptr | o.ptr | w.ptr | H * E | _row_bytes(xa) | _row_bytes(o)
+    if fused:
+        bits |= r.ptr | ro.ptr | _row_bytes(r) | _row_bytes(ro)
+    # the kernel walks a row in 16-byte units either way: blockDim from H alone (row invariance)
+    threads = _threads_for(-(-H // (16 // E)), _NORM_MAX_THREADS)
+    k = runtime.kernel("layers", f"rms_norm_{_SHORT[dt]}_w{_SHORT[w.dtype]}", dev)
+    from .. import _layers
+    _layers.launch_rms_norm(k, min(T, _INT32_MAX), threads, stream_h, xa.ptr, r.ptr, ro.ptr,
+                            w.ptr, o.ptr, xa.strides[0], r.strides[0] if fused else 0,
+                            ro.strides[0] if fused else 0, o.strides[0], T, H,
+                            bool(unit_offset), bits % 16 == 0, eps)
+    return out
+
+
+def rope(q, k, positions, cos_sin_cache, *, stream=None):
+    """Rotary position embedding of q and k, in place, rotate-half (NeoX / HF Llama) style.
+
+    q [T, Hq, D], k [T, Hk, D] (q's dtype) or None: float32/float16/bfloat16, last dim
+    contiguous, token and head strides free (e.g. ``qkv[:, :Hq*D].view(T, Hq, D)``); D even,
+    at most 256. positions int32 [T] contiguous. cos_sin_cache float32 [max_position, D]
+    contiguous: cos in the first D/2 columns, sin in the last D/2 (vLLM's layout; build it
+    with ``rope_cos_sin_cache(max_position, D, theta)``). For i < D/2, with c, s from row
+    ``positions[t]``: x[i] <- x[i] c - x[i+D/2] s, x[i+D/2] <- x[i+D/2] c + x[i] s.
+    A position outside [0, max_position) never faults: that token's q and k heads become
+    NaN (a visible flag). Returns (q, k).
+    """
+    qa = DeviceArg("q", q, dtype=_FLOATS, ndim=3)
+    dev = qa.device
+    ka = DeviceArg("k", k, dtype=qa.dtype, ndim=3, device=dev, optional=True)
+    pa = DeviceArg("positions", positions, dtype="int32", ndim=1, device=dev, contiguous=True)
+    ca = DeviceArg("cos_sin_cache", cos_sin_cache, dtype="float32", ndim=2, device=dev,
+                   contiguous=True)
+    T, Hq, Hk, D = check_rope_shapes(qa.shape, ka.shape if k is not None else None, pa.shape,
+                                     ca.shape)
+    _last_contiguous(qa)
+    if k is not None:
+        _last_contiguous(ka)
+    if (Hq + Hk) * D >= _INT32_MAX:
+        raise ValueError(f"q: {Hq} + {Hk} heads of {D} are too many (the kernel's per-token "
+                         "index is int32)")
+    stream_h = as_stream(stream)
+    if T == 0 or Hq + Hk == 0:
+        return q, k
+    E = qa.itemsize
+    V = 16 // E
+    half = D // 2
+
+    def strides_bits(a, heads):
+        return ((a.strides[0] * E if T > 1 else 0) | (a.strides[1] * E if heads > 1 else 0)
+                | a.ptr)
+    bits = strides_bits(qa, Hq) | ca.ptr
+    if k is not None and Hk:
+        bits |= strides_bits(ka, Hk)
+    vectorize = half % V == 0 and bits % 16 == 0
+    items = T * (Hq + Hk) * (half // V if vectorize else half)
+    kern = runtime.kernel("layers", f"rope_{_SHORT[qa.dtype]}", dev)
+    from .. import _layers
+    _layers.launch_rope(kern, _flat_grid(items, dev), _THREADS, stream_h, qa.ptr,
+                        ka.ptr if k is not None else 0, pa.ptr, ca.ptr, qa.strides[0],
+                        qa.strides[1], ka.strides[0] if k is not None else 0,
+                        ka.strides[1] if k is not None else 0, T, ca.shape[0], Hq, Hk, D,
+                        vectorize)
+    return q, k
+
+
+def silu_mul(x, out, *, stream=None):
+    """out = silu(x[:, :I]) * x[:, I:] (SwiGLU, x = [gate | up]), silu(g) = g / (1 + exp(-g))
+    with an accurate exp (float32 matches the float64 reference to ~1e-6).
+
+    x [T, 2I] float32/float16/bfloat16, out [T, I] x's dtype; last dimensions contiguous,
+    row strides free. Returns out.
+    """
+    xa = DeviceArg("x", x, dtype=_FLOATS, ndim=2)
+    dev = xa.device
+    T, W = xa.shape
+    if W % 2:
+        raise ValueError(f"x: width {W} must be even ([gate | up])")
+    I = W // 2
+    o = DeviceArg("out", out, dtype=xa.dtype, shape=(T, I), device=dev)
+    _last_contiguous(xa)
+    _last_contiguous(o)
+    _rows_disjoint(o, I)
+    if I > _INT32_MAX:
+        raise ValueError(f"x: width {W} exceeds the kernel's int32 range")
+    stream_h = as_stream(stream)
+    if T == 0 or I == 0:
+        return out
+    E = xa.itemsize
+    V = 16 // E
+    vectorize = I % V == 0 and (xa.ptr | o.ptr | _row_bytes(xa) | _row_bytes(o)) % 16 == 0
+    items = T * (I // V if vectorize else I)
+    kern = runtime.kernel("layers", f"silu_mul_{_SHORT[xa.dtype]}", dev)
+    from .. import _layers
+    _layers.launch_silu_mul(kern, _flat_grid(items, dev), _THREADS, stream_h, xa.ptr, o.ptr,
+                            xa.strides[0], o.strides[0], T, I, vectorize)
+    return out
