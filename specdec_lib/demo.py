@@ -27,10 +27,8 @@ import numpy as np
 
 from .orchestrator import Request, SpeculativeDecoder, make_backend
 
-DEFAULT_PROMPT = ("Rewrite this paragraph with every sentence on its own line:\n\n"
-                  "The Python standard library is very extensive. It contains built-in modules "
-                  "that provide access to system functionality such as file I/O. Some of these "
-                  "modules are explicitly designed to encourage the portability of programs.")
+# a rewrite request: the reply reuses the prompt's words, which is where prompt lookup pays
+DEFAULT_PROMPT_INDEX = 3        # into models.smollm2.COPY_PROMPTS
 
 
 def add_workload_args(p, *, batch=4, max_new_tokens=32):
@@ -229,7 +227,8 @@ def _run_smollm2(args, be, why):
     from .models.ngram import NgramDraft
     draft = NgramDraft(be, min_n=args.ngram_min, max_n=args.ngram_max)
     from .models.smollm2 import COPY_PROMPTS
-    texts = [args.prompt or DEFAULT_PROMPT] + [t for t in COPY_PROMPTS]
+    first = args.prompt or COPY_PROMPTS[DEFAULT_PROMPT_INDEX]
+    texts = [first] + [t for t in COPY_PROMPTS if t != first]
     prompts = [chat_prompt(tok, texts[b % len(texts)]) for b in range(B)]
     cap = target.max_position - n_new - k - 1
     for b, p in enumerate(prompts):

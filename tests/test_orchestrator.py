@@ -174,8 +174,8 @@ def test_decoder_argument_errors(demo):
 
 def test_demo_main_reports_lossless(capsys):
     from specdec_lib.demo import main
-    assert main(["--backend", "reference", "--batch", "2", "--max-new-tokens", "12",
-                 "--no-progress"]) == 0
+    assert main(["--model", "tiny-hybrid", "--backend", "reference", "--batch", "2",
+                 "--max-new-tokens", "12", "--no-progress"]) == 0
     out = capsys.readouterr().out
     for key in ("acceptance rate:", "mean accepted length:", "tokens/s", "speed-up", "lossless: yes"):
         assert key in out

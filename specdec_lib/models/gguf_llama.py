@@ -185,8 +185,11 @@ class GGUFTokenizer:
                  bos_token_id=None):
         tk = _need("tokenizers")
         vocab = {t: i for i, t in enumerate(tokens)}
-        bpe = tk.models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
-                            fuse_unk=False, byte_fallback=False)
+        try:
+            bpe = tk.models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
+                                fuse_unk=False, byte_fallback=False)
+        except Exception as e:     # a merge naming a token the vocabulary lacks, ...
+            raise GGUFError(f"tokenizer.ggml.merges: {e}") from None
         tok = tk.Tokenizer(bpe)
         # SmolLM2 / StarCoder pre-tokenisation: each digit alone, then GPT-2's byte-level split
         tok.pre_tokenizer = tk.pre_tokenizers.Sequence([
