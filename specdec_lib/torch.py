@@ -485,12 +485,20 @@ def _register():
             continue
         schema = schema_of(spec.schema)
         names, written = _arg_names(schema), _written(schema)
-        op = torch.library.custom_op(f"{NAMESPACE}::{spec.name}",
-                                     _make_kernel(spec, gpu_fn, ref_fn, names, written),
-                                     mutates_args=written, schema=schema)
-        op.register_fake(_make_fake(spec, names))
-        registered[spec.name] = op
+        # torch.library.Library.define + impl rather than torch.library.custom_op: custom_op's
+        # in-place bookkeeping (torch 2.11) indexes the mutated arguments positionally and
+        # fails when a call leaves defaulted outputs (workspace, lse_out, status) out; the
+        # schema's alias annotations are what torch.compile's functionalization reads anyway
+        _LIB.define(f"{spec.name}{schema}")
+        kernel = _make_kernel(spec, gpu_fn, ref_fn, names, written)
+        for key in ("CPU", "CUDA"):
+            _LIB.impl(spec.name, kernel, key)
+        torch.library.register_fake(f"{NAMESPACE}::{spec.name}", _make_fake(spec, names), lib=_LIB)
+        registered[spec.name] = getattr(getattr(torch.ops, NAMESPACE), spec.name)
     return registered, tuple(missing)
+
+
+_LIB = torch.library.Library(NAMESPACE, "DEF")
 
 
 OPS, MISSING = _register()

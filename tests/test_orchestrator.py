@@ -200,7 +200,7 @@ def test_lossless_greedy_cuda(demo, k):
 def test_demo_main_cuda(capsys):
     pytest.importorskip("cupy")
     from specdec_lib.demo import main
-    assert main(["--backend", "cuda", "--batch", "8", "--max-new-tokens", "64",
+    assert main(["--model", "tiny-hybrid", "--backend", "cuda", "--batch", "8", "--max-new-tokens", "64",
                  "--no-progress"]) == 0
     assert "lossless: yes" in capsys.readouterr().out
 

@@ -97,7 +97,7 @@ class _TorchMath:
         return o.transpose(0, 1)
 
     def host_rows(self, a):
-        return a.cpu().numpy()
+        return a.float().cpu().numpy()      # numpy has no bfloat16
 
 
 def dense_math(backend):
@@ -232,8 +232,9 @@ class LlamaTarget:
         m = self.m
         n = len(tokens)
         B = self.batch
-        if n > self.max_len:
-            raise ValueError(f"tokens: {n} exceed the caches' {self.max_len} positions")
+        if B == 0 or n > self.max_len:          # caches of the last decode too small: new ones
+            self.reset(max(B, 1), n)
+            B = self.batch
         counts = [n] + [0] * (B - 1)
         i32 = np.int32
         tok = m.table(np.asarray(tokens, i32))
