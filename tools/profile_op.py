@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def _gdn(state_dtype, iters, fused_mode=False):
     from specdec_lib.bench import Bench
-    from specdec_lib.bench_gdn import gdn_round_calls
+    from specdec_lib.bench.gdn import gdn_round_calls
     b = Bench(0)
     verify, commit, fused = gdn_round_calls(b, 64, 4, 16, 32, 128, state_dtype, "kv")
     for _ in range(iters):
@@ -50,7 +50,7 @@ def _sample(B, greedy_frac, top_p, filters, iters, path=None):
         from specdec_lib.ops.sampling import PATH_ENV
         os.environ[PATH_ENV] = path
     from specdec_lib.bench import Bench
-    from specdec_lib.bench_sampling import spec_sample_call
+    from specdec_lib.bench.sampling import spec_sample_call
     b = Bench(0)
     run, _ = spec_sample_call(b, B, 3, 151936, greedy_frac, top_p, filters)
     for _ in range(iters):

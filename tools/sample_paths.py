@@ -6,7 +6,7 @@ of a device iteration; `python -m specdec_lib bench spec_sample` is the full tab
 import argparse
 
 from specdec_lib.bench import Bench
-from specdec_lib.bench_sampling import _env, _timed
+from specdec_lib.bench.sampling import _env, _timed
 from specdec_lib.ops.sampling import PATH_ENV
 
 MIXES = (   # greedy fraction, top_p, top_k, label
