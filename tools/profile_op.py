@@ -14,8 +14,6 @@ Cases (the shapes of docs/PERF.md's tables):
   sample_b1_topp spec_sample B=1, sampled, top-p 0.9 (the rows path on sm_90)
   sample_topp_rows  sample_topp through the rows path (SPECDEC_SPEC_SAMPLE_PATH=rows; the
                  automatic choice at B=64 is the tiles path)
-  sample_topp_stream, sample_stream  B=64 half greedy top-p 0.9 / no filter through the
-                 stream path (SPECDEC_SPEC_SAMPLE_PATH=stream)
 
 Nothing is timed or checked here: the benchmark times (``python3 -m specdec_lib bench``)
 and the tests check; this only gives ncu / compute-sanitizer a short, known launch sequence.
@@ -67,8 +65,6 @@ CASES = {
     "sample_b1": lambda n: _sample(1, 0.0, 1.0, False, n),
     "sample_b1_topp": lambda n: _sample(1, 0.0, 0.9, None, n),
     "sample_topp_rows": lambda n: _sample(64, 0.5, 0.9, None, n, path="rows"),
-    "sample_topp_stream": lambda n: _sample(64, 0.5, 0.9, None, n, path="stream"),
-    "sample_stream": lambda n: _sample(64, 0.5, 1.0, None, n, path="stream"),
 }
 
 

@@ -146,7 +146,7 @@ def bench_spec_sample(b: Bench):
     # where the paths cross over (the automatic choice: ops.sampling.sample_path)
     for B in (4, 8, 16, 32):
         for top_p, label in ((1.0, "half greedy, no filter"), (0.9, "half greedy, top-p 0.9")):
-            for path in ("rows", "stream", "tiles"):
+            for path in ("rows", "tiles"):
                 with _env(**{PATH_ENV: path}):
                     _timed(b, B, k, V, 0.5, top_p, None, 0, label, impl=f"specdec_lib({path} path)")
 
