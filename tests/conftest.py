@@ -17,7 +17,7 @@ if os.environ.get("SPECDEC_TEST_INSTALLED") == "1":
     import specdec_lib
     _where = os.path.realpath(os.path.dirname(specdec_lib.__file__))
     _tree = os.path.realpath(os.path.join(os.path.dirname(__file__), ".."))
-    if "site-packages" not in _where.split(os.sep) or _where.startswith(_tree + os.sep):
+    if "site-packages" not in _where.split(os.sep) or _where == os.path.join(_tree, "specdec_lib"):
         raise pytest.UsageError(f"SPECDEC_TEST_INSTALLED=1 but specdec_lib is imported from {_where}")
 
 
