@@ -24,11 +24,6 @@ cdef extern from "sampling/sampling_params.h":
     int SPEC_SAMPLE_ROWS_MAX_TILES
     int SPEC_SAMPLE_ROWS_MAX_CLUSTER
     int SPEC_SAMPLE_CHAIN_THREADS
-    int SPEC_SAMPLE_STREAM_THREADS
-    int SPEC_SAMPLE_STREAM_STAGES
-    int SPEC_SAMPLE_STREAM_VECS
-    int SPEC_SAMPLE_STREAM_HIST_BYTES
-    int SPEC_SAMPLE_RACE_THREADS
 
     ctypedef struct SpecSampleTile:
         float m
@@ -188,8 +183,8 @@ def launch_spec_sample(Kernel k_tiles, Kernel k_threshold, Kernel k_finish, size
 
 
 cdef void _allow_smem(Kernel k, unsigned int smem):
-    """Lets k launch with smem bytes of dynamic shared memory (the rows and stream paths hold
-    more than the default 48 KB)."""
+    """Lets k launch with smem bytes of dynamic shared memory (the rows path holds more than
+    the default 48 KB)."""
     if smem > <unsigned int>k.max_dynamic_smem:
         k.prefer_max_shared()
         k.set_max_dynamic_smem(smem)
@@ -221,31 +216,3 @@ def launch_spec_sample_rows(Kernel k_rows, Kernel k_chain, size_t stream,
     cdef int per_cta = SPEC_SAMPLE_CHAIN_THREADS // 32   # one warp per sequence
     launch_after(k_chain, (batch + per_cta - 1) // per_cta, 1, 1,
                  SPEC_SAMPLE_CHAIN_THREADS, 1, 1, 0, stream, &p, pdl and num_rows > 0)
-
-
-STREAM_SMEM = (SPEC_SAMPLE_STREAM_HIST_BYTES
-               + SPEC_SAMPLE_STREAM_STAGES * SPEC_SAMPLE_STREAM_VECS * SPEC_SAMPLE_STREAM_THREADS * 16)
-RACE_TILES_PER_CTA = SPEC_SAMPLE_RACE_THREADS // 32
-
-
-def launch_spec_sample_stream(Kernel k_stream, Kernel k_race, size_t stream,
-                              uintptr_t logits, uintptr_t cu_q, uintptr_t draft_ids,
-                              uintptr_t temperature, uintptr_t top_k, uintptr_t top_p, uintptr_t min_p,
-                              uintptr_t seed, uintptr_t step, uintptr_t num_accepted, uintptr_t emitted,
-                              uintptr_t status, uintptr_t logprobs, uintptr_t workspace,
-                              int64_t logits_stride, int64_t emitted_stride, int64_t logprobs_stride,
-                              int num_rows, int batch, int vocab, int num_tiles, int ctas,
-                              int width, bint filters=True):
-    """sm_90, 16-bit logits, one-hot drafts, 16-byte aligned rows: spec_sample_stream (``ctas``
-    persistent CTAs, one per SM, each streaming whole rows; STREAM_SMEM bytes of dynamic shared
-    memory) -> spec_sample_race (grid (ceil(num_tiles / 8), batch): the row that samples)."""
-    cdef SpecSampleParams p = _params(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p,
-                                      seed, step, 0, 0, num_accepted, emitted, status, logprobs,
-                                      workspace, logits_stride, 0, emitted_stride, logprobs_stride,
-                                      num_rows, batch, vocab, 0, num_tiles, 0, width, filters)
-    cdef unsigned int smem = STREAM_SMEM
-    if num_rows > 0:
-        _allow_smem(k_stream, smem)
-        launch(k_stream, min(ctas, num_rows), 1, 1, SPEC_SAMPLE_STREAM_THREADS, 1, 1, smem, stream, &p)
-    cdef int groups = (num_tiles + RACE_TILES_PER_CTA - 1) // RACE_TILES_PER_CTA
-    launch(k_race, groups, batch, 1, SPEC_SAMPLE_RACE_THREADS, 1, 1, 0, stream, &p)

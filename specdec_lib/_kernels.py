@@ -104,12 +104,7 @@ register(KernelModule(
              **{f"spec_sample_hist_{t}": "SpecSampleParams" for t in ("f16", "bf16")},
              # sm_90, 16-bit logits, one-hot drafts: one cluster per row + the block chain
              **{f"spec_sample_rows_{t}": "SpecSampleParams" for t in ("f16", "bf16")},
-             "spec_sample_chain": "SpecSampleParams",
-             # sm_90, 16-bit logits, one-hot drafts, many rows: persistent row streaming + the race
-             **{f"spec_sample_{k}_{t}": "SpecSampleParams" for k in ("stream", "race") for t in ("f16", "bf16")}},
-    # one 4-byte spill each (ptxas 13.0, sm_90): the stream kernel sits at its 128-register cap
-    # (512 threads, one CTA per SM): an 8-byte stack frame outside the per-token loop
-    allow_local=("spec_sample_stream_f16", "spec_sample_stream_bf16"),
+             "spec_sample_chain": "SpecSampleParams"},
 ))
 
 register(KernelModule(

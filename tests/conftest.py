@@ -11,6 +11,15 @@ from specdec_lib import runtime
 _GPU_REASON = runtime.gpu_unavailable_reason()
 needs_gpu = pytest.mark.gpu
 
+# .ci/run runs these tests against the installed release wheel: SPECDEC_TEST_INSTALLED=1 makes
+# sure they import it from site-packages, not the source tree they sit in.
+if os.environ.get("SPECDEC_TEST_INSTALLED") == "1":
+    import specdec_lib
+    _where = os.path.realpath(os.path.dirname(specdec_lib.__file__))
+    _tree = os.path.realpath(os.path.join(os.path.dirname(__file__), ".."))
+    if "site-packages" not in _where.split(os.sep) or _where == os.path.join(_tree, "specdec_lib"):
+        raise pytest.UsageError(f"SPECDEC_TEST_INSTALLED=1 but specdec_lib is imported from {_where}")
+
 
 # ---------------------------------------------------------------- sanitizer runs
 # tools/sanitize.sh runs the GPU tests under compute-sanitizer, which is 10-100x slower per
@@ -63,6 +72,9 @@ def _sanitize_selection(config, items):
 
 
 def pytest_report_header(config):
+    if os.environ.get("SPECDEC_TEST_INSTALLED") == "1":
+        import specdec_lib
+        return f"specdec_lib under test: {os.path.dirname(specdec_lib.__file__)} (installed)"
     if SANITIZE or os.environ.get("SPECDEC_SANITIZE_MAX_PER_TEST"):
         return (f"SPECDEC_SANITIZE={SANITIZE} SPECDEC_SANITIZE_MAX_PER_TEST="
                 f"{os.environ.get('SPECDEC_SANITIZE_MAX_PER_TEST', '0')}: small-shape selection")

@@ -366,24 +366,23 @@ def test_spec_sample_validation_errors(rng):
 SENTINEL = 0x7F7F7F7F
 
 
-# Every GPU test runs on the three kernel paths of spec_sample: "rows" (the one-pass cluster
+# Every GPU test runs on the two kernel paths of spec_sample: "rows" (the one-pass cluster
 # path spec_sample_rows, at any batch size, wherever it can run: sm_90 code, 16-bit logits,
-# one-hot drafts; other inputs take the tiles path), "stream" (spec_sample_stream + race, the
-# same inputs with 16-byte aligned rows; others fall back as in the automatic choice) and
-# "tiles" (tiles -> hist / threshold -> finish).
+# one-hot drafts; other inputs take the tiles path) and "tiles" (tiles -> hist / threshold ->
+# finish).
 def pytest_generate_tests(metafunc):
     if "spec_sample_path" in metafunc.fixturenames and metafunc.definition.get_closest_marker("gpu"):
-        metafunc.parametrize("spec_sample_path", ["rows", "stream", "tiles"], indirect=True)
+        metafunc.parametrize("spec_sample_path", ["rows", "tiles"], indirect=True)
 
 
 @pytest.fixture(autouse=True)
 def spec_sample_path(request, monkeypatch):
-    """"rows" / "stream" force that path wherever it can run (so large and small batches test
-    it), "tiles" the other; CPU tests see none."""
+    """"rows" forces that path wherever it can run (so large and small batches test it),
+    "tiles" the other; CPU tests see none."""
     from specdec_lib.ops.sampling import PATH_ENV
     path = getattr(request, "param", None)
     monkeypatch.delenv(PATH_ENV, raising=False)
-    if path in ("rows", "stream"):
+    if path == "rows":
         from specdec_lib import runtime
         if runtime.gpu_unavailable_reason() is None and runtime.arch_family(0) < 90:
             pytest.skip("below sm_90 code only the tiles path runs")
@@ -1020,8 +1019,8 @@ def test_spec_sample_gpu_threshold_exact(dtype, pad, rng):
         # histogram's 8192 values (the fallback radix select)
         (1.0, 0, 0.9, "crosszero"), (1.0, 50, 1.0, "crosszero"), (1.0, 50, 0.9, "crosszero"),
         (2.0, 0, 0.99, "wide"),
-        # ~152k tokens of one value: more than a 16-bit counter holds (the stream path's
-        # large-count table; the crossing inside that one value's bin)
+        # ~152k tokens of one value: more than a 16-bit counter holds (the crossing inside
+        # that one value's bin)
         (1.0, 100000, 1.0, "flat"), (1.0, 0, 0.5, "flat")]
     B = len(cases)
     cu_q = np.arange(B + 1, dtype=np.int32)
@@ -1064,7 +1063,7 @@ def test_spec_sample_gpu_threshold_exact(dtype, pad, rng):
     off = B * (-(-V // TILE)) * 20
     tau_gpu = raw[off:off + 8 * B].view(np.uint32).reshape(B, 2)[:, 0].astype(np.uint64)
     from specdec_lib.ops.sampling import sample_path
-    if sample_path(dtype, True, V, 0, B) in ("rows", "stream"):   # SpecSampleRowOut [T] (32 B), its field tau
+    if sample_path(dtype, True, V, 0, B) == "rows":   # SpecSampleRowOut [T] (32 B), its field tau
         off = -(-(off + 8 * B) // 16) * 16
         tau_gpu = raw[off:off + 32 * B].view(np.uint32).reshape(B, 8)[:, 7].astype(np.uint64)
     for b, (temp, top_k, top_p, kind) in enumerate(cases):
@@ -1112,22 +1111,19 @@ def test_sample_path_rules_without_a_gpu(monkeypatch):
     always take the tiles path; the environment switch is validated; the cluster plan keeps
     every CTA busy with at most 32 tiles."""
     from specdec_lib.ops.sampling import (CLUSTER_ENV, PATH_ENV, rows_plan, rows_unsupported,
-                                          sample_path, stream_unsupported)
+                                          sample_path)
     assert rows_unsupported("float32", True, 151936) == "float32 logits"
     assert rows_unsupported("bfloat16", False, 151936) == "draft_probs given"
     assert rows_unsupported("float16", True, 2048 * 256 + 1).startswith("V >")
     monkeypatch.setenv(PATH_ENV, "rows")
     assert sample_path("float32", True, 151936, 0, 4) == "tiles"
-    monkeypatch.setenv(PATH_ENV, "stream")
     assert sample_path("float16", False, 151936, 0, 4) == "tiles"
-    assert stream_unsupported("bfloat16", True, 151936, aligned=False) == "rows not 16-byte aligned"
-    assert stream_unsupported("float16", True, (1 << 20) + 1).startswith("V >")
-    assert stream_unsupported("float32", True, 151936) == "float32 logits"
     monkeypatch.setenv(PATH_ENV, "tiles")
     assert sample_path("bfloat16", True, 151936, 0, 4) == "tiles"
-    monkeypatch.setenv(PATH_ENV, "fast")
-    with pytest.raises(ValueError, match=PATH_ENV):
-        sample_path("float32", True, 151936, 0, 4)
+    for gone in ("fast", "stream"):   # (the stream path left the tree: PERF_HISTORY.md)
+        monkeypatch.setenv(PATH_ENV, gone)
+        with pytest.raises(ValueError, match=PATH_ENV):
+            sample_path("float32", True, 151936, 0, 4)
     monkeypatch.delenv(PATH_ENV)
     assert rows_plan(75) == (10, 8, 10 * 4096 + 512 * 4)
     assert rows_plan(75, 4)[:2] == (19, 4)

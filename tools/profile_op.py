@@ -14,8 +14,6 @@ Cases (the shapes of docs/PERF.md's tables):
   sample_b1_topp spec_sample B=1, sampled, top-p 0.9 (the rows path on sm_90)
   sample_topp_rows  sample_topp through the rows path (SPECDEC_SPEC_SAMPLE_PATH=rows; the
                  automatic choice at B=64 is the tiles path)
-  sample_topp_stream, sample_stream  B=64 half greedy top-p 0.9 / no filter through the
-                 stream path (SPECDEC_SPEC_SAMPLE_PATH=stream)
 
 Nothing is timed or checked here: the benchmark times (``python3 -m specdec_lib bench``)
 and the tests check; this only gives ncu / compute-sanitizer a short, known launch sequence.
@@ -32,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def _gdn(state_dtype, iters, fused_mode=False):
     from specdec_lib.bench import Bench
-    from specdec_lib.bench_gdn import gdn_round_calls
+    from specdec_lib.bench.gdn import gdn_round_calls
     b = Bench(0)
     verify, commit, fused = gdn_round_calls(b, 64, 4, 16, 32, 128, state_dtype, "kv")
     for _ in range(iters):
@@ -50,7 +48,7 @@ def _sample(B, greedy_frac, top_p, filters, iters, path=None):
         from specdec_lib.ops.sampling import PATH_ENV
         os.environ[PATH_ENV] = path
     from specdec_lib.bench import Bench
-    from specdec_lib.bench_sampling import spec_sample_call
+    from specdec_lib.bench.sampling import spec_sample_call
     b = Bench(0)
     run, _ = spec_sample_call(b, B, 3, 151936, greedy_frac, top_p, filters)
     for _ in range(iters):
@@ -67,8 +65,6 @@ CASES = {
     "sample_b1": lambda n: _sample(1, 0.0, 1.0, False, n),
     "sample_b1_topp": lambda n: _sample(1, 0.0, 0.9, None, n),
     "sample_topp_rows": lambda n: _sample(64, 0.5, 0.9, None, n, path="rows"),
-    "sample_topp_stream": lambda n: _sample(64, 0.5, 0.9, None, n, path="stream"),
-    "sample_stream": lambda n: _sample(64, 0.5, 1.0, None, n, path="stream"),
 }
 
 

@@ -1,12 +1,12 @@
 """spec_sample on each kernel path for a few mixes, side by side in one run (the quick timing
 of a device iteration; `python -m specdec_lib bench spec_sample` is the full table).
 
-    PYTHONPATH=... python3 tools/sample_paths.py [--paths tiles,stream] [--batches 64,16]
+    PYTHONPATH=... python3 tools/sample_paths.py [--paths tiles,rows] [--batches 64,16]
 """
 import argparse
 
 from specdec_lib.bench import Bench
-from specdec_lib.bench_sampling import _env, _timed
+from specdec_lib.bench.sampling import _env, _timed
 from specdec_lib.ops.sampling import PATH_ENV
 
 MIXES = (   # greedy fraction, top_p, top_k, label
@@ -21,7 +21,7 @@ MIXES = (   # greedy fraction, top_p, top_k, label
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--paths", default="tiles,stream")
+    ap.add_argument("--paths", default="tiles,rows")
     ap.add_argument("--batches", default="64")
     ap.add_argument("--mixes", default="", help="label substrings to keep (comma separated)")
     a = ap.parse_args()

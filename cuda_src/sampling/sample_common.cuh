@@ -80,7 +80,7 @@ __device__ __forceinline__ bool kept(float logit, float s2, uint32_t tau_key, fl
   return !(min_p > 0.f) || exp2f(__fsub_rn(s2, row_m)) >= min_p;
 }
 
-// The request's parameters as a one-pass kernel (rows, stream) applies them: filters off when
+// The request's parameters as the one-pass kernel (rows) applies them: filters off when
 // the caller promised none (no_filters; chain_seq flags a request that filters anyway).
 __device__ __forceinline__ SeqParams applied_params(const SpecSampleParams& p, int b) {
   SeqParams sp = seq_params(p, b);

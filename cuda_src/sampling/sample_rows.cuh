@@ -634,12 +634,9 @@ __device__ void rows_kernel(const SpecSampleParams&) { __trap(); }   // never la
 #endif
 
 // One warp, sequence b: the block's layout and status, the accept chain over its rows'
-// records; kWrite: emitted / num_accepted / status / logprobs (what finish_kernel writes).
+// records; writes emitted / num_accepted / status / logprobs (what finish_kernel writes).
 // Lane i reads row i's record and draft (32 rows at a time), so the records' loads overlap.
-// Returns the block row that samples (the first rejection or the bonus row) when the block
-// is valid and sampled, else -1 (the stream path races that row before writing).
-template <bool kWrite>
-__device__ int chain_seq(const SpecSampleParams& p, int b) {
+__device__ void chain_seq(const SpecSampleParams& p, int b) {
   constexpr unsigned kAll = 0xffffffffu;
   const int lane = threadIdx.x & 31;
   const int W = p.width;
@@ -691,10 +688,8 @@ __device__ int chain_seq(const SpecSampleParams& p, int b) {
       const int first = rej ? base + __ffs(rej) - 1 : -1;
       if (i < q && (first < 0 || i <= first)) {
         const bool emits_draft = !sp.greedy && i != first;
-        if (kWrite) {
-          em[i] = emits_draft ? x : o.token;
-          if (lp) lp[i] = emits_draft ? o.lp_draft : o.lp_token;
-        }
+        em[i] = emits_draft ? x : o.token;
+        if (lp) lp[i] = emits_draft ? o.lp_draft : o.lp_token;
       }
       if (first >= 0) {
         n = first;
@@ -703,24 +698,21 @@ __device__ int chain_seq(const SpecSampleParams& p, int b) {
       }
     }
   }
-  if (kWrite) {
-    for (int j = n + 1 + lane; j < W; j += 32) {   // padding (everything for an invalid block)
-      em[j] = -1;
-      if (lp) lp[j] = 0.f;
-    }
-    if (lane == 0) {
-      p.num_accepted[b] = invalid ? 0 : n;
-      p.status[b] = st;
-    }
+  for (int j = n + 1 + lane; j < W; j += 32) {   // padding (everything for an invalid block)
+    em[j] = -1;
+    if (lp) lp[j] = 0.f;
   }
-  return (invalid || sp.greedy) ? -1 : n;
+  if (lane == 0) {
+    p.num_accepted[b] = invalid ? 0 : n;
+    p.status[b] = st;
+  }
 }
 
 // One warp per sequence (the rows path's second launch).
 __device__ void chain_kernel(const SpecSampleParams& p) {
   pdl_wait();   // launched right after the rows kernel: its records must be in
   const int b = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-  if (b < p.batch) chain_seq<true>(p, b);   // warp-uniform
+  if (b < p.batch) chain_seq(p, b);   // warp-uniform
 }
 
 }  // namespace

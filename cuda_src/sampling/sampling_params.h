@@ -22,12 +22,6 @@
 #define SPEC_SAMPLE_ROWS_MAX_TILES 32   /* tiles one CTA of the cluster holds (128 KB of smem) */
 #define SPEC_SAMPLE_ROWS_MAX_CLUSTER 16 /* CTAs per row (above 8: a non-portable cluster size, sm_90 allows 16) */
 #define SPEC_SAMPLE_CHAIN_THREADS 128   /* spec_sample_chain: one warp per sequence */
-#define SPEC_SAMPLE_STREAM_THREADS 512  /* spec_sample_stream_* (sm_90, 16-bit, one-hot): one CTA per SM owns whole rows */
-#define SPEC_SAMPLE_STREAM_STAGES 4     /* its cp.async ring: stages in flight ... */
-#define SPEC_SAMPLE_STREAM_VECS 2       /* ... of 512 threads x 2 x 16 bytes (64 KB) */
-#define SPEC_SAMPLE_STREAM_HIST_BYTES 131072   /* its absolute histogram: 65536 u16 counters */
-#define SPEC_SAMPLE_RACE_THREADS 256    /* spec_sample_race_*: one tile per warp, grid (tile groups, B) */
-#define SPEC_SAMPLE_RACE_CTAS_PER_SM 5  /* its occupancy: B=64 x 10 tile groups in one wave (s8-r5: 4 per SM by registers, 1.2 waves) */
 #define SPEC_SAMPLE_FINISH_THREADS 512   /* level-2 race: 4 tokens per thread */
 #define SPEC_SAMPLE_FINISH_ROWS 32       /* block rows whose accept step finish evaluates in parallel */
 

@@ -42,11 +42,6 @@
 // row in shared memory through max, histogram, threshold, kept sums, accept and the race:
 // sample_rows.cuh) and spec_sample_chain (one warp per sequence walks its rows' records).
 //
-// sm_90 code, 16-bit logits, one-hot drafts, large calls: spec_sample_stream_<dt> (one CTA per
-// SM streams whole rows once into an absolute exact-value histogram: max, thresholds, accept)
-// and spec_sample_race_<dt> (the row that samples raced tile-parallel, then chain_seq):
-// sample_stream.cuh.
-//
 // Numbers: s2 = logit * log2(e) / temperature so every exponential is one exp2. Greedy rows
 // compare raw logits (bit-exact with the reference: NaN never wins, lowest id on ties).
 // Nothing faults on NaN / inf / bad ids / bad cu_q: such rows get a status code.
@@ -56,7 +51,6 @@
 #include "sampling/sample_hist.cuh"
 #include "sampling/sample_finish.cuh"
 #include "sampling/sample_rows.cuh"
-#include "sampling/sample_stream.cuh"
 
 
 #define SPEC_SAMPLE_KERNELS(NAME, T)                                                          \
@@ -87,14 +81,3 @@ SPEC_SAMPLE_ROWS_KERNEL(bf16, bf16_t)
 
 extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_CHAIN_THREADS)
 spec_sample_chain(const SpecSampleParams p) { chain_kernel(p); }
-
-// sm_90, 16-bit logits, one-hot drafts, many rows: one CTA per SM streams whole rows into an
-// absolute histogram, then the row that samples is raced tile-parallel (sample_stream.cuh)
-#define SPEC_SAMPLE_STREAM_KERNELS(NAME, T)                                                   \
-  extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_STREAM_THREADS, 1)                 \
-  spec_sample_stream_##NAME(const SpecSampleParams p) { stream_kernel<T>(p); }               \
-  extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_RACE_THREADS, SPEC_SAMPLE_RACE_CTAS_PER_SM) \
-  spec_sample_race_##NAME(const SpecSampleParams p) { race_kernel<T>(p); }
-
-SPEC_SAMPLE_STREAM_KERNELS(f16, __half)
-SPEC_SAMPLE_STREAM_KERNELS(bf16, bf16_t)

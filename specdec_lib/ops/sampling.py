@@ -25,8 +25,7 @@ _ROWS_MAX_TILES = 32        # SPEC_SAMPLE_ROWS_MAX_TILES: tiles one CTA of a row
 _ROWS_MAX_CLUSTER = 16      # SPEC_SAMPLE_ROWS_MAX_CLUSTER: CTAs per row, at most
 _ROWS_CLUSTER = 8           # CTAs per row by default (the portable cluster size)
 _ROWS_MAX_T = 64            # automatic path: rows for calls with at most this many logit rows
-_STREAM_MAX_V = 1 << 20     # stream path: its large-count table holds 32 values of >= 32768 tokens
-PATH_ENV = "SPECDEC_SPEC_SAMPLE_PATH"   # auto (default) | rows | stream | tiles: which kernels run
+PATH_ENV = "SPECDEC_SPEC_SAMPLE_PATH"   # auto (default) | rows | tiles: which kernels run
 PDL_ENV = "SPECDEC_PDL"   # 1 (default) | 0: the later launches of a call the plain way (A/B timing)
 CLUSTER_ENV = "SPECDEC_SPEC_SAMPLE_CLUSTER"   # rows path: CTAs per row (1..16; tuning runs)
 
@@ -124,43 +123,18 @@ def rows_unsupported(dtype: str, one_hot: bool, vocab: int, device: int = 0):
     return None
 
 
-def stream_unsupported(dtype: str, one_hot: bool, vocab: int, device: int = 0, aligned: bool = True):
-    """Why the streaming path (spec_sample_stream_* + spec_sample_race_*) cannot run these
-    inputs on ``device``, or None: sm_90 code (its 192 KB of shared memory per CTA, packed
-    16-bit maxes), 16-bit logits, one-hot drafts, V <= 2^20 and rows that start on 16-byte
-    boundaries (``aligned``: the data pointer and the row stride)."""
-    if dtype not in ("float16", "bfloat16"):
-        return "float32 logits"
-    if not one_hot:
-        return "draft_probs given"
-    if int(vocab) > _STREAM_MAX_V:
-        return f"V > {_STREAM_MAX_V}"
-    if not aligned:
-        return "rows not 16-byte aligned"
-    if runtime.arch_family(device) < 90:
-        return f"code family {runtime.arch_family(device)} (needs sm_90)"
-    return None
-
-
-def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0, num_rows: int = 1,
-                aligned: bool = True) -> str:
+def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0, num_rows: int = 1) -> str:
     """Which kernels ``spec_sample`` runs: "rows" (one launch that keeps each row on chip in
-    a thread-block cluster, + the chain launch), "stream" (one persistent CTA per SM streams
-    whole rows into an absolute histogram, + a tile-parallel race of the rows that sample)
-    or "tiles" (tiles -> threshold or hist -> finish). Automatic: rows where it can run
-    (``rows_unsupported``) and the call has at most _ROWS_MAX_T logit rows (one wave of
-    clusters: B=1 top-p 23 us vs 34 on the tiles path), else tiles. The stream path is
-    correct (every GPU test runs on it) but slower than tiles so far (B=64 top-p 0.9: 107 vs
-    84 us, no filter 62 vs 44: PERF.md spec_sample, session 8), so only the variable picks it.
-    SPECDEC_SPEC_SAMPLE_PATH=tiles forces the tiles path; =rows / =stream take that path at
-    any batch size wherever it can run (tests, benchmarks)."""
+    a thread-block cluster, + the chain launch) or "tiles" (tiles -> threshold or hist ->
+    finish). Automatic: rows where it can run (``rows_unsupported``) and the call has at
+    most _ROWS_MAX_T logit rows (one wave of clusters: B=1 top-p 23 us vs 34 on the tiles
+    path), else tiles. SPECDEC_SPEC_SAMPLE_PATH=tiles forces the tiles path; =rows takes the
+    rows path at any batch size wherever it can run (tests, benchmarks)."""
     want = os.environ.get(PATH_ENV, "auto").strip().lower() or "auto"
-    if want not in ("auto", "rows", "stream", "tiles"):
-        raise ValueError(f"{PATH_ENV}={want!r}: expected auto, rows, stream or tiles")
+    if want not in ("auto", "rows", "tiles"):
+        raise ValueError(f"{PATH_ENV}={want!r}: expected auto, rows or tiles")
     if want == "tiles":
         return "tiles"
-    if want == "stream" and stream_unsupported(dtype, one_hot, vocab, device, aligned) is None:
-        return "stream"   # opt-in until it beats the tiles path (PERF.md session 8)
     if rows_unsupported(dtype, one_hot, vocab, device) is None and (want == "rows" or num_rows <= _ROWS_MAX_T):
         return "rows"
     return "tiles"
@@ -204,9 +178,7 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
     Kernels (``sample_path``): on sm_90 code, 16-bit logits with one-hot drafts and at most
     64 logit rows take the rows path (one thread-block cluster per row keeps the row in
     shared memory through every step; + a chain launch); every other call the tiles path
-    (tiles -> threshold (f32) or hist (16-bit) -> finish). SPECDEC_SPEC_SAMPLE_PATH=stream
-    selects the streaming path (one persistent CTA per SM per row; 16-byte aligned rows).
-    The same rules on every path (sums in other orders: a draw on a float32 rounding
+    (tiles -> threshold (f32) or hist (16-bit) -> finish). The same rules on every path (sums in other orders: a draw on a float32 rounding
     boundary may differ between the paths).
 
     ``filters``: None/True: the filter work runs (tiles path: the threshold / hist launch;
@@ -287,18 +259,8 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
         return num_accepted, emitted, status
     num_tiles = -(-V // TILE)
     from .. import _sampling
-    aligned = lg.ptr % 16 == 0 and (T <= 1 or (lg.strides[0] * lg.itemsize) % 16 == 0)
-    path = sample_path(lg.dtype, draft_probs is None, V, dev, T, aligned)
+    path = sample_path(lg.dtype, draft_probs is None, V, dev, T)
     name = _KERNEL_DTYPES[lg.dtype]
-    if path == "stream":
-        _sampling.launch_spec_sample_stream(
-            runtime.kernel("sampling", f"spec_sample_stream_{name}", dev),
-            runtime.kernel("sampling", f"spec_sample_race_{name}", dev), stream_h,
-            lg.ptr, cq.ptr, di.ptr, tp.ptr, tk.ptr, pp.ptr, mp.ptr, sd.ptr, st.ptr,
-            na.ptr, em.ptr, ss.ptr, lp.ptr, ws.ptr, lg.strides[0], em.strides[0],
-            lp.strides[0] if accepted_logprobs is not None else 0,
-            T, B, V, num_tiles, runtime.sm_count(dev), W, filters is None or bool(filters))
-        return num_accepted, emitted, status
     if path == "rows":
         tpc, cluster, smem = rows_plan(num_tiles)
         _sampling.launch_spec_sample_rows(

@@ -1,5 +1,4 @@
-"""Benchmark of spec_sample (loaded by specdec_lib.bench as a plugin): ``python -m specdec_lib
-bench spec_sample``.
+"""Benchmark of the sampling family: ``python -m specdec_lib bench spec_sample``.
 
 Bytes counted: the logits the op must read once (T * V * itemsize); the filter and finish
 passes re-read parts of rows (per top-k / top-p filter: a bucket pass and a candidate pass
@@ -18,12 +17,12 @@ import os
 
 import numpy as np
 
-from .bench import Bench, bench
+from ._harness import Bench, bench
 
 
 def _inputs(B, k, V, device, greedy_frac, top_p, seed=0, top_k=0):
-    from .arrays import DeviceArray
-    from .dtypes import f32_to_bf16_bits
+    from ..arrays import DeviceArray
+    from ..dtypes import f32_to_bf16_bits
     rng = np.random.default_rng(seed)
     q = k + 1
     T = B * q
@@ -49,8 +48,8 @@ def _inputs(B, k, V, device, greedy_frac, top_p, seed=0, top_k=0):
 def spec_sample_call(b: Bench, B, k, V, greedy_frac, top_p, filters, top_k=0):
     """(run, T): one spec_sample call on fresh inputs of this mix, enqueued on ``b.stream``
     with its own workspace; also used by tools/profile_op.py."""
-    from .arrays import DeviceArray
-    from .ops import spec_sample, spec_sample_workspace_size
+    from ..arrays import DeviceArray
+    from ..ops import spec_sample, spec_sample_workspace_size
     a, T = _inputs(B, k, V, b.device, greedy_frac, top_p, top_k=top_k)
     ws = DeviceArray.empty((spec_sample_workspace_size(T, V),), "uint8", b.device)
 
@@ -117,9 +116,9 @@ def bench_spec_sample(b: Bench):
         del run   # its inputs and workspace
     # the same shapes through the tiles -> hist -> finish launches (what sm_75 / sm_80 run;
     # on sm_90 the default for 16-bit logits, one-hot drafts and <= 64 rows is the rows path)
-    from . import runtime
-    from ._sampling import ROWS_THREADS
-    from .ops.sampling import CLUSTER_ENV, PATH_ENV, TILE, rows_plan, rows_unsupported
+    from .. import runtime
+    from .._sampling import ROWS_THREADS
+    from ..ops.sampling import CLUSTER_ENV, PATH_ENV, TILE, rows_plan, rows_unsupported
     if rows_unsupported("bfloat16", True, V, b.device) is not None:
         return
     tpc, cluster, smem = rows_plan(-(-V // TILE))
@@ -147,7 +146,7 @@ def bench_spec_sample(b: Bench):
     # where the paths cross over (the automatic choice: ops.sampling.sample_path)
     for B in (4, 8, 16, 32):
         for top_p, label in ((1.0, "half greedy, no filter"), (0.9, "half greedy, top-p 0.9")):
-            for path in ("rows", "stream", "tiles"):
+            for path in ("rows", "tiles"):
                 with _env(**{PATH_ENV: path}):
                     _timed(b, B, k, V, 0.5, top_p, None, 0, label, impl=f"specdec_lib({path} path)")
 

@@ -1,4 +1,4 @@
-"""Benchmarks of the gdn and conv families (loaded by bench.py as a plugin):
+"""Benchmark of the gdn family:
 
   gdn_round   gdn_verify + gdn_commit of one speculative round against 3 state passes at
               the copy bandwidth (the issue's bar: within 1.25x), per state dtype/layout,
@@ -6,17 +6,16 @@
               flash-linear-attention's fused_recurrent_gated_delta_rule on the same shape
               when ``import fla`` works (one pass writing the final state, and vLLM-style
               one call per block row writing a state each time).
-  conv1d      conv1d_verify + conv1d_commit, dim 8192, W = 4.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .bench import Bench, _rand, bench
+from ._harness import Bench, _rand, bench
 
 
 def _gdn_inputs(b: Bench, B, q, Hk, Hv, D, in_dtype="bfloat16"):
-    from .arrays import DeviceArray
+    from ..arrays import DeviceArray
     T = B * q
     rng = np.random.default_rng(0)
     d = b.device
@@ -35,8 +34,8 @@ def gdn_round_calls(b: Bench, B, q, Hk, Hv, D, sdt, layout):
     norm, every block accepted), enqueued on ``b.stream``; ``fused`` is the fused mode's
     steady-state round: a verify that first commits the previous round's q accepted rows
     (from a second journal, written once here). Also used by tools/profile_op.py."""
-    from .arrays import DeviceArray
-    from .ops import gdn_commit, gdn_journal_width, gdn_verify
+    from ..arrays import DeviceArray
+    from ..ops import gdn_commit, gdn_journal_width, gdn_verify
     T, inp, cu_q, slot_ids = _gdn_inputs(b, B, q, Hk, Hv, D)
     state = _rand((B, Hv, D, D), sdt, b.device, 6)
     out = DeviceArray.empty((T, Hv, D), "bfloat16", b.device)
@@ -68,7 +67,7 @@ def gdn_round_calls(b: Bench, B, q, Hk, Hv, D, sdt, layout):
 
 @bench("gdn_round")
 def bench_gdn_round(b: Bench):
-    from .ops import gdn as gdn_ops
+    from ..ops import gdn as gdn_ops
     for B, q, Hk, Hv, D, sdt, layout in ((64, 4, 16, 32, 128, "float32", "kv"),
                                         (64, 4, 16, 32, 128, "float32", "vk"),
                                         (64, 4, 16, 32, 128, "bfloat16", "kv"),
@@ -208,27 +207,3 @@ def _fla_peer(b: Bench, B, q, Hk, Hv, D, pass_bytes, shape):
                  impl="fla fused_recurrent")
     except Exception as e:
         print(f"  fla peer failed: {type(e).__name__}: {e}")
-
-
-@bench("conv1d")
-def bench_conv1d(b: Bench):
-    from .arrays import DeviceArray
-    from .ops import conv1d_commit, conv1d_verify
-    for B, q, dim, W in ((64, 4, 8192, 4), (1, 4, 8192, 4)):
-        T = B * q
-        x = _rand((T, dim), "bfloat16", b.device, 1)
-        w = _rand((dim, W), "bfloat16", b.device, 2)
-        bias = _rand((dim,), "bfloat16", b.device, 3)
-        st = _rand((B, dim, W - 1), "bfloat16", b.device, 4)
-        out = DeviceArray.empty((T, dim), "bfloat16", b.device)
-        cu_q = DeviceArray.from_numpy((np.arange(B + 1) * q).astype(np.int32), device=b.device)
-        slot_ids = DeviceArray.from_numpy(np.arange(B, dtype=np.int32), device=b.device)
-        acc = DeviceArray.from_numpy(np.full(B, q, np.int32), device=b.device)
-
-        def round_():
-            conv1d_verify(x, w, st, slot_ids, cu_q, out, bias=bias, check_indices=False,
-                          stream=b.stream)
-            conv1d_commit(st, slot_ids, cu_q, acc, x, check_indices=False, stream=b.stream)
-        nbytes = 2 * (2 * T * dim + 3 * B * dim * (W - 1) + dim * (W + 1))
-        b.report("conv1d", f"B={B} q={q} dim={dim} W={W} bf16 verify+commit", nbytes,
-                 b.time_graph(round_))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .bench import Bench, _rand, bench
+from ._harness import Bench, _rand, bench
 
 SHAPES = [   # (B, L, q, Hq, Hkv, D, page_size)
     (64, 4096, 4, 32, 8, 128, 16),
@@ -60,10 +60,10 @@ def _torch_sdpa(b: Bench, B, L, q, Hq, Hkv, D, kv_bytes, shape):
 
 @bench("verify_attention")
 def bench_verify_attention(b: Bench):
-    from .arrays import DeviceArray
-    from .ops import verify_attention, verify_attention_workspace_size
-    from .ops.attention import plan_verify_attention
-    from . import runtime
+    from ..arrays import DeviceArray
+    from ..ops import verify_attention, verify_attention_workspace_size
+    from ..ops.attention import plan_verify_attention
+    from .. import runtime
     for B, L, q, Hq, Hkv, D, ps in SHAPES:
         T = B * q
         max_pages = (L + q + ps - 1) // ps
