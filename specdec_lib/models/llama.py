@@ -72,8 +72,7 @@ class _TorchMath:
         self.F = torch.nn.functional
 
     def param(self, a):
-        return self.torch.as_tensor(np.ascontiguousarray(a, dtype=np.float32)).to(
-            self.dev, self.act)
+        return self.torch.from_numpy(np.array(a, dtype=np.float32)).to(self.dev, self.act)
 
     def table(self, a):
         return self.torch.as_tensor(np.asarray(a)).to(self.dev)
