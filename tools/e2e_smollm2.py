@@ -126,32 +126,28 @@ def main():
     sets = {"copy": COPY_PROMPTS[:n_sets], "open": OPEN_PROMPTS[:n_sets]}
     report = {"device": torch.cuda.get_device_name(), "k": k}
     rows = []
-    for name, texts in sets.items():
-        reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new) for t in texts]
-        base, mb = one_at_a_time(target, None, 0, be, reqs)
-        spec, ms = one_at_a_time(target, draft, k, be, reqs)
+
+    def case(label, key, reqs, run, **extra):
+        """Target-only and speculative runs of ``reqs``, both rescored; one report entry."""
+        base, mb = run(target, None, 0, be, reqs)
+        spec, ms = run(target, draft, k, be, reqs)
         same = sum(x.tokens == y.tokens for x, y in zip(base, spec))
         chk = {}
         for lab, res in (("target_only", base), ("speculative", spec)):
             n, ties, bad = rescoring_check(target, reqs, res, args.tie_tolerance)
             chk[lab] = dict(tokens=n, ties=ties, mismatches=len(bad), first=bad[:3])
-        report[f"b1_{name}"] = dict(target_only=summary(mb), speculative=summary(ms),
-                                    identical_requests=same, of=len(reqs), rescoring=chk,
-                                    sample_reply=tok.decode(spec[0].tokens[:80]))
-        rows.append((f"B=1 {name}", mb, ms, same, len(reqs), chk))
+        report[key] = dict(target_only=summary(mb), speculative=summary(ms),
+                           identical_requests=same, of=len(reqs), rescoring=chk,
+                           sample_reply=tok.decode(spec[0].tokens[:80]), **extra)
+        rows.append((label, mb, ms, same, len(reqs), chk))
+
+    for name, texts in sets.items():
+        reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new) for t in texts]
+        case(f"B=1 {name}", f"b1_{name}", reqs, one_at_a_time)
     B = 8 if args.quick else 32
     texts = (COPY_PROMPTS + OPEN_PROMPTS) * (B // 16 + 1)
     reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new32) for t in texts[:B]]
-    base, mb = decode(target, None, 0, be, reqs)
-    spec, ms = decode(target, draft, k, be, reqs)
-    same = sum(x.tokens == y.tokens for x, y in zip(base, spec))
-    chk = {}
-    for lab, res in (("target_only", base), ("speculative", spec)):
-        n, ties, bad = rescoring_check(target, reqs, res, args.tie_tolerance)
-        chk[lab] = dict(tokens=n, ties=ties, mismatches=len(bad), first=bad[:3])
-    report[f"b{B}_mixed"] = dict(target_only=summary(mb), speculative=summary(ms),
-                                 identical_requests=same, of=len(reqs), rescoring=chk)
-    rows.append((f"B={B} mixed", mb, ms, same, len(reqs), chk))
+    case(f"B={B} mixed", f"b{B}_mixed", reqs, decode)
     try:
         report["round_profile_spec_b1"] = round_profile(target, draft, k, be, reqs[0].prompt)
         report["round_profile_base_b1"] = round_profile(target, None, 0, be, reqs[0].prompt)
