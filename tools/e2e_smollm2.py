@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from specdec_lib.demo import rescoring_check  # noqa: E402
 from specdec_lib.models import load_smollm2_target  # noqa: E402
 from specdec_lib.models.ngram import NgramDraft  # noqa: E402
-from specdec_lib.models.smollm2 import COPY_PROMPTS, OPEN_PROMPTS, chat_prompt  # noqa: E402
+from specdec_lib.models.smollm2 import (COPY_PROMPTS, OPEN_PROMPTS, STOP_TOKEN_IDS,  # noqa: E402
+                                        chat_prompt)
 from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend  # noqa: E402
 
 
@@ -114,6 +115,9 @@ def main():
     p.add_argument("--tie-tolerance", type=float, default=0.25)
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="2 prompts per set, B=8")
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="requests stop at <|im_end|> / <|endoftext|> (natural replies; tokens/s "
+                        "over the tokens emitted) instead of generating through EOS")
     args = p.parse_args()
     import torch
     be = make_backend("torch")
@@ -126,6 +130,8 @@ def main():
     sets = {"copy": COPY_PROMPTS[:n_sets], "open": OPEN_PROMPTS[:n_sets]}
     report = {"device": torch.cuda.get_device_name(), "k": k}
     rows = []
+    stops = dict(stop_token_ids=STOP_TOKEN_IDS) if args.stop_at_eos else {}
+    report["stop_at_eos"] = bool(args.stop_at_eos)
 
     def case(label, key, reqs, run, **extra):
         """Target-only and speculative runs of ``reqs``, both rescored; one report entry."""
@@ -142,11 +148,12 @@ def main():
         rows.append((label, mb, ms, same, len(reqs), chk))
 
     for name, texts in sets.items():
-        reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new) for t in texts]
+        reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new, **stops) for t in texts]
         case(f"B=1 {name}", f"b1_{name}", reqs, one_at_a_time)
     B = 8 if args.quick else 32
     texts = (COPY_PROMPTS + OPEN_PROMPTS) * (B // 16 + 1)
-    reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new32) for t in texts[:B]]
+    reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new32, **stops)
+            for t in texts[:B]]
     case(f"B={B} mixed", f"b{B}_mixed", reqs, decode)
     try:
         report["round_profile_spec_b1"] = round_profile(target, draft, k, be, reqs[0].prompt)
