@@ -171,14 +171,20 @@ def _report(mb, ms, graph, be):
              "much as its rows decoded one by one)" if be.name == "reference" else ""))
 
 
-def _first_difference(spec, base):
-    """(request, output position) of the first token where two result lists differ."""
-    for b, (x, y) in enumerate(zip(spec, base)):
-        if x.tokens != y.tokens:
-            i = next((i for i, (p, q) in enumerate(zip(x.tokens, y.tokens)) if p != q),
-                     min(len(x.tokens), len(y.tokens)))
-            return b, i
-    return None
+def _exact_verdict(spec, base):
+    """Token-for-token comparison of the two runs: prints the first difference and the
+    ``lossless:`` line; returns the exit status (0 iff every request is identical)."""
+    bad = [b for b, (x, y) in enumerate(zip(spec, base)) if x.tokens != y.tokens]
+    if not bad:
+        print("lossless: yes")
+        return 0
+    b = bad[0]
+    x, y = spec[b].tokens, base[b].tokens
+    i = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+    print(f"request {b}: first difference at output token {i}: speculative {x[i:i + 4]} vs "
+          f"target-only {y[i:i + 4]}")
+    print(f"lossless: no ({len(bad)} of {len(spec)} requests differ)")
+    return 1
 
 
 def rescoring_check(target, reqs, results, tol):
@@ -204,7 +210,7 @@ def rescoring_check(target, reqs, results, tol):
     return checked, ties, bad
 
 
-def _run_smollm2(args, be, why):
+def _run_smollm2(args, be):
     from .models import load_smollm2_target
     from .models.smollm2 import STOP_TOKEN_IDS, chat_prompt
     k = args.num_speculative_tokens
@@ -249,15 +255,7 @@ def _run_smollm2(args, be, why):
     same = sum(x.tokens == y.tokens for x, y in zip(spec, base))
     print(f"speculative == target-only: {same} of {B} requests token for token")
     if not gpu:
-        diff = _first_difference(spec, base)
-        if diff:
-            b, i = diff
-            print(f"request {b}: first difference at output token {i}: speculative "
-                  f"{spec[b].tokens[i:i + 4]} vs target-only {base[b].tokens[i:i + 4]}")
-            print(f"lossless: no ({B - same} of {B} requests differ)")
-            return 1
-        print("lossless: yes")
-        return 0
+        return _exact_verdict(spec, base)
     ok = True
     for name, res in (("target-only", base), ("speculative", spec)):
         n, ties, bad = rescoring_check(target, reqs, res, args.tie_tolerance)
@@ -271,7 +269,7 @@ def _run_smollm2(args, be, why):
     return 0 if ok else 1
 
 
-def _run_tiny(args, be, why):
+def _run_tiny(args, be):
     from .models import TinyHybridTarget, TinyMTPDraft, load_demo_checkpoint, make_demo_checkpoint
     k = args.num_speculative_tokens
     B = args.batch or 4
@@ -295,11 +293,15 @@ def _run_tiny(args, be, why):
           f"read lazily from {path}/model.safetensors)")
     target = TinyHybridTarget(config, tensors, be)
     from .registry import normalize_spec_method
-    if normalize_spec_method(args.draft or "mtp") == "ngram":
+    method = normalize_spec_method(args.draft or "mtp")
+    if method == "ngram":
         from .models.ngram import NgramDraft
         draft = NgramDraft(be, min_n=args.ngram_min, max_n=args.ngram_max)
-    else:
+    elif method == "mtp":
         draft = TinyMTPDraft(config, draft_weights, tensors, be)
+    else:
+        raise SystemExit(f"error: --draft {args.draft}: the tiny-hybrid model has an MTP head "
+                         "only; use --draft mtp or ngram")
     rng = np.random.default_rng(args.seed)
     V = config["vocab_size"]
     reqs = [Request(prompt=rng.integers(0, V, size=args.prompt_len + 3 * b).tolist(),
@@ -312,16 +314,7 @@ def _run_tiny(args, be, why):
     print(f"requests: {len(reqs)}, prompt lengths {[len(r.prompt) for r in reqs]}, "
           f"{n_new} new tokens each, k = {k}")
     _report(mb, ms, graph, be)
-    diff = _first_difference(spec, base)
-    if diff:
-        b, i = diff
-        print(f"request {b}: first difference at output token {i}: speculative "
-              f"{spec[b].tokens[i:i + 4]} vs target-only {base[b].tokens[i:i + 4]}")
-        bad = sum(x.tokens != y.tokens for x, y in zip(spec, base))
-        print(f"lossless: no ({bad} of {len(reqs)} requests differ)")
-        return 1
-    print("lossless: yes")
-    return 0
+    return _exact_verdict(spec, base)
 
 
 def main(argv=None) -> int:
@@ -365,7 +358,7 @@ def main(argv=None) -> int:
                                                                    "CPU (numpy reference ops)")
     print(f"backend: {be.name} -- {where}" + (f"; no GPU path: {why.split(' (')[0]}" if why else ""))
     run = _run_smollm2 if args.model == "smollm2" else _run_tiny
-    return run(args, be, why)
+    return run(args, be)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ with ``torch.cuda.CUDAGraph``). cupy and torch are imported only by their backen
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import time
 from dataclasses import dataclass, field
@@ -76,6 +75,40 @@ def reference_backend():
     return ns
 
 
+def _bind_ops(ns, ops, backend, stream_of, alloc_bytes):
+    """Put every op of ``_OPS`` on ``ns`` as ``ops.<op>`` with ``stream=stream_of()`` (read at
+    each call) and no host-side index checks; ``spec_sample`` gets a workspace per (T, V)
+    from ``alloc_bytes(n)``, allocated once and reused (it never allocates itself)."""
+    missing = [op for op in _OPS if not hasattr(ops, op)]
+    if missing:
+        raise RuntimeError(f"{backend} backend: specdec_lib.ops lacks " + ", ".join(missing))
+
+    def bind(fn):
+        # host-side index checks copy to the host and synchronise: never inside a round
+        # (the kernels skip or flag bad indices instead of faulting)
+        takes_check = "check_indices" in inspect.signature(fn).parameters
+
+        def call(*a, **kw):
+            kw.setdefault("stream", stream_of())
+            if takes_check:
+                kw.setdefault("check_indices", False)
+            return fn(*a, **kw)
+        return call
+    for op in _OPS:
+        setattr(ns, op, bind(getattr(ops, op)))
+    workspaces = {}
+    sample = ns.spec_sample
+
+    def spec_sample(logits, *args, **kw):
+        T, V = logits.shape
+        ws = workspaces.get((T, V))
+        if ws is None:
+            ws = workspaces[(T, V)] = alloc_bytes(ops.spec_sample_workspace_size(T, V))
+        kw.setdefault("workspace", ws)
+        return sample(logits, *args, **kw)
+    ns.spec_sample = spec_sample
+
+
 def cuda_backend(device: int = 0):
     """cupy arrays, library kernels and cupy math on one non-blocking stream of the
     backend's own (``ns.stream``; the decoder makes it cupy's current stream while it
@@ -93,28 +126,7 @@ def cuda_backend(device: int = 0):
                          to_host=lambda a: cupy.asnumpy(a, stream=stream),
                          synchronize=stream.synchronize, stream_scope=lambda: stream,
                          device_synchronize=lambda: cupy.cuda.Device().synchronize())
-    missing = [op for op in _OPS if not hasattr(ops, op)]
-    if missing:
-        raise RuntimeError("cuda backend: specdec_lib.ops lacks " + ", ".join(missing))
-    for op in _OPS:
-        fn = getattr(ops, op)
-        kw = {"stream": stream.ptr}
-        # host-side index checks copy to the host and synchronise: never inside a round
-        # (the kernels skip or flag bad indices instead of faulting)
-        if "check_indices" in inspect.signature(fn).parameters:
-            kw["check_indices"] = False
-        setattr(ns, op, functools.partial(fn, **kw))
-    workspaces = {}   # spec_sample never allocates: the decoder owns one buffer per (T, V)
-
-    def spec_sample(logits, *args, **kw):
-        T, V = logits.shape
-        ws = workspaces.get((T, V))
-        if ws is None:
-            ws = workspaces[(T, V)] = cupy.empty(ops.spec_sample_workspace_size(T, V), cupy.uint8)
-        kw.setdefault("workspace", ws)
-        kw.setdefault("stream", stream.ptr)
-        return ops.spec_sample(logits, *args, **kw)
-    ns.spec_sample = spec_sample
+    _bind_ops(ns, ops, "cuda", lambda: stream.ptr, lambda n: cupy.empty(n, cupy.uint8))
 
     def capture(fn):
         """Run nothing; record ``fn()``'s work on the stream as a graph. Memory that
@@ -207,9 +219,7 @@ class _TorchArrays:
         return self.torch.arange(n, dtype=dtype or self.torch.int64, device=self.device)
 
     def asarray(self, a, dtype=None):
-        if isinstance(a, self.torch.Tensor):
-            return a.to(self.device, dtype) if dtype is not None else a.to(self.device)
-        t = self.torch.as_tensor(np.asarray(a))
+        t = a if isinstance(a, self.torch.Tensor) else self.torch.as_tensor(np.asarray(a))
         return t.to(self.device, dtype) if dtype is not None else t.to(self.device)
 
     def where(self, cond, a, b):
@@ -228,9 +238,6 @@ def torch_backend(device: int = 0):
         raise RuntimeError("torch backend: torch sees no CUDA GPU")
     dev = torch.device("cuda", device)
     torch.cuda.set_device(dev)
-    missing = [op for op in _OPS if not hasattr(ops, op)]
-    if missing:
-        raise RuntimeError("torch backend: specdec_lib.ops lacks " + ", ".join(missing))
     ns = SimpleNamespace(name="torch", xp=_TorchArrays(torch, dev), kv_dtype=torch.bfloat16,
                          device=dev, gdn_journal_width=gdn_journal_width,
                          to_host=lambda a: a.cpu().numpy(),
@@ -238,29 +245,8 @@ def torch_backend(device: int = 0):
                          device_synchronize=torch.cuda.synchronize,
                          stream_scope=contextlib.nullcontext)
 
-    def bind(fn):
-        takes_check = "check_indices" in inspect.signature(fn).parameters
-
-        def call(*a, **kw):
-            kw.setdefault("stream", torch.cuda.current_stream().cuda_stream)
-            if takes_check:          # host-side index checks synchronise: never in a round
-                kw.setdefault("check_indices", False)
-            return fn(*a, **kw)
-        return call
-    for op in _OPS:
-        setattr(ns, op, bind(getattr(ops, op)))
-    workspaces = {}
-
-    def spec_sample(logits, *args, **kw):
-        T, V = logits.shape
-        ws = workspaces.get((T, V))
-        if ws is None:
-            ws = workspaces[(T, V)] = torch.empty(ops.spec_sample_workspace_size(T, V),
-                                                  dtype=torch.uint8, device=dev)
-        kw.setdefault("workspace", ws)
-        kw.setdefault("stream", torch.cuda.current_stream().cuda_stream)
-        return ops.spec_sample(logits, *args, **kw)
-    ns.spec_sample = spec_sample
+    _bind_ops(ns, ops, "torch", lambda: torch.cuda.current_stream().cuda_stream,
+              lambda n: torch.empty(n, dtype=torch.uint8, device=dev))
 
     def capture(fn):
         """Record ``fn()`` as a CUDA graph (its allocations come from the graph's private
@@ -568,6 +554,15 @@ class SpeculativeDecoder:
         results = [None] * len(reqs)
         stats = self.slot_stats = {"admitted": 0, "released": 0, "max_busy": 0}
         replay, now, emitted = None, 0, 0
+        can_capture = self.cuda_graph and be.capture is not None
+
+        def record():
+            """The round as a graph; its recording time is kept apart from decoding."""
+            tc = time.perf_counter()
+            graph = be.capture(lambda: self._round(buf, carry, T, B))
+            m.capture_s += time.perf_counter() - tc
+            m.graph_captured = True
+            return graph
         t0 = time.perf_counter()
         first_round = True
         while waiting or any(o is not None for o in owner):
@@ -587,12 +582,8 @@ class SpeculativeDecoder:
                 m.prefill_s += time.perf_counter() - tp
                 stats["admitted"] += len(admit)
             stats["max_busy"] = max(stats["max_busy"], sum(busy))
-            if (self.cuda_graph and self.capture_first and replay is None
-                    and be.capture is not None):
-                tc = time.perf_counter()
-                replay = be.capture(lambda: self._round(buf, carry, T, B))
-                m.capture_s += time.perf_counter() - tc
-                m.graph_captured = True
+            if can_capture and self.capture_first and replay is None:
+                replay = record()
             tl = time.perf_counter()
             if replay is not None:
                 replay()
@@ -602,13 +593,10 @@ class SpeculativeDecoder:
                 m.launch_s += time.perf_counter() - tl
                 m.launched_rounds += 1
             first_round = False
-            if self.cuda_graph and replay is None and be.capture is not None:
+            if can_capture and replay is None:
                 # the first round ran eagerly (cupy kernels compiled, pools and the sampling
                 # workspace allocated); every later round replays its graph
-                tc = time.perf_counter()
-                replay = be.capture(lambda: self._round(buf, carry, T, B))
-                m.capture_s += time.perf_counter() - tc
-                m.graph_captured = True
+                replay = record()
             # --- end of the round: two small device->host reads for control and metrics
             running = np.asarray(busy)
             n = be.to_host(buf.num_accepted)[running]

@@ -1,9 +1,10 @@
 """specdec_lib's ops as PyTorch custom ops: ``torch.ops.specdec.<name>``.
 
 Importing this module (``import specdec_lib.torch``; ``import specdec_lib`` never imports
-torch) registers every public op of ``specdec_lib.ops`` with ``torch.library.custom_op``,
-so that torch.compile traces them as single graph nodes (no graph break, fullgraph=True
-works) and CUDA graphs (``torch.cuda.graph``, ``mode="reduce-overhead"``) capture them:
+torch) registers every public op of ``specdec_lib.ops`` as a torch library op
+(``torch.library.Library.define`` / ``impl`` / ``register_fake``), so that torch.compile
+traces them as single graph nodes (no graph break, fullgraph=True works) and CUDA graphs
+(``torch.cuda.graph``, ``mode="reduce-overhead"``) capture them:
 
 * every tensor an op writes is a mutated argument of its schema (``Tensor(a!)``), so
   functionalization orders and re-inplaces the writes; every op returns nothing;

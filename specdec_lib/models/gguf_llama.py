@@ -100,8 +100,11 @@ def read_config(reader) -> LlamaConfig:
         return v
     H, nh = int(need("embedding_length")), int(need("attention.head_count"))
     names = {t.name for t in reader.tensors}
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
-    vocab = int(_field(reader, "llama.vocab_size", len(tokens)))
+    vocab = _field(reader, "llama.vocab_size")
+    if vocab is None:   # the token list's length, without decoding its strings (the tokenizer does)
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        vocab = len(tokens.data) if tokens is not None else 0
+    vocab = int(vocab)
     return LlamaConfig(
         vocab_size=vocab, hidden_size=H, num_layers=int(need("block_count")), num_heads=nh,
         num_kv_heads=int(_field(reader, "llama.attention.head_count_kv", nh)),

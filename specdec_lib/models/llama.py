@@ -173,7 +173,7 @@ class LlamaTarget:
         [B] (their K/V rows are not appended). Returns (logits [T, V], hidden [T, H])."""
         be = self.be
 
-        def attend(i, q, k_cache, v_cache, out):
+        def attend(q, k, v, k_cache, v_cache, out):     # over the paged cache
             be.verify_attention(q, k_cache, v_cache, self.page_table, seq_lens, cu_q, out)
         return self._run(tokens, positions, cu_q, seq_lens, finished, attend)
 
@@ -184,19 +184,15 @@ class LlamaTarget:
         m = self.m
         scale = 1.0 / np.sqrt(self.D)
         bounds = np.concatenate([[0], np.cumsum(row_counts)]).astype(int)
-        cache = {}
 
-        def attend(i, q, k_cache, v_cache, out):
-            k, v = cache["k"], cache["v"]
+        def attend(q, k, v, k_cache, v_cache, out):     # within each prompt's own rows
             for b in range(len(row_counts)):
                 r0, r1 = bounds[b], bounds[b + 1]
                 if r1 > r0:
                     out[r0:r1] = m.causal_attention(q[r0:r1], k[r0:r1], v[r0:r1], scale)
-        return self._run(tokens, positions, cu_q, seq_lens, finished, attend, cache=cache,
-                         want_logits=logits)
+        return self._run(tokens, positions, cu_q, seq_lens, finished, attend, want_logits=logits)
 
-    def _run(self, tokens, positions, cu_q, seq_lens, finished, attend, cache=None,
-             want_logits=True):
+    def _run(self, tokens, positions, cu_q, seq_lens, finished, attend, want_logits=True):
         be, m = self.be, self.m
         T = tokens.shape[0]
         H, nq, nkv, D = self.H, self.nq, self.nkv, self.D
@@ -213,9 +209,7 @@ class LlamaTarget:
             be.rope(q, k, positions, self.cos_sin)
             kc, vc = self.kv[i]
             be.append_kv(k, v, kc, vc, self.page_table, seq_lens, cu_q, finished)
-            if cache is not None:
-                cache["k"], cache["v"] = k, v
-            attend(i, q, kc, vc, o)
+            attend(q, k, v, kc, vc, o)
             a = m.linear(o.reshape(T, nq * D), L["o"])
             be.rms_norm(a, L["ln2"], h, eps=self.eps, residual=x, residual_out=x)
             be.silu_mul(m.linear(h, L["gate_up"]), act)

@@ -15,10 +15,11 @@ class NgramDraft:
     uses_context = True
 
     def __init__(self, backend, *, min_n: int = 1, max_n: int = 3):
-        if not 1 <= int(min_n) <= int(max_n):
-            raise ValueError(f"min_n, max_n: need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+        from ..reference.draft import check_ngram_args
+        # the op's own rules, checked now rather than at the first proposal (the draft width
+        # k is checked by the op when it is known)
+        self.min_n, self.max_n = check_ngram_args(min_n, max_n, 1)
         self.be, self.xp = backend, backend.xp
-        self.min_n, self.max_n = int(min_n), int(max_n)
         self._bufs = {}
 
     def propose(self, carry, last_token, k, context):
