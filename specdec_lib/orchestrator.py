@@ -53,7 +53,7 @@ SLOT_IDLE = 255              # finished[] of a slot with no request: never commi
 
 _OPS = ("append_kv", "verify_attention", "conv1d_verify", "conv1d_commit", "gdn_verify",
         "gdn_commit", "spec_sample", "seq_stop", "seq_advance", "seq_build_block",
-        "draft_carry", "capture_hidden", "draft_combine", "ngram_propose",
+        "draft_carry", "capture_hidden", "draft_combine", "draft_map_tokens", "ngram_propose",
         "rms_norm", "rope", "silu_mul")
 _REFERENCE_MODULES = ("copy", "attention", "conv", "gdn", "sampling", "sequence", "draft",
                       "layers")
@@ -441,6 +441,12 @@ class SpeculativeDecoder:
             todo[b] = list(r.prompt[:-1])
         done = [0] * B
         whole = getattr(self.target, "prefill", None)
+        # drafts with their own KV cache (trained heads) prefill on the target's prompt rows
+        block_draft = self.k > 0 and getattr(self.draft, "uses_target_block", False)
+        if block_draft and whole is None:
+            raise TypeError("draft: a head with its own cache needs target.prefill (one pass)")
+        admitted = {b: list(r.prompt) for b, r in admit}
+        proposal = None
         while any(done[b] < len(todo[b]) for b in range(B)):
             qs = [len(todo[b]) - done[b] if whole else min(MAX_BLOCK_ROWS, len(todo[b]) - done[b])
                   for b in range(B)]
@@ -462,10 +468,29 @@ class SpeculativeDecoder:
             last = np.asarray([done[b] + qs[b] == len(todo[b]) and qs[b] > 0 for b in range(B)])
             rows = xp.asarray(np.flatnonzero(last))
             carry[rows] = new_carry[rows]
+            if block_draft:     # the draft's own prefill: each prompt row fed its next token
+                nxt = np.concatenate([todo[b][done[b] + 1:done[b] + qs[b]] +
+                                      [admitted[b][-1]] if qs[b] else [] for b in range(B)])
+                proposal = self.draft.propose_block(SimpleNamespace(
+                    hidden=hidden, tokens=xp.asarray(nxt.astype(np.int32)),
+                    positions=xp.asarray(pos), cu_q=cu_q, valid=acc, seq_lens=buf.seq_lens,
+                    finished=buf.finished, row_counts=qs), self.k)
             done = [done[b] + qs[b] for b in range(B)]
         if self.k:
             rows = xp.asarray(np.asarray([b for b, _ in admit], np.int64))
-            buf.draft_tokens[rows] = self._propose(buf, carry)[rows]
+            if not block_draft:
+                proposal = self._propose(buf, carry)
+            elif proposal is None:      # one-token prompts only: nothing to prefill
+                proposal = self.draft.propose_block(self._empty_block(buf, B), self.k)
+            buf.draft_tokens[rows] = proposal[rows]
+
+    def _empty_block(self, buf, B):
+        xp = self.be.xp
+        return SimpleNamespace(
+            hidden=xp.zeros((0, self.target.hidden_size), dtype=self._carry_dtype),
+            tokens=xp.zeros(0, dtype=xp.int32), positions=xp.zeros(0, dtype=xp.int32),
+            cu_q=xp.zeros(B + 1, dtype=xp.int32), valid=xp.zeros(B, dtype=xp.int32),
+            seq_lens=buf.seq_lens, finished=buf.finished, row_counts=[0] * B)
 
     def _propose(self, buf, carry):
         if getattr(self.draft, "uses_context", False):
@@ -492,7 +517,14 @@ class SpeculativeDecoder:
         be.seq_advance(buf.emitted, buf.accept_len, buf.seq_lens, buf.out_tokens,
                        buf.out_lens, buf.last_token, buf.finished)
         be.draft_carry(hidden, buf.cu_q, buf.accept_len, carry)
-        if K:
+        if K and getattr(self.draft, "uses_target_block", False):
+            # every block row is fed the token emitted after it (row j of sequence b:
+            # emitted[b, j]; -1 past the accepted ones, a zero embedding: dead rows)
+            buf.draft_tokens[...] = self.draft.propose_block(SimpleNamespace(
+                hidden=hidden, tokens=buf.emitted.reshape(-1), positions=buf.positions,
+                cu_q=buf.cu_q, valid=buf.accept_len, seq_lens=buf.seq_lens,
+                finished=buf.finished, row_counts=None), K)
+        elif K:
             buf.draft_tokens[...] = self._propose(buf, carry)
 
     def generate(self, requests, *, progress=None):
@@ -538,14 +570,16 @@ class SpeculativeDecoder:
         max_len = max(len(r.prompt) + r.max_new_tokens for r in reqs) + K + 1
         be.device_synchronize()   # weights/caches made on other streams are ready
         self.target.reset(B, max_len)
+        if self.k and hasattr(self.draft, "reset"):
+            self.draft.reset(B, max_len)
         self._used = [False] * B
         # known for the whole call (so one captured graph fits every round): when no
         # sampled request filters, spec_sample skips its two filter launches
         self._filters = any(r.temperature > 0 and (r.top_k > 0 or r.top_p < 1 or r.min_p > 0)
                             for r in reqs)
         buf = self._buffers(reqs, B)
-        carry = xp.zeros((B, self.target.hidden_size),
-                         dtype=getattr(self.target, "hidden_dtype", xp.float32))
+        self._carry_dtype = getattr(self.target, "hidden_dtype", xp.float32)
+        carry = xp.zeros((B, self.target.hidden_size), dtype=self._carry_dtype)
         m = self.metrics
         total = sum(r.max_new_tokens for r in reqs)
         T = B * (K + 1)

@@ -60,6 +60,9 @@ class _NumpyMath:
     def host_rows(self, a):
         return np.asarray(a)
 
+    def argmax_rows(self, a):
+        return a.argmax(axis=1).astype(np.int32)
+
 
 class _TorchMath:
     """torch bf16 on the backend's GPU: cuBLAS GEMMs (fp32 accumulate), SDPA for prefill."""
@@ -97,6 +100,9 @@ class _TorchMath:
 
     def host_rows(self, a):
         return a.float().cpu().numpy()      # numpy has no bfloat16
+
+    def argmax_rows(self, a):
+        return a.argmax(dim=1).to(self.torch.int32)
 
 
 def dense_math(backend):
@@ -138,7 +144,18 @@ class LlamaTarget:
         self.max_position = int(max_position or c.context_length)
         self.cos_sin = m.table(rope_cos_sin_cache(self.max_position, self.D, c.rope_theta))
         self.hidden_dtype = m.act
+        self.aux_taps = ()
         self.batch = 0
+
+    def capture_aux(self, before_layers):
+        """Return EAGLE3's auxiliary hidden states instead of the final hidden: the residual
+        stream entering each layer of ``before_layers`` (= the output of the layer before),
+        side by side, [T, taps * H] (``ops.capture_hidden``). ``()`` switches back."""
+        taps = tuple(int(i) for i in before_layers)
+        if any(not 0 <= i < len(self.layers) for i in taps):
+            raise ValueError(f"before_layers: {taps} outside 0..{len(self.layers) - 1}")
+        self.aux_taps = taps
+        self.hidden_size = self.H * max(1, len(taps))
 
     @property
     def weight_bytes(self):
@@ -171,26 +188,37 @@ class LlamaTarget:
     def forward(self, tokens, positions, cu_q, seq_lens, finished):
         """A verify block: tokens/positions [T], cu_q [B+1], seq_lens [B] committed, finished
         [B] (their K/V rows are not appended). Returns (logits [T, V], hidden [T, H])."""
+        return self._run(tokens, positions, cu_q, seq_lens, finished,
+                         self.paged_attention(self.page_table, seq_lens, cu_q))
+
+    def paged_attention(self, page_table, seq_lens, cu_q):
+        """The attention of a verify block: over the paged cache (``verify_attention``)."""
         be = self.be
 
-        def attend(q, k, v, k_cache, v_cache, out):     # over the paged cache
-            be.verify_attention(q, k_cache, v_cache, self.page_table, seq_lens, cu_q, out)
-        return self._run(tokens, positions, cu_q, seq_lens, finished, attend)
+        def attend(q, k, v, k_cache, v_cache, out):
+            be.verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out)
+        return attend
 
     def prefill(self, tokens, positions, cu_q, seq_lens, finished, *, row_counts, logits=False):
         """Whole prompts of fresh sequences (seq_lens[b] = 0 where row_counts[b] > 0), any
         length, in one pass. ``row_counts`` (host ints) split the rows per sequence for the
         causal attention. Returns (logits or None, hidden)."""
+        return self._run(tokens, positions, cu_q, seq_lens, finished,
+                         self.prefill_attention(row_counts), want_logits=logits)
+
+    def prefill_attention(self, row_counts):
+        """The attention of a prefill: causal within each fresh prompt's own rows (the
+        host's kernel; K/V still go to the cache through append_kv)."""
         m = self.m
         scale = 1.0 / np.sqrt(self.D)
         bounds = np.concatenate([[0], np.cumsum(row_counts)]).astype(int)
 
-        def attend(q, k, v, k_cache, v_cache, out):     # within each prompt's own rows
+        def attend(q, k, v, k_cache, v_cache, out):
             for b in range(len(row_counts)):
                 r0, r1 = bounds[b], bounds[b + 1]
                 if r1 > r0:
                     out[r0:r1] = m.causal_attention(q[r0:r1], k[r0:r1], v[r0:r1], scale)
-        return self._run(tokens, positions, cu_q, seq_lens, finished, attend, want_logits=logits)
+        return attend
 
     def _run(self, tokens, positions, cu_q, seq_lens, finished, attend, want_logits=True):
         be, m = self.be, self.m
@@ -201,7 +229,10 @@ class LlamaTarget:
         be.rms_norm(x, self.layers[0]["ln1"], h, eps=self.eps)
         o = m.empty((T, nq, D), m.kv)
         act = m.empty((T, self.I))
+        aux = m.empty((T, self.hidden_size)) if self.aux_taps else None
         for i, L in enumerate(self.layers):
+            if i in self.aux_taps:                               # EAGLE3: layer i-1's output
+                be.capture_hidden(x, aux, self.aux_taps.index(i))
             qkv = m.linear(h, L["qkv"])                          # [T, (nq + 2 nkv) D]
             q = qkv[:, :nq * D].reshape(T, nq, D)
             k = qkv[:, nq * D:(nq + nkv) * D].reshape(T, nkv, D)
@@ -217,7 +248,7 @@ class LlamaTarget:
             nxt = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.final_norm
             be.rms_norm(d, nxt, h, eps=self.eps, residual=x, residual_out=x)
         logits = m.linear(h, self.lm_head) if want_logits else None
-        return logits, h
+        return logits, (h if aux is None else aux)
 
     def score(self, tokens):
         """Logits [n, V] of one plain (non-speculative) forward pass over ``tokens`` (host

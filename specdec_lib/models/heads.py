@@ -1,0 +1,86 @@
+"""Trained draft heads for Llama targets: their config.json, their files, the shipped ones.
+
+A head is an ordinary registry checkpoint (``model.safetensors`` + ``config.json``) in the
+``deepseek_mtp`` or ``eagle3`` layout; ``head_config`` writes the config a target implies,
+``save_head`` the pair, ``smollm2_head(method)`` finds the heads shipped for SmolLM2 (trained
+by ``tools/train_draft.py``; the exact command is in each config's ``specdec_training``).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+HEADS_DIR = os.path.join(os.path.dirname(__file__), "heads")
+SMOLLM2_HEADS = {"mtp": "smollm2_mtp", "eagle3": "smollm2_eagle3"}
+
+
+def head_config(method, c, *, intermediate_size=None, draft_vocab_size=None,
+                aux_layer_ids=None):
+    """config.json (a dict) of a ``method`` ('mtp' -> deepseek_mtp layout, 'eagle3') head
+    for the Llama target config ``c`` (``gguf_llama.LlamaConfig``)."""
+    base = dict(hidden_size=c.hidden_size, vocab_size=c.vocab_size,
+                num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+                head_dim=c.head_dim, rms_norm_eps=float(c.rms_norm_eps),
+                rope_theta=float(c.rope_theta), torch_dtype="bfloat16",
+                target_model=c.name or "llama")
+    if method == "mtp":
+        return dict(base, architectures=["LlamaMTPDraft"], model_type="llama_mtp",
+                    num_hidden_layers=c.num_layers, num_nextn_predict_layers=1,
+                    intermediate_size=int(intermediate_size or c.intermediate_size))
+    if method == "eagle3":
+        n = c.num_layers
+        ids = list(aux_layer_ids) if aux_layer_ids is not None else [1, n // 2 - 1, n - 4]
+        return dict(base, architectures=["LlamaForCausalLMEagle3"], model_type="llama",
+                    num_hidden_layers=1, target_hidden_size=c.hidden_size,
+                    target_num_hidden_layers=n,
+                    intermediate_size=int(intermediate_size or c.intermediate_size),
+                    draft_vocab_size=int(draft_vocab_size or c.vocab_size),
+                    eagle_config={"eagle_aux_hidden_state_layer_ids": ids})
+    raise ValueError(f"method: 'mtp' or 'eagle3', not {method!r}")
+
+
+def random_head_tensors(method, config, *, seed=0, scale=0.02):
+    """float32 tensors of every required tensor of a head (random; tests and init)."""
+    from ..registry import weight_spec
+    spec = weight_spec(method, config)
+    rng = np.random.default_rng(seed)
+    out = {}
+    for s in spec.tensors.values():
+        if not s.required:
+            continue
+        if s.kind == "int":           # d2t: the first Vd target ids (offsets 0)
+            out[s.name] = np.zeros(s.shape, np.int64)
+        elif len(s.shape) == 1:       # norm weights
+            out[s.name] = np.ones(s.shape, np.float32)
+        else:
+            out[s.name] = (rng.standard_normal(s.shape) * scale).astype(np.float32)
+    return out
+
+
+def save_head(path, tensors, config):
+    """Write ``path``/model.safetensors (numpy arrays, or torch tensors through
+    safetensors.torch) and ``path``/config.json."""
+    os.makedirs(path, exist_ok=True)
+    if tensors and not isinstance(next(iter(tensors.values())), np.ndarray):
+        from safetensors.torch import save_file
+    else:
+        from safetensors.numpy import save_file
+    save_file({k: v for k, v in tensors.items()}, os.path.join(path, "model.safetensors"))
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump(config, fh, indent=1, sort_keys=True)
+    return path
+
+
+def smollm2_head(method):
+    """The shipped SmolLM2 head of ``method`` ('mtp' / 'eagle3'), a directory."""
+    from ..registry import normalize_spec_method
+    key = normalize_spec_method(method)
+    if key not in SMOLLM2_HEADS:
+        raise ValueError(f"method: SmolLM2 has trained heads for {sorted(SMOLLM2_HEADS)}, "
+                         f"not {method!r}")
+    path = os.path.join(HEADS_DIR, SMOLLM2_HEADS[key])
+    if not os.path.isfile(os.path.join(path, "model.safetensors")):
+        raise FileNotFoundError(f"{path}: no trained head here (tools/train_draft.py makes it)")
+    return path

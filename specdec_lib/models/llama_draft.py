@@ -1,0 +1,192 @@
+"""Trained draft heads of a Llama target (``LlamaTarget``) as ``SpeculativeDecoder`` drafts:
+an MTP head in the ``deepseek_mtp`` layout and an EAGLE3 head, both one decoder layer with a
+paged KV cache of its own, both run through the library's ops.
+
+One draft step on rows r (one row per position p, fed the token that follows p):
+
+    MTP:     c = draft_combine(embed[tok], hid, enorm, hnorm)   x = eh_proj(c)
+             x = x + o(attn(rms(x, ln1)));  x = x + mlp(rms(x, ln2))
+             logits = lm_head(rms(x, shared_head.norm))          (the target's tied lm_head)
+    EAGLE3:  c = draft_combine(embed[tok], hid, input_ln, hidden_norm)
+             x = hid + o(attn(c))            (q/k/v take the 2H combined row)
+             x = x + mlp(rms(x, post_ln));   logits = lm_head(rms(x, norm))  (draft vocab,
+             mapped back to target ids through d2t)
+
+``hid`` of the first step is the target's feature of position p: its final hidden (MTP) or
+fc(aux taps) (EAGLE3: the outputs of three target layers, ``LlamaTarget.capture_aux``); of
+every later step, the previous step's output x of the same sequence. The output of the row
+of position p predicts the token at p + 2.
+
+A round (``propose_block``): the first step runs over the whole verify block (the target's
+hidden rows, each fed the token emitted after it; rows past ``accept_len`` are garbage and
+their cache rows dead, as in the target), its K/V appended at the block's positions; the
+last accepted row's output (``draft_carry``) gives draft token 1; k - 1 more steps of one
+row per sequence follow, each appending at the next position. A prefill runs the first step
+over the prompt rows with the host's causal attention. ``tools/train_draft.py`` trains heads
+on exactly this computation (its multi-step objective unrolls the same chain).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..registry import load_draft_weights
+
+
+class LlamaDraftHead:
+    """An MTP (deepseek_mtp layout) or EAGLE3 head for ``target`` (a ``LlamaTarget``)."""
+    uses_target_block = True
+
+    def __init__(self, target, weights, *, page_size=16):
+        spec = weights.spec
+        if spec.layout not in ("deepseek_mtp", "eagle3"):
+            raise ValueError(f"weights: layout {spec.layout!r}; LlamaDraftHead runs "
+                             "deepseek_mtp and eagle3 heads")
+        if spec.hidden_size != target.H or spec.vocab_size != target.V:
+            raise ValueError(f"weights: hidden {spec.hidden_size} / vocab {spec.vocab_size} "
+                             f"do not match the target's {target.H} / {target.V}")
+        self.t, self.be, self.m = target, target.be, target.m
+        self.spec, self.layout = spec, spec.layout
+        self.eps, self.page_size = spec.rms_norm_eps, int(page_size)
+        m = self.m
+        P = lambda n: m.param(weights[n])  # noqa: E731
+        if self.layout == "eagle3":
+            pre = spec.layer_prefixes[0]
+            self.fc = P("fc.weight")
+            self.norm_e, self.norm_h = P(pre + "input_layernorm.weight"), P(pre + "hidden_norm.weight")
+            self.ln2 = P(pre + "post_attention_layernorm.weight")
+            self.final = P("norm.weight")
+            self.lm_head = P("lm_head.weight")
+            Vd = self.lm_head.shape[0]
+            d2t = weights["d2t"] if "d2t" in weights else np.zeros(Vd, np.int64)
+            self.d2t = m.table(np.asarray(d2t, np.int64))
+            taps = spec.aux_capture_before_layers
+            if taps is None:
+                n = len(target.layers)
+                taps = (2, n // 2, n - 3)
+            target.capture_aux(taps)
+        else:
+            pre = spec.layer_prefixes[0]
+            self.fc = P(pre + "eh_proj.weight")
+            self.norm_e, self.norm_h = P(pre + "enorm.weight"), P(pre + "hnorm.weight")
+            self.ln1 = P(pre + "input_layernorm.weight")
+            self.ln2 = P(pre + "post_attention_layernorm.weight")
+            self.final = P(pre + "shared_head.norm.weight")
+            head = pre + "shared_head.head.weight"
+            self.lm_head = P(head) if head in weights else target.lm_head
+            self.d2t = None
+            target.capture_aux(())
+        a = pre + "self_attn."
+        self.qkv = m.cat_rows([P(a + n + "_proj.weight") for n in "qkv"])
+        self.o = P(a + "o_proj.weight")
+        self.gate_up = m.cat_rows([P(pre + "mlp.gate_proj.weight"), P(pre + "mlp.up_proj.weight")])
+        self.down = P(pre + "mlp.down_proj.weight")
+        self.I = self.down.shape[1]
+        self.batch = 0
+
+    @classmethod
+    def load(cls, target, path, method=None, **kw):
+        """Read and validate a head through the registry (``method`` defaults to the layout
+        the config implies: eagle3 when it has ``draft_vocab_size`` / eagle fields)."""
+        import json
+        import os
+        cfg_path = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), "config.json")
+        with open(cfg_path) as fh:
+            cfg = json.load(fh)
+        if method is None:
+            arch = " ".join(cfg.get("architectures") or []).lower()
+            method = "eagle3" if "eagle" in arch or "eagle_config" in cfg else "mtp"
+        return cls(target, load_draft_weights(method, path, cfg), **kw)
+
+    # ------------------------------------------------------------------ cache
+    def reset(self, batch, max_len):
+        """A one-layer paged KV cache for ``batch`` sequences of ``max_len`` positions."""
+        t, m, ps = self.t, self.m, self.page_size
+        self.batch, self.max_pages = batch, -(-max_len // ps)
+        self.page_table = m.table(np.arange(batch * self.max_pages, dtype=np.int32)
+                                  .reshape(batch, self.max_pages))
+        shape = (batch * self.max_pages, ps, t.nkv, t.D)
+        self.kv = (m.zeros(shape, m.kv), m.zeros(shape, m.kv))
+        self.ar = m.table(np.arange(batch + 1, dtype=np.int32))
+
+    # ------------------------------------------------------------------ passes
+    def _step(self, hid, tokens, positions, cu_q, lens, finished, attend):
+        """One draft step over rows: hid [R, H] (or aux [R, taps*H] for EAGLE3's first
+        step), tokens [R] target ids (out-of-range -> zero embedding). Returns the step's
+        output x [R, H] and its final norm [R, H] (the lm_head input); K/V appended to the
+        cache."""
+        be, m, t = self.be, self.m, self.t
+        R, H, nq, nkv, D = tokens.shape[0], t.H, t.nq, t.nkv, t.D
+        if self.layout == "eagle3" and hid.shape[1] != H:
+            hid = m.linear(hid, self.fc)
+        comb = m.empty((R, 2 * H))
+        be.draft_combine(t.embed, hid, self.norm_e, self.norm_h, comb, token_ids=tokens,
+                         eps=self.eps)
+        h = m.empty((R, H))
+        if self.layout == "eagle3":
+            x, a_in = m.empty((R, H)), comb             # residual: the hidden half's input
+        else:
+            x = m.linear(comb, self.fc)                 # eh_proj
+            be.rms_norm(x, self.ln1, h, eps=self.eps)
+            a_in = h
+        qkv = m.linear(a_in, self.qkv)
+        q = qkv[:, :nq * D].reshape(R, nq, D)
+        k = qkv[:, nq * D:(nq + nkv) * D].reshape(R, nkv, D)
+        v = qkv[:, (nq + nkv) * D:].reshape(R, nkv, D)
+        be.rope(q, k, positions, t.cos_sin)
+        kc, vc = self.kv
+        be.append_kv(k, v, kc, vc, self.page_table, lens, cu_q, finished)
+        o = m.empty((R, nq, D), m.kv)
+        attend(q, k, v, kc, vc, o)
+        a = m.linear(o.reshape(R, nq * D), self.o)
+        if self.layout == "eagle3":
+            be.rms_norm(a, self.ln2, h, eps=self.eps, residual=hid, residual_out=x)
+        else:
+            be.rms_norm(a, self.ln2, h, eps=self.eps, residual=x, residual_out=x)
+        act = m.empty((R, self.I))
+        be.silu_mul(m.linear(h, self.gate_up), act)
+        d = m.linear(act, self.down)
+        out = m.empty((R, H))
+        be.rms_norm(d, self.final, h, eps=self.eps, residual=x, residual_out=out)
+        return out, h
+
+    def _token(self, hn):
+        """Greedy draft token (target ids, int32 [B]) from normed step outputs hn [B, H]."""
+        be, m = self.be, self.m
+        ids = m.argmax_rows(m.linear(hn, self.lm_head))
+        if self.d2t is None:
+            return ids
+        out = m.empty(ids.shape, ids.dtype)
+        be.draft_map_tokens(ids, self.d2t, out)
+        return out
+
+    def propose_block(self, block, k):
+        """k draft tokens [B, k] int32 for every sequence from the target's last pass.
+
+        block: hidden [R, Hf] (the target's rows), tokens [R] (the token after each row),
+        positions [R], cu_q [B+1], valid [B] (rows that were committed: the first step's
+        last valid row predicts draft 1), seq_lens [B] (committed positions after the
+        pass: seq_lens - valid is where the block starts), finished [B], row_counts (host
+        ints, prefill only: the rows are whole fresh prompts, host causal attention)."""
+        m, t, be = self.m, self.t, self.be
+        B = block.valid.shape[0]
+        base = block.seq_lens - block.valid
+        if block.row_counts is not None:
+            attend = t.prefill_attention(block.row_counts)
+        else:
+            attend = t.paged_attention(self.page_table, base, block.cu_q)
+        x, xn = self._step(block.hidden, block.tokens, block.positions, block.cu_q, base,
+                           block.finished, attend)
+        g, gn = m.empty((B, t.H)), m.empty((B, t.H))
+        be.draft_carry(x, block.cu_q, block.valid, g)       # the last committed row's
+        be.draft_carry(xn, block.cu_q, block.valid, gn)
+        tok = self._token(gn)
+        out = m.empty((B, k), tok.dtype)
+        out[:, 0] = tok
+        cu1 = self.ar[:B + 1]
+        for j in range(1, k):
+            lens = block.seq_lens + (j - 1)
+            attend = t.paged_attention(self.page_table, lens, cu1)
+            g, gn = self._step(g, tok, lens, cu1, lens, block.finished, attend)
+            tok = self._token(gn)
+            out[:, j] = tok
+        return out

