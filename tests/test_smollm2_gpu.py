@@ -86,3 +86,44 @@ def test_smollm2_torch_ngram_and_target_only_agree_mostly(model):
     prefix = [next((i for i, (a, b) in enumerate(zip(x.tokens, y.tokens)) if a != b), 48)
               for x, y in zip(spec, base)]
     assert np.mean(prefix) >= 16, prefix
+
+
+def _head(target, method, tmp_path=None):
+    """The shipped head of ``method``, or (tmp_path given) a random one of its layout."""
+    from specdec_lib.models import heads
+    from specdec_lib.models.llama_draft import LlamaDraftHead
+    if tmp_path is None:
+        return LlamaDraftHead.load(target, heads.smollm2_head(method))
+    cfg = heads.head_config(method, target.c, draft_vocab_size=1024 if method == "eagle3" else None)
+    path = heads.save_head(str(tmp_path / method), heads.random_head_tensors(method, cfg), cfg)
+    return LlamaDraftHead.load(target, path)
+
+
+@pytest.mark.parametrize("method", ["mtp", "eagle3"])
+@pytest.mark.parametrize("shipped", [False, True])
+def test_smollm2_torch_heads_rescoring_and_graph(model, method, shipped, tmp_path):
+    """A draft head on the GPU (its own KV cache, k steps inside the captured round): every
+    emitted token passes the rescoring check, graph replay == eager rounds token for token;
+    the shipped heads must also accept drafts."""
+    from specdec_lib.demo import rescoring_check
+    be, target, tok = model
+    try:
+        head = _head(target, method, None if shipped else tmp_path)
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    try:
+        reqs = _reqs(tok, 40)
+        out = []
+        for graph in (False, True):
+            dec = SpeculativeDecoder(target, head, num_speculative_tokens=3, backend=be,
+                                     cuda_graph=graph)
+            res = dec.generate(reqs)
+            out.append([r.tokens for r in res])
+        assert dec.metrics.graph_captured
+        n, ties, bad = rescoring_check(target, reqs, res, 0.25)
+        assert n == 40 * len(reqs) and bad == [], bad[:3]
+        assert out[0] == out[1]
+        if shipped:
+            assert dec.metrics.mean_accepted_length > 1.5, dec.metrics.per_position_acceptance
+    finally:
+        target.capture_aux(())
