@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Train the SmolLM2 draft heads on the H200 (one device call): build the library (native code
-# only: generation runs through it), then tools/train_draft.py with the GGUF at $GGUF; heads,
-# the generated data and the log go to OUTDIR.
+# only: generation runs through it), then tools/train_draft.py with the GGUF at $GGUF; heads
+# (OUTDIR/smollm2_<method>/: the device returns files at most two folders deep), the
+# generated data and the log go to OUTDIR.
 #
 #   GGUF=/tmp/m/smol.gguf tools/gpu_train.sh OUTDIR [train_draft.py options]
 set -u -o pipefail
@@ -22,7 +23,8 @@ PYTHONPATH=$HDR SPECDEC_ARCHS=${SPECDEC_ARCHS:-90} SPECDEC_PTX=${SPECDEC_PTX:-90
   python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 )) s"
 export PYTHONPATH=$SITE SPECDEC_SMOLLM2_GGUF=$GGUF
-python3 tools/train_draft.py --out "$OUT/heads" --data "$OUT/data.npz" "$@" 2>&1 \
+DATA=${DATA:-$OUT/data.npz}
+python3 tools/train_draft.py --out "$OUT" --data "$DATA" "$@" 2>&1 \
   | tr '\r' '\n' | grep -v "^\s*$" > "$OUT/train.log"
 rc=${PIPESTATUS[0]}
 grep -vE "it/s\]|reply/s\]|s/it\]|s/reply\]" "$OUT/train.log" | tail -30

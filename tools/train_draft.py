@@ -424,7 +424,8 @@ def evaluate(torch, head, feat, tokens, lens, plens, arg, rows, args, amp):
     chain = (chain / max(1, anchors)).tolist()
     return dict(anchors=int(anchors), step_accuracy=[round(a, 4) for a in acc],
                 chain_acceptance=[round(a, 4) for a in chain],
-                mean_accepted_length=round(1 + sum(chain), 4))
+                mean_accepted_length=round(1 + sum(chain), 4),
+                mean_accepted_length_at_k={k: round(1 + sum(chain[:k]), 4) for k in range(1, S + 1)})
 
 
 def main(argv=None):
