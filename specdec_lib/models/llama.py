@@ -166,11 +166,13 @@ class LlamaTarget:
 
     # ------------------------------------------------------------------ caches
     def reset(self, batch, max_len):
-        """Paged KV caches for ``batch`` empty sequences of up to ``max_len`` positions."""
+        """Paged KV caches for ``batch`` empty sequences of up to ``max_len`` positions; the
+        returned hidden is the final one again (``capture_aux(())``)."""
         if max_len > self.max_position:
             raise ValueError(f"max_len: {max_len} positions exceed the model's "
                              f"{self.max_position} (prompt + max_new_tokens + k + 1)")
         m, ps = self.m, self.page_size
+        self.capture_aux(())        # a head that reads aux taps sets them in its own reset
         self.batch, self.max_len = batch, max_len
         self.max_pages = -(-max_len // ps)
         self.page_table = m.table(np.arange(batch * self.max_pages, dtype=np.int32)

@@ -63,7 +63,7 @@ class LlamaDraftHead:
             if taps is None:
                 n = len(target.layers)
                 taps = (2, n // 2, n - 3)
-            target.capture_aux(taps)
+            self.taps = tuple(taps)
         else:
             pre = spec.layer_prefixes[0]
             self.fc = P(pre + "eh_proj.weight")
@@ -74,7 +74,7 @@ class LlamaDraftHead:
             head = pre + "shared_head.head.weight"
             self.lm_head = P(head) if head in weights else target.lm_head
             self.d2t = None
-            target.capture_aux(())
+            self.taps = ()
         a = pre + "self_attn."
         self.qkv = m.cat_rows([P(a + n + "_proj.weight") for n in "qkv"])
         self.o = P(a + "o_proj.weight")
@@ -99,8 +99,11 @@ class LlamaDraftHead:
 
     # ------------------------------------------------------------------ cache
     def reset(self, batch, max_len):
-        """A one-layer paged KV cache for ``batch`` sequences of ``max_len`` positions."""
+        """A one-layer paged KV cache for ``batch`` sequences of ``max_len`` positions; the
+        target (reset just before, by the decoder) is set to return the features this head
+        reads (EAGLE3: its aux taps)."""
         t, m, ps = self.t, self.m, self.page_size
+        t.capture_aux(self.taps)
         self.batch, self.max_pages = batch, -(-max_len // ps)
         self.page_table = m.table(np.arange(batch * self.max_pages, dtype=np.int32)
                                   .reshape(batch, self.max_pages))
