@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._harness import Bench, _rand, bench
+from ._harness import Bench, _paged_batch, _rand, bench
 
 SHAPES = [   # (B, L, q, Hq, Hkv, D, page_size)
     (64, 4096, 4, 32, 8, 128, 16),
@@ -71,10 +71,7 @@ def bench_verify_attention(b: Bench):
         qd = _rand((T, Hq, D), "bfloat16", b.device, 1)
         kc = _rand((num_pages, ps, Hkv, D), "bfloat16", b.device, 2)
         vc = _rand((num_pages, ps, Hkv, D), "bfloat16", b.device, 3)
-        pt = DeviceArray.from_numpy(np.random.default_rng(0).permutation(num_pages)
-                                    .reshape(B, max_pages).astype(np.int32), device=b.device)
-        sl = DeviceArray.from_numpy(np.full(B, L, np.int32), device=b.device)
-        cq = DeviceArray.from_numpy((np.arange(B + 1) * q).astype(np.int32), device=b.device)
+        pt, sl, cq = _paged_batch(b.device, B, L, q, num_pages, max_pages)
         out = DeviceArray.empty((T, Hq, D), "bfloat16", b.device)
         lse = DeviceArray.empty((T, Hq), "float32", b.device)
         max_kv = max_pages * ps
@@ -126,10 +123,7 @@ def bench_rope_append_kv(b: Bench):
                                                                   (Hq + Hkv, Hkv)))
         kc = DeviceArray.empty((num_pages, ps, Hkv, D), "bfloat16", b.device)
         vc = DeviceArray.empty((num_pages, ps, Hkv, D), "bfloat16", b.device)
-        pt = DeviceArray.from_numpy(np.random.default_rng(0).permutation(num_pages)
-                                    .reshape(B, max_pages).astype(np.int32), device=b.device)
-        sl = DeviceArray.from_numpy(np.full(B, L, np.int32), device=b.device)
-        cq = DeviceArray.from_numpy((np.arange(B + 1) * q).astype(np.int32), device=b.device)
+        pt, sl, cq = _paged_batch(b.device, B, L, q, num_pages, max_pages)
         pos = DeviceArray.from_numpy(np.tile(np.arange(L, L + q, dtype=np.int32), B),
                                      device=b.device)
         cs = DeviceArray.from_numpy(rope_cos_sin_cache(L + q, D, 10000.0), device=b.device)
