@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from conftest import needs_gpu
 from specdec_lib.models.llama import LlamaTarget, _NumpyMath
 
 COUNTS = [5, 0, 17, 1, 9, 0, 2]     # ragged prompts, empty slots between and at the end
@@ -129,3 +130,39 @@ def test_tiny_llama_prefill_equals_block_forward(rng):
         np.testing.assert_allclose(a, c, rtol=1e-10, atol=1e-10)
         np.testing.assert_allclose(b, d, rtol=1e-10, atol=1e-10)
     assert np.count_nonzero(np.abs(caches[0][0]).sum(axis=(2, 3))) == sum(counts)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_torch_prefill_attention_batched_on_cuda(rng, dtype):
+    """The batched prefill attention on the GPU (the torch backend's SDPA kernel choice for a
+    masked bf16 call): equal to the per-prompt causal loop up to rounding, and the per-layer
+    call never synchronises with the host (only building the plan may)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    from specdec_lib.models.llama import _TorchMath
+    dev = torch.device("cuda", 0)
+    m = _TorchMath(SimpleNamespace(device=dev))
+    dt = getattr(torch, dtype)
+    counts = [37, 0, 5, 130, 1, 64]
+    T = sum(counts)
+    q, k, v = (torch.from_numpy(a).to(dev, dt) for a in _qkv(rng, T))
+    plan = m.prefill_plan(counts)
+    out = torch.full(q.shape, float("nan"), dtype=dt, device=dev)
+    m.prefill_attention(plan, q, k, v, 0.125, out)          # first call makes the bias
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        m.prefill_attention(plan, q, k, v, 0.125, out)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    loop = torch.full(q.shape, float("nan"), dtype=dt, device=dev)
+    r0 = 0
+    for n in counts:
+        if n:
+            loop[r0:r0 + n] = m.causal_attention(q[r0:r0 + n], k[r0:r0 + n], v[r0:r0 + n], 0.125)
+        r0 += n
+    got, want = out.double().cpu().numpy(), loop.double().cpu().numpy()
+    assert np.isfinite(got).all()
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2

@@ -148,19 +148,24 @@ class _TorchMath:
 
     def prefill_attention(self, plan, q, k, v, scale, out):
         """All prompts in one SDPA call: gather rows into [P, H, n, D], attend under the
-        plan's mask, scatter the real rows back. K/V heads are repeated to q's (GQA) so a
-        masked kernel (memory-efficient or math) takes them on any torch version."""
+        plan's mask, scatter the real rows back. K/V heads are repeated to q's (GQA, by an
+        expand, which never syncs) so a masked kernel (memory-efficient or math) takes them
+        on any torch version."""
         if plan is None:
             return
         if "single" in plan:
             r0, r1 = plan["single"]
             out[r0:r1] = self.causal_attention(q[r0:r1], k[r0:r1], v[r0:r1], scale)
             return
-        g = q.shape[1] // k.shape[1]
         rows = plan["rows"]
+        (P, n), (Hq, D) = rows.shape, q.shape[1:]
+        Hkv = k.shape[1]
+
+        def heads(x):       # [P, n, Hkv, D] -> [P, n, Hq, D]: q head h reads kv head h // g
+            return x[:, :, :, None].expand(P, n, Hkv, Hq // Hkv, D).reshape(P, n, Hq, D)
         qb = q[rows].transpose(1, 2)                                       # [P, Hq, n, D]
-        kb = k[rows].repeat_interleave(g, dim=2).transpose(1, 2)
-        vb = v[rows].repeat_interleave(g, dim=2).transpose(1, 2)
+        kb = heads(k[rows]).transpose(1, 2)
+        vb = heads(v[rows]).transpose(1, 2)
         o = self.F.scaled_dot_product_attention(qb, kb, vb, scale=scale,
                                                 attn_mask=self._prefill_bias(plan, q.dtype))
         out[plan["flat"]] = o.transpose(1, 2)[plan["p"], plan["i"]]
