@@ -301,9 +301,12 @@ def rope_append_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, page_tab
     if k is None:
         raise TypeError("k: required (rope_append_kv appends the rotated k)")
     qa, ka, pa, ca, T, Hq, Hk, D = check_rope_args(q, k, positions, cos_sin_cache)
+    dev = qa.device
+    # append_kv's checks take k_cache as their anchor: tie it to q first, so that a cache of
+    # another dtype or device is reported as k_cache's fault, not v_cache's
+    DeviceArg("k_cache", k_cache, dtype=qa.dtype, ndim=4, device=dev)
     ka, va, kc, vc, pt, sl, cq, fin = check_append_kv_args(k, v, k_cache, v_cache, page_table,
                                                            seq_lens, cu_q, finished)
-    dev = qa.device
     if (Hq + 2 * Hk) * D >= 2**31 - 1:
         raise ValueError(f"q: {Hq} + 2 x {Hk} heads of {D} are too many (the kernel's "
                          "per-token index is int32)")
