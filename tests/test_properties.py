@@ -262,9 +262,10 @@ COPY = OpSpec(
             Extra("dst_stride0", _copy_dst_stride0)])
 
 
-def build_append_kv(g):
-    dtype = g.pick(ALL_DTYPES)
-    num_pages, ps, hkv, D = g.size(1, 6), g.size(1, 8), g.size(1, 3), g.size(1, 16)
+def _append_kv_args(g, dtype, D=None):
+    """append_kv's arguments (rope_append_kv's too): paged caches, k/v rows, the indices."""
+    num_pages, ps, hkv = g.size(1, 6), g.size(1, 8), g.size(1, 3)
+    D = g.size(1, 16) if D is None else D
     B = g.size(0, 3)
     T = g.size(0, 8) if B else 0
     kw = dict(k_cache=g.arr((num_pages, ps, hkv, D), dtype, "rows"),
@@ -276,6 +277,10 @@ def build_append_kv(g):
     if g.want("finished"):
         kw["finished"] = g.arr((B,), g.pick(("uint8", "bool")))
     return kw
+
+
+def build_append_kv(g):
+    return _append_kv_args(g, g.pick(ALL_DTYPES))
 
 
 def _akv_too_many_rows(g, kw):
@@ -308,20 +313,10 @@ APPEND_KV = OpSpec(
 def build_rope_append_kv(g):
     dtype = g.pick(FLOATS)
     D = 2 * g.size(1, 8)
-    hq, hkv = g.size(1, 4), g.size(1, 3)
-    num_pages, ps = g.size(1, 6), g.size(1, 8)
-    B = g.size(0, 3)
-    T = g.size(0, 8) if B else 0
-    kw = dict(q=g.arr((T, hq, D), dtype, "rows"), k=g.arr((T, hkv, D), dtype, "rows"),
-              v=g.arr((T, hkv, D), dtype, "rows"), positions=g.arr((T,), "int32"),
-              cos_sin_cache=g.arr((g.size(1, 64), D), "float32"),
-              k_cache=g.arr((num_pages, ps, hkv, D), dtype, "rows"),
-              v_cache=g.arr((num_pages, ps, hkv, D), dtype, "rows"),
-              page_table=g.arr((B, g.size(1, 4)), "int32", "rows"),
-              seq_lens=g.arr((B,), "int32"), cu_q=g.arr((B + 1,), "int32"),
-              check_indices=False)
-    if g.want("finished"):
-        kw["finished"] = g.arr((B,), g.pick(("uint8", "bool")))
+    kw = _append_kv_args(g, dtype, D)
+    T = kw["k"].shape[0]
+    kw.update(q=g.arr((T, g.size(1, 4), D), dtype, "rows"), positions=g.arr((T,), "int32"),
+              cos_sin_cache=g.arr((g.size(1, 64), D), "float32"))
     return kw
 
 
