@@ -1,7 +1,7 @@
 # cython: language_level=3
 """Launchers of the attention family: pack the parameter block, launch. No validation
 here (specdec_lib.ops.attention does it before calling in)."""
-from libc.stdint cimport int32_t, int64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
 from specdec_lib._driver cimport Kernel, launch
 
 cdef extern from "attention/attention_params.h":
@@ -63,11 +63,49 @@ cdef extern from "attention/attention_params.h":
         int32_t kv_chunk
         int32_t pad_
 
+    ctypedef struct RopeAppendKVParams:
+        void* q
+        void* k
+        const void* v
+        void* k_cache
+        void* v_cache
+        const int32_t* positions
+        const float* cos_sin_cache
+        const int32_t* page_table
+        const int32_t* seq_lens
+        const int32_t* cu_q
+        const uint8_t* finished
+        int64_t q_stride_t
+        int64_t q_stride_h
+        int64_t k_stride_t
+        int64_t k_stride_h
+        int64_t v_stride_t
+        int64_t v_stride_h
+        int64_t k_cache_stride_page
+        int64_t k_cache_stride_slot
+        int64_t k_cache_stride_h
+        int64_t v_cache_stride_page
+        int64_t v_cache_stride_slot
+        int64_t v_cache_stride_h
+        int64_t page_table_stride
+        int64_t max_position
+        int32_t num_rows
+        int32_t batch
+        int32_t q_heads
+        int32_t kv_heads
+        int32_t head_dim
+        int32_t page_size
+        int32_t num_pages
+        int32_t max_pages
+        int32_t vectorize
+        int32_t pad_
+
     int VERIFY_ATTN_THREADS
     int VERIFY_ATTN_EPILOGUE_SMEM
 
 PARAM_SIZES = {"VerifyAttentionParams": sizeof(VerifyAttentionParams),
-               "VerifyAttentionMergeParams": sizeof(VerifyAttentionMergeParams)}
+               "VerifyAttentionMergeParams": sizeof(VerifyAttentionMergeParams),
+               "RopeAppendKVParams": sizeof(RopeAppendKVParams)}
 THREADS = VERIFY_ATTN_THREADS
 EPILOGUE_SMEM = VERIFY_ATTN_EPILOGUE_SMEM
 
@@ -135,3 +173,44 @@ def launch_verify_attention(Kernel k, Kernel merge, unsigned int head_ctas, unsi
         m.kv_chunk = kv_chunk
         m.pad_ = 0
         launch(merge, num_qo_heads, batch, max_q, 128, 1, 1, 0, stream, &m)
+
+
+def launch_rope_append_kv(Kernel k, unsigned int grid, unsigned int block,
+                          unsigned int rows_per_block, size_t stream, ptrs, q_strides, k_strides,
+                          v_strides, k_cache_strides, v_cache_strides, int64_t page_table_stride,
+                          int64_t max_position, int num_rows, int batch, int q_heads,
+                          int kv_heads, int head_dim, int page_size, int num_pages,
+                          int max_pages, bint vectorize):
+    """ptrs: (q, k, v, k_cache, v_cache, positions, cos_sin_cache, page_table, seq_lens, cu_q,
+    finished or 0); strides in elements: (token, head) for q/k/v, (page, slot, head) for the
+    caches. A block is ``block`` x ``rows_per_block`` threads, one token per thread row."""
+    cdef RopeAppendKVParams p
+    p.q = <void*><uintptr_t>ptrs[0]
+    p.k = <void*><uintptr_t>ptrs[1]
+    p.v = <const void*><uintptr_t>ptrs[2]
+    p.k_cache = <void*><uintptr_t>ptrs[3]
+    p.v_cache = <void*><uintptr_t>ptrs[4]
+    p.positions = <const int32_t*><uintptr_t>ptrs[5]
+    p.cos_sin_cache = <const float*><uintptr_t>ptrs[6]
+    p.page_table = <const int32_t*><uintptr_t>ptrs[7]
+    p.seq_lens = <const int32_t*><uintptr_t>ptrs[8]
+    p.cu_q = <const int32_t*><uintptr_t>ptrs[9]
+    p.finished = <const uint8_t*><uintptr_t>ptrs[10]
+    p.q_stride_t, p.q_stride_h = q_strides
+    p.k_stride_t, p.k_stride_h = k_strides
+    p.v_stride_t, p.v_stride_h = v_strides
+    p.k_cache_stride_page, p.k_cache_stride_slot, p.k_cache_stride_h = k_cache_strides
+    p.v_cache_stride_page, p.v_cache_stride_slot, p.v_cache_stride_h = v_cache_strides
+    p.page_table_stride = page_table_stride
+    p.max_position = max_position
+    p.num_rows = num_rows
+    p.batch = batch
+    p.q_heads = q_heads
+    p.kv_heads = kv_heads
+    p.head_dim = head_dim
+    p.page_size = page_size
+    p.num_pages = num_pages
+    p.max_pages = max_pages
+    p.vectorize = vectorize
+    p.pad_ = 0
+    launch(k, grid, 1, 1, block, rows_per_block, 1, 0, stream, &p)

@@ -78,6 +78,15 @@ register(KernelModule(
              **{f"verify_attention_merge_{t}": "VerifyAttentionMergeParams" for t in ("f16", "bf16")}},
 ))
 
+# the attention family's second translation unit: rope + append_kv fused (its launcher is
+# pyx/_attention.pyx, found from the params header's folder)
+register(KernelModule(
+    name="rope_append_kv",
+    source="cuda_src/attention/rope_append_kv.cu",
+    params_header="attention/attention_params.h",
+    kernels={f"rope_append_kv_{t}": "RopeAppendKVParams" for t in ("f32", "f16", "bf16")},
+))
+
 register(KernelModule(
     name="gdn",
     source="cuda_src/gdn/gdn.cu",

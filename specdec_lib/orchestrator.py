@@ -51,7 +51,7 @@ MAX_BLOCK_ROWS = 16          # verify_attention's limit on rows per sequence
 FINISH_REASONS = _seq_ref.FINISH_REASONS
 SLOT_IDLE = 255              # finished[] of a slot with no request: never committed
 
-_OPS = ("append_kv", "verify_attention", "conv1d_verify", "conv1d_commit", "gdn_verify",
+_OPS = ("append_kv", "rope_append_kv", "verify_attention", "conv1d_verify", "conv1d_commit", "gdn_verify",
         "gdn_commit", "spec_sample", "seq_stop", "seq_advance", "seq_build_block",
         "draft_carry", "capture_hidden", "draft_combine", "draft_map_tokens", "ngram_propose",
         "rms_norm", "rope", "silu_mul")

@@ -284,6 +284,13 @@ def _check_rope(q, k, positions, cos_sin_cache):
         _fail("k", f"{k.shape[0]} rows != q's {q.shape[0]}")
 
 
+def _check_rope_append_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, page_table,
+                          seq_lens, cu_q, finished=None, **_):
+    _check_rope(q, k, positions, cos_sin_cache)
+    _dt("k", k, q.dtype)
+    _check_append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished)
+
+
 def _check_silu_mul(x, out):
     if x.shape[-1] != 2 * out.shape[-1] or tuple(x.shape[:-1]) != tuple(out.shape[:-1]):
         _fail("out", f"expected shape {list(x.shape[:-1]) + [x.shape[-1] // 2]} for x "
@@ -364,6 +371,10 @@ _TABLE = (
     _OpSpec("rope", "(Tensor! q, Tensor!? k, Tensor positions, Tensor cos_sin_cache) -> ()",
             _check_rope),
     _OpSpec("silu_mul", "(Tensor x, Tensor! out) -> ()", _check_silu_mul),
+    _OpSpec("rope_append_kv", "(Tensor! q, Tensor! k, Tensor v, Tensor positions, "
+            "Tensor cos_sin_cache, Tensor! k_cache, Tensor! v_cache, Tensor page_table, "
+            "Tensor seq_lens, Tensor cu_q, Tensor? finished=None, *, bool check_indices=True) "
+            "-> ()", _check_rope_append_kv),
     _OpSpec("ngram_propose", "(Tensor prompt, Tensor prompt_lens, Tensor output, Tensor output_lens, "
             "Tensor! draft_tokens, Tensor! num_draft, *, int min_n=1, int max_n=3, "
             "bool check_indices=True) -> ()", _check_ngram_propose),

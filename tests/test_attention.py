@@ -444,3 +444,347 @@ def test_verify_attention_gpu_rejects_before_launch(rng):
         with pytest.raises(exc, match=match):
             ops.verify_attention(**dict(base, **override))
     assert np.isnan(out.to_numpy().astype(np.float32)).all()
+
+
+# ------------------------------------------------------------------ rope_append_kv
+# = rope(q, k, positions, cos_sin_cache) then append_kv(k, v, k_cache, v_cache, ...), one launch
+
+def _rak_case(rng, qs, Ls, Hq=4, Hkv=2, D=64, page_size=4, P=None, host=np.float64):
+    """Random q/k/v of a ragged batch, rope positions L[b] + i, a shuffled page table with
+    room to spare, NaN caches (untouched entries stay NaN), a cos/sin table of P rows."""
+    qs, Ls = list(qs), list(Ls)
+    B = len(qs)
+    cu_q = np.concatenate([[0], np.cumsum(qs)]).astype(np.int32)
+    T = int(cu_q[-1])
+    max_pages = max([-(-(L + q) // page_size) for L, q in zip(Ls, qs)] + [1]) + 1
+    num_pages = B * max_pages + 2
+    pt = rng.permutation(num_pages)[:B * max_pages].reshape(B, max_pages).astype(np.int32)
+    pos = np.concatenate([np.arange(L, L + q) for L, q in zip(Ls, qs)] + [[]]).astype(np.int32)
+    P = P or int(max(Ls) + max(qs) + 1)
+    return dict(q=rng.standard_normal((T, Hq, D)).astype(host),
+                k=rng.standard_normal((T, Hkv, D)).astype(host),
+                v=rng.standard_normal((T, Hkv, D)).astype(host), positions=pos,
+                cos_sin_cache=ref.rope_cos_sin_cache(P, D, 10000.0),
+                k_cache=np.full((num_pages, page_size, Hkv, D), np.nan, host),
+                v_cache=np.full((num_pages, page_size, Hkv, D), np.nan, host),
+                page_table=pt, seq_lens=np.array(Ls, np.int32), cu_q=cu_q)
+
+
+_RAK_ARGS = ("q", "k", "v", "positions", "cos_sin_cache", "k_cache", "v_cache", "page_table",
+             "seq_lens", "cu_q")
+
+
+def _rak_unfused(c, finished=None):
+    """What the fused op must equal: the two reference ops on copies."""
+    d = {n: np.array(a, copy=True) for n, a in c.items()}
+    ref.rope(d["q"], d["k"], d["positions"], d["cos_sin_cache"])
+    ref.append_kv(d["k"], d["v"], d["k_cache"], d["v_cache"], d["page_table"], d["seq_lens"],
+                  d["cu_q"], finished)
+    return d
+
+
+@pytest.mark.parametrize("host", [np.float64, np.float32])
+def test_rope_append_kv_reference_is_rope_then_append_kv(rng, host):
+    """Ragged rows (an empty sequence, one crossing a page boundary), a finished sequence
+    (rotated, not appended) and a position past the table (NaN heads, appended as NaN)."""
+    c = _rak_case(rng, qs=[3, 0, 5, 2], Ls=[0, 4, 3, 7], page_size=4, host=host)
+    c["positions"][1] = c["cos_sin_cache"].shape[0]
+    fin = np.array([False, False, False, True])
+    want = _rak_unfused(c, fin)
+    got = ref.rope_append_kv(*(c[n] for n in _RAK_ARGS), fin)
+    assert got[0] is c["q"] and got[3] is c["v_cache"]
+    for n in ("q", "k", "k_cache", "v_cache"):
+        np.testing.assert_array_equal(c[n], want[n], err_msg=n)
+    assert np.isnan(c["q"][1]).all() and np.isnan(c["k"][1]).all()
+    pg = c["page_table"][0, 0]
+    assert np.isnan(c["k_cache"][pg, 1]).all() and np.isfinite(c["v_cache"][pg, 1]).all()
+    written = np.isfinite(c["v_cache"][..., 0, 0]).sum()
+    assert written == 3 + 5                                   # sequence 3 finished
+
+
+def test_rope_append_kv_reference_bf16_bits(rng):
+    """bfloat16 as uint16 bits (how the reference takes bf16): same as the unfused pair."""
+    from specdec_lib.dtypes import to_host_storage
+    c = _rak_case(rng, qs=[2, 3], Ls=[5, 0], page_size=2, host=np.float32)
+    for n in ("q", "k", "v", "k_cache", "v_cache"):
+        c[n] = to_host_storage(c[n], "bfloat16")
+    want = _rak_unfused(c)
+    ref.rope_append_kv(*(c[n] for n in _RAK_ARGS))
+    for n in ("q", "k", "k_cache", "v_cache"):
+        np.testing.assert_array_equal(c[n], want[n], err_msg=n)
+
+
+@pytest.mark.parametrize("change,exc,match", [
+    (dict(seq_lens=np.array([-1, 0], np.int32)), ValueError, "seq_lens"),
+    (dict(cu_q=np.array([0, 3, 2], np.int32)), ValueError, "cu_q"),
+    (dict(page_table=np.full((2, 4), 99, np.int32)), ValueError, "page id"),
+    (dict(page_table=np.zeros((2, 1), np.int32)), ValueError, "page_table"),
+    (dict(k=np.zeros((5, 2, 64), np.float16)), TypeError, "k: dtype"),
+    (dict(k=np.zeros((4, 2, 64))), ValueError, "k"),
+    (dict(v=np.zeros((5, 1, 64))), ValueError, "v"),
+    (dict(k_cache=np.zeros((10, 4, 3, 64))), ValueError, "k_cache"),
+    (dict(positions=np.zeros(4, np.int32)), ValueError, "positions"),
+    (dict(cos_sin_cache=np.zeros((8, 32), np.float32)), ValueError, "cos_sin_cache"),
+    (dict(q=np.zeros((5, 4, 63))), ValueError, "q: head dim"),
+    (dict(q=[[0.0]]), TypeError, "q"),
+])
+def test_rope_append_kv_reference_rejects_before_writing(rng, change, exc, match):
+    c = _rak_case(rng, qs=[3, 2], Ls=[1, 6], page_size=4)
+    c.update(change)
+    before = {n: np.array(c[n], copy=True) for n in ("q", "k", "k_cache", "v_cache")
+              if isinstance(c[n], np.ndarray)}
+    with pytest.raises(exc, match=match):
+        ref.rope_append_kv(*(c[n] for n in _RAK_ARGS))
+    for n, a in before.items():
+        np.testing.assert_array_equal(c[n], a, err_msg=f"{n} written before the error")
+
+
+def test_rope_append_kv_exported():
+    import specdec_lib
+    from specdec_lib import ops
+    assert specdec_lib.rope_append_kv is ops.rope_append_kv
+    from specdec_lib.reference import attention
+    assert ref.rope_append_kv is attention.rope_append_kv
+
+
+def _rak_fakes(T=5, Hq=4, Hkv=2, D=64, B=2, ps=4, dt="<f2"):
+    from test_draft import _Fake
+    return dict(q=_Fake((T, Hq, D), dt), k=_Fake((T, Hkv, D), dt), v=_Fake((T, Hkv, D), dt),
+                positions=_Fake((T,), "<i4"), cos_sin_cache=_Fake((16, D)),
+                k_cache=_Fake((9, ps, Hkv, D), dt), v_cache=_Fake((9, ps, Hkv, D), dt),
+                page_table=_Fake((B, 4), "<i4"), seq_lens=_Fake((B,), "<i4"),
+                cu_q=_Fake((B + 1,), "<i4"))
+
+
+def _fake(shape, typestr="<f2", strides=None):
+    from test_draft import _Fake
+    return _Fake(shape, typestr, strides)
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    # rope's checks
+    (dict(q=_fake((5, 4, 64), "<f8")), TypeError, "q: dtype"),
+    (dict(q=_fake((5, 256))), ValueError, "q"),
+    (dict(q=_fake((5, 4, 64), strides=(1024, 128, 4))), ValueError, "q: the last dimension"),
+    (dict(k=None), TypeError, "k: required"),
+    (dict(k=_fake((5, 2, 64), "<f4")), TypeError, "k"),
+    (dict(k=_fake((4, 2, 64))), ValueError, "k"),
+    (dict(positions=_fake((5,), "<i8")), TypeError, "positions"),
+    (dict(positions=_fake((6,), "<i4")), ValueError, "positions"),
+    (dict(cos_sin_cache=_fake((16, 64), "<f2")), TypeError, "cos_sin_cache"),
+    (dict(cos_sin_cache=_fake((16, 32), "<f4")), ValueError, "cos_sin_cache"),
+    # append_kv's checks
+    (dict(k_cache=_fake((9, 4, 2, 64), "<f4"), v_cache=_fake((9, 4, 2, 64), "<f4")), TypeError,
+     "k_cache: dtype"),
+    (dict(k_cache=_fake((9, 4, 2, 64), "<f4")), TypeError, "k_cache: dtype"),
+    (dict(k_cache=_fake((9, 4, 2, 64, 1))), ValueError, "k_cache"),
+    (dict(k_cache=_fake((9, 4, 3, 64)), v_cache=_fake((9, 4, 3, 64))), ValueError, "k: "),
+    (dict(v_cache=_fake((9, 4, 2, 64), "<f4")), TypeError, "v_cache"),
+    (dict(v=_fake((5, 1, 64))), ValueError, "v"),
+    (dict(v=_fake((5, 2, 64), "<f4")), TypeError, "v"),
+    (dict(v=_fake((5, 2, 64), strides=(512, 256, 4))), ValueError, "v: the head dimension"),
+    (dict(page_table=_fake((2, 4), "<i8")), TypeError, "page_table"),
+    (dict(page_table=_fake((2, 4), "<i4", strides=(32, 8))), ValueError, "page_table: rows"),
+    (dict(seq_lens=_fake((3,), "<i4")), ValueError, "seq_lens"),
+    (dict(cu_q=_fake((2,), "<i4")), ValueError, "cu_q"),
+    (dict(finished=_fake((3,), "|u1")), ValueError, "finished"),
+    (dict(finished=_fake((2,), "<i4")), TypeError, "finished"),
+    (dict(stream="default"), TypeError, "stream"),
+])
+def test_rope_append_kv_op_validation(kw, exc, match):
+    """The union of rope's and append_kv's checks, all before any launch (no GPU here)."""
+    from specdec_lib import ops
+    args = _rak_fakes()
+    args.update(kw)
+    with pytest.raises(exc, match=match):
+        ops.rope_append_kv(**args, check_indices=False)
+
+
+def test_rope_append_kv_op_empty_batch_needs_no_gpu():
+    from specdec_lib import ops
+    args = _rak_fakes(T=0)
+    got = ops.rope_append_kv(**args, check_indices=False)
+    assert got[0] is args["q"] and got[3] is args["v_cache"]
+
+
+RAK_DTYPES = ["float32", "float16", "bfloat16"]
+RAK_TOL = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 1e-2}
+
+
+def _rak_device(c, dtype):
+    """Device copies (floats in dtype, caches poisoned: 0xFF bytes) of a host case."""
+    from specdec_lib import DeviceArray
+    from test_layers import _store
+    d = {}
+    for n, a in c.items():
+        if n in ("k_cache", "v_cache"):
+            d[n] = poison(a.shape, dtype)
+        elif n in ("q", "k", "v"):
+            d[n] = DeviceArray.from_numpy(_store(a, dtype), dtype)
+        else:
+            d[n] = DeviceArray.from_numpy(a)
+    return d
+
+
+def _rak_pair(d, finished):
+    """The unfused pair on the device."""
+    from specdec_lib import ops
+    ops.rope(d["q"], d["k"], d["positions"], d["cos_sin_cache"])
+    ops.append_kv(d["k"], d["v"], d["k_cache"], d["v_cache"], d["page_table"], d["seq_lens"],
+                  d["cu_q"], finished, check_indices=False)
+
+
+def _same_bits(a, b, what):
+    np.testing.assert_array_equal(np.ascontiguousarray(a.to_numpy()).view(np.uint8),
+                                  np.ascontiguousarray(b.to_numpy()).view(np.uint8),
+                                  err_msg=what)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", RAK_DTYPES)
+@pytest.mark.parametrize("Hq,Hkv,D", [(9, 3, 64), (32, 8, 128), (4, 4, 256), (8, 1, 64),
+                                      (2, 1, 6)])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_rope_append_kv_gpu_bit_identical_to_rope_then_append_kv(rng, dtype, Hq, Hkv, D,
+                                                                 page_size):
+    """Ragged blocks (q = 1, 0, 4, 16, 3, and a 40-row prefill), lengths at page boundaries,
+    a finished sequence, a position past the cos/sin table: q, k and both (poisoned) caches
+    hold the same bytes as rope then append_kv; k and the cache rows also match the float64
+    reference. D = 6 takes the scalar path."""
+    from specdec_lib import DeviceArray, ops
+    from test_layers import _host
+    qs = [1, 0, 4, 16, 3, 40]
+    Ls = [0, 3, page_size - 1, page_size, 3 * page_size - 2, 0]
+    c = _rak_case(rng, qs, Ls, Hq=Hq, Hkv=Hkv, D=D, page_size=page_size)
+    c["positions"][7] = c["cos_sin_cache"].shape[0]            # sequence 3's row 2: NaN heads
+    c["positions"][-1] = -1
+    fin = np.array([0, 0, 0, 1, 0, 0], np.uint8)
+    a, b = _rak_device(c, dtype), _rak_device(c, dtype)
+    _rak_pair(a, DeviceArray.from_numpy(fin))
+    got = ops.rope_append_kv(*(b[n] for n in _RAK_ARGS), DeviceArray.from_numpy(fin))
+    assert got[0] is b["q"] and got[2] is b["k_cache"]
+    for n in ("q", "k", "k_cache", "v_cache"):
+        _same_bits(a[n], b[n], f"{n} differs from rope + append_kv")
+    # and the pair is what the reference says (float64, by relative norm, NaN where flagged)
+    from test_layers import _store
+    from specdec_lib.dtypes import from_host_storage
+    h = {n: (from_host_storage(_store(x, dtype), dtype).astype(np.float64)
+             if n in ("q", "k", "v") else x) for n, x in c.items()}
+    want = _rak_unfused(h, fin.astype(bool))
+    for n in ("q", "k"):
+        assert rel_err(_host(b[n], dtype), want[n]) < RAK_TOL[dtype], n
+    for n in ("k_cache", "v_cache"):
+        got_c = _host(b[n], dtype)
+        # poisoned slots stay NaN, as the reference's NaN-filled caches do
+        assert rel_err(got_c, want[n]) < RAK_TOL[dtype], n
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", RAK_DTYPES)
+@pytest.mark.parametrize("offset", [0, 1])
+def test_rope_append_kv_gpu_qkv_views(rng, dtype, offset):
+    """q, k, v as head views of one fused projection [T, (Hq + 2 Hkv) D + 8] (offset 1:
+    unaligned, the scalar path), strided caches (a view of a wider pool): same bytes as the
+    unfused pair on the same views, the padding untouched."""
+    from specdec_lib import DeviceArray, ops
+    from test_draft import _View
+    from test_layers import _store
+    Hq, Hkv, D, ps = 9, 3, 64, 16
+    c = _rak_case(rng, qs=[5, 1, 16, 0, 2], Ls=[0, 15, 31, 4, 100], Hq=Hq, Hkv=Hkv, D=D,
+                  page_size=ps)
+    T = c["q"].shape[0]
+    W = (Hq + 2 * Hkv) * D + 8
+    flat = np.concatenate([np.zeros(offset), rng.standard_normal(T * W)])
+    n_pages = c["k_cache"].shape[0]
+    cw = Hkv * D + D                                          # pool rows one head wider
+    outs = []
+    for _ in range(2):
+        base = DeviceArray.from_numpy(_store(flat, dtype), dtype)
+        pool = poison((2, n_pages * ps * cw), dtype)
+        q = _View(base, (T, Hq, D), (W, D, 1), offset)
+        k = _View(base, (T, Hkv, D), (W, D, 1), offset + Hq * D)
+        v = _View(base, (T, Hkv, D), (W, D, 1), offset + (Hq + Hkv) * D)
+        kc = _View(pool, (n_pages, ps, Hkv, D), (ps * cw, cw, D, 1), 0)
+        vc = _View(pool, (n_pages, ps, Hkv, D), (ps * cw, cw, D, 1), n_pages * ps * cw)
+        outs.append((base, pool, dict(c, q=q, k=k, v=v, k_cache=kc, v_cache=vc)))
+    (b1, p1, d1), (b2, p2, d2) = outs
+    d1 = {n: (DeviceArray.from_numpy(x) if isinstance(x, np.ndarray) else x) for n, x in d1.items()}
+    d2 = {n: (DeviceArray.from_numpy(x) if isinstance(x, np.ndarray) else x) for n, x in d2.items()}
+    _rak_pair(d1, None)
+    ops.rope_append_kv(*(d2[n] for n in _RAK_ARGS), None, check_indices=False)
+    _same_bits(b1, b2, "q/k/v buffer")
+    _same_bits(p1, p2, "cache pool")
+    raw = b2.to_numpy()[offset:].reshape(T, W)
+    np.testing.assert_array_equal(raw[:, -8:], _store(flat, dtype)[offset:].reshape(T, W)[:, -8:])
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", RAK_DTYPES)
+def test_rope_append_kv_gpu_empty_batch(rng, dtype):
+    """No rows (T = 0, with sequences or none): nothing written; sequences with no rows
+    beside rows of others; B = 0 with rows (check_indices off): rotated as rope, no append."""
+    from specdec_lib import ops
+    for qs in ([0, 0], [0, 3, 0]):
+        c = _rak_case(rng, qs=qs, Ls=[2] * len(qs), Hq=4, Hkv=2, D=64, page_size=4)
+        a, b = _rak_device(c, dtype), _rak_device(c, dtype)
+        _rak_pair(a, None)
+        ops.rope_append_kv(*(b[n] for n in _RAK_ARGS))
+        for n in ("q", "k", "k_cache", "v_cache"):
+            _same_bits(a[n], b[n], f"{n} (qs={qs})")
+    c = _rak_case(rng, qs=[3], Ls=[0], Hq=4, Hkv=2, D=64, page_size=4)
+    c.update(page_table=np.zeros((0, 2), np.int32), seq_lens=np.zeros(0, np.int32),
+             cu_q=np.zeros(1, np.int32))
+    a, b = _rak_device(c, dtype), _rak_device(c, dtype)
+    ops.rope(a["q"], a["k"], a["positions"], a["cos_sin_cache"])
+    ops.rope_append_kv(*(b[n] for n in _RAK_ARGS), check_indices=False)
+    for n in ("q", "k", "k_cache", "v_cache"):
+        _same_bits(a[n], b[n], f"{n} (B = 0)")
+    assert np.all(b["k_cache"].to_numpy().view(np.uint8) == 0xFF)
+
+
+@needs_gpu
+def test_rope_append_kv_gpu_bad_indices_skip_rows(rng):
+    """check_indices off, a page id outside the pool and a length past the page table:
+    those rows are rotated but not appended (as append_kv skips them), nothing faults."""
+    from specdec_lib import ops
+    dtype = "float16"
+    c = _rak_case(rng, qs=[2, 3, 2], Ls=[0, 5, 2], Hq=4, Hkv=2, D=64, page_size=4)
+    c["page_table"][1, 1] = 10**6
+    c["seq_lens"][2] = 4 * c["page_table"].shape[1]
+    c["positions"] = np.clip(c["positions"], 0, c["cos_sin_cache"].shape[0] - 1)
+    a, b = _rak_device(c, dtype), _rak_device(c, dtype)
+    _rak_pair(a, None)
+    ops.rope_append_kv(*(b[n] for n in _RAK_ARGS), check_indices=False)
+    for n in ("q", "k", "k_cache", "v_cache"):
+        _same_bits(a[n], b[n], n)
+
+
+@needs_gpu
+def test_rope_append_kv_gpu_rejects_before_launch(rng):
+    """Bad indices with check_indices (the default), a dtype mix: ValueError/TypeError,
+    and q, k and the caches untouched."""
+    from specdec_lib import DeviceArray, ops
+    dtype = "bfloat16"
+    c = _rak_case(rng, qs=[2, 2], Ls=[0, 4], page_size=4)
+    d = _rak_device(c, dtype)
+    keep = {n: d[n].to_numpy().copy() for n in ("q", "k", "k_cache", "v_cache")}
+    cases = [
+        (dict(seq_lens=DeviceArray.from_numpy(np.array([0, 99], np.int32))), ValueError,
+         "page_table"),
+        (dict(page_table=DeviceArray.from_numpy(np.full(c["page_table"].shape, 777, np.int32))),
+         ValueError, "page id"),
+        (dict(cu_q=DeviceArray.from_numpy(np.array([0, 3, 2], np.int32))), ValueError, "cu_q"),
+        (dict(v=DeviceArray.from_numpy(c["v"].astype(np.float16))), TypeError, "v"),
+        (dict(k_cache=poison(c["k_cache"].shape, "float16"),
+              v_cache=poison(c["k_cache"].shape, "float16")), TypeError, "k_cache: dtype"),
+        (dict(v_cache=poison(c["k_cache"].shape, "float16")), TypeError, "v_cache: dtype"),
+        (dict(cos_sin_cache=DeviceArray.from_numpy(c["cos_sin_cache"].astype(np.float16))),
+         TypeError, "cos_sin_cache"),
+        (dict(q=c["q"]), TypeError, "q"),
+    ]
+    for override, exc, match in cases:
+        args = dict(d, **override)
+        with pytest.raises(exc, match=match):
+            ops.rope_append_kv(*(args[n] for n in _RAK_ARGS))
+    for n, a in keep.items():
+        np.testing.assert_array_equal(d[n].to_numpy(), a, err_msg=f"{n} written before an error")

@@ -262,9 +262,10 @@ COPY = OpSpec(
             Extra("dst_stride0", _copy_dst_stride0)])
 
 
-def build_append_kv(g):
-    dtype = g.pick(ALL_DTYPES)
-    num_pages, ps, hkv, D = g.size(1, 6), g.size(1, 8), g.size(1, 3), g.size(1, 16)
+def _append_kv_args(g, dtype, D=None):
+    """append_kv's arguments (rope_append_kv's too): paged caches, k/v rows, the indices."""
+    num_pages, ps, hkv = g.size(1, 6), g.size(1, 8), g.size(1, 3)
+    D = g.size(1, 16) if D is None else D
     B = g.size(0, 3)
     T = g.size(0, 8) if B else 0
     kw = dict(k_cache=g.arr((num_pages, ps, hkv, D), dtype, "rows"),
@@ -276,6 +277,10 @@ def build_append_kv(g):
     if g.want("finished"):
         kw["finished"] = g.arr((B,), g.pick(("uint8", "bool")))
     return kw
+
+
+def build_append_kv(g):
+    return _append_kv_args(g, g.pick(ALL_DTYPES))
 
 
 def _akv_too_many_rows(g, kw):
@@ -302,6 +307,55 @@ APPEND_KV = OpSpec(
      Arg("finished", ("uint8", "bool"), (1,), "c", optional=True, eq_dims=(0,))],
     empty=lambda kw: kw["k"].shape[0] == 0 or kw["page_table"].shape[0] == 0,
     extras=[Extra("rows_2^30", _akv_too_many_rows), Extra("pages_2^31", _akv_too_many_pages)])
+
+
+# ---------------------------------------------------------------- rope_append_kv
+def build_rope_append_kv(g):
+    dtype = g.pick(FLOATS)
+    D = 2 * g.size(1, 8)
+    kw = _append_kv_args(g, dtype, D)
+    T = kw["k"].shape[0]
+    kw.update(q=g.arr((T, g.size(1, 4), D), dtype, "rows"), positions=g.arr((T,), "int32"),
+              cos_sin_cache=g.arr((g.size(1, 64), D), "float32"))
+    return kw
+
+
+def _rak_rows_2_30(g, kw):
+    """2^30 rows everywhere (q, k, v, positions agree): append_kv's row limit."""
+    n = 2**30
+    ch = {a: refake(kw[a], shape=(n,) + kw[a].shape[1:]) for a in ("q", "k", "v", "positions")}
+    return _set(kw, **ch), {"k"}
+
+
+def _rak_heads_int32(g, kw):
+    """(Hq + Hkv) D fits rope's int32 token index, (Hq + 2 Hkv) D does not."""
+    T, D = kw["q"].shape[0], 2
+    hkv = 2**28
+    hq = 2**30 - 1 - hkv
+    pages = kw["k_cache"].shape[:2]
+    return _set(kw, q=refake(kw["q"], shape=(T, hq, D)), k=refake(kw["k"], shape=(T, hkv, D)),
+                v=refake(kw["v"], shape=(T, hkv, D)),
+                cos_sin_cache=refake(kw["cos_sin_cache"], shape=(kw["cos_sin_cache"].shape[0], D)),
+                k_cache=refake(kw["k_cache"], shape=pages + (hkv, D)),
+                v_cache=refake(kw["v_cache"], shape=pages + (hkv, D))), {"q"}
+
+
+ROPE_APPEND_KV = OpSpec(
+    "rope_append_kv", ops.rope_append_kv, build_rope_append_kv,
+    [Arg("q", FLOATS, (3,), "last", anchor=True),
+     Arg("k", lambda kw: (kw["q"].dtype,), (3,), "last", eq_dims=(0, 1, 2)),
+     Arg("v", lambda kw: (kw["q"].dtype,), (3,), "last", eq_dims=(0, 1, 2)),
+     Arg("positions", I32, (1,), "c", eq_dims=(0,)),
+     Arg("cos_sin_cache", ("float32",), (2,), "c", eq_dims=(1,)),
+     Arg("k_cache", lambda kw: (kw["q"].dtype,), (4,), "last"),   # k's and v_cache's shapes
+     Arg("v_cache", lambda kw: (kw["q"].dtype,), (4,), "last", eq_dims=(0, 1, 2, 3)),
+     Arg("page_table", I32, (2,), "last"),
+     Arg("seq_lens", I32, (1,), "c", eq_dims=(0,)),
+     Arg("cu_q", I32, (1,), "c", eq_dims=(0,)),
+     Arg("finished", ("uint8", "bool"), (1,), "c", optional=True, eq_dims=(0,))],
+    empty=lambda kw: kw["q"].shape[0] == 0,
+    extras=[Extra("rows_2^30", _rak_rows_2_30),
+            Extra("heads_int32", _rak_heads_int32)])
 
 
 # ---------------------------------------------------------------- attention
@@ -1005,7 +1059,7 @@ CONV_VERIFY.extras += [Extra("rows_2^31", _conv_rows_2_31(("x", "out", "journal"
 CONV_COMMIT.extras += [Extra("rows_2^31", _conv_rows_2_31(("journal",), "journal")),
                        Extra("slots_2^31", _conv_slots_2_31), Extra("dim_int32", _conv_dim_int32)]
 
-SPECS = [COPY, APPEND_KV, ATTENTION, GDN_VERIFY, GDN_COMMIT, CONV_VERIFY, CONV_COMMIT,
+SPECS = [COPY, APPEND_KV, ROPE_APPEND_KV, ATTENTION, GDN_VERIFY, GDN_COMMIT, CONV_VERIFY, CONV_COMMIT,
          SPEC_SAMPLE, SEQ_STOP, SEQ_ADVANCE, SEQ_BUILD_BLOCK, DRAFT_CARRY, CAPTURE_HIDDEN,
          DRAFT_COMBINE, DRAFT_MAP_TOKENS, NGRAM_PROPOSE]
 
@@ -1015,7 +1069,7 @@ for _spec in SPECS:
 
 
 def test_every_public_op_has_a_spec():
-    public = {"copy", "append_kv", "verify_attention", "gdn_verify", "gdn_commit",
+    public = {"copy", "append_kv", "rope_append_kv", "verify_attention", "gdn_verify", "gdn_commit",
               "conv1d_verify", "conv1d_commit", "spec_sample", "seq_stop", "seq_advance",
               "seq_build_block", "draft_carry", "capture_hidden", "draft_combine",
               "draft_map_tokens", "ngram_propose"}

@@ -13,6 +13,7 @@ from conftest import needs_gpu
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 st = pytest.importorskip("specdec_lib.torch")
+from specdec_lib.reference.layers import rope_cos_sin_cache  # noqa: E402
 
 ROUND_OPS = ("append_kv", "verify_attention", "spec_sample", "seq_stop", "seq_advance")
 
@@ -106,6 +107,12 @@ def _samples():
     s["copy"] = ((torch.zeros(4, 6), f(1, 6)), {})
     s["append_kv"] = ((x["k"], x["v"], x["k_cache"].clone(), x["v_cache"].clone(), x["page_table"],
                        x["seq_lens"], x["cu_q"]), {})
+    T_pos = (x["seq_lens"].repeat_interleave(torch.diff(x["cu_q"]))
+             + torch.arange(T) - x["cu_q"][:-1].repeat_interleave(torch.diff(x["cu_q"])))
+    cos_sin = torch.from_numpy(rope_cos_sin_cache(64, x["q"].shape[2], 10000.0))
+    s["rope_append_kv"] = ((x["q"].clone(), x["k"].clone(), x["v"], T_pos.to(torch.int32), cos_sin,
+                            x["k_cache"].clone(), x["v_cache"].clone(), x["page_table"],
+                            x["seq_lens"], x["cu_q"], x["finished"]), {})
     s["verify_attention"] = ((x["q"], x["k_cache"], x["v_cache"], x["page_table"], x["seq_lens"],
                               x["cu_q"], torch.empty_like(x["q"]), None,
                               torch.empty(T, 4)), {})

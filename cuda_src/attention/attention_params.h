@@ -65,3 +65,39 @@ typedef struct {
   int32_t kv_chunk;
   int32_t pad_;
 } VerifyAttentionMergeParams;
+
+/* rope_append_kv_<dtype>: rope(q, k, positions, cos_sin_cache) then append_kv(k, v, ...) in one
+ * launch (specdec_lib/reference/attention.py::rope_append_kv). q and k are rotated in place
+ * (every row, as rope does); the rotated k row and the v row go to position
+ * L[b] + (t - cu_q[b]) of sequence b unless b is finished or the target lies outside the
+ * page table or the pool (as append_kv does). */
+typedef struct {
+  void* q;                     /* [T, Hq, D], rotated in place */
+  void* k;                     /* [T, Hkv, D], rotated in place, then appended */
+  const void* v;               /* [T, Hkv, D] */
+  void* k_cache;               /* [num_pages, page_size, Hkv, D], k's dtype */
+  void* v_cache;
+  const int32_t* positions;    /* [T] rope positions */
+  const float* cos_sin_cache;  /* [max_position, D], contiguous */
+  const int32_t* page_table;   /* [B, max_pages] */
+  const int32_t* seq_lens;     /* [B] committed length L */
+  const int32_t* cu_q;         /* [B+1] block row offsets */
+  const uint8_t* finished;     /* [B] or NULL: rows of finished sequences are not appended */
+  int64_t q_stride_t, q_stride_h;
+  int64_t k_stride_t, k_stride_h;
+  int64_t v_stride_t, v_stride_h;
+  int64_t k_cache_stride_page, k_cache_stride_slot, k_cache_stride_h;
+  int64_t v_cache_stride_page, v_cache_stride_slot, v_cache_stride_h;
+  int64_t page_table_stride;   /* elements between rows of page_table */
+  int64_t max_position;        /* rows of cos_sin_cache */
+  int32_t num_rows;            /* T */
+  int32_t batch;               /* B */
+  int32_t q_heads;             /* Hq */
+  int32_t kv_heads;            /* Hkv */
+  int32_t head_dim;            /* D: even, <= 256 */
+  int32_t page_size;
+  int32_t num_pages;
+  int32_t max_pages;           /* columns of page_table */
+  int32_t vectorize;           /* 1: 16-byte accesses of every tensor row are valid (Python checks) */
+  int32_t pad_;
+} RopeAppendKVParams;

@@ -16,4 +16,27 @@ __device__ __forceinline__ int owner_of_row(const int32_t* cu_q, int batch, int 
   return lo;
 }
 
+// Where append_kv writes block row t's K/V: sequence b = owner of t, position
+// L[b] + (t - cu_q[b]), page page_table[b, pos / page_size], slot pos % page_size.
+// False (nothing to write) for an empty batch, a finished sequence, or a target outside
+// the page table or the pool: bad indices are skipped, never faulted on.
+__device__ __forceinline__ bool kv_append_target(const int32_t* cu_q, const int32_t* seq_lens,
+                                                 const uint8_t* finished,
+                                                 const int32_t* page_table,
+                                                 int64_t page_table_stride, int batch,
+                                                 int page_size, int num_pages, int max_pages,
+                                                 int t, int32_t& page, int64_t& slot) {
+  if (batch <= 0) return false;
+  const int b = owner_of_row(cu_q, batch, t);
+  if (finished != nullptr && finished[b]) return false;
+  const int64_t pos = static_cast<int64_t>(__ldg(seq_lens + b)) + (t - __ldg(cu_q + b));
+  if (pos < 0) return false;
+  const int64_t page_idx = pos / page_size;
+  if (page_idx >= max_pages) return false;
+  page = __ldg(page_table + b * page_table_stride + page_idx);
+  if (page < 0 || page >= num_pages) return false;
+  slot = pos - page_idx * page_size;
+  return true;
+}
+
 }  // namespace specdec

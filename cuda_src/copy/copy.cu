@@ -81,15 +81,11 @@ __device__ __forceinline__ void append_kv(const AppendKVParams& p) {
   const int units_per_kv = p.num_heads * units_per_head;
   const int units = 2 * units_per_kv;
   for (int t = blockIdx.x * blockDim.y + threadIdx.y; t < p.num_rows; t += gridDim.x * blockDim.y) {
-    const int b = owner_of_row(p.cu_q, p.batch, t);
-    if (p.finished != nullptr && p.finished[b]) continue;
-    const int64_t pos = static_cast<int64_t>(__ldg(p.seq_lens + b)) + (t - __ldg(p.cu_q + b));
-    if (pos < 0) continue;
-    const int64_t page_idx = pos / p.page_size;
-    if (page_idx >= p.max_pages) continue;
-    const int32_t page = __ldg(p.page_table + b * p.page_table_stride + page_idx);
-    if (page < 0 || page >= p.num_pages) continue;
-    const int64_t slot = pos - page_idx * p.page_size;
+    int32_t page;
+    int64_t slot;
+    if (!kv_append_target(p.cu_q, p.seq_lens, p.finished, p.page_table, p.page_table_stride,
+                          p.batch, p.page_size, p.num_pages, p.max_pages, t, page, slot))
+      continue;
     // element offsets of unit u (a 16-byte vector, or one element when !vec)
     auto src_of = [&](int u, int& kv, int& x) -> const T* {
       kv = u >= units_per_kv;

@@ -15,10 +15,12 @@
 // Activations are read with plain loads (not ld.global.nc): rms_norm and rope run in place.
 // The build uses --use_fast_math, so the rounding-sensitive steps are spelled out: products
 // that must not fuse into an FMA use __fmul_rn, divisions __fdiv_rn, exp accurate_expf.
+// rope's arithmetic is common/rope.cuh's rope_pair (rope_append_kv uses the same one).
 #include "common/dtype.cuh"
 #include "common/math.cuh"
 #include "common/pack.cuh"
 #include "common/rms_norm.cuh"
+#include "common/rope.cuh"
 #include "layers/layers_params.h"
 
 using namespace specdec;
@@ -48,7 +50,6 @@ __device__ __forceinline__ void rope_items(const RopeParams& p) {
   const int chunks = half / V;         // V = 1 unless the launcher checked half % V == 0
   const int64_t per_token = static_cast<int64_t>(p.q_heads + p.k_heads) * chunks;
   const int64_t items = p.tokens * per_token;
-  const float nan = __int_as_float(0x7fc00000);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / per_token;
@@ -57,22 +58,9 @@ __device__ __forceinline__ void rope_items(const RopeParams& p) {
     T* x = (h < p.q_heads ? static_cast<T*>(p.q) + t * p.q_stride_t + h * p.q_stride_h
                           : static_cast<T*>(p.k) + t * p.k_stride_t +
                                 static_cast<int64_t>(h - p.q_heads) * p.k_stride_h) + c * V;
-    const int64_t pos = __ldg(p.positions + t);
     Pack<T, V> lo, hi;
-    if (pos >= 0 && pos < p.max_position) {
-      const Pack<T, V> a = load_pack<T, V, false>(x), b = load_pack<T, V, false>(x + half);
-      const float* row = p.cos_sin_cache + pos * p.head_dim + c * V;
-      const Pack<float, V> cs = load_pack<float, V>(row), sn = load_pack<float, V>(row + half);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float xa = to_float(a.e[j]), xb = to_float(b.e[j]);
-        lo.e[j] = from_float<T>(fmaf(xa, cs.e[j], -__fmul_rn(xb, sn.e[j])));
-        hi.e[j] = from_float<T>(fmaf(xb, cs.e[j], __fmul_rn(xa, sn.e[j])));
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < V; ++j) lo.e[j] = hi.e[j] = from_float<T>(nan);
-    }
+    rope_pair<T, V>(x, p.cos_sin_cache, __ldg(p.positions + t), p.max_position, p.head_dim, c,
+                    lo, hi);
     store_pack<T, V>(x, lo);
     store_pack<T, V>(x + half, hi);
   }

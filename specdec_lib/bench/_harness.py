@@ -116,3 +116,13 @@ def _rand(shape, dtype, device=0, seed=0):
     rng = np.random.default_rng(seed)
     return DeviceArray.from_numpy(to_host_storage(rng.standard_normal(shape).astype(np.float32),
                                                   dtype), dtype=dtype, device=device)
+
+
+def _paged_batch(device, B, L, q, num_pages, max_pages):
+    """A ragged-free batch over a paged cache: page_table [B, max_pages] (a random permutation
+    of the pool's first B * max_pages pages), seq_lens = L, cu_q of q rows per sequence."""
+    from ..arrays import DeviceArray
+    pt = np.random.default_rng(0).permutation(num_pages)[:B * max_pages].reshape(B, max_pages)
+    return (DeviceArray.from_numpy(pt.astype(np.int32), device=device),
+            DeviceArray.from_numpy(np.full(B, L, np.int32), device=device),
+            DeviceArray.from_numpy((np.arange(B + 1) * q).astype(np.int32), device=device))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._harness import Bench, _rand, bench
+from ._harness import Bench, _paged_batch, _rand, bench
 
 SHAPES = [   # (B, L, q, Hq, Hkv, D, page_size)
     (64, 4096, 4, 32, 8, 128, 16),
@@ -71,10 +71,7 @@ def bench_verify_attention(b: Bench):
         qd = _rand((T, Hq, D), "bfloat16", b.device, 1)
         kc = _rand((num_pages, ps, Hkv, D), "bfloat16", b.device, 2)
         vc = _rand((num_pages, ps, Hkv, D), "bfloat16", b.device, 3)
-        pt = DeviceArray.from_numpy(np.random.default_rng(0).permutation(num_pages)
-                                    .reshape(B, max_pages).astype(np.int32), device=b.device)
-        sl = DeviceArray.from_numpy(np.full(B, L, np.int32), device=b.device)
-        cq = DeviceArray.from_numpy((np.arange(B + 1) * q).astype(np.int32), device=b.device)
+        pt, sl, cq = _paged_batch(b.device, B, L, q, num_pages, max_pages)
         out = DeviceArray.empty((T, Hq, D), "bfloat16", b.device)
         lse = DeviceArray.empty((T, Hq), "float32", b.device)
         max_kv = max_pages * ps
@@ -94,3 +91,53 @@ def bench_verify_attention(b: Bench):
         del kc, vc
         if ps == 16:   # the peer reads contiguous K/V: page size does not apply
             _torch_sdpa(b, B, L, q, Hq, Hkv, D, kv_bytes, shape)
+
+
+class _HeadView:
+    """Heads h0 .. h0+n-1 of a bf16 [T, W] projection as a [T, n, D] array (CUDA Array
+    Interface), the way a host model hands q/k/v views of its fused qkv GEMM to the ops."""
+
+    def __init__(self, base, W, h0, n, D):
+        self.__cuda_array_interface__ = {"shape": (base.shape[0], n, D), "typestr": "<V2",
+                                         "strides": (W * 2, D * 2, 2),
+                                         "data": (base.ptr + h0 * D * 2, False), "version": 3}
+
+
+@bench("rope_append_kv")
+def bench_rope_append_kv(b: Bench):
+    """The fused op against the rope + append_kv pair it replaces, on SmolLM2-135M's heads
+    (Hq=9, Hkv=3, D=64) and Llama-8B's (32, 8, 128): a decode round (B=32, q=4) and a prefill
+    (B=32 prompts of 256). Bytes: q and k read + written, v read, k and v cache rows written."""
+    from ..arrays import DeviceArray
+    from ..ops import append_kv, rope, rope_append_kv
+    from ..reference.layers import rope_cos_sin_cache
+    ps = 16
+    for B, q, Hq, Hkv, D in ((32, 4, 9, 3, 64), (32, 256, 9, 3, 64), (32, 4, 32, 8, 128),
+                             (32, 256, 32, 8, 128)):
+        T, L = B * q, 1024
+        max_pages = (L + q) // ps + 1
+        num_pages = B * max_pages
+        W = (Hq + 2 * Hkv) * D
+        qkv = _rand((T, W), "bfloat16", b.device, 1)
+        qv, kv, vv = (_HeadView(qkv, W, h0, n, D) for h0, n in ((0, Hq), (Hq, Hkv),
+                                                                  (Hq + Hkv, Hkv)))
+        kc = DeviceArray.empty((num_pages, ps, Hkv, D), "bfloat16", b.device)
+        vc = DeviceArray.empty((num_pages, ps, Hkv, D), "bfloat16", b.device)
+        pt, sl, cq = _paged_batch(b.device, B, L, q, num_pages, max_pages)
+        pos = DeviceArray.from_numpy(np.tile(np.arange(L, L + q, dtype=np.int32), B),
+                                     device=b.device)
+        cs = DeviceArray.from_numpy(rope_cos_sin_cache(L + q, D, 10000.0), device=b.device)
+
+        def fused():
+            rope_append_kv(qv, kv, vv, pos, cs, kc, vc, pt, sl, cq, check_indices=False,
+                           stream=b.stream)
+
+        def pair():
+            rope(qv, kv, pos, cs, stream=b.stream)
+            append_kv(kv, vv, kc, vc, pt, sl, cq, check_indices=False, stream=b.stream)
+        nbytes = T * D * 2 * (2 * Hq + 5 * Hkv)
+        shape = f"B={B} q={q} Hq={Hq} Hkv={Hkv} D={D} page={ps} bf16"
+        for name, fn in (("specdec_lib", fused), ("rope + append_kv", pair)):
+            ms = b.time_graph(fn, per_graph=20)
+            b.report("rope_append_kv", shape, nbytes, ms, impl=name,
+                     host_us=round(b.host_us(fn), 1))

@@ -2,9 +2,7 @@
 ``append_kv`` (with its launch-shape sweep)."""
 from __future__ import annotations
 
-import numpy as np
-
-from ._harness import Bench, _rand, bench
+from ._harness import Bench, _paged_batch, _rand, bench
 
 
 @bench("copy")
@@ -44,10 +42,7 @@ def bench_append_kv(b: Bench):
         k, v = _rand((T, hkv, D), "bfloat16", b.device, 1), _rand((T, hkv, D), "bfloat16", b.device, 2)
         kc = DeviceArray.empty((num_pages, page, hkv, D), "bfloat16", b.device)
         vc = DeviceArray.empty((num_pages, page, hkv, D), "bfloat16", b.device)
-        pt = DeviceArray.from_numpy(np.random.default_rng(0).permutation(num_pages)
-                                    .reshape(B, max_pages).astype(np.int32), device=b.device)
-        sl = DeviceArray.from_numpy(np.full(B, L, np.int32), device=b.device)
-        cq = DeviceArray.from_numpy((np.arange(B + 1) * q).astype(np.int32), device=b.device)
+        pt, sl, cq = _paged_batch(b.device, B, L, q, num_pages, max_pages)
 
         def run():
             append_kv(k, v, kc, vc, pt, sl, cq, check_indices=False, stream=b.stream)

@@ -1,21 +1,23 @@
 """A Llama-architecture target as a host model of ``SpeculativeDecoder`` (SmolLM2 and kin).
 
     x = embed[tokens]
-    per layer:  h = rms_norm(x);  q, k, v = split(h @ Wqkv);  rope(q, k)
-                append_kv(k, v) -> paged cache;  o = verify_attention(q)      (prefill: causal
-                x += o @ Wo;  h = rms_norm(x);  x += (silu(h @ Wg) * (h @ Wu)) @ Wd   attention)
+    per layer:  h = rms_norm(x);  q, k, v = split(h @ Wqkv)
+                rope_append_kv(q, k, v) -> paged cache;  o = verify_attention(q)   (prefill:
+                x += o @ Wo;  h = rms_norm(x);  x += (silu(h @ Wg) * (h @ Wu)) @ Wd   causal attn)
     hidden = rms_norm(x);  logits = hidden @ embed.T   (tied lm_head)
 
-Everything speculative and every elementwise step is a library op of the backend (``append_kv``,
-``verify_attention``, ``rms_norm`` with the residual add fused, ``rope``, ``silu_mul``); only
+Everything speculative and every elementwise step is a library op of the backend
+(``rope_append_kv``: rope and the paged append in one launch, ``verify_attention``,
+``rms_norm`` with the residual add fused, ``silu_mul``); only
 the matrix products, the embedding gather and the prefill's causal attention are the host's,
 through a small ``_Math`` of the array library: numpy in float64 on the ``reference`` backend
 (the CPU oracle), torch in bf16 with cuBLAS and SDPA on the ``torch`` backend. One layer is
-ten launches on the GPU (three GEMMs fused as qkv / gate-up), so the round graph stays short.
+nine launches on the GPU (three GEMMs fused as qkv / gate-up), so the round graph stays short.
 
 ``forward`` runs a verify block (<= 16 rows per sequence); ``prefill`` runs whole prompts of
-fresh sequences (any length) in one pass, attention by the host's causal kernel, K/V still
-written through ``append_kv``; the model has no recurrent state, so ``commit`` does nothing.
+fresh sequences (any length) in one pass, attention by the host's causal kernel (torch: one
+masked SDPA call per layer for all prompts), K/V still written through ``rope_append_kv``; the
+model has no recurrent state, so ``commit`` does nothing.
 """
 from __future__ import annotations
 
@@ -57,6 +59,16 @@ class _NumpyMath:
         s /= s.sum(axis=-1, keepdims=True)
         return np.einsum("hij,jhd->ihd", s, vv)
 
+    def prefill_plan(self, row_counts):
+        """Row bounds of each prompt (the prefill's attention runs prompt by prompt here)."""
+        return np.concatenate([[0], np.cumsum(row_counts)]).astype(int)
+
+    def prefill_attention(self, plan, q, k, v, scale, out):
+        """out[rows of prompt b] = causal attention within prompt b's rows, for every b."""
+        for r0, r1 in zip(plan[:-1], plan[1:]):
+            if r1 > r0:
+                out[r0:r1] = self.causal_attention(q[r0:r1], k[r0:r1], v[r0:r1], scale)
+
     def host_rows(self, a):
         return np.asarray(a)
 
@@ -97,6 +109,69 @@ class _TorchMath:
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True,
             scale=scale, enable_gqa=True)
         return o.transpose(0, 1)
+
+    def prefill_plan(self, row_counts):
+        """Gather/scatter indices and the mask of one batched prefill attention, built once
+        per prefill call (every layer reuses them). A single prompt needs none: it is one
+        plain causal SDPA call (``single`` = its row range). Otherwise the P prompts with rows
+        are padded to the longest, n rows each: ``rows`` [P, n] token row of each (prompt, i)
+        slot (pads point at the prompt's first row, so every gathered value is finite);
+        ``allowed`` [P, 1, n, n] key j <= query i and j a real row (a pad query row still
+        sees its prompt's keys, so no softmax row is all-masked: no NaN); ``p``, ``i``,
+        ``flat`` the (prompt, i) slot and token row of every real row (integer indices: the
+        per-layer scatter needs no boolean-mask sync). Pad rows are dropped by the scatter."""
+        torch = self.torch
+        counts = np.asarray(row_counts, np.int64)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[counts > 0]
+        counts = counts[counts > 0]
+        if counts.size == 0:
+            return None
+        if counts.size == 1:
+            return dict(single=(int(starts[0]), int(starts[0] + counts[0])))
+        n = int(counts.max())
+        i = torch.arange(n, device=self.dev)
+        valid = i[None, :] < torch.as_tensor(counts, device=self.dev)[:, None]       # [P, n]
+        rows = torch.as_tensor(starts, device=self.dev)[:, None] + torch.where(valid, i[None, :], 0)
+        allowed = (i[None, :] <= i[:, None])[None, None] & valid[:, None, None, :]
+        slot = valid.reshape(-1).nonzero().squeeze(1)
+        return dict(rows=rows, allowed=allowed, p=slot // n, i=slot % n,
+                    flat=rows.reshape(-1)[slot])
+
+    def _prefill_bias(self, plan, dtype):
+        """The plan's mask as an additive bias in q's dtype (0 / -inf), its rows 16-element
+        aligned (what the memory-efficient SDPA kernel takes as is), made once per dtype."""
+        bias = plan.get(("bias", dtype))
+        if bias is None:
+            allowed = plan["allowed"]
+            P, _, n, _ = allowed.shape
+            full = self.torch.zeros((P, 1, n, -(-n // 16) * 16), dtype=dtype, device=self.dev)
+            bias = full[..., :n].masked_fill_(~allowed, float("-inf"))
+            plan["bias", dtype] = bias
+        return bias
+
+    def prefill_attention(self, plan, q, k, v, scale, out):
+        """All prompts in one SDPA call: gather rows into [P, H, n, D], attend under the
+        plan's mask, scatter the real rows back. K/V heads are repeated to q's (GQA, by an
+        expand, which never syncs) so a masked kernel (memory-efficient or math) takes them
+        on any torch version."""
+        if plan is None:
+            return
+        if "single" in plan:
+            r0, r1 = plan["single"]
+            out[r0:r1] = self.causal_attention(q[r0:r1], k[r0:r1], v[r0:r1], scale)
+            return
+        rows = plan["rows"]
+        (P, n), (Hq, D) = rows.shape, q.shape[1:]
+        Hkv = k.shape[1]
+
+        def heads(x):       # [P, n, Hkv, D] -> [P, n, Hq, D]: q head h reads kv head h // g
+            return x[:, :, :, None].expand(P, n, Hkv, Hq // Hkv, D).reshape(P, n, Hq, D)
+        qb = q[rows].transpose(1, 2)                                       # [P, Hq, n, D]
+        kb = heads(k[rows]).transpose(1, 2)
+        vb = heads(v[rows]).transpose(1, 2)
+        o = self.F.scaled_dot_product_attention(qb, kb, vb, scale=scale,
+                                                attn_mask=self._prefill_bias(plan, q.dtype))
+        out[plan["flat"]] = o.transpose(1, 2)[plan["p"], plan["i"]]
 
     def host_rows(self, a):
         return a.float().cpu().numpy()      # numpy has no bfloat16
@@ -213,13 +288,10 @@ class LlamaTarget:
         host's kernel; K/V still go to the cache through append_kv)."""
         m = self.m
         scale = 1.0 / np.sqrt(self.D)
-        bounds = np.concatenate([[0], np.cumsum(row_counts)]).astype(int)
+        plan = m.prefill_plan(row_counts)               # indices and mask: once, not per layer
 
-        def attend(q, k, v, k_cache, v_cache, out):
-            for b in range(len(row_counts)):
-                r0, r1 = bounds[b], bounds[b + 1]
-                if r1 > r0:
-                    out[r0:r1] = m.causal_attention(q[r0:r1], k[r0:r1], v[r0:r1], scale)
+        def attend(q, k, v, k_cache, v_cache, out):     # within each prompt's own rows
+            m.prefill_attention(plan, q, k, v, scale, out)
         return attend
 
     def _run(self, tokens, positions, cu_q, seq_lens, finished, attend, want_logits=True):
@@ -239,9 +311,9 @@ class LlamaTarget:
             q = qkv[:, :nq * D].reshape(T, nq, D)
             k = qkv[:, nq * D:(nq + nkv) * D].reshape(T, nkv, D)
             v = qkv[:, (nq + nkv) * D:].reshape(T, nkv, D)
-            be.rope(q, k, positions, self.cos_sin)
             kc, vc = self.kv[i]
-            be.append_kv(k, v, kc, vc, self.page_table, seq_lens, cu_q, finished)
+            be.rope_append_kv(q, k, v, positions, self.cos_sin, kc, vc, self.page_table,
+                              seq_lens, cu_q, finished)
             attend(q, k, v, kc, vc, o)
             a = m.linear(o.reshape(T, nq * D), L["o"])
             be.rms_norm(a, L["ln2"], h, eps=self.eps, residual=x, residual_out=x)

@@ -135,9 +135,9 @@ class LlamaDraftHead:
         q = qkv[:, :nq * D].reshape(R, nq, D)
         k = qkv[:, nq * D:(nq + nkv) * D].reshape(R, nkv, D)
         v = qkv[:, (nq + nkv) * D:].reshape(R, nkv, D)
-        be.rope(q, k, positions, t.cos_sin)
         kc, vc = self.kv
-        be.append_kv(k, v, kc, vc, self.page_table, lens, cu_q, finished)
+        be.rope_append_kv(q, k, v, positions, t.cos_sin, kc, vc, self.page_table, lens, cu_q,
+                          finished)
         o = m.empty((R, nq, D), m.kv)
         attend(q, k, v, kc, vc, o)
         a = m.linear(o.reshape(R, nq * D), self.o)

@@ -1,7 +1,8 @@
 """Public GPU ops. Each validates its arguments (raising before any launch) and
 launches on the caller's stream. The numpy twins live in ``specdec_lib.reference``."""
 from .copy import append_kv, copy  # noqa: F401
-from .attention import verify_attention, verify_attention_workspace_size  # noqa: F401
+from .attention import (rope_append_kv, verify_attention,  # noqa: F401
+                        verify_attention_workspace_size)
 from .gdn import gdn_commit, gdn_flush, gdn_journal_width, gdn_verify  # noqa: F401
 from .conv import conv1d_commit, conv1d_verify  # noqa: F401
 from .sampling import spec_sample, spec_sample_workspace_size  # noqa: F401

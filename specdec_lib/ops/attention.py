@@ -1,4 +1,5 @@
-"""verify_attention on the GPU (kernels: cuda_src/attention/verify_attention.cu).
+"""verify_attention and rope_append_kv on the GPU (kernels: cuda_src/attention/
+verify_attention.cu, rope_append_kv.cu).
 
 The launch plan (rows per CTA, KV splits, shared memory) is computed here, in one place,
 from host-known sizes only, so a call can be captured in a CUDA graph: the split count
@@ -16,6 +17,9 @@ from .. import runtime
 from .._validate import DeviceArg, as_scale, as_stream, check_int, to_host
 from ..reference.attention import (MAX_Q_PER_SEQ, check_verify_attention_shapes,
                                    check_verify_attention_values)
+from .copy import check_append_kv_args, check_append_kv_indices_on_host
+from .draft import _SHORT
+from .layers import check_rope_args
 
 # --- must agree with cuda_src/attention/attention_params.h and verify_attention.cu
 _THREADS = 128
@@ -259,3 +263,78 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
         page_size.bit_length() - 1, num_pages, max_pages, max_q, plan.warps_m, plan.num_splits,
         plan.kv_chunk)
     return out
+
+
+_ROPE_APPEND_THREADS = 256     # rope_append_kv: kThreads (threads per CTA)
+
+
+def _stride_bits(a, itemsize):
+    """OR of a DeviceArg's pointer and byte strides (dims of size 1 left out): 0 mod 16
+    when every row start it holds is 16-byte aligned."""
+    bits = a.ptr
+    for st, n in zip(a.strides[:-1], a.shape[:-1]):
+        if n > 1:
+            bits |= st * itemsize
+    return bits
+
+
+def rope_append_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, page_table, seq_lens,
+                   cu_q, finished=None, *, check_indices=True, stream=None):
+    """``rope(q, k, positions, cos_sin_cache)`` then ``append_kv(k, v, k_cache, v_cache,
+    page_table, seq_lens, cu_q, finished)`` in one launch, bit for bit the two ops.
+
+    q [T, Hq, D], k and v [T, Hkv, D]: float32/float16/bfloat16 (one dtype), head dim
+    contiguous, token/head strides free (views of one fused qkv projection work); D even,
+    at most 256. positions int32 [T], cos_sin_cache float32 [max_position, D] (see
+    ``rope``). k_cache / v_cache [num_pages, page_size, Hkv, D] in k's dtype, page_table
+    [B, max_pages] int32, seq_lens [B] int32, cu_q [B+1] int32, finished [B] uint8/bool
+    or None (see ``append_kv``). Every row of q and k is rotated in place (a position
+    outside [0, max_position) makes the token's heads NaN, as rope does); the rotated k and
+    v of row i of sequence b go to position L[b] + i unless b is finished. Validation is
+    both ops' (``check_indices`` as in append_kv). Returns (q, k, k_cache, v_cache).
+
+    Example (a decoder layer, q/k/v views of ``qkv [T, (Hq + 2 Hkv) D]``)::
+
+        rope_append_kv(q, k, v, positions, cos_sin, k_cache, v_cache, page_table, L, cu_q,
+                       finished, check_indices=False, stream=s)
+    """
+    if k is None:
+        raise TypeError("k: required (rope_append_kv appends the rotated k)")
+    qa, ka, pa, ca, T, Hq, Hk, D = check_rope_args(q, k, positions, cos_sin_cache)
+    dev = qa.device
+    # append_kv's checks take k_cache as their anchor: tie it to q first, so that a cache of
+    # another dtype or device is reported as k_cache's fault, not v_cache's
+    DeviceArg("k_cache", k_cache, dtype=qa.dtype, ndim=4, device=dev)
+    ka, va, kc, vc, pt, sl, cq, fin = check_append_kv_args(k, v, k_cache, v_cache, page_table,
+                                                           seq_lens, cu_q, finished)
+    if (Hq + 2 * Hk) * D >= 2**31 - 1:
+        raise ValueError(f"q: {Hq} + 2 x {Hk} heads of {D} are too many (the kernel's "
+                         "per-token index is int32)")
+    stream_h = as_stream(stream)
+    if check_indices:
+        check_append_kv_indices_on_host(pt, sl, cq, fin, kc, T, stream_h)
+    if T == 0:
+        return q, k, k_cache, v_cache
+    B = pt.shape[0]
+    num_pages, page_size = kc.shape[0], kc.shape[1]
+    E = qa.itemsize
+    V = 16 // E
+    half = D // 2
+    bits = ca.ptr
+    for a in (qa, ka, va, kc, vc):
+        bits |= _stride_bits(a, E)
+    vectorize = half % V == 0 and bits % 16 == 0
+    per_row = (Hq + Hk) * (half // V if vectorize else half) + Hk * (D // V if vectorize else D)
+    threads = min(_ROPE_APPEND_THREADS, max(32, -(-per_row // 32) * 32))
+    rows = max(1, _ROPE_APPEND_THREADS // threads)
+    grid = int(min(-(-T // rows), 2**31 - 1))
+    kern = runtime.kernel("rope_append_kv", f"rope_append_kv_{_SHORT[qa.dtype]}", dev)
+    from .. import _attention
+    _attention.launch_rope_append_kv(
+        kern, grid, threads, rows, stream_h,
+        (qa.ptr, ka.ptr, va.ptr, kc.ptr, vc.ptr, pa.ptr, ca.ptr, pt.ptr, sl.ptr, cq.ptr, fin.ptr),
+        (qa.strides[0], qa.strides[1]), (ka.strides[0], ka.strides[1]),
+        (va.strides[0], va.strides[1]), (kc.strides[0], kc.strides[1], kc.strides[2]),
+        (vc.strides[0], vc.strides[1], vc.strides[2]), pt.strides[0], ca.shape[0], T, B, Hq, Hk,
+        D, page_size, num_pages, pt.shape[1], vectorize)
+    return q, k, k_cache, v_cache

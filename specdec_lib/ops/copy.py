@@ -75,22 +75,10 @@ def copy(dst, src, *, stream=None):
     return dst
 
 
-def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None, *,
-              check_indices=True, stream=None):
-    """Write a round's block K/V rows into paged caches.
-
-    k, v: [T, Hkv, D]; k_cache, v_cache: [num_pages, page_size, Hkv, D] (same dtype, any
-    element size, D contiguous, other strides free); page_table: [B, max_pages] int32;
-    seq_lens: [B] int32 committed lengths L; cu_q: [B+1] int32 block offsets;
-    finished: optional [B] uint8/bool, rows of finished sequences are skipped.
-    Row i of sequence b goes to position L[b] + i.
-
-    ``check_indices=True`` (default) copies cu_q / seq_lens / page_table to the host and
-    raises ValueError before launch on bad offsets, negative lengths, a page table too
-    narrow for L+q, or page ids outside the pool. Pass False inside a captured graph or a
-    hot loop: the kernel then skips (never writes, never faults on) rows whose target is
-    outside the page table or the pool.
-    """
+def check_append_kv_args(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished):
+    """append_kv's argument checks (also rope_append_kv's): the DeviceArgs
+    (k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished); TypeError/ValueError
+    naming the argument otherwise. Reads no device memory."""
     kc = DeviceArg("k_cache", k_cache, ndim=4)
     dev = kc.device
     num_pages, page_size, hkv, dim = kc.shape
@@ -113,13 +101,43 @@ def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None,
     # the kernel's grid-stride row loop is int32: keep T + stride below 2^31
     if T >= 2**30 or num_pages >= 2**31:
         raise ValueError("k/k_cache: 2^30 or more rows, or 2^31 or more pages, is not supported")
+    return ka, va, kc, vc, pt, sl, cq, fin
+
+
+def check_append_kv_indices_on_host(pt, sl, cq, fin, kc, num_rows, stream_h):
+    """append_kv's ``check_indices``: copy the index arrays to the host (skipped while the
+    stream captures a graph) and raise ValueError on bad offsets or page ids."""
+    if not runtime.driver().stream_is_capturing(stream_h):
+        check_append_kv_indices(to_host(pt, stream_h), to_host(sl, stream_h),
+                                to_host(cq, stream_h),
+                                to_host(fin, stream_h) if fin.obj is not None else None,
+                                kc.shape[0], kc.shape[1], num_rows)
+
+
+def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None, *,
+              check_indices=True, stream=None):
+    """Write a round's block K/V rows into paged caches.
+
+    k, v: [T, Hkv, D]; k_cache, v_cache: [num_pages, page_size, Hkv, D] (same dtype, any
+    element size, D contiguous, other strides free); page_table: [B, max_pages] int32;
+    seq_lens: [B] int32 committed lengths L; cu_q: [B+1] int32 block offsets;
+    finished: optional [B] uint8/bool, rows of finished sequences are skipped.
+    Row i of sequence b goes to position L[b] + i.
+
+    ``check_indices=True`` (default) copies cu_q / seq_lens / page_table to the host and
+    raises ValueError before launch on bad offsets, negative lengths, a page table too
+    narrow for L+q, or page ids outside the pool. Pass False inside a captured graph or a
+    hot loop: the kernel then skips (never writes, never faults on) rows whose target is
+    outside the page table or the pool.
+    """
+    ka, va, kc, vc, pt, sl, cq, fin = check_append_kv_args(k, v, k_cache, v_cache, page_table,
+                                                           seq_lens, cu_q, finished)
     stream_h = as_stream(stream)
     if check_indices:
-        if not runtime.driver().stream_is_capturing(stream_h):
-            check_append_kv_indices(to_host(pt, stream_h), to_host(sl, stream_h),
-                                    to_host(cq, stream_h),
-                                    to_host(fin, stream_h) if finished is not None else None,
-                                    num_pages, page_size, T)
+        check_append_kv_indices_on_host(pt, sl, cq, fin, kc, ka.shape[0], stream_h)
+    T, B = ka.shape[0], pt.shape[0]
+    num_pages, page_size, hkv, dim = kc.shape
+    dev = kc.device
     if T == 0 or B == 0:
         return k_cache, v_cache
     isz = kc.itemsize

@@ -90,18 +90,9 @@ def rms_norm(x, weight, out, *, eps=1e-6, residual=None, residual_out=None, unit
     return out
 
 
-def rope(q, k, positions, cos_sin_cache, *, stream=None):
-    """Rotary position embedding of q and k, in place, rotate-half (NeoX / HF Llama) style.
-
-    q [T, Hq, D], k [T, Hk, D] (q's dtype) or None: float32/float16/bfloat16, last dim
-    contiguous, token and head strides free (e.g. ``qkv[:, :Hq*D].view(T, Hq, D)``); D even,
-    at most 256. positions int32 [T] contiguous. cos_sin_cache float32 [max_position, D]
-    contiguous: cos in the first D/2 columns, sin in the last D/2 (vLLM's layout; build it
-    with ``rope_cos_sin_cache(max_position, D, theta)``). For i < D/2, with c, s from row
-    ``positions[t]``: x[i] <- x[i] c - x[i+D/2] s, x[i+D/2] <- x[i+D/2] c + x[i] s.
-    A position outside [0, max_position) never faults: that token's q and k heads become
-    NaN (a visible flag). Returns (q, k).
-    """
+def check_rope_args(q, k, positions, cos_sin_cache):
+    """rope's argument checks (also rope_append_kv's): the DeviceArgs (q, k, positions,
+    cos_sin_cache) and (T, Hq, Hk, D); TypeError/ValueError naming the argument otherwise."""
     qa = DeviceArg("q", q, dtype=_FLOATS, ndim=3)
     dev = qa.device
     ka = DeviceArg("k", k, dtype=qa.dtype, ndim=3, device=dev, optional=True)
@@ -116,6 +107,23 @@ def rope(q, k, positions, cos_sin_cache, *, stream=None):
     if (Hq + Hk) * D >= _INT32_MAX:
         raise ValueError(f"q: {Hq} + {Hk} heads of {D} are too many (the kernel's per-token "
                          "index is int32)")
+    return qa, ka, pa, ca, T, Hq, Hk, D
+
+
+def rope(q, k, positions, cos_sin_cache, *, stream=None):
+    """Rotary position embedding of q and k, in place, rotate-half (NeoX / HF Llama) style.
+
+    q [T, Hq, D], k [T, Hk, D] (q's dtype) or None: float32/float16/bfloat16, last dim
+    contiguous, token and head strides free (e.g. ``qkv[:, :Hq*D].view(T, Hq, D)``); D even,
+    at most 256. positions int32 [T] contiguous. cos_sin_cache float32 [max_position, D]
+    contiguous: cos in the first D/2 columns, sin in the last D/2 (vLLM's layout; build it
+    with ``rope_cos_sin_cache(max_position, D, theta)``). For i < D/2, with c, s from row
+    ``positions[t]``: x[i] <- x[i] c - x[i+D/2] s, x[i+D/2] <- x[i+D/2] c + x[i] s.
+    A position outside [0, max_position) never faults: that token's q and k heads become
+    NaN (a visible flag). Returns (q, k).
+    """
+    qa, ka, pa, ca, T, Hq, Hk, D = check_rope_args(q, k, positions, cos_sin_cache)
+    dev = qa.device
     stream_h = as_stream(stream)
     if T == 0 or Hq + Hk == 0:
         return q, k

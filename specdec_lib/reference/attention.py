@@ -144,3 +144,34 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
             if lse_out is not None:
                 lse_out[t] = (m + np.log(l)).reshape(Hq).astype(lse_out.dtype)
     return out
+
+
+def rope_append_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, page_table, seq_lens,
+                   cu_q, finished=None, *, check_indices=True, stream=None):
+    """``rope(q, k, positions, cos_sin_cache)`` then ``append_kv(k, v, k_cache, v_cache,
+    page_table, seq_lens, cu_q, finished)``: the spec of the fused op is the two reference
+    ops in sequence (see each for shapes and rules). q and k are rotated in place (every
+    row); the rotated k rows and the v rows go into the caches (rows of finished sequences
+    skipped). Every check of both runs before anything is written. ``check_indices`` /
+    ``stream`` exist for signature parity with the CUDA op (indices are always checked
+    here). Returns (q, k, k_cache, v_cache).
+    """
+    from .copy import append_kv, check_append_kv_indices
+    from .layers import check_rope_shapes, rope
+    for name, a, nd in (("q", q, 3), ("k", k, 3), ("v", v, 3), ("k_cache", k_cache, 4),
+                        ("v_cache", v_cache, 4)):
+        np_array(name, a, nd)          # dtypes: rope's rules (bfloat16 as uint16 bits too)
+    for name, a, nd in (("page_table", page_table, 2), ("seq_lens", seq_lens, 1),
+                        ("cu_q", cu_q, 1)):
+        np_array(name, a, nd, "iu")
+    check_rope_shapes(q.shape, k.shape, positions.shape, cos_sin_cache.shape)
+    if k_cache.shape[2:] != k.shape[1:] or v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache/v_cache: shapes {list(k_cache.shape)}, {list(v_cache.shape)} "
+                         f"do not hold k's [*, *, {k.shape[1]}, {k.shape[2]}] rows")
+    if v.shape != k.shape:
+        raise ValueError(f"v: expected shape {list(k.shape)}, got {list(v.shape)}")
+    check_append_kv_indices(page_table, seq_lens, cu_q, finished, k_cache.shape[0],
+                            k_cache.shape[1], k.shape[0])
+    rope(q, k, positions, cos_sin_cache)
+    append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished)
+    return q, k, k_cache, v_cache

@@ -1,0 +1,168 @@
+"""The Llama host model's own math (specdec_lib/models/llama.py) without a GGUF: the batched
+prefill attention of the torch math on CPU tensors against its per-prompt loop and the
+float64 numpy oracle, and a tiny random-weights LlamaTarget on the reference backend
+(prefill of ragged prompts == the verify-block forward, K/V caches included)."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import needs_gpu
+from specdec_lib.models.llama import LlamaTarget, _NumpyMath
+
+COUNTS = [5, 0, 17, 1, 9, 0, 2]     # ragged prompts, empty slots between and at the end
+
+
+def _qkv(rng, T, Hq=9, Hkv=3, D=64):
+    return (rng.standard_normal((T, Hq, D)), rng.standard_normal((T, Hkv, D)),
+            rng.standard_normal((T, Hkv, D)))
+
+
+def test_numpy_prefill_attention_is_per_prompt_causal(rng):
+    m = _NumpyMath()
+    q, k, v = _qkv(rng, sum(COUNTS))
+    out = np.full(q.shape, np.nan)
+    m.prefill_attention(m.prefill_plan(COUNTS), q, k, v, 0.125, out)
+    r0 = 0
+    for n in COUNTS:
+        for i in range(n):                       # row i of the prompt: keys 0..i, head h -> h // 3
+            for h in range(q.shape[1]):
+                s = k[r0:r0 + i + 1, h // 3] @ q[r0 + i, h] * 0.125
+                p = np.exp(s - s.max())
+                want = p @ v[r0:r0 + i + 1, h // 3] / p.sum()
+                np.testing.assert_allclose(out[r0 + i, h], want, rtol=1e-12, atol=1e-12)
+        r0 += n
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 2e-6), ("bfloat16", 2e-2)])
+def test_torch_prefill_attention_batched_equals_per_prompt(rng, dtype, tol):
+    """_TorchMath on CPU tensors: one padded, masked SDPA call for all prompts == its
+    per-prompt causal loop (and the float64 oracle); pad rows leak nothing (every output row
+    finite, rows outside the prompts untouched)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from specdec_lib.models.llama import _TorchMath
+    m = _TorchMath(SimpleNamespace(device=torch.device("cpu")))
+    dt = getattr(torch, dtype)
+    T = sum(COUNTS)
+    qn, kn, vn = _qkv(rng, T + 3)                # 3 rows past the prompts: must stay untouched
+    q, k, v = (torch.from_numpy(a).to(dt) for a in (qn, kn, vn))
+    scale = 0.125
+    plan = m.prefill_plan(COUNTS)
+    assert plan["allowed"].shape == (5, 1, 17, 17)   # empty prompts dropped, padded to the longest
+    out = torch.full(q.shape, float("nan"), dtype=dt)
+    m.prefill_attention(plan, q, k, v, scale, out)
+    assert torch.isfinite(out[:T]).all() and torch.isnan(out[T:]).all()
+    loop = torch.full(q.shape, float("nan"), dtype=dt)
+    r0 = 0
+    for n in COUNTS:
+        if n:
+            loop[r0:r0 + n] = m.causal_attention(q[r0:r0 + n], k[r0:r0 + n], v[r0:r0 + n], scale)
+        r0 += n
+    got, per_prompt = out[:T].double().numpy(), loop[:T].double().numpy()
+    assert np.linalg.norm(got - per_prompt) / np.linalg.norm(per_prompt) < tol
+    oracle = np.full((T, 9, 64), np.nan)
+    f64 = [a[:T].double().numpy() for a in (q, k, v)]
+    _NumpyMath().prefill_attention(_NumpyMath().prefill_plan(COUNTS), *f64, scale, oracle)
+    assert np.linalg.norm(got - oracle) / np.linalg.norm(oracle) < tol
+
+
+def test_torch_prefill_plan_without_prompts_or_with_one(rng):
+    """No prompt: nothing to do. One prompt (score(), B = 1): the plain causal call on its
+    rows, no gather, same values as the batched path gives it."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from specdec_lib.models.llama import _TorchMath
+    m = _TorchMath(SimpleNamespace(device=torch.device("cpu")))
+    assert m.prefill_plan([0, 0]) is None
+    out = torch.zeros(0, 2, 64)
+    m.prefill_attention(None, out, out[:, :1], out[:, :1], 1.0, out)
+    assert m.prefill_plan([0, 7, 0]) == {"single": (0, 7)}
+    q, k, v = (torch.from_numpy(a).float() for a in _qkv(rng, 7))
+    one = torch.full(q.shape, float("nan"))
+    m.prefill_attention(m.prefill_plan([0, 7, 0]), q, k, v, 0.125, one)
+    both = torch.full((9, 9, 64), float("nan"))
+    q2, k2, v2 = (torch.cat([a, a[:2]]) for a in (q, k, v))
+    m.prefill_attention(m.prefill_plan([7, 2]), q2, k2, v2, 0.125, both)
+    assert torch.allclose(one, both[:7], rtol=1e-5, atol=1e-6)
+
+
+def _tiny_target(rng, page_size=4):
+    from specdec_lib.orchestrator import make_backend
+    H, D, nq, nkv = 48, 64, 4, 2                 # verify_attention takes D in {64, 128, 256}
+    c = SimpleNamespace(vocab_size=50, hidden_size=H, head_dim=D, num_heads=nq, num_kv_heads=nkv,
+                        intermediate_size=40, rms_norm_eps=1e-5, tied_embeddings=True,
+                        num_layers=2, context_length=64, rope_theta=10000.0)
+    w = {"model.embed_tokens.weight": rng.standard_normal((50, H)),
+         "model.norm.weight": 1 + 0.1 * rng.standard_normal(H)}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(H)
+        w[p + "post_attention_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(H)
+        for n, shape in (("q", (nq * D, H)), ("k", (nkv * D, H)), ("v", (nkv * D, H)),
+                         ("o", (H, nq * D))):
+            w[p + f"self_attn.{n}_proj.weight"] = 0.2 * rng.standard_normal(shape)
+        w[p + "mlp.gate_proj.weight"] = 0.2 * rng.standard_normal((40, H))
+        w[p + "mlp.up_proj.weight"] = 0.2 * rng.standard_normal((40, H))
+        w[p + "mlp.down_proj.weight"] = 0.2 * rng.standard_normal((H, 40))
+    return LlamaTarget(c, w, make_backend("reference"), page_size=page_size)
+
+
+def test_tiny_llama_prefill_equals_block_forward(rng):
+    """Ragged prompts (an empty slot, a page boundary crossed) through prefill (rope_append_kv,
+    per-prompt causal attention) and through forward (rope_append_kv, paged verify_attention):
+    same logits, same K/V caches (layer 0 bit for bit)."""
+    t = _tiny_target(rng)
+    counts = [5, 0, 9]
+    tok = rng.integers(0, 50, sum(counts)).astype(np.int32)
+    pos = np.concatenate([np.arange(n) for n in counts]).astype(np.int32)
+    cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    zeros, fin = np.zeros(3, np.int32), np.zeros(3, np.uint8)
+    t.reset(3, 16)
+    lp, hp = t.prefill(tok, pos, cu, zeros, fin, row_counts=counts, logits=True)
+    caches = [(kc.copy(), vc.copy()) for kc, vc in t.kv]
+    t.reset(3, 16)
+    lf, hf = t.forward(tok, pos, cu, zeros, fin)
+    np.testing.assert_allclose(lp, lf, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(hp, hf, rtol=1e-10, atol=1e-10)
+    for i, ((a, b), (c, d)) in enumerate(zip(caches, t.kv)):
+        if i == 0:                 # same inputs: bit for bit; later layers: up to rounding
+            np.testing.assert_array_equal(a, c)
+            np.testing.assert_array_equal(b, d)
+        np.testing.assert_allclose(a, c, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(b, d, rtol=1e-10, atol=1e-10)
+    assert np.count_nonzero(np.abs(caches[0][0]).sum(axis=(2, 3))) == sum(counts)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_torch_prefill_attention_batched_on_cuda(rng, dtype):
+    """The batched prefill attention on the GPU (the torch backend's SDPA kernel choice for a
+    masked bf16 call): equal to the per-prompt causal loop up to rounding, and the per-layer
+    call never synchronises with the host (only building the plan may)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    from specdec_lib.models.llama import _TorchMath
+    dev = torch.device("cuda", 0)
+    m = _TorchMath(SimpleNamespace(device=dev))
+    dt = getattr(torch, dtype)
+    counts = [37, 0, 5, 130, 1, 64]
+    T = sum(counts)
+    q, k, v = (torch.from_numpy(a).to(dev, dt) for a in _qkv(rng, T))
+    plan = m.prefill_plan(counts)
+    out = torch.full(q.shape, float("nan"), dtype=dt, device=dev)
+    m.prefill_attention(plan, q, k, v, 0.125, out)          # first call makes the bias
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        m.prefill_attention(plan, q, k, v, 0.125, out)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    loop = torch.full(q.shape, float("nan"), dtype=dt, device=dev)
+    r0 = 0
+    for n in counts:
+        if n:
+            loop[r0:r0 + n] = m.causal_attention(q[r0:r0 + n], k[r0:r0 + n], v[r0:r0 + n], 0.125)
+        r0 += n
+    got, want = out.double().cpu().numpy(), loop.double().cpu().numpy()
+    assert np.isfinite(got).all()
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
