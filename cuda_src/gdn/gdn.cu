@@ -1292,8 +1292,9 @@ __device__ __forceinline__ void gdn_commit_mma_dispatch(const GdnCommitParams& p
   SPECDEC_GDN_KERNELS(TS, TNAME, DK, true, vk, VMINB)
 
 // 16-bit states only: the tensor-core kernels (gdn_*_mma_*, see gdn_verify_mma_impl). VMINB:
-// verify and commit; FMINB: the fused kernel. Dk = 128 verify / commit get 2 (at most 128
-// registers: 4 CTAs of 4 warps per SM; uncapped sm_90 took 136 for verify, 3 CTAs).
+// verify and commit; FMINB: the fused kernel. Dk = 128 gets 2 for all three (at most 128
+// registers: 4 CTAs of 4 warps per SM; uncapped sm_90 took 136 for verify and 155 for the fused
+// kernel, 3 CTAs; capped, no stack or spills on sm_75/80/86/90).
 #define SPECDEC_GDN_MMA_KERNELS(TS, TNAME, DK, VK, LNAME, VMINB, FMINB)                        \
   extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
       gdn_verify_mma_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                      \
@@ -1313,8 +1314,8 @@ __device__ __forceinline__ void gdn_commit_mma_dispatch(const GdnCommitParams& p
   SPECDEC_GDN_LAYOUTS(TS, TNAME, 128, VMINB)                           \
   SPECDEC_GDN_MMA_KERNELS(TS, TNAME, 64, false, kv, 1, 1)              \
   SPECDEC_GDN_MMA_KERNELS(TS, TNAME, 64, true, vk, 1, 1)               \
-  SPECDEC_GDN_MMA_KERNELS(TS, TNAME, 128, false, kv, 2, 1)             \
-  SPECDEC_GDN_MMA_KERNELS(TS, TNAME, 128, true, vk, 2, 1)
+  SPECDEC_GDN_MMA_KERNELS(TS, TNAME, 128, false, kv, 2, 2)             \
+  SPECDEC_GDN_MMA_KERNELS(TS, TNAME, 128, true, vk, 2, 2)
 
 SPECDEC_GDN_LAYOUTS(float, f32, 64, 1)
 // f32 Dk = 128, 8 columns per thread (verify and commit): capped at 128 registers (4 CTAs of 4
