@@ -91,9 +91,11 @@ register(KernelModule(
     name="gdn",
     source="cuda_src/gdn/gdn.cu",
     params_header="gdn/gdn_params.h",
-    kernels={f"gdn_{op}_{lay}_d{d}_{t}": ("GdnCommitParams" if op == "commit" else "GdnVerifyParams")
+    kernels={f"gdn_{op}{mma}_{lay}_d{d}_{t}": ("GdnCommitParams" if op == "commit" else "GdnVerifyParams")
              for op in ("verify", "commit", "verify_fused") for lay in ("kv", "vk") for d in (64, 128)
-             for t in ("f32", "f16", "bf16")},
+             for t in ("f32", "f16", "bf16")
+             # _mma: 16-bit states with tensor-core dots (gdn.cu gdn_verify_mma_impl)
+             for mma in (("", "_mma") if t != "f32" else ("",))},
 ))
 
 register(KernelModule(

@@ -316,6 +316,36 @@ def test_bf16_bits_roundtrip():
     assert bf16_bits_to_f32(f32_to_bf16_bits(np.array([1 + 2 ** -8], np.float32)))[0] == 1.0
 
 
+def test_tf32_split_is_exact_and_16bit_states_are_tf32():
+    """The tensor-core (mma) kernels' operands (gdn_tile.cuh MmaTile, mma.cuh split_tf32), in
+    numpy: a bf16 or f16 state value is an exact tf32 number (its float32 bits end in 13 zero
+    bits), and x = hi + lo with hi a tf32 (x's bits + 2^12, low 13 bits cleared) exactly, lo's
+    own tf32 truncation within 2^-22 |x| of it; so a dot over [hi, lo] columns is f32-accurate."""
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.standard_normal(4096), rng.standard_normal(512) * 1e-20,
+                        rng.standard_normal(512) * 1e20, [0.0, -0.0, 1.0, -3.0]]).astype(np.float32)
+    u = x.view(np.uint32)
+    hi = ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+    lo = (x - hi).astype(np.float32)
+    assert not np.any(hi.view(np.uint32) & 0x1FFF)
+    np.testing.assert_array_equal(hi.astype(np.float64) + lo.astype(np.float64), x.astype(np.float64))
+    lo_t = (lo.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    assert np.all(np.abs(lo_t.astype(np.float64) - lo) <= 2.0 ** -22 * np.abs(x.astype(np.float64)))
+    with np.errstate(over="ignore"):   # (the 1e20 values are inf in f16)
+        states = (bf16_bits_to_f32(f32_to_bf16_bits(x)), x.astype(np.float16).astype(np.float32))
+    for st in states:
+        assert not np.any(st[np.isfinite(st)].view(np.uint32) & 0x1FFF)
+    # one row's S^T k as the mma sees it (state tf32-exact, k as tf32 hi + truncated lo)
+    s = bf16_bits_to_f32(f32_to_bf16_bits((0.5 * rng.standard_normal((128, 16))).astype(np.float32)))
+    k = (rng.standard_normal(128) / np.sqrt(128)).astype(np.float32)
+    ku = k.view(np.uint32)
+    kh = ((ku + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+    kl = ((k - kh).astype(np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    got = s.astype(np.float64).T @ kh + s.astype(np.float64).T @ kl
+    exact = s.astype(np.float64).T @ k.astype(np.float64)
+    assert np.max(np.abs(got - exact)) <= 2.0 ** -20 * np.abs(s).sum(axis=0).max() * np.abs(k).max()
+
+
 def test_gdn_ops_reject_host_arrays():
     from specdec_lib import ops
     c = _bad_case()
@@ -328,6 +358,21 @@ def test_gdn_ops_reject_host_arrays():
 # ------------------------------------------------------------------ GPU
 
 from conftest import needs_gpu, poison, rel_err  # noqa: E402
+
+# (state dtype, kernel family): the 16-bit states run on both the CUDA-core kernels and the
+# tensor-core ones (ops.gdn.TUNING["mma16"]); f32 states have only the former.
+SDT_FAMILIES = [("f32", "cuda"), ("f16", "cuda"), ("bf16", "cuda"), ("f16", "mma"), ("bf16", "mma")]
+
+
+@pytest.fixture
+def family(request):
+    """Selects the gdn kernel family for the test (indirect parametrisation; default "cuda")."""
+    from specdec_lib.ops import gdn as gdn_ops
+    name = getattr(request, "param", "cuda")
+    old = gdn_ops.TUNING["mma16"]
+    gdn_ops.TUNING["mma16"] = name == "mma"
+    yield name
+    gdn_ops.TUNING["mma16"] = old
 
 _NAME = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
          np.dtype(np.uint16): "bfloat16"}
@@ -395,9 +440,9 @@ def _verify_vs_reference(c, layout, l2norm):
 @pytest.mark.parametrize("Dk", [128, 64])
 @pytest.mark.parametrize("fused,l2norm", [(True, True), (False, False)])
 @pytest.mark.parametrize("ratio", [1, 2, 4])
-@pytest.mark.parametrize("sdt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("sdt,family", SDT_FAMILIES, indirect=["family"])
 @pytest.mark.parametrize("layout", ["kv", "vk"])
-def test_gdn_verify_gpu(rng, layout, sdt, ratio, fused, l2norm, Dk):
+def test_gdn_verify_gpu(rng, layout, sdt, family, ratio, fused, l2norm, Dk):
     sdt = STATE_DTYPES[sdt]
     in_dtype = np.float32 if sdt == np.float32 else (np.float16 if sdt == np.float16 else np.uint16)
     c = gpu_case(rng, layout=layout, sdt=sdt, ratio=ratio, fused=fused, l2norm=l2norm, Dk=Dk,
@@ -435,8 +480,8 @@ def test_gdn_verify_gpu_f32_block_lengths(rng, layout, ratio, fused, l2norm, Dk)
 
 @needs_gpu
 @pytest.mark.parametrize("layout", ["kv", "vk"])
-@pytest.mark.parametrize("sdt", ["f32", "f16", "bf16"])
-def test_gdn_commit_gpu_every_accept_len(rng, layout, sdt):
+@pytest.mark.parametrize("sdt,family", SDT_FAMILIES, indirect=["family"])
+def test_gdn_commit_gpu_every_accept_len(rng, layout, sdt, family):
     from specdec_lib import ops
     sdt = STATE_DTYPES[sdt]
     q = 5
@@ -467,8 +512,8 @@ def test_gdn_commit_gpu_every_accept_len(rng, layout, sdt):
 
 @needs_gpu
 @pytest.mark.parametrize("layout", ["kv", "vk"])
-@pytest.mark.parametrize("sdt", ["f32", "bf16", "f16"])
-def test_gdn_gpu_chain_equals_sequential(rng, layout, sdt):
+@pytest.mark.parametrize("sdt,family", SDT_FAMILIES, indirect=["family"])
+def test_gdn_gpu_chain_equals_sequential(rng, layout, sdt, family):
     """5 rounds of GPU verify + commit (random accept lengths, q=1 rows, a padding row) ==
     the reference's one-token decoding, and == the GPU's own one-token rounds bit for bit:
     the states, and verify's float32 output of each accepted row (computed from the state
@@ -520,6 +565,57 @@ def test_gdn_gpu_chain_equals_sequential(rng, layout, sdt):
     np.testing.assert_array_equal(got.view(np.uint8), host(d_seq, state0).view(np.uint8))
     e = rel_err(f64(got), f64(ref_state))
     assert e < tol(sdt), f"state after 5 rounds: rel err {e}"
+
+
+@needs_gpu
+@pytest.mark.parametrize("D", [128, 64])
+@pytest.mark.parametrize("mode", ["verify_commit", "fused"])
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+@pytest.mark.parametrize("sdt,family", SDT_FAMILIES, indirect=["family"])
+def test_gdn_gpu_block_commit_equals_four_steps(rng, layout, sdt, family, mode, D):
+    """The per-row rounding contract (issue 20): a q=4 block verified and committed whole
+    (mode "verify_commit": gdn_verify + gdn_commit accept 4; "fused": a fused gdn_verify with
+    nothing pending, then gdn_flush of its 4 rows) == four q=1 verify + commit steps, bit for
+    bit: every row's float32 output and the final states, for every state dtype, layout and
+    kernel family."""
+    from specdec_lib import ops
+    sdt = STATE_DTYPES[sdt]
+    Hk, Hv, q, B = 2, 4, 4, 3
+    state0 = make_state(rng, B + 1, Hv, D, D, sdt, layout)
+    slot_ids = np.array([2, 0, 3], np.int32)
+    cu_q, x, gat = make_block(rng, (q,) * B, Hk, Hv, D, D, np.uint16, True, unit_k=False)
+    W = gdn_journal_width(Hk, Hv, D, D)
+    d_x = {n: dev(a) for n, a in {**x, **gat}.items()}
+    d_block = dev(state0)
+    d_o, d_j = poison((B * q, Hv, D), "float32"), poison((B * q, W), "float32")
+    if mode == "verify_commit":
+        ops.gdn_verify(**d_x, state=d_block, slot_ids=dev(slot_ids), cu_q=dev(cu_q), out=d_o,
+                       journal=d_j, qk_l2norm=True, layout=layout)
+        ops.gdn_commit(d_block, dev(slot_ids), dev(cu_q), dev(np.full(B, q, np.int32)), d_j,
+                       layout=layout)
+    else:
+        none = np.zeros(B, np.int32)
+        ops.gdn_verify(**d_x, state=d_block, slot_ids=dev(slot_ids), cu_q=dev(cu_q), out=d_o,
+                       journal=d_j, qk_l2norm=True, layout=layout, pending_journal=poison((1, W), "float32"),
+                       pending_row0=dev(none), pending_len=dev(none))
+        ops.gdn_flush(d_block, dev(slot_ids), d_j, dev(cu_q[:-1]), dev(np.full(B, q, np.int32)),
+                      layout=layout)
+    o_block = d_o.to_numpy().reshape(B, q, Hv, D)
+    d_steps = dev(state0)
+    one_cu = np.arange(B + 1, dtype=np.int32)
+    for i in range(q):
+        rows = cu_q[:-1] + i
+        one = {n: (a if n in ("A_log", "dt_bias") else a[rows]) for n, a in {**x, **gat}.items()}
+        d_o1, d_j1 = poison((B, Hv, D), "float32"), poison((B, W), "float32")
+        ops.gdn_verify(**{n: dev(a) for n, a in one.items()}, state=d_steps, slot_ids=dev(slot_ids),
+                       cu_q=dev(one_cu), out=d_o1, journal=d_j1, qk_l2norm=True, layout=layout)
+        np.testing.assert_array_equal(d_o1.to_numpy().reshape(B, Hv, D).view(np.uint32),
+                                      o_block[:, i].view(np.uint32), err_msg=f"row {i}")
+        ops.gdn_commit(d_steps, dev(slot_ids), dev(one_cu), dev(np.ones(B, np.int32)), d_j1,
+                       layout=layout)
+    got = host(d_block, state0)
+    np.testing.assert_array_equal(got.view(np.uint8), host(d_steps, state0).view(np.uint8))
+    assert not np.array_equal(got.view(np.uint8), state0.view(np.uint8))
 
 
 @needs_gpu
@@ -656,9 +752,9 @@ def test_gdn_fused_mode_rejects():
 
 @needs_gpu
 @pytest.mark.parametrize("layout", ["kv", "vk"])
-@pytest.mark.parametrize("sdt", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("sdt,family", SDT_FAMILIES, indirect=["family"])
 @pytest.mark.parametrize("D", [128, 64])
-def test_gdn_gpu_fused_mode_bit_exact(rng, layout, sdt, D):
+def test_gdn_gpu_fused_mode_bit_exact(rng, layout, sdt, family, D):
     """GPU fused rounds (gdn_verify with pending rows, gdn_flush on leaving and at the end)
     == GPU verify + commit rounds bit for bit (outputs, journals, every slot of the pool),
     and the final states == the float64 reference's."""

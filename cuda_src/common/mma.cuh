@@ -91,6 +91,34 @@ __device__ __forceinline__ void mma_m16n8k16_bf16f32(float (&d)[4], const uint32
 #endif
 }
 
+// D += A(16x8 tf32) * B(8x8 tf32), f32 accumulate: sm_80+ (the compute_75 build traps; callers
+// keep a CUDA-core path there). Fragments (PTX ISA, m16n8k8 .tf32), g = lane / 4, t = lane % 4:
+//   a0 = A[g][t]  a1 = A[g+8][t]  a2 = A[g][t+4]  a3 = A[g+8][t+4]     b0 = B[t][g]  b1 = B[t+4][g]
+//   d0, d1 = D[g][2t..2t+1]  d2, d3 = D[g+8][2t..2t+1]
+// The operands are f32 registers of which the tensor core reads the tf32 bits (sign, 8 exponent
+// bits, the top 10 mantissa bits): exact for a value that already is a tf32, bf16 or f16 number.
+// Not volatile: it has no side effect, so ptxas may interleave it with the caller's other work.
+__device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], float a0, float a1, float a2, float a3,
+                                                 float b0, float b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(__float_as_uint(a0)), "r"(__float_as_uint(a1)), "r"(__float_as_uint(a2)),
+        "r"(__float_as_uint(a3)), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
+#else
+  __trap();
+#endif
+}
+
+// x = hi + lo exactly, hi the tf32 nearest x (ties away, as cvt.rna.tf32.f32) and lo = x - hi,
+// whose own tf32 truncation (what an mma reads) is within 2^-11 |lo| <= 2^-22 |x| of it: an mma
+// over [hi, lo] columns gives a dot product of f32 operands to about f32 precision.
+__device__ __forceinline__ void split_tf32(float x, float& hi, float& lo) {
+  hi = __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
+  lo = x - hi;
+}
+
 // Two floats -> one b32 of 16-bit values, `lo` in the low half (the lower column index).
 __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
   __half2 h = __floats2half2_rn(lo, hi);

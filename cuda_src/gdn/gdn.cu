@@ -20,7 +20,9 @@
 //
 // Per token and state element verify does 2 FMAs of reductions (S^T k, S^T q, both from
 // the pre-token state: o = decay S^T q + delta (k.q)) and 2 of update; commit 1 + 2.
-// CUDA cores only, for now. Future work, to be justified by measurement:
+// bf16 / f16 states also have a tensor-core family (gdn_*_mma_*, near the end of this file: the
+// two reductions as tf32 mmas, ops/gdn.py TUNING["mma16"] picks it). Future work, to be
+// justified by measurement:
 //  * chunked (WY) form: all q rows' S0^T k_t and S0^T q_t in one pass (an
 //    [Dv x Dk] x [Dk x 2q] product, mma-able with q <= 8), then the intra-block
 //    interactions through q x q scalars: delta_t = beta_t (v_t - e_t (g_{t-1} S0^T k_t +
@@ -44,6 +46,11 @@ namespace {
 template <int DK>
 struct RowStage {
   __device__ __forceinline__ static int idx(int i) { return i; }
+  // stage_chunk's store of Dk entry i of row rr (normalised k, q * scale)
+  __device__ __forceinline__ void put(int rr, int i, float kn, float qn) {
+    k[rr][idx(i)] = kn;
+    q[rr][idx(i)] = qn;
+  }
   float k[kRowChunk][DK];      // normalised k (what the journal holds)
   float q[kRowChunk][DK];      // normalised q * scale
   float v[kRowChunk][kMaxSliceCols];
@@ -307,6 +314,7 @@ __device__ __forceinline__ void warp_sum2(float a, float b, int lane, F f, float
 // Journal rows staged for a replay (gdn_commit, and the commit half of gdn_verify_fused).
 template <int DK>
 struct JournalStage {
+  __device__ __forceinline__ static int kpos(int i) { return i; }   // where k_hat entry i is staged
   float k[kRowChunk][DK];             // k_hat rows
   float v[kRowChunk][kMaxSliceCols];  // the CTA's v slice
   float g[kRowChunk], beta[kRowChunk];   // decay = exp(g) where it is used
@@ -341,8 +349,8 @@ struct JournalRef {
 // also spilled the fused "vk" kernel at its 128-register cap. sm_75: synchronous copies.
 // Thread x's v entries, as in stage_chunk: entry j is row x / slice_cols + j * VROWS, column
 // x % slice_cols (one address and a constant row step instead of a division per entry).
-template <int DK, int WC>
-__device__ __forceinline__ void stage_journal(const JournalRef& jr, JournalStage<DK>& js, int h, int hk,
+template <int DK, int WC, class JS>
+__device__ __forceinline__ void stage_journal(const JournalRef& jr, JS& js, int h, int hk,
                                               int col_base, int slice_cols, int Dv, int t0_arg, int nrows) {
   constexpr int PER_LANE = DK / 32;
   static_assert(WC <= 32 && 32 % WC == 0, "warp columns divide 32");
@@ -368,7 +376,7 @@ __device__ __forceinline__ void stage_journal(const JournalRef& jr, JournalStage
     const float* const jrow = jr.journal + uint64_t(t0 + uint32_t(rr)) * jst;
     const float* const jk = jrow + (hk_r * DK + (x_v & 31));
 #pragma unroll
-    for (int e = 0; e < PER_LANE; ++e) cp_async_4(&js.k[rr][lane + 32 * e], jk + 32 * e);
+    for (int e = 0; e < PER_LANE; ++e) cp_async_4(&js.k[rr][JS::kpos(lane + 32 * e)], jk + 32 * e);
     if (lane < 2) cp_async_4(lane == 0 ? &js.g[rr] : &js.beta[rr], jrow + (lane == 0 ? jg : jb) + h_v);
   }
   cp_async_commit();
@@ -506,8 +514,7 @@ __device__ __forceinline__ void stage_chunk(const GdnVerifyParams& p, Stage& st,
     for (int e = 0; e < PER_LANE; ++e) {
       const int i = lane + 32 * e;
       const float kn = kx[e] * rk, qn = qx[e] * rq;
-      st.k[rr][Stage::idx(i)] = kn;
-      st.q[rr][Stage::idx(i)] = qn;
+      st.put(rr, i, kn, qn);
       kq = fmaf(kn, qn, kq);
       if (write_k) jk[32 * e] = kn;
     }
@@ -704,6 +711,10 @@ struct WyStage {
   static constexpr int R = DK / 4;
   static constexpr int STRIDE = DK + 16;
   __device__ __forceinline__ static int idx(int i) { return i + 4 * (i / R); }   // = WyTile::pad
+  __device__ __forceinline__ void put(int rr, int i, float kn, float qn) {
+    k[rr][idx(i)] = kn;
+    q[rr][idx(i)] = qn;
+  }
   float k[kWyRows][STRIDE];    // normalised k, padded (WyTile::gather)
   float q[kWyRows][STRIDE];    // normalised q * scale, padded
   float v[kWyRows][kMaxSliceCols];
@@ -1047,6 +1058,215 @@ __device__ __forceinline__ void gdn_commit_dispatch(const GdnCommitParams& p) {
   }
 }
 
+// ------------------------------------------------------------------------ 16-bit states on the tensor cores
+//
+// gdn_{verify,commit,verify_fused}_mma_*: the same ops for bf16 / f16 states with MmaTile
+// (gdn_tile.cuh): each row's S^T k and S^T q as 16 (Dk 128) m16n8k8 tf32 mmas per warp over the
+// exact 16-bit state and split f32 vectors, instead of 128 FFMAs plus reduce_scatter's shuffle
+// trees; the update and its per-row rounding are unchanged in kind (one FMUL + FFMA per element,
+// rounded in pairs). The three kernels share the row step (dots, delta, update), so verify's
+// outputs, commit's states and the fused kernel's are bit-identical to one-row decoding with the
+// same kernels, as for the CUDA-core kernels (the two families differ in the last bits of the
+// sums: pick one per pool; ops/gdn.py's switch picks one for every call). sm_80+; the compute_75
+// build of these names runs the CUDA-core implementation.
+
+// Verify's staging for MmaTile: per row the padded normalised k (the update's operand) and the B
+// columns k_hi, k_lo, q_hi, q_lo (split_tf32), a zero vector for the mma's unused columns.
+template <int DK>
+struct MmaRowStage {
+  using Tile = MmaTile<__half, DK, false>;   // (only its staging constants)
+  static constexpr int VLEN = Tile::VLEN;
+  __device__ __forceinline__ void put(int rr, int i, float kn, float qn) {
+    const int j = Tile::pad(i);
+    k[rr][j] = kn;
+    split_tf32(kn, b[rr][0][j], b[rr][1][j]);
+    split_tf32(qn, b[rr][2][j], b[rr][3][j]);
+  }
+  float k[kRowChunk][VLEN];
+  float b[kRowChunk][4][VLEN];
+  float zero[VLEN];
+  float v[kRowChunk][kMaxSliceCols];
+  float decay[kRowChunk];
+  float beta[kRowChunk];
+  float kq[kRowChunk];
+};
+
+// The replay's staging: k_hat padded (cp.async lands it there: kpos), then split into B columns.
+template <int DK>
+struct MmaJournalStage {
+  using Tile = MmaTile<__half, DK, false>;
+  static constexpr int VLEN = Tile::VLEN;
+  __device__ __forceinline__ static int kpos(int i) { return Tile::pad(i); }
+  float k[kRowChunk][VLEN];
+  float b[kRowChunk][2][VLEN];
+  float zero[VLEN];
+  float v[kRowChunk][kMaxSliceCols];
+  float g[kRowChunk], beta[kRowChunk];
+};
+
+template <int VLEN>
+__device__ __forceinline__ void zero_fill(float (&z)[VLEN]) {
+  for (int i = threadIdx.x; i < VLEN; i += blockDim.x) z[i] = 0.f;
+}
+
+// delta of the lane pair's two columns, computed in the t = 0 lanes (which hold S^T k) and sent to
+// the other 3 lanes of the quad: the update's operands in every lane.
+__device__ __forceinline__ void quad_delta(float beta, float decay, float v0, float v1, float x0, float x1,
+                                           float& d0, float& d1) {
+  const int src = (threadIdx.x & 31) & ~3;
+  d0 = __shfl_sync(0xffffffffu, delta_of(beta, v0, decay, x0), src);
+  d1 = __shfl_sync(0xffffffffu, delta_of(beta, v1, decay, x1), src);
+}
+
+// gdn_commit's replay (and the fused kernel's) on MmaTile: rows t0 .. t0+n-1, chunk 0 staged by
+// stage_journal and not yet synchronised; js.zero filled. vj: the lane's first column in the slice.
+template <typename TS, int DK, bool VK>
+__device__ __forceinline__ void mma_replay(MmaTile<TS, DK, VK>& tile, const JournalRef& jr, MmaJournalStage<DK>& js,
+                                           int h, int hk, int col_base, int slice_cols, int Dv, int t0, int n,
+                                           int vj) {
+  using Tile = MmaTile<TS, DK, VK>;
+  for (int c0 = 0; c0 < n; c0 += kRowChunk) {
+    const int nrows = min(kRowChunk, n - c0);
+    if (c0 > 0) {
+      __syncthreads();   // the previous chunk's rows have been consumed
+      stage_journal<DK, Tile::WARP_COLS>(jr, js, h, hk, col_base, slice_cols, Dv, t0 + c0, nrows);
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int e = threadIdx.x; e < nrows * DK; e += blockDim.x) {   // the B columns of the staged rows
+      const int rr = e / DK, j = Tile::pad(e % DK);
+      split_tf32(js.k[rr][j], js.b[rr][0][j], js.b[rr][1][j]);
+    }
+    __syncthreads();
+    for (int rr = 0; rr < nrows; ++rr) {
+      float x0, x1, d0, d1, kr[Tile::RI];
+      tile.template dots<2>(js.b[rr][0], js.zero, x0, x1);
+      const float decay = __expf(js.g[rr]), beta = js.beta[rr];
+      quad_delta(beta, decay, js.v[rr][vj], js.v[rr][vj + 1], x0, x1, d0, d1);
+      tile.gather(js.k[rr], kr);
+      tile.template update<TS>(decay, kr, d0, d1);
+    }
+  }
+}
+
+template <typename TS, int DK, bool VK, bool FUSED>
+__device__ __forceinline__ void gdn_verify_mma_impl(const GdnVerifyParams& p) {
+  using Tile = MmaTile<TS, DK, VK>;
+  __shared__ __align__(16) MmaRowStage<DK> st;
+  __shared__ __align__(16) typename Pick<FUSED, MmaJournalStage<DK>, NoStage>::type js;
+
+  const VerifySlice vs = verify_slice<Tile::WARP_COLS>(p);
+  const CtaSlice& cs = vs.c;
+  const BlockPos pos = cs.pos;
+  const int lane = cs.lane, warp = cs.warp, slice_cols = cs.slice_cols;
+  const int col_base = cs.col_base, hk = cs.hk, Dv = cs.Dv;
+
+  const VerifyRows vr = verify_rows<FUSED>(p, pos);
+  const NextSlice next = next_slice(p);
+  if (!vr.go) return;
+  const int row0 = vr.row0, row1 = vr.row1, slot = vr.slot;
+  const bool slot_ok = vr.slot_ok;
+  const int qlen = row1 - row0;
+
+  Tile tile(lane);
+  const int vj = warp * Tile::WARP_COLS + 2 * tile.g;   // the lane's first column in the slice
+  const int colw = col_base + warp * Tile::WARP_COLS;   // the warp's first column in the head
+  TS* const head = const_cast<TS*>(static_cast<const TS*>(p.state)) +
+                   uint64_t(uint32_t(slot)) * uint64_t(p.state_stride_slot) + int64_t(pos.h) * DK * Dv;
+  if (slot_ok) tile.template load_head<!FUSED>(head, colw, Dv);
+  const JournalRef pj{p.pending_journal, p.pending_journal_stride_t, p.num_k_heads, p.num_v_heads};
+  if constexpr (FUSED) {
+    if (vr.pend_n > 0)
+      stage_journal<DK, Tile::WARP_COLS>(pj, js, pos.h, hk, col_base, slice_cols, Dv, vr.pend_row0,
+                                         min(kRowChunk, vr.pend_n));
+    zero_fill(js.zero);
+  }
+  zero_fill(st.zero);   // (visible after the first barrier: the replay's or the chunk loop's)
+  const bool write_k = pos.z == 0 && vs.hk_first;
+  prefetch_slice_l2<TS, DK, VK>(p, next, slice_cols);
+  if constexpr (FUSED) {
+    if (vr.pend_n > 0) {   // uniform over the CTA (its barriers)
+      mma_replay(tile, pj, js, pos.h, hk, col_base, slice_cols, Dv, vr.pend_row0, vr.pend_n, vj);
+      tile.store_head(head, colw, Dv);
+    }
+  }
+  const int64_t ob = int64_t(pos.h) * p.out_stride_h + col_base + vj;   // out index of row 0, column vj
+  for (int c0 = 0; c0 < qlen; c0 += kRowChunk) {
+    const int nrows = min(kRowChunk, qlen - c0);
+    __syncthreads();   // the previous chunk's rows have been consumed
+    stage_chunk<DK, Tile::WARP_COLS, kRowChunk>(p, st, pos, row0, c0, nrows, hk, slice_cols, col_base, write_k);
+    __syncthreads();
+    for (int rr = 0; rr < nrows; ++rr) {
+      const int64_t t = row0 + c0 + rr;
+      float x0 = 0.f, x1 = 0.f;
+      if (slot_ok) tile.template dots<4>(st.b[rr][0], st.zero, x0, x1);   // t = 0 lanes: S^T k; t = 1: S^T q
+      const float decay = st.decay[rr], beta = st.beta[rr], kq = st.kq[rr];
+      float d0, d1;
+      quad_delta(beta, decay, st.v[rr][vj], st.v[rr][vj + 1], x0, x1, d0, d1);
+      if (tile.t == 1) {   // o = S_new^T q from the pre-token state, as gdn_verify_impl
+        const float o0 = slot_ok ? fmaf(decay, x0, d0 * kq) : 0.f, o1 = slot_ok ? fmaf(decay, x1, d1 * kq) : 0.f;
+        store_dt(p.out, t * p.out_stride_t + ob, p.out_dtype, o0);
+        store_dt(p.out, t * p.out_stride_t + ob + 1, p.out_dtype, o1);
+      }
+      if (slot_ok && c0 + rr + 1 < qlen) {
+        float kr[Tile::RI];
+        tile.gather(st.k[rr], kr);
+        tile.template update<TS>(decay, kr, d0, d1);
+      }
+    }
+  }
+}
+
+template <typename TS, int DK, bool VK>
+__device__ __forceinline__ void gdn_commit_mma_impl(const GdnCommitParams& p) {
+  using Tile = MmaTile<TS, DK, VK>;
+  constexpr int WC = Tile::WARP_COLS;
+  __shared__ __align__(16) MmaJournalStage<DK> js;
+
+  const VerifySlice vs = verify_slice<WC>(p);
+  const CtaSlice& cs = vs.c;
+  const BlockPos pos = cs.pos;
+  const int lane = cs.lane, warp = cs.warp, slice_cols = cs.slice_cols;
+  const int col_base = cs.col_base, hk = cs.hk, Dv = cs.Dv;
+
+  const CommitRows cr = commit_rows(p, pos);
+  const int row0 = cr.row0, slot = cr.slot, n = cr.n;
+  const NextSlice next = next_slice(p);
+  if (!cr.go) return;   // state untouched, not even read
+
+  Tile tile(lane);
+  const int vj = warp * WC + 2 * tile.g;
+  const int colw = col_base + warp * WC;
+  TS* const head = static_cast<TS*>(p.state) + uint64_t(uint32_t(slot)) * uint64_t(p.state_stride_slot) +
+                   int64_t(pos.h) * DK * Dv;
+  tile.template load_head<false>(head, colw, Dv);
+  const JournalRef jr{p.journal, p.journal_stride_t, p.num_k_heads, p.num_v_heads};
+  stage_journal<DK, WC>(jr, js, pos.h, hk, col_base, slice_cols, Dv, row0, min(kRowChunk, n));
+  zero_fill(js.zero);
+  prefetch_slice_l2<TS, DK, VK>(p, next, slice_cols);
+  mma_replay(tile, jr, js, pos.h, hk, col_base, slice_cols, Dv, row0, n, vj);
+  tile.store_head(head, colw, Dv);
+}
+
+template <typename TS, int DK, bool VK, bool FUSED>
+__device__ __forceinline__ void gdn_verify_mma_dispatch(const GdnVerifyParams& p) {
+#if __CUDA_ARCH__ >= 800
+  gdn_verify_mma_impl<TS, DK, VK, FUSED>(p);
+#else
+  if constexpr (FUSED) gdn_verify_impl<TS, DK, VK, true>(p);
+  else gdn_verify_dispatch<TS, DK, VK>(p);
+#endif
+}
+
+template <typename TS, int DK, bool VK>
+__device__ __forceinline__ void gdn_commit_mma_dispatch(const GdnCommitParams& p) {
+#if __CUDA_ARCH__ >= 800
+  gdn_commit_mma_impl<TS, DK, VK>(p);
+#else
+  gdn_commit_dispatch<TS, DK, VK>(p);
+#endif
+}
+
 }  // namespace
 
 // Kernel names: gdn_{verify,commit,verify_fused}_{kv,vk}_d{64,128}_{f32,f16,bf16} (state layout, Dk,
@@ -1071,9 +1291,31 @@ __device__ __forceinline__ void gdn_commit_dispatch(const GdnCommitParams& p) {
   SPECDEC_GDN_KERNELS(TS, TNAME, DK, false, kv, VMINB)   \
   SPECDEC_GDN_KERNELS(TS, TNAME, DK, true, vk, VMINB)
 
-#define SPECDEC_GDN_DIMS(TS, TNAME, VMINB)   \
-  SPECDEC_GDN_LAYOUTS(TS, TNAME, 64, VMINB)  \
-  SPECDEC_GDN_LAYOUTS(TS, TNAME, 128, VMINB)
+// 16-bit states only: the tensor-core kernels (gdn_*_mma_*, see gdn_verify_mma_impl). VMINB:
+// verify and commit; FMINB: the fused kernel. Dk = 128 gets 2 for all three (at most 128
+// registers: 4 CTAs of 4 warps per SM; uncapped sm_90 took 136 for verify and 155 for the fused
+// kernel, 3 CTAs; capped, no stack or spills on sm_75/80/86/90).
+#define SPECDEC_GDN_MMA_KERNELS(TS, TNAME, DK, VK, LNAME, VMINB, FMINB)                        \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
+      gdn_verify_mma_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                      \
+    gdn_verify_mma_dispatch<TS, DK, VK, false>(p);                                             \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
+      gdn_commit_mma_##LNAME##_d##DK##_##TNAME(const GdnCommitParams p) {                      \
+    gdn_commit_mma_dispatch<TS, DK, VK>(p);                                                    \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads, FMINB)                                \
+      gdn_verify_fused_mma_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                \
+    gdn_verify_mma_dispatch<TS, DK, VK, true>(p);                                              \
+  }
+
+#define SPECDEC_GDN_DIMS(TS, TNAME, VMINB)                             \
+  SPECDEC_GDN_LAYOUTS(TS, TNAME, 64, VMINB)                            \
+  SPECDEC_GDN_LAYOUTS(TS, TNAME, 128, VMINB)                           \
+  SPECDEC_GDN_MMA_KERNELS(TS, TNAME, 64, false, kv, 1, 1)              \
+  SPECDEC_GDN_MMA_KERNELS(TS, TNAME, 64, true, vk, 1, 1)               \
+  SPECDEC_GDN_MMA_KERNELS(TS, TNAME, 128, false, kv, 2, 2)             \
+  SPECDEC_GDN_MMA_KERNELS(TS, TNAME, 128, true, vk, 2, 2)
 
 SPECDEC_GDN_LAYOUTS(float, f32, 64, 1)
 // f32 Dk = 128, 8 columns per thread (verify and commit): capped at 128 registers (4 CTAs of 4

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <cuda_fp16.h>
 #include "common/dtype.cuh"
+#include "common/mma.cuh"
 #include "common/warp.cuh"
 #include "gdn/gdn_params.h"
 
@@ -73,6 +74,36 @@ template <> __device__ __forceinline__ float round_state<bf16_t>(float x) {
   return __uint_as_float(static_cast<uint32_t>(h) << 16);
 #else
   return to_float(from_float<bf16_t>(x));   // integer round-to-nearest-even (no bf16 ALU)
+#endif
+}
+
+// Two floats -> the nearest values of the state dtype, kept as floats: round_state on each, bit
+// for bit (round to nearest even; sm_80+ NaN -> the canonical NaN, as cvt.rn.bf16.f32), but one
+// paired conversion for both (cvt.rn.{bf16,f16}x2.f32: one F2FP, on the ALU pipe) and one
+// widening op per value (bf16: a shift or a mask; f16: HADD2.F32), 1.5 instructions per value
+// instead of 2 (sm_90 bf16 was F2F.BF16.F32, a conversion-unit op, + a shift per value).
+template <typename TS> __device__ __forceinline__ void round_state2(float& a, float& b);
+template <> __device__ __forceinline__ void round_state2<float>(float&, float&) {}
+template <> __device__ __forceinline__ void round_state2<__half>(float& a, float& b) {
+#if __CUDA_ARCH__ >= 800
+  uint32_t w;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(b), "f"(a));   // a -> low half
+  a = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+  b = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+#else
+  a = round_state<__half>(a);
+  b = round_state<__half>(b);
+#endif
+}
+template <> __device__ __forceinline__ void round_state2<bf16_t>(float& a, float& b) {
+#if __CUDA_ARCH__ >= 800
+  uint32_t w;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(b), "f"(a));  // a -> low half
+  a = __uint_as_float(w << 16);
+  b = __uint_as_float(w & 0xffff0000u);
+#else
+  a = round_state<bf16_t>(a);
+  b = round_state<bf16_t>(b);
 #endif
 }
 
@@ -377,7 +408,129 @@ struct StateTile {
 #pragma unroll
     for (int r = 0; r < RI; ++r)
 #pragma unroll
-      for (int c = 0; c < CJ; ++c) s[r][c] = round_state<TSR>(fmaf(decay, s[r][c], k[r] * delta[c]));
+      for (int c = 0; c < CJ; c += 2) {   // rounded in pairs (round_state2: the same bits)
+        float a = fmaf(decay, s[r][c], k[r] * delta[c]), b = fmaf(decay, s[r][c + 1], k[r] * delta[c + 1]);
+        round_state2<TSR>(a, b);
+        s[r][c] = a;
+        s[r][c + 1] = b;
+      }
+  }
+};
+
+// ---------------------------------------------------------------- the 16-bit tensor-core tile
+//
+// 16-bit states (sm_80+, the "mma" kernels): the two Dk reductions of a row (S^T k, S^T q) on the
+// tensor cores instead of 2 FFMAs per element plus shuffle trees. A bf16 or f16 value is exactly
+// a tf32 number, so the state, as kept in float registers (rounded after every row), is an exact
+// tf32 A operand; the f32 vectors are split into tf32 hi + lo columns of B (split_tf32), so each
+// dot is taken to about f32 precision: B = [k_hi, k_lo, q_hi, q_lo, 0, 0, 0, 0] (commit: k only),
+// D = S^T B, and sk = D[:, 0] + D[:, 1], sq = D[:, 2] + D[:, 3]. The update stays on the CUDA
+// cores (one FMUL + FFMA per element, rounded in pairs: round_state2).
+// A warp owns WARP_COLS = 16 state columns (the mma's M), all DK rows (its K). Lane (g, t) =
+// (lane / 4, lane % 4) holds columns 2g, 2g + 1 (M indices g, g + 8) and the RI = DK / 4 rows
+// t*RI .. t*RI + RI - 1: K index 8j + t + 4h of k-step j is Dk row t*RI + 2j + h, for A and B
+// alike, so a lane's B entries are RI contiguous floats of a staged vector and its "kv" state
+// words are the two columns of one row (one 32-bit load per row, 32 bytes per 8 lanes), its "vk"
+// columns RI contiguous elements (RI / 8 16-byte loads each). Staged Dk vectors are padded to
+// PAD floats per t block (pad()), so the 4 t addresses of an LDS.128 phase hit distinct banks.
+// Every column's sums come from the same instructions on the same operands in verify, commit and
+// the fused kernel, one row or many: states and outputs are bit-identical across them.
+template <typename TS, int DK, bool VK>
+struct MmaTile {
+  static_assert(sizeof(TS) == 2, "16-bit states only");
+  static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
+  static constexpr int RI = DK / 4;        // Dk rows per lane
+  static constexpr int PAD = RI + 4;       // floats per t block of a staged vector
+  static constexpr int VLEN = 4 * PAD;     // floats per staged (padded) Dk vector
+  static constexpr int WARP_COLS = 16;
+  static constexpr int STEPS = DK / 8;     // m16n8k8 k-steps per dot
+
+  int g, t;
+  float s[RI][2];   // [row t*RI + r][column 2g + c]
+
+  __device__ __forceinline__ explicit MmaTile(int lane) : g(lane >> 2), t(lane & 3) {}
+
+  // position of Dk entry i in a staged (padded) vector
+  __device__ __forceinline__ static constexpr int pad(int i) { return i + 4 * (i / RI); }
+
+  // head: this (slot, value head)'s [Dk][Dv] or [Dv][Dk] block; col0: the warp's first column.
+  template <bool NC>
+  __device__ __forceinline__ void load_head(const TS* head, int col0, int Dv) {
+    if constexpr (!VK) {
+      const uint32_t* b = reinterpret_cast<const uint32_t*>(head + (t * RI * Dv + col0 + 2 * g));
+      const int step = Dv / 2;   // words per row
+#pragma unroll
+      for (int r = 0; r < RI; ++r) {
+        const uint32_t w = NC ? __ldg(b + r * step) : b[r * step];
+        unpack2<TS>(w, s[r][0], s[r][1]);
+      }
+    } else {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float x[RI];
+        load_state_vec<TS, RI, NC>(head + ((col0 + 2 * g + c) * DK + t * RI), x);
+#pragma unroll
+        for (int r = 0; r < RI; ++r) s[r][c] = x[r];
+      }
+    }
+  }
+
+  // load_head's placement, stored (the values are rounded already: packing is exact)
+  __device__ __forceinline__ void store_head(TS* head, int col0, int Dv) const {
+    if constexpr (!VK) {
+      uint32_t* b = reinterpret_cast<uint32_t*>(head + (t * RI * Dv + col0 + 2 * g));
+      const int step = Dv / 2;
+#pragma unroll
+      for (int r = 0; r < RI; ++r) b[r * step] = pack2<TS>(s[r][0], s[r][1]);
+    } else {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float x[RI];
+#pragma unroll
+        for (int r = 0; r < RI; ++r) x[r] = s[r][c];
+        store_state_vec<TS, RI>(head + ((col0 + 2 * g + c) * DK + t * RI), x);
+      }
+    }
+  }
+
+  // D = S^T B over the NV staged vectors at b (b + n * VLEN, n < NV; the lanes of columns n >= NV
+  // read `zero`, VLEN zeros). x0, x1: D[2g][2t] + D[2g][2t+1] and the same for column 2g + 1,
+  // i.e. in lanes t = 0 the S^T of vectors 0 + 1 (k_hi + k_lo), in lanes t = 1 of vectors 2 + 3.
+  // Two accumulator chains (even / odd k-steps), added in a fixed order.
+  template <int NV>
+  __device__ __forceinline__ void dots(const float* b, const float* zero, float& x0, float& x1) const {
+    const float4* p = reinterpret_cast<const float4*>((g < NV ? b + g * VLEN : zero) + t * PAD);
+    float da[4] = {0.f, 0.f, 0.f, 0.f}, db[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < STEPS / 2; ++u) {
+      const float4 f = p[u];   // k-steps 2u (x, y) and 2u + 1 (z, w)
+      mma_m16n8k8_tf32(da, s[4 * u][0], s[4 * u][1], s[4 * u + 1][0], s[4 * u + 1][1], f.x, f.y);
+      mma_m16n8k8_tf32(db, s[4 * u + 2][0], s[4 * u + 2][1], s[4 * u + 3][0], s[4 * u + 3][1], f.z, f.w);
+    }
+    x0 = (da[0] + db[0]) + (da[1] + db[1]);
+    x1 = (da[2] + db[2]) + (da[3] + db[3]);
+  }
+
+  // this lane's RI entries of a staged (padded) Dk vector: RI / 4 LDS.128
+  __device__ __forceinline__ void gather(const float* vec, float (&x)[RI]) const {
+    const float4* f = reinterpret_cast<const float4*>(vec + t * PAD);
+#pragma unroll
+    for (int u = 0; u < RI / 4; ++u) {
+      const float4 y = f[u];
+      x[4 * u] = y.x; x[4 * u + 1] = y.y; x[4 * u + 2] = y.z; x[4 * u + 3] = y.w;
+    }
+  }
+
+  // S <- round(decay * S + k delta^T) for this lane's two columns (delta d0, d1), as StateTile
+  template <typename TSR>
+  __device__ __forceinline__ void update(float decay, const float (&k)[RI], float d0, float d1) {
+#pragma unroll
+    for (int r = 0; r < RI; ++r) {
+      float a = fmaf(decay, s[r][0], k[r] * d0), b = fmaf(decay, s[r][1], k[r] * d1);
+      round_state2<TSR>(a, b);
+      s[r][0] = a;
+      s[r][1] = b;
+    }
   }
 };
 

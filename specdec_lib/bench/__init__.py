@@ -16,7 +16,7 @@ import argparse
 import json
 
 from .. import runtime
-from ._harness import _BENCHES, Bench, _rand, bench
+from ._harness import _BENCHES, _OPTIONAL, Bench, _rand, bench
 
 __all__ = ["Bench", "bench", "main", "_rand"]
 
@@ -28,7 +28,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m specdec_lib bench",
                                 description="Benchmark specdec_lib ops on the GPU against the "
                                             "copy bandwidth measured in the same run.")
-    p.add_argument("ops", nargs="*", help=f"which benchmarks (default: all): {', '.join(_BENCHES)}")
+    p.add_argument("ops", nargs="*", help=f"which benchmarks (default: all but "
+                                          f"{', '.join(sorted(_OPTIONAL)) or 'none'}): {', '.join(_BENCHES)}")
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.add_argument("--device", type=int, default=0)
     args = p.parse_args(argv)
@@ -36,7 +37,7 @@ def main(argv=None):
     if reason:
         print(f"bench: no GPU ({reason})")
         return 2
-    names = args.ops or list(_BENCHES)
+    names = args.ops or [n for n in _BENCHES if n not in _OPTIONAL]
     unknown = [n for n in names if n not in _BENCHES]
     if unknown:
         p.error(f"unknown benchmark(s) {unknown}; known: {', '.join(_BENCHES)}")

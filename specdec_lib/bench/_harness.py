@@ -11,12 +11,16 @@ import numpy as np
 from .. import runtime
 
 _BENCHES: dict = {}
+_OPTIONAL: set = set()   # run only when named (long sweeps), not by a bare ``bench``
 
 
-def bench(name):
-    """Register ``fn(b: Bench)`` as the benchmark called ``name``."""
+def bench(name, default=True):
+    """Register ``fn(b: Bench)`` as the benchmark called ``name``; ``default=False``: run only
+    when asked for by name."""
     def deco(fn):
         _BENCHES[name] = fn
+        if not default:
+            _OPTIONAL.add(name)
         return fn
     return deco
 

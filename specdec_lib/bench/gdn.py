@@ -5,7 +5,12 @@
               and the fused mode's round (one gdn_verify with pending rows: 2 passes);
               flash-linear-attention's fused_recurrent_gated_delta_rule on the same shape
               when ``import fla`` works (one pass writing the final state, and vLLM-style
-              one call per block row writing a state each time).
+              one call per block row writing a state each time). 16-bit states run on both
+              kernel families (impl "specdec_lib" = CUDA cores, "specdec_lib mma" = the
+              tensor-core kernels, ops.gdn.TUNING["mma16"]), side by side.
+  gdn_sweep   (only when named) the transactional and the fused round over B in {1, 8, 32,
+              64, 128, 256}, Hv in {32, 64} (Hk = Hv / 2), q in {2, 4, 8}, both layouts, all
+              three state dtypes and both 16-bit families, each as a ratio to its 3-pass floor.
 """
 from __future__ import annotations
 
@@ -29,7 +34,18 @@ def _gdn_inputs(b: Bench, B, q, Hk, Hv, D, in_dtype="bfloat16"):
     return T, inp, cu_q, slot_ids
 
 
-def gdn_round_calls(b: Bench, B, q, Hk, Hv, D, sdt, layout):
+FAMILIES = {"cuda": "specdec_lib", "mma": "specdec_lib mma"}   # TUNING["mma16"] off / on
+
+
+def _families(sdt):
+    return ("cuda",) if sdt == "float32" else ("cuda", "mma")
+
+
+def _pass_bytes(B, Hv, D, sdt):
+    return B * Hv * D * D * {"float32": 4, "bfloat16": 2, "float16": 2}[sdt]
+
+
+def gdn_round_calls(b: Bench, B, q, Hk, Hv, D, sdt, layout, state=None):
     """(verify, commit, fused) of one round at this shape on fresh inputs (fused gating, L2
     norm, every block accepted), enqueued on ``b.stream``; ``fused`` is the fused mode's
     steady-state round: a verify that first commits the previous round's q accepted rows
@@ -37,7 +53,8 @@ def gdn_round_calls(b: Bench, B, q, Hk, Hv, D, sdt, layout):
     from ..arrays import DeviceArray
     from ..ops import gdn_commit, gdn_journal_width, gdn_verify
     T, inp, cu_q, slot_ids = _gdn_inputs(b, B, q, Hk, Hv, D)
-    state = _rand((B, Hv, D, D), sdt, b.device, 6)
+    if state is None:
+        state = _rand((B, Hv, D, D), sdt, b.device, 6)
     out = DeviceArray.empty((T, Hv, D), "bfloat16", b.device)
     journal = DeviceArray.empty((T, gdn_journal_width(Hk, Hv, D, D)), "float32", b.device)
     acc = DeviceArray.from_numpy(np.full(B, q, np.int32), device=b.device)
@@ -71,55 +88,121 @@ def bench_gdn_round(b: Bench):
     for B, q, Hk, Hv, D, sdt, layout in ((64, 4, 16, 32, 128, "float32", "kv"),
                                         (64, 4, 16, 32, 128, "float32", "vk"),
                                         (64, 4, 16, 32, 128, "bfloat16", "kv"),
+                                        (64, 4, 16, 32, 128, "bfloat16", "vk"),
                                         (64, 4, 16, 32, 128, "float16", "kv"),
-                                        (1, 4, 16, 32, 128, "float32", "kv")):
-        verify, commit, fused = gdn_round_calls(b, B, q, Hk, Hv, D, sdt, layout)
-        isz = {"float32": 4, "bfloat16": 2, "float16": 2}[sdt]
-        pass_bytes = B * Hv * D * D * isz
-        shape = f"B={B} q={q} Hk={Hk} Hv={Hv} {D}x{D} {sdt} {layout} state, bf16 in"
-
-        def round_():
-            verify()
-            commit()
-        timer = b.time_graph if B <= 4 else b.time
-        ms_v, ms_c, ms_r = timer(verify), timer(commit), timer(round_)
-        ideal_ms = 3 * pass_bytes / b.copy_bw() / 1e6
-        b.report("gdn_verify", shape, pass_bytes, ms_v)
-        b.report("gdn_commit", shape + f" accept={q}", 2 * pass_bytes, ms_c)
-        b.report("gdn_round", shape, 3 * pass_bytes, ms_r,
-                 vs_3_passes=round(ms_r / ideal_ms, 3))
-        # fused mode: one call per round (this round's verify + the previous round's commit)
-        # moves 2 passes; the issue's bar is stated against 3
-        ms_f = timer(fused)
-        b.report("gdn_round", shape + " fused mode", 2 * pass_bytes, ms_f,
-                 vs_3_passes=round(ms_f / ideal_ms, 3), vs_2_passes=round(ms_f / ideal_ms * 1.5, 3))
-        if B == 64 and sdt == "float32":
-            for w in (1, 2, 4, 8):       # launch-shape sweep (warps per CTA)
-                gdn_ops.TUNING["warps"] = w
-                try:
-                    if layout == "kv":
-                        b.report("gdn_round", shape + f" warps={w}", 3 * pass_bytes, b.time(round_))
-                    if w > 1:
-                        b.report("gdn_round", shape + f" fused mode warps={w}", 2 * pass_bytes,
-                                 b.time(fused))
-                except Exception as e:   # an invalid shape for this Dv: say so, go on
-                    print(f"  warps={w}: {e}")
-            gdn_ops.TUNING["warps"] = None
-        if B == 64:                      # L2 prefetch flipped from its default (gdn.cu)
-            gdn_ops.TUNING["l2_prefetch"] = sdt == "float32"
-            flip = "with L2 prefetch" if sdt == "float32" else "no L2 prefetch"
+                                        (64, 4, 16, 32, 128, "float16", "vk"),
+                                        (1, 4, 16, 32, 128, "float32", "kv"),
+                                        (1, 4, 16, 32, 128, "bfloat16", "kv")):
+        for fam in _families(sdt):
+            gdn_ops.TUNING["mma16"] = fam == "mma"
             try:
-                b.report("gdn_verify", shape + f" {flip}", pass_bytes, b.time(verify))
-                b.report("gdn_commit", shape + f" accept={q} {flip}", 2 * pass_bytes,
-                         b.time(commit))
-                b.report("gdn_round", shape + f" {flip}", 3 * pass_bytes, b.time(round_))
-                gdn_ops.TUNING["l2_prefetch"] = False   # (on by default in fused mode)
-                b.report("gdn_round", shape + " fused mode, no L2 prefetch", 2 * pass_bytes,
-                         b.time(fused))
+                _round_case(b, gdn_ops, B, q, Hk, Hv, D, sdt, layout, fam)
             finally:
-                gdn_ops.TUNING["l2_prefetch"] = None
-        if B == 64 and sdt == "float32" and layout == "kv":
-            _fla_peer_isolated(b, B, q, Hk, Hv, D, pass_bytes, shape)
+                gdn_ops.TUNING["mma16"] = None
+
+
+def _round_case(b: Bench, gdn_ops, B, q, Hk, Hv, D, sdt, layout, fam):
+    """One shape of gdn_round on kernel family ``fam`` (already selected in gdn_ops.TUNING)."""
+    impl = FAMILIES[fam]
+    verify, commit, fused = gdn_round_calls(b, B, q, Hk, Hv, D, sdt, layout)
+    pass_bytes = _pass_bytes(B, Hv, D, sdt)
+    shape = f"B={B} q={q} Hk={Hk} Hv={Hv} {D}x{D} {sdt} {layout} state, bf16 in"
+
+    def round_():
+        verify()
+        commit()
+    timer = b.time_graph if B <= 4 else b.time
+    ms_v, ms_c, ms_r = timer(verify), timer(commit), timer(round_)
+    ideal_ms = 3 * pass_bytes / b.copy_bw() / 1e6
+    b.report("gdn_verify", shape, pass_bytes, ms_v, impl=impl)
+    b.report("gdn_commit", shape + f" accept={q}", 2 * pass_bytes, ms_c, impl=impl)
+    b.report("gdn_round", shape, 3 * pass_bytes, ms_r, impl=impl,
+             vs_3_passes=round(ms_r / ideal_ms, 3))
+    # fused mode: one call per round (this round's verify + the previous round's commit)
+    # moves 2 passes; the issue's bar is stated against 3
+    ms_f = timer(fused)
+    b.report("gdn_round", shape + " fused mode", 2 * pass_bytes, ms_f, impl=impl,
+             vs_3_passes=round(ms_f / ideal_ms, 3), vs_2_passes=round(ms_f / ideal_ms * 1.5, 3))
+    if fam == "mma" or layout == "vk" and sdt != "float32":
+        return                       # the sweeps below: as before (CUDA-core kernels)
+    if B == 64 and sdt == "float32":
+        for w in (1, 2, 4, 8):       # launch-shape sweep (warps per CTA)
+            gdn_ops.TUNING["warps"] = w
+            try:
+                if layout == "kv":
+                    b.report("gdn_round", shape + f" warps={w}", 3 * pass_bytes, b.time(round_))
+                if w > 1:
+                    b.report("gdn_round", shape + f" fused mode warps={w}", 2 * pass_bytes,
+                             b.time(fused))
+            except Exception as e:   # an invalid shape for this Dv: say so, go on
+                print(f"  warps={w}: {e}")
+        gdn_ops.TUNING["warps"] = None
+    if B == 64:                      # L2 prefetch flipped from its default (gdn.cu)
+        gdn_ops.TUNING["l2_prefetch"] = sdt == "float32"
+        flip = "with L2 prefetch" if sdt == "float32" else "no L2 prefetch"
+        try:
+            b.report("gdn_verify", shape + f" {flip}", pass_bytes, b.time(verify))
+            b.report("gdn_commit", shape + f" accept={q} {flip}", 2 * pass_bytes,
+                     b.time(commit))
+            b.report("gdn_round", shape + f" {flip}", 3 * pass_bytes, b.time(round_))
+            gdn_ops.TUNING["l2_prefetch"] = False   # (on by default in fused mode)
+            b.report("gdn_round", shape + " fused mode, no L2 prefetch", 2 * pass_bytes,
+                     b.time(fused))
+        finally:
+            gdn_ops.TUNING["l2_prefetch"] = None
+    if B == 64 and sdt == "float32" and layout == "kv":
+        _fla_peer_isolated(b, B, q, Hk, Hv, D, pass_bytes, shape)
+
+
+@bench("gdn_sweep", default=False)
+def bench_gdn_sweep(b: Bench):
+    """The transactional round (verify + commit, accept q) and the fused round over the issue-20
+    grid, each against 3 state passes at the copy bandwidth (the fused one also against its own
+    2); B <= 8 as CUDA-graph replays. One state buffer per (dtype, Hv, B), shared by the layouts,
+    q and kernel families (one random slot repeated: the timing does not depend on the values)."""
+    from ..arrays import DeviceArray
+    from ..dtypes import to_host_storage
+    from ..ops import gdn as gdn_ops
+    D = 128
+    rng = np.random.default_rng(6)
+    for sdt in ("float32", "bfloat16", "float16"):
+        for Hv in (32, 64):
+            Hk = Hv // 2
+            one = to_host_storage((0.5 * rng.standard_normal((1, Hv, D, D))).astype(np.float32), sdt)
+            for B in (1, 8, 32, 64, 128, 256):
+                state = DeviceArray.from_numpy(np.ascontiguousarray(np.broadcast_to(one, (B, Hv, D, D))),
+                                               dtype=sdt, device=b.device)
+                pass_bytes = _pass_bytes(B, Hv, D, sdt)
+                ideal_ms = 3 * pass_bytes / b.copy_bw() / 1e6
+                for layout in ("kv", "vk"):
+                    for q in (2, 4, 8):
+                        for fam in _families(sdt):
+                            gdn_ops.TUNING["mma16"] = fam == "mma"
+                            try:
+                                ms_r, ms_f = _sweep_times(b, B, q, Hk, Hv, D, sdt, layout, state)
+                            finally:
+                                gdn_ops.TUNING["mma16"] = None
+                            shape = f"B={B} q={q} Hk={Hk} Hv={Hv} {D}x{D} {sdt} {layout}"
+                            b.report("gdn_sweep", shape, 3 * pass_bytes, ms_r, impl=FAMILIES[fam],
+                                     mode="verify+commit", vs_3_passes=round(ms_r / ideal_ms, 3))
+                            b.report("gdn_sweep", shape + " fused", 2 * pass_bytes, ms_f,
+                                     impl=FAMILIES[fam], mode="fused",
+                                     vs_3_passes=round(ms_f / ideal_ms, 3),
+                                     vs_2_passes=round(ms_f / ideal_ms * 1.5, 3))
+                del state
+
+
+def _sweep_times(b: Bench, B, q, Hk, Hv, D, sdt, layout, state):
+    """(transactional round ms, fused round ms) of one sweep point."""
+    verify, commit, fused = gdn_round_calls(b, B, q, Hk, Hv, D, sdt, layout, state=state)
+
+    def round_():
+        verify()
+        commit()
+    if B <= 8:
+        return b.time_graph(round_, repeats=3), b.time_graph(fused, repeats=3)
+    return (b.time(round_, iters=10, repeats=3, warmup=2),
+            b.time(fused, iters=10, repeats=3, warmup=2))
 
 
 def _fla_peer_isolated(b: Bench, *args):

@@ -9,6 +9,7 @@ layout: ``specdec_lib.reference.gdn`` (the numpy twin these are tested against).
 from __future__ import annotations
 
 import math
+import os
 
 from .. import runtime
 from .._validate import DeviceArg, as_scale, as_stream, to_host
@@ -24,8 +25,22 @@ _MAX_WARPS = 8
 # prefetch_slice_l2); None = where it measured faster on the H200 (s6-r4/r5, B=64: 16-bit
 # states' verify / commit / fused, 2-3 %, and the f32 fused kernel, 1 %), not f32 gdn_verify /
 # gdn_commit (1-4 % slower with it)
-TUNING = {"warps": None, "l2_prefetch": None}
+# mma16: bf16 / f16 states on the tensor-core kernels (gdn.cu gdn_*_mma_*: each row's S^T k and
+# S^T q as tf32 mmas over the exact 16-bit state and split f32 vectors) instead of the CUDA-core
+# ones; None = the SPECDEC_GDN_MMA environment variable ("1": on; default off until measured on
+# the H200). Verify, commit and flush must use one family for a pool: the two differ in the last
+# bits of the sums (each is bit-exact against its own one-row decoding). f32 states: no effect.
+TUNING = {"warps": None, "l2_prefetch": None, "mma16": None}
 _OCCUPANCY = {}
+
+
+def _use_mma16(state_dtype):
+    if state_dtype == "float32":
+        return False
+    on = TUNING["mma16"]
+    if on is None:
+        on = os.environ.get("SPECDEC_GDN_MMA", "0").strip() not in ("", "0")
+    return bool(on)
 
 
 def _prefetch_ahead(kern, block, device, grid, state_dtype, fused_kernel):
@@ -94,7 +109,8 @@ def _state_arg(state, layout):
 def _warp_cols(state_dtype, Dk, verify, layout="kv"):
     """State columns (Dv entries) per warp: 2 x the kernel's columns per thread (gdn_tile.cuh
     StateTile CJ). verify (gdn.cu verify_cj): 8 per thread for every state but f32 with Dk = 64;
-    commit (commit_cj): the same, except 4 for f32 states in the "vk" layout."""
+    commit (commit_cj): the same, except 4 for f32 states in the "vk" layout. The 16-bit _mma
+    kernels (MmaTile, TUNING["mma16"]) also own 16 columns per warp."""
     if state_dtype != "float32" or (Dk == 128 and (verify or layout == "kv")):
         return 16
     return 8
@@ -125,7 +141,8 @@ def _gdn_launch(op, layout, st, Dk, Dv, Hv, B, dev, warp_cols):
     grid = B * Hv * slices
     if grid >= 2**31:   # grid.x
         raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
-    kern = runtime.kernel("gdn", f"gdn_{op}_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
+    mma = "_mma" if _use_mma16(st.dtype) else ""
+    kern = runtime.kernel("gdn", f"gdn_{op}{mma}_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
     ahead = _prefetch_ahead(kern, 32 * warps, dev, grid, st.dtype, op == "verify_fused")
     return kern, grid, 32 * warps, slices, ahead
 
