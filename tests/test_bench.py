@@ -8,7 +8,7 @@ from specdec_lib import bench, runtime
 def test_bench_families_register_in_order():
     bench._load_families()
     assert list(bench._BENCHES) == ["copy", "append_kv", "verify_attention", "gdn_round",
-                                    "conv1d", "draft_combine", "round_host", "spec_sample"]
+                                    "conv1d", "draft_combine", "linear", "round_host", "spec_sample"]
 
 
 def test_bench_without_gpu_says_why(capsys):
