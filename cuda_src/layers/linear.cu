@@ -6,28 +6,34 @@
 //   weight [N, K] (nn.Linear layout) -> out [M, N], or [M, N/2] = silu(gate) * up (silu_mul).
 //
 // Work split. A warp owns two output columns (silu_mul: gate column j and up column I + j, so
-// the epilogue needs no exchange between warps); blockDim (2-8 warps) and the grid are the
-// launcher's choice and change no bits. K is walked in units of 8 elements (16 bytes): lane l
-// owns units l, l + 32, l + 64, ... of every row and accumulates them in that order with fmaf
-// (elements of a unit in order), then the 32 lane partials are added by the xor tree of
-// warp_sum (done as a reduce-scatter: 31 shuffles for the 16 rows x 2 columns, same sums).
-// So each output element is one fixed sequence of float32 operations set by K alone: not by
-// M, the other rows, the chunk or CTA that computed it, blockDim, or the pointers' alignment
-// (vector and scalar loads fetch the same values; the zero tail past K exists iff K % 8).
+// the epilogue needs no exchange between warps); a CTA is 4 warps (8 columns), the grid
+// covers the columns (x) and the 16-row chunks (y); neither changes any bits. K is walked in
+// units of 8 elements (16 bytes): lane l owns units l, l + 32, l + 64, ... of every row and
+// accumulates them in that order with fmaf (elements of a unit in order), then the 32 lane
+// partials are added by the xor tree of warp_sum (done as a reduce-scatter: 31 shuffles for
+// the 16 rows x 2 columns, same sums). So each output element is one fixed sequence of
+// float32 operations set by K alone: not by M, the other rows, the chunk or CTA that
+// computed it, or the pointers' alignment (vector and scalar loads fetch the same values;
+// the zero tail past K exists iff K % 8).
 //
 // Rows come in chunks of kRows = 16 (gridDim.y strides over chunks); within a chunk, K in
 // slabs of kSlabUnits (96 units = 768 elements, 3 per lane): the slab's h rows are staged in
-// shared memory (24 KB, always 16-byte aligned), each lane reading a row's unit with one
-// 16-byte access while its weight units sit in registers (loaded before the staging, so
-// their latency hides behind it). Every CTA reads the x rows and computes their norm;
-// only the CTAs with blockIdx.x == 0 store residual_out (the launcher makes sure residual_out
-// overlaps none of the inputs, which other CTAs are still reading).
+// shared memory (24 KB, 16-byte aligned whatever x's alignment), each lane reading a row's
+// unit with one 16-byte access. Its weight units sit in registers: slab 0's are loaded before
+// the staging and slab s + 1's during slab s's FMAs, so the DRAM latency hides behind both;
+// between slabs the running sums wait in shared memory (16 KB), not in registers across the
+// staging. 44 KB of shared memory and <= 170 registers: 3 CTAs per SM, so SmolLM2's widest
+// projection (gate_up, 384 CTAs) runs in one wave on 132 SMs. Every CTA reads the x rows and
+// computes their norm; only the CTAs with blockIdx.x == 0 store residual_out (the launcher
+// makes sure residual_out overlaps none of the inputs, which other CTAs are still reading).
 //
 // The norm prologue reproduces common/rms_norm.cuh's arithmetic exactly: the sum of squares
 // is split over p.norm_threads "virtual threads" (rms_norm's blockDim for this K): virtual
 // thread t adds units t, t + norm_threads, ... in order; virtual warp v's 32 partials are
 // added by warp_sum in one real warp, and the virtual warps' totals by a second warp_sum, as
-// cta_sum does. Hence h is bit for bit what ops.rms_norm would have stored.
+// cta_sum does. Hence h is bit for bit what ops.rms_norm would have stored. A row that fits
+// one slab (K <= 768) is staged as s, its norm summed from shared memory, then normalised in
+// place; a longer row's norm is a first pass over global memory, and staging normalises.
 //
 // The build uses --use_fast_math: products that must not fuse are spelled out (fmaf where
 // the order is part of the contract), divisions __fdiv_rn, exp accurate_expf (math.cuh).
@@ -54,33 +60,99 @@ constexpr int kBatch = 4;                   // staging: units per thread with lo
 static_assert(kThreads >= kSlabUnits, "stage_slab fills sw with one unit per thread");
 static_assert(kRows * kCols == 32, "the reduce-scatter hands one (row, column) to each lane");
 
+// A unit of 8 16-bit elements is held as 4 words (element 2i in the low half of word i, as
+// in memory) and read / built a word at a time: 16-bit elements zeroed or written one by one
+// write register halves, and the other half of an uninitialised register then counts as
+// live from the kernel's entry (that had doubled the register count). A float32 norm
+// weight's unit is a plain Pack. get(u, e) is to_float of element e either way.
 template <typename T>
-using Unit = Pack<T, kUnit>;
+struct alignas(16) Words {
+  uint32_t w[4];
+};
+template <typename T> struct UnitOf { using type = Words<T>; };
+template <> struct UnitOf<float> { using type = Pack<float, kUnit>; };
+template <typename T> using Unit = typename UnitOf<T>::type;
 
-// A pack of zeros written as whole 32-bit words. (Zeroing or loading 16-bit elements one by
-// one writes register halves, and the other half of an uninitialised register then counts as
-// live from the kernel's entry: that doubled the register count.)
-template <typename T, int N>
-__device__ __forceinline__ Pack<T, N> zero_pack() {
-  static_assert(sizeof(Pack<T, N>) % 4 == 0, "whole words");
-  uint32_t z[sizeof(Pack<T, N>) / 4];
+__device__ __forceinline__ uint32_t bits16(bf16_t x) { return x.bits; }
+__device__ __forceinline__ uint32_t bits16(__half x) { return __half_as_ushort(x); }
+__device__ __forceinline__ float half_to_float(bf16_t*, uint32_t h) { return __uint_as_float(h << 16); }
+__device__ __forceinline__ float half_to_float(__half*, uint32_t h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+}
+
+template <typename T>
+__device__ __forceinline__ float get(const Words<T>& u, int e) {
+  const uint32_t w = u.w[e >> 1];
+  return half_to_float(static_cast<T*>(nullptr), (e & 1) ? w >> 16 : w & 0xffffu);
+}
+__device__ __forceinline__ float get(const Pack<float, kUnit>& u, int e) { return u.e[e]; }
+
+// round each of 8 floats to T (from_float), two to a word
+template <typename T>
+__device__ __forceinline__ Words<T> from_floats(const float (&f)[kUnit]) {
+  Words<T> r;
 #pragma unroll
-  for (int i = 0; i < static_cast<int>(sizeof(z) / 4); ++i) z[i] = 0u;
-  Pack<T, N> r;
-  memcpy(&r, z, sizeof(r));
+  for (int i = 0; i < 4; ++i)
+    r.w[i] = bits16(from_float<T>(f[2 * i])) | (bits16(from_float<T>(f[2 * i + 1])) << 16);
   return r;
 }
 
-// load_unit (common/pack.cuh) on a zeroed pack (see zero_pack): elements at or past n read
-// as zero, as there.
-template <typename T, int N, bool ReadOnly = true>
-__device__ __forceinline__ Pack<T, N> load_unit_z(const T* row, int64_t u, int64_t n, bool vec) {
-  if (vec) return load_pack<T, N, ReadOnly>(row + u * N);
-  Pack<T, N> r = zero_pack<T, N>();
+template <typename T>
+__device__ __forceinline__ Unit<T> zero_unit() {
+  Unit<T> r;
+  if constexpr (sizeof(T) == 4) {
 #pragma unroll
-  for (int i = 0; i < N; ++i)
-    if (u * N + i < n) r.e[i] = row[u * N + i];
+    for (int i = 0; i < kUnit; ++i) r.e[i] = 0.f;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.w[i] = 0u;
+  }
   return r;
+}
+
+// Unit u (elements 8u .. 8u + 7) of a row of n elements: one 16-byte access (ld.global.nc
+// when ReadOnly) when vec (the caller checked alignment and n % 8 == 0), else element by
+// element with the elements at or past n read as zero (common/pack.cuh's load_unit).
+template <typename T, bool ReadOnly = true>
+__device__ __forceinline__ Unit<T> load_u(const T* row, int64_t u, int64_t n, bool vec) {
+  if constexpr (sizeof(T) == 4) {
+    if (vec) return load_pack<float, kUnit, ReadOnly>(row + u * kUnit);
+    Unit<T> r;
+#pragma unroll
+    for (int i = 0; i < kUnit; ++i) r.e[i] = u * kUnit + i < n ? row[u * kUnit + i] : 0.f;
+    return r;
+  } else {
+    Unit<T> r;
+    if (vec) {
+      const uint4* src = reinterpret_cast<const uint4*>(row + u * kUnit);
+      uint4 q;
+      if constexpr (ReadOnly) q = __ldg(src);
+      else q = *src;
+      r.w[0] = q.x, r.w[1] = q.y, r.w[2] = q.z, r.w[3] = q.w;
+      return r;
+    }
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(row) + u * kUnit;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t lo = u * kUnit + 2 * i < n ? h[2 * i] : 0u;
+      const uint32_t hi = u * kUnit + 2 * i + 1 < n ? h[2 * i + 1] : 0u;
+      r.w[i] = lo | (hi << 16);
+    }
+    return r;
+  }
+}
+
+// The inverse (16-bit T): elements at or past n are not written.
+template <typename T>
+__device__ __forceinline__ void store_u(T* row, int64_t u, int64_t n, bool vec, const Words<T>& v) {
+  if (vec) {
+    *reinterpret_cast<uint4*>(row + u * kUnit) = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
+    return;
+  }
+  uint16_t* h = reinterpret_cast<uint16_t*>(row) + u * kUnit;
+#pragma unroll
+  for (int e = 0; e < kUnit; ++e)
+    if (u * kUnit + e < n) h[e] = static_cast<uint16_t>((e & 1) ? v.w[e >> 1] >> 16 : v.w[e >> 1]);
 }
 
 struct RowPtrs {
@@ -101,11 +173,13 @@ __device__ __forceinline__ RowPtrs row_ptrs(const LinearParams& p, int64_t r) {
 // s for unit u of a row: x, or round(x + residual) (rms_norm_row's fetch).
 template <typename T>
 __device__ __forceinline__ Unit<T> fetch_s(const RowPtrs& q, int64_t u, int K, bool vec) {
-  Unit<T> v = load_unit_z<T, kUnit, false>(static_cast<const T*>(q.x), u, K, vec);
+  Unit<T> v = load_u<T, false>(static_cast<const T*>(q.x), u, K, vec);
   if (q.res != nullptr) {
-    const Unit<T> r = load_unit_z<T, kUnit, false>(static_cast<const T*>(q.res), u, K, vec);
+    const Unit<T> r = load_u<T, false>(static_cast<const T*>(q.res), u, K, vec);
+    float f[kUnit];
 #pragma unroll
-    for (int i = 0; i < kUnit; ++i) v.e[i] = from_float<T>(to_float(v.e[i]) + to_float(r.e[i]));
+    for (int i = 0; i < kUnit; ++i) f[i] = get(v, i) + get(r, i);
+    v = from_floats<T>(f);
   }
   return v;
 }
@@ -126,7 +200,7 @@ __device__ __forceinline__ void norm_rows(const LinearParams& p, int mc, float* 
       for (int u = vw * 32 + lane; u < units; u += nt) {
         const Unit<T> v = fetch(m, u);
 #pragma unroll
-        for (int i = 0; i < kUnit; ++i) { const float f = to_float(v.e[i]); ss = fmaf(f, f, ss); }
+        for (int i = 0; i < kUnit; ++i) { const float f = get(v, i); ss = fmaf(f, f, ss); }
       }
       const float total = warp_sum(ss);       // cta_sum's first step, for virtual warp vw
       if (lane == vw) mine = total;
@@ -138,13 +212,13 @@ __device__ __forceinline__ void norm_rows(const LinearParams& p, int mc, float* 
 
 // rms_norm_row's emit for one unit: round(s * inv * (off + w)); elements past K become zero.
 template <typename T, typename W>
-__device__ __forceinline__ Unit<T> normalize(Unit<T> s, float inv, float off, const Pack<W, kUnit>& w,
-                                             int64_t gu, int K) {
+__device__ __forceinline__ Unit<T> normalize(const Unit<T>& s, float inv, float off,
+                                             const Unit<W>& w, int64_t gu, int K) {
+  float f[kUnit];
 #pragma unroll
   for (int e = 0; e < kUnit; ++e)
-    s.e[e] = gu * kUnit + e < K ? from_float<T>(to_float(s.e[e]) * inv * (off + to_float(w.e[e])))
-                                : from_float<T>(0.f);
-  return s;
+    f[e] = gu * kUnit + e < K ? get(s, e) * inv * (off + get(w, e)) : 0.f;
+  return from_floats<T>(f);
 }
 
 // Units [s0, s0 + su) of the chunk's rows -> sx, kBatch units per thread per pass (all their
@@ -164,16 +238,16 @@ __device__ __forceinline__ void stage_slab_impl(const LinearParams& p, int64_t r
   const W* nw = static_cast<const W*>(p.norm_weight);
   const float off = p.unit_offset ? 1.f : 0.f;
   const bool fill = sw != nullptr && static_cast<int>(threadIdx.x) < su;
-  Pack<W, kUnit> wf = zero_pack<W, kUnit>();
-  if (fill) wf = load_unit_z<W, kUnit>(nw, s0 + threadIdx.x, K, vec);
+  Unit<W> wf = zero_unit<W>();
+  if (fill) wf = load_u<W>(nw, s0 + threadIdx.x, K, vec);
   const int total = mc * su;
   for (int i0 = threadIdx.x; i0 < total; i0 += Batch * blockDim.x) {
     Unit<T> xv[Batch], rv[Batch];
-    Pack<W, kUnit> wv[Batch];
+    Unit<W> wv[Batch];
 #pragma unroll
-    for (int b = 0; b < Batch; ++b) {         // zeroed as words: see zero_pack
-      xv[b] = rv[b] = zero_pack<T, kUnit>();
-      wv[b] = zero_pack<W, kUnit>();
+    for (int b = 0; b < Batch; ++b) {         // defined on every path (see Words)
+      xv[b] = rv[b] = zero_unit<T>();
+      wv[b] = zero_unit<W>();
     }
 #pragma unroll
     for (int b = 0; b < Batch; ++b) {
@@ -182,9 +256,9 @@ __device__ __forceinline__ void stage_slab_impl(const LinearParams& p, int64_t r
         const int m = i / su;
         const int64_t gu = s0 + (i - m * su);
         const RowPtrs q = row_ptrs<T>(p, row0 + m);
-        xv[b] = load_unit_z<T, kUnit, false>(static_cast<const T*>(q.x), gu, K, vec);
-        if (fused) rv[b] = load_unit_z<T, kUnit, false>(static_cast<const T*>(q.res), gu, K, vec);
-        if (norm_now) wv[b] = load_unit_z<W, kUnit>(nw, gu, K, vec);
+        xv[b] = load_u<T, false>(static_cast<const T*>(q.x), gu, K, vec);
+        if (fused) rv[b] = load_u<T, false>(static_cast<const T*>(q.res), gu, K, vec);
+        if (norm_now) wv[b] = load_u<W>(nw, gu, K, vec);
       }
     }
 #pragma unroll
@@ -195,21 +269,22 @@ __device__ __forceinline__ void stage_slab_impl(const LinearParams& p, int64_t r
         const int64_t gu = s0 + u;
         Unit<T> h = xv[b];
         if (fused) {
+          float f[kUnit];
 #pragma unroll
-          for (int e = 0; e < kUnit; ++e)
-            h.e[e] = from_float<T>(to_float(h.e[e]) + to_float(rv[b].e[e]));
+          for (int e = 0; e < kUnit; ++e) f[e] = get(h, e) + get(rv[b], e);
+          h = from_floats<T>(f);
           if (store)
-            store_unit<T, kUnit>(static_cast<T*>(row_ptrs<T>(p, row0 + m).res_out), gu, K, vec, h);
+            store_u<T>(static_cast<T*>(row_ptrs<T>(p, row0 + m).res_out), gu, K, vec, h);
         }
         if (norm_now) h = normalize<T, W>(h, inv[m], off, wv[b], gu, K);
-        sx[m][u] = h;       // (without a norm the tail past K is zero already: load_unit)
+        sx[m][u] = h;       // (without a norm the tail past K is zero already: load_u)
       }
     }
   }
   if (fill) {
     Pack<float, kUnit> f;
 #pragma unroll
-    for (int e = 0; e < kUnit; ++e) f.e[e] = to_float(wf.e[e]);
+    for (int e = 0; e < kUnit; ++e) f.e[e] = get(wf, e);
     sw[threadIdx.x] = f;
   }
 }
@@ -236,9 +311,9 @@ __device__ __forceinline__ void load_weights(Unit<T> (&wv)[kCols][kLaneUnits], c
     for (int j = 0; j < kLaneUnits; ++j) {
       const int u = lane + 32 * j;
       if (ok[c] && u < su) {
-        wv[c][j] = load_unit_z<T, kUnit>(wrow[c], s0 + u, K, vec);
+        wv[c][j] = load_u<T>(wrow[c], s0 + u, K, vec);
       } else {
-        wv[c][j] = zero_pack<T, kUnit>();
+        wv[c][j] = zero_unit<T>();
       }
     }
 }
@@ -357,14 +432,14 @@ __device__ __forceinline__ void linear(const LinearParams& p) {
 #pragma unroll
           for (int c = 0; c < kCols; ++c)
 #pragma unroll
-            for (int e = 0; e < kUnit; ++e) w[c][e] = to_float(wv[c][j].e[e]);
+            for (int e = 0; e < kUnit; ++e) w[c][e] = get(wv[c][j], e);
 #pragma unroll
           for (int m = 0; m < kRows; ++m) {
             if (m < mc) {
               const Unit<T> h = sx[m][u];
 #pragma unroll
               for (int e = 0; e < kUnit; ++e) {
-                const float xe = to_float(h.e[e]);
+                const float xe = get(h, e);
 #pragma unroll
                 for (int c = 0; c < kCols; ++c) acc[m][c] = fmaf(xe, w[c][e], acc[m][c]);
               }
@@ -392,7 +467,7 @@ __device__ __forceinline__ void linear(const LinearParams& p) {
 }  // namespace
 
 #define SPECDEC_LINEAR(NAME, T, W)                                                          \
-  extern "C" __global__ void __launch_bounds__(kThreads) linear_##NAME(const LinearParams p) { \
+  extern "C" __global__ void __launch_bounds__(kThreads, 3) linear_##NAME(const LinearParams p) { \
     linear<T, W>(p);                                                                        \
   }
 SPECDEC_LINEAR(f16_wf16, __half, __half)
