@@ -86,8 +86,8 @@ def _ref_args():
     (dict(out=np.zeros((2, 6), np.float16)), TypeError, "out"),
     (dict(epilogue="gelu"), ValueError, "epilogue"),
     (dict(epilogue="silu_mul"), ValueError, "out"),                 # out must be [2, 3]
-    (dict(epilogue="silu_mul", weight=np.zeros((5, 4), np.float32), out=np.zeros((2, 2), np.float32)),
-     ValueError, "weight: 5 rows"),
+    (dict(epilogue="silu_mul", weight=np.zeros((5, 4), np.float32),
+          out=np.zeros((2, 2), np.float32)), ValueError, "weight: 5 rows"),
     (dict(norm_weight=np.zeros(3, np.float32)), ValueError, "norm_weight"),
     (dict(norm_weight=np.zeros(4, np.float32), eps=0.0), ValueError, "eps"),
     (dict(residual=np.zeros((2, 4), np.float32), residual_out=np.zeros((2, 4), np.float32)),

@@ -75,7 +75,9 @@ template <typename T> using Unit = typename UnitOf<T>::type;
 
 __device__ __forceinline__ uint32_t bits16(bf16_t x) { return x.bits; }
 __device__ __forceinline__ uint32_t bits16(__half x) { return __half_as_ushort(x); }
-__device__ __forceinline__ float half_to_float(bf16_t*, uint32_t h) { return __uint_as_float(h << 16); }
+__device__ __forceinline__ float half_to_float(bf16_t*, uint32_t h) {
+  return __uint_as_float(h << 16);
+}
 __device__ __forceinline__ float half_to_float(__half*, uint32_t h) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
 }
@@ -301,9 +303,9 @@ __device__ __forceinline__ void stage_slab(const LinearParams& p, int64_t row0, 
 
 // This lane's weight units of slab s0 (zero where past the slab or the column is past N).
 template <typename T>
-__device__ __forceinline__ void load_weights(Unit<T> (&wv)[kCols][kLaneUnits], const T* const (&wrow)[kCols],
-                                             const bool (&ok)[kCols], int64_t s0, int su, int K,
-                                             bool vec) {
+__device__ __forceinline__ void load_weights(Unit<T> (&wv)[kCols][kLaneUnits],
+                                             const T* const (&wrow)[kCols], const bool (&ok)[kCols],
+                                             int64_t s0, int su, int K, bool vec) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int c = 0; c < kCols; ++c)
@@ -414,9 +416,8 @@ __device__ __forceinline__ void linear(const LinearParams& p) {
       Unit<T> wn[kCols][kLaneUnits];          // the next slab's weights, in flight meanwhile
       const int64_t n0 = s0 + kSlabUnits;
       const bool last = n0 >= units;
-      load_weights<T>(wn, wrow, ok, n0,
-                      last ? 0 : static_cast<int>(min(static_cast<int64_t>(kSlabUnits), units - n0)),
-                      K, vec_w);
+      const int nu = last ? 0 : static_cast<int>(min(static_cast<int64_t>(kSlabUnits), units - n0));
+      load_weights<T>(wn, wrow, ok, n0, nu, K, vec_w);
       // the running sums wait in shared memory between slabs (not in registers across the
       // staging, which needs them)
       float acc[kRows][kCols];

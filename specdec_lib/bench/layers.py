@@ -90,7 +90,8 @@ def _bench_fused(b: Bench, peer):
             W = I if silu else N
             x, r = _rand((M, K), "bfloat16", d, 1), _rand((M, K), "bfloat16", d, 3)
             w, nw = _rand((N, K), "bfloat16", d, 2), _rand((K,), "bfloat16", d, 4)
-            s, h = DeviceArray.empty((M, K), "bfloat16", d), DeviceArray.empty((M, K), "bfloat16", d)
+            s = DeviceArray.empty((M, K), "bfloat16", d)
+            h = DeviceArray.empty((M, K), "bfloat16", d)
             acc = DeviceArray.empty((M, N), "bfloat16", d)
             out = DeviceArray.empty((M, W), "bfloat16", d)
             nbytes = (N * K + 3 * M * K + M * W) * _E

@@ -24,6 +24,7 @@ _INT32_MAX = 2**31 - 1
 _LINEAR_ROWS = 16             # linear: rows per chunk (kRows); gridDim.y strides over chunks
 _LINEAR_THREADS = 128         # linear: blockDim (kThreads: 4 warps of two columns each)
 _GRID_Y_MAX = 65535
+_LINEAR_CARVEOUT = set()      # linear kernel handles whose shared-memory carveout was raised
 
 
 def _rows_disjoint(a, width):
@@ -268,10 +269,14 @@ def linear(x, weight, out, *, norm_weight=None, eps=1e-6, residual=None, residua
     vec_x = K % 8 == 0 and (xa.ptr | _row_bytes(xa) | nw.ptr | r.ptr | ro.ptr
                             | (_row_bytes(r) | _row_bytes(ro) if fused else 0)) % 16 == 0
     vec_w = K % 8 == 0 and wa.ptr % 16 == 0
-    k = runtime.kernel("linear", f"linear_{_SHORT[dt]}_w{_SHORT[nw.dtype if norm else dt]}", dev)
+    name = f"linear_{_SHORT[dt]}_w{_SHORT[nw.dtype if norm else dt]}"
+    k = runtime.kernel("linear", name, dev)
+    if k not in _LINEAR_CARVEOUT:               # 44 KB of static smem: 3 CTAs per SM want it
+        k.prefer_max_shared()
+        _LINEAR_CARVEOUT.add(k)
     from .. import _layers
-    _layers.launch_linear(k, gx, gy, _LINEAR_THREADS, stream_h, xa.ptr, r.ptr, ro.ptr, nw.ptr, wa.ptr,
-                          o.ptr, xa.strides[0], r.strides[0] if fused else 0,
+    _layers.launch_linear(k, gx, gy, _LINEAR_THREADS, stream_h, xa.ptr, r.ptr, ro.ptr, nw.ptr,
+                          wa.ptr, o.ptr, xa.strides[0], r.strides[0] if fused else 0,
                           ro.strides[0] if fused else 0, o.strides[0], M, K, N,
                           _norm_threads(K, xa.itemsize), bool(unit_offset), silu, vec_x, vec_w,
                           eps)
