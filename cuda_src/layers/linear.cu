@@ -199,6 +199,8 @@ __device__ __forceinline__ void norm_rows(const LinearParams& p, int mc, float* 
     float mine = 0.f;
     for (int vw = 0; vw < nvw; ++vw) {
       float ss = 0.f;
+      // unrolled: a multi-slab row's global loads go out together (same order of fmaf)
+#pragma unroll 4
       for (int u = vw * 32 + lane; u < units; u += nt) {
         const Unit<T> v = fetch(m, u);
 #pragma unroll
