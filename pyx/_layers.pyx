@@ -1,6 +1,6 @@
 # cython: language_level=3
-"""Launchers of the layers family (rms_norm, rope, silu_mul): pack the parameter block,
-launch. No validation here (specdec_lib.ops.layers does it before calling in)."""
+"""Launchers of the layers family (rms_norm, rope, silu_mul, linear): pack the parameter
+block, launch. No validation here (specdec_lib.ops.layers does it before calling in)."""
 from libc.stdint cimport int32_t, int64_t, uintptr_t
 from specdec_lib._driver cimport Kernel, launch
 
@@ -46,9 +46,32 @@ cdef extern from "layers/layers_params.h":
         int32_t width
         int32_t vectorize
 
+cdef extern from "layers/linear_params.h":
+    ctypedef struct LinearParams:
+        const void* x
+        const void* residual
+        void* residual_out
+        const void* norm_weight
+        const void* weight
+        void* out
+        int64_t x_stride
+        int64_t residual_stride
+        int64_t residual_out_stride
+        int64_t out_stride
+        int64_t rows
+        int32_t width
+        int32_t cols
+        int32_t norm_threads
+        int32_t unit_offset
+        int32_t silu_mul
+        int32_t vec_x
+        int32_t vec_w
+        float eps
+
 PARAM_SIZES = {"RmsNormParams": sizeof(RmsNormParams),
                "RopeParams": sizeof(RopeParams),
-               "SiluMulParams": sizeof(SiluMulParams)}
+               "SiluMulParams": sizeof(SiluMulParams),
+               "LinearParams": sizeof(LinearParams)}
 
 
 def launch_rms_norm(Kernel k, unsigned int grid, unsigned int block, size_t stream,
@@ -110,3 +133,33 @@ def launch_silu_mul(Kernel k, unsigned int grid, unsigned int block, size_t stre
     p.width = width
     p.vectorize = vectorize
     launch(k, grid, 1, 1, block, 1, 1, 0, stream, &p)
+
+
+def launch_linear(Kernel k, unsigned int gx, unsigned int gy, unsigned int block, size_t stream,
+                  uintptr_t x, uintptr_t residual, uintptr_t residual_out, uintptr_t norm_weight,
+                  uintptr_t weight, uintptr_t out, int64_t x_stride, int64_t residual_stride,
+                  int64_t residual_out_stride, int64_t out_stride, int64_t rows, int width,
+                  int cols, int norm_threads, bint unit_offset, bint silu_mul, bint vec_x,
+                  bint vec_w, float eps):
+    """gx CTAs over the column groups, gy over 16-row chunks; strides in elements."""
+    cdef LinearParams p
+    p.x = <const void*>x
+    p.residual = <const void*>residual
+    p.residual_out = <void*>residual_out
+    p.norm_weight = <const void*>norm_weight
+    p.weight = <const void*>weight
+    p.out = <void*>out
+    p.x_stride = x_stride
+    p.residual_stride = residual_stride
+    p.residual_out_stride = residual_out_stride
+    p.out_stride = out_stride
+    p.rows = rows
+    p.width = width
+    p.cols = cols
+    p.norm_threads = norm_threads
+    p.unit_offset = unit_offset
+    p.silu_mul = silu_mul
+    p.vec_x = vec_x
+    p.vec_w = vec_w
+    p.eps = eps
+    launch(k, gx, gy, 1, block, 1, 1, 0, stream, &p)

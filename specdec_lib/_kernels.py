@@ -145,3 +145,11 @@ register(KernelModule(
              **{f"{op}_{t}": p for op, p in (("rope", "RopeParams"), ("silu_mul", "SiluMulParams"))
                 for t in ("f32", "f16", "bf16")}},
 ))
+
+# the layers family's small-M GEMM (its own translation unit; launcher: pyx/_layers.pyx)
+register(KernelModule(
+    name="linear",
+    source="cuda_src/layers/linear.cu",
+    params_header="layers/linear_params.h",
+    kernels={f"linear_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES if t != "f32"},
+))

@@ -297,6 +297,18 @@ def _check_silu_mul(x, out):
                      f"{list(x.shape)}, got {list(out.shape)}")
 
 
+def _check_linear(x, weight, out, *, norm_weight=None, residual=None, residual_out=None,
+                  epilogue=None, **_):
+    _shape("x", x, None, None)
+    M, K = x.shape
+    _shape("weight", weight, None, K)
+    N = weight.shape[0]
+    _shape("out", out, M, N // 2 if epilogue == "silu_mul" else N)
+    _shape("norm_weight", norm_weight, K)
+    _shape("residual", residual, M, K)
+    _shape("residual_out", residual_out, M, K)
+
+
 def _check_ngram_propose(prompt, prompt_lens, output, output_lens, draft_tokens, num_draft, **_):
     B = prompt.shape[0]
     _check_rows((B,), prompt_lens=prompt_lens, output_lens=output_lens,
@@ -375,6 +387,9 @@ _TABLE = (
             "Tensor cos_sin_cache, Tensor! k_cache, Tensor! v_cache, Tensor page_table, "
             "Tensor seq_lens, Tensor cu_q, Tensor? finished=None, *, bool check_indices=True) "
             "-> ()", _check_rope_append_kv),
+    _OpSpec("linear", "(Tensor x, Tensor weight, Tensor! out, *, Tensor? norm_weight=None, "
+            "float eps=1e-06, Tensor? residual=None, Tensor!? residual_out=None, "
+            "str? epilogue=None, bool unit_offset=False) -> ()", _check_linear, bf16_bits=True),
     _OpSpec("ngram_propose", "(Tensor prompt, Tensor prompt_lens, Tensor output, Tensor output_lens, "
             "Tensor! draft_tokens, Tensor! num_draft, *, int min_n=1, int max_n=3, "
             "bool check_indices=True) -> ()", _check_ngram_propose),

@@ -1,6 +1,6 @@
 """Benchmarks: ``python -m specdec_lib bench [op ...] [--json FILE]``.
 
-One module per op family, as in ``specdec_lib.ops`` (copy, attention, gdn, conv, draft,
+One module per op family, as in ``specdec_lib.ops`` (copy, attention, gdn, conv, draft, layers,
 sampling) plus ``round`` (the host cost of a whole round); ``_harness`` holds the timing.
 
 Every benchmark reports the bytes the op must move, the achieved GB/s, and the ratio
@@ -20,7 +20,7 @@ from ._harness import _BENCHES, _OPTIONAL, Bench, _rand, bench
 
 __all__ = ["Bench", "bench", "main", "_rand"]
 
-FAMILIES = ("copy", "attention", "gdn", "conv", "draft", "round", "sampling")
+FAMILIES = ("copy", "attention", "gdn", "conv", "draft", "layers", "round", "sampling")
 
 
 def main(argv=None):

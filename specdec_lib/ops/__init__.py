@@ -9,4 +9,4 @@ from .sampling import spec_sample, spec_sample_workspace_size  # noqa: F401
 from .sequence import seq_advance, seq_build_block, seq_stop  # noqa: F401
 from .draft import (capture_hidden, draft_carry, draft_combine, draft_map_tokens,  # noqa: F401
                     ngram_propose)
-from .layers import rms_norm, rope, rope_cos_sin_cache, silu_mul  # noqa: F401
+from .layers import linear, rms_norm, rope, rope_cos_sin_cache, silu_mul  # noqa: F401

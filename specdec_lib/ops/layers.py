@@ -1,4 +1,5 @@
-"""rms_norm, rope, silu_mul on the GPU (kernels: cuda_src/layers/layers.cu).
+"""rms_norm, rope, silu_mul, linear on the GPU (kernels: cuda_src/layers/layers.cu and, for
+linear, cuda_src/layers/linear.cu).
 
 The elementwise glue of a dense (Llama-type) layer, so that a host model's layer is a few
 library launches; semantics and argument order in ``specdec_lib.reference.layers`` (whose
@@ -10,21 +11,45 @@ from __future__ import annotations
 
 from .. import runtime
 from .._validate import DeviceArg, as_stream
-from ..reference.layers import check_eps, check_rope_shapes, rope_cos_sin_cache  # noqa: F401
+from ..reference.layers import (check_eps, check_linear_args, check_rope_shapes,  # noqa: F401
+                                rope_cos_sin_cache)
 from .draft import _FLOATS, _SHORT, _last_contiguous, _row_bytes, _threads_for
 
-__all__ = ["rms_norm", "rope", "rope_cos_sin_cache", "silu_mul"]
+__all__ = ["linear", "rms_norm", "rope", "rope_cos_sin_cache", "silu_mul"]
 
 _THREADS = 256                # rope, silu_mul (kThreads)
 _NORM_MAX_THREADS = 1024      # rms_norm (kNormMaxThreads)
 _GRID_PER_SM = 16             # rope, silu_mul: grid-stride past this many CTAs per SM
 _INT32_MAX = 2**31 - 1
+_LINEAR_ROWS = 16             # linear: rows per chunk (kRows); gridDim.y strides over chunks
+_LINEAR_THREADS = 128         # linear: blockDim (kThreads: 4 warps of two columns each)
+_GRID_Y_MAX = 65535
+_LINEAR_CARVEOUT = set()      # linear kernel handles whose shared-memory carveout was raised
 
 
 def _rows_disjoint(a, width):
     """An output's rows must not overlap (a row stride of at least its width)."""
     if a.shape[0] > 1 and abs(a.strides[0]) < width:
         raise ValueError(f"{a.name}: rows overlap (row stride {a.strides[0]} < width {width})")
+
+
+def _norm_threads(H, itemsize):
+    """rms_norm's blockDim for width H: from H alone (row invariance); linear's fused norm
+    reproduces the sum order it implies."""
+    return _threads_for(-(-H // (16 // itemsize)), _NORM_MAX_THREADS)
+
+
+def _extent(a):
+    """[first byte, one past the last byte) that a DeviceArg spans; (ptr, ptr) when empty."""
+    if not a.shape or 0 in a.shape:
+        return a.ptr, a.ptr
+    lo = hi = 0
+    for d, st in zip(a.shape, a.strides):
+        if st < 0:
+            lo += (d - 1) * st
+        else:
+            hi += (d - 1) * st
+    return a.ptr + lo * a.itemsize, a.ptr + (hi + 1) * a.itemsize
 
 
 def _flat_grid(items, device):
@@ -80,7 +105,7 @@ def rms_norm(x, weight, out, *, eps=1e-6, residual=None, residual_out=None, unit
     if fused:
         bits |= r.ptr | ro.ptr | _row_bytes(r) | _row_bytes(ro)
     # the kernel walks a row in 16-byte units either way: blockDim from H alone (row invariance)
-    threads = _threads_for(-(-H // (16 // E)), _NORM_MAX_THREADS)
+    threads = _norm_threads(H, E)
     k = runtime.kernel("layers", f"rms_norm_{_SHORT[dt]}_w{_SHORT[w.dtype]}", dev)
     from .. import _layers
     _layers.launch_rms_norm(k, min(T, _INT32_MAX), threads, stream_h, xa.ptr, r.ptr, ro.ptr,
@@ -179,4 +204,88 @@ def silu_mul(x, out, *, stream=None):
     from .. import _layers
     _layers.launch_silu_mul(kern, _flat_grid(items, dev), _THREADS, stream_h, xa.ptr, o.ptr,
                             xa.strides[0], o.strides[0], T, I, vectorize)
+    return out
+
+
+def linear(x, weight, out, *, norm_weight=None, eps=1e-6, residual=None, residual_out=None,
+           epilogue=None, unit_offset=False, stream=None):
+    """out = h @ weight.T for a few rows (decode / verify, M <= 16 is the fast case), with
+    rms_norm fused in front and silu_mul behind when asked; a row's bits depend only on that
+    row (and the weights, N, K): never on M, the other rows, or the pointers' alignment.
+
+    x [M, K] float16/bfloat16, last dimension contiguous (row stride free); weight [N, K]
+    x's dtype, contiguous (nn.Linear layout); out [M, N] x's dtype (row stride free).
+    float32 accumulation in a fixed order over K, one rounding to the output.
+
+    ``norm_weight`` [K] (x's dtype or float32, contiguous): h = the rms_norm of s, bit for
+    bit what ``rms_norm(s, norm_weight, h, eps=eps, unit_offset=unit_offset)`` stores, with
+    s = x, or s = round(x + residual) when ``residual`` [M, K] is given; ``residual_out``
+    [M, K] is then required and receives s (it must not overlap x or residual: other CTAs
+    are still reading them). Without norm_weight, residual is not allowed.
+
+    ``epilogue='silu_mul'``: weight holds [gate rows; up rows] (N = 2I) and out [M, I] =
+    silu(g) * u from the float32 accumulators (silu as ``silu_mul``: accurate exp).
+
+    out must overlap none of the inputs. M = 0 is a no-op. Returns out.
+
+    Example (a Llama MLP on the residual stream x, ping-ponged with x2)::
+
+        linear(attn_out, gate_up_w, act, norm_weight=ln2_w, residual=x, residual_out=x2,
+               epilogue="silu_mul", eps=1e-5)
+        linear(act, down_w, d)
+    """
+    xa = DeviceArg("x", x, dtype=("float16", "bfloat16"), ndim=2)
+    dev = xa.device
+    dt = xa.dtype
+    wa = DeviceArg("weight", weight, dtype=dt, ndim=2, device=dev, contiguous=True)
+    o = DeviceArg("out", out, dtype=dt, ndim=2, device=dev)
+    nw = DeviceArg("norm_weight", norm_weight, dtype=(dt, "float32"), ndim=1, device=dev,
+                   contiguous=True, optional=True)
+    r = DeviceArg("residual", residual, dtype=dt, ndim=2, device=dev, optional=True)
+    ro = DeviceArg("residual_out", residual_out, dtype=dt, ndim=2, device=dev, optional=True)
+    norm, fused = norm_weight is not None, residual is not None
+    M, K, N, width = check_linear_args(
+        xa.shape, wa.shape, o.shape, epilogue=epilogue, unit_offset=unit_offset,
+        norm_shape=nw.shape if norm else None, residual_shape=r.shape if fused else None,
+        residual_out_shape=ro.shape if residual_out is not None else None)
+    eps = check_eps(eps)
+    for a in (xa, o, r, ro):
+        if a.obj is not None:
+            _last_contiguous(a)
+    _rows_disjoint(o, width)
+    if fused:
+        _rows_disjoint(ro, K)
+    if K >= 2**30 or N > _INT32_MAX:
+        raise ValueError(f"weight: [{N}, {K}] is too large (N < 2^31, K < 2^30)")
+    stream_h = as_stream(stream)
+    inputs = [a for a in (xa, wa, nw, r) if a.obj is not None]
+    for a, others in ((o, inputs), (ro, inputs + [o])):
+        if a.obj is None:
+            continue
+        lo, hi = _extent(a)
+        for b in others:
+            blo, bhi = _extent(b)
+            if lo < bhi and blo < hi:
+                raise ValueError(f"{a.name}: overlaps {b.name} (other CTAs read the inputs "
+                                 f"while the kernel writes {a.name})")
+    if M == 0 or width == 0:
+        return out
+    silu = epilogue == "silu_mul"
+    groups = width if silu else -(-N // 2)           # a warp per column pair
+    gx = -(-groups // (_LINEAR_THREADS // 32))
+    gy = min(-(-M // _LINEAR_ROWS), _GRID_Y_MAX)
+    vec_x = K % 8 == 0 and (xa.ptr | _row_bytes(xa) | nw.ptr | r.ptr | ro.ptr
+                            | (_row_bytes(r) | _row_bytes(ro) if fused else 0)) % 16 == 0
+    vec_w = K % 8 == 0 and wa.ptr % 16 == 0
+    name = f"linear_{_SHORT[dt]}_w{_SHORT[nw.dtype if norm else dt]}"
+    k = runtime.kernel("linear", name, dev)
+    if k not in _LINEAR_CARVEOUT:               # 44 KB of static smem: 3 CTAs per SM want it
+        k.prefer_max_shared()
+        _LINEAR_CARVEOUT.add(k)
+    from .. import _layers
+    _layers.launch_linear(k, gx, gy, _LINEAR_THREADS, stream_h, xa.ptr, r.ptr, ro.ptr, nw.ptr,
+                          wa.ptr, o.ptr, xa.strides[0], r.strides[0] if fused else 0,
+                          ro.strides[0] if fused else 0, o.strides[0], M, K, N,
+                          _norm_threads(K, xa.itemsize), bool(unit_offset), silu, vec_x, vec_w,
+                          eps)
     return out

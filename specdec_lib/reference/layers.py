@@ -7,6 +7,8 @@ its matmuls, so one model implementation serves both backends.
                           HF Llama) style, from a cos/sin cache indexed by position.
 - ``rope_cos_sin_cache``: that cache, ``[max_position, D]`` float32 (vLLM's layout).
 - ``silu_mul``          : the SwiGLU activation ``silu(gate) * up`` of ``x = [gate | up]``.
+- ``linear``            : ``x @ weight.T`` (nn.Linear layout), optionally with rms_norm (and its
+                          residual add) in front and silu_mul behind, fused.
 
 Same names and argument order as ``specdec_lib.ops.layers``; outputs are written into the
 caller's arrays (in place for rope) and returned. Math in float64, one rounding to the
@@ -190,4 +192,105 @@ def silu_mul(x, out):
         g, u = v[:I], v[I:]
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
             store(out[t], g / (1.0 + np.exp(-g)) * u)
+    return out
+
+
+LINEAR_EPILOGUES = (None, "silu_mul")
+
+
+def check_linear_args(x_shape, weight_shape, out_shape, *, norm_shape=None, residual_shape=None,
+                      residual_out_shape=None, epilogue=None, unit_offset=False):
+    """The shape rules of ``linear`` (both backends): returns (M, K, N, output width); the
+    ``*_shape`` of an argument that is None is None. ValueError naming the argument."""
+    if epilogue not in LINEAR_EPILOGUES:
+        raise ValueError(f"epilogue: expected None or 'silu_mul', got {epilogue!r}")
+    M, K = x_shape
+    if K < 1:
+        raise ValueError("x: K (the last dimension) must be >= 1")
+    if len(weight_shape) != 2 or weight_shape[1] != K:
+        raise ValueError(f"weight: expected shape [N, {K}] (K from x), got {list(weight_shape)}")
+    N = weight_shape[0]
+    if epilogue == "silu_mul" and N % 2:
+        raise ValueError(f"weight: {N} rows must be even for epilogue='silu_mul' "
+                         "([gate rows; up rows])")
+    width = N // 2 if epilogue == "silu_mul" else N
+    if tuple(out_shape) != (M, width):
+        raise ValueError(f"out: expected shape [{M}, {width}], got {list(out_shape)}")
+    if norm_shape is not None and tuple(norm_shape) != (K,):
+        raise ValueError(f"norm_weight: expected shape [{K}], got {list(norm_shape)}")
+    if unit_offset and norm_shape is None:
+        raise ValueError("unit_offset: only with norm_weight")
+    if residual_shape is not None:
+        if norm_shape is None:
+            raise ValueError("residual: only with norm_weight (the residual add is the norm's "
+                             "prologue)")
+        if tuple(residual_shape) != (M, K):
+            raise ValueError(f"residual: expected shape [{M}, {K}], got {list(residual_shape)}")
+        if residual_out_shape is None:
+            raise ValueError("residual_out: required with residual (it receives x + residual)")
+        if tuple(residual_out_shape) != (M, K):
+            raise ValueError(f"residual_out: expected shape [{M}, {K}], got "
+                             f"{list(residual_out_shape)}")
+    elif residual_out_shape is not None:
+        raise ValueError("residual_out: given without residual")
+    return M, K, N, width
+
+
+def linear(x, weight, out, *, norm_weight=None, eps=1e-6, residual=None, residual_out=None,
+           epilogue=None, unit_offset=False):
+    """out = h @ weight.T (nn.Linear layout), h = x or the fused rms_norm of x; optionally the
+    SwiGLU epilogue. One rounding to x's dtype on the output.
+
+    x             [M, K]
+    weight        [N, K]  x's dtype
+    out           [M, N], or [M, N/2] with epilogue='silu_mul'; x's dtype
+    norm_weight   [K] or None: h = round(rms_norm(s)) exactly as ``rms_norm(s, norm_weight,
+                  h, eps=eps, unit_offset=unit_offset)`` stores it, s = x, or
+    residual      [M, K] (needs norm_weight): s = round(x + residual), stored to
+    residual_out  [M, K], required with residual; it must not share memory with x, residual
+                  (the GPU's CTAs still read those while one of them writes residual_out).
+    epilogue      None, or 'silu_mul': weight = [gate rows; up rows] (N = 2I) and out =
+                  silu(g) * u of the unrounded products g = h @ gate.T, u = h @ up.T.
+    """
+    _float_array("x", x, 2)
+    _float_array("weight", weight, 2)
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight: dtype {weight.dtype} != x's {x.dtype}")
+    _float_array("out", out, 2)
+    if out.dtype != x.dtype:
+        raise TypeError(f"out: dtype {out.dtype} != x's {x.dtype}")
+    if norm_weight is not None:
+        _float_array("norm_weight", norm_weight, 1)
+    for name, a in (("residual", residual), ("residual_out", residual_out)):
+        if a is not None:
+            _float_array(name, a, 2)
+            if a.dtype != x.dtype:
+                raise TypeError(f"{name}: dtype {a.dtype} != x's {x.dtype}")
+    M, K, N, width = check_linear_args(
+        x.shape, weight.shape, out.shape, epilogue=epilogue, unit_offset=unit_offset,
+        norm_shape=None if norm_weight is None else norm_weight.shape,
+        residual_shape=None if residual is None else residual.shape,
+        residual_out_shape=None if residual_out is None else residual_out.shape)
+    eps = check_eps(eps)
+    inputs = (("x", x), ("weight", weight), ("norm_weight", norm_weight), ("residual", residual))
+    for name, a, others in (("out", out, inputs),
+                            ("residual_out", residual_out, inputs + (("out", out),))):
+        for other, b in others:
+            if a is not None and b is not None and np.may_share_memory(a, b):
+                raise ValueError(f"{name}: shares memory with {other} (the GPU kernel reads "
+                                 f"the inputs while it writes {name})")
+    w = to_f64(weight)
+    for t in range(M):
+        h = to_f64(x[t])
+        if norm_weight is not None:
+            if residual is not None:
+                h = round_to(h + to_f64(residual[t]), x.dtype)
+                store(residual_out[t], h)
+            h = round_to(rms_norm_f64(h, norm_weight, eps, unit_offset), x.dtype)
+        acc = w @ h
+        if epilogue == "silu_mul":
+            g, u = acc[:width], acc[width:]
+            with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+                acc = g / (1.0 + np.exp(-g)) * u
+        store(out[t], acc)
     return out

@@ -1,0 +1,479 @@
+// layers family: linear, a small-M GEMM (decode / verify rows) whose row result depends only
+// on that row, with the layer's RMSNorm (+ residual add) fused in front and SwiGLU behind.
+// Semantics: specdec_lib/reference/layers.py::linear.
+//
+//   x [M, K] f16/bf16 (+ residual [M, K] -> residual_out), norm_weight [K] (x's dtype or f32),
+//   weight [N, K] (nn.Linear layout) -> out [M, N], or [M, N/2] = silu(gate) * up (silu_mul).
+//
+// Work split. A warp owns two output columns (silu_mul: gate column j and up column I + j, so
+// the epilogue needs no exchange between warps); a CTA is 4 warps (8 columns), the grid
+// covers the columns (x) and the 16-row chunks (y); neither changes any bits. K is walked in
+// units of 8 elements (16 bytes): lane l owns units l, l + 32, l + 64, ... of every row and
+// accumulates them in that order with fmaf (elements of a unit in order), then the 32 lane
+// partials are added by the xor tree of warp_sum (done as a reduce-scatter: 31 shuffles for
+// the 16 rows x 2 columns, same sums). So each output element is one fixed sequence of
+// float32 operations set by K alone: not by M, the other rows, the chunk or CTA that
+// computed it, or the pointers' alignment (vector and scalar loads fetch the same values;
+// the zero tail past K exists iff K % 8).
+//
+// Rows come in chunks of kRows = 16 (gridDim.y strides over chunks); within a chunk, K in
+// slabs of kSlabUnits (96 units = 768 elements, 3 per lane): the slab's h rows are staged in
+// shared memory (24 KB, 16-byte aligned whatever x's alignment), each lane reading a row's
+// unit with one 16-byte access. Its weight units sit in registers: slab 0's are loaded before
+// the staging and slab s + 1's during slab s's FMAs, so the DRAM latency hides behind both;
+// between slabs the running sums wait in shared memory (16 KB), not in registers across the
+// staging. 44 KB of shared memory and <= 170 registers: 3 CTAs per SM, so SmolLM2's widest
+// projection (gate_up, 384 CTAs) runs in one wave on 132 SMs. Every CTA reads the x rows and
+// computes their norm; only the CTAs with blockIdx.x == 0 store residual_out (the launcher
+// makes sure residual_out overlaps none of the inputs, which other CTAs are still reading).
+//
+// The norm prologue reproduces common/rms_norm.cuh's arithmetic exactly: the sum of squares
+// is split over p.norm_threads "virtual threads" (rms_norm's blockDim for this K): virtual
+// thread t adds units t, t + norm_threads, ... in order; virtual warp v's 32 partials are
+// added by warp_sum in one real warp, and the virtual warps' totals by a second warp_sum, as
+// cta_sum does. Hence h is bit for bit what ops.rms_norm would have stored. A row that fits
+// one slab (K <= 768) is staged as s, its norm summed from shared memory, then normalised in
+// place; a longer row's norm is a first pass over global memory, and staging normalises.
+//
+// The build uses --use_fast_math: products that must not fuse are spelled out (fmaf where
+// the order is part of the contract), divisions __fdiv_rn, exp accurate_expf (math.cuh).
+// CUDA cores only (no mma): the kernel is weight-bandwidth / latency bound at M <= 16, and
+// bf16 is storage only (common/dtype.cuh), so the compute_75 path is the same code.
+#include "common/dtype.cuh"
+#include "common/math.cuh"
+#include "common/pack.cuh"
+#include "common/warp.cuh"
+#include "layers/linear_params.h"
+
+using namespace specdec;
+
+namespace {
+
+constexpr int kWarps = 4;                   // blockDim = 128: the launcher's only choice
+constexpr int kThreads = 32 * kWarps;
+constexpr int kUnit = 8;                    // elements per K unit (16 bytes)
+constexpr int kRows = 16;                   // rows per chunk
+constexpr int kCols = 2;                    // output columns per warp
+constexpr int kLaneUnits = 3;               // units per lane per slab
+constexpr int kSlabUnits = 32 * kLaneUnits; // a multiple of 32: lane l's units stay l mod 32
+constexpr int kBatch = 4;                   // staging: units per thread with loads in flight
+static_assert(kThreads >= kSlabUnits, "stage_slab fills sw with one unit per thread");
+static_assert(kRows * kCols == 32, "the reduce-scatter hands one (row, column) to each lane");
+
+// A unit of 8 16-bit elements is held as 4 words (element 2i in the low half of word i, as
+// in memory) and read / built a word at a time: 16-bit elements zeroed or written one by one
+// write register halves, and the other half of an uninitialised register then counts as
+// live from the kernel's entry (that had doubled the register count). A float32 norm
+// weight's unit is a plain Pack. get(u, e) is to_float of element e either way.
+template <typename T>
+struct alignas(16) Words {
+  uint32_t w[4];
+};
+template <typename T> struct UnitOf { using type = Words<T>; };
+template <> struct UnitOf<float> { using type = Pack<float, kUnit>; };
+template <typename T> using Unit = typename UnitOf<T>::type;
+
+__device__ __forceinline__ uint32_t bits16(bf16_t x) { return x.bits; }
+__device__ __forceinline__ uint32_t bits16(__half x) { return __half_as_ushort(x); }
+__device__ __forceinline__ float half_to_float(bf16_t*, uint32_t h) {
+  return __uint_as_float(h << 16);
+}
+__device__ __forceinline__ float half_to_float(__half*, uint32_t h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+}
+
+template <typename T>
+__device__ __forceinline__ float get(const Words<T>& u, int e) {
+  const uint32_t w = u.w[e >> 1];
+  return half_to_float(static_cast<T*>(nullptr), (e & 1) ? w >> 16 : w & 0xffffu);
+}
+__device__ __forceinline__ float get(const Pack<float, kUnit>& u, int e) { return u.e[e]; }
+
+// round each of 8 floats to T (from_float), two to a word
+template <typename T>
+__device__ __forceinline__ Words<T> from_floats(const float (&f)[kUnit]) {
+  Words<T> r;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    r.w[i] = bits16(from_float<T>(f[2 * i])) | (bits16(from_float<T>(f[2 * i + 1])) << 16);
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ Unit<T> zero_unit() {
+  Unit<T> r;
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int i = 0; i < kUnit; ++i) r.e[i] = 0.f;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.w[i] = 0u;
+  }
+  return r;
+}
+
+// Unit u (elements 8u .. 8u + 7) of a row of n elements: one 16-byte access (ld.global.nc
+// when ReadOnly) when vec (the caller checked alignment and n % 8 == 0), else element by
+// element with the elements at or past n read as zero (common/pack.cuh's load_unit).
+template <typename T, bool ReadOnly = true>
+__device__ __forceinline__ Unit<T> load_u(const T* row, int64_t u, int64_t n, bool vec) {
+  if constexpr (sizeof(T) == 4) {
+    if (vec) return load_pack<float, kUnit, ReadOnly>(row + u * kUnit);
+    Unit<T> r;
+#pragma unroll
+    for (int i = 0; i < kUnit; ++i) r.e[i] = u * kUnit + i < n ? row[u * kUnit + i] : 0.f;
+    return r;
+  } else {
+    Unit<T> r;
+    if (vec) {
+      const uint4* src = reinterpret_cast<const uint4*>(row + u * kUnit);
+      uint4 q;
+      if constexpr (ReadOnly) q = __ldg(src);
+      else q = *src;
+      r.w[0] = q.x, r.w[1] = q.y, r.w[2] = q.z, r.w[3] = q.w;
+      return r;
+    }
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(row) + u * kUnit;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t lo = u * kUnit + 2 * i < n ? h[2 * i] : 0u;
+      const uint32_t hi = u * kUnit + 2 * i + 1 < n ? h[2 * i + 1] : 0u;
+      r.w[i] = lo | (hi << 16);
+    }
+    return r;
+  }
+}
+
+// The inverse (16-bit T): elements at or past n are not written.
+template <typename T>
+__device__ __forceinline__ void store_u(T* row, int64_t u, int64_t n, bool vec, const Words<T>& v) {
+  if (vec) {
+    *reinterpret_cast<uint4*>(row + u * kUnit) = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
+    return;
+  }
+  uint16_t* h = reinterpret_cast<uint16_t*>(row) + u * kUnit;
+#pragma unroll
+  for (int e = 0; e < kUnit; ++e)
+    if (u * kUnit + e < n) h[e] = static_cast<uint16_t>((e & 1) ? v.w[e >> 1] >> 16 : v.w[e >> 1]);
+}
+
+struct RowPtrs {
+  const void* x;
+  const void* res;
+  void* res_out;
+};
+
+template <typename T>
+__device__ __forceinline__ RowPtrs row_ptrs(const LinearParams& p, int64_t r) {
+  RowPtrs q;
+  q.x = static_cast<const T*>(p.x) + r * p.x_stride;
+  q.res = p.residual ? static_cast<const T*>(p.residual) + r * p.residual_stride : nullptr;
+  q.res_out = p.residual ? static_cast<T*>(p.residual_out) + r * p.residual_out_stride : nullptr;
+  return q;
+}
+
+// s for unit u of a row: x, or round(x + residual) (rms_norm_row's fetch).
+template <typename T>
+__device__ __forceinline__ Unit<T> fetch_s(const RowPtrs& q, int64_t u, int K, bool vec) {
+  Unit<T> v = load_u<T, false>(static_cast<const T*>(q.x), u, K, vec);
+  if (q.res != nullptr) {
+    const Unit<T> r = load_u<T, false>(static_cast<const T*>(q.res), u, K, vec);
+    float f[kUnit];
+#pragma unroll
+    for (int i = 0; i < kUnit; ++i) f[i] = get(v, i) + get(r, i);
+    v = from_floats<T>(f);
+  }
+  return v;
+}
+
+// inv[m] = rsqrt(mean(s^2) + eps) of the chunk's rows, in rms_norm's order (header comment),
+// one warp per row; fetch(m, u) gives unit u of row m's s (from shared or global memory: the
+// same values, so the same bits).
+template <typename T, typename Fetch>
+__device__ __forceinline__ void norm_rows(const LinearParams& p, int mc, float* inv,
+                                          Fetch fetch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int K = p.width, units = (K + kUnit - 1) / kUnit;
+  const int nt = p.norm_threads, nvw = nt >> 5;
+  for (int m = warp; m < mc; m += nwarps) {
+    float mine = 0.f;
+    for (int vw = 0; vw < nvw; ++vw) {
+      float ss = 0.f;
+      // unrolled: a multi-slab row's global loads go out together (same order of fmaf)
+#pragma unroll 4
+      for (int u = vw * 32 + lane; u < units; u += nt) {
+        const Unit<T> v = fetch(m, u);
+#pragma unroll
+        for (int i = 0; i < kUnit; ++i) { const float f = get(v, i); ss = fmaf(f, f, ss); }
+      }
+      const float total = warp_sum(ss);       // cta_sum's first step, for virtual warp vw
+      if (lane == vw) mine = total;
+    }
+    const float sum = warp_sum(lane < nvw ? mine : 0.f);   // cta_sum's second step
+    if (lane == 0) inv[m] = rsqrtf(__fdiv_rn(sum, static_cast<float>(K)) + p.eps);
+  }
+}
+
+// rms_norm_row's emit for one unit: round(s * inv * (off + w)); elements past K become zero.
+template <typename T, typename W>
+__device__ __forceinline__ Unit<T> normalize(const Unit<T>& s, float inv, float off,
+                                             const Unit<W>& w, int64_t gu, int K) {
+  float f[kUnit];
+#pragma unroll
+  for (int e = 0; e < kUnit; ++e)
+    f[e] = gu * kUnit + e < K ? get(s, e) * inv * (off + get(w, e)) : 0.f;
+  return from_floats<T>(f);
+}
+
+// Units [s0, s0 + su) of the chunk's rows -> sx, kBatch units per thread per pass (all their
+// loads issued before the first use): s = x or round(x + residual), stored to residual_out
+// by the CTAs with blockIdx.x == 0; then h = normalize(s) when inv is given (the norm of a
+// multi-slab row, computed beforehand), else s itself (no norm, or the one-slab norm done
+// in shared memory next). sw != nullptr: also the slab's norm weight units -> sw, as float
+// (needs blockDim >= su). Units past K are zero.
+template <typename T, typename W, bool Vec, int Batch>
+__device__ __forceinline__ void stage_slab_impl(const LinearParams& p, int64_t row0, int mc,
+                                                int64_t s0, int su, const float* inv,
+                                                Pack<float, kUnit>* sw, Unit<T> (*sx)[kSlabUnits]) {
+  const int K = p.width;
+  constexpr bool vec = Vec;
+  const bool fused = p.residual != nullptr;
+  const bool store = fused && blockIdx.x == 0, norm_now = inv != nullptr;
+  const W* nw = static_cast<const W*>(p.norm_weight);
+  const float off = p.unit_offset ? 1.f : 0.f;
+  const bool fill = sw != nullptr && static_cast<int>(threadIdx.x) < su;
+  Unit<W> wf = zero_unit<W>();
+  if (fill) wf = load_u<W>(nw, s0 + threadIdx.x, K, vec);
+  const int total = mc * su;
+  for (int i0 = threadIdx.x; i0 < total; i0 += Batch * blockDim.x) {
+    Unit<T> xv[Batch], rv[Batch];
+    Unit<W> wv[Batch];
+#pragma unroll
+    for (int b = 0; b < Batch; ++b) {         // defined on every path (see Words)
+      xv[b] = rv[b] = zero_unit<T>();
+      wv[b] = zero_unit<W>();
+    }
+#pragma unroll
+    for (int b = 0; b < Batch; ++b) {
+      const int i = i0 + b * blockDim.x;
+      if (i < total) {
+        const int m = i / su;
+        const int64_t gu = s0 + (i - m * su);
+        const RowPtrs q = row_ptrs<T>(p, row0 + m);
+        xv[b] = load_u<T, false>(static_cast<const T*>(q.x), gu, K, vec);
+        if (fused) rv[b] = load_u<T, false>(static_cast<const T*>(q.res), gu, K, vec);
+        if (norm_now) wv[b] = load_u<W>(nw, gu, K, vec);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < Batch; ++b) {
+      const int i = i0 + b * blockDim.x;
+      if (i < total) {
+        const int m = i / su, u = i - m * su;
+        const int64_t gu = s0 + u;
+        Unit<T> h = xv[b];
+        if (fused) {
+          float f[kUnit];
+#pragma unroll
+          for (int e = 0; e < kUnit; ++e) f[e] = get(h, e) + get(rv[b], e);
+          h = from_floats<T>(f);
+          if (store)
+            store_u<T>(static_cast<T*>(row_ptrs<T>(p, row0 + m).res_out), gu, K, vec, h);
+        }
+        if (norm_now) h = normalize<T, W>(h, inv[m], off, wv[b], gu, K);
+        sx[m][u] = h;       // (without a norm the tail past K is zero already: load_u)
+      }
+    }
+  }
+  if (fill) {
+    Pack<float, kUnit> f;
+#pragma unroll
+    for (int e = 0; e < kUnit; ++e) f.e[e] = get(wf, e);
+    sw[threadIdx.x] = f;
+  }
+}
+
+// The scalar path (unaligned rows or K % 8) loads element by element: one unit at a time
+// there, so its addresses do not crowd the registers.
+template <typename T, typename W>
+__device__ __forceinline__ void stage_slab(const LinearParams& p, int64_t row0, int mc, int64_t s0,
+                                           int su, const float* inv, Pack<float, kUnit>* sw,
+                                           Unit<T> (*sx)[kSlabUnits]) {
+  if (p.vec_x) stage_slab_impl<T, W, true, kBatch>(p, row0, mc, s0, su, inv, sw, sx);
+  else stage_slab_impl<T, W, false, 1>(p, row0, mc, s0, su, inv, sw, sx);
+}
+
+// This lane's weight units of slab s0 (zero where past the slab or the column is past N).
+template <typename T>
+__device__ __forceinline__ void load_weights(Unit<T> (&wv)[kCols][kLaneUnits],
+                                             const T* const (&wrow)[kCols], const bool (&ok)[kCols],
+                                             int64_t s0, int su, int K, bool vec) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int c = 0; c < kCols; ++c)
+#pragma unroll
+    for (int j = 0; j < kLaneUnits; ++j) {
+      const int u = lane + 32 * j;
+      if (ok[c] && u < su) {
+        wv[c][j] = load_u<T>(wrow[c], s0 + u, K, vec);
+      } else {
+        wv[c][j] = zero_unit<T>();
+      }
+    }
+}
+
+// One step of a warp reduce-scatter over 2D values per lane (v[0 .. 2D)): the lanes with bit
+// D set keep values [D, 2D), the others [0, D), each adding its partner's copy; the kept
+// values move to v[0 .. D). Each sum is a + b of the same two partials as warp_sum's step D.
+template <int D>
+__device__ __forceinline__ void reduce_scatter_step(float (&v)[32], int lane) {
+  const bool upper = (lane & D) != 0;
+#pragma unroll
+  for (int i = 0; i < D; ++i) {
+    const float send = upper ? v[i] : v[i + D];
+    const float keep = upper ? v[i + D] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, D);
+  }
+}
+
+// The warp's sums -> out: a reduce-scatter leaves value m * kCols + c, fully summed, in lane
+// m * kCols + c; plain: each lane stores its element; silu_mul: the gate lane (c = 0) takes the
+// up value from its neighbour and stores silu(g) * u at column `group`.
+template <typename T>
+__device__ __forceinline__ void write_out(const LinearParams& p, const float (&acc)[kRows][kCols],
+                                          int64_t row0, int mc, int64_t group,
+                                          const int64_t (&col)[kCols], const bool (&ok)[kCols]) {
+  const int lane = threadIdx.x & 31;
+  float v[32];
+#pragma unroll
+  for (int m = 0; m < kRows; ++m)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) v[m * kCols + c] = acc[m][c];
+  reduce_scatter_step<16>(v, lane);
+  reduce_scatter_step<8>(v, lane);
+  reduce_scatter_step<4>(v, lane);
+  reduce_scatter_step<2>(v, lane);
+  reduce_scatter_step<1>(v, lane);
+  const int m = lane / kCols, c = lane % kCols;
+  T* orow = static_cast<T*>(p.out) + (row0 + m) * p.out_stride;
+  if (p.silu_mul) {
+    const float up = __shfl_xor_sync(0xffffffffu, v[0], 1);     // lane m*2 + 1: the up column
+    if (c == 0 && m < mc && ok[0]) orow[group] = from_float<T>(accurate_silu(v[0]) * up);
+  } else if (m < mc && (c ? ok[1] : ok[0])) {           // selects, not a local array
+    orow[c ? col[1] : col[0]] = from_float<T>(v[0]);
+  }
+}
+
+template <typename T, typename W>
+__device__ __forceinline__ void linear(const LinearParams& p) {
+  __shared__ Unit<T> sx[kRows][kSlabUnits];
+  __shared__ Pack<float, kUnit> sw[kSlabUnits];   // the norm weight (one-slab rows)
+  __shared__ float inv[kRows];
+  __shared__ float sacc[kWarps][kRows * kCols][32];  // per warp: the sums of a multi-slab row
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int K = p.width, units = (K + kUnit - 1) / kUnit;
+  const bool vec_w = p.vec_w != 0, silu = p.silu_mul != 0;
+  const bool norm = p.norm_weight != nullptr, one_slab = units <= kSlabUnits;
+  // this warp's columns (either may be past N: not loaded, not written)
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int64_t half = p.cols / 2;
+  int64_t col[kCols];
+  bool ok[kCols];
+  col[0] = silu ? group : 2 * group;
+  col[1] = silu ? half + group : 2 * group + 1;
+  ok[0] = silu ? group < half : col[0] < p.cols;
+  ok[1] = silu ? group < half : col[1] < p.cols;
+  const T* wrow[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c)
+    wrow[c] = static_cast<const T*>(p.weight) + (ok[c] ? col[c] : 0) * static_cast<int64_t>(K);
+
+  bool first = true;
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRows; row0 < p.rows;
+       row0 += static_cast<int64_t>(gridDim.y) * kRows) {
+    const int mc = static_cast<int>(min(static_cast<int64_t>(kRows), p.rows - row0));
+    Unit<T> wv[kCols][kLaneUnits];            // issued first: in flight during the staging
+    load_weights<T>(wv, wrow, ok, 0, min(units, kSlabUnits), K, vec_w);
+
+    for (int64_t s0 = 0; s0 < units; s0 += kSlabUnits) {
+      const int su = static_cast<int>(min(static_cast<int64_t>(kSlabUnits), units - s0));
+      if (s0 == 0 && norm && !one_slab)       // a multi-slab row: its norm from global memory
+        norm_rows<T>(p, mc, inv, [&](int m, int u) {
+          return fetch_s<T>(row_ptrs<T>(p, row0 + m), u, K, p.vec_x != 0);
+        });
+      __syncthreads();                        // inv written; the previous slab's readers done
+      stage_slab<T, W>(p, row0, mc, s0, su, norm && !one_slab ? inv : nullptr,
+                       norm && one_slab && first ? sw : nullptr, sx);
+      __syncthreads();
+      if (norm && one_slab) {                 // the whole row is in sx: its norm from there
+        norm_rows<T>(p, mc, inv, [&](int m, int u) { return sx[m][u]; });
+        __syncthreads();
+        const float off = p.unit_offset ? 1.f : 0.f;
+        for (int i = threadIdx.x; i < mc * su; i += blockDim.x) {
+          const int m = i / su, u = i - m * su;
+          sx[m][u] = normalize<T, float>(sx[m][u], inv[m], off, sw[u], u, K);
+        }
+        __syncthreads();
+      }
+      Unit<T> wn[kCols][kLaneUnits];          // the next slab's weights, in flight meanwhile
+      const int64_t n0 = s0 + kSlabUnits;
+      const bool last = n0 >= units;
+      const int nu = last ? 0 : static_cast<int>(min(static_cast<int64_t>(kSlabUnits), units - n0));
+      load_weights<T>(wn, wrow, ok, n0, nu, K, vec_w);
+      // the running sums wait in shared memory between slabs (not in registers across the
+      // staging, which needs them)
+      float acc[kRows][kCols];
+#pragma unroll
+      for (int m = 0; m < kRows; ++m)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) acc[m][c] = s0 == 0 ? 0.f : sacc[warp][m * kCols + c][lane];
+#pragma unroll
+      for (int j = 0; j < kLaneUnits; ++j) {
+        const int u = lane + 32 * j;
+        if (u < su) {
+          float w[kCols][kUnit];
+#pragma unroll
+          for (int c = 0; c < kCols; ++c)
+#pragma unroll
+            for (int e = 0; e < kUnit; ++e) w[c][e] = get(wv[c][j], e);
+#pragma unroll
+          for (int m = 0; m < kRows; ++m) {
+            if (m < mc) {
+              const Unit<T> h = sx[m][u];
+#pragma unroll
+              for (int e = 0; e < kUnit; ++e) {
+                const float xe = get(h, e);
+#pragma unroll
+                for (int c = 0; c < kCols; ++c) acc[m][c] = fmaf(xe, w[c][e], acc[m][c]);
+              }
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+#pragma unroll
+        for (int j = 0; j < kLaneUnits; ++j) wv[c][j] = wn[c][j];
+      if (!last) {
+#pragma unroll
+        for (int m = 0; m < kRows; ++m)
+#pragma unroll
+          for (int c = 0; c < kCols; ++c) sacc[warp][m * kCols + c][lane] = acc[m][c];
+      } else {
+        write_out<T>(p, acc, row0, mc, group, col, ok);
+      }
+    }
+    first = false;
+  }
+}
+
+}  // namespace
+
+#define SPECDEC_LINEAR(NAME, T, W)                                                          \
+  extern "C" __global__ void __launch_bounds__(kThreads, 3) linear_##NAME(const LinearParams p) { \
+    linear<T, W>(p);                                                                        \
+  }
+SPECDEC_LINEAR(f16_wf16, __half, __half)
+SPECDEC_LINEAR(f16_wf32, __half, float)
+SPECDEC_LINEAR(bf16_wbf16, bf16_t, bf16_t)
+SPECDEC_LINEAR(bf16_wf32, bf16_t, float)

@@ -1,0 +1,142 @@
+"""Benchmarks of the layers family: ``linear`` (the small-M, row-invariant GEMM) on
+SmolLM2-135M's four projections at M = 4..128, against torch.nn.functional.linear (cuBLAS)
+on the same shapes when torch imports; then the fused variants (rms_norm + residual
+prologue, silu_mul epilogue) against the unfused pairs they replace. Every row is timed
+as CUDA-graph replays (the decode round is captured), bytes = weight + x + out (the weight
+dominates: GB/s is weight bandwidth).
+"""
+from __future__ import annotations
+
+from ._harness import Bench, _rand, bench
+
+# (name, N, K) of SmolLM2-135M (H = 576, 9 + 2x3 heads of 64, MLP 1536)
+SMOLLM2 = (("qkv", 1728, 576), ("o", 576, 576), ("gate_up", 3072, 576), ("down", 576, 1536))
+ROWS = (4, 16, 64, 128)
+_E = 2   # bfloat16
+
+
+def _torch():
+    try:
+        import torch
+        import torch.nn.functional as F
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch.cuda is not available")
+        return torch, F
+    except Exception as e:   # not installed here (or no CUDA build): say so once
+        print(f"  linear: torch peer skipped: {type(e).__name__}: {e}")
+        return None
+
+
+def _torch_graph_ms(b: Bench, torch, fn, per_graph: int = 20) -> float:
+    """Median ms of one ``fn()`` (torch work on torch's current stream) from replays of a
+    torch CUDA graph holding ``per_graph`` calls, replayed on the bench stream."""
+    for _ in range(3):                       # cuBLAS handles / workspaces before the capture
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(per_graph):
+            fn()
+    torch.cuda.synchronize()
+    ext = torch.cuda.ExternalStream(b.stream)
+
+    def replay():
+        with torch.cuda.stream(ext):
+            g.replay()
+    try:
+        return b.time(replay, iters=5, repeats=7) / per_graph
+    finally:
+        del g
+
+
+@bench("linear")
+def bench_linear(b: Bench):
+    from ..arrays import DeviceArray
+    from ..ops import linear
+    d = b.device
+    peer = _torch()
+    for M in ROWS:
+        for name, N, K in SMOLLM2:
+            x, w = _rand((M, K), "bfloat16", d, 1), _rand((N, K), "bfloat16", d, 2)
+            out = DeviceArray.empty((M, N), "bfloat16", d)
+            nbytes = (N * K + M * K + M * N) * _E
+            shape = f"{name} M={M} N={N} K={K} bf16 (graph)"
+
+            def run():
+                linear(x, w, out, stream=b.stream)
+            b.report("linear", shape, nbytes, b.time_graph(run))
+            if peer is not None:
+                torch, F = peer
+                xt = torch.randn(M, K, device=f"cuda:{d}", dtype=torch.bfloat16)
+                wt = torch.randn(N, K, device=f"cuda:{d}", dtype=torch.bfloat16)
+                try:
+                    ms = _torch_graph_ms(b, torch, lambda: F.linear(xt, wt))
+                    b.report("linear", shape, nbytes, ms, impl="torch F.linear")
+                except Exception as e:
+                    print(f"  linear: torch F.linear failed: {type(e).__name__}: {e}")
+    _bench_fused(b, peer)
+
+
+def _bench_fused(b: Bench, peer):
+    """The two fusions a Llama layer uses, at decode sizes: [residual add +] rms_norm in front
+    of qkv / gate_up, silu_mul behind gate_up; each against the unfused launches."""
+    from ..arrays import DeviceArray
+    from ..ops import linear, rms_norm, silu_mul
+    d, st = b.device, b.stream
+    H, eps = 576, 1e-5
+    for M in (4, 16):
+        for name, N, K, silu in (("qkv", 1728, H, False), ("gate_up", 3072, H, True)):
+            I = N // 2
+            W = I if silu else N
+            x, r = _rand((M, K), "bfloat16", d, 1), _rand((M, K), "bfloat16", d, 3)
+            w, nw = _rand((N, K), "bfloat16", d, 2), _rand((K,), "bfloat16", d, 4)
+            s = DeviceArray.empty((M, K), "bfloat16", d)
+            h = DeviceArray.empty((M, K), "bfloat16", d)
+            acc = DeviceArray.empty((M, N), "bfloat16", d)
+            out = DeviceArray.empty((M, W), "bfloat16", d)
+            nbytes = (N * K + 3 * M * K + M * W) * _E
+            epi = "silu_mul" if silu else None
+            shape = f"{name} M={M} norm+residual{'+silu_mul' if silu else ''} bf16 (graph)"
+
+            def fused():
+                linear(x, w, out, norm_weight=nw, residual=r, residual_out=s, eps=eps,
+                       epilogue=epi, stream=st)
+
+            def unfused():
+                rms_norm(x, nw, h, residual=r, residual_out=s, eps=eps, stream=st)
+                linear(h, w, acc if silu else out, stream=st)
+                if silu:
+                    silu_mul(acc, out, stream=st)
+            b.report("linear", shape, nbytes, b.time_graph(fused), impl="specdec fused")
+            b.report("linear", shape, nbytes, b.time_graph(unfused),
+                     impl="specdec rms_norm+linear" + ("+silu_mul" if silu else ""))
+            if peer is None:
+                continue
+            torch, F = peer
+            dev = f"cuda:{d}"
+            xt, rt = (torch.randn(M, K, device=dev, dtype=torch.bfloat16) for _ in range(2))
+            wt = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
+            nwt = torch.randn(K, device=dev, dtype=torch.bfloat16)
+            ht, st_t = torch.empty_like(xt), torch.empty_like(xt)
+            act = torch.empty(M, I, device=dev, dtype=torch.bfloat16)
+
+            def lib_norm_cublas():       # what models/llama.py runs today
+                cs = torch.cuda.current_stream().cuda_stream
+                rms_norm(xt, nwt, ht, residual=rt, residual_out=st_t, eps=eps, stream=cs)
+                y = F.linear(ht, wt)
+                if silu:
+                    silu_mul(y, act, stream=cs)
+
+            def all_torch():
+                sr = xt + rt
+                y = F.linear(F.rms_norm(sr, (K,), nwt, eps), wt)
+                if silu:
+                    F.silu(y[:, :I]) * y[:, I:]
+            for impl, fn in (("specdec rms_norm+F.linear" + ("+silu_mul" if silu else ""),
+                              lib_norm_cublas),
+                             ("torch add+rms_norm+F.linear" + ("+silu*up" if silu else ""),
+                              all_torch)):
+                try:
+                    b.report("linear", shape, nbytes, _torch_graph_ms(b, torch, fn), impl=impl)
+                except Exception as e:
+                    print(f"  linear: {impl} failed: {type(e).__name__}: {e}")

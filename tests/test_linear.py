@@ -1,0 +1,415 @@
+"""layers.linear: the small-M GEMM with the fused rms_norm prologue and silu_mul epilogue,
+whose row result depends only on that row (row invariance)."""
+import numpy as np
+import pytest
+
+from conftest import needs_gpu, poison, rel_err
+from specdec_lib.dtypes import from_host_storage, round_to
+from specdec_lib.reference import layers as ref
+from test_draft import _Fake, _View
+from test_layers import HOST, TOL, _bits, _dev, _host, _rand, _store
+
+# (N, K): SmolLM2-135M's qkv, o, gate_up, down; then odd and awkward ones: K % 8 != 0 (the
+# scalar path with a zero tail), K past one 768-element slab, N odd, K with 5 norm warps
+SMOL = [(1728, 576), (576, 576), (3072, 576), (576, 1536)]
+ODD = [(100, 72), (7, 77), (130, 1000), (2, 1), (64, 4104)]
+
+
+# ---------------------------------------------------------------- reference
+
+def test_linear_reference_matches_formula(rng):
+    M, N, K = 5, 12, 20
+    x, w = rng.standard_normal((M, K)), rng.standard_normal((N, K))
+    out = np.full((M, N), np.nan)
+    ref.linear(x, w, out)
+    np.testing.assert_allclose(out, x @ w.T, rtol=1e-13)
+    # norm prologue: rms_norm then the product
+    nw, r = rng.standard_normal(K), rng.standard_normal((M, K))
+    s = np.full((M, K), np.nan)
+    ref.linear(x, w, out, norm_weight=nw, residual=r, residual_out=s, eps=1e-5)
+    h = (x + r) / np.sqrt(((x + r) ** 2).mean(1, keepdims=True) + 1e-5) * nw
+    np.testing.assert_array_equal(s, x + r)
+    np.testing.assert_allclose(out, h @ w.T, rtol=1e-12)
+    ref.linear(x, w, out, norm_weight=nw, unit_offset=True)
+    h = x / np.sqrt((x ** 2).mean(1, keepdims=True) + 1e-6) * (1 + nw)
+    np.testing.assert_allclose(out, h @ w.T, rtol=1e-12)
+    # silu_mul: silu(gate) * up of the unrounded products
+    o2 = np.full((M, N // 2), np.nan)
+    ref.linear(x, w, o2, epilogue="silu_mul")
+    g, u = x @ w[:N // 2].T, x @ w[N // 2:].T
+    np.testing.assert_allclose(o2, g / (1 + np.exp(-g)) * u, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_linear_reference_fused_equals_two_steps(dtype, rng):
+    """In a storage dtype the fused norm is rms_norm's stored h, then the product: exactly."""
+    M, N, K = 4, 10, 24
+    x, r = _store(rng.standard_normal((M, K)), dtype), _store(rng.standard_normal((M, K)), dtype)
+    w = _store(rng.standard_normal((N, K)), dtype)
+    nw = rng.standard_normal(K).astype(np.float32)
+    out, s = np.zeros((M, N), HOST[dtype]), np.zeros_like(x)
+    ref.linear(x, w, out, norm_weight=nw, residual=r, residual_out=s, eps=1e-5)
+    h, s2 = np.zeros_like(x), np.zeros_like(x)
+    ref.rms_norm(x, nw, h, residual=r, residual_out=s2, eps=1e-5)
+    two = np.zeros_like(out)
+    ref.linear(h, w, two)
+    np.testing.assert_array_equal(s, s2)
+    np.testing.assert_array_equal(out, two)
+    # silu_mul epilogue vs the product in float64 then silu_mul (rounded once)
+    o2 = np.zeros((M, N // 2), HOST[dtype])
+    ref.linear(x, w, o2, epilogue="silu_mul")
+    acc = np.zeros((M, N))
+    ref.linear(from_host_storage(x, dtype), from_host_storage(w, dtype), acc)
+    want = np.zeros((M, N // 2))
+    ref.silu_mul(acc, want)
+    np.testing.assert_array_equal(o2, _store(want, dtype))
+
+
+def test_linear_reference_empty():
+    out = np.zeros((0, 3), np.float16)
+    assert ref.linear(np.zeros((0, 8), np.float16), np.zeros((3, 8), np.float16), out) is out
+
+
+def _ref_args():
+    return dict(x=np.zeros((2, 4), np.float32), weight=np.zeros((6, 4), np.float32),
+                out=np.zeros((2, 6), np.float32))
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(x=np.zeros((2, 4), np.int32)), TypeError, "x: dtype"),
+    (dict(x=np.zeros(4, np.float32)), ValueError, "x"),
+    (dict(x=np.zeros((2, 0), np.float32), weight=np.zeros((6, 0), np.float32)), ValueError,
+     "x: K"),
+    (dict(weight=np.zeros((6, 5), np.float32)), ValueError, "weight"),
+    (dict(weight=np.zeros((6, 4), np.float16)), TypeError, "weight"),
+    (dict(out=np.zeros((2, 5), np.float32)), ValueError, "out"),
+    (dict(out=np.zeros((2, 6), np.float16)), TypeError, "out"),
+    (dict(epilogue="gelu"), ValueError, "epilogue"),
+    (dict(epilogue="silu_mul"), ValueError, "out"),                 # out must be [2, 3]
+    (dict(epilogue="silu_mul", weight=np.zeros((5, 4), np.float32),
+          out=np.zeros((2, 2), np.float32)), ValueError, "weight: 5 rows"),
+    (dict(norm_weight=np.zeros(3, np.float32)), ValueError, "norm_weight"),
+    (dict(norm_weight=np.zeros(4, np.float32), eps=0.0), ValueError, "eps"),
+    (dict(residual=np.zeros((2, 4), np.float32), residual_out=np.zeros((2, 4), np.float32)),
+     ValueError, "residual: only with norm_weight"),
+    (dict(norm_weight=np.ones(4), residual=np.zeros((2, 4), np.float32)), ValueError,
+     "residual_out: required"),
+    (dict(norm_weight=np.ones(4), residual_out=np.zeros((2, 4), np.float32)), ValueError,
+     "residual_out: given"),
+    (dict(norm_weight=np.ones(4), residual=np.zeros((2, 3), np.float32),
+          residual_out=np.zeros((2, 4), np.float32)), ValueError, "residual"),
+    (dict(norm_weight=np.ones(4), residual=np.zeros((2, 4), np.float32),
+          residual_out=np.zeros((2, 4), np.float16)), TypeError, "residual_out"),
+    (dict(unit_offset=True), ValueError, "unit_offset"),
+])
+def test_linear_reference_validation(kw, exc, match):
+    args = _ref_args()
+    args.update(kw)
+    with pytest.raises(exc, match=match):
+        ref.linear(args.pop("x"), args.pop("weight"), args.pop("out"), **args)
+
+
+def test_linear_reference_rejects_aliasing_and_writes_nothing():
+    x, w = np.ones((2, 4), np.float32), np.ones((6, 4), np.float32)
+    out = np.full((2, 6), 7.0, np.float32)
+    r = np.ones((2, 4), np.float32)
+    for kw, match in [(dict(residual=r, residual_out=x), "residual_out: shares memory with x"),
+                      (dict(residual=r, residual_out=r), "residual_out: shares memory with "
+                                                         "residual")]:
+        with pytest.raises(ValueError, match=match):
+            ref.linear(x, w, out, norm_weight=np.ones(4), **kw)
+    buf = np.zeros((2, 10), np.float32)
+    with pytest.raises(ValueError, match="out: shares memory with x"):
+        ref.linear(buf[:, :4], w, buf[:, 4:])
+    assert np.all(out == 7.0) and np.all(x == 1.0) and np.all(r == 1.0)
+
+
+# ---------------------------------------------------------------- op validation without a GPU
+
+def test_linear_op_exported():
+    import specdec_lib
+    from specdec_lib import ops
+    assert specdec_lib.linear is ops.linear
+    assert specdec_lib.reference.linear is ref.linear
+
+
+def _op_args():
+    return dict(x=_Fake((3, 8), "<f2"), weight=_Fake((6, 8), "<f2"), out=_Fake((3, 6), "<f2"))
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(x=np.zeros((3, 8), np.float16)), TypeError, "x"),
+    (dict(x=_Fake((3, 8))), TypeError, "x: dtype"),                 # float32: not a GEMM dtype
+    (dict(x=_Fake((3, 8, 1), "<f2")), ValueError, "x"),
+    (dict(x=_Fake((3, 8), "<f2", strides=(32, 4))), ValueError, "x: the last dimension"),
+    (dict(x=_Fake((3, 0), "<f2"), weight=_Fake((6, 0), "<f2")), ValueError, "x: K"),
+    (dict(weight=_Fake((6, 8))), TypeError, "weight"),
+    (dict(weight=_Fake((6, 7), "<f2")), ValueError, "weight"),
+    (dict(weight=_Fake((6, 8), "<f2", strides=(32, 2))), ValueError, "weight: must be C-contig"),
+    (dict(out=_Fake((3, 6))), TypeError, "out"),
+    (dict(out=_Fake((3, 5), "<f2")), ValueError, "out"),
+    (dict(out=_Fake((3, 6), "<f2", strides=(12, 4))), ValueError, "out: the last dimension"),
+    (dict(out=_Fake((3, 6), "<f2", strides=(4, 2))), ValueError, "out: rows overlap"),
+    (dict(epilogue="silu"), ValueError, "epilogue"),
+    (dict(epilogue="silu_mul"), ValueError, "out"),
+    (dict(epilogue="silu_mul", weight=_Fake((7, 8), "<f2")), ValueError, "weight: 7 rows"),
+    (dict(norm_weight=_Fake((7,), "<f2")), ValueError, "norm_weight"),
+    (dict(norm_weight=_Fake((8,), "<i4")), TypeError, "norm_weight"),
+    (dict(norm_weight=_Fake((8,), "<f2", strides=(4,))), ValueError, "norm_weight"),
+    (dict(norm_weight=_Fake((8,), "<f2"), eps=-1.0), ValueError, "eps"),
+    (dict(unit_offset=True), ValueError, "unit_offset"),
+    (dict(residual=_Fake((3, 8), "<f2"), residual_out=_Fake((3, 8), "<f2")), ValueError,
+     "residual: only with norm_weight"),
+    (dict(norm_weight=_Fake((8,)), residual=_Fake((3, 8), "<f2")), ValueError,
+     "residual_out: required"),
+    (dict(norm_weight=_Fake((8,)), residual_out=_Fake((3, 8), "<f2")), ValueError,
+     "residual_out: given"),
+    (dict(norm_weight=_Fake((8,)), residual=_Fake((3, 8)), residual_out=_Fake((3, 8), "<f2")),
+     TypeError, "residual"),
+    (dict(norm_weight=_Fake((8,)), residual=_Fake((3, 8), "<f2"),
+          residual_out=_Fake((3, 8), "<f2", strides=(0, 2))), ValueError,
+     "residual_out: rows overlap"),
+    # every _Fake sits at address 0: a valid call reaches the overlap check, which refuses it
+    (dict(), ValueError, "out: overlaps x"),
+    (dict(norm_weight=_Fake((8,)), residual=_Fake((3, 8), "<f2"),
+          residual_out=_Fake((3, 8), "<f2"), out=_Fake((0, 6), "<f2")), ValueError, "out"),
+])
+def test_linear_op_validation(kw, exc, match):
+    from specdec_lib import ops
+    args = _op_args()
+    args.update(kw)
+    with pytest.raises(exc, match=match):
+        ops.linear(args.pop("x"), args.pop("weight"), args.pop("out"), **args)
+
+
+def test_linear_op_empty_batch_needs_no_gpu():
+    """M = 0 is a valid no-op: validated, nothing launched (so it runs without a driver)."""
+    from specdec_lib import ops
+    out = _Fake((0, 6), "<f2")
+    assert ops.linear(_Fake((0, 8), "<f2"), _Fake((6, 8), "<f2"), out) is out
+    o2 = _Fake((0, 3), "<f2")
+    assert ops.linear(_Fake((0, 8), "<f2"), _Fake((6, 8), "<f2"), o2, norm_weight=_Fake((8,)),
+                      residual=_Fake((0, 8), "<f2"), residual_out=_Fake((0, 8), "<f2"),
+                      epilogue="silu_mul", unit_offset=True) is o2
+    with pytest.raises(TypeError, match="stream"):
+        ops.linear(_Fake((0, 8), "<f2"), _Fake((6, 8), "<f2"), out, stream="default")
+
+
+# ------------------------------------------------------------------------------ GPU
+
+DTYPES = ["float16", "bfloat16"]
+# (name, norm, residual, epilogue)
+VARIANTS = [("plain", False, False, None), ("norm", True, False, None),
+            ("norm_res", True, True, None), ("silu", False, False, "silu_mul"),
+            ("norm_res_silu", True, True, "silu_mul")]
+
+
+def _case(rng, M, N, K, dtype, wdtype):
+    x, r = _rand(rng, (M, K), dtype), _rand(rng, (M, K), dtype)
+    w = _rand(rng, (N, K), dtype, scale=1.0 / np.sqrt(K))
+    nw = round_to(1.0 + 0.5 * rng.standard_normal(K), wdtype)
+    return x, r, w, nw
+
+
+def _want(x, r, w, nw, dtype, norm, res, epilogue, eps=1e-6, unit_offset=False):
+    """(s as dtype holds it or None, out in float64) from the reference: h as the dtype
+    stores it (rms_norm's output), then the float64 product (and silu_mul)."""
+    M, K = x.shape
+    N = w.shape[0]
+    xs = _store(x, dtype)
+    s, h = None, x
+    if norm:
+        hh = np.zeros((M, K), HOST[dtype])
+        kw = {}
+        if res:
+            s = np.zeros((M, K), HOST[dtype])
+            kw = dict(residual=_store(r, dtype), residual_out=s)
+        ref.rms_norm(xs, nw, hh, eps=eps, unit_offset=unit_offset, **kw)
+        h = from_host_storage(hh, dtype)
+        s = None if s is None else from_host_storage(s, dtype)
+    want = np.zeros((M, N // 2 if epilogue else N))
+    ref.linear(h, w, want, epilogue=epilogue)
+    return s, want
+
+
+def _run(x, r, w, nw, dtype, wdtype, norm, res, epilogue, eps=1e-6, unit_offset=False):
+    from specdec_lib import ops
+    M, K = x.shape
+    N = w.shape[0]
+    out = poison((M, N // 2 if epilogue else N), dtype)
+    kw = dict(epilogue=epilogue)
+    s = None
+    if norm:
+        kw.update(norm_weight=_dev(nw, wdtype), eps=eps, unit_offset=unit_offset)
+    if res:
+        s = poison((M, K), dtype)
+        kw.update(residual=_dev(r, dtype), residual_out=s)
+    assert ops.linear(_dev(x, dtype), _dev(w, dtype), out, **kw) is out
+    return out, s
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,K", SMOL + ODD)
+@pytest.mark.parametrize("M", [1, 3, 4, 16, 17, 64, 256])
+def test_linear_gpu(dtype, N, K, M, rng):
+    x, r, w, nw = _case(rng, M, N, K, dtype, dtype)
+    _, want = _want(x, r, w, nw, dtype, False, False, None)
+    out, _ = _run(x, r, w, nw, dtype, dtype, False, False, None)
+    assert rel_err(_host(out, dtype), want) < TOL[dtype]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype,wdtype", [("float16", "float16"), ("float16", "float32"),
+                                          ("bfloat16", "bfloat16"), ("bfloat16", "float32")])
+@pytest.mark.parametrize("N,K", [(1728, 576), (3072, 576), (576, 1536), (100, 72), (130, 1000)])
+@pytest.mark.parametrize("M", [1, 4, 17, 64])
+@pytest.mark.parametrize("variant", VARIANTS[1:], ids=[v[0] for v in VARIANTS[1:]])
+def test_linear_gpu_fused(dtype, wdtype, N, K, M, variant, rng):
+    """Norm prologue (+ residual add) and silu_mul epilogue vs the float64 reference;
+    residual_out bit for bit the rounded x + residual."""
+    _, norm, res, epi = variant
+    x, r, w, nw = _case(rng, M, N, K, dtype, wdtype)
+    s_want, want = _want(x, r, w, nw, dtype, norm, res, epi)
+    out, s = _run(x, r, w, nw, dtype, wdtype, norm, res, epi)
+    assert rel_err(_host(out, dtype), want) < TOL[dtype]
+    if res:
+        np.testing.assert_array_equal(_host(s, dtype), s_want)
+
+
+def _call_rows(x, r, w, nw, dtype, rows, variant, offset=0):
+    """ops.linear on x[rows] (and r[rows]) -> raw output bits; offset > 0: the inputs start
+    ``offset`` elements into their buffers (unaligned: the scalar load path)."""
+    from specdec_lib import DeviceArray, ops
+    _, norm, res, epi = variant
+    M, K = len(rows), x.shape[1]
+    N = w.shape[0]
+
+    def put(a):
+        flat = np.concatenate([np.zeros(offset), a.reshape(-1)])
+        base = DeviceArray.from_numpy(_store(flat, dtype), dtype)
+        return base, _View(base, a.shape, (a.shape[1], 1), offset)
+    _, xv = put(x[rows])
+    out = poison((M, N // 2 if epi else N), dtype)
+    kw = dict(epilogue=epi)
+    s = None
+    if norm:
+        kw.update(norm_weight=_dev(nw, dtype))
+    if res:
+        _, rv = put(r[rows])
+        s = poison((M, K), dtype)
+        kw.update(residual=rv, residual_out=s)
+    ops.linear(xv, _dev(w, dtype), out, **kw)
+    return out.to_numpy(), None if s is None else s.to_numpy()
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,K", [(1728, 576), (576, 1536), (3072, 576), (100, 72)])
+@pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[2], VARIANTS[3], VARIANTS[4]],
+                         ids=["plain", "norm_res", "silu", "norm_res_silu"])
+def test_linear_gpu_row_invariance(dtype, N, K, variant, rng):
+    """The same row gives the same bits computed alone (M = 1), inside M = 4, 17 and 64
+    calls at different positions (other chunks, other CTAs of gridDim.y), and from an
+    unaligned copy (scalar loads)."""
+    x, r, w, nw = _case(rng, 64, N, K, dtype, dtype)
+    full, full_s = _call_rows(x, r, w, nw, dtype, list(range(64)), variant)
+    for row in (0, 5, 63):
+        others = [i for i in range(64) if i != row]
+        for rows, pos in (([row], 0), (others[:2] + [row] + others[2:3], 2),
+                          (others[:16] + [row], 16), (others[:40] + [row] + others[40:], 40)):
+            got, got_s = _call_rows(x, r, w, nw, dtype, rows, variant)
+            np.testing.assert_array_equal(_bits(got[pos]), _bits(full[row]))
+            if got_s is not None:
+                np.testing.assert_array_equal(_bits(got_s[pos]), _bits(full_s[row]))
+        got, _ = _call_rows(x, r, w, nw, dtype, [row, others[0], others[1]], variant, offset=1)
+        np.testing.assert_array_equal(_bits(got[0]), _bits(full[row]))
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype,wdtype", [("float16", "float16"), ("float16", "float32"),
+                                          ("bfloat16", "bfloat16"), ("bfloat16", "float32")])
+@pytest.mark.parametrize("N,K", [(1728, 576), (576, 1536), (100, 72), (64, 4104), (8, 40000)])
+@pytest.mark.parametrize("unit_offset", [False, True])
+def test_linear_gpu_norm_bit_identical_to_rms_norm(dtype, wdtype, N, K, unit_offset, rng):
+    """The fused prologue gives the bits of ops.rms_norm (+ residual) then ops.linear: the same
+    h (K = 4104: five of rms_norm's warps; 40000: 1024 threads and past its register cache),
+    the same residual_out, so the same output."""
+    from specdec_lib import ops
+    M = 5
+    x, r, w, nw = _case(rng, M, N, K, dtype, wdtype)
+    dx, dr, dw, dn = _dev(x, dtype), _dev(r, dtype), _dev(w, dtype), _dev(nw, wdtype)
+    for res in (False, True):
+        h, s2 = poison((M, K), dtype), poison((M, K), dtype)
+        kw = dict(residual=dr, residual_out=s2) if res else {}
+        ops.rms_norm(dx, dn, h, eps=1e-5, unit_offset=unit_offset, **kw)
+        two = poison((M, N), dtype)
+        ops.linear(h, dw, two)
+        one, s1 = poison((M, N), dtype), poison((M, K), dtype)
+        kw = dict(residual=dr, residual_out=s1) if res else {}
+        ops.linear(dx, dw, one, norm_weight=dn, eps=1e-5, unit_offset=unit_offset, **kw)
+        np.testing.assert_array_equal(_bits(one.to_numpy()), _bits(two.to_numpy()))
+        if res:
+            np.testing.assert_array_equal(_bits(s1.to_numpy()), _bits(s2.to_numpy()))
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_gpu_strided_rows_and_nan_row(dtype, rng):
+    """x rows with a free stride (a view of a wider buffer, aligned), out a view too: the
+    padding stays untouched; a NaN in one x row stays in that output row."""
+    from specdec_lib import DeviceArray, ops
+    M, N, K, S, SO = 6, 100, 72, 96, 120
+    x, _, w, nw = _case(rng, M, N, K, dtype, dtype)
+    x[3, 7] = np.nan
+    buf = np.zeros((M, S))
+    buf[:, :K] = x
+    xb = DeviceArray.from_numpy(_store(buf, dtype), dtype)
+    ob = poison((M * SO,), dtype)
+    ov = _View(ob, (M, N), (SO, 1))
+    ops.linear(_View(xb, (M, K), (S, 1)), _dev(w, dtype), ov, norm_weight=_dev(nw, dtype))
+    got_raw = ob.to_numpy()
+    got = from_host_storage(ov.np_view(got_raw), dtype)
+    assert np.all(np.isnan(got[3]))
+    ok = np.arange(M) != 3
+    _, want = _want(x[ok], None, w, nw, dtype, True, False, None)
+    assert rel_err(got[ok], want) < TOL[dtype]
+    pad = np.ones((M, SO), bool)
+    pad[:, :N] = False
+    assert np.all(got_raw.view(np.uint16).reshape(M, SO)[pad] == 0xFFFF)   # untouched
+
+
+@needs_gpu
+def test_linear_gpu_rejects_before_launch(rng):
+    """Bad arguments on real device arrays raise before any launch: outputs untouched."""
+    from specdec_lib import DeviceArray, ops
+    M, N, K = 4, 16, 64
+    x = _dev(_rand(rng, (M, K), "bfloat16"), "bfloat16")
+    r = _dev(_rand(rng, (M, K), "bfloat16"), "bfloat16")
+    w = _dev(_rand(rng, (N, K), "bfloat16"), "bfloat16")
+    nw = _dev(np.ones(K), "bfloat16")
+    out, s = poison((M, N), "bfloat16"), poison((M, K), "bfloat16")
+    big = poison((M, K + N), "bfloat16")
+    for kw, exc, match in [
+        (dict(weight=_dev(np.ones((N, K)), "float16")), TypeError, "weight"),
+        (dict(weight=_dev(np.ones((N, K - 8)), "bfloat16")), ValueError, "weight"),
+        (dict(norm_weight=_dev(np.ones(K), "float16")), TypeError, "norm_weight"),
+        (dict(norm_weight=nw, residual=r), ValueError, "residual_out"),
+        (dict(residual=r, residual_out=s), ValueError, "residual: only with norm_weight"),
+        (dict(norm_weight=nw, residual=r, residual_out=r), ValueError,
+         "residual_out: overlaps residual"),
+        (dict(norm_weight=nw, residual=r, residual_out=x), ValueError, "residual_out: overlaps x"),
+        (dict(x=_View(big, (M, K), (K + N, 1)), out=_View(big, (M, N), (K + N, 1), K)),
+         ValueError, "out: overlaps x"),
+        (dict(epilogue="silu_mul"), ValueError, "out"),
+        (dict(norm_weight=nw, eps=0.0), ValueError, "eps"),
+    ]:
+        args = dict(x=x, weight=w, out=out)
+        args.update(kw)
+        with pytest.raises(exc, match=match):
+            ops.linear(args.pop("x"), args.pop("weight"), args.pop("out"), **args)
+    assert np.all(out.to_numpy() == 0xFFFF) and np.all(s.to_numpy() == 0xFFFF)
+    assert np.all(big.to_numpy() == 0xFFFF)
+    # M = 0 with real arrays: nothing launched, nothing written
+    e = DeviceArray.empty((0, N), "bfloat16")
+    assert ops.linear(DeviceArray.empty((0, K), "bfloat16"), w, e) is e
