@@ -28,7 +28,8 @@ import numpy as np
 
 from .orchestrator import Request, SpeculativeDecoder, make_backend
 
-# a rewrite request: the reply reuses the prompt's words, which is where prompt lookup pays
+# ngram's default prompt, a rewrite request: the reply reuses the prompt's words, which is where
+# prompt lookup pays (the heads' default: the first held-out standard-library docstring prompt)
 DEFAULT_PROMPT_INDEX = 3        # into models.smollm2.COPY_PROMPTS
 
 
@@ -69,8 +70,9 @@ def _parser():
                         "round one CUDA graph; 'cuda': cupy dense math (tiny-hybrid only); "
                         "'reference': numpy reference ops on the CPU; 'auto' (default): the GPU "
                         "backend of the model where a GPU is usable, else reference")
-    p.add_argument("--prompt", default=None, help="smollm2: the user message (default: a "
-                   "rewrite request, where prompt lookup has something to find)")
+    p.add_argument("--prompt", default=None, help="smollm2: the user message (default: for "
+                   "ngram a rewrite request, where prompt lookup has something to find; for the "
+                   "heads a held-out standard-library docstring prompt, their training domain)")
     add_workload_args(p, batch=None, max_new_tokens=None)
     p.add_argument("--ngram-min", type=int, default=1, help="ngram: shortest match (default 1)")
     p.add_argument("--ngram-max", type=int, default=3, help="ngram: longest match (default 3)")
@@ -240,8 +242,14 @@ def _run_smollm2(args, be):
         draft = LlamaDraftHead.load(target, path, method)
         what = f"{method} head ({draft.layout} layout, {path})"
     from .models.smollm2 import COPY_PROMPTS
-    first = args.prompt or COPY_PROMPTS[DEFAULT_PROMPT_INDEX]
-    texts = [first] + [t for t in COPY_PROMPTS if t != first]
+    if method == "ngram":       # prompt lookup: a reply that reuses the prompt's words
+        pool = COPY_PROMPTS
+        first = args.prompt or COPY_PROMPTS[DEFAULT_PROMPT_INDEX]
+    else:                       # the heads: a held-out prompt of the kind they were trained on
+        from .models.prompts import stdlib_prompts
+        pool = stdlib_prompts("heldout", 16)
+        first = args.prompt or pool[0]
+    texts = [first] + [t for t in pool if t != first]
     prompts = [chat_prompt(tok, texts[b % len(texts)]) for b in range(B)]
     cap = target.max_position - n_new - k - 1
     for b, p in enumerate(prompts):

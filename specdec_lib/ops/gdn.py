@@ -27,19 +27,22 @@ _MAX_WARPS = 8
 # gdn_commit (1-4 % slower with it)
 # mma16: bf16 / f16 states on the tensor-core kernels (gdn.cu gdn_*_mma_*: each row's S^T k and
 # S^T q as tf32 mmas over the exact 16-bit state and split f32 vectors) instead of the CUDA-core
-# ones; None = the SPECDEC_GDN_MMA environment variable ("1": on; default off until measured on
-# the H200). Verify, commit and flush must use one family for a pool: the two differ in the last
+# ones; None = the SPECDEC_GDN_MMA environment variable ("1" on, "0" off), else where each
+# measured faster on the H200 (s11-r7, B=64 q=4 Hv=32, best mode): kv states on the tensor
+# cores (fused 108 / 106 us bf16 / f16 vs 154), vk states on the CUDA cores (fused 108 / 105 us
+# vs 128 / 125). Verify, commit and flush must use one family for a pool: the two differ in the last
 # bits of the sums (each is bit-exact against its own one-row decoding). f32 states: no effect.
 TUNING = {"warps": None, "l2_prefetch": None, "mma16": None}
 _OCCUPANCY = {}
 
 
-def _use_mma16(state_dtype):
+def _use_mma16(state_dtype, layout):
     if state_dtype == "float32":
         return False
     on = TUNING["mma16"]
     if on is None:
-        on = os.environ.get("SPECDEC_GDN_MMA", "0").strip() not in ("", "0")
+        env = os.environ.get("SPECDEC_GDN_MMA", "").strip()
+        on = env not in ("", "0") if env else layout == "kv"
     return bool(on)
 
 
@@ -141,7 +144,7 @@ def _gdn_launch(op, layout, st, Dk, Dv, Hv, B, dev, warp_cols):
     grid = B * Hv * slices
     if grid >= 2**31:   # grid.x
         raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
-    mma = "_mma" if _use_mma16(st.dtype) else ""
+    mma = "_mma" if _use_mma16(st.dtype, layout) else ""
     kern = runtime.kernel("gdn", f"gdn_{op}{mma}_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
     ahead = _prefetch_ahead(kern, 32 * warps, dev, grid, st.dtype, op == "verify_fused")
     return kern, grid, 32 * warps, slices, ahead
