@@ -119,6 +119,12 @@ def check(path: str, src: str = ROOT) -> list:
             needed.update(libs)
             if any(lib.startswith("libcuda.") for lib in libs):
                 problems.append(f"{n} links libcuda ({libs}): the driver must come through cuda.bindings")
+        # the trained draft heads the demo loads by default
+        heads_dir = os.path.join(src, "specdec_lib", "models", "heads")
+        for h in sorted(os.listdir(heads_dir)) if os.path.isdir(heads_dir) else []:
+            for f in ("model.safetensors", "config.json"):
+                if f"specdec_lib/models/heads/{h}/{f}" not in names:
+                    problems.append(f"draft head file specdec_lib/models/heads/{h}/{f} missing")
         # Python files: all from the source tree (a stale build/lib would add old modules)
         for n in sorted(names):
             if n.endswith(".py") and n.startswith("specdec_lib/") and not os.path.isfile(os.path.join(src, n)):
