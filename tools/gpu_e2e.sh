@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The real model on the H200: the SmolLM2 GPU tests, the demo, the end-to-end benchmark and the
 # HF transformers peer, logs under OUTDIR. Run after tools/gpu_check.sh built the tree (same
-# warm machine), with the GGUF assembled at $GGUF (../shared/GPU_MACHINE.md: two halves in two
-# consecutive calls) and the gguf wheel in .model2/ (or .whl/).
+# warm machine), with the GGUF assembled at $GGUF (parts carried in consecutive calls: three
+# since the tree holds the draft heads, docs/NOTES.md "Session 11 learnings") and the gguf
+# wheel in .g2/, .model2/ or .whl/.
 #
 #   GGUF=/tmp/m/smol.gguf tools/gpu_e2e.sh OUTDIR [--quick] [--no-peer] [--only "demo tests e2e peer"]
 set -u -o pipefail
@@ -23,7 +24,7 @@ export PYTHONUNBUFFERED=1 SITE=/tmp/specdec_site
 GGUF=${GGUF:-/tmp/m/smol.gguf}
 [ -f "$GGUF" ] || { echo "no GGUF at $GGUF"; exit 1; }
 echo "$(sha256sum "$GGUF")" | tee "$OUT/e2e_summary.txt"
-whl=$(ls .model2/gguf-*.whl .whl/gguf-*.whl 2>/dev/null | head -1)
+whl=$(ls .g2/gguf-*.whl .model2/gguf-*.whl .whl/gguf-*.whl 2>/dev/null | head -1)
 [ -n "$whl" ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $SITE "$whl"
 export PYTHONPATH=$SITE SPECDEC_SMOLLM2_GGUF=$GGUF
 for step in $ONLY; do
