@@ -51,8 +51,8 @@ MAX_BLOCK_ROWS = 16          # verify_attention's limit on rows per sequence
 FINISH_REASONS = _seq_ref.FINISH_REASONS
 SLOT_IDLE = 255              # finished[] of a slot with no request: never committed
 
-_OPS = ("append_kv", "rope_append_kv", "verify_attention", "conv1d_verify", "conv1d_commit", "gdn_verify",
-        "gdn_commit", "spec_sample", "seq_stop", "seq_advance", "seq_build_block",
+_OPS = ("append_kv", "rope_append_kv", "verify_attention", "conv1d_verify", "conv1d_commit",
+        "gdn_verify", "gdn_commit", "spec_sample", "seq_stop", "seq_advance", "seq_build_block",
         "draft_carry", "capture_hidden", "draft_combine", "draft_map_tokens", "ngram_propose",
         "rms_norm", "rope", "silu_mul")
 _REFERENCE_MODULES = ("copy", "attention", "conv", "gdn", "sampling", "sequence", "draft",
@@ -353,6 +353,8 @@ class SpeculativeDecoder:
         if k > 0 and draft is None:
             raise ValueError("draft: required when num_speculative_tokens > 0")
         self.target, self.draft, self.k = target, draft, k
+        # drafts with their own KV cache (trained heads) read the target's block rows
+        self._block_draft = k > 0 and getattr(draft, "uses_target_block", False)
         self.be = make_backend(backend) if isinstance(backend, str) else backend
         self.max_stop_ids = max_stop_ids
         self.max_stop_sequences = max_stop_sequences
@@ -441,11 +443,10 @@ class SpeculativeDecoder:
             todo[b] = list(r.prompt[:-1])
         done = [0] * B
         whole = getattr(self.target, "prefill", None)
-        # drafts with their own KV cache (trained heads) prefill on the target's prompt rows
-        block_draft = self.k > 0 and getattr(self.draft, "uses_target_block", False)
+        block_draft = self._block_draft     # then it prefills on the target's prompt rows
         if block_draft and whole is None:
             raise TypeError("draft: a head with its own cache needs target.prefill (one pass)")
-        admitted = {b: list(r.prompt) for b, r in admit}
+        prompts = {b: list(r.prompt) for b, r in admit}
         proposal = None
         while any(done[b] < len(todo[b]) for b in range(B)):
             qs = [len(todo[b]) - done[b] if whole else min(MAX_BLOCK_ROWS, len(todo[b]) - done[b])
@@ -469,8 +470,8 @@ class SpeculativeDecoder:
             rows = xp.asarray(np.flatnonzero(last))
             carry[rows] = new_carry[rows]
             if block_draft:     # the draft's own prefill: each prompt row fed its next token
-                nxt = np.concatenate([todo[b][done[b] + 1:done[b] + qs[b]] +
-                                      [admitted[b][-1]] if qs[b] else [] for b in range(B)])
+                nxt = np.concatenate([prompts[b][done[b] + 1:done[b] + qs[b] + 1]
+                                      if qs[b] else [] for b in range(B)])
                 proposal = self.draft.propose_block(SimpleNamespace(
                     hidden=hidden, tokens=xp.asarray(nxt.astype(np.int32)),
                     positions=xp.asarray(pos), cu_q=cu_q, valid=acc, seq_lens=buf.seq_lens,
@@ -517,7 +518,7 @@ class SpeculativeDecoder:
         be.seq_advance(buf.emitted, buf.accept_len, buf.seq_lens, buf.out_tokens,
                        buf.out_lens, buf.last_token, buf.finished)
         be.draft_carry(hidden, buf.cu_q, buf.accept_len, carry)
-        if K and getattr(self.draft, "uses_target_block", False):
+        if self._block_draft:
             # every block row is fed the token emitted after it (row j of sequence b:
             # emitted[b, j]; -1 past the accepted ones, a zero embedding: dead rows)
             buf.draft_tokens[...] = self.draft.propose_block(SimpleNamespace(

@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from specdec_lib.models.heads import head_config, save_head  # noqa: E402
+from specdec_lib.models.heads import head_config, head_method, save_head  # noqa: E402
 from specdec_lib.models.prompts import stdlib_prompts  # noqa: E402
 
 
@@ -111,6 +111,19 @@ def load_data(path):
 
 # ---------------------------------------------------------------------------------- teacher
 
+def rms_norm(torch, x, w, eps):
+    """RMSNorm in float32, rounded to x's dtype, then scaled by w (the library's order)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def autocast(torch, device):
+    """bf16 autocast on a GPU; full precision (float32) on the CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
 class TorchLlama:
     """The target as plain torch (padded batches, causal SDPA) for the teacher pass."""
 
@@ -134,9 +147,7 @@ class TorchLlama:
         self.cos_sin = torch.from_numpy(cs).to(device)
 
     def rms(self, x, w):
-        t = self.t
-        xf = x.float()
-        return (xf * t.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.c.rms_norm_eps)).to(x.dtype) * w
+        return rms_norm(self.t, x, w, self.c.rms_norm_eps)
 
     @staticmethod
     def rope(t, x, cos, sin):
@@ -244,9 +255,7 @@ class DraftHead:
         return list(self.p.values())
 
     def rms(self, x, w):
-        xf = x.float()
-        return (xf * self.t.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg["rms_norm_eps"])
-                ).to(x.dtype) * w
+        return rms_norm(self.t, x, w, self.cfg["rms_norm_eps"])
 
     def unrolled(self, feat, tokens, steps):
         """feat [B, N, F] target features, tokens [B, N]: logits of every step, [B, N, V']."""
@@ -382,8 +391,7 @@ def train_head(torch, method, args, cfg, model, weights, data, device, log):
     bsz = max(1, args.batch_tokens // N)
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     weights_j = [0.8 ** j for j in range(args.steps)]
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else \
-        torch.autocast("cpu", enabled=False)
+    amp = autocast(torch, device)
     from tqdm import tqdm
     bar = tqdm(desc=f"training {method}", unit="it", disable=args.quiet)
     t0, it, warm = time.perf_counter(), 0, 20
@@ -521,12 +529,11 @@ def main(argv=None):
     plens_t = torch.tensor(plens, device=device)
     data = (tokens, lens, plens_t, hid, aux, arg, tr, ho)
     if args.eval:
-        amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else \
-            torch.autocast("cpu", enabled=False)
+        amp = autocast(torch, device)
         for path in args.eval.split(","):
             with open(os.path.join(path, "config.json")) as fh:
                 cfg = json.load(fh)
-            m = "eagle3" if "eagle_config" in cfg else "mtp"
+            m = head_method(cfg)
             head = DraftHead(torch, m, cfg, model, weights, device, args.seed).load(path, config.num_layers)
             feat = hid if m == "mtp" else aux
             log(f"{path}: {json.dumps(evaluate(torch, head, feat, tokens, lens, plens_t, arg, ho, args, amp))}")

@@ -41,6 +41,12 @@ def head_config(method, c, *, intermediate_size=None, draft_vocab_size=None,
     raise ValueError(f"method: 'mtp' or 'eagle3', not {method!r}")
 
 
+def head_method(config):
+    """'eagle3' or 'mtp': which kind of head a config.json (a dict) describes."""
+    arch = " ".join(config.get("architectures") or []).lower()
+    return "eagle3" if "eagle" in arch or "eagle_config" in config else "mtp"
+
+
 def random_head_tensors(method, config, *, seed=0, scale=0.02):
     """float32 tensors of every required tensor of a head (random; tests and init)."""
     from ..registry import weight_spec
@@ -67,7 +73,7 @@ def save_head(path, tensors, config):
         from safetensors.torch import save_file
     else:
         from safetensors.numpy import save_file
-    save_file({k: v for k, v in tensors.items()}, os.path.join(path, "model.safetensors"))
+    save_file(tensors, os.path.join(path, "model.safetensors"))
     with open(os.path.join(path, "config.json"), "w") as fh:
         json.dump(config, fh, indent=1, sort_keys=True)
     return path

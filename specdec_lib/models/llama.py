@@ -285,7 +285,7 @@ class LlamaTarget:
 
     def prefill_attention(self, row_counts):
         """The attention of a prefill: causal within each fresh prompt's own rows (the
-        host's kernel; K/V still go to the cache through append_kv)."""
+        host's kernel; K/V still go to the cache through rope_append_kv)."""
         m = self.m
         scale = 1.0 / np.sqrt(self.D)
         plan = m.prefill_plan(row_counts)               # indices and mask: once, not per layer
@@ -297,7 +297,7 @@ class LlamaTarget:
     def _run(self, tokens, positions, cu_q, seq_lens, finished, attend, want_logits=True):
         be, m = self.be, self.m
         T = tokens.shape[0]
-        H, nq, nkv, D = self.H, self.nq, self.nkv, self.D
+        H, nq, D = self.H, self.nq, self.D
         x = self.embed[tokens]                                   # residual stream [T, H]
         h = m.empty((T, H))
         be.rms_norm(x, self.layers[0]["ln1"], h, eps=self.eps)
@@ -307,22 +307,33 @@ class LlamaTarget:
         for i, L in enumerate(self.layers):
             if i in self.aux_taps:                               # EAGLE3: layer i-1's output
                 be.capture_hidden(x, aux, self.aux_taps.index(i))
-            qkv = m.linear(h, L["qkv"])                          # [T, (nq + 2 nkv) D]
-            q = qkv[:, :nq * D].reshape(T, nq, D)
-            k = qkv[:, nq * D:(nq + nkv) * D].reshape(T, nkv, D)
-            v = qkv[:, (nq + nkv) * D:].reshape(T, nkv, D)
-            kc, vc = self.kv[i]
-            be.rope_append_kv(q, k, v, positions, self.cos_sin, kc, vc, self.page_table,
-                              seq_lens, cu_q, finished)
-            attend(q, k, v, kc, vc, o)
-            a = m.linear(o.reshape(T, nq * D), L["o"])
-            be.rms_norm(a, L["ln2"], h, eps=self.eps, residual=x, residual_out=x)
-            be.silu_mul(m.linear(h, L["gate_up"]), act)
-            d = m.linear(act, L["down"])
             nxt = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.final_norm
-            be.rms_norm(d, nxt, h, eps=self.eps, residual=x, residual_out=x)
+            self.layer(L, h, x, x, nxt, h, self.kv[i], self.page_table, positions, seq_lens,
+                       cu_q, finished, attend, o, act, self.eps)
         logits = m.linear(h, self.lm_head) if want_logits else None
         return logits, (h if aux is None else aux)
+
+    def layer(self, L, a_in, resid, x, next_norm, h, kv, page_table, positions, seq_lens, cu_q,
+              finished, attend, o, act, eps):
+        """One decoder layer from its attention input on (the target's layers and the draft
+        heads' one): q, k, v = split(a_in @ L.qkv); rope_append_kv into ``kv``; o = attend;
+        x = round(resid + o @ L.o) (x may be resid: in place); x += mlp(rms_norm(x, L.ln2));
+        h = rms_norm(x, next_norm). a_in may be h. ``o`` [T, Hq, D] and ``act`` [T, I] are
+        scratch."""
+        be, m = self.be, self.m
+        T, nq, nkv, D = a_in.shape[0], self.nq, self.nkv, self.D
+        qkv = m.linear(a_in, L["qkv"])                           # [T, (nq + 2 nkv) D]
+        q = qkv[:, :nq * D].reshape(T, nq, D)
+        k = qkv[:, nq * D:(nq + nkv) * D].reshape(T, nkv, D)
+        v = qkv[:, (nq + nkv) * D:].reshape(T, nkv, D)
+        kc, vc = kv
+        be.rope_append_kv(q, k, v, positions, self.cos_sin, kc, vc, page_table, seq_lens, cu_q,
+                          finished)
+        attend(q, k, v, kc, vc, o)
+        a = m.linear(o.reshape(T, nq * D), L["o"])
+        be.rms_norm(a, L["ln2"], h, eps=eps, residual=resid, residual_out=x)
+        be.silu_mul(m.linear(h, L["gate_up"]), act)
+        be.rms_norm(m.linear(act, L["down"]), next_norm, h, eps=eps, residual=x, residual_out=x)
 
     def score(self, tokens):
         """Logits [n, V] of one plain (non-speculative) forward pass over ``tokens`` (host

@@ -27,6 +27,9 @@ on exactly this computation (its multi-step objective unrolls the same chain).
 """
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 
 from ..registry import load_draft_weights
@@ -53,7 +56,6 @@ class LlamaDraftHead:
             pre = spec.layer_prefixes[0]
             self.fc = P("fc.weight")
             self.norm_e, self.norm_h = P(pre + "input_layernorm.weight"), P(pre + "hidden_norm.weight")
-            self.ln2 = P(pre + "post_attention_layernorm.weight")
             self.final = P("norm.weight")
             self.lm_head = P("lm_head.weight")
             Vd = self.lm_head.shape[0]
@@ -69,33 +71,31 @@ class LlamaDraftHead:
             self.fc = P(pre + "eh_proj.weight")
             self.norm_e, self.norm_h = P(pre + "enorm.weight"), P(pre + "hnorm.weight")
             self.ln1 = P(pre + "input_layernorm.weight")
-            self.ln2 = P(pre + "post_attention_layernorm.weight")
             self.final = P(pre + "shared_head.norm.weight")
             head = pre + "shared_head.head.weight"
             self.lm_head = P(head) if head in weights else target.lm_head
             self.d2t = None
             self.taps = ()
         a = pre + "self_attn."
-        self.qkv = m.cat_rows([P(a + n + "_proj.weight") for n in "qkv"])
-        self.o = P(a + "o_proj.weight")
-        self.gate_up = m.cat_rows([P(pre + "mlp.gate_proj.weight"), P(pre + "mlp.up_proj.weight")])
-        self.down = P(pre + "mlp.down_proj.weight")
-        self.I = self.down.shape[1]
+        # the decoder layer, in LlamaTarget.layer's form
+        self.L = dict(ln2=P(pre + "post_attention_layernorm.weight"),
+                      qkv=m.cat_rows([P(a + n + "_proj.weight") for n in "qkv"]),
+                      o=P(a + "o_proj.weight"),
+                      gate_up=m.cat_rows([P(pre + "mlp.gate_proj.weight"),
+                                          P(pre + "mlp.up_proj.weight")]),
+                      down=P(pre + "mlp.down_proj.weight"))
+        self.I = self.L["down"].shape[1]
         self.batch = 0
 
     @classmethod
     def load(cls, target, path, method=None, **kw):
-        """Read and validate a head through the registry (``method`` defaults to the layout
-        the config implies: eagle3 when it has ``draft_vocab_size`` / eagle fields)."""
-        import json
-        import os
+        """Read and validate a head through the registry (``method`` defaults to the kind the
+        config implies, ``heads.head_method``)."""
+        from .heads import head_method
         cfg_path = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), "config.json")
         with open(cfg_path) as fh:
             cfg = json.load(fh)
-        if method is None:
-            arch = " ".join(cfg.get("architectures") or []).lower()
-            method = "eagle3" if "eagle" in arch or "eagle_config" in cfg else "mtp"
-        return cls(target, load_draft_weights(method, path, cfg), **kw)
+        return cls(target, load_draft_weights(method or head_method(cfg), path, cfg), **kw)
 
     # ------------------------------------------------------------------ cache
     def reset(self, batch, max_len):
@@ -118,39 +118,23 @@ class LlamaDraftHead:
         output x [R, H] and its final norm [R, H] (the lm_head input); K/V appended to the
         cache."""
         be, m, t = self.be, self.m, self.t
-        R, H, nq, nkv, D = tokens.shape[0], t.H, t.nq, t.nkv, t.D
+        R, H = tokens.shape[0], t.H
         if self.layout == "eagle3" and hid.shape[1] != H:
             hid = m.linear(hid, self.fc)
         comb = m.empty((R, 2 * H))
         be.draft_combine(t.embed, hid, self.norm_e, self.norm_h, comb, token_ids=tokens,
                          eps=self.eps)
         h = m.empty((R, H))
-        if self.layout == "eagle3":
-            x, a_in = m.empty((R, H)), comb             # residual: the hidden half's input
+        if self.layout == "eagle3":     # q/k/v read the combined row; the residual is hid
+            x, a_in, resid = m.empty((R, H)), comb, hid
         else:
             x = m.linear(comb, self.fc)                 # eh_proj
             be.rms_norm(x, self.ln1, h, eps=self.eps)
-            a_in = h
-        qkv = m.linear(a_in, self.qkv)
-        q = qkv[:, :nq * D].reshape(R, nq, D)
-        k = qkv[:, nq * D:(nq + nkv) * D].reshape(R, nkv, D)
-        v = qkv[:, (nq + nkv) * D:].reshape(R, nkv, D)
-        kc, vc = self.kv
-        be.rope_append_kv(q, k, v, positions, t.cos_sin, kc, vc, self.page_table, lens, cu_q,
-                          finished)
-        o = m.empty((R, nq, D), m.kv)
-        attend(q, k, v, kc, vc, o)
-        a = m.linear(o.reshape(R, nq * D), self.o)
-        if self.layout == "eagle3":
-            be.rms_norm(a, self.ln2, h, eps=self.eps, residual=hid, residual_out=x)
-        else:
-            be.rms_norm(a, self.ln2, h, eps=self.eps, residual=x, residual_out=x)
-        act = m.empty((R, self.I))
-        be.silu_mul(m.linear(h, self.gate_up), act)
-        d = m.linear(act, self.down)
-        out = m.empty((R, H))
-        be.rms_norm(d, self.final, h, eps=self.eps, residual=x, residual_out=out)
-        return out, h
+            a_in, resid = h, x
+        t.layer(self.L, a_in, resid, x, self.final, h, self.kv, self.page_table, positions,
+                lens, cu_q, finished, attend, m.empty((R, t.nq, t.D), m.kv),
+                m.empty((R, self.I)), self.eps)
+        return x, h
 
     def _token(self, hn):
         """Greedy draft token (target ids, int32 [B]) from normed step outputs hn [B, H]."""

@@ -8,6 +8,7 @@ sorted order, members in sorted order, a fixed instruction per item.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import io
@@ -42,6 +43,7 @@ def _clip(doc, limit):
     return "\n\n".join(out)[:limit]
 
 
+@functools.lru_cache(maxsize=None)      # the train and held-out splits walk it once
 def _documented(min_chars=100, max_chars=700):
     items = []
     for mod_name in sorted(getattr(sys, "stdlib_module_names", ())):
@@ -73,7 +75,7 @@ def _documented(min_chars=100, max_chars=700):
             doc = inspect.getdoc(obj) or ""
             if len(doc) >= min_chars:
                 items.append((mod_name, name, _clip(doc, max_chars)))
-    return items
+    return tuple(items)
 
 
 def heldout_module(mod_name: str) -> bool:
