@@ -54,7 +54,7 @@ SLOT_IDLE = 255              # finished[] of a slot with no request: never commi
 _OPS = ("append_kv", "rope_append_kv", "verify_attention", "conv1d_verify", "conv1d_commit",
         "gdn_verify", "gdn_commit", "spec_sample", "seq_stop", "seq_advance", "seq_build_block",
         "draft_carry", "capture_hidden", "draft_combine", "draft_map_tokens", "ngram_propose",
-        "rms_norm", "rope", "silu_mul")
+        "rms_norm", "rope", "silu_mul", "linear")
 _REFERENCE_MODULES = ("copy", "attention", "conv", "gdn", "sampling", "sequence", "draft",
                       "layers")
 

@@ -85,7 +85,7 @@ def test_torch_prefill_plan_without_prompts_or_with_one(rng):
     assert torch.allclose(one, both[:7], rtol=1e-5, atol=1e-6)
 
 
-def _tiny_target(rng, page_size=4):
+def _tiny_target(rng, page_size=4, backend="reference", row_invariant=False):
     from specdec_lib.orchestrator import make_backend
     H, D, nq, nkv = 48, 64, 4, 2                 # verify_attention takes D in {64, 128, 256}
     c = SimpleNamespace(vocab_size=50, hidden_size=H, head_dim=D, num_heads=nq, num_kv_heads=nkv,
@@ -103,7 +103,8 @@ def _tiny_target(rng, page_size=4):
         w[p + "mlp.gate_proj.weight"] = 0.2 * rng.standard_normal((40, H))
         w[p + "mlp.up_proj.weight"] = 0.2 * rng.standard_normal((40, H))
         w[p + "mlp.down_proj.weight"] = 0.2 * rng.standard_normal((H, 40))
-    return LlamaTarget(c, w, make_backend("reference"), page_size=page_size)
+    return LlamaTarget(c, w, make_backend(backend), page_size=page_size,
+                       row_invariant=row_invariant)
 
 
 def test_tiny_llama_prefill_equals_block_forward(rng):
@@ -166,3 +167,49 @@ def test_torch_prefill_attention_batched_on_cuda(rng, dtype):
     got, want = out.double().cpu().numpy(), loop.double().cpu().numpy()
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
+
+
+def _block_and_steps(t, rng):
+    """Logits of a 4-row verify block after a 3-token prefill, and of the same 4 tokens fed
+    one row per forward (each row's K/V appended by its own pass), as host float64."""
+    xp = t.m
+    tok = rng.integers(0, 50, 7).astype(np.int32)
+    as_dev = (lambda a: xp.table(a)) if xp.name == "torch" else (lambda a: a)
+    host = (lambda a: a.double().cpu().numpy()) if xp.name == "torch" else np.asarray
+
+    def run(rows):
+        t.reset(1, 16)
+        fin = as_dev(np.zeros(1, np.uint8))
+        t.prefill(as_dev(tok[:3]), as_dev(np.arange(3, dtype=np.int32)),
+                  as_dev(np.array([0, 3], np.int32)), as_dev(np.zeros(1, np.int32)), fin,
+                  row_counts=[3])
+        out = []
+        for r0 in range(0, 4, rows):
+            lg, _ = t.forward(as_dev(tok[3 + r0:3 + r0 + rows]),
+                              as_dev(np.arange(3 + r0, 3 + r0 + rows, dtype=np.int32)),
+                              as_dev(np.array([0, rows], np.int32)),
+                              as_dev(np.array([3 + r0], np.int32)), fin)
+            out.append(host(lg))
+        return np.concatenate(out)
+    return run(4), run(1)
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("torch", marks=needs_gpu)])
+def test_tiny_llama_row_invariant_block_equals_one_row_steps(rng, backend, monkeypatch):
+    """row_invariant=True: the decode GEMMs go through the library's linear (the prefill's
+    do not), and a 4-row verify block's logits equal four one-row passes' bit for bit."""
+    if backend == "torch":
+        torch = pytest.importorskip("torch", reason="torch is not installed")
+        if not torch.cuda.is_available():
+            pytest.skip("torch sees no CUDA GPU")
+    t = _tiny_target(rng, backend=backend, row_invariant=True)
+    assert t.row_invariant
+    calls = []
+    lin = t.be.linear
+    monkeypatch.setattr(t.be, "linear", lambda *a, **kw: calls.append(a[0].shape[0]) or lin(*a, **kw))
+    block, steps = _block_and_steps(t, rng)
+    # per forward 4 GEMMs x 2 layers + lm_head (1 block + 4 one-row forwards); never the
+    # 3 prefill rows
+    assert sorted(set(calls)) == [1, 4] and len(calls) == 9 * (1 + 4)
+    assert np.isfinite(block).all()
+    np.testing.assert_array_equal(block, steps)

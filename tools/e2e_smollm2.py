@@ -126,6 +126,8 @@ def main():
                    help="requests stop at <|im_end|> / <|endoftext|> (natural replies; tokens/s "
                         "over the tokens emitted) instead of generating through EOS")
     p.add_argument("--drafts", default="ngram,mtp,eagle3")
+    p.add_argument("--row-invariant", action="store_true", help="decode GEMMs through the "
+                   "library's linear (LlamaTarget row_invariant=True)")
     p.add_argument("--sets", default="copy,open,heldout")
     p.add_argument("--head-k", type=int, default=0, help="also run the heads at this k (B=1)")
     p.add_argument("--backend", default="torch", help="torch (GPU); reference: the CPU (float64: "
@@ -135,7 +137,8 @@ def main():
     args = p.parse_args()
     be = make_backend(args.backend)
     t0 = time.perf_counter()
-    target, tok = load_smollm2_target(be, path=args.gguf, progress=False)
+    target, tok = load_smollm2_target(be, path=args.gguf, progress=False,
+                                      row_invariant=args.row_invariant)
     print(f"loaded in {time.perf_counter() - t0:.1f} s; weights {target.weight_bytes / 1e6:.0f} MB bf16")
     drafts = {}
     for name in args.drafts.split(","):
@@ -149,13 +152,14 @@ def main():
     if gpu:
         import torch
     report = {"device": torch.cuda.get_device_name() if gpu else "cpu", "k": k,
-              "drafts": list(drafts)}
+              "drafts": list(drafts), "row_invariant": target.row_invariant}
     rows = []
     stops = dict(stop_token_ids=STOP_TOKEN_IDS) if args.stop_at_eos else {}
     report["stop_at_eos"] = bool(args.stop_at_eos)
 
     def rescore(reqs, res):
-        n, ties, bad = rescoring_check(target, reqs, res, args.tie_tolerance)
+        n, ties, bad = rescoring_check(target, reqs, res, args.tie_tolerance,
+                                       steps=2 if gpu else 0)
         return dict(tokens=n, ties=ties, mismatches=len(bad), first=bad[:3])
 
     def case(label, key, reqs, run, runs):

@@ -8,6 +8,7 @@ Cases (the shapes of docs/PERF.md's tables):
   gdn            gdn_verify + gdn_commit, B=64 q=4 Hk=16 Hv=32 128x128 f32 kv state, bf16 in
   gdn_bf16       the same with a bf16 state
   gdn_fused      the fused mode's round (gdn_verify_fused: previous commit + verify), f32 kv
+  gdn_bf16_fused the same with a bf16 state
   sample         spec_sample B=64 k=3 V=151936 bf16, half greedy, no filter (filters=False)
   sample_topp    the same with top-p 0.9 (filters=None)
   sample_b1      spec_sample B=1, sampled, no filter (filters=False)
@@ -60,6 +61,7 @@ CASES = {
     "gdn": lambda n: _gdn("float32", n),
     "gdn_bf16": lambda n: _gdn("bfloat16", n),
     "gdn_fused": lambda n: _gdn("float32", n, fused_mode=True),
+    "gdn_bf16_fused": lambda n: _gdn("bfloat16", n, fused_mode=True),
     "sample": lambda n: _sample(64, 0.5, 1.0, False, n),
     "sample_topp": lambda n: _sample(64, 0.5, 0.9, None, n),
     "sample_b1": lambda n: _sample(1, 0.0, 1.0, False, n),

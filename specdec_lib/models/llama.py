@@ -21,10 +21,40 @@ model has no recurrent state, so ``commit`` does nothing.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 
-class _NumpyMath:
+class _RowInvariant:
+    """The decode GEMMs through the library's ``linear`` op (``row_invariant=True``): a row's
+    bits then depend on that row alone, never on how many rows share the call, so a verify
+    block of k + 1 rows gives what k + 1 one-row steps give (speculative output token-identical
+    to target-only at any k) and a request's tokens do not depend on its batch mates. Prefill
+    keeps the host's GEMM (``bulk``): it runs once per prompt in either mode."""
+    row_invariant = False
+
+    def __init__(self, be=None, row_invariant=False):
+        self.be, self.row_invariant = be, bool(row_invariant)
+
+    def gemm(self, x, w):
+        if not self.row_invariant:
+            return self.linear(x, w)
+        out = self.empty((x.shape[0], w.shape[0]), x.dtype)
+        self.be.linear(x, w, out)
+        return out
+
+    @contextlib.contextmanager
+    def bulk(self):
+        """Host GEMMs inside (the prefill's many rows)."""
+        keep, self.row_invariant = self.row_invariant, False
+        try:
+            yield
+        finally:
+            self.row_invariant = keep
+
+
+class _NumpyMath(_RowInvariant):
     """float64 numpy: the reference backend's dense math (exact enough to be the oracle)."""
     name = "numpy"
     act = np.float64
@@ -76,12 +106,13 @@ class _NumpyMath:
         return a.argmax(axis=1).astype(np.int32)
 
 
-class _TorchMath:
+class _TorchMath(_RowInvariant):
     """torch bf16 on the backend's GPU: cuBLAS GEMMs (fp32 accumulate), SDPA for prefill."""
     name = "torch"
 
-    def __init__(self, be):
+    def __init__(self, be, row_invariant=False):
         import torch
+        super().__init__(be, row_invariant)
         self.torch, self.dev = torch, be.device
         self.act = self.kv = torch.bfloat16
         self.F = torch.nn.functional
@@ -180,11 +211,11 @@ class _TorchMath:
         return a.argmax(dim=1).to(self.torch.int32)
 
 
-def dense_math(backend):
+def dense_math(backend, row_invariant=False):
     if backend.name == "reference":
-        return _NumpyMath()
+        return _NumpyMath(backend, row_invariant)
     if backend.name == "torch":
-        return _TorchMath(backend)
+        return _TorchMath(backend, row_invariant)
     raise ValueError(f"backend: the Llama host model runs on 'reference' or 'torch', "
                      f"not {backend.name!r}")
 
@@ -192,10 +223,12 @@ def dense_math(backend):
 class LlamaTarget:
     """Host passes of a Llama target for ``SpeculativeDecoder`` (slot b = sequence b)."""
 
-    def __init__(self, config, weights, backend, *, page_size=16, max_position=None):
+    def __init__(self, config, weights, backend, *, page_size=16, max_position=None,
+                 row_invariant=False):
         from ..reference.layers import rope_cos_sin_cache
         self.c, self.be = config, backend
-        self.m = m = dense_math(backend)
+        self.m = m = dense_math(backend, row_invariant)
+        self.row_invariant = m.row_invariant
         c = config
         self.V, self.H, self.D = c.vocab_size, c.hidden_size, c.head_dim
         self.nq, self.nkv, self.I = c.num_heads, c.num_kv_heads, c.intermediate_size
@@ -280,8 +313,9 @@ class LlamaTarget:
         """Whole prompts of fresh sequences (seq_lens[b] = 0 where row_counts[b] > 0), any
         length, in one pass. ``row_counts`` (host ints) split the rows per sequence for the
         causal attention. Returns (logits or None, hidden)."""
-        return self._run(tokens, positions, cu_q, seq_lens, finished,
-                         self.prefill_attention(row_counts), want_logits=logits)
+        with self.m.bulk():
+            return self._run(tokens, positions, cu_q, seq_lens, finished,
+                             self.prefill_attention(row_counts), want_logits=logits)
 
     def prefill_attention(self, row_counts):
         """The attention of a prefill: causal within each fresh prompt's own rows (the
@@ -310,7 +344,7 @@ class LlamaTarget:
             nxt = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.final_norm
             self.layer(L, h, x, x, nxt, h, self.kv[i], self.page_table, positions, seq_lens,
                        cu_q, finished, attend, o, act, self.eps)
-        logits = m.linear(h, self.lm_head) if want_logits else None
+        logits = m.gemm(h, self.lm_head) if want_logits else None
         return logits, (h if aux is None else aux)
 
     def layer(self, L, a_in, resid, x, next_norm, h, kv, page_table, positions, seq_lens, cu_q,
@@ -322,7 +356,7 @@ class LlamaTarget:
         scratch."""
         be, m = self.be, self.m
         T, nq, nkv, D = a_in.shape[0], self.nq, self.nkv, self.D
-        qkv = m.linear(a_in, L["qkv"])                           # [T, (nq + 2 nkv) D]
+        qkv = m.gemm(a_in, L["qkv"])                             # [T, (nq + 2 nkv) D]
         q = qkv[:, :nq * D].reshape(T, nq, D)
         k = qkv[:, nq * D:(nq + nkv) * D].reshape(T, nkv, D)
         v = qkv[:, (nq + nkv) * D:].reshape(T, nkv, D)
@@ -330,10 +364,10 @@ class LlamaTarget:
         be.rope_append_kv(q, k, v, positions, self.cos_sin, kc, vc, page_table, seq_lens, cu_q,
                           finished)
         attend(q, k, v, kc, vc, o)
-        a = m.linear(o.reshape(T, nq * D), L["o"])
+        a = m.gemm(o.reshape(T, nq * D), L["o"])
         be.rms_norm(a, L["ln2"], h, eps=eps, residual=resid, residual_out=x)
-        be.silu_mul(m.linear(h, L["gate_up"]), act)
-        be.rms_norm(m.linear(act, L["down"]), next_norm, h, eps=eps, residual=x, residual_out=x)
+        be.silu_mul(m.gemm(h, L["gate_up"]), act)
+        be.rms_norm(m.gemm(act, L["down"]), next_norm, h, eps=eps, residual=x, residual_out=x)
 
     def score(self, tokens):
         """Logits [n, V] of one plain (non-speculative) forward pass over ``tokens`` (host

@@ -33,6 +33,11 @@ _INSTRUCTIONS = (
 )
 
 
+# variant v's instruction is _VARIANT_STEP[v] places after the docstring's first one: the
+# first three every other one (as the shipped heads' data was made), then the rest
+_VARIANT_STEP = (0, 2, 4, 1, 3, 5)
+
+
 def _clip(doc, limit):
     """The first paragraphs of ``doc`` that fit in ``limit`` characters (at least one)."""
     out = []
@@ -84,10 +89,13 @@ def heldout_module(mod_name: str) -> bool:
 
 def stdlib_prompts(split="train", limit=None, variants=1):
     """User messages from standard-library docstrings: ``split`` 'train' or 'heldout'
-    (disjoint by module). Duplicated docstrings appear once, under ``variants`` (1..3)
-    different instructions."""
+    (disjoint by module). Duplicated docstrings appear once, under ``variants`` (1..6)
+    different instructions (variant v of a docstring is the same prompt whatever ``variants``
+    says: more variants only add prompts)."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split: 'train' or 'heldout', not {split!r}")
+    if not 1 <= variants <= len(_INSTRUCTIONS):
+        raise ValueError(f"variants: 1..{len(_INSTRUCTIONS)}, not {variants}")
     seen, out = set(), []
     for mod_name, name, doc in _documented():
         if heldout_module(mod_name) != (split == "heldout") or doc in seen:
@@ -95,6 +103,6 @@ def stdlib_prompts(split="train", limit=None, variants=1):
         seen.add(doc)
         first = zlib.crc32(name.encode())
         for v in range(variants):
-            tmpl = _INSTRUCTIONS[(first + 2 * v) % len(_INSTRUCTIONS)]
+            tmpl = _INSTRUCTIONS[(first + _VARIANT_STEP[v]) % len(_INSTRUCTIONS)]
             out.append(tmpl.format(name=name, doc=doc))
     return out[:limit]
