@@ -4,7 +4,9 @@
 # (OUTDIR/smollm2_<method>/: the device returns files at most two folders deep), the
 # generated data and the log go to OUTDIR.
 #
-#   GGUF=/tmp/m/smol.gguf tools/gpu_train.sh OUTDIR [train_draft.py options]
+#   GGUF=/tmp/m/smol.gguf [SKIP_BUILD=1] tools/gpu_train.sh OUTDIR [train_draft.py options]
+#
+# SKIP_BUILD=1: the tree is built in place already (tools/gpu_check.sh in an earlier call).
 set -u -o pipefail
 OUT=${1:?usage: tools/gpu_train.sh OUTDIR [options]}
 shift
@@ -16,12 +18,14 @@ GGUF=${GGUF:-/tmp/m/smol.gguf}
 [ -f "$GGUF" ] || { echo "no GGUF at $GGUF"; exit 1; }
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $HDR \
   .whl/nvidia_cuda_runtime*.whl .whl/nvidia_cuda_profiler_api*.whl
-whl=$(ls .model2/gguf-*.whl .whl/gguf-*.whl 2>/dev/null | head -1)
+whl=$(ls .g2/gguf-*.whl .model2/gguf-*.whl .whl/gguf-*.whl 2>/dev/null | head -1)
 [ -n "$whl" ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $SITE "$whl"
 t0=$(date +%s)
-PYTHONPATH=$HDR SPECDEC_ARCHS=${SPECDEC_ARCHS:-90} SPECDEC_PTX=${SPECDEC_PTX:-90} \
-  python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-echo "build $(( $(date +%s) - t0 )) s"
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  PYTHONPATH=$HDR SPECDEC_ARCHS=${SPECDEC_ARCHS:-90} SPECDEC_PTX=${SPECDEC_PTX:-90} \
+    python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  echo "build $(( $(date +%s) - t0 )) s"
+fi
 export PYTHONPATH=$SITE SPECDEC_SMOLLM2_GGUF=$GGUF
 DATA=${DATA:-$OUT/data.npz}
 python3 tools/train_draft.py --out "$OUT" --data "$DATA" "$@" 2>&1 \
