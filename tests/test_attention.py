@@ -164,6 +164,12 @@ def test_verify_attention_plan():
     p = plan_verify_attention(2, 2, 16, 256, 16, 100, 132)
     assert (p.warps_m, p.m_groups) == (4, 4) and p.kv_chunk % 32 == 0
     assert plan_verify_attention(2, 2, 1, 64, 1, 1000, 132).warps_m == 1
+    # row_invariant: one m-tile per CTA and the split count of q = 1, whatever q is
+    one = plan_verify_attention(1, 3, 3, 64, 1, 4096, 132)
+    for q in (2, 6, 16):
+        p = plan_verify_attention(1, 3, 3, 64, q, 4096, 132, row_invariant=True)
+        assert (p.warps_m, p.m_groups) == (1, -(-q * 3 // 16))
+        assert (p.num_splits, p.kv_chunk) == (one.num_splits, one.kv_chunk)
     # forced split counts are honoured up to tile-aligned chunks
     for n in (1, 2, 7, 32):
         p = plan_verify_attention(4, 2, 2, 64, 4, 4096, 132, num_splits=n)
@@ -275,6 +281,47 @@ def test_verify_attention_gpu(rng, D, group, Hkv, page_size, dtype):
     # automatic plan with a workspace: short sequences take the direct path, long ones split
     out, lse = _gpu_run(c, dtype, workspace=_workspace(c))
     _check(c, out, lse, dtype, f"D={D} group={group} page={ps} {dtype}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("group,Hkv,dtype", [(3, 3, "bfloat16"), (16, 1, "float16"),
+                                             (4, 2, "float16")])
+@pytest.mark.parametrize("split", [False, True], ids=["direct", "workspace"])
+def test_verify_attention_gpu_row_invariant_equals_one_row_calls(rng, group, Hkv, dtype, split):
+    """row_invariant=True: each row of a block (q x group past 16 packed rows: several
+    m-tiles) has the bits of the same row decoded alone (q = 1, L + i, same batch and page
+    table), with and without KV splits."""
+    from specdec_lib import DeviceArray, ops
+    if dtype == "bfloat16" and _family() < 80:
+        pytest.skip("bf16 needs the sm_80 path")
+    qs, Ls = [6, 16, 1, 0, 11], [300, 37, 5, 9, 1000]
+    c = _case(rng, qs, Ls, Hq=group * Hkv, Hkv=Hkv, D=64, page_size=16, dtype=dtype)
+    T, Hq, D = c["q"].shape
+    ws = {}
+    if split:
+        B, max_pages = c["page_table"].shape
+        n = ops.verify_attention_workspace_size(T, Hq, Hkv, D, B, max_pages * 16,
+                                                row_invariant=True)
+        assert n > 0
+        ws = dict(workspace=DeviceArray.empty((n,), "uint8"))
+    d = _to_dev(c, dtype)
+
+    def call(q, seq_lens, cu_q):
+        out, lse = poison((q.shape[0], Hq, D), dtype), poison((q.shape[0], Hq), "float32")
+        ops.verify_attention(q, d["k_cache"], d["v_cache"], d["page_table"], seq_lens, cu_q,
+                             out, lse_out=lse, row_invariant=True, **ws)
+        return out.to_numpy(), lse.to_numpy()
+    block, block_lse = call(d["q"], d["seq_lens"], d["cu_q"])
+    _check(c, *_gpu_run(c, dtype, row_invariant=True, **ws), dtype, "row_invariant")
+    q_host = d["q"].to_numpy()
+    for i in range(max(qs)):
+        rows = [c["cu_q"][b] + i for b in range(len(qs)) if qs[b] > i]
+        counts = [1 if qs[b] > i else 0 for b in range(len(qs))]
+        one, one_lse = call(DeviceArray.from_numpy(q_host[rows], dtype=dtype),
+                            DeviceArray.from_numpy(np.array(Ls, np.int32) + i * np.array(counts, np.int32)),
+                            DeviceArray.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)))
+        np.testing.assert_array_equal(one, block[rows], err_msg=f"row {i}")
+        np.testing.assert_array_equal(one_lse, block_lse[rows], err_msg=f"row {i} lse")
 
 
 @needs_gpu

@@ -305,8 +305,10 @@ class LlamaTarget:
         """The attention of a verify block: over the paged cache (``verify_attention``)."""
         be = self.be
 
+        kw = dict(row_invariant=True) if self.row_invariant else {}
+
         def attend(q, k, v, k_cache, v_cache, out):
-            be.verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out)
+            be.verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, **kw)
         return attend
 
     def prefill(self, tokens, positions, cu_q, seq_lens, finished, *, row_counts, logits=False):

@@ -71,21 +71,23 @@ def _lse_offset(rows: int, head_dim: int) -> int:
 
 @functools.lru_cache(maxsize=512)
 def plan_verify_attention(batch_size, num_kv_heads, group, head_dim, max_q, max_kv_len,
-                          sm_count, num_splits=None) -> VerifyAttentionPlan:
+                          sm_count, num_splits=None, row_invariant=False) -> VerifyAttentionPlan:
     """The launch plan: pure function of host-known sizes (see the module docstring),
     cached per shape (a decode loop calls with the same sizes every round).
 
     Packed rows ``max_q * group`` go 16 per warp m-tile, up to 4 m-tiles per CTA. Splits
     are added until batch x KV heads x m-groups x splits fills ``_CTAS_PER_SM`` CTAs per
     SM, keeping at least ``_MIN_KEYS_PER_SPLIT`` keys per split; ``num_splits`` overrides.
+    ``row_invariant``: one m-tile per CTA (the four warps split every KV tile, as for a
+    q = 1 call) and the split count of a q = 1 call, so no row's arithmetic depends on q.
     """
     n_mtiles = max(1, _cdiv(max_q * group, 16))
-    warps_m = 1 if n_mtiles == 1 else 2 if n_mtiles == 2 else 4
+    warps_m = 1 if n_mtiles == 1 or row_invariant else 2 if n_mtiles == 2 else 4
     m_groups = _cdiv(n_mtiles, warps_m)
     tile = _TILE_KEYS[head_dim]
     max_kv_len = max(int(max_kv_len), 1)
     if num_splits is None:
-        ctas = max(batch_size * num_kv_heads * m_groups, 1)
+        ctas = max(batch_size * num_kv_heads * (1 if row_invariant else m_groups), 1)
         target = _CTAS_PER_SM * sm_count
         splits = 1 if ctas >= target else min(_cdiv(target, ctas),
                                                _cdiv(max_kv_len, _MIN_KEYS_PER_SPLIT))
@@ -98,16 +100,18 @@ def plan_verify_attention(batch_size, num_kv_heads, group, head_dim, max_q, max_
 
 
 def verify_attention_workspace_size(num_tokens, num_qo_heads, num_kv_heads, head_dim, batch_size,
-                                    max_kv_len, *, max_q=None, num_splits=None, device=0) -> int:
+                                    max_kv_len, *, max_q=None, num_splits=None, row_invariant=False,
+                                    device=0) -> int:
     """Bytes of the ``workspace`` that ``verify_attention`` needs for these sizes (0 when
     the plan has a single split). Pass the same ``max_kv_len`` / ``max_q`` /
     ``num_splits`` to the op (``max_kv_len`` defaults there to ``max_pages *
-    page_size``; ``max_q`` to ``min(num_tokens, 16)``). Allocate once for the largest
-    shapes a captured graph will see."""
+    page_size``; ``max_q`` to ``min(num_tokens, 16)``; and ``row_invariant``). Allocate once
+    for the largest shapes a captured graph will see."""
     if max_q is None:
         max_q = min(num_tokens, MAX_Q_PER_SEQ)
     plan = plan_verify_attention(batch_size, num_kv_heads, num_qo_heads // num_kv_heads, head_dim,
-                                 max_q, max_kv_len, runtime.sm_count(device), num_splits)
+                                 max_q, max_kv_len, runtime.sm_count(device), num_splits,
+                                 bool(row_invariant))
     return plan.workspace_bytes(num_tokens, num_qo_heads, head_dim)
 
 
@@ -147,7 +151,7 @@ def _aligned(name, a, elems=8):
 
 def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale=None,
                      lse_out=None, *, workspace=None, num_splits=None, max_kv_len=None,
-                     max_q=None, check_indices=None, stream=None):
+                     max_q=None, row_invariant=False, check_indices=None, stream=None):
     """Paged block-verification attention of one speculative round.
 
     q ``[T, Hq, D]`` (float16; bfloat16 on sm_80+), k_cache / v_cache
@@ -166,7 +170,11 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
     count, ``max_kv_len`` bounds L+q (default ``max_pages * page_size``; longer
     sequences are still right, their last split just does more work), ``max_q`` bounds
     the rows per sequence (default ``min(T, 16)``; a sequence with more is left
-    unwritten). ``check_indices`` (default: env ``SPECDEC_DEBUG``) copies cu_q /
+    unwritten). ``row_invariant=True`` gives every row the bits it has in a one-row (q = 1)
+    call at any block size: by default a block of more than 16 packed rows (q x group)
+    shares each CTA's four warps between m-tiles, which changes how a row's keys are split
+    between the warps and so its last bits; this plan keeps one m-tile per CTA (more CTAs,
+    each reading the KV tiles: slower at large batches). ``check_indices`` (default: env ``SPECDEC_DEBUG``) copies cu_q /
     seq_lens / page_table to the host and raises ValueError on bad offsets, a page table
     too narrow for L+q, or page ids outside the pool; without it the kernel never faults
     on such input but writes NaN for the affected sequence/head rows.
@@ -236,7 +244,8 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
             raise ValueError(f"workspace: num_splits={num_splits} needs a workspace of "
                              "verify_attention_workspace_size(...) bytes")
         num_splits = 1
-    plan = plan_verify_attention(B, Hkv, group, D, max_q, max_kv_len, sms, num_splits)
+    plan = plan_verify_attention(B, Hkv, group, D, max_q, max_kv_len, sms, num_splits,
+                                 bool(row_invariant))
     partial_o = partial_lse = 0
     if plan.num_splits > 1:
         need = plan.workspace_bytes(T, Hq, D)

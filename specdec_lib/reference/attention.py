@@ -97,14 +97,15 @@ def check_verify_attention_values(page_table, seq_lens, cu_q, num_tokens, num_pa
 
 def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale=None,
                      lse_out=None, *, workspace=None, num_splits=None, max_kv_len=None,
-                     stream=None):
+                     row_invariant=False, stream=None):
     """Paged block-verification attention (see the module docstring); float64 math.
 
     ``q [T, Hq, D]``, ``k_cache``/``v_cache [num_pages, page_size, Hkv, D]`` (any float
     dtype; bf16 callers pass float32 copies), ``page_table [B, max_pages]``,
     ``seq_lens [B]``, ``cu_q [B+1]``; writes ``out [T, Hq, D]`` (cast to its dtype) and
-    ``lse_out [T, Hq]`` when given. ``workspace``/``num_splits``/``max_kv_len``/``stream``
-    exist for signature parity with the CUDA op and are ignored. Returns ``out``.
+    ``lse_out [T, Hq]`` when given. ``workspace``/``num_splits``/``max_kv_len``/
+    ``row_invariant``/``stream`` exist for signature parity with the CUDA op and are ignored
+    (every row is computed on its own here). Returns ``out``.
     """
     for name, a, nd in (("q", q, 3), ("k_cache", k_cache, 4), ("v_cache", v_cache, 4),
                         ("out", out, 3)):
