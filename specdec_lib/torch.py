@@ -333,7 +333,8 @@ _TABLE = (
     _OpSpec("verify_attention", "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, "
             "Tensor seq_lens, Tensor cu_q, Tensor! out, float? scale=None, Tensor!? lse_out=None, "
             "Tensor!? workspace=None, *, int? num_splits=None, int? max_kv_len=None, "
-            "int? max_q=None, bool? check_indices=None) -> ()", _check_verify_attention),
+            "int? max_q=None, bool row_invariant=False, bool? check_indices=None) -> ()",
+            _check_verify_attention),
     # the state is written too: the fused mode commits the pending rows into it
     _OpSpec("gdn_verify", "(Tensor q, Tensor k, Tensor v, Tensor! state, Tensor slot_ids, "
             "Tensor cu_q, Tensor! out, Tensor! journal, Tensor? g=None, Tensor? beta=None, "
