@@ -40,8 +40,8 @@ from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend  
 def decode(target, draft, k, be, reqs, slots=None):
     """Warm-up of the same shapes, then one timed run; returns (results, metrics)."""
     graph = be.name == "torch"
-    if graph:
-        warm = [Request(prompt=r.prompt, max_new_tokens=4) for r in reqs]
+    if graph:               # the shapes the run will have: its batch, or its slots when served
+        warm = [Request(prompt=r.prompt, max_new_tokens=4) for r in reqs[:slots or len(reqs)]]
         SpeculativeDecoder(target, draft, num_speculative_tokens=k, backend=be,
                            cuda_graph=True).generate(warm)
     dec = SpeculativeDecoder(target, draft, num_speculative_tokens=k, backend=be,
@@ -67,8 +67,10 @@ def one_at_a_time(target, draft, k, be, reqs):
 
 
 def summary(m):
+    decode_s = m.wall_s - m.capture_s - m.prefill_s
     return dict(tokens=m.emitted, seconds=round(m.wall_s - m.capture_s, 4),
                 tokens_per_s=round(m.tokens_per_s, 1), rounds=m.rounds,
+                decode_tokens_per_s=round(m.emitted / decode_s, 1) if decode_s > 0 else None,
                 mean_accepted_length=round(m.mean_accepted_length, 3),
                 per_position_acceptance=[round(x, 3) for x in m.per_position_acceptance],
                 host_us_per_round=round(m.host_us_per_round, 1),
@@ -126,6 +128,8 @@ def main():
                    help="requests stop at <|im_end|> / <|endoftext|> (natural replies; tokens/s "
                         "over the tokens emitted) instead of generating through EOS")
     p.add_argument("--drafts", default="ngram,mtp,eagle3")
+    p.add_argument("--serve", type=int, default=0, metavar="N", help="also serve N mixed "
+                   "requests through the mixed case's B slots (continuous batching)")
     p.add_argument("--row-invariant", action="store_true", help="decode GEMMs through the "
                    "library's linear (LlamaTarget row_invariant=True)")
     p.add_argument("--sets", default="copy,open,heldout")
@@ -189,6 +193,14 @@ def main():
     reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new32, **stops)
             for t in texts[:B]]
     case(f"B={B} mixed", f"b{B}_mixed", reqs, decode, [(n, k) for n in drafts])
+    if args.serve:      # continuous batching: a stream of requests through B slots
+        sreqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new32, **stops)
+                 for t in (texts * (args.serve // len(texts) + 1))[:args.serve]]
+
+        def served(target, draft, kk, be, reqs):
+            return decode(target, draft, kk, be, reqs, slots=B)
+        case(f"serve {args.serve}/{B}", f"serve{args.serve}_slots{B}", sreqs, served,
+             [(n, k) for n in drafts])
     try:
         report["round_profile_spec_b1"] = round_profile(target, drafts[best], k, be, reqs[0].prompt)
         report["round_profile_spec_b1"]["draft"] = best
@@ -200,11 +212,16 @@ def main():
 
 
 def _print(rows, report):
+    def decode_rate(m):             # tokens/s with the (eager) prefill left out
+        s = m.wall_s - m.capture_s - m.prefill_s
+        return m.emitted / s if s > 0 else float("nan")
     print(f"\n{'case':14s} {'draft':12s} {'target-only tok/s':>18s} {'spec tok/s':>11s} "
-          f"{'speed-up':>9s} {'acc len':>8s} {'per position':>24s} {'same':>6s} {'mismatch (ties)':>16s}")
+          f"{'speed-up':>9s} {'decode only':>12s} {'acc len':>8s} {'per position':>24s} "
+          f"{'same':>6s} {'mismatch (ties)':>16s}")
     for lab, dname, mb, ms, same, n, chk in rows:
         print(f"{lab:14s} {dname:12s} {mb.tokens_per_s:18,.1f} {ms.tokens_per_s:11,.1f} "
-              f"{ms.tokens_per_s / mb.tokens_per_s:8.2f}x {ms.mean_accepted_length:8.2f} "
+              f"{ms.tokens_per_s / mb.tokens_per_s:8.2f}x "
+              f"{decode_rate(ms) / decode_rate(mb):11.2f}x {ms.mean_accepted_length:8.2f} "
               f"{' '.join(f'{x:.2f}' for x in ms.per_position_acceptance):>24s} {same:>3d}/{n:<2d} "
               f"{chk['mismatches']:>8d} ({chk['ties']})")
     for key in ("round_profile_spec_b1", "round_profile_base_b1", "round_profile_error"):
