@@ -30,8 +30,9 @@ class _RowInvariant:
     """The decode GEMMs through the library's ``linear`` op (``row_invariant=True``): a row's
     bits then depend on that row alone, never on how many rows share the call, so a verify
     block of k + 1 rows gives what k + 1 one-row steps give (speculative output token-identical
-    to target-only at any k) and a request's tokens do not depend on its batch mates. Prefill
-    keeps the host's GEMM (``bulk``): it runs once per prompt in either mode."""
+    to target-only at any k) and the decode rows of a request do not depend on its batch mates.
+    Prefill keeps the host's GEMM (``bulk``): it runs once per prompt in either mode (prompts
+    prefilled in one call share its cuBLAS shape)."""
     row_invariant = False
 
     def __init__(self, be=None, row_invariant=False):
