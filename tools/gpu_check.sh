@@ -70,6 +70,9 @@ run_family() {
   esac
 }
 if [ $PARALLEL = 1 ]; then
+  # three pytest processes share 16 cores: numpy's BLAS threads must not fight (s12: the
+  # linear tests took > 200 s per family unset, 35 s at 5 threads)
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-5} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-5}
   # the long-run tests check device-wide memory growth, which the other families' processes
   # on the same GPU would show: they run afterwards, natively and alone
   TESTS_ALL=$TESTS
