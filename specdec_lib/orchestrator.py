@@ -54,7 +54,11 @@ SLOT_IDLE = 255              # finished[] of a slot with no request: never commi
 _OPS = ("append_kv", "rope_append_kv", "verify_attention", "conv1d_verify", "conv1d_commit",
         "gdn_verify", "gdn_commit", "spec_sample", "seq_stop", "seq_advance", "seq_build_block",
         "draft_carry", "capture_hidden", "draft_combine", "draft_map_tokens", "ngram_propose",
-        "rms_norm", "rope", "silu_mul", "linear")
+        "rms_norm", "rope", "silu_mul")
+# library ops a backend carries under another name: ``row_linear`` is ops.linear (the
+# row-invariant GEMM), kept off ``linear``, which on the cuda backend is the host models'
+# float64 GEMM (and absent elsewhere: tiny_hybrid falls back to x @ w.T)
+_RENAMED_OPS = (("row_linear", "linear"),)
 _REFERENCE_MODULES = ("copy", "attention", "conv", "gdn", "sampling", "sequence", "draft",
                       "layers")
 
@@ -70,8 +74,8 @@ def reference_backend():
                          to_host=np.asarray, synchronize=lambda: None,
                          device_synchronize=lambda: None,
                          stream_scope=contextlib.nullcontext, capture=None)
-    for op in _OPS:
-        setattr(ns, op, next(getattr(m, op) for m in mods if hasattr(m, op)))
+    for name, op in tuple(zip(_OPS, _OPS)) + _RENAMED_OPS:
+        setattr(ns, name, next(getattr(m, op) for m in mods if hasattr(m, op)))
     return ns
 
 
@@ -79,7 +83,7 @@ def _bind_ops(ns, ops, backend, stream_of, alloc_bytes):
     """Put every op of ``_OPS`` on ``ns`` as ``ops.<op>`` with ``stream=stream_of()`` (read at
     each call) and no host-side index checks; ``spec_sample`` gets a workspace per (T, V)
     from ``alloc_bytes(n)``, allocated once and reused (it never allocates itself)."""
-    missing = [op for op in _OPS if not hasattr(ops, op)]
+    missing = [op for op in _OPS + tuple(op for _, op in _RENAMED_OPS) if not hasattr(ops, op)]
     if missing:
         raise RuntimeError(f"{backend} backend: specdec_lib.ops lacks " + ", ".join(missing))
 
@@ -94,8 +98,8 @@ def _bind_ops(ns, ops, backend, stream_of, alloc_bytes):
                 kw.setdefault("check_indices", False)
             return fn(*a, **kw)
         return call
-    for op in _OPS:
-        setattr(ns, op, bind(getattr(ops, op)))
+    for name, op in tuple(zip(_OPS, _OPS)) + _RENAMED_OPS:
+        setattr(ns, name, bind(getattr(ops, op)))
     workspaces = {}
     sample = ns.spec_sample
 

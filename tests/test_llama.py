@@ -209,8 +209,9 @@ def test_tiny_llama_row_invariant_block_equals_one_row_steps(rng, backend, monke
     t = _tiny_target(rng, backend=backend, row_invariant=True, nq=6, nkv=2)
     assert t.row_invariant
     calls = []
-    lin = t.be.linear
-    monkeypatch.setattr(t.be, "linear", lambda *a, **kw: calls.append(a[0].shape[0]) or lin(*a, **kw))
+    lin = t.be.row_linear
+    monkeypatch.setattr(t.be, "row_linear",
+                        lambda *a, **kw: calls.append(a[0].shape[0]) or lin(*a, **kw))
     block, steps = _block_and_steps(t, rng)
     # per forward 4 GEMMs x 2 layers + lm_head (1 block + 6 one-row forwards); never the
     # 3 prefill rows

@@ -42,7 +42,7 @@ class _RowInvariant:
         if not self.row_invariant:
             return self.linear(x, w)
         out = self.empty((x.shape[0], w.shape[0]), x.dtype)
-        self.be.linear(x, w, out)
+        self.be.row_linear(x, w, out)
         return out
 
     @contextlib.contextmanager
