@@ -35,6 +35,8 @@
 //    the new block's outputs: 1 read + 1 write per round instead of 1 + 2. Needs a
 //    per-sequence "pending accept_len" and a flush op for sequences that leave the
 //    batch; worth it only if the round is bandwidth-bound at ~3 passes (measure first).
+#include <type_traits>
+
 #include "common/cp_async.cuh"
 #include "gdn/gdn_tile.cuh"
 
@@ -934,34 +936,14 @@ __device__ __forceinline__ CommitRows commit_rows(const GdnCommitParams& p, cons
   return c;
 }
 
+// One CTA's commit of its state slice, for either tile family (defined below, after MmaTile's
+// staging): gdn_commit_impl is its CUDA-core instance, gdn_commit_mma_impl its tensor-core one.
+template <typename TS, int DK, bool VK, bool MMA>
+__device__ __forceinline__ void gdn_commit_slice(const GdnCommitParams& p);
+
 template <typename TS, int DK, bool VK>
 __device__ __forceinline__ void gdn_commit_impl(const GdnCommitParams& p) {
-  using Tile = CommitTile<TS, DK, VK>;
-  constexpr int WC = Tile::WARP_COLS;
-  __shared__ __align__(16) JournalStage<DK> js;
-
-  const VerifySlice vs = verify_slice<WC>(p);
-  const CtaSlice& cs = vs.c;
-  const BlockPos pos = cs.pos;
-  const int lane = cs.lane, warp = cs.warp, slice_cols = cs.slice_cols;
-  const int col_base = cs.col_base, hk = cs.hk, Dv = cs.Dv;
-
-  const CommitRows cr = commit_rows(p, pos);
-  const int row0 = cr.row0, slot = cr.slot, n = cr.n;
-  const NextSlice next = next_slice(p);
-  if (!cr.go) return;   // state untouched, not even read
-
-  Tile tile(lane);
-  const int vj = warp * WC + tile.lc * Tile::SPAN;   // the thread's first column in the slice
-  const int col = col_base + vj;                      // ... and in the head; column c: + piece_off(c)
-  TS* const head = static_cast<TS*>(p.state) + uint64_t(uint32_t(slot)) * uint64_t(p.state_stride_slot) +
-                   int64_t(pos.h) * DK * Dv;
-  tile.template load_head<false>(head, col, Dv);
-  const JournalRef jr{p.journal, p.journal_stride_t, p.num_k_heads, p.num_v_heads};
-  stage_journal<DK, WC>(jr, js, pos.h, hk, col_base, slice_cols, Dv, row0, min(kRowChunk, n));
-  prefetch_slice_l2<TS, DK, VK>(p, next, slice_cols);   // (after the staging loads, as in verify)
-  replay_journal<TS, Tile, DK>(tile, jr, js, pos.h, hk, col_base, slice_cols, Dv, row0, n, vj);
-  tile.store_head(head, col, Dv);
+  gdn_commit_slice<TS, DK, VK, false>(p);
 }
 
 // 16-bit states keep session 4's commit (SASS byte-identical to it): the staging above takes up
@@ -1217,11 +1199,16 @@ __device__ __forceinline__ void gdn_verify_mma_impl(const GdnVerifyParams& p) {
   }
 }
 
-template <typename TS, int DK, bool VK>
-__device__ __forceinline__ void gdn_commit_mma_impl(const GdnCommitParams& p) {
-  using Tile = MmaTile<TS, DK, VK>;
+// One CTA's commit of its state slice, for either tile family: the CUDA-core CommitTile (a
+// thread's columns SPAN apart) or, MMA, the tensor-core MmaTile (a warp's columns as one mma
+// tile, whose replay also reads the stage's zero rows). Only the column bookkeeping and the
+// replay differ; the prologue, the staging and the L2 prefetch of the next slice are shared.
+template <typename TS, int DK, bool VK, bool MMA>
+__device__ __forceinline__ void gdn_commit_slice(const GdnCommitParams& p) {
+  using Tile = std::conditional_t<MMA, MmaTile<TS, DK, VK>, CommitTile<TS, DK, VK>>;
+  using Stage = std::conditional_t<MMA, MmaJournalStage<DK>, JournalStage<DK>>;
   constexpr int WC = Tile::WARP_COLS;
-  __shared__ __align__(16) MmaJournalStage<DK> js;
+  __shared__ __align__(16) Stage js;
 
   const VerifySlice vs = verify_slice<WC>(p);
   const CtaSlice& cs = vs.c;
@@ -1235,17 +1222,31 @@ __device__ __forceinline__ void gdn_commit_mma_impl(const GdnCommitParams& p) {
   if (!cr.go) return;   // state untouched, not even read
 
   Tile tile(lane);
-  const int vj = warp * WC + 2 * tile.g;
-  const int colw = col_base + warp * WC;
+  // vj: the thread's first column in the slice; col: where the tile's columns start in the head
+  // (CommitTile: column c at col + piece_off(c); MmaTile: the warp's first column)
+  int vj, col;
+  if constexpr (MMA) {
+    vj = warp * WC + 2 * tile.g;
+    col = col_base + warp * WC;
+  } else {
+    vj = warp * WC + tile.lc * Tile::SPAN;
+    col = col_base + vj;
+  }
   TS* const head = static_cast<TS*>(p.state) + uint64_t(uint32_t(slot)) * uint64_t(p.state_stride_slot) +
                    int64_t(pos.h) * DK * Dv;
-  tile.template load_head<false>(head, colw, Dv);
+  tile.template load_head<false>(head, col, Dv);
   const JournalRef jr{p.journal, p.journal_stride_t, p.num_k_heads, p.num_v_heads};
   stage_journal<DK, WC>(jr, js, pos.h, hk, col_base, slice_cols, Dv, row0, min(kRowChunk, n));
-  zero_fill(js.zero);
-  prefetch_slice_l2<TS, DK, VK>(p, next, slice_cols);
-  mma_replay(tile, jr, js, pos.h, hk, col_base, slice_cols, Dv, row0, n, vj);
-  tile.store_head(head, colw, Dv);
+  if constexpr (MMA) zero_fill(js.zero);
+  prefetch_slice_l2<TS, DK, VK>(p, next, slice_cols);   // (after the staging loads, as in verify)
+  if constexpr (MMA) mma_replay(tile, jr, js, pos.h, hk, col_base, slice_cols, Dv, row0, n, vj);
+  else replay_journal<TS, Tile, DK>(tile, jr, js, pos.h, hk, col_base, slice_cols, Dv, row0, n, vj);
+  tile.store_head(head, col, Dv);
+}
+
+template <typename TS, int DK, bool VK>
+__device__ __forceinline__ void gdn_commit_mma_impl(const GdnCommitParams& p) {
+  gdn_commit_slice<TS, DK, VK, true>(p);
 }
 
 template <typename TS, int DK, bool VK, bool FUSED>
