@@ -55,10 +55,11 @@ _OPS = ("append_kv", "rope_append_kv", "verify_attention", "conv1d_verify", "con
         "gdn_verify", "gdn_commit", "spec_sample", "seq_stop", "seq_advance", "seq_build_block",
         "draft_carry", "capture_hidden", "draft_combine", "draft_map_tokens", "ngram_propose",
         "rms_norm", "rope", "silu_mul")
-# library ops a backend carries under another name: ``row_linear`` is ops.linear (the
-# row-invariant GEMM), kept off ``linear``, which on the cuda backend is the host models'
-# float64 GEMM (and absent elsewhere: tiny_hybrid falls back to x @ w.T)
-_RENAMED_OPS = (("row_linear", "linear"),)
+# (name on a backend, op) for every op a backend carries: the _OPS under their own names, and
+# ``row_linear`` = ops.linear (the row-invariant GEMM), kept off ``linear``, which on the cuda
+# backend is the host models' float64 GEMM (and absent elsewhere: tiny_hybrid falls back to
+# x @ w.T)
+_BACKEND_OPS = tuple(zip(_OPS, _OPS)) + (("row_linear", "linear"),)
 _REFERENCE_MODULES = ("copy", "attention", "conv", "gdn", "sampling", "sequence", "draft",
                       "layers")
 
@@ -74,16 +75,17 @@ def reference_backend():
                          to_host=np.asarray, synchronize=lambda: None,
                          device_synchronize=lambda: None,
                          stream_scope=contextlib.nullcontext, capture=None)
-    for name, op in tuple(zip(_OPS, _OPS)) + _RENAMED_OPS:
+    for name, op in _BACKEND_OPS:
         setattr(ns, name, next(getattr(m, op) for m in mods if hasattr(m, op)))
     return ns
 
 
 def _bind_ops(ns, ops, backend, stream_of, alloc_bytes):
-    """Put every op of ``_OPS`` on ``ns`` as ``ops.<op>`` with ``stream=stream_of()`` (read at
-    each call) and no host-side index checks; ``spec_sample`` gets a workspace per (T, V)
-    from ``alloc_bytes(n)``, allocated once and reused (it never allocates itself)."""
-    missing = [op for op in _OPS + tuple(op for _, op in _RENAMED_OPS) if not hasattr(ops, op)]
+    """Put every op of ``_BACKEND_OPS`` on ``ns`` (under its backend name) with
+    ``stream=stream_of()`` (read at each call) and no host-side index checks; ``spec_sample``
+    gets a workspace per (T, V) from ``alloc_bytes(n)``, allocated once and reused (it never
+    allocates itself)."""
+    missing = [op for _, op in _BACKEND_OPS if not hasattr(ops, op)]
     if missing:
         raise RuntimeError(f"{backend} backend: specdec_lib.ops lacks " + ", ".join(missing))
 
@@ -98,7 +100,7 @@ def _bind_ops(ns, ops, backend, stream_of, alloc_bytes):
                 kw.setdefault("check_indices", False)
             return fn(*a, **kw)
         return call
-    for name, op in tuple(zip(_OPS, _OPS)) + _RENAMED_OPS:
+    for name, op in _BACKEND_OPS:
         setattr(ns, name, bind(getattr(ops, op)))
     workspaces = {}
     sample = ns.spec_sample
@@ -341,6 +343,13 @@ class Metrics:
     def tokens_per_s(self):
         """Tokens emitted per second of decoding: prefill included, graph capture not."""
         t = self.wall_s - self.capture_s
+        return self.emitted / t if t > 0 else float("nan")
+
+    @property
+    def decode_tokens_per_s(self):
+        """Tokens emitted per second with the prefill's host time left out too (its GPU work
+        runs behind the enqueueing, so this is decoding alone, up to that tail)."""
+        t = self.wall_s - self.capture_s - self.prefill_s
         return self.emitted / t if t > 0 else float("nan")
 
 

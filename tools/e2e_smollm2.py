@@ -67,10 +67,9 @@ def one_at_a_time(target, draft, k, be, reqs):
 
 
 def summary(m):
-    decode_s = m.wall_s - m.capture_s - m.prefill_s
     return dict(tokens=m.emitted, seconds=round(m.wall_s - m.capture_s, 4),
                 tokens_per_s=round(m.tokens_per_s, 1), rounds=m.rounds,
-                decode_tokens_per_s=round(m.emitted / decode_s, 1) if decode_s > 0 else None,
+                decode_tokens_per_s=round(m.decode_tokens_per_s, 1),
                 mean_accepted_length=round(m.mean_accepted_length, 3),
                 per_position_acceptance=[round(x, 3) for x in m.per_position_acceptance],
                 host_us_per_round=round(m.host_us_per_round, 1),
@@ -212,16 +211,14 @@ def main():
 
 
 def _print(rows, report):
-    def decode_rate(m):             # tokens/s with the (eager) prefill left out
-        s = m.wall_s - m.capture_s - m.prefill_s
-        return m.emitted / s if s > 0 else float("nan")
     print(f"\n{'case':14s} {'draft':12s} {'target-only tok/s':>18s} {'spec tok/s':>11s} "
           f"{'speed-up':>9s} {'decode only':>12s} {'acc len':>8s} {'per position':>24s} "
           f"{'same':>6s} {'mismatch (ties)':>16s}")
     for lab, dname, mb, ms, same, n, chk in rows:
         print(f"{lab:14s} {dname:12s} {mb.tokens_per_s:18,.1f} {ms.tokens_per_s:11,.1f} "
               f"{ms.tokens_per_s / mb.tokens_per_s:8.2f}x "
-              f"{decode_rate(ms) / decode_rate(mb):11.2f}x {ms.mean_accepted_length:8.2f} "
+              f"{ms.decode_tokens_per_s / mb.decode_tokens_per_s:11.2f}x "
+              f"{ms.mean_accepted_length:8.2f} "
               f"{' '.join(f'{x:.2f}' for x in ms.per_position_acceptance):>24s} {same:>3d}/{n:<2d} "
               f"{chk['mismatches']:>8d} ({chk['ties']})")
     for key in ("round_profile_spec_b1", "round_profile_base_b1", "round_profile_error"):

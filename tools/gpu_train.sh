@@ -16,12 +16,12 @@ export PYTHONUNBUFFERED=1
 HDR=/tmp/specdec_hdr SITE=/tmp/specdec_site
 GGUF=${GGUF:-/tmp/m/smol.gguf}
 [ -f "$GGUF" ] || { echo "no GGUF at $GGUF"; exit 1; }
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $HDR \
-  .whl/nvidia_cuda_runtime*.whl .whl/nvidia_cuda_profiler_api*.whl
 whl=$(ls .g2/gguf-*.whl .model2/gguf-*.whl .whl/gguf-*.whl 2>/dev/null | head -1)
 [ -n "$whl" ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $SITE "$whl"
 t0=$(date +%s)
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
+if [ "${SKIP_BUILD:-0}" != 1 ]; then   # (the header wheels are for the build only)
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $HDR \
+    .whl/nvidia_cuda_runtime*.whl .whl/nvidia_cuda_profiler_api*.whl
   PYTHONPATH=$HDR SPECDEC_ARCHS=${SPECDEC_ARCHS:-90} SPECDEC_PTX=${SPECDEC_PTX:-90} \
     python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   echo "build $(( $(date +%s) - t0 )) s"

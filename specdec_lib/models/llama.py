@@ -33,7 +33,6 @@ class _RowInvariant:
     to target-only at any k) and the decode rows of a request do not depend on its batch mates.
     Prefill keeps the host's GEMM (``bulk``): it runs once per prompt in either mode (prompts
     prefilled in one call share its cuBLAS shape)."""
-    row_invariant = False
 
     def __init__(self, be=None, row_invariant=False):
         self.be, self.row_invariant = be, bool(row_invariant)
