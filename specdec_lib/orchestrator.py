@@ -359,7 +359,7 @@ class SpeculativeDecoder:
     def __init__(self, target, draft=None, *, num_speculative_tokens: int = 3,
                  backend="reference", max_stop_ids: int = 4, max_stop_sequences: int = 2,
                  max_stop_length: int = 4, cuda_graph: bool = False,
-                 capture_first: bool = False):
+                 capture_first: bool = False, prefill: str = "auto", max_len=None):
         k = int(num_speculative_tokens)
         if not 0 <= k < MAX_BLOCK_ROWS:
             raise ValueError(f"num_speculative_tokens: {k} outside 0..{MAX_BLOCK_ROWS - 1}")
@@ -380,24 +380,67 @@ class SpeculativeDecoder:
         # one (for a process that already ran a round of the same shapes: libraries loaded,
         # lazy allocations made). Capture runs nothing, so the first replay is round one.
         self.capture_first = bool(capture_first)
+        # prefill: "batched" = every prompt admitted at a round boundary in one pass of the
+        # target's prefill (eager); "bucketed" = one prompt at a time, its rows padded to a
+        # length bucket (pads are dead rows past the prompt, like rejected drafts), so the
+        # pass has one shape per bucket and, with cuda_graph, is recorded once per bucket and
+        # replayed; "auto" = bucketed where the round is graph-captured and the target pads
+        # (``pads_prefill``), batched otherwise
+        if prefill not in ("auto", "batched", "bucketed"):
+            raise ValueError(f"prefill: expected 'auto', 'batched' or 'bucketed', got {prefill!r}")
+        if prefill == "bucketed" and not getattr(target, "pads_prefill", False):
+            raise ValueError("prefill: 'bucketed' needs a target with a padded one-pass prefill "
+                             "(pads_prefill = True)")
+        self.prefill = prefill
+        # max_len: positions per slot (prompt + max_new_tokens + k + 1) for every call; with
+        # it the buffers, caches and graphs of one call serve the next call of the same batch
+        # (no re-capture); without it they are sized per call (and kept while sizes repeat)
+        if max_len is not None and int(max_len) < k + 2:
+            raise ValueError(f"max_len: {max_len} leaves no room for a prompt and k + 1 rows")
+        self.max_len = None if max_len is None else int(max_len)
+        self._state = None
         self.metrics = Metrics(num_speculative_tokens=k, accept_counts=[0] * k)
 
+    def reset_metrics(self):
+        """Start counting afresh (e.g. after a warm-up call; buffers and graphs are kept)."""
+        self.metrics = Metrics(num_speculative_tokens=self.k, accept_counts=[0] * self.k)
+
     # ------------------------------------------------------------------ buffers
-    def _buffers(self, reqs, slots):
-        """Device buffers for ``slots`` slots, sized for every request in ``reqs``; every
-        slot starts idle (``finished = SLOT_IDLE``: computed each round, never committed)."""
-        xp, B, K = self.be.xp, slots, self.k
-        i32 = xp.int32
+    def _shape(self, reqs, slots):
+        """Everything the buffers, caches and graphs of a call depend on: (slots, positions
+        per slot, stop ids, stop sequences and their length, output and prompt widths,
+        whether any request filters). Equal shapes let a call reuse the last one's."""
+        need = [len(r.prompt) + r.max_new_tokens + self.k + 1 for r in reqs]
+        if self.max_len is not None:
+            i = int(np.argmax(need))
+            if need[i] > self.max_len:
+                raise ValueError(f"requests[{i}]: prompt + max_new_tokens + k + 1 = {need[i]} "
+                                 f"positions exceed max_len={self.max_len}")
+        max_len = self.max_len or max(need)
         S = max([self.max_stop_ids] + [len(r.stop_token_ids) for r in reqs])
         NS = max([self.max_stop_sequences] + [len(r.stop_sequences) for r in reqs])
         M = max([self.max_stop_length] + [len(s) for r in reqs for s in r.stop_sequences])
+        out_w = self.max_len or max(r.max_new_tokens for r in reqs)
+        prompt_w = self.max_len or max(len(r.prompt) for r in reqs)
+        # known for the whole call (so one captured graph fits every round): when no
+        # sampled request filters, spec_sample skips its two filter launches
+        filters = any(r.temperature > 0 and (r.top_k > 0 or r.top_p < 1 or r.min_p > 0)
+                      for r in reqs)
+        return (int(slots), max_len, S, NS, M, out_w, prompt_w, filters)
+
+    def _buffers(self, shape):
+        """Device buffers of a call's ``shape``; every slot starts idle (``finished =
+        SLOT_IDLE``: computed each round, never committed)."""
+        xp, K = self.be.xp, self.k
+        B, _, S, NS, M, out_w, prompt_w, _ = shape
+        i32 = xp.int32
         h = dict(stop_ids=xp.full((B, S), -1, dtype=i32), stop_seqs=xp.full((B, NS, M), -1, dtype=i32),
                  max_new=xp.ones(B, dtype=i32), temperature=xp.zeros(B, dtype=xp.float32),
                  top_k=xp.zeros(B, dtype=i32), top_p=xp.ones(B, dtype=xp.float32),
                  min_p=xp.zeros(B, dtype=xp.float32), seed=xp.zeros(B, dtype=xp.int64),
                  step=xp.zeros(B, dtype=xp.int64), seq_lens=xp.zeros(B, dtype=i32),
                  finished=xp.full(B, SLOT_IDLE, dtype=xp.uint8),
-                 out_tokens=xp.full((B, max(r.max_new_tokens for r in reqs)), -1, dtype=i32),
+                 out_tokens=xp.full((B, out_w), -1, dtype=i32),
                  out_lens=xp.zeros(B, dtype=i32), last_token=xp.zeros(B, dtype=i32),
                  num_draft=xp.full(B, K, dtype=i32), draft_tokens=xp.zeros((B, K), dtype=i32),
                  cu_q=xp.zeros(B + 1, dtype=i32), block_tokens=xp.zeros(B * (K + 1), dtype=i32),
@@ -406,7 +449,7 @@ class SpeculativeDecoder:
                  emitted=xp.full((B, K + 1), -1, dtype=i32), status=xp.zeros(B, dtype=i32),
                  accept_len=xp.zeros(B, dtype=i32),
                  # the context prompt-lookup drafts search: prompt ++ out_tokens[:out_lens]
-                 prompt=xp.zeros((B, max(len(r.prompt) for r in reqs)), dtype=i32),
+                 prompt=xp.zeros((B, prompt_w), dtype=i32),
                  prompt_lens=xp.zeros(B, dtype=i32))
         return SimpleNamespace(**h)
 
@@ -444,7 +487,94 @@ class SpeculativeDecoder:
             carry[b] = 0
 
     # ------------------------------------------------------------------ prefill
-    def _prefill(self, admit, buf, carry):
+    def _bucketed(self):
+        if self.prefill == "auto":
+            return (self.cuda_graph and self.be.capture is not None
+                    and getattr(self.target, "pads_prefill", False))
+        return self.prefill == "bucketed"
+
+    def _prefill(self, admit, buf, carry, st):
+        """Commit prompt[:-1] of every admitted request and propose its first drafts; in
+        buckets (``_prefill_bucket``, one prompt at a time) or batched (``_prefill_batched``).
+        One-token prompts have nothing to prefill: they take the batched path's empty pass."""
+        if not self._bucketed():
+            return self._prefill_batched(admit, buf, carry)
+        short = [(b, r) for b, r in admit if len(r.prompt) < 2]
+        for b, r in admit:
+            if len(r.prompt) >= 2:
+                self._prefill_bucket(b, r, buf, carry, st)
+        if short:
+            self._prefill_batched(short, buf, carry)
+
+    @staticmethod
+    def prefill_bucket(n, max_len):
+        """Rows a prompt of ``n`` prefill rows is padded to: the next power of two from 16
+        up to 512, then the next multiple of 256; never past the slot's ``max_len``."""
+        nb = max(16, 1 << (n - 1).bit_length()) if n <= 512 else -(-n // 256) * 256
+        return min(nb, max_len)
+
+    def _prefill_bucket(self, b, r, buf, carry, st):
+        """Prefill request ``r`` alone into slot ``b``, its n = len(prompt) - 1 rows padded
+        to the bucket's nb rows (token 0 at positions n..nb-1: their K/V land past the
+        committed length, dead rows that later appends overwrite, and the causal attention
+        keeps them out of the real rows). The pass reads only device buffers of the bucket
+        (tokens, the draft's next tokens, cu_q and the valid counts that name slot ``b``),
+        so with ``cuda_graph`` it is recorded on its bucket's first use and replayed after."""
+        xp, B = self.be.xp, carry.shape[0]
+        n = len(r.prompt) - 1
+        nb = self.prefill_bucket(n, st.shape[1])
+        pb = st.prefills.get(nb)
+        fresh = pb is None
+        if fresh:
+            dev = xp.zeros(2 * nb + 2 * B + 2, dtype=xp.int32)
+            pb = st.prefills[nb] = SimpleNamespace(
+                dev=dev, tokens=dev[:nb], next=dev[nb:2 * nb], cu_q=dev[2 * nb:2 * nb + B + 1],
+                valid=dev[2 * nb + B + 1:2 * nb + 2 * B + 1], slot=dev[2 * nb + 2 * B + 1:],
+                positions=xp.arange(nb, dtype=xp.int32), replay=None)
+        host = np.zeros(2 * nb + 2 * B + 2, np.int32)
+        host[:n] = r.prompt[:-1]
+        host[nb:nb + n] = r.prompt[1:]
+        host[2 * nb + b + 1:2 * nb + B + 1] = nb           # cu_q: slot b holds all nb rows
+        host[2 * nb + B + 1 + b] = n
+        host[-1] = b
+        pb.dev[...] = xp.asarray(host)
+
+        def prefill_pass():
+            self._prefill_pass(pb, nb, buf, carry)
+        if pb.replay is not None:
+            pb.replay()
+            return
+        prefill_pass()          # the bucket's first use runs eagerly (libraries initialised)
+        if self.cuda_graph and self.be.capture is not None:
+            tc = time.perf_counter()
+            pb.replay = self.be.capture(prefill_pass)
+            self.metrics.capture_s += time.perf_counter() - tc
+
+    def _prefill_pass(self, pb, nb, buf, carry):
+        """The bucket's pass: target prefill, commit, carry and first drafts of the slot
+        that ``pb.slot`` names (other slots have 0 rows and keep their drafts)."""
+        xp, be, B = self.be.xp, self.be, carry.shape[0]
+        counts = [nb] + [0] * (B - 1)       # the plan's row split (one prompt of nb rows);
+        # which slot holds it is device data (cu_q), so one recording serves every slot
+        _, hidden = self.target.prefill(pb.tokens, pb.positions, pb.cu_q, buf.seq_lens,
+                                        buf.finished, row_counts=counts)
+        self.target.commit(pb.cu_q, pb.valid)
+        buf.seq_lens += pb.valid
+        new_carry = xp.empty_like(carry)
+        be.draft_carry(hidden, pb.cu_q, pb.valid, new_carry)
+        carry[pb.slot] = new_carry[pb.slot]
+        if not self.k:
+            return
+        if self._block_draft:
+            proposal = self.draft.propose_block(SimpleNamespace(
+                hidden=hidden, tokens=pb.next, positions=pb.positions, cu_q=pb.cu_q,
+                valid=pb.valid, seq_lens=buf.seq_lens, finished=buf.finished,
+                row_counts=counts), self.k)
+        else:
+            proposal = self._propose(buf, carry)
+        buf.draft_tokens[pb.slot] = proposal[pb.slot]
+
+    def _prefill_batched(self, admit, buf, carry):
         """Commit prompt[:-1] of every admitted request (other slots get 0 rows): in one
         pass through ``target.prefill`` where the target has it, else in blocks of <= 16 rows
         through ``forward``; carry[b] = hidden of the last prompt row (zeros for one-token
@@ -579,21 +709,39 @@ class SpeculativeDecoder:
                 raise ValueError(f"requests[{i}].max_new_tokens: must be >= 1")
         return reqs
 
-    def _serve(self, reqs, slots, arrivals, progress, on_round):
-        be, xp, K, B = self.be, self.be.xp, self.k, slots
-        max_len = max(len(r.prompt) + r.max_new_tokens for r in reqs) + K + 1
-        be.device_synchronize()   # weights/caches made on other streams are ready
+    def _call_state(self, reqs, B):
+        """This call's buffers, carry and graphs: the last call's when its shape repeats and
+        nobody reset the target or the draft since (their ``cache_epoch`` unchanged: the
+        graphs hold their caches), fresh ones otherwise (caches reset, graphs recorded anew).
+        A target without ``cache_epoch`` and ``reset_slots`` gets fresh ones every call."""
+        xp = self.be.xp
+        shape = self._shape(reqs, B)
+        parts = [self.target] + ([self.draft] if self.k and hasattr(self.draft, "reset") else [])
+        st = self._state
+        if (st is not None and st.shape == shape and hasattr(self.target, "reset_slots")
+                and st.epochs == [getattr(p, "cache_epoch", None) for p in parts]
+                and None not in st.epochs):
+            st.buf.finished[...] = SLOT_IDLE      # every slot idle again; caches stay
+            return st
+        self._state = None                        # the old graphs go before the new caches
+        max_len = shape[1]
+        self.be.device_synchronize()              # weights/caches made on other streams are ready
         self.target.reset(B, max_len)
-        if self.k and hasattr(self.draft, "reset"):
+        if len(parts) > 1:
             self.draft.reset(B, max_len)
         self._used = [False] * B
-        # known for the whole call (so one captured graph fits every round): when no
-        # sampled request filters, spec_sample skips its two filter launches
-        self._filters = any(r.temperature > 0 and (r.top_k > 0 or r.top_p < 1 or r.min_p > 0)
-                            for r in reqs)
-        buf = self._buffers(reqs, B)
+        self._filters = shape[-1]
         self._carry_dtype = getattr(self.target, "hidden_dtype", xp.float32)
         carry = xp.zeros((B, self.target.hidden_size), dtype=self._carry_dtype)
+        st = self._state = SimpleNamespace(
+            shape=shape, buf=self._buffers(shape), carry=carry, replay=None, prefills={},
+            epochs=[getattr(p, "cache_epoch", None) for p in parts])
+        return st
+
+    def _serve(self, reqs, slots, arrivals, progress, on_round):
+        be, K, B = self.be, self.k, slots
+        st = self._call_state(reqs, B)
+        buf, carry = st.buf, st.carry
         m = self.metrics
         total = sum(r.max_new_tokens for r in reqs)
         T = B * (K + 1)
@@ -601,7 +749,7 @@ class SpeculativeDecoder:
         waiting, free, owner = list(order), list(range(B)), [None] * B
         results = [None] * len(reqs)
         stats = self.slot_stats = {"admitted": 0, "released": 0, "max_busy": 0}
-        replay, now, emitted = None, 0, 0
+        now, emitted = 0, 0
         can_capture = self.cuda_graph and be.capture is not None
 
         def record():
@@ -626,25 +774,25 @@ class SpeculativeDecoder:
             if admit:
                 tp = time.perf_counter()
                 self._admit(buf, carry, admit)
-                self._prefill(admit, buf, carry)
+                self._prefill(admit, buf, carry, st)
                 m.prefill_s += time.perf_counter() - tp
                 stats["admitted"] += len(admit)
             stats["max_busy"] = max(stats["max_busy"], sum(busy))
-            if can_capture and self.capture_first and replay is None:
-                replay = record()
+            if can_capture and self.capture_first and st.replay is None:
+                st.replay = record()
             tl = time.perf_counter()
-            if replay is not None:
-                replay()
+            if st.replay is not None:
+                st.replay()
             else:
                 self._round(buf, carry, T, B)
             if not first_round:   # steady state only: the first round compiles and allocates
                 m.launch_s += time.perf_counter() - tl
                 m.launched_rounds += 1
             first_round = False
-            if can_capture and replay is None:
+            if can_capture and st.replay is None:
                 # the first round ran eagerly (cupy kernels compiled, pools and the sampling
                 # workspace allocated); every later round replays its graph
-                replay = record()
+                st.replay = record()
             # --- end of the round: two small device->host reads for control and metrics
             running = np.asarray(busy)
             n = be.to_host(buf.num_accepted)[running]

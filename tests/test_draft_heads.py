@@ -46,8 +46,8 @@ def _train_tool():
     return mod
 
 
-def _decode(be, target, head, prompts, k, n):
-    dec = SpeculativeDecoder(target, head, num_speculative_tokens=k, backend=be)
+def _decode(be, target, head, prompts, k, n, prefill="auto"):
+    dec = SpeculativeDecoder(target, head, num_speculative_tokens=k, backend=be, prefill=prefill)
     res = dec.generate([Request(prompt=p, max_new_tokens=n,
                                 stop_token_ids=list(smollm2.STOP_TOKEN_IDS)) for p in prompts])
     return [r.tokens for r in res], dec.metrics
@@ -121,14 +121,16 @@ def test_shipped_heads_load_through_the_registry(method):
 @pytest.mark.parametrize("method", ["mtp", "eagle3"])
 def test_shipped_heads_decode_lossless(model, method):
     """A few rounds of the real model with each trained head: token for token the
-    target-only greedy output (reference backend), and the head is no random one."""
+    target-only greedy output (reference backend), and the head is no random one. The head
+    run prefills bucketed (each prompt padded to its bucket, the head's own prefill too; the
+    GPU's graph-replayed path), the target-only run batched."""
     be, target, tok, _, _ = model
     prompts = [smollm2.chat_prompt(tok, p) for p in
                ("Explain in simple words what a Python list is.", smollm2.COPY_PROMPTS[2])]
     base, _ = _decode(be, target, None, prompts, 0, 16)
     head = LlamaDraftHead.load(target, heads.smollm2_head(method))
     try:
-        out, m = _decode(be, target, head, prompts, 3, 16)
+        out, m = _decode(be, target, head, prompts, 3, 16, prefill="bucketed")
     finally:
         target.capture_aux(())
     assert out == base

@@ -218,3 +218,88 @@ def test_tiny_llama_row_invariant_block_equals_one_row_steps(rng, backend, monke
     assert sorted(set(calls)) == [1, 6] and len(calls) == 9 * (1 + 6)
     assert np.isfinite(block).all()
     np.testing.assert_array_equal(block, steps)
+
+
+def _serve_tiny(t, prefill, *, k=3, cuda_graph=False, max_len=None, dec=None, seed=0):
+    """Six requests (one-token to 30-token prompts: buckets 16 and 32, a one-token prompt on
+    the batched path) through two slots, arriving in three waves, with prompt lookup."""
+    from specdec_lib.models.ngram import NgramDraft
+    from specdec_lib.orchestrator import Request, SpeculativeDecoder
+    rng = np.random.default_rng(seed)
+    lens = [5, 17, 1, 30, 2, 9]
+    reqs = [Request(prompt=rng.integers(0, 50, n).tolist(), max_new_tokens=9 + i)
+            for i, n in enumerate(lens)]
+    if dec is None:
+        dec = SpeculativeDecoder(t, NgramDraft(t.be) if k else None, num_speculative_tokens=k,
+                                 backend=t.be, prefill=prefill, cuda_graph=cuda_graph,
+                                 max_len=max_len)
+    out = dec.serve(reqs, slots=2, arrivals=[0, 0, 3, 3, 8, 8])
+    return [r.tokens for r in out], dec
+
+
+def test_bucketed_prefill_equals_batched_and_target_only(rng):
+    """prefill="bucketed" (each prompt alone, padded to 16 / 32 rows, the pads' K/V written
+    past the committed length) decodes what the batched prefill and target-only decoding do,
+    token for token (float64), through slot reuse; the buckets' buffers are made once."""
+    t = _tiny_target(rng)
+    batched, _ = _serve_tiny(t, "batched")
+    bucketed, dec = _serve_tiny(t, "bucketed")
+    plain, _ = _serve_tiny(t, "batched", k=0)
+    assert bucketed == batched == plain
+    assert sorted(dec._state.prefills) == [16, 32]
+    assert [dec.prefill_bucket(n, 1000) for n in (1, 16, 17, 300, 513, 600)] == \
+        [16, 16, 32, 512, 768, 768]
+    assert dec.prefill_bucket(40, 50) == 50             # never past the slot's positions
+
+
+def test_decoder_state_reused_across_calls_until_the_target_is_reset(rng):
+    """With max_len, a second call of the same batch reuses the first call's buffers (no
+    target reset: same cache_epoch) and decodes the same tokens; another decoder resetting
+    the target (a new epoch) makes the next call start afresh; requests past max_len are
+    refused before anything runs."""
+    from specdec_lib.orchestrator import Request
+    t = _tiny_target(rng)
+    first, dec = _serve_tiny(t, "bucketed", max_len=64)
+    st, epoch = dec._state, t.cache_epoch
+    again, _ = _serve_tiny(t, "bucketed", dec=dec)
+    assert again == first and dec._state is st and t.cache_epoch == epoch
+    _serve_tiny(t, "batched", k=0)                       # another decoder resets the target
+    assert t.cache_epoch == epoch + 1
+    third, _ = _serve_tiny(t, "bucketed", dec=dec)
+    assert third == first and dec._state is not st
+    with pytest.raises(ValueError, match=r"requests\[0\].*max_len=64"):
+        dec.generate([Request(prompt=[1] * 60, max_new_tokens=4)])
+    assert dec.metrics.emitted == 3 * sum(len(x) for x in first)
+
+
+def test_prefill_argument_errors(rng):
+    from specdec_lib.orchestrator import SpeculativeDecoder
+    t = _tiny_target(rng)
+    with pytest.raises(ValueError, match="prefill: expected"):
+        SpeculativeDecoder(t, None, num_speculative_tokens=0, prefill="padded")
+    with pytest.raises(ValueError, match="max_len"):
+        SpeculativeDecoder(t, object(), num_speculative_tokens=3, max_len=4)
+    no_pads = SimpleNamespace(reset=t.reset, forward=t.forward, commit=t.commit)
+    with pytest.raises(ValueError, match="pads_prefill"):
+        SpeculativeDecoder(no_pads, None, num_speculative_tokens=0, prefill="bucketed")
+
+
+@needs_gpu
+def test_bucketed_prefill_graphs_replay_the_eager_pass(rng):
+    """torch backend: prefill buckets recorded once and replayed (cuda_graph, many
+    admissions through two slots) give the tokens of the same bucketed passes run eagerly,
+    and a second call replays every graph again (no new recording)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    from specdec_lib import runtime
+    if runtime.arch_family(0) < 80:
+        pytest.skip("the torch backend's bf16 verify_attention needs the sm_80 path")
+    t = _tiny_target(rng, backend="torch")
+    eager, _ = _serve_tiny(t, "bucketed")
+    graphed, dec = _serve_tiny(t, "bucketed", cuda_graph=True, max_len=64)
+    assert graphed == eager
+    assert all(pb.replay is not None for pb in dec._state.prefills.values())
+    captured = dec.metrics.capture_s
+    again, _ = _serve_tiny(t, "bucketed", dec=dec)
+    assert again == eager and dec.metrics.capture_s == captured

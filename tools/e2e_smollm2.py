@@ -37,33 +37,44 @@ from specdec_lib.models.smollm2 import (COPY_PROMPTS, OPEN_PROMPTS, STOP_TOKEN_I
 from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend  # noqa: E402
 
 
+def decoder(target, draft, k, be, reqs, slots=None):
+    """A decoder warmed up on ``reqs``' prompts (4 new tokens each: the round graph and every
+    prefill bucket recorded), its metrics reset. Its ``max_len`` fits every request, so the
+    timed calls reuse the warm-up's buffers and graphs."""
+    graph = be.name == "torch"
+    max_len = max(len(r.prompt) + r.max_new_tokens for r in reqs) + k + 1
+    dec = SpeculativeDecoder(target, draft, num_speculative_tokens=k, backend=be,
+                             cuda_graph=graph, max_len=max_len)
+    if graph:
+        seen, warm = set(), []
+        for r in reqs:
+            if tuple(r.prompt) not in seen:
+                seen.add(tuple(r.prompt))
+                warm.append(Request(prompt=r.prompt, max_new_tokens=4,
+                                    stop_token_ids=r.stop_token_ids))
+        if slots is None:           # B=1: one call per request, as timed
+            for w in warm:
+                dec.generate([w])
+        else:
+            dec.serve(warm, slots=slots)
+        dec.capture_first = True
+    dec.reset_metrics()
+    return dec
+
+
 def decode(target, draft, k, be, reqs, slots=None):
     """Warm-up of the same shapes, then one timed run; returns (results, metrics)."""
-    graph = be.name == "torch"
-    if graph:               # the shapes the run will have: its batch, or its slots when served
-        warm = [Request(prompt=r.prompt, max_new_tokens=4) for r in reqs[:slots or len(reqs)]]
-        SpeculativeDecoder(target, draft, num_speculative_tokens=k, backend=be,
-                           cuda_graph=True).generate(warm)
-    dec = SpeculativeDecoder(target, draft, num_speculative_tokens=k, backend=be,
-                             cuda_graph=graph, capture_first=graph)
-    res = dec.generate(reqs) if slots is None else dec.serve(reqs, slots=slots)
-    return res, dec.metrics
+    dec = decoder(target, draft, k, be, reqs, slots or len(reqs))
+    return dec.serve(reqs, slots=slots or len(reqs)), dec.metrics
 
 
 def one_at_a_time(target, draft, k, be, reqs):
-    """B=1: each request alone; metrics summed."""
-    out, tot = [], None
+    """B=1: each request alone, one decoder (graphs kept between calls); metrics summed."""
+    dec = decoder(target, draft, k, be, reqs)
+    out = []
     for r in reqs:
-        res, m = decode(target, draft, k, be, [r])
-        out += res
-        if tot is None:
-            tot = m
-        else:
-            for f in ("rounds", "row_rounds", "proposed", "accepted", "emitted", "wall_s",
-                      "capture_s", "launch_s", "launched_rounds", "prefill_s"):
-                setattr(tot, f, getattr(tot, f) + getattr(m, f))
-            tot.accept_counts = [a + b for a, b in zip(tot.accept_counts, m.accept_counts)]
-    return out, tot
+        out += dec.generate([r])
+    return out, dec.metrics
 
 
 def summary(m):
@@ -81,11 +92,7 @@ def round_profile(target, draft, k, be, prompt, rounds=20):
     import torch
     from torch.profiler import ProfilerActivity, profile
     reqs = [Request(prompt=prompt, max_new_tokens=rounds * (k + 1) + 8)]
-    warm = [Request(prompt=prompt, max_new_tokens=4)]
-    SpeculativeDecoder(target, draft, num_speculative_tokens=k, backend=be,
-                       cuda_graph=True).generate(warm)
-    dec = SpeculativeDecoder(target, draft, num_speculative_tokens=k, backend=be,
-                             cuda_graph=True, capture_first=True)
+    dec = decoder(target, draft, k, be, reqs)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         dec.generate(reqs)

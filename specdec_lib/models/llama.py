@@ -222,6 +222,9 @@ def dense_math(backend, row_invariant=False):
 
 class LlamaTarget:
     """Host passes of a Llama target for ``SpeculativeDecoder`` (slot b = sequence b)."""
+    # prefill rows past a prompt (pads) only write dead cache rows: the decoder may pad a
+    # prompt to a length bucket and replay one recorded prefill per bucket
+    pads_prefill = True
 
     def __init__(self, config, weights, backend, *, page_size=16, max_position=None,
                  row_invariant=False):
@@ -254,6 +257,7 @@ class LlamaTarget:
         self.hidden_dtype = m.act
         self.aux_taps = ()
         self.batch = 0
+        self.cache_epoch = 0     # bumped by reset: a decoder's graphs hold these caches
 
     def capture_aux(self, before_layers):
         """Return EAGLE3's auxiliary hidden states instead of the final hidden: the residual
@@ -287,6 +291,7 @@ class LlamaTarget:
                                   .reshape(batch, self.max_pages))
         shape = (batch * self.max_pages, ps, self.nkv, self.D)
         self.kv = [(m.zeros(shape, m.kv), m.zeros(shape, m.kv)) for _ in self.layers]
+        self.cache_epoch += 1
 
     def reset_slots(self, slot_ids):
         """A new request takes these slots: nothing to clear (rows past L = 0 are dead)."""

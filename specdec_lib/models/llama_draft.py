@@ -86,6 +86,7 @@ class LlamaDraftHead:
                       down=P(pre + "mlp.down_proj.weight"))
         self.I = self.L["down"].shape[1]
         self.batch = 0
+        self.cache_epoch = 0     # bumped by reset (as the target's)
 
     @classmethod
     def load(cls, target, path, method=None, **kw):
@@ -110,6 +111,7 @@ class LlamaDraftHead:
         shape = (batch * self.max_pages, ps, t.nkv, t.D)
         self.kv = (m.zeros(shape, m.kv), m.zeros(shape, m.kv))
         self.ar = m.table(np.arange(batch + 1, dtype=np.int32))
+        self.cache_epoch += 1
 
     # ------------------------------------------------------------------ passes
     def _step(self, hid, tokens, positions, cu_q, lens, finished, attend):
