@@ -59,14 +59,15 @@ def test_smollm2_torch_greedy_is_the_targets_argmax(model, k):
 
 
 def test_smollm2_torch_sampled_graph_equals_eager(model):
-    """Same seeds -> the same tokens, eager rounds vs graph replays."""
+    """Same seeds -> the same tokens, eager rounds vs graph replays (the prefill bucketed in
+    both: eagerly vs replayed; a batched prefill is another GEMM shape, other bf16 bits)."""
     from specdec_lib.models.ngram import NgramDraft
     be, target, tok = model
     reqs = _reqs(tok, 32, temperature=0.8, top_p=0.9, seed=7)
     out = []
     for graph in (False, True):
         dec = SpeculativeDecoder(target, NgramDraft(be), num_speculative_tokens=3, backend=be,
-                                 cuda_graph=graph)
+                                 cuda_graph=graph, prefill="bucketed")
         out.append([r.tokens for r in dec.generate(reqs)])
     assert out[0] == out[1]
 
@@ -103,7 +104,8 @@ def _head(target, method, tmp_path=None):
 @pytest.mark.parametrize("shipped", [False, True])
 def test_smollm2_torch_heads_rescoring_and_graph(model, method, shipped, tmp_path):
     """A draft head on the GPU (its own KV cache, k steps inside the captured round): every
-    emitted token passes the rescoring check, graph replay == eager rounds token for token;
+    emitted token passes the rescoring check, graph replay == eager rounds token for token
+    (bucketed prefill in both);
     the shipped heads must also accept drafts."""
     from specdec_lib.demo import rescoring_check
     be, target, tok = model
@@ -116,7 +118,7 @@ def test_smollm2_torch_heads_rescoring_and_graph(model, method, shipped, tmp_pat
         out = []
         for graph in (False, True):
             dec = SpeculativeDecoder(target, head, num_speculative_tokens=3, backend=be,
-                                     cuda_graph=graph)
+                                     cuda_graph=graph, prefill="bucketed")
             res = dec.generate(reqs)
             out.append([r.tokens for r in res])
         assert dec.metrics.graph_captured

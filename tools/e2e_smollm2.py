@@ -87,11 +87,12 @@ def summary(m):
                 prefill_s=round(m.prefill_s, 4))
 
 
-def round_profile(target, draft, k, be, prompt, rounds=20):
-    """GPU time per round by kernel group, from torch.profiler over graph replays."""
+def round_profile(target, draft, k, be, prompts, rounds=20):
+    """GPU time per round by kernel group, from torch.profiler over graph replays (one
+    request per prompt, all in one batch, through EOS)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    reqs = [Request(prompt=prompt, max_new_tokens=rounds * (k + 1) + 8)]
+    reqs = [Request(prompt=p, max_new_tokens=rounds * (k + 1) + 8) for p in prompts]
     dec = decoder(target, draft, k, be, reqs)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
@@ -208,9 +209,10 @@ def main():
         case(f"serve {args.serve}/{B}", f"serve{args.serve}_slots{B}", sreqs, served,
              [(n, k) for n in drafts])
     try:
-        report["round_profile_spec_b1"] = round_profile(target, drafts[best], k, be, reqs[0].prompt)
-        report["round_profile_spec_b1"]["draft"] = best
-        report["round_profile_base_b1"] = round_profile(target, None, 0, be, reqs[0].prompt)
+        for lab, prompts in (("b1", [reqs[0].prompt]), (f"b{B}", [r.prompt for r in reqs])):
+            report[f"round_profile_spec_{lab}"] = round_profile(target, drafts[best], k, be, prompts)
+            report[f"round_profile_spec_{lab}"]["draft"] = best
+            report[f"round_profile_base_{lab}"] = round_profile(target, None, 0, be, prompts)
     except Exception as e:      # the profiler is a report, not the benchmark
         report["round_profile_error"] = f"{type(e).__name__}: {e}"
     _print(rows, report)
@@ -228,9 +230,9 @@ def _print(rows, report):
               f"{ms.mean_accepted_length:8.2f} "
               f"{' '.join(f'{x:.2f}' for x in ms.per_position_acceptance):>24s} {same:>3d}/{n:<2d} "
               f"{chk['mismatches']:>8d} ({chk['ties']})")
-    for key in ("round_profile_spec_b1", "round_profile_base_b1", "round_profile_error"):
-        if key in report:
-            print(key, json.dumps(report[key]))
+    for key, val in report.items():
+        if key.startswith("round_profile"):
+            print(key, json.dumps(val))
 
 
 def _dump(args, report):

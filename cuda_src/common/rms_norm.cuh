@@ -53,6 +53,10 @@ __device__ __forceinline__ void rms_norm_row(const T* x, const T* res, T* res_ou
     for (int i = 0; i < N; ++i) { const float f = to_float(v.e[i]); ss = fmaf(f, f, ss); }
   };
   Pack<T, N> cache[kCache];
+  // the weight of the first unit is loaded now, not after the sum: its latency hides
+  // behind the reduction's (a one-row norm is two dependent memory trips, not three)
+  Pack<W, N> w0;
+  if (threadIdx.x < units) w0 = load_unit<W, N>(w, threadIdx.x, H, vec);
 #pragma unroll
   for (int j = 0; j < kCache; ++j) {
     const int u = threadIdx.x + j * step;
@@ -65,8 +69,7 @@ __device__ __forceinline__ void rms_norm_row(const T* x, const T* res, T* res_ou
   // explicit IEEE division: the build uses --use_fast_math
   const float inv = rsqrtf(__fdiv_rn(cta_sum(ss, smem), static_cast<float>(H)) + eps);
   const float off = unit_offset ? 1.f : 0.f;
-  auto emit = [&](int u, const Pack<T, N>& v) {
-    const Pack<W, N> wv = load_unit<W, N>(w, u, H, vec);
+  auto emit = [&](int u, const Pack<T, N>& v, const Pack<W, N>& wv) {
     Pack<T, N> o;
 #pragma unroll
     for (int i = 0; i < N; ++i)
@@ -76,11 +79,11 @@ __device__ __forceinline__ void rms_norm_row(const T* x, const T* res, T* res_ou
 #pragma unroll
   for (int j = 0; j < kCache; ++j) {
     const int u = threadIdx.x + j * step;
-    if (u < units) emit(u, cache[j]);
+    if (u < units) emit(u, cache[j], j == 0 ? w0 : load_unit<W, N>(w, u, H, vec));
   }
   const T* again = res != nullptr ? res_out : x;
   for (int u = threadIdx.x + kCache * step; u < units; u += step)
-    emit(u, load_unit<T, N, false>(again, u, H, vec));
+    emit(u, load_unit<T, N, false>(again, u, H, vec), load_unit<W, N>(w, u, H, vec));
 }
 
 }  // namespace specdec

@@ -59,6 +59,7 @@ class _NumpyMath(_RowInvariant):
     name = "numpy"
     act = np.float64
     kv = np.float64
+    int32 = np.int32
 
     def param(self, a):
         return np.ascontiguousarray(a, dtype=np.float64)
@@ -102,8 +103,8 @@ class _NumpyMath(_RowInvariant):
     def host_rows(self, a):
         return np.asarray(a)
 
-    def argmax_rows(self, a):
-        return a.argmax(axis=1).astype(np.int32)
+    def argmax_ids(self, a):
+        return a.argmax(axis=1)
 
 
 class _TorchMath(_RowInvariant):
@@ -115,6 +116,7 @@ class _TorchMath(_RowInvariant):
         super().__init__(be, row_invariant)
         self.torch, self.dev = torch, be.device
         self.act = self.kv = torch.bfloat16
+        self.int32 = torch.int32
         self.F = torch.nn.functional
 
     def param(self, a):
@@ -207,8 +209,8 @@ class _TorchMath(_RowInvariant):
     def host_rows(self, a):
         return a.float().cpu().numpy()      # numpy has no bfloat16
 
-    def argmax_rows(self, a):
-        return a.argmax(dim=1).to(self.torch.int32)
+    def argmax_ids(self, a):
+        return a.argmax(dim=1)
 
 
 def dense_math(backend, row_invariant=False):

@@ -110,7 +110,7 @@ class LlamaDraftHead:
                                   .reshape(batch, self.max_pages))
         shape = (batch * self.max_pages, ps, t.nkv, t.D)
         self.kv = (m.zeros(shape, m.kv), m.zeros(shape, m.kv))
-        self.ar = m.table(np.arange(batch + 1, dtype=np.int32))
+        self.ar = m.table(np.arange(max(batch + 1, 16), dtype=np.int32))   # cu_q / steps
         self.cache_epoch += 1
 
     # ------------------------------------------------------------------ passes
@@ -138,15 +138,15 @@ class LlamaDraftHead:
                 m.empty((R, self.I)), self.eps)
         return x, h
 
-    def _token(self, hn):
-        """Greedy draft token (target ids, int32 [B]) from normed step outputs hn [B, H]."""
+    def _token(self, hn, out):
+        """Greedy draft tokens from normed step outputs hn [B, H], as target ids into ``out``
+        (int32 [B], contiguous): the argmax cast on its way in, or mapped through d2t."""
         be, m = self.be, self.m
-        ids = m.argmax_rows(m.linear(hn, self.lm_head))
+        ids = m.argmax_ids(m.linear(hn, self.lm_head))
         if self.d2t is None:
-            return ids
-        out = m.empty(ids.shape, ids.dtype)
-        be.draft_map_tokens(ids, self.d2t, out)
-        return out
+            out[...] = ids
+        else:
+            be.draft_map_tokens(ids, self.d2t, out)
 
     def propose_block(self, block, k):
         """k draft tokens [B, k] int32 for every sequence from the target's last pass.
@@ -155,7 +155,9 @@ class LlamaDraftHead:
         positions [R], cu_q [B+1], valid [B] (rows that were committed: the first step's
         last valid row predicts draft 1), seq_lens [B] (committed positions after the
         pass: seq_lens - valid is where the block starts), finished [B], row_counts (host
-        ints, prefill only: the rows are whole fresh prompts, host causal attention)."""
+        ints, prefill only: the rows are whole fresh prompts, host causal attention).
+        The drafts are made step-major (row j = draft j of every sequence, each step's
+        token ids a contiguous row) and returned transposed: a view, [B, k]."""
         m, t, be = self.m, self.t, self.be
         B = block.valid.shape[0]
         base = block.seq_lens - block.valid
@@ -168,14 +170,15 @@ class LlamaDraftHead:
         g, gn = m.empty((B, t.H)), m.empty((B, t.H))
         be.draft_carry(x, block.cu_q, block.valid, g)       # the last committed row's
         be.draft_carry(xn, block.cu_q, block.valid, gn)
-        tok = self._token(gn)
-        out = m.empty((B, k), tok.dtype)
-        out[:, 0] = tok
+        out = m.empty((k, B), m.int32)
+        self._token(gn, out[0])
         cu1 = self.ar[:B + 1]
+        if k > 1:       # step j appends at seq_lens + j - 1: every step's lengths at once
+            lens_all = block.seq_lens[None, :] + self.ar[:k - 1, None]
         for j in range(1, k):
-            lens = block.seq_lens + (j - 1)
+            lens = lens_all[j - 1]
             attend = t.paged_attention(self.page_table, lens, cu1)
-            g, gn = self._step(g, tok, lens, cu1, lens, block.finished, attend)
-            tok = self._token(gn)
-            out[:, j] = tok
-        return out
+            g, gn = self._step(g, out[j - 1], lens, cu1, lens, block.finished, attend)
+            self._token(gn, out[j])
+        return out.T
+
