@@ -19,7 +19,7 @@ The host stack supplies two objects:
 Each round, on one stream and with no synchronisation inside it::
 
     seq_build_block -> target.forward -> spec_sample -> seq_stop -> target.commit
-        -> seq_advance -> draft_carry -> draft.propose
+        -> seq_advance -> draft_carry (a draft that reads the carry) -> draft.propose
 
 The block of every sequence, finished ones included, is ``k + 1`` rows, so ``T`` is fixed
 and the round needs no host value (graph-capturable); finished rows are computed and
@@ -372,6 +372,10 @@ class SpeculativeDecoder:
         self.target, self.draft, self.k = target, draft, k
         # drafts with their own KV cache (trained heads) read the target's block rows
         self._block_draft = k > 0 and getattr(draft, "uses_target_block", False)
+        # the carry (hidden of each sequence's last committed row) feeds only a draft that
+        # proposes from it: not a head that reads the block, not prompt lookup, not k = 0
+        self._uses_carry = (k > 0 and not self._block_draft
+                            and not getattr(draft, "uses_context", False))
         self.be = make_backend(backend) if isinstance(backend, str) else backend
         self.max_stop_ids = max_stop_ids
         self.max_stop_sequences = max_stop_sequences
@@ -565,9 +569,10 @@ class SpeculativeDecoder:
                                         buf.finished, row_counts=counts)
         self.target.commit(pb.cu_q, pb.valid)
         buf.seq_lens += pb.valid
-        new_carry = xp.empty_like(carry)
-        be.draft_carry(hidden, pb.cu_q, pb.valid, new_carry)
-        carry[pb.slot] = new_carry[pb.slot]
+        if self._uses_carry:
+            new_carry = xp.empty_like(carry)
+            be.draft_carry(hidden, pb.cu_q, pb.valid, new_carry)
+            carry[pb.slot] = new_carry[pb.slot]
         if not self.k:
             return
         if self._block_draft:
@@ -612,11 +617,13 @@ class SpeculativeDecoder:
                                                      buf.seq_lens, buf.finished)
             self.target.commit(cu_q, acc)
             buf.seq_lens += acc
-            new_carry = xp.empty_like(carry)
-            be.draft_carry(hidden, cu_q, acc, new_carry)
-            last = np.asarray([done[b] + qs[b] == len(todo[b]) and qs[b] > 0 for b in range(B)])
-            rows = xp.asarray(np.flatnonzero(last))
-            carry[rows] = new_carry[rows]
+            if self._uses_carry:
+                new_carry = xp.empty_like(carry)
+                be.draft_carry(hidden, cu_q, acc, new_carry)
+                last = np.asarray([done[b] + qs[b] == len(todo[b]) and qs[b] > 0
+                                   for b in range(B)])
+                rows = xp.asarray(np.flatnonzero(last))
+                carry[rows] = new_carry[rows]
             if block_draft:     # the draft's own prefill: each prompt row fed its next token
                 nxt = np.concatenate([prompts[b][done[b] + 1:done[b] + qs[b] + 1]
                                       if qs[b] else [] for b in range(B)])
@@ -665,7 +672,8 @@ class SpeculativeDecoder:
         self.target.commit(buf.cu_q, buf.accept_len)
         be.seq_advance(buf.emitted, buf.accept_len, buf.seq_lens, buf.out_tokens,
                        buf.out_lens, buf.last_token, buf.finished)
-        be.draft_carry(hidden, buf.cu_q, buf.accept_len, carry)
+        if self._uses_carry:
+            be.draft_carry(hidden, buf.cu_q, buf.accept_len, carry)
         if self._block_draft:
             # every block row is fed the token emitted after it (row j of sequence b:
             # emitted[b, j]; -1 past the accepted ones, a zero embedding: dead rows)

@@ -55,8 +55,9 @@ def decoder(target, draft, k, be, reqs, slots=None):
         if slots is None:           # B=1: one call per request, as timed
             for w in warm:
                 dec.generate([w])
-        else:
-            dec.serve(warm, slots=slots)
+        else:           # one admission per round: every prefill bucket recorded (a burst of
+            # BATCHED_PREFILL_FROM or more goes batched, eager, and records none)
+            dec.serve(warm, slots=slots, arrivals=list(range(len(warm))))
         dec.capture_first = True
     dec.reset_metrics()
     return dec
@@ -85,6 +86,42 @@ def summary(m):
                 per_position_acceptance=[round(x, 3) for x in m.per_position_acceptance],
                 host_us_per_round=round(m.host_us_per_round, 1),
                 prefill_s=round(m.prefill_s, 4))
+
+
+def prefill_profile(target, draft, k, be, reqs, replays=10):
+    """GPU time of one bucketed prefill replay per bucket (CUDA events; the slot's length is
+    zeroed before each, so every replay prefills afresh), and the largest bucket's replay by
+    kernel group (torch.profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    dec = decoder(target, draft, k, be, reqs)
+    st = dec._state
+    out = {}
+    for nb, pb in sorted(st.prefills.items()):
+        ms = []
+        for _ in range(replays):
+            st.buf.seq_lens.zero_()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            pb.replay()
+            b.record()
+            b.synchronize()
+            ms.append(a.elapsed_time(b))
+        out[f"bucket_{nb}_ms"] = round(sorted(ms)[len(ms) // 2], 3)
+    nb, pb = max(st.prefills.items())
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            st.buf.seq_lens.zero_()
+            pb.replay()
+        torch.cuda.synchronize()
+    groups = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "self_device_time_total", 0) or getattr(ev, "self_cuda_time_total", 0)
+        if t > 0:
+            groups[ev.key[:60]] = groups.get(ev.key[:60], 0.0) + t / 5
+    out[f"bucket_{nb}_top_kernels_us"] = {g: round(t, 1) for g, t in
+                                          sorted(groups.items(), key=lambda x: -x[1])[:12]}
+    return out
 
 
 def round_profile(target, draft, k, be, prompts, rounds=20):
@@ -191,6 +228,16 @@ def main():
     for name, texts in sets.items():
         reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new, **stops) for t in texts]
         case(f"B=1 {name}", f"b1_{name}", reqs, one_at_a_time if gpu else decode, b1_runs)
+    if gpu:
+        try:
+            pre = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new, **stops)
+                   for t in sets[list(sets)[0]]]
+            best1 = max(heads or list(drafts), key=lambda n: report[f"b1_{list(sets)[0]}"][f"{n}_k{k}"]["tokens_per_s"])
+            report["prefill_profile_base"] = prefill_profile(target, None, 0, be, pre)
+            report["prefill_profile_spec"] = prefill_profile(target, drafts[best1], k, be, pre)
+            report["prefill_profile_spec"]["draft"] = best1
+        except Exception as e:      # a report, not the benchmark
+            report["prefill_profile_error"] = f"{type(e).__name__}: {e}"
     B = args.b32 if args.b32 is not None else (8 if args.quick else 32)
     best = max(heads or list(drafts), key=lambda n: report[f"b1_{list(sets)[-1]}"][f"{n}_k{k}"]["tokens_per_s"])
     if B == 0:
@@ -231,7 +278,7 @@ def _print(rows, report):
               f"{' '.join(f'{x:.2f}' for x in ms.per_position_acceptance):>24s} {same:>3d}/{n:<2d} "
               f"{chk['mismatches']:>8d} ({chk['ties']})")
     for key, val in report.items():
-        if key.startswith("round_profile"):
+        if key.startswith(("round_profile", "prefill_profile")):
             print(key, json.dumps(val))
 
 
