@@ -138,18 +138,18 @@ class _TorchMath(_RowInvariant):
         return self.torch.cat(ws, dim=0).contiguous()
 
     def causal_attention(self, q, k, v, scale):
-        """One fresh sequence's causal attention. K/V heads are repeated to q's first: with
-        ``enable_gqa`` torch's SDPA took the float32 math path (s13 profile: its GEMMs,
-        softmax and casts were half of a 128-row prefill's 3 ms), without it the flash
-        kernel runs."""
+        """One fresh sequence's causal attention, as one 4-D SDPA call ([1, H, n, D]) with
+        K/V heads repeated to q's: 3-D inputs or ``enable_gqa`` send torch's SDPA down the
+        float32 math path (s13 profile: its GEMMs, softmax and casts were half of a 128-row
+        prefill's 3 ms); 4-D bf16 with equal head counts takes the flash kernel."""
         n, Hq, D = q.shape
         Hkv = k.shape[1]
 
-        def heads(x):       # [n, Hkv, D] -> [Hq, n, D]: q head h reads kv head h // g
-            return x[:, :, None].expand(n, Hkv, Hq // Hkv, D).reshape(n, Hq, D).transpose(0, 1)
-        o = self.F.scaled_dot_product_attention(q.transpose(0, 1), heads(k), heads(v),
+        def heads(x):       # [n, Hkv, D] -> [1, Hq, n, D]: q head h reads kv head h // g
+            return x[:, :, None].expand(n, Hkv, Hq // Hkv, D).reshape(n, Hq, D).transpose(0, 1)[None]
+        o = self.F.scaled_dot_product_attention(q.transpose(0, 1)[None], heads(k), heads(v),
                                                 is_causal=True, scale=scale)
-        return o.transpose(0, 1)
+        return o[0].transpose(0, 1)
 
     def prefill_plan(self, row_counts):
         """Gather/scatter indices and the mask of one batched prefill attention, built once
