@@ -6,6 +6,9 @@
 # wheel in .g2/, .model2/ or .whl/.
 #
 #   GGUF=/tmp/m/smol.gguf tools/gpu_e2e.sh OUTDIR [--quick] [--no-peer] [--only "demo tests e2e peer"]
+#
+# E2E_ARGS passes options to tools/e2e_smollm2.py (session 13's: "--stop-at-eos --sets heldout
+# --head-k 4 --serve 128", ~125 s).
 set -u -o pipefail
 OUT=${1:?usage: tools/gpu_e2e.sh OUTDIR [--quick] [--no-peer] [--only LIST]}
 shift
@@ -36,7 +39,7 @@ for step in $ONLY; do
     demo)  timeout 180 python3 -m specdec_lib demo --no-progress > "$OUT/demo.log" 2>&1
            echo "demo rc=$?: $(grep -E 'tokens/s|speed-up|lossless' "$OUT/demo.log" | tr '\n' ' ')" \
              | tee -a "$OUT/e2e_summary.txt" ;;
-    e2e)   timeout 300 python3 tools/e2e_smollm2.py --gguf "$GGUF" $QUICK --json "$OUT/e2e.json" \
+    e2e)   timeout 300 python3 tools/e2e_smollm2.py --gguf "$GGUF" $QUICK ${E2E_ARGS:-} --json "$OUT/e2e.json" \
              > "$OUT/e2e.log" 2>&1
            echo "e2e rc=$?" | tee -a "$OUT/e2e_summary.txt"; tail -12 "$OUT/e2e.log" ;;
     peer)  mkdir -p /tmp/hfm && ln -sf "$GGUF" /tmp/hfm/smol.gguf
