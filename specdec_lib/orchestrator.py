@@ -52,7 +52,9 @@ FINISH_REASONS = _seq_ref.FINISH_REASONS
 SLOT_IDLE = 255              # finished[] of a slot with no request: never committed
 # prefill="auto" admits this many prompts or more in one batched pass rather than one
 # bucket replay each: on the H200 (s13) 32 SmolLM2 prompts took 93 ms as 32 replays (~2.9 ms
-# of GPU each) and 23 ms as one eager pass (s11), whose ~20 ms of host enqueueing is fixed
+# of GPU each) and 23 ms as one eager pass (s11), whose ~20 ms of host enqueueing is fixed.
+# (Measured before the prefill attention took the flash kernel, ~1.7 ms less per replay:
+# the crossover may now lie nearer 16; not yet remeasured)
 BATCHED_PREFILL_FROM = 8
 
 _OPS = ("append_kv", "rope_append_kv", "verify_attention", "conv1d_verify", "conv1d_commit",
