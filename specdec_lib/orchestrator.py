@@ -359,6 +359,19 @@ class Metrics:
         return self.emitted / t if t > 0 else float("nan")
 
 
+def _bucket_size(nb, B):
+    return 2 * nb + 2 * B + 2
+
+
+def _bucket_fields(a, nb, B):
+    """The fields of a prefill bucket's input array ``a`` (int32, ``_bucket_size``), as views:
+    tokens [nb], next [nb] (the draft head's token per row), cu_q [B+1], valid [B], slot [1];
+    the same layout on the host staging array and on the device buffer the graph reads."""
+    c, v = 2 * nb, 2 * nb + B + 1
+    return SimpleNamespace(all=a, tokens=a[:nb], next=a[nb:c], cu_q=a[c:v],
+                           valid=a[v:v + B], slot=a[v + B:])
+
+
 class SpeculativeDecoder:
     """Owns the round buffers and runs rounds until every request has finished."""
 
@@ -497,25 +510,27 @@ class SpeculativeDecoder:
             carry[b] = 0
 
     # ------------------------------------------------------------------ prefill
+    @property
+    def _can_capture(self):
+        """Rounds and prefill buckets are recorded as graphs (cuda_graph on a backend that can)."""
+        return self.cuda_graph and self.be.capture is not None
+
     def _bucketed(self):
         if self.prefill == "auto":
-            return (self.cuda_graph and self.be.capture is not None
-                    and getattr(self.target, "pads_prefill", False))
+            return self._can_capture and getattr(self.target, "pads_prefill", False)
         return self.prefill == "bucketed"
 
     def _prefill(self, admit, buf, carry, st):
         """Commit prompt[:-1] of every admitted request and propose its first drafts; in
         buckets (``_prefill_bucket``, one prompt at a time) or batched (``_prefill_batched``).
         One-token prompts have nothing to prefill: they take the batched path's empty pass."""
-        long = [b for b, r in admit if len(r.prompt) >= 2]
+        long = [(b, r) for b, r in admit if len(r.prompt) >= 2]
         if not self._bucketed() or (self.prefill == "auto" and len(long) >= BATCHED_PREFILL_FROM):
             return self._prefill_batched(admit, buf, carry)
-        short = [(b, r) for b, r in admit if len(r.prompt) < 2]
-        for b, r in admit:
-            if len(r.prompt) >= 2:
-                self._prefill_bucket(b, r, buf, carry, st)
-        if short:
-            self._prefill_batched(short, buf, carry)
+        for b, r in long:
+            self._prefill_bucket(b, r, buf, carry, st)
+        if len(long) < len(admit):
+            self._prefill_batched([(b, r) for b, r in admit if len(r.prompt) < 2], buf, carry)
 
     @staticmethod
     def prefill_bucket(n, max_len):
@@ -535,20 +550,17 @@ class SpeculativeDecoder:
         n = len(r.prompt) - 1
         nb = self.prefill_bucket(n, st.shape[1])
         pb = st.prefills.get(nb)
-        fresh = pb is None
-        if fresh:
-            dev = xp.zeros(2 * nb + 2 * B + 2, dtype=xp.int32)
-            pb = st.prefills[nb] = SimpleNamespace(
-                dev=dev, tokens=dev[:nb], next=dev[nb:2 * nb], cu_q=dev[2 * nb:2 * nb + B + 1],
-                valid=dev[2 * nb + B + 1:2 * nb + 2 * B + 1], slot=dev[2 * nb + 2 * B + 1:],
-                positions=xp.arange(nb, dtype=xp.int32), replay=None)
-        host = np.zeros(2 * nb + 2 * B + 2, np.int32)
-        host[:n] = r.prompt[:-1]
-        host[nb:nb + n] = r.prompt[1:]
-        host[2 * nb + b + 1:2 * nb + B + 1] = nb           # cu_q: slot b holds all nb rows
-        host[2 * nb + B + 1 + b] = n
-        host[-1] = b
-        pb.dev[...] = xp.asarray(host)
+        if pb is None:
+            pb = st.prefills[nb] = _bucket_fields(xp.zeros(_bucket_size(nb, B), dtype=xp.int32),
+                                                  nb, B)
+            pb.positions, pb.replay = xp.arange(nb, dtype=xp.int32), None
+        host = _bucket_fields(np.zeros(_bucket_size(nb, B), np.int32), nb, B)
+        host.tokens[:n] = r.prompt[:-1]
+        host.next[:n] = r.prompt[1:]
+        host.cu_q[b + 1:] = nb                              # slot b holds all nb rows
+        host.valid[b] = n
+        host.slot[0] = b
+        pb.all[...] = xp.asarray(host.all)                  # one copy for every field
 
         def prefill_pass():
             self._prefill_pass(pb, nb, buf, carry)
@@ -556,7 +568,7 @@ class SpeculativeDecoder:
             pb.replay()
             return
         prefill_pass()          # the bucket's first use runs eagerly (libraries initialised)
-        if self.cuda_graph and self.be.capture is not None:
+        if self._can_capture:
             tc = time.perf_counter()
             pb.replay = self.be.capture(prefill_pass)
             self.metrics.capture_s += time.perf_counter() - tc
@@ -732,10 +744,12 @@ class SpeculativeDecoder:
         xp = self.be.xp
         shape = self._shape(reqs, B)
         parts = [self.target] + ([self.draft] if self.k and hasattr(self.draft, "reset") else [])
+
+        def epochs():
+            return [getattr(p, "cache_epoch", None) for p in parts]
         st = self._state
         if (st is not None and st.shape == shape and hasattr(self.target, "reset_slots")
-                and st.epochs == [getattr(p, "cache_epoch", None) for p in parts]
-                and None not in st.epochs):
+                and st.epochs == epochs() and None not in st.epochs):
             st.buf.finished[...] = SLOT_IDLE      # every slot idle again; caches stay
             return st
         self._state = None                        # the old graphs go before the new caches
@@ -750,7 +764,7 @@ class SpeculativeDecoder:
         carry = xp.zeros((B, self.target.hidden_size), dtype=self._carry_dtype)
         st = self._state = SimpleNamespace(
             shape=shape, buf=self._buffers(shape), carry=carry, replay=None, prefills={},
-            epochs=[getattr(p, "cache_epoch", None) for p in parts])
+            epochs=epochs())
         return st
 
     def _serve(self, reqs, slots, arrivals, progress, on_round):
@@ -765,7 +779,7 @@ class SpeculativeDecoder:
         results = [None] * len(reqs)
         stats = self.slot_stats = {"admitted": 0, "released": 0, "max_busy": 0}
         now, emitted = 0, 0
-        can_capture = self.cuda_graph and be.capture is not None
+        can_capture = self._can_capture
 
         def record():
             """The round as a graph; its recording time is kept apart from decoding."""

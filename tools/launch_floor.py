@@ -19,27 +19,10 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-def per_kernel_us(torch, fn, n, repeats=20):
-    """Replay a graph of n calls of fn; median us per call."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / n)
-    times.sort()
-    return round(times[len(times) // 2], 3)
+def per_kernel_us(b, fn, n):
+    """us per call of fn from replays of a graph holding n calls (``Bench.time_torch_graph``:
+    median of repeats)."""
+    return round(b.time_torch_graph(fn, per_graph=n) * 1e3, 3)
 
 
 def main():
@@ -50,18 +33,20 @@ def main():
     import numpy as np
     import torch
     import torch.nn.functional as F
+    from specdec_lib.bench._harness import Bench
     from specdec_lib.orchestrator import make_backend
     from specdec_lib.reference.layers import rope_cos_sin_cache
     be = make_backend("torch")
+    b = Bench(0)
     dev, bf = be.device, torch.bfloat16
     H, nq, nkv, D, I = 576, 9, 3, 64, 1536
     rep = {"device": torch.cuda.get_device_name(), "kernels_per_graph": args.n}
     one = torch.zeros(1, device=dev)
-    rep["empty_add"] = per_kernel_us(torch, lambda: one.add_(1), args.n)
+    rep["empty_add"] = per_kernel_us(b, lambda: one.add_(1), args.n)
     x = torch.randn(1, H, device=dev, dtype=bf)
     w = torch.ones(H, device=dev, dtype=bf)
     out = torch.empty_like(x)
-    rep["rms_norm_1x576"] = per_kernel_us(torch, lambda: be.rms_norm(x, w, out, eps=1e-5), args.n)
+    rep["rms_norm_1x576"] = per_kernel_us(b, lambda: be.rms_norm(x, w, out, eps=1e-5), args.n)
     res = torch.randn_like(x)
     rep["rms_norm_residual_1x576"] = per_kernel_us(
         torch, lambda: be.rms_norm(x, w, out, eps=1e-5, residual=res, residual_out=res), args.n)
@@ -79,12 +64,12 @@ def main():
         torch, lambda: be.rope_append_kv(q, k, v, pos, cs, kc, vc, pt, sl, cu, fin), args.n)
     act = torch.randn(1, I, device=dev, dtype=bf)
     gu = torch.randn(1, 2 * I, device=dev, dtype=bf)
-    rep["silu_mul_1x1536"] = per_kernel_us(torch, lambda: be.silu_mul(gu, act), args.n)
+    rep["silu_mul_1x1536"] = per_kernel_us(b, lambda: be.silu_mul(gu, act), args.n)
     for name, (N, K) in dict(qkv=((nq + 2 * nkv) * D, H), o=(H, nq * D), gate_up=(2 * I, H),
                              down=(H, I), lm_head=(49152, H)).items():
         W = torch.randn(N, K, device=dev, dtype=bf) * 0.02
         a = torch.randn(1, K, device=dev, dtype=bf)
-        rep[f"cublas_{name}_M1"] = per_kernel_us(torch, lambda: F.linear(a, W), args.n // 10
+        rep[f"cublas_{name}_M1"] = per_kernel_us(b, lambda: F.linear(a, W), args.n // 10
                                                  if name == "lm_head" else args.n)
     print(json.dumps(rep, indent=1))
     if args.json:

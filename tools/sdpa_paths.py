@@ -18,6 +18,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from types import SimpleNamespace  # noqa: E402
 
+from specdec_lib.bench._harness import Bench  # noqa: E402
 from specdec_lib.models.llama import _TorchMath  # noqa: E402
 
 
@@ -37,20 +38,9 @@ def main(n=128, calls=30):
         return m.causal_attention(q, k, v, 0.125)
     ref, got = old().double().cpu().numpy(), new().double().cpu().numpy()
     print("rel", np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    b = Bench(0)
     for name, f in (("old", old), ("new", new)):
-        for _ in range(3):
-            f()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(calls):
-                f()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        print(name, "us per call", round(a.elapsed_time(b) * 1e3 / calls, 1))
+        print(name, "us per call", round(b.time_torch_graph(f, per_graph=calls) * 1e3, 1))
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as p:
         new()

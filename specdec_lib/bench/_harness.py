@@ -73,6 +73,29 @@ class Bench:
         finally:
             drv.graph_destroy(g, ge)
 
+    def time_torch_graph(self, fn, per_graph: int = 20) -> float:
+        """Median ms of one ``fn()`` (torch work, or library ops on torch's current stream)
+        from replays of a torch CUDA graph holding ``per_graph`` calls, replayed on the
+        bench stream."""
+        import torch
+        for _ in range(3):                       # cuBLAS handles / workspaces before the capture
+            fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(per_graph):
+                fn()
+        torch.cuda.synchronize()
+        ext = torch.cuda.ExternalStream(self.stream)
+
+        def replay():
+            with torch.cuda.stream(ext):
+                g.replay()
+        try:
+            return self.time(replay, iters=5, repeats=7) / per_graph
+        finally:
+            del g
+
     def host_us(self, fn, n: int = 200) -> float:
         """Host microseconds per call (launch path only; the GPU is not waited for)."""
         fn()

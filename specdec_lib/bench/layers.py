@@ -27,28 +27,6 @@ def _torch():
         return None
 
 
-def _torch_graph_ms(b: Bench, torch, fn, per_graph: int = 20) -> float:
-    """Median ms of one ``fn()`` (torch work on torch's current stream) from replays of a
-    torch CUDA graph holding ``per_graph`` calls, replayed on the bench stream."""
-    for _ in range(3):                       # cuBLAS handles / workspaces before the capture
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(per_graph):
-            fn()
-    torch.cuda.synchronize()
-    ext = torch.cuda.ExternalStream(b.stream)
-
-    def replay():
-        with torch.cuda.stream(ext):
-            g.replay()
-    try:
-        return b.time(replay, iters=5, repeats=7) / per_graph
-    finally:
-        del g
-
-
 @bench("linear")
 def bench_linear(b: Bench):
     from ..arrays import DeviceArray
@@ -70,7 +48,7 @@ def bench_linear(b: Bench):
                 xt = torch.randn(M, K, device=f"cuda:{d}", dtype=torch.bfloat16)
                 wt = torch.randn(N, K, device=f"cuda:{d}", dtype=torch.bfloat16)
                 try:
-                    ms = _torch_graph_ms(b, torch, lambda: F.linear(xt, wt))
+                    ms = b.time_torch_graph(lambda: F.linear(xt, wt))
                     b.report("linear", shape, nbytes, ms, impl="torch F.linear")
                 except Exception as e:
                     print(f"  linear: torch F.linear failed: {type(e).__name__}: {e}")
@@ -137,6 +115,6 @@ def _bench_fused(b: Bench, peer):
                              ("torch add+rms_norm+F.linear" + ("+silu*up" if silu else ""),
                               all_torch)):
                 try:
-                    b.report("linear", shape, nbytes, _torch_graph_ms(b, torch, fn), impl=impl)
+                    b.report("linear", shape, nbytes, b.time_torch_graph(fn), impl=impl)
                 except Exception as e:
                     print(f"  linear: {impl} failed: {type(e).__name__}: {e}")

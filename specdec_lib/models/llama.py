@@ -142,14 +142,22 @@ class _TorchMath(_RowInvariant):
         K/V heads repeated to q's: 3-D inputs or ``enable_gqa`` send torch's SDPA down the
         float32 math path (s13 profile: its GEMMs, softmax and casts were half of a 128-row
         prefill's 3 ms); 4-D bf16 with equal head counts takes the flash kernel."""
-        n, Hq, D = q.shape
-        Hkv = k.shape[1]
+        Hq = q.shape[1]
 
-        def heads(x):       # [n, Hkv, D] -> [1, Hq, n, D]: q head h reads kv head h // g
-            return x[:, :, None].expand(n, Hkv, Hq // Hkv, D).reshape(n, Hq, D).transpose(0, 1)[None]
-        o = self.F.scaled_dot_product_attention(q.transpose(0, 1)[None], heads(k), heads(v),
+        def heads(x):       # [n, H, D] -> [1, Hq, n, D]
+            return self.repeat_heads(x, Hq).transpose(0, 1)[None]
+        o = self.F.scaled_dot_product_attention(heads(q), heads(k), heads(v),
                                                 is_causal=True, scale=scale)
         return o[0].transpose(0, 1)
+
+    @staticmethod
+    def repeat_heads(x, Hq):
+        """[..., Hkv, D] -> [..., Hq, D]: q head h reads kv head h // (Hq // Hkv) (an expand
+        and one copy, which never syncs); x itself when Hkv == Hq."""
+        *lead, Hkv, D = x.shape
+        if Hkv == Hq:
+            return x
+        return x.unsqueeze(-2).expand(*lead, Hkv, Hq // Hkv, D).reshape(*lead, Hq, D)
 
     def prefill_plan(self, row_counts):
         """Gather/scatter indices and the mask of one batched prefill attention, built once
@@ -202,14 +210,10 @@ class _TorchMath(_RowInvariant):
             out[r0:r1] = self.causal_attention(q[r0:r1], k[r0:r1], v[r0:r1], scale)
             return
         rows = plan["rows"]
-        (P, n), (Hq, D) = rows.shape, q.shape[1:]
-        Hkv = k.shape[1]
-
-        def heads(x):       # [P, n, Hkv, D] -> [P, n, Hq, D]: q head h reads kv head h // g
-            return x[:, :, :, None].expand(P, n, Hkv, Hq // Hkv, D).reshape(P, n, Hq, D)
+        Hq = q.shape[1]
         qb = q[rows].transpose(1, 2)                                       # [P, Hq, n, D]
-        kb = heads(k[rows]).transpose(1, 2)
-        vb = heads(v[rows]).transpose(1, 2)
+        kb = self.repeat_heads(k[rows], Hq).transpose(1, 2)
+        vb = self.repeat_heads(v[rows], Hq).transpose(1, 2)
         o = self.F.scaled_dot_product_attention(qb, kb, vb, scale=scale,
                                                 attn_mask=self._prefill_bias(plan, q.dtype))
         out[plan["flat"]] = o.transpose(1, 2)[plan["p"], plan["i"]]
