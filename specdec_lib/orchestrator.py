@@ -51,11 +51,11 @@ MAX_BLOCK_ROWS = 16          # verify_attention's limit on rows per sequence
 FINISH_REASONS = _seq_ref.FINISH_REASONS
 SLOT_IDLE = 255              # finished[] of a slot with no request: never committed
 # prefill="auto" admits this many prompts or more in one batched pass rather than one
-# bucket replay each: on the H200 (s13) 32 SmolLM2 prompts took 93 ms as 32 replays (~2.9 ms
-# of GPU each) and 23 ms as one eager pass (s11), whose ~20 ms of host enqueueing is fixed.
-# (Measured before the prefill attention took the flash kernel, ~1.7 ms less per replay:
-# the crossover may now lie nearer 16; not yet remeasured)
-BATCHED_PREFILL_FROM = 8
+# bucket replay each: on the H200 a SmolLM2 bucket replay (64-256 rows) takes 1.49-1.58 ms
+# of GPU (s14, flash prefill attention; 1.66-1.76 with a draft head's prefill), one eager
+# batched pass of 32 prompts 23 ms (s11), ~20 ms of it fixed host enqueueing: 16 replays
+# cost about one batched pass.
+BATCHED_PREFILL_FROM = 16
 
 _OPS = ("append_kv", "rope_append_kv", "verify_attention", "conv1d_verify", "conv1d_commit",
         "gdn_verify", "gdn_commit", "spec_sample", "seq_stop", "seq_advance", "seq_build_block",

@@ -173,11 +173,16 @@ def main():
                    help="requests stop at <|im_end|> / <|endoftext|> (natural replies; tokens/s "
                         "over the tokens emitted) instead of generating through EOS")
     p.add_argument("--drafts", default="ngram,mtp,eagle3")
+    p.add_argument("--serve-k", default=None, help="k of the heads in the served stream, "
+                   "comma-separated (default -k); prompt lookup always runs at -k")
     p.add_argument("--serve", type=int, default=0, metavar="N", help="also serve N mixed "
                    "requests through the mixed case's B slots (continuous batching)")
     p.add_argument("--row-invariant", action="store_true", help="decode GEMMs through the "
                    "library's linear (LlamaTarget row_invariant=True)")
     p.add_argument("--sets", default="copy,open,heldout")
+    p.add_argument("--per-set", type=int, default=8, help="prompts per B=1 set (the held-out "
+                   "pool has hundreds; copy / open have 8): 8 replies are few enough that "
+                   "one near-tie flipped by the numerics moves the mean accepted length")
     p.add_argument("--head-k", type=int, default=0, help="also run the heads at this k (B=1)")
     p.add_argument("--backend", default="torch", help="torch (GPU); reference: the CPU (float64: "
                    "exact, so the B=1 sets run as one batch there; acceptance only, not speed)")
@@ -194,7 +199,7 @@ def main():
         drafts[name] = NgramDraft(be) if name == "ngram" else \
             LlamaDraftHead.load(target, smollm2_head(name), name)
     k = args.k
-    n_sets = 2 if args.quick else 8
+    n_sets = 2 if args.quick else args.per_set
     pool = {"copy": COPY_PROMPTS, "open": OPEN_PROMPTS, "heldout": stdlib_prompts("heldout")}
     sets = {name: pool[name][:n_sets] for name in args.sets.split(",")}
     gpu = args.backend == "torch"
@@ -255,8 +260,9 @@ def main():
 
         def served(target, draft, kk, be, reqs):
             return decode(target, draft, kk, be, reqs, slots=B)
+        serve_k = [int(x) for x in args.serve_k.split(",")] if args.serve_k else [k]
         case(f"serve {args.serve}/{B}", f"serve{args.serve}_slots{B}", sreqs, served,
-             [(n, k) for n in drafts])
+             [(n, k) for n in drafts if n == "ngram"] + [(n, kk) for kk in serve_k for n in heads])
     try:
         for lab, prompts in (("b1", [reqs[0].prompt]), (f"b{B}", [r.prompt for r in reqs])):
             report[f"round_profile_spec_{lab}"] = round_profile(target, drafts[best], k, be, prompts)
