@@ -7,8 +7,8 @@
 #
 #   GGUF=/tmp/m/smol.gguf tools/gpu_e2e.sh OUTDIR [--quick] [--no-peer] [--only "demo tests e2e peer"]
 #
-# E2E_ARGS passes options to tools/e2e_smollm2.py (session 13's: "--stop-at-eos --sets heldout
-# --head-k 4 --serve 128", ~125 s).
+# E2E_ARGS passes options to tools/e2e_smollm2.py (session 14's: "--stop-at-eos --sets heldout
+# --head-k 4 --serve 128": 32 held-out prompts at B=1 by default, ~135-180 s).
 set -u -o pipefail
 OUT=${1:?usage: tools/gpu_e2e.sh OUTDIR [--quick] [--no-peer] [--only LIST]}
 shift
