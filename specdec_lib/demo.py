@@ -152,7 +152,7 @@ def _decode_twice(target, draft, k, be, reqs, graph, show):
     recorded: the timed call reuses them); returns (base results, spec results, metrics)."""
     warm = [Request(prompt=r.prompt, max_new_tokens=min(4, r.max_new_tokens),
                     stop_token_ids=r.stop_token_ids) for r in reqs]
-    max_len = max(len(r.prompt) + r.max_new_tokens for r in reqs) + k + 1
+    max_len = SpeculativeDecoder.positions_needed(reqs, k)
     out = []
     for name, kk, d in (("target-only", 0, None), ("speculative", k, draft)):
         dec = SpeculativeDecoder(target, d, num_speculative_tokens=kk, backend=be,

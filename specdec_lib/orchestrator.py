@@ -429,11 +429,17 @@ class SpeculativeDecoder:
         self.metrics = Metrics(num_speculative_tokens=self.k, accept_counts=[0] * self.k)
 
     # ------------------------------------------------------------------ buffers
+    @staticmethod
+    def positions_needed(reqs, k):
+        """Positions a slot needs for the longest of ``reqs`` at ``k`` drafts (prompt +
+        max_new_tokens + a last block of k + 1 rows): the ``max_len`` that fits them."""
+        return max(len(r.prompt) + r.max_new_tokens for r in reqs) + k + 1
+
     def _shape(self, reqs, slots):
         """Everything the buffers, caches and graphs of a call depend on: (slots, positions
         per slot, stop ids, stop sequences and their length, output and prompt widths,
         whether any request filters). Equal shapes let a call reuse the last one's."""
-        need = [len(r.prompt) + r.max_new_tokens + self.k + 1 for r in reqs]
+        need = [self.positions_needed([r], self.k) for r in reqs]
         if self.max_len is not None:
             i = int(np.argmax(need))
             if need[i] > self.max_len:

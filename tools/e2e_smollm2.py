@@ -7,8 +7,9 @@ Runs, each with the round captured as one CUDA graph (warm-up and capture outsid
   * B=1 greedy, up to --per-set prompts per set (the 8 copy-heavy, the 8 open-ended, and 32
     held-out standard-library docstring prompts that the trained heads never saw), one
     request at a time: target-only and each draft (prompt lookup, the trained MTP and EAGLE3
-    heads; k=3, and the heads again at --head-k), tokens/s, acceptance per position, mean accepted length; generation runs
-    through EOS (no stop ids) for a fixed token count unless --stop-at-eos;
+    heads; k=3, and the heads again at --head-k), tokens/s, acceptance per position, mean
+    accepted length; generation runs through EOS (no stop ids) for a fixed token count
+    unless --stop-at-eos;
   * B=32 mixed prompts: target-only and each draft;
   * the rescoring check of every emitted token (one plain forward pass over each final
     sequence; a token within --tie-tolerance of the best logit is a tie, counted);
@@ -42,9 +43,9 @@ def decoder(target, draft, k, be, reqs, slots=None):
     prefill bucket recorded), its metrics reset. Its ``max_len`` fits every request, so the
     timed calls reuse the warm-up's buffers and graphs."""
     graph = be.name == "torch"
-    max_len = max(len(r.prompt) + r.max_new_tokens for r in reqs) + k + 1
     dec = SpeculativeDecoder(target, draft, num_speculative_tokens=k, backend=be,
-                             cuda_graph=graph, max_len=max_len)
+                             cuda_graph=graph,
+                             max_len=SpeculativeDecoder.positions_needed(reqs, k))
     if graph:
         seen, warm = set(), []
         for r in reqs:
@@ -234,17 +235,6 @@ def main():
     for name, texts in sets.items():
         reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new, **stops) for t in texts]
         case(f"B=1 {name}", f"b1_{name}", reqs, one_at_a_time if gpu else decode, b1_runs)
-    def profiles():
-        """Last: a profiler session leaves the process slower (s13: B=32 host enqueue per
-        round 6 -> ~110 us after one), so nothing is timed after it."""
-        try:
-            pre = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new, **stops)
-                   for t in sets[list(sets)[0]]]
-            report["prefill_profile_base"] = prefill_profile(target, None, 0, be, pre)
-            report["prefill_profile_spec"] = prefill_profile(target, drafts[best], k, be, pre)
-            report["prefill_profile_spec"]["draft"] = best
-        except Exception as e:      # a report, not the benchmark
-            report["prefill_profile_error"] = f"{type(e).__name__}: {e}"
     B = args.b32 if args.b32 is not None else (8 if args.quick else 32)
     best = max(heads or list(drafts), key=lambda n: report[f"b1_{list(sets)[-1]}"][f"{n}_k{k}"]["tokens_per_s"])
     if B == 0:
@@ -263,6 +253,8 @@ def main():
         serve_k = [int(x) for x in args.serve_k.split(",")] if args.serve_k else [k]
         case(f"serve {args.serve}/{B}", f"serve{args.serve}_slots{B}", sreqs, served,
              [(n, k) for n in drafts if n == "ngram"] + [(n, kk) for kk in serve_k for n in heads])
+    # the profiles (rounds, then prefills) last: a profiler session leaves the process slower
+    # (s13: B=32 host enqueue per round 6 -> ~110 us after one), so nothing is timed after it
     try:
         for lab, prompts in (("b1", [reqs[0].prompt]), (f"b{B}", [r.prompt for r in reqs])):
             report[f"round_profile_spec_{lab}"] = round_profile(target, drafts[best], k, be, prompts)
@@ -270,7 +262,14 @@ def main():
             report[f"round_profile_base_{lab}"] = round_profile(target, None, 0, be, prompts)
     except Exception as e:      # the profiler is a report, not the benchmark
         report["round_profile_error"] = f"{type(e).__name__}: {e}"
-    profiles()
+    try:
+        pre = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new, **stops)
+               for t in sets[list(sets)[0]]]
+        report["prefill_profile_base"] = prefill_profile(target, None, 0, be, pre)
+        report["prefill_profile_spec"] = prefill_profile(target, drafts[best], k, be, pre)
+        report["prefill_profile_spec"]["draft"] = best
+    except Exception as e:      # a report, not the benchmark
+        report["prefill_profile_error"] = f"{type(e).__name__}: {e}"
     _print(rows, report)
     _dump(args, report)
 

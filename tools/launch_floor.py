@@ -49,7 +49,7 @@ def main():
     rep["rms_norm_1x576"] = per_kernel_us(b, lambda: be.rms_norm(x, w, out, eps=1e-5), args.n)
     res = torch.randn_like(x)
     rep["rms_norm_residual_1x576"] = per_kernel_us(
-        torch, lambda: be.rms_norm(x, w, out, eps=1e-5, residual=res, residual_out=res), args.n)
+        b, lambda: be.rms_norm(x, w, out, eps=1e-5, residual=res, residual_out=res), args.n)
     q = torch.randn(1, nq, D, device=dev, dtype=bf)
     k = torch.randn(1, nkv, D, device=dev, dtype=bf)
     v = torch.randn(1, nkv, D, device=dev, dtype=bf)
@@ -61,7 +61,7 @@ def main():
     pos, sl, cu = torch.zeros(1, **i32), torch.zeros(1, **i32), torch.tensor([0, 1], **i32)
     fin = torch.zeros(1, device=dev, dtype=torch.uint8)
     rep["rope_append_kv_1row"] = per_kernel_us(
-        torch, lambda: be.rope_append_kv(q, k, v, pos, cs, kc, vc, pt, sl, cu, fin), args.n)
+        b, lambda: be.rope_append_kv(q, k, v, pos, cs, kc, vc, pt, sl, cu, fin), args.n)
     act = torch.randn(1, I, device=dev, dtype=bf)
     gu = torch.randn(1, 2 * I, device=dev, dtype=bf)
     rep["silu_mul_1x1536"] = per_kernel_us(b, lambda: be.silu_mul(gu, act), args.n)

@@ -181,4 +181,3 @@ class LlamaDraftHead:
             g, gn = self._step(g, out[j - 1], lens, cu1, lens, block.finished, attend)
             self._token(gn, out[j])
         return out.T
-

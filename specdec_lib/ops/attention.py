@@ -175,9 +175,10 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
     shares each CTA's four warps between m-tiles, which changes how a row's keys are split
     between the warps and so its last bits; this plan keeps one m-tile per CTA (more CTAs,
     each reading the KV tiles: slower at large batches). ``check_indices`` (default: env
-    ``SPECDEC_DEBUG``) copies cu_q / seq_lens / page_table to the host and raises ValueError on bad offsets, a page table
-    too narrow for L+q, or page ids outside the pool; without it the kernel never faults
-    on such input but writes NaN for the affected sequence/head rows.
+    ``SPECDEC_DEBUG``) copies cu_q / seq_lens / page_table to the host and raises
+    ValueError on bad offsets, a page table too narrow for L+q, or page ids outside the
+    pool; without it the kernel never faults on such input but writes NaN for the affected
+    sequence/head rows.
     Returns ``out``.
 
     Example::
