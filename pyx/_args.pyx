@@ -68,6 +68,7 @@ cdef class DeviceArg:
     cdef public object dtype
     cdef public int itemsize
     cdef public object device
+    cdef public bint by_kind     # numpy arrays (the reference path): dtypes checked by kind
     cdef object _capsule
 
     def __init__(self, name, obj, dtype=None, ndim=None, shape=None, device=None,
@@ -91,7 +92,8 @@ cdef class DeviceArg:
         if dtype is not None and self.dtype != dtype and (isinstance(dtype, str) or
                                                           self.dtype not in dtype):
             allowed = (dtype,) if isinstance(dtype, str) else tuple(dtype)
-            raise TypeError(f"{name}: dtype must be {' or '.join(allowed)}, got {self.dtype}")
+            if not (self.by_kind and _same_kind(self.dtype, allowed)):
+                raise TypeError(f"{name}: dtype must be {' or '.join(allowed)}, got {self.dtype}")
         if ndim is not None and len(self.shape) != ndim:
             raise ValueError(f"{name}: expected {ndim} dimensions, got shape {self.shape}")
         if shape is not None:
@@ -178,6 +180,73 @@ cdef class DeviceArg:
 
     def __repr__(self):
         return f"DeviceArg({self.name}: {self.dtype}{list(self.shape)} on device {self.device})"
+
+
+_KIND = {"float64": "f", "float32": "f", "float16": "f", "bfloat16": "f",
+         "int64": "i", "int32": "i", "int16": "i", "int8": "i",
+         "uint64": "i", "uint32": "i", "uint16": "i", "uint8": "i", "bool": "i"}
+
+
+def _same_kind(got, allowed):
+    kind = _KIND.get(got)
+    return kind is not None and any(_KIND.get(a) == kind for a in allowed)
+
+
+_NP_NAMES = {"float64": "float64", "float32": "float32", "float16": "float16",
+             "int64": "int64", "int32": "int32", "int16": "int16", "int8": "int8",
+             "uint64": "uint64", "uint32": "uint32", "uint16": "uint16", "uint8": "uint8",
+             "bool": "bool"}
+
+
+class HostArg(DeviceArg):
+    """The checks of ``DeviceArg`` on an array that is never launched on: a numpy array
+    (the reference path) or a torch tensor on any device (eager CPU tensors, and the
+    fake / meta tensors that torch.compile traces with). Same attributes; ``ptr`` is 0.
+
+    torch tensors are checked exactly as on the GPU. numpy has no bfloat16 and the
+    reference computes in float64, so a numpy array's dtype is checked by kind (any
+    float where a float type is asked for, any integer or bool where an integer / bool
+    type is); shapes, strides and values are checked as on the GPU.
+    """
+
+    def __init__(self, name, obj, dtype=None, ndim=None, shape=None, device=None,
+                 contiguous=False, optional=False):
+        if obj is not None and type(obj).__name__ == "DeviceArray":
+            raise TypeError(f"{name}: a device array was given where host arrays are "
+                            f"expected (numpy arrays or torch tensors)")
+        DeviceArg.__init__(self, name, obj, dtype, ndim, shape, device, contiguous, optional)
+
+    def _read(self, obj):
+        import numpy as np
+        if isinstance(obj, np.ndarray):
+            dt = _NP_NAMES.get(obj.dtype.name)
+            if dt is None:
+                raise TypeError(f"{self.name}: unsupported dtype {obj.dtype}")
+            isz = obj.dtype.itemsize
+            self.dtype, self.device, self.ptr, self.by_kind = dt, "cpu", 0, True
+            self.shape = tuple(obj.shape)
+            self.strides = tuple(st // isz for st in obj.strides)
+        elif type(obj).__module__.startswith("torch") and hasattr(obj, "stride"):
+            dt = _TORCH_DTYPES.get(str(obj.dtype))
+            if dt is None:
+                raise TypeError(f"{self.name}: unsupported dtype {obj.dtype}")
+            self.dtype, self.device, self.ptr = dt, str(obj.device), 0
+            self.shape, self.strides = tuple(obj.shape), tuple(obj.stride())
+        else:
+            raise TypeError(f"{self.name}: expected a numpy array or a torch tensor, got "
+                            f"{type(obj).__name__}")
+
+    def values(self):
+        """The array's values as numpy (index checks), or None where they cannot be read
+        without a device copy (fake / meta tensors while torch.compile traces)."""
+        obj = self.obj
+        if obj is None:
+            return None
+        if not hasattr(obj, "stride"):
+            return obj                               # numpy
+        if type(obj).__name__ in ("Tensor", "Parameter") and obj.device.type == "cpu":
+            return obj.detach().numpy()
+        return None
 
 
 cdef object _DA = None

@@ -6,7 +6,7 @@
   sampling_metadata)`` (duck-typed metadata objects; returns ``sampled_token_ids``).
 
 Switching is one line (``from specdec_lib.adapters import chain_speculative_sampling``).
-Both take torch tensors, run ``torch.ops.specdec.spec_sample`` (``specdec_lib.torch``) on
+Both take torch tensors, run ``torch.ops.specdec.spec_sample`` (``specdec_lib.torch_ops``) on
 the tensors' device and torch's current stream, allocate only with torch's allocator, and
 on CPU tensors run the numpy reference (``specdec_lib.reference.spec_sample``), so CPU CI can
 check them. Each docstring lists where the semantics differ from the original. Common to
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from . import torch as _specdec_torch  # noqa: F401  (registers torch.ops.specdec.*)
+from . import torch_ops as _specdec_torch  # noqa: F401  (registers torch.ops.specdec.*)
 
 __all__ = ["chain_speculative_sampling", "rejection_sample", "request_seeds"]
 

@@ -118,3 +118,67 @@ def rng(request):
     """A fresh generator per test, seeded from the test id (reproducible, different per case)."""
     import zlib
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+# ---------------------------------------------------------------- the argument contract
+# Every op refuses a host-visible mistake with TypeError/ValueError naming the argument,
+# before it writes anything, on the reference path (numpy arrays) and the eager torch path
+# (CPU tensors through torch.ops.specdec). Tests build one op call as a dict of numpy arrays
+# with the torch dtype each tensor should have, then break one argument.
+REFUSAL_PATHS = ("reference", "torch")
+
+
+def _torch_or_skip():
+    return pytest.importorskip("torch", reason="the eager torch path needs torch")
+
+
+def on_path(path, args, torch_dtypes=None):
+    """args (name -> numpy array / scalar / None) as the path's arrays: numpy as given for
+    "reference"; CPU torch tensors for "torch", converted to ``torch_dtypes[name]`` (a torch
+    dtype name such as "bfloat16") where given, else numpy's dtype."""
+    if path == "reference":
+        return dict(args)
+    torch = _torch_or_skip()
+    out = {}
+    for name, v in args.items():
+        if isinstance(v, np.ndarray):
+            t = torch.from_numpy(v.copy())
+            dt = (torch_dtypes or {}).get(name)
+            out[name] = t.to(getattr(torch, dt)) if dt else t
+        else:
+            out[name] = v
+    return out
+
+
+def call_op(path, name, args, kwargs=None):
+    """Op ``name`` on the path's arrays (positional ``args`` in the op's order)."""
+    if path == "reference":
+        from specdec_lib import reference
+        return getattr(reference, name)(*args, **(kwargs or {}))
+    torch = _torch_or_skip()
+    import specdec_lib.torch_ops  # noqa: F401  (registers torch.ops.specdec)
+    return getattr(torch.ops.specdec, name)(*args, **(kwargs or {}))
+
+
+def _snapshot(a):
+    if isinstance(a, np.ndarray):
+        return a.copy().view(np.uint8)
+    return a.detach().clone().contiguous().view(-1).view(__import__("torch").uint8).numpy()
+
+
+def assert_refused(call, exc, match, outputs):
+    """``call()`` raises ``exc`` whose message matches ``match`` (it should start with the
+    argument's name), and leaves every array of ``outputs`` byte for byte as it was."""
+    before = [_snapshot(o) for o in outputs if o is not None]
+    with pytest.raises(exc, match=match):
+        call()
+    after = [_snapshot(o) for o in outputs if o is not None]
+    for i, (b, a) in enumerate(zip(before, after)):
+        assert np.array_equal(b, a), f"output {i} was written before the error"
+
+
+def strided_last(a):
+    """``a`` with the same values but a last dimension of stride 2 (numpy or torch)."""
+    if isinstance(a, np.ndarray):
+        return np.repeat(a, 2, axis=-1)[..., ::2]
+    return a.repeat_interleave(2, dim=-1)[..., ::2]

@@ -200,3 +200,102 @@ def test_append_kv_gpu_rejects_before_launch(rng):
         with pytest.raises(exc, match=match):
             ops.append_kv(**args)
         untouched()
+
+
+# ---------------------------------------------------------------- the argument contract (CPU)
+from conftest import REFUSAL_PATHS, assert_refused, call_op, on_path, strided_last  # noqa: E402
+
+_APPEND_ORDER = ("k", "v", "k_cache", "v_cache", "page_table", "seq_lens", "cu_q", "finished")
+
+
+def _append_kv_call(rng):
+    T, Hkv, D, pages, page = 5, 2, 8, 4, 4
+    return {"k": rng.standard_normal((T, Hkv, D)).astype(np.float32),
+            "v": rng.standard_normal((T, Hkv, D)).astype(np.float32),
+            "k_cache": np.zeros((pages, page, Hkv, D), np.float32),
+            "v_cache": np.zeros((pages, page, Hkv, D), np.float32),
+            "page_table": np.array([[0, 1], [2, 3]], np.int32),
+            "seq_lens": np.array([1, 3], np.int32), "cu_q": np.array([0, 2, 5], np.int32),
+            "finished": None}
+
+
+_BF16_CACHE = {"k": "bfloat16", "v": "bfloat16", "k_cache": "bfloat16", "v_cache": "bfloat16"}
+
+
+def _cast(path, a, dtype):
+    if path == "reference":
+        return a.astype(dtype)
+    import torch
+    return a.to(getattr(torch, dtype))
+
+
+# (case id, paths it applies to, break(args, path), exception, message start)
+_APPEND_KV_BAD = [
+    ("k_float32_for_bf16_cache", ("torch",), lambda a, p: a.update(k=_cast(p, a["k"], "float32")),
+     TypeError, r"^k: dtype"),
+    ("page_table_int64", ("torch",), lambda a, p: a.update(page_table=_cast(p, a["page_table"], "int64")),
+     TypeError, r"^page_table: dtype"),
+    ("seq_lens_float32", REFUSAL_PATHS, lambda a, p: a.update(seq_lens=_cast(p, a["seq_lens"], "float32")),
+     TypeError, r"^seq_lens: dtype"),
+    ("k_wrong_head_dim", REFUSAL_PATHS, lambda a, p: a.update(k=a["k"][..., :4]),
+     ValueError, r"^k: expected shape"),
+    ("v_wrong_rows", REFUSAL_PATHS, lambda a, p: a.update(v=a["v"][:3]), ValueError, r"^v: expected shape"),
+    ("k_head_dim_not_contiguous", REFUSAL_PATHS, lambda a, p: a.update(k=strided_last(a["k"])),
+     ValueError, r"^k: the head dimension must be contiguous"),
+    ("cu_q_decreasing", REFUSAL_PATHS, lambda a, p: a["cu_q"].__setitem__(slice(None), _vals(p, [0, 3, 2])),
+     ValueError, r"^cu_q: must start at 0, never decrease"),
+    ("cu_q_ends_before_T", REFUSAL_PATHS, lambda a, p: a["cu_q"].__setitem__(slice(None), _vals(p, [0, 2, 4])),
+     ValueError, r"^cu_q: must .* end at T=5"),
+    ("seq_lens_negative", REFUSAL_PATHS, lambda a, p: a["seq_lens"].__setitem__(0, -1),
+     ValueError, r"^seq_lens: negative"),
+    ("page_id_outside_pool", REFUSAL_PATHS, lambda a, p: a["page_table"].__setitem__((1, 1), 9),
+     ValueError, r"^page_table: sequence 1 uses page id 9"),
+    ("page_table_too_narrow", REFUSAL_PATHS, lambda a, p: a.update(page_table=a["page_table"][:, :1]),
+     ValueError, r"^page_table: sequence 1 writes position"),
+    ("cu_q_wrong_length", REFUSAL_PATHS, lambda a, p: a.update(cu_q=a["cu_q"][:2]),
+     ValueError, r"^cu_q: expected shape"),
+]
+
+
+def _vals(path, xs):
+    if path == "reference":
+        return np.array(xs, np.int32)
+    import torch
+    return torch.tensor(xs, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _APPEND_KV_BAD, ids=[c[0] for c in _APPEND_KV_BAD])
+def test_append_kv_refuses_bad_input(path, case, rng):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, _append_kv_call(rng), _BF16_CACHE)
+    mutate(args, path)
+    a = [args[n] for n in _APPEND_ORDER]
+    assert_refused(lambda: call_op(path, "append_kv", a), exc, match, [args["k_cache"], args["v_cache"]])
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_append_kv_good_input_passes_the_contract(path, rng):
+    args = on_path(path, _append_kv_call(rng), _BF16_CACHE)
+    call_op(path, "append_kv", [args[n] for n in _APPEND_ORDER])
+    kc = np.asarray(args["k_cache"].float() if path == "torch" else args["k_cache"])
+    assert np.count_nonzero(kc) > 0
+
+
+_COPY_BAD = [
+    ("src_other_dtype", lambda d, s, p: (d, _cast(p, s, "float64")), TypeError, r"^src: dtype"),
+    ("src_does_not_broadcast", lambda d, s, p: (d, s[:, :3]), ValueError, r"^src: shape"),
+    ("dst_five_dims", lambda d, s, p: (d.reshape(1, 1, 2, 3, 4), s), ValueError, r"^dst: 1 to 4"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _COPY_BAD, ids=[c[0] for c in _COPY_BAD])
+def test_copy_refuses_bad_input(path, case, rng):
+    name, mutate, exc, match = case
+    args = on_path(path, {"dst": np.zeros((6, 4), np.float32),
+                          "src": rng.standard_normal((6, 4)).astype(np.float32)})
+    dst, src = mutate(args["dst"], args["src"], path)
+    assert_refused(lambda: call_op(path, "copy", [dst, src]), exc, match, [dst])

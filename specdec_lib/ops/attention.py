@@ -17,7 +17,8 @@ from .. import runtime
 from .._validate import DeviceArg, as_scale, as_stream, check_int, to_host
 from ..reference.attention import (MAX_Q_PER_SEQ, check_verify_attention_shapes,
                                    check_verify_attention_values)
-from .copy import check_append_kv_args, check_append_kv_indices_on_host
+from ..contract import copy as copy_contract
+from ..contract import index_values
 from .draft import _SHORT
 from .layers import check_rope_args
 
@@ -315,14 +316,13 @@ def rope_append_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, page_tab
     # append_kv's checks take k_cache as their anchor: tie it to q first, so that a cache of
     # another dtype or device is reported as k_cache's fault, not v_cache's
     DeviceArg("k_cache", k_cache, dtype=qa.dtype, ndim=4, device=dev)
-    ka, va, kc, vc, pt, sl, cq, fin = check_append_kv_args(k, v, k_cache, v_cache, page_table,
-                                                           seq_lens, cu_q, finished)
     if (Hq + 2 * Hk) * D >= 2**31 - 1:
         raise ValueError(f"q: {Hq} + 2 x {Hk} heads of {D} are too many (the kernel's "
                          "per-token index is int32)")
     stream_h = as_stream(stream)
-    if check_indices:
-        check_append_kv_indices_on_host(pt, sl, cq, fin, kc, T, stream_h)
+    ka, va, kc, vc, pt, sl, cq, fin = copy_contract.append_kv(
+        k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished,
+        values=index_values(stream_h) if check_indices else None)
     if T == 0:
         return q, k, k_cache, v_cache
     B = pt.shape[0]

@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import runtime
-from .._validate import DeviceArg, as_stream, check_shape, to_host
-from ..reference.copy import check_append_kv_indices
+from .._validate import as_stream
+from ..contract import copy as contract
+from ..contract import index_values
 
 _THREADS = 256
 _CHUNK_BYTES = 16384      # one work unit: 256 threads x 4 x 16 B in flight
@@ -35,28 +36,8 @@ def copy(dst, src, *, stream=None):
     stride 0, are read repeatedly). dtypes must match (no conversion). Overlapping
     src/dst gives unspecified results. Returns ``dst``.
     """
-    d = DeviceArg("dst", dst)
-    s = DeviceArg("src", src, device=d.device)
+    d, s, src_st = contract.copy(dst, src)
     stream_h = as_stream(stream)
-    if s.dtype != d.dtype:
-        raise TypeError(f"src: dtype {s.dtype} differs from dst's {d.dtype}")
-    if not 1 <= len(d.shape) <= 4:
-        raise ValueError(f"dst: 1 to 4 dimensions supported, got shape {list(d.shape)}")
-    if len(s.shape) > len(d.shape):
-        raise ValueError(f"src: shape {list(s.shape)} does not broadcast to dst's {list(d.shape)}")
-    pad = len(d.shape) - len(s.shape)
-    s_shape = (1,) * pad + tuple(s.shape)
-    s_st = (0,) * pad + tuple(s.strides)
-    src_st = []
-    for i, (ds, ss, st) in enumerate(zip(d.shape, s_shape, s_st)):
-        if ss == ds:
-            src_st.append(st if ds > 1 else 0)
-        elif ss == 1:
-            src_st.append(0)
-        else:
-            raise ValueError(f"src: shape {list(s.shape)} does not broadcast to dst's {list(d.shape)}")
-    if any(st == 0 for st, n in zip(d.strides, d.shape) if n > 1):
-        raise ValueError(f"dst: has a stride-0 dimension (strides {d.strides}); it must not alias")
     n = int(np.prod(d.shape, dtype=np.int64))
     if n == 0:
         return dst
@@ -75,45 +56,6 @@ def copy(dst, src, *, stream=None):
     return dst
 
 
-def check_append_kv_args(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished):
-    """append_kv's argument checks (also rope_append_kv's): the DeviceArgs
-    (k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished); TypeError/ValueError
-    naming the argument otherwise. Reads no device memory."""
-    kc = DeviceArg("k_cache", k_cache, ndim=4)
-    dev = kc.device
-    num_pages, page_size, hkv, dim = kc.shape
-    vc = DeviceArg("v_cache", v_cache, dtype=kc.dtype, shape=kc.shape, device=dev)
-    ka = DeviceArg("k", k, dtype=kc.dtype, ndim=3, device=dev)
-    T = ka.shape[0]
-    check_shape("k", ka.shape, (None, hkv, dim))
-    va = DeviceArg("v", v, dtype=kc.dtype, shape=ka.shape, device=dev)
-    pt = DeviceArg("page_table", page_table, dtype="int32", ndim=2, device=dev)
-    B = pt.shape[0]
-    sl = DeviceArg("seq_lens", seq_lens, dtype="int32", shape=(B,), device=dev, contiguous=True)
-    cq = DeviceArg("cu_q", cu_q, dtype="int32", shape=(B + 1,), device=dev, contiguous=True)
-    fin = DeviceArg("finished", finished, dtype=("uint8", "bool"), shape=(B,), device=dev,
-                    contiguous=True, optional=True)
-    for a in (ka, va, kc, vc):
-        if a.strides[-1] != 1 and dim > 1:
-            raise ValueError(f"{a.name}: the head dimension must be contiguous (strides {a.strides})")
-    if pt.strides[1] != 1 and pt.shape[1] > 1:
-        raise ValueError(f"page_table: rows must be contiguous (strides {pt.strides})")
-    # the kernel's grid-stride row loop is int32: keep T + stride below 2^31
-    if T >= 2**30 or num_pages >= 2**31:
-        raise ValueError("k/k_cache: 2^30 or more rows, or 2^31 or more pages, is not supported")
-    return ka, va, kc, vc, pt, sl, cq, fin
-
-
-def check_append_kv_indices_on_host(pt, sl, cq, fin, kc, num_rows, stream_h):
-    """append_kv's ``check_indices``: copy the index arrays to the host (skipped while the
-    stream captures a graph) and raise ValueError on bad offsets or page ids."""
-    if not runtime.driver().stream_is_capturing(stream_h):
-        check_append_kv_indices(to_host(pt, stream_h), to_host(sl, stream_h),
-                                to_host(cq, stream_h),
-                                to_host(fin, stream_h) if fin.obj is not None else None,
-                                kc.shape[0], kc.shape[1], num_rows)
-
-
 def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None, *,
               check_indices=True, stream=None):
     """Write a round's block K/V rows into paged caches.
@@ -130,11 +72,10 @@ def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None,
     hot loop: the kernel then skips (never writes, never faults on) rows whose target is
     outside the page table or the pool.
     """
-    ka, va, kc, vc, pt, sl, cq, fin = check_append_kv_args(k, v, k_cache, v_cache, page_table,
-                                                           seq_lens, cu_q, finished)
     stream_h = as_stream(stream)
-    if check_indices:
-        check_append_kv_indices_on_host(pt, sl, cq, fin, kc, ka.shape[0], stream_h)
+    ka, va, kc, vc, pt, sl, cq, fin = contract.append_kv(
+        k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished,
+        values=index_values(stream_h) if check_indices else None)
     T, B = ka.shape[0], pt.shape[0]
     num_pages, page_size, hkv, dim = kc.shape
     dev = kc.device
