@@ -214,3 +214,174 @@ def _round_steps_backend(be, x):
                 return fn(*a, **kw)
             return call
     return _round_steps(_Ops(), x, None)
+
+
+# ---------------------------------------------------------------- batch 1, a whole hybrid round
+# Qwen3-Next-80B-A3B's shapes: 48 layers, three GDN to one attention; hidden 2048; GDN Hk=16
+# Hv=32 Dk=Dv=128 (f32 state); attention 16/2 heads of 256; vocabulary 151936; MoE experts of
+# 512 (10 routed + 1 shared: silu_mul over 11 rows of 512 per block row). One sequence, k=3.
+_B1 = dict(layers=48, attn_every=4, H=2048, HK=16, HV=32, DK=128, HQ=16, HKV=2, D=256,
+           V=151936, experts=11, I=512, L=1000, page=16, k=3)
+
+
+def _b1_round(d):
+    """(buffers, [(name, fn(stream))]) of one B=1 round of library ops: per layer the input
+    rms_norm (residual fused), GDN (conv1d_verify, gdn_verify) or attention (rope_append_kv,
+    verify_attention), the post rms_norm, the experts' silu_mul; then the final norm,
+    spec_sample, seq_stop, every GDN layer's gdn_commit + conv1d_commit, seq_advance,
+    draft_carry and draft_combine (the MTP head's input; the head's own layer is left out).
+    The host model's GEMMs, MoE routing and GDN output gate are not library ops: not here."""
+    from .. import ops
+    from ..arrays import DeviceArray
+    from ..reference.layers import rope_cos_sin_cache
+    c = _B1
+    q = c["k"] + 1
+    rng = np.random.default_rng(1)
+    put = lambda a, dt=None: DeviceArray.from_numpy(a, dtype=dt, device=d)  # noqa: E731
+    zeros = lambda s, t: DeviceArray.empty(s, t, d).fill_bytes(0)           # noqa: E731
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)                 # noqa: E731
+    bf = lambda *s: put(f(*s), "bfloat16")                                   # noqa: E731
+    H, HK, HV, DK = c["H"], c["HK"], c["HV"], c["DK"]
+    conv_dim = 2 * HK * DK + HV * DK
+    pages = (c["L"] + 1024) // c["page"] + 1     # room for the replays' seq_advance
+    x = dict(seq_lens=put(np.array([c["L"]], np.int32)), cu_q=put(np.array([0, q], np.int32)),
+             slot=put(np.zeros(1, np.int32)), finished=zeros((1,), "uint8"),
+             page_table=put(np.arange(pages, dtype=np.int32).reshape(1, pages)),
+             positions=put(np.arange(c["L"], c["L"] + q, dtype=np.int32)),
+             last_token=put(np.array([7], np.int32)), draft_tokens=put(np.array([[1, 2, 3]], np.int32)),
+             num_draft=put(np.array([c["k"]], np.int32)), block_tokens=zeros((q,), "int32"),
+             draft_ids=zeros((c["k"],), "int32"),
+             h=bf(q, H), res=bf(q, H), hn=zeros((q, H), "bfloat16"), norm_w=bf(H),
+             mlp_x=bf(q * c["experts"], 2 * c["I"]), mlp_out=zeros((q * c["experts"], c["I"]), "bfloat16"),
+             cos_sin=put(np.asarray(rope_cos_sin_cache(c["L"] + 1024, c["D"], 1e7), np.float32)),
+             logits=bf(q, c["V"]), temperature=zeros((1,), "float32"), top_k=zeros((1,), "int32"),
+             top_p=put(np.ones(1, np.float32)), min_p=zeros((1,), "float32"),
+             seed=put(np.array([5], np.int64)), step=zeros((1,), "int64"),
+             num_accepted=zeros((1,), "int32"), emitted=zeros((1, q), "int32"), status=zeros((1,), "int32"),
+             sample_ws=zeros((ops.spec_sample_workspace_size(q, c["V"]),), "uint8"),
+             out_tokens=zeros((1, 4096), "int32"), out_lens=zeros((1,), "int32"),
+             stop_ids=put(np.full((1, 2), -1, np.int32)), stop_seqs=put(np.full((1, 1, 2), -1, np.int32)),
+             max_new=put(np.array([1 << 30], np.int32)), accept_len=zeros((1,), "int32"),
+             carry=zeros((1, H), "bfloat16"), embed=bf(1024, H),   # (one row is read) combined=zeros((1, 2 * H), "bfloat16"))
+    gdn_layers, attn_layers = [], []
+    for i in range(c["layers"]):
+        if (i + 1) % c["attn_every"]:
+            gdn_layers.append(dict(
+                conv_x=bf(q, conv_dim), conv_w=bf(conv_dim, 4), conv_out=zeros((q, conv_dim), "bfloat16"),
+                conv_state=zeros((1, conv_dim, 3), "bfloat16"),
+                gq=bf(q, HK, DK), gk=bf(q, HK, DK), gv=bf(q, HV, DK), ga=bf(q, HV), gb=bf(q, HV),
+                A_log=put(rng.uniform(-2, 0.5, HV).astype(np.float32)),
+                dt_bias=put(rng.uniform(-1, 1, HV).astype(np.float32)),
+                state=zeros((1, HV, DK, DK), "float32"), out=zeros((q, HV, DK), "bfloat16"),
+                journal=zeros((q, ops.gdn_journal_width(HK, HV, DK, DK)), "float32")))
+        else:
+            attn_layers.append(dict(
+                q=bf(q, c["HQ"], c["D"]), k=bf(q, c["HKV"], c["D"]), v=bf(q, c["HKV"], c["D"]),
+                k_cache=zeros((pages, c["page"], c["HKV"], c["D"]), "bfloat16"),
+                v_cache=zeros((pages, c["page"], c["HKV"], c["D"]), "bfloat16"),
+                out=zeros((q, c["HQ"], c["D"]), "bfloat16")))
+    nc = dict(check_indices=False)
+    steps = [("seq_build_block", lambda s: ops.seq_build_block(
+        x["last_token"], x["draft_tokens"], x["num_draft"], x["seq_lens"], x["cu_q"],
+        x["block_tokens"], x["positions"], x["draft_ids"], stream=s))]
+    norm = ("rms_norm", lambda s: ops.rms_norm(x["h"], x["norm_w"], x["hn"], residual=x["res"],
+                                               residual_out=x["res"], stream=s))
+    mlp = ("silu_mul", lambda s: ops.silu_mul(x["mlp_x"], x["mlp_out"], stream=s))
+    gi = ai = 0
+    for i in range(c["layers"]):
+        steps.append(norm)
+        if (i + 1) % c["attn_every"]:
+            g = gdn_layers[gi]
+            gi += 1
+            steps += [("conv1d_verify", lambda s, g=g: ops.conv1d_verify(
+                          g["conv_x"], g["conv_w"], g["conv_state"], x["slot"], x["cu_q"],
+                          g["conv_out"], stream=s, **nc)),
+                      ("gdn_verify", lambda s, g=g: ops.gdn_verify(
+                          g["gq"], g["gk"], g["gv"], g["state"], x["slot"], x["cu_q"], g["out"],
+                          g["journal"], a=g["ga"], b=g["gb"], A_log=g["A_log"],
+                          dt_bias=g["dt_bias"], qk_l2norm=True, stream=s, **nc))]
+        else:
+            a = attn_layers[ai]
+            ai += 1
+            steps += [("rope_append_kv", lambda s, a=a: ops.rope_append_kv(
+                          a["q"], a["k"], a["v"], x["positions"], x["cos_sin"], a["k_cache"],
+                          a["v_cache"], x["page_table"], x["seq_lens"], x["cu_q"], x["finished"],
+                          stream=s, **nc)),
+                      ("verify_attention", lambda s, a=a: ops.verify_attention(
+                          a["q"], a["k_cache"], a["v_cache"], x["page_table"], x["seq_lens"],
+                          x["cu_q"], a["out"], stream=s, **nc))]
+        steps += [norm, mlp]
+    steps += [norm, ("spec_sample", lambda s: ops.spec_sample(
+        x["logits"], x["cu_q"], x["draft_ids"], x["temperature"], x["top_k"], x["top_p"],
+        x["min_p"], x["seed"], x["step"], x["num_accepted"], x["emitted"], x["status"],
+        workspace=x["sample_ws"], stream=s)),
+        ("seq_stop", lambda s: ops.seq_stop(
+            x["emitted"], x["num_accepted"], x["out_tokens"], x["out_lens"], x["stop_ids"],
+            x["stop_seqs"], x["max_new"], x["accept_len"], x["finished"], stream=s))]
+    for g in gdn_layers:
+        steps += [("gdn_commit", lambda s, g=g: ops.gdn_commit(
+                      g["state"], x["slot"], x["cu_q"], x["accept_len"], g["journal"], stream=s, **nc)),
+                  ("conv1d_commit", lambda s, g=g: ops.conv1d_commit(
+                      g["conv_state"], x["slot"], x["cu_q"], x["accept_len"], g["conv_x"], stream=s, **nc))]
+    steps += [("seq_advance", lambda s: ops.seq_advance(
+                  x["emitted"], x["accept_len"], x["seq_lens"], x["out_tokens"], x["out_lens"],
+                  x["last_token"], x["finished"], stream=s)),
+              ("draft_carry", lambda s: ops.draft_carry(x["h"], x["cu_q"], x["accept_len"], x["carry"],
+                                                        stream=s)),
+              ("draft_combine", lambda s: ops.draft_combine(
+                  x["embed"], x["carry"], x["norm_w"], x["norm_w"], x["combined"],
+                  token_ids=x["last_token"], stream=s))]
+    return x, steps
+
+
+@bench("round_b1")
+def bench_round_b1(b: Bench):
+    """One B=1 round of a Qwen3-Next-like hybrid (``_b1_round``), replayed as one CUDA graph;
+    each op alone (a graph of 20 calls of it: us per call, times its count in the round);
+    the launch floor beside it (a graph of one-element ``copy`` kernels)."""
+    from .. import ops
+    from ..arrays import DeviceArray
+    x, steps = _b1_round(b.device)
+    b.drv.stream_synchronize(0)
+    L0 = np.array([_B1["L"]], np.int32)
+
+    def reset():
+        b.drv.stream_synchronize(b.stream)
+        x["seq_lens"].copy_from_numpy(L0)
+        x["out_lens"].copy_from_numpy(np.zeros(1, np.int32))
+        x["finished"].copy_from_numpy(np.zeros(1, np.uint8))
+
+    c = _B1
+    label = (f"B=1 k={c['k']} {c['layers']} layers (3 GDN : 1 attn) H={c['H']} "
+             f"V={c['V']}")
+    one_a = DeviceArray.empty((1,), "int32", b.device).fill_bytes(0)
+    one_b = DeviceArray.empty((1,), "int32", b.device).fill_bytes(0)
+    b.drv.stream_synchronize(0)
+    floor = b.time_graph(lambda: ops.copy(one_a, one_b, stream=b.stream), per_graph=100)
+
+    def round_():
+        for _, fn in steps:
+            fn(b.stream)
+    reset()
+    ms = b.time_graph(round_, per_graph=1, repeats=9)
+    reset()
+    n = len(steps)
+    b.rows.append({"op": "round_b1", "impl": "specdec_lib", "shape": label, "us": round(ms * 1e3, 1),
+                   "launches": n, "floor_us": round(floor * 1e3, 3),
+                   "floor_x_launches_us": round(floor * 1e3 * n, 1)})
+    print(f"  round_b1 {label}: {ms * 1e3:.1f} us per round as one graph, {n} launches; "
+          f"launch floor {floor * 1e3:.2f} us per kernel ({floor * 1e3 * n:.1f} us for {n})", flush=True)
+    counts, first = {}, {}
+    for name, fn in steps:
+        counts[name] = counts.get(name, 0) + 1
+        first.setdefault(name, fn)
+    total = 0.0
+    for name, fn in first.items():
+        us = b.time_graph(lambda: fn(b.stream), per_graph=20) * 1e3
+        reset()
+        total += us * counts[name]
+        b.rows.append({"op": "round_b1_op", "impl": "specdec_lib", "shape": f"{name} {label}",
+                       "us": round(us, 2), "count": counts[name],
+                       "us_in_round": round(us * counts[name], 1)})
+        print(f"    {name:<18} {us:7.2f} us x {counts[name]:3d} = {us * counts[name]:8.1f} us", flush=True)
+    print(f"    {'sum of ops alone':<18} {total:8.1f} us (the graph: {ms * 1e3:.1f} us)", flush=True)
