@@ -225,7 +225,9 @@ class HostArg(DeviceArg):
             isz = obj.dtype.itemsize
             self.dtype, self.device, self.ptr, self.by_kind = dt, "cpu", 0, True
             self.shape = tuple(obj.shape)
-            self.strides = tuple(st // isz for st in obj.strides)
+            # numpy gives an empty array any strides (often 0): it has no layout to get wrong
+            self.strides = (_c_strides(self.shape) if obj.size == 0
+                            else tuple(st // isz for st in obj.strides))
         elif type(obj).__module__.startswith("torch") and hasattr(obj, "stride"):
             dt = _TORCH_DTYPES.get(str(obj.dtype))
             if dt is None:

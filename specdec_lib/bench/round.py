@@ -262,7 +262,8 @@ def _b1_round(d):
              out_tokens=zeros((1, 4096), "int32"), out_lens=zeros((1,), "int32"),
              stop_ids=put(np.full((1, 2), -1, np.int32)), stop_seqs=put(np.full((1, 1, 2), -1, np.int32)),
              max_new=put(np.array([1 << 30], np.int32)), accept_len=zeros((1,), "int32"),
-             carry=zeros((1, H), "bfloat16"), embed=bf(1024, H),   # (one row is read) combined=zeros((1, 2 * H), "bfloat16"))
+             carry=zeros((1, H), "bfloat16"), combined=zeros((1, 2 * H), "bfloat16"),
+             embed=bf(1024, H))   # (one row of the embedding is read)
     gdn_layers, attn_layers = [], []
     for i in range(c["layers"]):
         if (i + 1) % c["attn_every"]:
