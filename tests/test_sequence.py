@@ -134,9 +134,9 @@ def test_seq_build_block_ragged():
     nd = np.array([3, 0, 2], np.int32)
     L = np.array([5, 0, 7], np.int32)
     cu = np.full(4, -9, np.int32)
-    toks = np.full(9, -9, np.int32)
-    pos = np.full(9, -9, np.int32)
-    dids = np.full(6, -9, np.int32)
+    toks = np.full(12, -9, np.int32)       # B*(K+1): the contract's worst case (T = 8 here)
+    pos = np.full(12, -9, np.int32)
+    dids = np.full(9, -9, np.int32)
     ref.seq_build_block(last, drafts, nd, L, cu, toks, pos, dids)
     assert cu.tolist() == [0, 4, 5, 8]
     assert toks[:8].tolist() == [10, 1, 2, 3, 20, 30, 7, 8]
