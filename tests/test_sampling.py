@@ -54,12 +54,15 @@ def outputs(B, W):
     return (np.full(B, -7, np.int32), np.full((B, W), -7, np.int32), np.full(B, -7, np.int32))
 
 
-def run_ref(cu_q, logits, draft_ids, params, W=None, **kw):
+def run_ref(cu_q, logits, draft_ids, params, W=None, unchecked=False, **kw):
+    """The reference op; ``unchecked``: without its contract (what the kernels do with
+    check_indices=False: a bad layout is flagged, status 4, instead of refused)."""
     B = len(cu_q) - 1
     W = W or int(np.max(np.diff(cu_q), initial=1))
     n, em, st = outputs(B, W)
-    spec_sample(logits, cu_q, draft_ids, params["temperature"], params["top_k"], params["top_p"],
-                params["min_p"], params["seed"], params["step"], n, em, st, **kw)
+    fn = spec_sample.unchecked if unchecked else spec_sample
+    fn(logits, cu_q, draft_ids, params["temperature"], params["top_k"], params["top_p"],
+       params["min_p"], params["seed"], params["step"], n, em, st, **kw)
     return n, em, st
 
 
@@ -293,7 +296,9 @@ def test_spec_sample_status_codes(rng):
 
 def test_spec_sample_bad_layout_is_flagged(rng):
     cu_q, logits, drafts, p = batch_inputs([3, 1], 16, rng)
-    n, em, st = run_ref(cu_q, logits, drafts, p, W=2)   # q=3 does not fit W=2
+    with pytest.raises(ValueError, match="^emitted: 2 columns, but block 0 has 3 rows"):
+        run_ref(cu_q, logits, drafts, p, W=2)           # the op's contract refuses it
+    n, em, st = run_ref(cu_q, logits, drafts, p, W=2, unchecked=True)   # the kernels flag it
     assert list(st) == [ref.STATUS_BAD_LAYOUT, 0] and n[0] == 0 and (em[0] == -1).all()
 
 
@@ -335,8 +340,8 @@ def test_spec_sample_filters_false_flags_filtering_requests(rng):
         assert n[b] == 0 and (em[b] == -1).all()
     for b in (0, 1, 4):                            # greedy (any top-k/p) and unfiltered: as before
         assert n[b] == base[0][b] and (em[b] == base[1][b]).all() and st[b] == base[2][b]
-    # bad layout still wins over the skipped filter
-    n, em, st = run_ref(cu_q, logits, drafts, p, W=2, filters=False)
+    # bad layout (unchecked: flagged by the kernels) still wins over the skipped filter
+    n, em, st = run_ref(cu_q, logits, drafts, p, W=2, filters=False, unchecked=True)
     assert st[1] == ref.STATUS_BAD_LAYOUT and st[3] == ref.STATUS_FILTER_SKIPPED
 
 
@@ -406,7 +411,7 @@ def to_dtype(x, dtype):
 
 
 def gpu_run(cu_q, logits_host, dtype, draft_ids, params, W, draft_probs=None, d2t=None,
-            logprobs=False, stream=None, runs=1, filters=None):
+            logprobs=False, stream=None, runs=1, filters=None, check_indices=True):
     """Upload, run the op ``runs`` times (fresh sentinel each time), return host outputs."""
     from specdec_lib import DeviceArray
     from specdec_lib.ops import spec_sample as op, spec_sample_workspace_size
@@ -425,7 +430,8 @@ def gpu_run(cu_q, logits_host, dtype, draft_ids, params, W, draft_probs=None, d2
         em = dev(np.full((B, W), SENTINEL, np.int32))
         st = dev(np.full(B, SENTINEL, np.int32))
         lp = dev(np.full((B, W), np.nan, np.float32)) if logprobs else None
-        op(lg, *args, na, em, st, dp, dm, lp, workspace=ws, stream=stream, filters=filters)
+        op(lg, *args, na, em, st, dp, dm, lp, workspace=ws, stream=stream, filters=filters,
+           check_indices=check_indices)
         res = [na.to_numpy(), em.to_numpy(), st.to_numpy()] + ([lp.to_numpy()] if logprobs else [])
         for a in res[:3]:
             assert (a != SENTINEL).all(), "an output element was not written"
@@ -807,9 +813,19 @@ def test_spec_sample_gpu_status_and_poison(rng):
     np.testing.assert_array_equal(st, rst)
     np.testing.assert_array_equal(n[:3], rn[:3])
     np.testing.assert_array_equal(em[:3], rem[:3])
-    # bad layout: the last block does not fit W=2
-    n, em, st = gpu_run(cu_q, x, "float32", drafts, params, 2)
+    # bad layout: the last block does not fit W=2 -- refused with check_indices, else flagged
+    with pytest.raises(ValueError, match="^emitted: 2 columns, but block 5 has 3 rows"):
+        gpu_run(cu_q, x, "float32", drafts, params, 2)
+    n, em, st = gpu_run(cu_q, x, "float32", drafts, params, 2, check_indices=False)
     assert st[-1] == ref.STATUS_BAD_LAYOUT and n[-1] == 0 and (em[-1] == -1).all()
+    # a decreasing cu_q, or one that ends before T: refused with check_indices; unchecked
+    # the decreasing one's block is flagged (one that ends early just leaves rows unread)
+    for bad in ([0, 2, 4, 3, 8, 9, 12], [0, 2, 4, 6, 8, 9, 11]):
+        with pytest.raises(ValueError, match="^cu_q: must start at 0"):
+            gpu_run(np.array(bad, np.int32), x, "float32", drafts, params, 3)
+    n, em, st = gpu_run(np.array([0, 2, 4, 3, 8, 9, 12], np.int32), x, "float32", drafts,
+                        params, 3, check_indices=False)
+    assert st[2] == ref.STATUS_BAD_LAYOUT and n[2] == 0 and (em[2] == -1).all()
 
 
 @needs_gpu
