@@ -17,12 +17,19 @@ differ from the original's for the same seed (same distribution); a block that
 ``specdec_lib.reference.sampling``) comes out as all -1 with 0 accepted, and its reason is
 written to ``status`` when one is passed. Zero probabilities / -inf logits are ordinary
 masked tokens, never a flagged row.
+
+Seeds and steps: the same ``(seed, step)`` (``offset`` in FlashInfer's terms) draws the same
+random numbers, so calls that pass them must move ``step`` on every round
+(``specdec_lib.advance_step(step)`` on the int64 tensor, or ``step + 1``): reused, a round
+with other probabilities draws tokens strongly correlated with the last round's (most often
+the same token) instead of independent ones. Calls without them draw fresh seeds per call.
 """
 from __future__ import annotations
 
 import torch
 
 from . import torch_ops as _specdec_torch  # noqa: F401  (registers torch.ops.specdec.*)
+from .reference.sampling import STATUS_EMPTY, STATUS_NONFINITE
 
 __all__ = ["chain_speculative_sampling", "rejection_sample", "request_seeds"]
 
@@ -31,7 +38,38 @@ _SEED_STRIDE = 0x9E3779B9
 
 
 def _spec_sample(*args, **kwargs):
-    return torch.ops.specdec.spec_sample(*args, **kwargs)
+    return torch.ops.specdec.spec_sample(*args, **kwargs, **_NO_INDEX_COPY)
+
+
+# The adapters build cu_q themselves (FlashInfer) or check the draft counts on the host
+# (vLLM): the op's own check_indices copy (a synchronisation per call) is never needed.
+# (Schemas from before the argument contract lack the flag and never copied.)
+_NO_INDEX_COPY = ({"check_indices": False} if any(
+    a.name == "check_indices" for a in torch.ops.specdec.spec_sample.default._schema.arguments)
+    else {})
+
+
+def _capturing(device):
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _refuse_flagged_rows(status, bad_draft):
+    """The FlashInfer adapter without ``status=``: ValueError naming target_probs for a
+    request that spec_sample flagged invalid (NaN / +inf logits = NaN, negative or +inf
+    probabilities; a row with no mass), naming draft_probs for NaN or negative draft
+    probabilities. One copy to the host: it waits for the call."""
+    flags = torch.cat([status, bad_draft.reshape(1).to(status.dtype)]).cpu()
+    st = flags[:-1]
+    bad = (st == STATUS_NONFINITE) | (st == STATUS_EMPTY)
+    if bool(bad.any()):
+        b = int(bad.nonzero()[0, 0])
+        why = ("a NaN, negative or +inf probability" if int(st[b]) == STATUS_NONFINITE
+               else "a row with no mass (all zero)")
+        raise ValueError(f"target_probs: request {b} has {why}; pass status= to get such "
+                         f"requests flagged (all -1, 0 accepted) instead")
+    if bool(flags[-1]):
+        raise ValueError("draft_probs: NaN or negative probabilities; pass status= to skip "
+                         "this check (such drafts are then accepted / resampled unspecified)")
 
 
 def _as_i64(name, value, B, device):
@@ -120,14 +158,22 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
       spread as ``seed + b * 0x9E3779B9`` so requests draw independent numbers. Without
       them one seed per request is drawn from ``generator`` (torch's default when None)
       with step 0. Same seed/offset -> same tokens on every run; the tokens are not
-      FlashInfer's (different RNG), their distribution is.
+      FlashInfer's (different RNG), their distribution is. ``offset`` must move on between
+      calls with the same seed (``specdec_lib.advance_step(offset)``, or ``offset + 1``):
+      reused, the draws of two calls are strongly correlated.
     * ``deterministic`` is accepted and ignored (spec_sample is always deterministic).
     * residual with no mass (p <= q everywhere after a rejection, only possible with
       rounding): spec_sample samples from p.
     * the acceptance uniform lies on a 2^-24 grid and p is recomputed from log(probs)
       (float32 rounding of the log): ties at u*q == p can resolve differently.
-    * invalid input (NaN, a row with no mass) gives that request all -1 and 0 accepted,
-      flagged in ``status`` ([B] int32, optional output) instead of undefined output.
+    * invalid input: without ``status`` a NaN, negative or +inf probability or a row with
+      no mass in ``target_probs``, or a NaN or negative ``draft_probs``, raises ValueError
+      naming the argument. It is read from the kernel's status after the call (plus one
+      reduction over draft_probs), so the call waits for the GPU then (a small copy); the
+      counters are left untouched. With ``status`` ([B] int32, optional output) the call
+      stays asynchronous and capturable: such a request gives all -1 and 0 accepted,
+      flagged in ``status`` (1 NaN/+inf, 3 no mass), and draft_probs are not checked.
+      While a CUDA graph captures, nothing can be read back: the check is skipped.
 
     ``workspace``: optional uint8 device buffer of ``spec_sample_workspace_size(B*(n+1), V)``
     bytes (allocated per call when None). CUDA-graph capturable when ``seed`` / ``offset``
@@ -165,12 +211,16 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
     dprobs = draft_probs.to(torch.float32).reshape(B * n, V).contiguous()
     drafts = draft_token_ids.to(torch.int32).reshape(B * n).contiguous()
     cu_q = torch.arange(B + 1, dtype=torch.int32, device=dev) * q
+    refuse = status is None and not _capturing(dev)
     num_acc, emitted, status = _outputs(B, q, dev, status)
+    bad_draft = ~(dprobs >= 0).all() if refuse else None     # NaN fails >= 0 too
     _spec_sample(logits, cu_q, drafts, torch.ones((B,), dtype=torch.float32, device=dev),
                  torch.zeros((B,), dtype=torch.int32, device=dev),
                  torch.ones((B,), dtype=torch.float32, device=dev),
                  torch.zeros((B,), dtype=torch.float32, device=dev), seed_t, step_t,
                  num_acc, emitted, status, dprobs, None, None, workspace, filters=False)
+    if refuse:
+        _refuse_flagged_rows(status, bad_draft)
     acc_out.add_(num_acc.to(acc_out.dtype))
     em_out.add_(num_acc.to(em_out.dtype))
     return emitted, acc_out, em_out
@@ -180,6 +230,37 @@ def _attr(obj, name, what):
     if not hasattr(obj, name):
         raise TypeError(f"{what}: has no attribute {name!r} (expected vLLM's {what} fields)")
     return getattr(obj, name)
+
+
+def _check_draft_counts(metadata, cu_num, B, num_tokens, max_spec_len):
+    """Every request's draft count fits ``max_spec_len`` and the counts add up (host values:
+    see rejection_sample's docstring); ValueError naming the metadata field."""
+    if max_spec_len < 0:
+        raise ValueError(f"metadata.max_spec_len: must be >= 0, got {max_spec_len}")
+    if cu_num.ndim != 1:
+        raise ValueError(f"metadata.cu_num_draft_tokens: expected a [B] tensor, got shape "
+                         f"{list(cu_num.shape)}")
+    listed = getattr(metadata, "num_draft_tokens", None)
+    if cu_num.device.type == "cpu" or (listed is None and not _capturing(cu_num.device)):
+        name = "metadata.cu_num_draft_tokens"
+        cu = cu_num.cpu().to(torch.int64)
+        counts = torch.diff(cu, prepend=cu.new_zeros(1)).tolist()
+    elif listed is not None:
+        name, counts = "metadata.num_draft_tokens", [int(c) for c in listed]
+    else:
+        return                                 # captured: the kernel flags (status 4)
+    if len(counts) != B:
+        raise ValueError(f"{name}: {len(counts)} requests, cu_num_draft_tokens has {B}")
+    if counts and min(counts) < 0:
+        raise ValueError(f"{name}: request {counts.index(min(counts))} has a negative draft "
+                         f"count (cu_num_draft_tokens must not decrease)")
+    if sum(counts) != num_tokens:
+        raise ValueError(f"{name}: {sum(counts)} draft tokens in all, draft_token_ids has "
+                         f"{num_tokens}")
+    if counts and max(counts) > max_spec_len:
+        b = counts.index(max(counts))
+        raise ValueError(f"metadata.max_spec_len: {max_spec_len}, but request {b} has "
+                         f"{counts[b]} draft tokens (it must be at least the longest)")
 
 
 def rejection_sample(metadata, draft_probs, logits, sampling_metadata, *, seed=None, step=None,
@@ -218,7 +299,15 @@ def rejection_sample(metadata, draft_probs, logits, sampling_metadata, *, seed=N
     * seeds: requests with a ``generators`` entry get one Philox seed drawn from their
       generator per call (reproducible for a seeded request, though not vLLM's tokens);
       the others a seed from torch's default generator; step 0. Pass ``seed`` / ``step``
-      ([B] int64 device tensors) for counter-based, CUDA-graph-safe seeding instead.
+      ([B] int64 device tensors) for counter-based, CUDA-graph-safe seeding instead; then
+      ``step`` must move on every round (``specdec_lib.advance_step(step)``): a reused
+      (seed, step) draws tokens strongly correlated with the last round's.
+    * ``metadata.max_spec_len`` must be at least every request's draft count (the output
+      width is ``max_spec_len + 1``): ValueError otherwise. The counts are read from
+      ``metadata.num_draft_tokens`` (vLLM's host list) or from a CPU
+      ``cu_num_draft_tokens``; without either, a CUDA ``cu_num_draft_tokens`` is copied to
+      the host (a wait), except while a CUDA graph captures (then a request longer than
+      max_spec_len comes out as all -1, status 4).
     * logprobs: not computed by vLLM's path here; ``accepted_logprobs`` ([B, max_spec_len+1]
       float32, optional output) receives spec_sample's per-token log-probabilities.
     * invalid rows (NaN / +inf logits, no mass): all -1, flagged in ``status``.
@@ -241,6 +330,7 @@ def rejection_sample(metadata, draft_probs, logits, sampling_metadata, *, seed=N
                     ("draft_probs", draft_probs)):
         if t is not None and t.device != dev:
             raise ValueError(f"{name}: on {t.device}, logits are on {dev}")
+    _check_draft_counts(metadata, cu_num, B, int(draft_ids.shape[0]), max_spec_len)
     all_greedy = bool(getattr(sampling_metadata, "all_greedy", False))
     temp = _attr(sampling_metadata, "temperature", "sampling_metadata")
     if all_greedy or temp is None:

@@ -120,6 +120,54 @@ def test_flashinfer_bad_arguments_name_them():
         fi(dp, ids, tp, seed=torch.tensor([1, 2, 3]), offset=torch.tensor([0]))
 
 
+@pytest.mark.parametrize("where", ["nan", "negative", "inf", "no_mass"])
+def test_flashinfer_bad_target_probs_raise_unless_status_is_passed(where):
+    g = torch.Generator().manual_seed(11)
+    B, n, V = 3, 2, 9
+    dp, tp = _probs(g, B, n, V), _probs(g, B, n + 1, V)
+    ids = torch.randint(0, V, (B, n), generator=g)
+    if where == "no_mass":
+        tp[1, 2] = 0.0
+    else:
+        tp[1, 2, 4] = {"nan": float("nan"), "negative": -0.1, "inf": float("inf")}[where]
+    acc0, em0 = torch.full((B,), 5, dtype=torch.int32), torch.full((B,), 6, dtype=torch.int32)
+    match = "no mass" if where == "no_mass" else "NaN, negative or \\+inf"
+    with pytest.raises(ValueError, match=f"^target_probs: request 1 has .*{match}"):
+        fi(dp, ids, tp, acc0, em0, seed=1, offset=2)
+    assert acc0.tolist() == [5] * B and em0.tolist() == [6] * B      # counters untouched
+    status = torch.full((B,), -1, dtype=torch.int32)
+    out, _, _ = fi(dp, ids, tp, seed=1, offset=2, status=status)      # flagged, no error
+    want = ref.sampling.STATUS_EMPTY if where == "no_mass" else ref.sampling.STATUS_NONFINITE
+    assert status.tolist() == [0, want, 0] and (out[1] == -1).all()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -0.2])
+def test_flashinfer_bad_draft_probs_raise_unless_status_is_passed(bad):
+    g = torch.Generator().manual_seed(12)
+    B, n, V = 2, 3, 7
+    dp, tp = _probs(g, B, n, V), _probs(g, B, n + 1, V)
+    ids = torch.randint(0, V, (B, n), generator=g)
+    dp[0, 1, 3] = bad
+    with pytest.raises(ValueError, match="^draft_probs: NaN or negative"):
+        fi(dp, ids, tp, seed=1, offset=2)
+    fi(dp, ids, tp, seed=1, offset=2, status=torch.empty(B, dtype=torch.int32))
+
+
+def test_flashinfer_offset_must_move_on():
+    """The same seed and offset draw the same numbers: advance_step(offset) gives the next
+    round fresh ones."""
+    from specdec_lib import advance_step
+    g = torch.Generator().manual_seed(13)
+    B, n, V = 64, 1, 40
+    dp, tp = _probs(g, B, n, V), _probs(g, B, n + 1, V)
+    ids = torch.randint(0, V, (B, n), generator=g)
+    seed, off = torch.arange(B, dtype=torch.int64), torch.zeros(B, dtype=torch.int64)
+    a = fi(dp, ids, tp, seed=seed, offset=off)[0]
+    assert torch.equal(a, fi(dp, ids, tp, seed=seed, offset=off.clone())[0])
+    b = fi(dp, ids, tp, seed=seed, offset=advance_step(off))[0]
+    assert not torch.equal(a, b)
+
+
 # ----------------------------------------------------------------- vLLM, CPU
 def _vllm_case(num_draft, V, g, temperature, top_k=None, top_p=None, drafts=None):
     B = len(num_draft)
@@ -217,6 +265,28 @@ def test_vllm_bad_arguments_name_them():
     with pytest.raises(TypeError, match="cu_num_draft_tokens"):
         adapters.rejection_sample(types.SimpleNamespace(draft_token_ids=md.draft_token_ids,
                                                         max_spec_len=2), None, logits, sm)
+
+
+def test_vllm_max_spec_len_and_draft_counts_are_checked():
+    g = torch.Generator().manual_seed(6)
+    md, sm, logits = _vllm_case([3, 1, 2], 30, g, [1.0, 0.0, 0.7])
+    md.max_spec_len = 2                        # request 0 has 3 drafts
+    with pytest.raises(ValueError, match="^metadata.max_spec_len: 2, but request 0 has 3"):
+        adapters.rejection_sample(md, None, logits, sm)
+    md.max_spec_len = 3
+    assert adapters.rejection_sample(md, None, logits, sm).shape == (3, 4)
+    # counts from a CPU cu_num_draft_tokens (no host list): a decreasing one is refused
+    bare = types.SimpleNamespace(draft_token_ids=md.draft_token_ids, max_spec_len=3,
+                                 cu_num_draft_tokens=torch.tensor([3, 2, 6], dtype=torch.int32))
+    with pytest.raises(ValueError, match="^metadata.cu_num_draft_tokens: request 1 has a negative"):
+        adapters.rejection_sample(bare, None, logits, sm)
+    bare.cu_num_draft_tokens = torch.tensor([3, 4, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="^metadata.cu_num_draft_tokens: 5 draft tokens in all"):
+        adapters.rejection_sample(bare, None, logits, sm)
+    bare.cu_num_draft_tokens = torch.tensor([1, 4, 6], dtype=torch.int32)
+    bare.max_spec_len = 2
+    with pytest.raises(ValueError, match="^metadata.max_spec_len: 2, but request 1 has 3"):
+        adapters.rejection_sample(bare, None, logits, sm)
 
 
 # ----------------------------------------------------------------- GPU: adapter == native

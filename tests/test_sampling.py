@@ -54,12 +54,15 @@ def outputs(B, W):
     return (np.full(B, -7, np.int32), np.full((B, W), -7, np.int32), np.full(B, -7, np.int32))
 
 
-def run_ref(cu_q, logits, draft_ids, params, W=None, **kw):
+def run_ref(cu_q, logits, draft_ids, params, W=None, unchecked=False, **kw):
+    """The reference op; ``unchecked``: without its contract (what the kernels do with
+    check_indices=False: a bad layout is flagged, status 4, instead of refused)."""
     B = len(cu_q) - 1
     W = W or int(np.max(np.diff(cu_q), initial=1))
     n, em, st = outputs(B, W)
-    spec_sample(logits, cu_q, draft_ids, params["temperature"], params["top_k"], params["top_p"],
-                params["min_p"], params["seed"], params["step"], n, em, st, **kw)
+    fn = spec_sample.unchecked if unchecked else spec_sample
+    fn(logits, cu_q, draft_ids, params["temperature"], params["top_k"], params["top_p"],
+       params["min_p"], params["seed"], params["step"], n, em, st, **kw)
     return n, em, st
 
 
@@ -293,7 +296,9 @@ def test_spec_sample_status_codes(rng):
 
 def test_spec_sample_bad_layout_is_flagged(rng):
     cu_q, logits, drafts, p = batch_inputs([3, 1], 16, rng)
-    n, em, st = run_ref(cu_q, logits, drafts, p, W=2)   # q=3 does not fit W=2
+    with pytest.raises(ValueError, match="^emitted: 2 columns, but block 0 has 3 rows"):
+        run_ref(cu_q, logits, drafts, p, W=2)           # the op's contract refuses it
+    n, em, st = run_ref(cu_q, logits, drafts, p, W=2, unchecked=True)   # the kernels flag it
     assert list(st) == [ref.STATUS_BAD_LAYOUT, 0] and n[0] == 0 and (em[0] == -1).all()
 
 
@@ -335,8 +340,8 @@ def test_spec_sample_filters_false_flags_filtering_requests(rng):
         assert n[b] == 0 and (em[b] == -1).all()
     for b in (0, 1, 4):                            # greedy (any top-k/p) and unfiltered: as before
         assert n[b] == base[0][b] and (em[b] == base[1][b]).all() and st[b] == base[2][b]
-    # bad layout still wins over the skipped filter
-    n, em, st = run_ref(cu_q, logits, drafts, p, W=2, filters=False)
+    # bad layout (unchecked: flagged by the kernels) still wins over the skipped filter
+    n, em, st = run_ref(cu_q, logits, drafts, p, W=2, filters=False, unchecked=True)
     assert st[1] == ref.STATUS_BAD_LAYOUT and st[3] == ref.STATUS_FILTER_SKIPPED
 
 
@@ -406,7 +411,7 @@ def to_dtype(x, dtype):
 
 
 def gpu_run(cu_q, logits_host, dtype, draft_ids, params, W, draft_probs=None, d2t=None,
-            logprobs=False, stream=None, runs=1, filters=None):
+            logprobs=False, stream=None, runs=1, filters=None, check_indices=True):
     """Upload, run the op ``runs`` times (fresh sentinel each time), return host outputs."""
     from specdec_lib import DeviceArray
     from specdec_lib.ops import spec_sample as op, spec_sample_workspace_size
@@ -425,7 +430,8 @@ def gpu_run(cu_q, logits_host, dtype, draft_ids, params, W, draft_probs=None, d2
         em = dev(np.full((B, W), SENTINEL, np.int32))
         st = dev(np.full(B, SENTINEL, np.int32))
         lp = dev(np.full((B, W), np.nan, np.float32)) if logprobs else None
-        op(lg, *args, na, em, st, dp, dm, lp, workspace=ws, stream=stream, filters=filters)
+        op(lg, *args, na, em, st, dp, dm, lp, workspace=ws, stream=stream, filters=filters,
+           check_indices=check_indices)
         res = [na.to_numpy(), em.to_numpy(), st.to_numpy()] + ([lp.to_numpy()] if logprobs else [])
         for a in res[:3]:
             assert (a != SENTINEL).all(), "an output element was not written"
@@ -807,9 +813,19 @@ def test_spec_sample_gpu_status_and_poison(rng):
     np.testing.assert_array_equal(st, rst)
     np.testing.assert_array_equal(n[:3], rn[:3])
     np.testing.assert_array_equal(em[:3], rem[:3])
-    # bad layout: the last block does not fit W=2
-    n, em, st = gpu_run(cu_q, x, "float32", drafts, params, 2)
+    # bad layout: the last block does not fit W=2 -- refused with check_indices, else flagged
+    with pytest.raises(ValueError, match="^emitted: 2 columns, but block 5 has 3 rows"):
+        gpu_run(cu_q, x, "float32", drafts, params, 2)
+    n, em, st = gpu_run(cu_q, x, "float32", drafts, params, 2, check_indices=False)
     assert st[-1] == ref.STATUS_BAD_LAYOUT and n[-1] == 0 and (em[-1] == -1).all()
+    # a decreasing cu_q, or one that ends before T: refused with check_indices; unchecked
+    # the decreasing one's block is flagged (one that ends early just leaves rows unread)
+    for bad in ([0, 2, 4, 3, 8, 9, 12], [0, 2, 4, 6, 8, 9, 11]):
+        with pytest.raises(ValueError, match="^cu_q: must start at 0"):
+            gpu_run(np.array(bad, np.int32), x, "float32", drafts, params, 3)
+    n, em, st = gpu_run(np.array([0, 2, 4, 3, 8, 9, 12], np.int32), x, "float32", drafts,
+                        params, 3, check_indices=False)
+    assert st[2] == ref.STATUS_BAD_LAYOUT and n[2] == 0 and (em[2] == -1).all()
 
 
 @needs_gpu
@@ -1148,3 +1164,220 @@ def test_spec_sample_pdl_rule(monkeypatch):
         assert use_pdl(0) is want
     monkeypatch.setenv(PDL_ENV, "0")
     assert use_pdl(0) is False
+
+
+# ================================================================== seed / step across rounds
+def _bonus_round(logits, seed, step):
+    """One round of q=1 blocks (bonus rows only: every request samples one token from its
+    row) on the reference op; the tokens."""
+    B = logits.shape[0]
+    n, em, st = outputs(B, 1)
+    spec_sample(logits, np.arange(B + 1, dtype=np.int32), np.zeros(0, np.int32),
+                np.ones(B, np.float32), np.zeros(B, np.int32), np.ones(B, np.float32),
+                np.zeros(B, np.float32), seed, step, n, em, st)
+    assert (st == 0).all()
+    return em[:, 0].copy()
+
+
+def test_advance_step_makes_consecutive_rounds_independent(rng):
+    from specdec_lib.ops import advance_step
+    N, V = 1500, 6
+    seed = rng.integers(0, 2**63, N).astype(np.int64)
+    step = np.full(N, 5, np.int64)
+    # one distribution for every request and round: the joint counts of two consecutive
+    # rounds must follow p x p
+    row = np.log(np.array([0.3, 0.25, 0.2, 0.12, 0.08, 0.05]))
+    logits = np.tile(row, (N, 1)).astype(np.float32)
+    p = filtered_probs(logits[0], 1.0, 0, 1.0, 0.0)
+    a = _bonus_round(logits, seed, step)
+    same_step = _bonus_round(logits, seed, step.copy())
+    np.testing.assert_array_equal(a, same_step)        # same seed + step: same tokens
+    assert advance_step(step) is step and (step == 6).all()
+    b = _bonus_round(logits, seed, step)
+    joint = np.bincount(a * V + b, minlength=V * V)
+    assert chi_square_z(joint, np.outer(p, p).ravel()) < 4.5
+    agree, expect = (a == b).mean(), float((p * p).sum())
+    assert abs(agree - expect) < 5 * math.sqrt(expect * (1 - expect) / N)
+    # unrelated logits each round: with the step reused the draws are strongly correlated
+    # (the same exponential race noise), with advance_step the agreement is that of
+    # independent draws, sum_t p1(t) p2(t)
+    l1 = (rng.standard_normal((N, V)) * 2).astype(np.float32)
+    l2 = (rng.standard_normal((N, V)) * 2).astype(np.float32)
+    p1 = np.stack([filtered_probs(r, 1.0, 0, 1.0, 0.0) for r in l1])
+    p2 = np.stack([filtered_probs(r, 1.0, 0, 1.0, 0.0) for r in l2])
+    expect = float((p1 * p2).sum(1).mean())
+    sd = math.sqrt(expect * (1 - expect) / N)
+    t1 = _bonus_round(l1, seed, step)
+    reused = (_bonus_round(l2, seed, step) == t1).mean()
+    assert reused > expect + 10 * sd                   # the mistake the docstrings warn about
+    advanced = (_bonus_round(l2, seed, advance_step(step)) == t1).mean()
+    assert abs(advanced - expect) < 5 * sd
+
+
+def test_advance_step_by_arrays_and_refusals():
+    from specdec_lib.ops import advance_step
+    step = np.array([3, 7, 0], np.int64)
+    advance_step(step, np.array([2, 0, 1], np.int32))  # accept_len: step stays = L
+    assert step.tolist() == [5, 7, 1]
+    advance_step(step, 4)
+    assert step.tolist() == [9, 11, 5]
+    with pytest.raises(ValueError, match="^by: must be >= 1"):
+        advance_step(step, 0)
+    with pytest.raises(ValueError, match="^by: must be >= 0"):
+        advance_step(step, np.array([1, -1, 1], np.int32))
+    with pytest.raises(TypeError, match="^by:"):
+        advance_step(step, True)
+    with pytest.raises(TypeError, match="^step: expected an int64 array"):
+        advance_step(np.zeros(3, np.int32))
+    assert step.tolist() == [9, 11, 5]
+    torch = pytest.importorskip("torch")
+    t = torch.tensor([1, 2], dtype=torch.int64)
+    assert advance_step(t, torch.tensor([1, 3], dtype=torch.int32)) is t
+    assert t.tolist() == [2, 5]
+    import specdec_lib
+    assert specdec_lib.advance_step is advance_step
+
+
+# ================================================================== the argument contract (CPU)
+from conftest import REFUSAL_PATHS, assert_refused, call_op, on_path, strided_last  # noqa: E402
+
+_SS_ORDER = ("logits", "cu_q", "draft_ids", "temperature", "top_k", "top_p", "min_p", "seed",
+             "step", "num_accepted", "emitted", "status")
+_SS_OUTPUTS = ("num_accepted", "emitted", "status", "accepted_logprobs")
+
+
+def _spec_sample_call(rng, V=20):
+    """B=2 blocks of q = 2, 3 (T=5), W=3; outputs filled with -7."""
+    cu_q, logits, drafts, p = batch_inputs([2, 3], V, rng, temperature=[0.8, 0.0])
+    n, em, st = outputs(2, 3)
+    return dict(logits=logits, cu_q=cu_q, draft_ids=drafts, **p, num_accepted=n, emitted=em,
+                status=st, draft_probs=None, d2t=None,
+                accepted_logprobs=np.full((2, 3), -7.0, np.float32))
+
+
+def _cast(path, a, dtype):
+    if path == "reference":
+        return a.astype(dtype)
+    import torch
+    return a.to(getattr(torch, dtype))
+
+
+def _vals(path, xs, dtype="int32"):
+    if path == "reference":
+        return np.array(xs, dtype)
+    import torch
+    return torch.tensor(xs, dtype=getattr(torch, dtype))
+
+
+def _with_draft_probs(a, p, cols=20, d2t=None):
+    a["draft_probs"] = _vals(p, np.full((3, cols), 1.0 / cols).tolist(), "float32")
+    if d2t is not None:
+        a["d2t"] = _vals(p, d2t)
+
+
+_REF = ("reference",)
+_TORCH = ("torch",)
+# (case id, paths, break(args, path), exception, message start)
+_SPEC_SAMPLE_BAD = [
+    ("logits_float64", _TORCH, lambda a, p: a.update(logits=_cast(p, a["logits"], "float64")),
+     TypeError, r"^logits: dtype"),
+    ("seed_int32", _TORCH, lambda a, p: a.update(seed=_cast(p, a["seed"], "int32")),
+     TypeError, r"^seed: dtype"),
+    ("step_int32", _TORCH, lambda a, p: a.update(step=_cast(p, a["step"], "int32")),
+     TypeError, r"^step: dtype"),
+    ("temperature_float64", _TORCH, lambda a, p: a.update(temperature=_cast(p, a["temperature"], "float64")),
+     TypeError, r"^temperature: dtype"),
+    ("emitted_int64", _TORCH, lambda a, p: a.update(emitted=_cast(p, a["emitted"], "int64")),
+     TypeError, r"^emitted: dtype"),
+    ("draft_probs_bfloat16", _TORCH,
+     lambda a, p: (_with_draft_probs(a, p), a.update(draft_probs=_cast(p, a["draft_probs"], "bfloat16"))),
+     TypeError, r"^draft_probs: dtype"),
+    ("logits_int32", REFUSAL_PATHS, lambda a, p: a.update(logits=_cast(p, a["logits"], "int32")),
+     TypeError, r"^logits: dtype"),
+    ("logits_vocab_not_contiguous", REFUSAL_PATHS, lambda a, p: a.update(logits=strided_last(a["logits"])),
+     ValueError, r"^logits: the vocabulary dimension must be contiguous"),
+    ("logits_vocab_0", REFUSAL_PATHS, lambda a, p: a.update(logits=a["logits"][:, :0]),
+     ValueError, r"^logits: vocabulary size"),
+    ("logits_fewer_rows_than_blocks", REFUSAL_PATHS, lambda a, p: a.update(logits=a["logits"][:1]),
+     ValueError, r"^logits: 1 rows for 2 sequences"),
+    ("draft_ids_wrong_length", REFUSAL_PATHS, lambda a, p: a.update(draft_ids=a["draft_ids"][:2]),
+     ValueError, r"^draft_ids: expected shape \[3\]"),
+    ("top_p_wrong_length", REFUSAL_PATHS, lambda a, p: a.update(top_p=_vals(p, [1.0] * 3, "float32")),
+     ValueError, r"^top_p: expected shape \[2\]"),
+    ("seed_float", REFUSAL_PATHS, lambda a, p: a.update(seed=_cast(p, a["seed"], "float32")),
+     TypeError, r"^seed: dtype"),
+    ("emitted_narrower_than_a_block", REFUSAL_PATHS,
+     lambda a, p: a.update(emitted=a["emitted"][:, :2], accepted_logprobs=None),
+     ValueError, r"^emitted: 2 columns, but block 1 has 3 rows"),
+    ("emitted_width_0", REFUSAL_PATHS, lambda a, p: a.update(emitted=a["emitted"][:, :0], accepted_logprobs=None),
+     ValueError, r"^emitted: expected shape \[2, kmax\+1 >= 1\]"),
+    ("cu_q_decreasing", REFUSAL_PATHS, lambda a, p: a["cu_q"].__setitem__(slice(None), _vals(p, [0, 6, 5])),
+     ValueError, r"^cu_q: must start at 0, grow by at least 1 per block"),
+    ("cu_q_ends_before_T", REFUSAL_PATHS, lambda a, p: a["cu_q"].__setitem__(slice(None), _vals(p, [0, 2, 4])),
+     ValueError, r"^cu_q: must .* end at T=5"),
+    ("cu_q_empty_block", REFUSAL_PATHS, lambda a, p: a["cu_q"].__setitem__(slice(None), _vals(p, [0, 0, 5])),
+     ValueError, r"^cu_q: must start at 0, grow by at least 1"),
+    ("cu_q_not_from_0", REFUSAL_PATHS, lambda a, p: a["cu_q"].__setitem__(slice(None), _vals(p, [1, 3, 5])),
+     ValueError, r"^cu_q: must start at 0"),
+    ("cu_q_int64", _TORCH, lambda a, p: a.update(cu_q=_cast(p, a["cu_q"], "int64")),
+     TypeError, r"^cu_q: dtype"),
+    ("accepted_logprobs_wrong_shape", REFUSAL_PATHS,
+     lambda a, p: a.update(accepted_logprobs=a["accepted_logprobs"][:, :2]),
+     ValueError, r"^accepted_logprobs: expected shape \[2, 3\]"),
+    ("d2t_without_draft_probs", REFUSAL_PATHS, lambda a, p: a.update(d2t=_vals(p, [0, 1, 2])),
+     ValueError, r"^d2t: only meaningful with draft_probs"),
+    ("draft_probs_columns_not_V", REFUSAL_PATHS, lambda a, p: _with_draft_probs(a, p, cols=19),
+     ValueError, r"^draft_probs: 19 columns but V = 20"),
+    ("draft_probs_wrong_rows", REFUSAL_PATHS,
+     lambda a, p: (_with_draft_probs(a, p), a.update(draft_probs=a["draft_probs"][:2])),
+     ValueError, r"^draft_probs: expected T-B = 3 rows"),
+    ("d2t_not_increasing", REFUSAL_PATHS, lambda a, p: _with_draft_probs(a, p, cols=4, d2t=[3, 2, 5, 7]),
+     ValueError, r"^d2t: must be strictly increasing"),
+    ("d2t_outside_vocab", REFUSAL_PATHS, lambda a, p: _with_draft_probs(a, p, cols=4, d2t=[3, 5, 7, 20]),
+     ValueError, r"^d2t: must be strictly increasing target ids in \[0, V=20\)"),
+    ("d2t_wrong_length", REFUSAL_PATHS, lambda a, p: _with_draft_probs(a, p, cols=4, d2t=[3, 5, 7]),
+     ValueError, r"^d2t: expected shape \[4\]"),
+]
+_SS_BF16 = {"logits": "bfloat16"}
+
+
+def _ss_run(path, args, **kw):
+    pos = [args[n] for n in _SS_ORDER]
+    opt = {n: args[n] for n in ("draft_probs", "d2t", "accepted_logprobs")}
+    return call_op(path, "spec_sample", pos, dict(opt, **kw))
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _SPEC_SAMPLE_BAD, ids=[c[0] for c in _SPEC_SAMPLE_BAD])
+def test_spec_sample_refuses_bad_input(path, case, rng):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, _spec_sample_call(rng), _SS_BF16)
+    mutate(args, path)
+    assert_refused(lambda: _ss_run(path, args), exc, match, [args[n] for n in _SS_OUTPUTS])
+
+
+def test_spec_sample_refuses_bad_filters(rng):
+    args = _spec_sample_call(rng)
+    assert_refused(lambda: _ss_run("reference", args, filters="no"), TypeError, r"^filters:",
+                   [args[n] for n in _SS_OUTPUTS])
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("probs", [False, True])
+def test_spec_sample_good_input_passes_the_contract(path, probs, rng):
+    args = on_path(path, _spec_sample_call(rng), _SS_BF16)
+    if probs:
+        _with_draft_probs(args, path, cols=4, d2t=[0, 3, 9, 19])
+        args["draft_ids"][:] = _vals(path, [3, 9, 19])     # in the draft vocabulary
+    _ss_run(path, args)
+    st, em = np.asarray(args["status"]), np.asarray(args["emitted"])
+    assert (st == 0).all() and (em[:, 0] >= 0).all() and (em != -7).all()
+    assert (np.asarray(args["accepted_logprobs"]) != -7).all()
+
+
+def test_spec_sample_contract_constants_agree():
+    from specdec_lib.contract import sampling as contract
+    from specdec_lib.ops import sampling as op
+    assert contract.TILE == ref.TILE == op.TILE and contract.MAX_VOCAB == 2**21

@@ -134,9 +134,9 @@ def test_seq_build_block_ragged():
     nd = np.array([3, 0, 2], np.int32)
     L = np.array([5, 0, 7], np.int32)
     cu = np.full(4, -9, np.int32)
-    toks = np.full(9, -9, np.int32)
-    pos = np.full(9, -9, np.int32)
-    dids = np.full(6, -9, np.int32)
+    toks = np.full(12, -9, np.int32)       # B*(K+1): the contract's worst case (T = 8 here)
+    pos = np.full(12, -9, np.int32)
+    dids = np.full(9, -9, np.int32)
     ref.seq_build_block(last, drafts, nd, L, cu, toks, pos, dids)
     assert cu.tolist() == [0, 4, 5, 8]
     assert toks[:8].tolist() == [10, 1, 2, 3, 20, 30, 7, 8]
@@ -420,3 +420,183 @@ def test_sequence_ops_reject_before_launch():
         assert np.all(acc.to_numpy() == -1)
     ops.seq_stop(**good)
     assert acc.to_numpy().tolist() == [1, 1, 1]
+
+
+# ---------------------------------------------------------------- the argument contract (CPU)
+from conftest import REFUSAL_PATHS, assert_refused, call_op, on_path, strided_last  # noqa: E402
+
+_TORCH = ("torch",)
+
+
+def _cast(path, a, dtype):
+    if path == "reference":
+        return a.astype(dtype)
+    import torch
+    return a.to(getattr(torch, dtype))
+
+
+def _vals(path, xs, dtype="int32"):
+    if path == "reference":
+        return np.array(xs, dtype)
+    import torch
+    return torch.tensor(xs, dtype=getattr(torch, dtype))
+
+
+_STOP_ORDER = ("emitted", "num_accepted", "out_tokens", "out_lens", "stop_ids", "stop_seqs",
+               "max_new_tokens", "accept_len", "finished")
+
+
+def _seq_stop_call():
+    return dict(emitted=np.array([[5, 6, 7], [8, 9, -1]], np.int32),
+                num_accepted=np.array([2, 1], np.int32),
+                out_tokens=np.array([[1, 2, -1, -1], [3, -1, -1, -1]], np.int32),
+                out_lens=np.array([2, 1], np.int32), stop_ids=np.array([[6], [-1]], np.int32),
+                stop_seqs=np.array([[[-1, -1, -1]], [[-1, 8, 9]]], np.int32),
+                max_new_tokens=np.array([10, 10], np.int32),
+                accept_len=np.full(2, -7, np.int32), finished=np.zeros(2, np.uint8))
+
+
+_SEQ_STOP_BAD = [
+    ("finished_bool", _TORCH, lambda a, p: a.update(finished=_cast(p, a["finished"], "bool")),
+     TypeError, r"^finished: dtype"),
+    ("num_accepted_int64", _TORCH, lambda a, p: a.update(num_accepted=_cast(p, a["num_accepted"], "int64")),
+     TypeError, r"^num_accepted: dtype"),
+    ("accept_len_float", REFUSAL_PATHS, lambda a, p: a.update(accept_len=_cast(p, a["accept_len"], "float32")),
+     TypeError, r"^accept_len: dtype"),
+    ("out_tokens_wrong_batch", REFUSAL_PATHS, lambda a, p: a.update(out_tokens=a["out_tokens"][:1]),
+     ValueError, r"^out_tokens: expected shape \[2, \*\]"),
+    ("stop_ids_wrong_batch", REFUSAL_PATHS, lambda a, p: a.update(stop_ids=a["stop_ids"][:1]),
+     ValueError, r"^stop_ids: expected shape \[2, S\]"),
+    ("stop_seqs_2d", REFUSAL_PATHS, lambda a, p: a.update(stop_seqs=a["stop_seqs"][:, 0]),
+     ValueError, r"^stop_seqs: expected 3 dimensions"),
+    ("emitted_not_contiguous", REFUSAL_PATHS, lambda a, p: a.update(emitted=strided_last(a["emitted"])),
+     ValueError, r"^emitted: must be C-contiguous"),
+    ("max_new_tokens_wrong_length", REFUSAL_PATHS,
+     lambda a, p: a.update(max_new_tokens=_vals(p, [10, 10, 10])),
+     ValueError, r"^max_new_tokens: expected shape \[2\]"),
+    ("finished_wrong_length", REFUSAL_PATHS, lambda a, p: a.update(finished=a["finished"][:1]),
+     ValueError, r"^finished: expected shape \[2\]"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _SEQ_STOP_BAD, ids=[c[0] for c in _SEQ_STOP_BAD])
+def test_seq_stop_refuses_bad_input(path, case):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, _seq_stop_call())
+    mutate(args, path)
+    assert_refused(lambda: call_op(path, "seq_stop", [args[n] for n in _STOP_ORDER]), exc, match,
+                   [args["accept_len"], args["finished"]])
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_seq_stop_good_input_passes_the_contract(path):
+    args = on_path(path, _seq_stop_call())
+    call_op(path, "seq_stop", [args[n] for n in _STOP_ORDER])
+    assert np.asarray(args["accept_len"]).tolist() == [2, 2]
+    assert np.asarray(args["finished"]).tolist() == [FINISH_STOP_ID, FINISH_STOP_SEQ]
+
+
+_ADV_ORDER = ("emitted", "accept_len", "seq_lens", "out_tokens", "out_lens", "last_token", "finished")
+_ADV_OUT = ("seq_lens", "out_tokens", "out_lens", "last_token", "finished")
+
+
+def _seq_advance_call():
+    return dict(emitted=np.array([[5, 6, 7], [8, 9, -1]], np.int32),
+                accept_len=np.array([2, 1], np.int32), seq_lens=np.array([4, 9], np.int32),
+                out_tokens=np.full((2, 4), -1, np.int32), out_lens=np.array([0, 1], np.int32),
+                last_token=np.zeros(2, np.int32), finished=np.zeros(2, np.uint8))
+
+
+_SEQ_ADVANCE_BAD = [
+    ("seq_lens_int64", _TORCH, lambda a, p: a.update(seq_lens=_cast(p, a["seq_lens"], "int64")),
+     TypeError, r"^seq_lens: dtype"),
+    ("finished_int32", _TORCH, lambda a, p: a.update(finished=_cast(p, a["finished"], "int32")),
+     TypeError, r"^finished: dtype"),
+    ("out_lens_float", REFUSAL_PATHS, lambda a, p: a.update(out_lens=_cast(p, a["out_lens"], "float32")),
+     TypeError, r"^out_lens: dtype"),
+    ("emitted_1d", REFUSAL_PATHS, lambda a, p: a.update(emitted=a["emitted"][0]),
+     ValueError, r"^emitted: expected 2 dimensions"),
+    ("out_tokens_wrong_batch", REFUSAL_PATHS, lambda a, p: a.update(out_tokens=a["out_tokens"][:1]),
+     ValueError, r"^out_tokens: expected shape"),
+    ("last_token_wrong_length", REFUSAL_PATHS, lambda a, p: a.update(last_token=_vals(p, [0, 0, 0])),
+     ValueError, r"^last_token: expected shape \[2\]"),
+    ("out_tokens_not_contiguous", REFUSAL_PATHS, lambda a, p: a.update(out_tokens=strided_last(a["out_tokens"])),
+     ValueError, r"^out_tokens: must be C-contiguous"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _SEQ_ADVANCE_BAD, ids=[c[0] for c in _SEQ_ADVANCE_BAD])
+def test_seq_advance_refuses_bad_input(path, case):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, _seq_advance_call())
+    mutate(args, path)
+    assert_refused(lambda: call_op(path, "seq_advance", [args[n] for n in _ADV_ORDER]), exc, match,
+                   [args[n] for n in _ADV_OUT])
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_seq_advance_good_input_passes_the_contract(path):
+    args = on_path(path, _seq_advance_call())
+    call_op(path, "seq_advance", [args[n] for n in _ADV_ORDER])
+    assert np.asarray(args["seq_lens"]).tolist() == [6, 10]
+    assert np.asarray(args["out_tokens"]).tolist() == [[5, 6, -1, -1], [-1, 8, -1, -1]]
+    assert np.asarray(args["last_token"]).tolist() == [6, 8]
+
+
+_BB_ORDER = ("last_token", "draft_tokens", "num_draft", "seq_lens", "cu_q", "block_tokens",
+             "positions", "draft_ids")
+_BB_OUT = ("cu_q", "block_tokens", "positions", "draft_ids")
+
+
+def _seq_build_block_call():
+    B, K = 2, 3
+    return dict(last_token=np.array([10, 20], np.int32),
+                draft_tokens=np.array([[1, 2, 3], [4, 5, 6]], np.int32),
+                num_draft=np.array([3, 1], np.int32), seq_lens=np.array([5, 0], np.int32),
+                cu_q=np.full(B + 1, -9, np.int32), block_tokens=np.full(B * (K + 1), -9, np.int32),
+                positions=np.full(B * (K + 1), -9, np.int32), draft_ids=np.full(B * K, -9, np.int32))
+
+
+_SEQ_BUILD_BLOCK_BAD = [
+    ("num_draft_int64", _TORCH, lambda a, p: a.update(num_draft=_cast(p, a["num_draft"], "int64")),
+     TypeError, r"^num_draft: dtype"),
+    ("seq_lens_float", REFUSAL_PATHS, lambda a, p: a.update(seq_lens=_cast(p, a["seq_lens"], "float32")),
+     TypeError, r"^seq_lens: dtype"),
+    ("block_tokens_short", REFUSAL_PATHS, lambda a, p: a.update(block_tokens=a["block_tokens"][:7]),
+     ValueError, r"^block_tokens: needs at least 8 elements"),
+    ("positions_2d", REFUSAL_PATHS, lambda a, p: a.update(positions=a["positions"].reshape(2, 4)),
+     ValueError, r"^positions: expected 1 dimensions"),
+    ("draft_ids_short", REFUSAL_PATHS, lambda a, p: a.update(draft_ids=a["draft_ids"][:5]),
+     ValueError, r"^draft_ids: needs at least 6 elements"),
+    ("cu_q_wrong_length", REFUSAL_PATHS, lambda a, p: a.update(cu_q=a["cu_q"][:2]),
+     ValueError, r"^cu_q: expected shape \[3\]"),
+    ("draft_tokens_wrong_batch", REFUSAL_PATHS, lambda a, p: a.update(draft_tokens=a["draft_tokens"][:1]),
+     ValueError, r"^draft_tokens: expected shape \[2, K\]"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _SEQ_BUILD_BLOCK_BAD, ids=[c[0] for c in _SEQ_BUILD_BLOCK_BAD])
+def test_seq_build_block_refuses_bad_input(path, case):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, _seq_build_block_call())
+    mutate(args, path)
+    assert_refused(lambda: call_op(path, "seq_build_block", [args[n] for n in _BB_ORDER]), exc,
+                   match, [args[n] for n in _BB_OUT])
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_seq_build_block_good_input_passes_the_contract(path):
+    args = on_path(path, _seq_build_block_call())
+    call_op(path, "seq_build_block", [args[n] for n in _BB_ORDER])
+    assert np.asarray(args["cu_q"]).tolist() == [0, 4, 6]
+    assert np.asarray(args["block_tokens"])[:6].tolist() == [10, 1, 2, 3, 20, 4]
+    assert np.asarray(args["positions"])[:6].tolist() == [5, 6, 7, 8, 0, 1]

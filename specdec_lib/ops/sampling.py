@@ -3,14 +3,21 @@ specdec_lib/reference/sampling.py)."""
 from __future__ import annotations
 
 import functools
+import numbers
 import os
+from typing import Any, Optional, Tuple
+
+import numpy as np
 
 from .. import runtime
-from .._validate import DeviceArg, as_stream
-from ..reference.sampling import check_filters
+from .._validate import DeviceArg, as_stream, check_int
+from ..contract import index_values
+from ..contract import sampling as contract
+from ..contract.sampling import MAX_TILES, TILE  # noqa: F401  (SPEC_SAMPLE_TILE, _MAX_TILES)
 
-TILE = 2048                 # SPEC_SAMPLE_TILE (tokens per tile; also the reference's TILE)
-MAX_TILES = 1024            # SPEC_SAMPLE_MAX_TILES -> V <= 2^21
+ArrayLike = Any        # a device array: DeviceArray, torch / cupy CUDA tensors, DLPack producers
+Stream = Any           # None, an int CUstream handle or an object with __cuda_stream__
+
 _TILE_BYTES = 20            # sizeof(SpecSampleTile)
 _ROW_BYTES = 8              # sizeof(SpecSampleRow)
 _FILTER_BYTES = 32864       # sizeof(SpecSampleFilter): the threshold's per-row state
@@ -39,9 +46,64 @@ def spec_sample_workspace_size(num_rows: int, vocab: int) -> int:
     padding to 16 B, then per row the multi-CTA threshold's state (32864 B: 2048 bucket
     counters and mass sums, a 4096-key candidate list). B=64 k=3 (T=256), V=151936:
     386 KB + 8.4 MB."""
-    num_tiles = -(-int(vocab) // TILE)
-    head = int(num_rows) * (num_tiles * _TILE_BYTES + _ROW_BYTES)
-    return -(-head // 16) * 16 + int(num_rows) * _FILTER_BYTES
+    return _workspace_bytes(check_int("num_rows", num_rows, lo=0),
+                            check_int("vocab", vocab, lo=0))
+
+
+def _workspace_bytes(num_rows: int, vocab: int) -> int:
+    num_tiles = -(-vocab // TILE)
+    head = num_rows * (num_tiles * _TILE_BYTES + _ROW_BYTES)
+    return -(-head // 16) * 16 + num_rows * _FILTER_BYTES
+
+
+def advance_step(step: ArrayLike, by: Any = 1) -> ArrayLike:
+    """Move ``spec_sample``'s per-request Philox counter on for the next round: ``step +=
+    by`` in place; returns ``step``.
+
+    spec_sample draws request b's random numbers from Philox keyed by (seed[b], step[b],
+    block row, purpose). A call with the seed and step of an earlier call draws the same
+    numbers again, so its tokens are strongly correlated with the earlier call's (with
+    other logits, most often the same token) instead of independent: advance ``step``
+    between two calls with the same seeds, e.g. once per round after ``spec_sample``.
+
+    step: the int64 [B] ``step`` array, of any library with in-place addition (numpy,
+    torch on any device, cupy; on a GPU one elementwise kernel on the current stream:
+    no host synchronisation, graph-capturable). A ``DeviceArray`` has no arithmetic: keep
+    step in numpy / torch / cupy, or write the next round's values into it yourself.
+    by: an int >= 1 (every request moves on by it), or a [B] integer array of the same
+    library and device, e.g. seq_stop's ``accept_len``: a step that starts at the
+    committed length L then stays equal to L (the decoder's rule, ``step = seq_lens``
+    before each round; L grows by at least 1 every round a request runs). 0 is fine only
+    for finished rows, whose draws are never used.
+
+    Example::
+
+        for _ in range(rounds):
+            spec_sample(logits, cu_q, drafts, temp, top_k, top_p, min_p, seed, step,
+                        n_acc, emitted, status, workspace=ws)
+            advance_step(step)
+    """
+    dt = str(getattr(step, "dtype", None))
+    if dt not in ("int64", "torch.int64"):
+        raise TypeError(f"step: expected an int64 array (numpy, torch or cupy), got "
+                        f"{type(step).__name__} of dtype {dt}")
+    if not hasattr(step, "__iadd__"):
+        raise TypeError(f"step: a {type(step).__name__} has no in-place addition; hold step "
+                        f"in numpy, torch or cupy (or write the next round's values into it)")
+    if isinstance(by, (bool, np.bool_)):
+        raise TypeError("by: expected an int or an integer array, got a bool")
+    if isinstance(by, numbers.Integral):
+        if by < 1:
+            raise ValueError(f"by: must be >= 1 (a step that does not move reuses the last "
+                             f"round's random numbers), got {int(by)}")
+        by = int(by)
+    elif isinstance(by, np.ndarray):
+        if by.dtype.kind not in "iu":
+            raise TypeError(f"by: expected an integer array, got dtype {by.dtype}")
+        if by.size and by.min() < 0:
+            raise ValueError(f"by: must be >= 0 per request, got {int(by.min())}")
+    step += by
+    return step
 
 
 def _ctas_per_row(num_rows: int, vocab: int, ctas: int) -> int:
@@ -148,13 +210,13 @@ def use_pdl(device: int = 0) -> bool:
     return runtime.arch_family(device) >= 90 and os.environ.get(PDL_ENV, "1").strip() != "0"
 
 
-def _vec(name, obj, dtype, n, dev):
-    return DeviceArg(name, obj, dtype=dtype, shape=(n,), device=dev, contiguous=True)
-
-
-def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed, step,
-                num_accepted, emitted, status, draft_probs=None, d2t=None,
-                accepted_logprobs=None, *, workspace, stream=None, filters=None):
+def spec_sample(logits: ArrayLike, cu_q: ArrayLike, draft_ids: ArrayLike,
+                temperature: ArrayLike, top_k: ArrayLike, top_p: ArrayLike, min_p: ArrayLike,
+                seed: ArrayLike, step: ArrayLike, num_accepted: ArrayLike, emitted: ArrayLike,
+                status: ArrayLike, draft_probs: Optional[ArrayLike] = None,
+                d2t: Optional[ArrayLike] = None, accepted_logprobs: Optional[ArrayLike] = None, *,
+                workspace: ArrayLike, stream: Stream = None, filters: Optional[bool] = None,
+                check_indices: bool = True) -> Tuple[ArrayLike, ArrayLike, ArrayLike]:
     """Exact speculative sampling of one round, straight from the target logits.
 
     logits [T, V] float32/float16/bfloat16 (last dim contiguous, any row stride, any V up
@@ -163,6 +225,13 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
     b's drafts at [cu_q[b]-b, cu_q[b+1]-b-1)). Per request [B]: temperature float32 (not > 0
     -> greedy), top_k int32 (<= 0 or >= V: off), top_p float32 (>= 1: off), min_p float32
     (<= 0: off), seed uint64/int64, step int64 -- all in device memory (graph-capturable).
+    ``seed`` / ``step``: request b's random numbers come from Philox keyed by (seed[b],
+    step[b], block row, purpose), so the same inputs give the same tokens. ``step`` must
+    be new for every call with the same seed: advance it every round (``advance_step``,
+    or keep it equal to something that grows every round, as the decoder does with the
+    committed length L). Reusing (seed, step) reuses the random numbers: a round with
+    other logits then draws tokens strongly correlated with the last one's (most often
+    the same token), not independent ones.
     Optional draft_probs [T-B, Vd] float32 (last dim contiguous; else one-hot drafts) and
     d2t [Vd] int32 strictly increasing target ids (else Vd must equal V).
 
@@ -188,73 +257,39 @@ def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed,
     call). A request that filters despite the promise is never sampled unfiltered: its block
     gets status 5 (``STATUS_FILTER_SKIPPED``), num_accepted 0 and emitted -1.
 
+    ``check_indices=True`` (default) copies ``cu_q`` (and ``d2t``) to the host on
+    ``stream``, waits, and raises ValueError before any launch when cu_q does not start
+    at 0, grow by at least 1 per block and end at T, when a block has more rows than
+    ``emitted`` has columns, or when d2t is not strictly increasing in [0, V) (the
+    argument contract: ``specdec_lib.contract.sampling``). Pass False in a hot loop (the
+    decoder does); while the stream captures a graph the copy is skipped anyway.
+    Unchecked, the kernels flag a bad block layout with status 4 and never fault.
+
     Example::
 
         ws = DeviceArray.empty((spec_sample_workspace_size(T, V),), "uint8")
         spec_sample(logits, cu_q, drafts, temp, top_k, top_p, min_p, seed, step,
                     n_acc, emitted, status, workspace=ws)
+        advance_step(step)          # step a torch / cupy array: the next round's counters
     """
-    check_filters(filters)
-    lg = DeviceArg("logits", logits, dtype=tuple(_KERNEL_DTYPES), ndim=2)
+    stream_h = as_stream(stream)
+    lg, cq, di, tp, tk, pp, mp, sd, st, na, em, ss, dp, dm, lp = contract.spec_sample(
+        logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed, step, num_accepted,
+        emitted, status, draft_probs, d2t, accepted_logprobs, filters=filters,
+        values=index_values(stream_h) if check_indices else None)
     dev = lg.device
     T, V = lg.shape
-    if V < 1:
-        raise ValueError("logits: vocabulary size V must be >= 1")
-    if V > TILE * MAX_TILES:
-        raise ValueError(f"logits: V = {V} exceeds the supported {TILE * MAX_TILES}")
-    if lg.strides[1] != 1 and V > 1:
-        raise ValueError(f"logits: the vocabulary dimension must be contiguous (strides {lg.strides})")
-    if T >= 2 ** 31:
-        raise ValueError("logits: more than 2^31-1 rows")
-    cq = DeviceArg("cu_q", cu_q, dtype="int32", ndim=1, device=dev, contiguous=True)
     B = cq.shape[0] - 1
-    if B < 0:
-        raise ValueError("cu_q: needs B+1 >= 1 entries")
-    if T < B:
-        raise ValueError(f"logits: {T} rows for {B} sequences (every block has >= 1 row)")
-    di = _vec("draft_ids", draft_ids, "int32", T - B, dev)
-    tp = _vec("temperature", temperature, "float32", B, dev)
-    tk = _vec("top_k", top_k, "int32", B, dev)
-    pp = _vec("top_p", top_p, "float32", B, dev)
-    mp = _vec("min_p", min_p, "float32", B, dev)
-    sd = _vec("seed", seed, ("uint64", "int64"), B, dev)
-    st = _vec("step", step, "int64", B, dev)
-    na = _vec("num_accepted", num_accepted, "int32", B, dev)
-    ss = _vec("status", status, "int32", B, dev)
-    em = DeviceArg("emitted", emitted, dtype="int32", ndim=2, device=dev)
-    if em.shape[0] != B or em.shape[1] < 1:
-        raise ValueError(f"emitted: expected shape [{B}, kmax+1 >= 1], got {list(em.shape)}")
     W = em.shape[1]
-    if em.strides[1] != 1 and W > 1:
-        raise ValueError(f"emitted: last dimension must be contiguous (strides {em.strides})")
-    lp = DeviceArg("accepted_logprobs", accepted_logprobs, dtype="float32", shape=(B, W),
-                   device=dev, optional=True)
-    if accepted_logprobs is not None and lp.strides[1] != 1 and W > 1:
-        raise ValueError(f"accepted_logprobs: last dimension must be contiguous (strides {lp.strides})")
-    if d2t is not None and draft_probs is None:
-        raise ValueError("d2t: only meaningful with draft_probs")
-    dp = DeviceArg("draft_probs", draft_probs, dtype="float32", ndim=2, device=dev, optional=True)
-    Vd = 0
-    if draft_probs is not None:
-        if dp.shape[0] != T - B:
-            raise ValueError(f"draft_probs: expected T-B = {T - B} rows, got {dp.shape[0]}")
-        Vd = dp.shape[1]
-        if dp.strides[1] != 1 and Vd > 1:
-            raise ValueError(f"draft_probs: last dimension must be contiguous (strides {dp.strides})")
-        if d2t is None and Vd != V:
-            raise ValueError(f"draft_probs: {Vd} columns but V = {V} and no d2t map")
-    dm = DeviceArg("d2t", d2t, dtype="int32", device=dev, contiguous=True, optional=True)
-    if d2t is not None and dm.shape != (Vd,):
-        raise ValueError(f"d2t: expected shape [{Vd}] (draft vocab), got {list(dm.shape)}")
+    Vd = dp.shape[1] if draft_probs is not None else 0
     ws = DeviceArg("workspace", workspace, device=dev, contiguous=True)
-    need = spec_sample_workspace_size(T, V)
+    need = _workspace_bytes(T, V)
     have = ws.numel * ws.itemsize
     if have < need:
         raise ValueError(f"workspace: {have} bytes, this call needs {need} "
                          f"(spec_sample_workspace_size({T}, {V}))")
     if ws.ptr % 16:
         raise ValueError(f"workspace: must be 16-byte aligned (ptr % 16 = {ws.ptr % 16})")
-    stream_h = as_stream(stream)
     if B == 0:
         return num_accepted, emitted, status
     num_tiles = -(-V // TILE)

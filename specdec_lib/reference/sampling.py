@@ -80,7 +80,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import np_array
+from ..contract import checked
+from ..contract.sampling import check_filters  # noqa: F401  (its old home)
 
 TILE = 2048                   # tokens per tile of the two-level race (spec constant)
 PURPOSE_ACCEPT = 0            # counter index 0
@@ -227,54 +228,6 @@ def race_sample(w, seed, step, row):
     return int(ids[int(np.argmax(key))])
 
 
-# ----------------------------------------------------------------------------- checks
-def _check(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed, step,
-           num_accepted, emitted, status, draft_probs, d2t, accepted_logprobs):
-    np_array("logits", logits, 2, "f")
-    T, V = logits.shape
-    np_array("cu_q", cu_q, 1, "iu")
-    B = cu_q.shape[0] - 1
-    if B < 0:
-        raise ValueError("cu_q: needs B+1 >= 1 entries")
-    if T < B:
-        raise ValueError(f"logits: {T} rows for {B} sequences (every block has >= 1 row)")
-    np_array("draft_ids", draft_ids, 1, "iu")
-    if draft_ids.shape[0] != T - B:
-        raise ValueError(f"draft_ids: expected T-B = {T - B} entries, got {draft_ids.shape[0]}")
-    for name, a, kinds in (("temperature", temperature, "f"), ("top_k", top_k, "iu"),
-                           ("top_p", top_p, "f"), ("min_p", min_p, "f"), ("seed", seed, "iu"),
-                           ("step", step, "iu"), ("num_accepted", num_accepted, "i"),
-                           ("status", status, "i")):
-        np_array(name, a, 1, kinds)
-        if a.shape[0] != B:
-            raise ValueError(f"{name}: expected {B} entries (batch), got {a.shape[0]}")
-    np_array("emitted", emitted, 2, "i")
-    if emitted.shape[0] != B or emitted.shape[1] < 1:
-        raise ValueError(f"emitted: expected shape [{B}, kmax+1 >= 1], got {list(emitted.shape)}")
-    if accepted_logprobs is not None:
-        np_array("accepted_logprobs", accepted_logprobs, 2, "f")
-        if accepted_logprobs.shape != emitted.shape:
-            raise ValueError(f"accepted_logprobs: expected shape {list(emitted.shape)}, "
-                             f"got {list(accepted_logprobs.shape)}")
-    if d2t is not None and draft_probs is None:
-        raise ValueError("d2t: only meaningful with draft_probs")
-    if draft_probs is not None:
-        np_array("draft_probs", draft_probs, 2, "f")
-        if draft_probs.shape[0] != T - B:
-            raise ValueError(f"draft_probs: expected T-B = {T - B} rows, got {draft_probs.shape[0]}")
-        Vd = draft_probs.shape[1]
-        if d2t is None:
-            if Vd != V:
-                raise ValueError(f"draft_probs: {Vd} columns but V = {V} and no d2t map")
-        else:
-            np_array("d2t", d2t, 1, "iu")
-            if d2t.shape[0] != Vd:
-                raise ValueError(f"d2t: expected {Vd} entries (draft vocab), got {d2t.shape[0]}")
-            if Vd and ((np.diff(d2t.astype(np.int64)) <= 0).any() or d2t.min() < 0 or d2t.max() >= V):
-                raise ValueError("d2t: must be strictly increasing target ids in [0, V)")
-    return T, V, B
-
-
 # ----------------------------------------------------------------------------- the op
 def request_filters(V, temperature, top_k, top_p, min_p):
     """True iff a request's target distribution is cut by top-k, top-p or min-p (greedy
@@ -284,23 +237,22 @@ def request_filters(V, temperature, top_k, top_p, min_p):
     return 0 < int(top_k) < V or float(top_p) < 1.0 or float(min_p) > 0
 
 
-def check_filters(filters):
-    """``filters`` is None, True or False (the op and this reference alike)."""
-    if filters is not None and not isinstance(filters, (bool, np.bool_)):
-        raise TypeError(f"filters: expected None, True or False, got {filters!r}")
-
-
+@checked("spec_sample")
 def spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed, step,
                 num_accepted, emitted, status, draft_probs=None, d2t=None,
                 accepted_logprobs=None, *, filters=None):
-    """Reference of ``specdec_lib.ops.spec_sample`` (see the module doc for the contract).
+    """Reference of ``specdec_lib.ops.spec_sample`` (see the module doc for the layout).
 
     Writes num_accepted / emitted / status (/ accepted_logprobs) and returns them.
     ``filters=False``: status 5 for sampled requests that filter (see the module doc).
+    The arguments pass the op's contract first (``specdec_lib.contract.sampling``: a
+    ``cu_q`` that decreases or does not end at T, or an ``emitted`` narrower than a block,
+    is a ValueError); ``spec_sample.unchecked`` skips it and flags such blocks with status
+    4, as the kernels do with ``check_indices=False``. ``step`` must advance between calls
+    with the same seeds (``specdec_lib.ops.advance_step``): see the op's docstring.
     """
-    check_filters(filters)
-    T, V, B = _check(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed, step,
-                     num_accepted, emitted, status, draft_probs, d2t, accepted_logprobs)
+    T, V = logits.shape
+    B = cu_q.shape[0] - 1
     W = emitted.shape[1]
     emitted[...] = -1
     num_accepted[...] = 0

@@ -14,12 +14,13 @@ After ``spec_sample`` has produced ``num_accepted[b] = n`` and ``emitted[b, 0..n
 is finished on entry to ``seq_stop`` commits nothing (``accept_len = 0``) and the
 later ops leave it alone. Every function writes into the caller's arrays and also
 returns them; plain per-row loops, this is the spec the kernels are tested against.
+Arguments are checked by the ops' contract (``specdec_lib.contract.sequence``) first.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ._checks import np_array
+from ..contract import checked
 
 # finished[b] reason codes (uint8); 0 means the request is still running
 FINISH_NONE = 0
@@ -35,11 +36,6 @@ FINISH_REASONS = {
 }
 
 
-def _batch(name, a, B):
-    if a.shape[0] != B:
-        raise ValueError(f"{name}: first dimension {a.shape[0]} != batch {B}")
-
-
 def stop_sequence_lengths(stop_seqs):
     """Length of each left-padded stop sequence row (-1 pads at the start)."""
     valid = stop_seqs >= 0
@@ -49,6 +45,7 @@ def stop_sequence_lengths(stop_seqs):
     return (M - first).astype(np.int64)
 
 
+@checked("seq_stop")
 def seq_stop(emitted, num_accepted, out_tokens, out_lens, stop_ids, stop_seqs,
              max_new_tokens, accept_len, finished):
     """Apply stop conditions to one round's emitted tokens.
@@ -73,22 +70,9 @@ def seq_stop(emitted, num_accepted, out_tokens, out_lens, stop_ids, stop_seqs,
     FINISH_BAD_ROW; so is a row with out_lens < 0 (keeps nothing). Only the first
     min(out_lens, C) history tokens are searched for stop sequences.
     """
-    np_array("emitted", emitted, 2, "i")
     B, W = emitted.shape
-    for name, a in (("num_accepted", num_accepted), ("out_lens", out_lens),
-                    ("max_new_tokens", max_new_tokens), ("accept_len", accept_len),
-                    ("finished", finished)):
-        np_array(name, a, 1, "iu")
-        _batch(name, a, B)
-    np_array("out_tokens", out_tokens, 2, "i")
-    _batch("out_tokens", out_tokens, B)
     C = out_tokens.shape[1]
-    if stop_ids is not None:
-        np_array("stop_ids", stop_ids, 2, "i")
-        _batch("stop_ids", stop_ids, B)
     if stop_seqs is not None:
-        np_array("stop_seqs", stop_seqs, 3, "i")
-        _batch("stop_seqs", stop_seqs, B)
         seq_lens = stop_sequence_lengths(stop_seqs)
     for b in range(B):
         if finished[b] != FINISH_NONE:
@@ -143,6 +127,7 @@ def _ends_with_stop_seq(history, new, seqs, lens):
     return False
 
 
+@checked("seq_advance")
 def seq_advance(emitted, accept_len, seq_lens, out_tokens, out_lens, last_token, finished):
     """Commit the kept tokens: lengths, output buffer, next block's first token.
 
@@ -157,14 +142,7 @@ def seq_advance(emitted, accept_len, seq_lens, out_tokens, out_lens, last_token,
                                caches have committed those rows); FINISH_BAD_ROW when
                                out_lens[b] < 0 (nothing appended, L still advances)
     """
-    np_array("emitted", emitted, 2, "i")
     B, W = emitted.shape
-    for name, a in (("accept_len", accept_len), ("seq_lens", seq_lens),
-                    ("out_lens", out_lens), ("last_token", last_token), ("finished", finished)):
-        np_array(name, a, 1, "iu")
-        _batch(name, a, B)
-    np_array("out_tokens", out_tokens, 2, "i")
-    _batch("out_tokens", out_tokens, B)
     C = out_tokens.shape[1]
     for b in range(B):
         a = min(int(accept_len[b]), W)
@@ -184,6 +162,7 @@ def seq_advance(emitted, accept_len, seq_lens, out_tokens, out_lens, last_token,
     return seq_lens, out_tokens, out_lens, last_token, finished
 
 
+@checked("seq_build_block")
 def seq_build_block(last_token, draft_tokens, num_draft, seq_lens, cu_q, block_tokens,
                     positions, draft_ids=None):
     """Next round's verify block: ``[t0, d1..d_{k_b}]`` at positions ``L .. L + k_b``.
@@ -193,34 +172,17 @@ def seq_build_block(last_token, draft_tokens, num_draft, seq_lens, cu_q, block_t
     num_draft     int32 [B]       k_b, clamped to 0..K (rows may differ: ragged blocks)
     seq_lens      int32 [B]       committed length L
     cu_q          int32 [B + 1]   OUT: block row offsets, cu_q[0] = 0
-    block_tokens  int32 [>= T]    OUT: tokens of the T = cu_q[B] block rows
-    positions     int32 [>= T]    OUT: their positions
-    draft_ids     int32 [>= T-B] or None   OUT: the drafts alone, block b's at
+    block_tokens  int32 [>= B*(K+1)]   OUT: tokens of the T = cu_q[B] block rows (the
+                                  worst-case size: the GPU op cannot see T before it runs)
+    positions     int32 [>= B*(K+1)]   OUT: their positions
+    draft_ids     int32 [>= B*K] or None   OUT: the drafts alone, block b's at
                                   ``cu_q[b] - b``: the ``draft_ids`` layout of spec_sample
 
     Finished rows keep their block (their rows are computed and never committed), so a
     fixed k gives a fixed T and the round needs no host synchronisation.
     """
-    for name, a in (("last_token", last_token), ("num_draft", num_draft), ("seq_lens", seq_lens)):
-        np_array(name, a, 1, "iu")
-    B = last_token.shape[0]
-    np_array("draft_tokens", draft_tokens, 2, "i")
-    for name, a in (("draft_tokens", draft_tokens), ("num_draft", num_draft),
-                    ("seq_lens", seq_lens)):
-        _batch(name, a, B)
-    np_array("cu_q", cu_q, 1, "i")
-    if cu_q.shape[0] != B + 1:
-        raise ValueError(f"cu_q: expected shape ({B + 1},), got {cu_q.shape}")
-    K = draft_tokens.shape[1]
+    B, K = draft_tokens.shape
     qs = [1 + min(max(int(num_draft[b]), 0), K) for b in range(B)]
-    T = sum(qs)
-    for name, a, need in (("block_tokens", block_tokens, T), ("positions", positions, T),
-                          ("draft_ids", draft_ids, T - B)):
-        if a is None:
-            continue
-        np_array(name, a, 1, "i")
-        if a.shape[0] < need:
-            raise ValueError(f"{name}: needs at least {need} elements, has {a.shape[0]}")
     cu_q[0] = 0
     for b in range(B):
         r = int(cu_q[b])
