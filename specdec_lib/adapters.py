@@ -38,15 +38,9 @@ _SEED_STRIDE = 0x9E3779B9
 
 
 def _spec_sample(*args, **kwargs):
-    return torch.ops.specdec.spec_sample(*args, **kwargs, **_NO_INDEX_COPY)
-
-
-# The adapters build cu_q themselves (FlashInfer) or check the draft counts on the host
-# (vLLM): the op's own check_indices copy (a synchronisation per call) is never needed.
-# (Schemas from before the argument contract lack the flag and never copied.)
-_NO_INDEX_COPY = ({"check_indices": False} if any(
-    a.name == "check_indices" for a in torch.ops.specdec.spec_sample.default._schema.arguments)
-    else {})
+    # the adapters build cu_q themselves (FlashInfer) or check the draft counts on the host
+    # (vLLM): the op's own check_indices copy (a synchronisation per call) is never needed
+    return torch.ops.specdec.spec_sample(*args, **kwargs, check_indices=False)
 
 
 def _capturing(device):

@@ -364,7 +364,7 @@ _TABLE = (
             "Tensor top_k, Tensor top_p, Tensor min_p, Tensor seed, Tensor step, "
             "Tensor! num_accepted, Tensor! emitted, Tensor! status, Tensor? draft_probs=None, "
             "Tensor? d2t=None, Tensor!? accepted_logprobs=None, Tensor!? workspace=None, *, "
-            "bool? filters=None) -> ()", _check_spec_sample, setup=_spec_sample_setup),
+            "bool? filters=None, bool check_indices=True) -> ()", _check_spec_sample, setup=_spec_sample_setup),
     _OpSpec("seq_stop", "(Tensor emitted, Tensor num_accepted, Tensor out_tokens, Tensor out_lens, "
             "Tensor? stop_ids, Tensor? stop_seqs, Tensor max_new_tokens, Tensor! accept_len, "
             "Tensor! finished) -> ()", _check_seq_stop),

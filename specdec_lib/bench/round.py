@@ -99,7 +99,7 @@ def _round_steps(ops, x, stream):
         ("spec_sample", lambda: ops.spec_sample(
             x["logits"], x["cu_q"], x["draft_ids"], x["temperature"], x["top_k"], x["top_p"],
             x["min_p"], x["seed"], x["step"], x["num_accepted"], x["emitted"], x["status"],
-            workspace=x["sample_ws"], **s)),
+            workspace=x["sample_ws"], **nc)),
         ("seq_stop", lambda: ops.seq_stop(
             x["emitted"], x["num_accepted"], x["out_tokens"], x["out_lens"], x["stop_ids"],
             x["stop_seqs"], x["max_new"], x["accept_len"], x["finished"], **s)),
@@ -315,7 +315,7 @@ def _b1_round(d):
     steps += [norm, ("spec_sample", lambda s: ops.spec_sample(
         x["logits"], x["cu_q"], x["draft_ids"], x["temperature"], x["top_k"], x["top_p"],
         x["min_p"], x["seed"], x["step"], x["num_accepted"], x["emitted"], x["status"],
-        workspace=x["sample_ws"], stream=s)),
+        workspace=x["sample_ws"], stream=s, **nc)),
         ("seq_stop", lambda s: ops.seq_stop(
             x["emitted"], x["num_accepted"], x["out_tokens"], x["out_lens"], x["stop_ids"],
             x["stop_seqs"], x["max_new"], x["accept_len"], x["finished"], stream=s))]
