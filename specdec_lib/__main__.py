@@ -23,7 +23,7 @@ def main(argv=None):
     if cmd == "demo":
         from .demo import main as run
     elif cmd == "inspect":
-        from .inspect import main as run
+        from .cubins import main as run
     elif cmd == "bench":
         from .bench import main as run
     elif cmd == "info":

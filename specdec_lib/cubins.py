@@ -1,5 +1,8 @@
 """Inspect the shipped cubins: what each kernel costs, and whether the build is complete.
 
+(This module was ``specdec_lib.inspect``, a name that hid the standard library's ``inspect``
+from a reader; ``specdec_lib.inspect`` still imports, as this module.)
+
 ``python -m specdec_lib inspect`` (also ``specdec-inspect``) reads every cubin in
 ``specdec_lib/_cubin/`` and prints, per kernel: registers, static shared memory,
 stack frame (local memory: spills or indexed local arrays), parameter-block bytes,
@@ -41,6 +44,10 @@ import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+__all__ = ["CUBIN_DIR", "CubinFormatError", "CubinReport", "KernelResources", "KernelParam",
+           "inspect_cubin", "read_cuda_elf", "check_build", "collect_cubins", "format_report",
+           "report_to_json", "parse_sass_listing", "find_disassembler", "main"]
 
 CUBIN_DIR = Path(__file__).resolve().parent / "_cubin"
 CUBIN_NAME = re.compile(r"^(?P<module>.+)\.sm_(?P<arch>\d+a?)\.cubin$")
