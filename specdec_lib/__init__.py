@@ -11,15 +11,12 @@ from __future__ import annotations
 __version__ = "0.1.0"   # the one place: pyproject.toml reads it (dynamic = ["version"])
 
 import logging
-from typing import TYPE_CHECKING
 
 from . import dtypes, errors, reference, runtime, status  # noqa: F401
+from .arrays import DeviceArray   # (the driver layer loads on its first call, not here)
 from .errors import CudaError, CudaUnavailable, ExtensionMissing
 from .ops import *  # noqa: F401,F403
 from .status import ConvStatus, FinishReason, GdnStatus, SampleStatus
-
-if TYPE_CHECKING:
-    from .arrays import DeviceArray
 
 # load/build messages go to this logger (and its children, e.g. specdec_lib.registry);
 # a library adds no handler of its own beyond this one, which keeps them silent by default
@@ -36,11 +33,3 @@ _OPS = [
 __all__ = ["__version__", "DeviceArray", "CudaError", "CudaUnavailable", "ExtensionMissing",
            "SampleStatus", "FinishReason", "GdnStatus", "ConvStatus",
            "dtypes", "errors", "reference", "runtime", "status"] + _OPS
-
-
-def __getattr__(name: str):
-    # DeviceArray imports the driver layer lazily, so `import specdec_lib` never needs it
-    if name == "DeviceArray":
-        from .arrays import DeviceArray
-        return DeviceArray
-    raise AttributeError(f"module 'specdec_lib' has no attribute {name!r}")
