@@ -8,6 +8,7 @@ PTX, which is how the Turing and Ampere code paths are tested on a Hopper GPU.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = ["CUBIN_DIR", "ExtensionMissing", "info", "gpu_unavailable_reason", "f
 CUBIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cubin")
 _FAMILY_CC = {"75": (7, 5), "80": (8, 0), "90": (9, 0), "90a": (9, 0)}
 
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _kernel_cache: dict = {}      # (device, module, symbol) -> Kernel
 _module_cache: dict = {}      # (device, module) -> (Module, choice dict)
@@ -146,6 +148,8 @@ def _load(module: str, device: int):
         if choice["kind"] == "ptx":
             image += b"\0"
         m = driver().load_module(image, module, device)
+        log.info("kernel module %s on device %d: %s %s (%s)", module, device, choice["kind"],
+                 choice["arch"], choice["reason"])
         hit = (m, choice)
         _module_cache[key] = hit
     return hit

@@ -128,3 +128,20 @@ def test_import_loads_no_framework():
             "bad = [m for m in ('torch', 'cupy', 'specdec_lib._driver') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_loading_logs_to_the_package_logger(caplog, tmp_path):
+    from specdec_lib.models import load_demo_checkpoint, make_demo_checkpoint
+    path = make_demo_checkpoint(str(tmp_path))
+    with caplog.at_level("INFO", logger="specdec_lib"):
+        load_demo_checkpoint(path)
+    assert any(r.name == "specdec_lib.registry" and "validated" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_gguf_progress_bar_only_on_a_terminal():
+    """progress=None (the default) draws the bar only when stderr is a terminal."""
+    import inspect as std_inspect
+    from specdec_lib.models import gguf_llama, load_smollm2_target, smollm2
+    for fn in (gguf_llama.read_gguf_llama, smollm2.load_smollm2, load_smollm2_target):
+        assert std_inspect.signature(fn).parameters["progress"].default is None, fn
