@@ -58,6 +58,6 @@ def extensions():
 setup(
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},
-    package_data={"specdec_lib": ["_cubin/*.cubin", "_cubin/*.ptx", "_cubin/MANIFEST",
+    package_data={"specdec_lib": ["py.typed", "_cubin/*.cubin", "_cubin/*.ptx", "_cubin/MANIFEST",
                                   "models/heads/*/*.json", "models/heads/*/*.safetensors"]},
 )

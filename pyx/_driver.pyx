@@ -11,18 +11,9 @@ from libc.string cimport memset
 from cuda.bindings cimport cydriver
 
 
-class CudaError(RuntimeError):
-    """A CUDA driver call failed: ``.code`` (int), ``.name`` (e.g. 'CUDA_ERROR_INVALID_VALUE'), ``.op``."""
-
-    def __init__(self, code, name, text, op):
-        super().__init__(f"{op}: {name} ({text})")
-        self.code = code
-        self.name = name
-        self.op = op
-
-
-class CudaUnavailable(CudaError):
-    """No CUDA driver or no CUDA device on this machine."""
+# defined in pure Python (specdec_lib.errors) so that `import specdec_lib` can export them
+# without loading this extension; they stay reachable here as specdec_lib._driver.CudaError
+from specdec_lib.errors import CudaError, CudaUnavailable
 
 
 cdef str _err_name(cydriver.CUresult err):

@@ -1,12 +1,14 @@
-"""``python -m specdec_lib {demo,inspect,bench,info}`` (also the ``specdec`` console script)."""
+"""``python -m specdec_lib {demo,inspect,bench,info}`` (also the ``specdec`` console script);
+``--version`` prints the package version."""
 import json
 import sys
 
-USAGE = """usage: python -m specdec_lib COMMAND [args]
+USAGE = """usage: python -m specdec_lib [--version] COMMAND [args]
 
 commands:
-  demo      run speculative decoding on the embedded tiny hybrid model (GPU if present,
-            else the CPU reference backend) and check it is lossless
+  demo      decode SmolLM2-135M-Instruct speculatively with its trained MTP head (GPU if
+            present, else the CPU reference backend) and check it is lossless; --model
+            tiny-hybrid runs the embedded hybrid (GDN + attention) model (demo --help)
   inspect   list every shipped cubin's kernels, registers, shared/local memory, params
             (--check: fail on missing cubins, local memory, param-size mismatches)
   bench     benchmark ops against the copy bandwidth measured in the same run
@@ -19,11 +21,15 @@ def main(argv=None):
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
+    if argv[0] == "--version":
+        from . import __version__
+        print(f"specdec_lib {__version__}")
+        return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "demo":
         from .demo import main as run
     elif cmd == "inspect":
-        from .inspect import main as run
+        from .cubins import main as run
     elif cmd == "bench":
         from .bench import main as run
     elif cmd == "info":

@@ -1,7 +1,8 @@
 """The kernel table: the one place where kernel dispatch lives.
 
 setup.py reads it to know what to compile, runtime.py to know what to load, and
-``specdec_lib.inspect --check`` to know what every shipped cubin must contain.
+``python -m specdec_lib inspect --check`` (specdec_lib.cubins) to know what every shipped
+cubin must contain.
 This file must stay importable without the rest of the package (setup.py execs it).
 
 Build model: each module's source is compiled once per *code family* to PTX

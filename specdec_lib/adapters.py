@@ -26,6 +26,8 @@ the same token) instead of independent ones. Calls without them draw fresh seeds
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from . import torch_ops as _specdec_torch  # noqa: F401  (registers torch.ops.specdec.*)
@@ -86,7 +88,8 @@ def _as_i64(name, value, B, device):
     return torch.full((B,), v, dtype=torch.int64, device=device), True
 
 
-def request_seeds(B, device, generator=None):
+def request_seeds(B: int, device: torch.device | str,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
     """[B] int64 Philox seeds drawn from ``generator`` (torch's default generator of
     ``device`` when None): one draw per call, so a seeded generator gives reproducible
     rounds. Runs on the device (no host synchronisation)."""
@@ -122,11 +125,14 @@ def _counter(name, t, B, device):
     return t
 
 
-def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
-                               maybe_output_accepted_token_num=None,
-                               maybe_output_emitted_draft_token_num=None, deterministic=True,
-                               generator=None, seed=None, offset=None, *, status=None,
-                               workspace=None):
+def chain_speculative_sampling(
+        draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor,
+        maybe_output_accepted_token_num: torch.Tensor | None = None,
+        maybe_output_emitted_draft_token_num: torch.Tensor | None = None,
+        deterministic: bool = True, generator: torch.Generator | None = None,
+        seed: int | torch.Tensor | None = None, offset: int | torch.Tensor | None = None,
+        *, status: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashInfer's ``chain_speculative_sampling`` on ``spec_sample``.
 
     draft_probs ``[B, n, V]``, draft_token_ids ``[B, n]`` (int32/int64), target_probs
@@ -257,8 +263,12 @@ def _check_draft_counts(metadata, cu_num, B, num_tokens, max_spec_len):
                          f"{counts[b]} draft tokens (it must be at least the longest)")
 
 
-def rejection_sample(metadata, draft_probs, logits, sampling_metadata, *, seed=None, step=None,
-                     min_p=None, status=None, accepted_logprobs=None, workspace=None):
+def rejection_sample(
+        metadata: Any, draft_probs: torch.Tensor | None, logits: torch.Tensor,
+        sampling_metadata: Any, *, seed: int | torch.Tensor | None = None,
+        step: int | torch.Tensor | None = None, min_p: torch.Tensor | None = None,
+        status: torch.Tensor | None = None, accepted_logprobs: torch.Tensor | None = None,
+        workspace: torch.Tensor | None = None) -> torch.Tensor:
     """vLLM v1's ``RejectionSampler.forward`` on ``spec_sample``; returns the
     ``sampled_token_ids`` tensor ``[B, max_spec_len + 1]`` int32 (wrap it in vLLM's
     ``SamplerOutput(sampled_token_ids=..., logprobs_tensors=None)``).

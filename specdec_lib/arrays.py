@@ -7,10 +7,14 @@ and its memory API is still marked experimental; this class needs five driver ca
 """
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 import numpy as np
 
 from . import dtypes as _dt
 from .runtime import driver
+
+__all__ = ["DeviceArray"]
 
 _CAI_TYPESTR = {"bfloat16": "<V2"}   # no standard typestr for bf16
 
@@ -18,7 +22,16 @@ _CAI_TYPESTR = {"bfloat16": "<V2"}   # no standard typestr for bf16
 class DeviceArray:
     """C-contiguous device array. ``dtype`` is a canonical name ('bfloat16' included)."""
 
-    def __init__(self, shape, dtype, device: int = 0):
+    shape: tuple[int, ...]
+    dtype: str
+    itemsize: int
+    device: int
+    size: int
+    nbytes: int
+    ptr: int
+    strides: tuple[int, ...]
+
+    def __init__(self, shape: Sequence[int], dtype: Any, device: int = 0) -> None:
         drv = driver()
         self.shape = tuple(int(s) for s in shape)
         if any(s < 0 for s in self.shape):
@@ -37,15 +50,16 @@ class DeviceArray:
         self.strides = tuple(reversed(st))   # elements, C order
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         return len(self.shape)
 
     @classmethod
-    def empty(cls, shape, dtype, device: int = 0):
+    def empty(cls, shape: Sequence[int], dtype: Any, device: int = 0) -> DeviceArray:
+        """An uninitialised array (its bytes are whatever the allocator left)."""
         return cls(shape, dtype, device)
 
     @classmethod
-    def from_numpy(cls, a, dtype=None, device: int = 0):
+    def from_numpy(cls, a: Any, dtype: Any = None, device: int = 0) -> DeviceArray:
         """Copy a host array to the device. ``dtype='bfloat16'`` takes uint16 bits
         (or float data, which is rounded to bf16)."""
         a = np.asarray(a)
@@ -67,7 +81,7 @@ class DeviceArray:
         driver().memcpy_dtoh(host.reshape(-1).view(np.uint8), self.ptr)
         return host
 
-    def copy_from_numpy(self, a):
+    def copy_from_numpy(self, a: Any) -> DeviceArray:
         """Overwrite the contents from a host array of the same shape (bf16: uint16 bits)."""
         host = np.ascontiguousarray(a, dtype=_dt.host_dtype(self.dtype))
         if host.shape != self.shape:
@@ -77,20 +91,21 @@ class DeviceArray:
         driver().memcpy_htod(self.ptr, host.reshape(-1).view(np.uint8))
         return self
 
-    def fill_bytes(self, value: int, stream: int = 0):
+    def fill_bytes(self, value: int, stream: int = 0) -> DeviceArray:
+        """Set every byte to ``value & 0xFF`` (on ``stream``, a raw handle)."""
         driver().memset_d8(self.ptr, value & 0xFF, self.nbytes, stream)
         return self
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> dict[str, Any]:
         typestr = _CAI_TYPESTR.get(self.dtype) or np.dtype(_dt.host_dtype(self.dtype)).str
         return {"shape": self.shape, "typestr": typestr, "data": (self.ptr, False),
                 "strides": None, "version": 3, "stream": None}
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, device={self.device})"
 
-    def __del__(self):
+    def __del__(self) -> None:
         ptr, self.ptr = getattr(self, "ptr", 0), 0
         if ptr:
             try:

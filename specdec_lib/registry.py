@@ -41,11 +41,19 @@ disagree); quantised checkpoints raise ``NotImplementedError``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+__all__ = ["KNOWN_METHODS", "LAYOUTS", "DraftWeightError", "normalize_spec_method",
+           "draft_layout", "LazyTensor", "open_safetensors", "TensorSpec", "DraftWeightSpec",
+           "weight_spec", "DraftWeights", "load_draft_weights", "validate_draft_tensors"]
+
+log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------
 # method names
@@ -138,14 +146,20 @@ _QUANT_SUFFIXES = ("weight_scale", "weight_scale_inv", "input_scale", "qweight",
 class LazyTensor:
     """One tensor of a safetensors file: header facts now, bytes on first use."""
 
-    def __init__(self, path, name, dtype, shape, begin, end, data_start, mm_cache):
+    path: str
+    name: str
+    dtype: str            # the safetensors dtype name ("BF16", "F32", ...)
+    shape: tuple[int, ...]
+
+    def __init__(self, path: str, name: str, dtype: str, shape: Any, begin: int, end: int,
+                 data_start: int, mm_cache: dict) -> None:
         self.path, self.name, self.dtype, self.shape = path, name, dtype, tuple(shape)
         self._begin, self._end, self._data_start, self._mm = begin, end, data_start, mm_cache
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"LazyTensor({self.name!r}, {self.dtype}, {list(self.shape)})"
 
-    def numpy(self):
+    def numpy(self) -> np.ndarray:
         """A read-only view into the memory map (no copy); BF16 comes back as uint16 bits."""
         if self.dtype not in _ST_DTYPES:
             raise NotImplementedError(f"tensor {self.name!r}: dtype {self.dtype} not readable")
@@ -155,7 +169,7 @@ class LazyTensor:
         raw = mm[self._data_start + self._begin:self._data_start + self._end]
         return raw.view(_ST_DTYPES[self.dtype]).reshape(self.shape)
 
-    def float32(self):
+    def float32(self) -> np.ndarray:
         """The tensor as a float32 array (BF16 bits widened exactly)."""
         a = self.numpy()
         if self.dtype == "BF16":
@@ -163,11 +177,11 @@ class LazyTensor:
         return np.asarray(a, dtype=np.float32)
 
 
-def open_safetensors(path) -> dict:
+def open_safetensors(path: str | os.PathLike) -> dict[str, LazyTensor]:
     """name -> LazyTensor for a .safetensors file, a directory of them, or an index json."""
     files = _safetensors_files(path)
     mm_cache = {}
-    tensors = {}
+    tensors: dict[str, LazyTensor] = {}
     for f in files:
         with open(f, "rb") as fh:
             head = fh.read(8)
@@ -217,6 +231,7 @@ def _safetensors_files(path):
 
 @dataclass(frozen=True)
 class TensorSpec:
+    """One expected tensor: name, shape, dtype class, whether it must be present."""
     name: str
     shape: tuple
     kind: str = "float"        # "float" | "int" | "bool"
@@ -225,6 +240,7 @@ class TensorSpec:
 
 @dataclass
 class DraftWeightSpec:
+    """What a draft checkpoint of one method and layout must hold (``weight_spec``)."""
     method: str                # "eagle3" | "mtp"
     layout: str                # one of LAYOUTS
     hidden_size: int
@@ -460,26 +476,27 @@ def _reject_quantised_config(cfg):
 class DraftWeights:
     """Validated, lazily read draft weights: ``w[name]`` gives a float32/int numpy array."""
 
-    def __init__(self, spec: DraftWeightSpec, tensors: dict, shared: dict):
+    def __init__(self, spec: DraftWeightSpec, tensors: dict[str, LazyTensor],
+                 shared: dict[str, LazyTensor]) -> None:
         self.spec = spec
         self._t = tensors          # draft-namespace name -> LazyTensor
         self._shared = shared      # shared target tensors found in the same files
-        self._cache = {}
+        self._cache: dict[str, np.ndarray] = {}
 
-    def __contains__(self, name):
+    def __contains__(self, name: object) -> bool:
         return name in self._t or name in self._shared
 
-    def names(self):
+    def names(self) -> list[str]:
         return sorted(self._t)
 
-    def lazy(self, name) -> LazyTensor:
+    def lazy(self, name: str) -> LazyTensor:
         if name in self._t:
             return self._t[name]
         if name in self._shared:
             return self._shared[name]
         raise KeyError(f"draft weights: no tensor {name!r}")
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._cache:
             lt = self.lazy(name)
             self._cache[name] = lt.float32() if lt.dtype in _FLOAT else np.asarray(lt.numpy())
@@ -490,7 +507,8 @@ def _in_namespace(name, spec):
     return any(name.startswith(p) for p in spec.namespace)
 
 
-def load_draft_weights(method: str, path, config: dict | None = None) -> DraftWeights:
+def load_draft_weights(method: str, path: str | os.PathLike,
+                       config: dict | None = None) -> DraftWeights:
     """Open and validate a draft checkpoint (file, directory or index json) lazily.
 
     ``config`` defaults to ``config.json`` next to the weights. Raises DraftWeightError
@@ -510,10 +528,12 @@ def load_draft_weights(method: str, path, config: dict | None = None) -> DraftWe
     validate_draft_tensors(spec, {k: (v.dtype, v.shape) for k, v in found.items()})
     mine = {k: v for k, v in found.items() if _in_namespace(k, spec)}
     shared = {k: v for k, v in found.items() if k in spec.shared_with_target}
+    log.info("draft weights %s: %s layout, %d tensors (+%d shared with the target) validated",
+             os.fspath(path), spec.layout, len(mine), len(shared))
     return DraftWeights(spec, mine, shared)
 
 
-def validate_draft_tensors(spec: DraftWeightSpec, found: dict):
+def validate_draft_tensors(spec: DraftWeightSpec, found: dict[str, tuple[str, Any]]) -> None:
     """Check ``found`` (name -> (safetensors dtype, shape)) against ``spec``."""
     for name, (dt, _) in found.items():
         if not _in_namespace(name, spec):

@@ -8,28 +8,31 @@ PTX, which is how the Turing and Ampere code paths are tested on a Hopper GPU.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
+from typing import Any
 
 from . import _kernels
+from .errors import ExtensionMissing
+
+__all__ = ["CUBIN_DIR", "ExtensionMissing", "info", "gpu_unavailable_reason", "forced_family",
+           "arch_family", "choose_image", "device_props", "sm_count", "kernel", "driver"]
 
 CUBIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cubin")
 _FAMILY_CC = {"75": (7, 5), "80": (8, 0), "90": (9, 0), "90a": (9, 0)}
 
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _kernel_cache: dict = {}      # (device, module, symbol) -> Kernel
 _module_cache: dict = {}      # (device, module) -> (Module, choice dict)
 _device_cache: dict = {}      # device -> dict of properties
 
 
-class ExtensionMissing(ImportError):
-    pass
-
-
 _DRIVER = None
 
 
-def driver():
+def driver() -> Any:
     """The compiled driver layer (specdec_lib._driver); a clear error if it was not built."""
     global _DRIVER
     if _DRIVER is None:
@@ -43,7 +46,7 @@ def driver():
     return _DRIVER
 
 
-def gpu_unavailable_reason():
+def gpu_unavailable_reason() -> str | None:
     """None when a CUDA GPU can run specdec_lib's kernels, else why not (a sentence)."""
     try:
         drv = driver()
@@ -59,7 +62,8 @@ def gpu_unavailable_reason():
     return None
 
 
-def forced_family():
+def forced_family() -> str | None:
+    """The family SPECDEC_FORCE_ARCH forces ('75', '80', '90'), or None."""
     v = os.environ.get("SPECDEC_FORCE_ARCH", "").strip().lower().replace("sm_", "").replace("compute_", "")
     if not v:
         return None
@@ -68,7 +72,8 @@ def forced_family():
     return v
 
 
-def device_props(device: int) -> dict:
+def device_props(device: int) -> dict[str, Any]:
+    """Name, compute capability, SM count, L2 bytes and opt-in shared memory of ``device``."""
     p = _device_cache.get(device)
     if p is None:
         drv = driver()
@@ -85,6 +90,7 @@ def device_props(device: int) -> dict:
 
 
 def sm_count(device: int = 0) -> int:
+    """Streaming multiprocessors of ``device``."""
     return device_props(device)["sm_count"]
 
 
@@ -100,7 +106,7 @@ def arch_family(device: int = 0) -> int:
     return 75 if cc < (8, 0) else 80 if cc < (9, 0) else 90
 
 
-def choose_image(module: str, device: int = 0) -> dict:
+def choose_image(module: str, device: int = 0) -> dict[str, str]:
     """Which file of ``module`` loads on ``device``: {'kind','arch','path','reason'}."""
     mod = _kernels.MODULES[module]
     forced = forced_family()
@@ -142,12 +148,14 @@ def _load(module: str, device: int):
         if choice["kind"] == "ptx":
             image += b"\0"
         m = driver().load_module(image, module, device)
+        log.info("kernel module %s on device %d: %s %s (%s)", module, device, choice["kind"],
+                 choice["arch"], choice["reason"])
         hit = (m, choice)
         _module_cache[key] = hit
     return hit
 
 
-def kernel(module: str, symbol: str, device: int = 0):
+def kernel(module: str, symbol: str, device: int = 0) -> Any:
     """The loaded kernel ``symbol`` of ``module`` on ``device`` (cached; context made current)."""
     (_DRIVER or driver()).ensure_context(device)
     k = _kernel_cache.get((device, module, symbol))
@@ -160,12 +168,14 @@ def kernel(module: str, symbol: str, device: int = 0):
     return k
 
 
-def info(device: int = 0, load: bool = False) -> dict:
-    """What runs where: driver, device, and for each kernel module the chosen image.
+def info(device: int = 0, load: bool = False) -> dict[str, Any]:
+    """What runs where: the package version, driver, device, and for each kernel module the
+    chosen image (``python -m specdec_lib info`` prints it as JSON).
 
     ``load=True`` also loads every module (JIT-compiling PTX where chosen).
     """
-    out = {"cubin_dir": CUBIN_DIR, "forced_arch": forced_family()}
+    from . import __version__
+    out = {"version": __version__, "cubin_dir": CUBIN_DIR, "forced_arch": forced_family()}
     reason = gpu_unavailable_reason()
     if reason:
         out["gpu"] = None

@@ -1,4 +1,5 @@
-"""specdec_lib.inspect: the pure-Python cubin reader against ptxas's own report.
+"""specdec_lib.cubins (``python -m specdec_lib inspect``; the old name specdec_lib.inspect is an
+alias): the pure-Python cubin reader against ptxas's own report.
 
 Test cubins are built at test time: nvcc turns KERNELS_CU into compute_75 PTX once,
 ptxas (-v) assembles it for every target, and each number the ELF reader decodes is
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec_lib import inspect as insp
+from specdec_lib import cubins as insp
 
 # One kernel per thing the reader decodes.  No #include: keeps nvcc -ptx cheap.
 KERNELS_CU = r"""

@@ -23,7 +23,7 @@ __all__ = ["Bench", "bench", "main", "_rand"]
 FAMILIES = ("copy", "attention", "gdn", "conv", "draft", "layers", "round", "sampling")
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     _load_families()
     p = argparse.ArgumentParser(prog="python -m specdec_lib bench",
                                 description="Benchmark specdec_lib ops on the GPU against the "

@@ -2,7 +2,8 @@
 
 ``read_gguf_llama(path)`` checks the file (size / sha256 when given, every tensor present with
 the shape the metadata implies), dequantises each tensor once (``gguf``'s own numpy
-dequantisers: Q4_1, Q8_0, F16, F32, ...) with a progress bar, and returns HF-named float32
+dequantisers: Q4_1, Q8_0, F16, F32, ...) with a progress bar (by default only when stderr is
+a terminal; what was read is logged to the ``specdec_lib`` logger), and returns HF-named float32
 weights. llama.cpp's converter permutes the rows of q/k projections for its interleaved RoPE;
 they are put back in HF order here, so the host model uses rotate-half RoPE as HF Llama does.
 
@@ -16,11 +17,18 @@ jinja2, tqdm.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = ["LlamaConfig", "GGUFError", "GGUFTokenizer", "read_gguf_llama", "read_config",
+           "expected_tensors", "sha256_of"]
+
+log = logging.getLogger(__name__)
 _MODEL_EXTRA = 'pip install "specdec_lib[model]"'
 
 
@@ -148,8 +156,11 @@ def _unpermute(w, n_head):
     return w.reshape(n_head, rows // n_head // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def read_gguf_llama(path, *, expected_size=None, expected_sha256=None, progress=True):
-    """(LlamaConfig, {HF name: float32 array}, GGUFTokenizer) from a Llama GGUF file."""
+def read_gguf_llama(path: str | os.PathLike, *, expected_size: int | None = None,
+                    expected_sha256: str | None = None, progress: bool | None = None,
+                    ) -> tuple[LlamaConfig, dict[str, np.ndarray], GGUFTokenizer]:
+    """(LlamaConfig, {HF name: float32 array}, GGUFTokenizer) from a Llama GGUF file.
+    ``progress``: a tqdm bar on stderr (None: only when stderr is a terminal)."""
     quants = _need("gguf.quants")
     reader = _open(path, expected_size, expected_sha256)
     config = read_config(reader)
@@ -163,10 +174,15 @@ def read_gguf_llama(path, *, expected_size=None, expected_sha256=None, progress=
         got = tuple(int(n) for n in reversed(have[name].shape))   # GGUF lists ne0 first
         if got != shape:
             raise GGUFError(f"{path}: tensor {name} has shape {list(got)}, expected {list(shape)}")
-    tqdm = _need("tqdm").tqdm
+    if progress is None:
+        progress = sys.stderr.isatty()
+    t0 = time.perf_counter()
     weights = {}
     items = list(want.items())
-    bar = tqdm(items, desc="dequantising", unit="tensor", disable=not progress, leave=False)
+    log.info("%s: %s, %d layers, %d tensors; dequantising", path, config.name or "llama",
+             config.num_layers, len(items))
+    bar = _need("tqdm").tqdm(items, desc="dequantising", unit="tensor", disable=not progress,
+                             leave=False)
     for name, (hf, shape) in bar:
         t = have[name]
         w = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
@@ -178,6 +194,7 @@ def read_gguf_llama(path, *, expected_size=None, expected_sha256=None, progress=
             raise GGUFError(f"{path}: tensor {name} holds non-finite values")
         weights[hf] = w
     bar.close()
+    log.info("%s: %d tensors dequantised in %.1f s", path, len(weights), time.perf_counter() - t0)
     return config, weights, GGUFTokenizer.from_reader(reader)
 
 

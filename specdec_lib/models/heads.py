@@ -79,7 +79,7 @@ def save_head(path, tensors, config):
     return path
 
 
-def smollm2_head(method):
+def smollm2_head(method: str) -> str:
     """The shipped SmolLM2 head of ``method`` ('mtp' / 'eagle3'), a directory."""
     from ..registry import normalize_spec_method
     key = normalize_spec_method(method)

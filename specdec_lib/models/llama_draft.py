@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +90,8 @@ class LlamaDraftHead:
         self.cache_epoch = 0     # bumped by reset (as the target's)
 
     @classmethod
-    def load(cls, target, path, method=None, **kw):
+    def load(cls, target: Any, path: str, method: str | None = None,
+             **kw: Any) -> LlamaDraftHead:
         """Read and validate a head through the registry (``method`` defaults to the kind the
         config implies, ``heads.head_method``)."""
         from .heads import head_method

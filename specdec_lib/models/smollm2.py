@@ -9,7 +9,15 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from .gguf_llama import GGUFError, read_gguf_llama
+from typing import TYPE_CHECKING
+
+from .gguf_llama import GGUFError, GGUFTokenizer, LlamaConfig, read_gguf_llama
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["GGUF_NAME", "GGUF_SIZE", "GGUF_SHA256", "STOP_TOKEN_IDS", "gguf_path",
+           "load_smollm2", "chat_prompt", "COPY_PROMPTS", "OPEN_PROMPTS"]
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SIZE = 98_362_432
@@ -36,9 +44,11 @@ def gguf_path() -> str:
     return path
 
 
-def load_smollm2(path=None, *, progress=True, verify=True):
+def load_smollm2(path: str | os.PathLike | None = None, *, progress: bool | None = None,
+                 verify: bool = True) -> tuple[LlamaConfig, dict[str, np.ndarray], GGUFTokenizer]:
     """(LlamaConfig, float32 weights, GGUFTokenizer); the file is checked (size, sha256, every
-    tensor and its shape, the architecture) before anything is dequantised."""
+    tensor and its shape, the architecture) before anything is dequantised. ``progress``: a
+    progress bar (None: only when stderr is a terminal)."""
     path = path or gguf_path()
     config, weights, tok = read_gguf_llama(
         path, expected_size=GGUF_SIZE if verify else None,
@@ -50,7 +60,7 @@ def load_smollm2(path=None, *, progress=True, verify=True):
     return config, weights, tok
 
 
-def chat_prompt(tok, text, system=None):
+def chat_prompt(tok: GGUFTokenizer, text: str, system: str | None = None) -> list[int]:
     """Token ids of one user turn under the model's chat template, ready for the reply."""
     msgs = ([{"role": "system", "content": system}] if system else []) + \
         [{"role": "user", "content": text}]

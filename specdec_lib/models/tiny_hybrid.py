@@ -72,7 +72,7 @@ def _silu(xp, x):
 
 # ---------------------------------------------------------------------------- weights
 
-def make_demo_weights(config=None) -> dict:
+def make_demo_weights(config: dict | None = None) -> dict[str, np.ndarray]:
     """name -> float32 array of the whole demo checkpoint (target + mtp.*)."""
     c = dict(DEMO_CONFIG, **(config or {}))
     rng = np.random.default_rng(int(c["demo_seed"]))
@@ -144,7 +144,7 @@ def make_demo_weights(config=None) -> dict:
     return w
 
 
-def make_demo_checkpoint(path, config=None) -> str:
+def make_demo_checkpoint(path: str, config: dict | None = None) -> str:
     """Write ``model.safetensors`` and ``config.json`` of the demo model into ``path``."""
     from safetensors.numpy import save_file
     c = dict(DEMO_CONFIG, **(config or {}))
@@ -155,7 +155,8 @@ def make_demo_checkpoint(path, config=None) -> str:
     return path
 
 
-def load_demo_checkpoint(path):
+def load_demo_checkpoint(path: str) -> tuple[dict, dict[str, registry.LazyTensor],
+                                             registry.DraftWeights]:
     """(config, target tensors, validated MTP draft weights) from a demo checkpoint."""
     with open(os.path.join(path, "config.json")) as fh:
         config = json.load(fh)
