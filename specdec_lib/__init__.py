@@ -29,6 +29,7 @@ _OPS = [
     "conv1d_commit", "spec_sample", "spec_sample_workspace_size", "seq_stop", "seq_advance",
     "seq_build_block", "capture_hidden", "draft_carry", "draft_combine", "draft_map_tokens",
     "ngram_propose", "linear", "rms_norm", "rope", "rope_cos_sin_cache", "silu_mul",
+    "advance_step",
 ]
 __all__ = ["__version__", "DeviceArray", "CudaError", "CudaUnavailable", "ExtensionMissing",
            "SampleStatus", "FinishReason", "GdnStatus", "ConvStatus",
