@@ -566,10 +566,12 @@ def test_rope_append_kv_reference_bf16_bits(rng):
     (dict(cu_q=np.array([0, 3, 2], np.int32)), ValueError, "cu_q"),
     (dict(page_table=np.full((2, 4), 99, np.int32)), ValueError, "page id"),
     (dict(page_table=np.zeros((2, 1), np.int32)), ValueError, "page_table"),
-    (dict(k=np.zeros((5, 2, 64), np.float16)), TypeError, "k: dtype"),
+    (dict(k=np.zeros((5, 2, 64), np.int32)), TypeError, "k: dtype"),   # (floats: by kind)
     (dict(k=np.zeros((4, 2, 64))), ValueError, "k"),
     (dict(v=np.zeros((5, 1, 64))), ValueError, "v"),
-    (dict(k_cache=np.zeros((10, 4, 3, 64))), ValueError, "k_cache"),
+    (dict(k_cache=np.zeros((10, 4, 3, 64)), v_cache=np.zeros((10, 4, 3, 64))), ValueError,
+     "k: expected shape"),                                 # (k_cache: append_kv's anchor)
+    (dict(k_cache=np.zeros((10, 4, 3, 64))), ValueError, "v_cache: expected shape"),
     (dict(positions=np.zeros(4, np.int32)), ValueError, "positions"),
     (dict(cos_sin_cache=np.zeros((8, 32), np.float32)), ValueError, "cos_sin_cache"),
     (dict(q=np.zeros((5, 4, 63))), ValueError, "q: head dim"),

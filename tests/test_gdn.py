@@ -59,6 +59,11 @@ def f64(a):
     return ref.to_f64(a)
 
 
+def _i(*values):
+    """An int32 index array (the ops take arrays, not lists)."""
+    return np.array(values, np.int32)
+
+
 # ------------------------------------------------------------------ closed forms
 
 def test_gdn_verify_single_token_closed_form():
@@ -126,8 +131,8 @@ def test_gdn_fused_gating_and_l2norm_match_explicit():
     state = make_state(rng, 1, Hv, Dk, Dv, np.float32, "kv")
     o1, o2 = empty_out(3, Hv, Dv), empty_out(3, Hv, Dv)
     j1, j2 = empty_journal(3, Hk, Hv, Dk, Dv), empty_journal(3, Hk, Hv, Dk, Dv)
-    gdn_verify(x["q"], x["k"], x["v"], state, [0], cu_q, o1, j1, qk_l2norm=True, **gat)
-    gdn_verify(qn.astype(np.float32), kn.astype(np.float32), x["v"], state, [0], cu_q, o2, j2,
+    gdn_verify(x["q"], x["k"], x["v"], state, _i(0), cu_q, o1, j1, qk_l2norm=True, **gat)
+    gdn_verify(qn.astype(np.float32), kn.astype(np.float32), x["v"], state, _i(0), cu_q, o2, j2,
                g=g, beta=beta)
     np.testing.assert_allclose(o1, o2, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(j1, j2, rtol=1e-6, atol=1e-7)
@@ -141,11 +146,11 @@ def test_gdn_layouts_agree():
     svk = np.ascontiguousarray(skv.transpose(0, 1, 3, 2))
     o1, o2 = empty_out(5, Hv, Dv), empty_out(5, Hv, Dv)
     j1, j2 = empty_journal(5, Hk, Hv, Dk, Dv), empty_journal(5, Hk, Hv, Dk, Dv)
-    gdn_verify(**x, state=skv, slot_ids=[2, 0], cu_q=cu_q, out=o1, journal=j1, **gat)
-    gdn_verify(**x, state=svk, slot_ids=[2, 0], cu_q=cu_q, out=o2, journal=j2, layout="vk", **gat)
+    gdn_verify(**x, state=skv, slot_ids=_i(2, 0), cu_q=cu_q, out=o1, journal=j1, **gat)
+    gdn_verify(**x, state=svk, slot_ids=_i(2, 0), cu_q=cu_q, out=o2, journal=j2, layout="vk", **gat)
     np.testing.assert_array_equal(o1, o2)
-    gdn_commit(skv, [2, 0], cu_q, [1, 3], j1)
-    gdn_commit(svk, [2, 0], cu_q, [1, 3], j2, layout="vk")
+    gdn_commit(skv, _i(2, 0), cu_q, _i(1, 3), j1)
+    gdn_commit(svk, _i(2, 0), cu_q, _i(1, 3), j2, layout="vk")
     np.testing.assert_array_equal(skv, svk.transpose(0, 1, 3, 2))
 
 
@@ -216,15 +221,15 @@ def test_gdn_commit_every_accept_len():
     cu_q, x, gat = make_block(rng, [q], Hk, Hv, Dk, Dv)
     state0 = make_state(rng, 1, Hv, Dk, Dv, np.float16, "kv")
     journal = empty_journal(q, Hk, Hv, Dk, Dv)
-    gdn_verify(**x, state=state0, slot_ids=[0], cu_q=cu_q, out=empty_out(q, Hv, Dv),
+    gdn_verify(**x, state=state0, slot_ids=_i(0), cu_q=cu_q, out=empty_out(q, Hv, Dv),
                journal=journal, **gat)
     for n in range(q + 1):
         st = state0.copy()
-        gdn_commit(st, [0], cu_q, [n], journal)
+        gdn_commit(st, _i(0), cu_q, _i(n), journal)
         seq = state0.copy()
         if n:
             sub = {k_: a[:n] for k_, a in {**x, **gat}.items()}
-            gdn_decode_reference(**sub, state=seq, slot_ids=[0], cu_q=[0, n],
+            gdn_decode_reference(**sub, state=seq, slot_ids=_i(0), cu_q=_i(0, n),
                                  out=empty_out(n, Hv, Dv))
         np.testing.assert_array_equal(st, seq)
         if n == 0:
@@ -238,9 +243,9 @@ def test_gdn_padding_rows_are_zero_and_untouched():
     before = state.copy()
     out = empty_out(3, 1, 4)
     j = empty_journal(3, 1, 1, 4, 4)
-    gdn_verify(**x, state=state, slot_ids=[-1, -1], cu_q=cu_q, out=out, journal=j, **gat)
+    gdn_verify(**x, state=state, slot_ids=_i(-1, -1), cu_q=cu_q, out=out, journal=j, **gat)
     assert not out.any()
-    gdn_commit(state, [-1, -1], cu_q, [2, 1], j)
+    gdn_commit(state, _i(-1, -1), cu_q, _i(2, 1), j)
     np.testing.assert_array_equal(state, before)
 
 
@@ -251,8 +256,8 @@ def test_gdn_empty_batch():
     g = np.zeros((0, 2), np.float32)
     out = empty_out(0, 2, 4)
     j = empty_journal(0, 1, 2, 4, 4)
-    gdn_verify(q, q, v, state, np.zeros(0, np.int32), [0], out, j, g=g, beta=g)
-    gdn_commit(state, np.zeros(0, np.int32), [0], np.zeros(0, np.int32), j)
+    gdn_verify(q, q, v, state, np.zeros(0, np.int32), _i(0), out, j, g=g, beta=g)
+    gdn_commit(state, np.zeros(0, np.int32), _i(0), np.zeros(0, np.int32), j)
 
 
 # ------------------------------------------------------------------ bad arguments
@@ -273,7 +278,7 @@ def _bad_case():
     (lambda c: c.update(q=np.zeros((4, 2, 4), np.float32)), "q: expected"),
     (lambda c: c.update(k=np.zeros((4, 2, 4), np.float32)), "k: expected"),
     (lambda c: c.update(v=np.zeros((4, 4, 4), np.float32)), "v: expected"),
-    (lambda c: c.update(q=c["q"].astype(np.float64)), "q: dtype"),
+    (lambda c: c.update(q=c["q"].astype(np.int32)), "q: dtype"),   # (floats: by kind)
     (lambda c: c.update(slot_ids=np.array([0, 4])), "slot_ids: id 4 out of range"),
     (lambda c: c.update(slot_ids=np.array([1, 1])), "same slot"),
     (lambda c: c.update(cu_q=np.array([0, 3, 2])), "cu_q"),
@@ -297,13 +302,13 @@ def test_gdn_commit_rejects():
     gdn_verify(**c)
     st, j = c["state"], c["journal"]
     with pytest.raises(ValueError, match="accept_len"):
-        gdn_commit(st, [0, 1], c["cu_q"], [3, 0], j)
+        gdn_commit(st, _i(0, 1), c["cu_q"], _i(3, 0), j)
     with pytest.raises(ValueError, match="accept_len"):
-        gdn_commit(st, [0, 1], c["cu_q"], [-1, 0], j)
+        gdn_commit(st, _i(0, 1), c["cu_q"], _i(-1, 0), j)
     with pytest.raises(ValueError, match="same slot"):
-        gdn_commit(st, [2, 2], c["cu_q"], [1, 1], j)
+        gdn_commit(st, _i(2, 2), c["cu_q"], _i(1, 1), j)
     with pytest.raises(ValueError, match="journal"):
-        gdn_commit(st, [0, 1], c["cu_q"], [1, 1], j[:, :-1])
+        gdn_commit(st, _i(0, 1), c["cu_q"], _i(1, 1), j[:, :-1])
 
 
 def test_bf16_bits_roundtrip():
@@ -736,17 +741,17 @@ def test_gdn_fused_mode_rejects():
     before = state.copy()
     j = empty_journal(3, 1, 2, 4, 4)
     pj = np.zeros_like(j)
-    base = dict(**x, **gat, state=state, slot_ids=[0, 1], cu_q=cu_q, out=empty_out(3, 2, 4), journal=j)
-    with pytest.raises(ValueError, match="pending_journal: must not be"):
-        gdn_verify(**base, pending_journal=j, pending_row0=[0, 0], pending_len=[0, 0])
+    base = dict(**x, **gat, state=state, slot_ids=_i(0, 1), cu_q=cu_q, out=empty_out(3, 2, 4), journal=j)
+    with pytest.raises(ValueError, match="pending_journal: overlaps journal"):
+        gdn_verify(**base, pending_journal=j, pending_row0=_i(0, 0), pending_len=_i(0, 0))
     with pytest.raises(ValueError, match="without pending_journal"):
-        gdn_verify(**base, pending_len=[1, 1])
+        gdn_verify(**base, pending_len=_i(1, 1))
     with pytest.raises(ValueError, match="outside the pending"):
-        gdn_verify(**base, pending_journal=pj, pending_row0=[2, 0], pending_len=[2, 0])
+        gdn_verify(**base, pending_journal=pj, pending_row0=_i(2, 0), pending_len=_i(2, 0))
     with pytest.raises(ValueError, match="outside the pending"):
-        ref.gdn_flush(state, [0, 1], pj, [0, 0], [-1, 0])
+        ref.gdn_flush(state, _i(0, 1), pj, _i(0, 0), _i(-1, 0))
     with pytest.raises(ValueError, match="same slot"):
-        ref.gdn_flush(state, [1, 1], pj, [0, 0], [1, 1])
+        ref.gdn_flush(state, _i(1, 1), pj, _i(0, 0), _i(1, 1))
     np.testing.assert_array_equal(state, before)
 
 
