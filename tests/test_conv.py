@@ -266,7 +266,7 @@ def test_conv1d_commit_refuses_bad_input(path, case, rng):
 @pytest.mark.parametrize("path", REFUSAL_PATHS)
 def test_conv1d_good_input_passes_the_contract(path, rng):
     args = on_path(path, _conv_call(rng), _BF16)
-    before = np.array(args["conv_state"].float() if path == "torch" else args["conv_state"])
+    before = (args["conv_state"].float().numpy() if path == "torch" else args["conv_state"]).copy()
     call_op(path, "conv1d_verify", [args[n] for n in _CV_ORDER], {"journal": args["journal"]})
     out = np.asarray(args["out"].float() if path == "torch" else args["out"])
     assert np.count_nonzero(out) > 0

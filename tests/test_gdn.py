@@ -842,3 +842,153 @@ def test_gdn_gpu_fused_mode_rejects_and_flags(rng):
     flags = st.to_numpy()
     assert flags[1] == 8 and not np.delete(flags, 1).any()
     np.testing.assert_array_equal(host(d_state, c["state"]), c["state"])
+
+
+# ---------------------------------------------------------------- the argument contract (CPU)
+from conftest import REFUSAL_PATHS, assert_refused, call_op, on_path, strided_last  # noqa: E402
+from test_copy import _cast, _vals  # noqa: E402
+
+_GV_ORDER = ("q", "k", "v", "state", "slot_ids", "cu_q", "out", "journal")
+_GC_ORDER = ("state", "slot_ids", "cu_q", "accept_len", "journal")
+_GF_ORDER = ("state", "slot_ids", "pending_journal", "pending_row0", "pending_len")
+_GDN_BF16 = {"q": "bfloat16", "k": "bfloat16", "v": "bfloat16", "state": "bfloat16"}
+
+
+def _gdn_call(rng):
+    """One small gdn round (Hk=1, Hv=2, Dk=8, Dv=4: the reference computes any head dims)."""
+    Hk, Hv, Dk, Dv, T = 1, 2, 8, 4, 5
+    cu_q, x, gat = make_block(rng, [2, 3], Hk, Hv, Dk, Dv)
+    W = gdn_journal_width(Hk, Hv, Dk, Dv)
+    return dict(**x, **gat, state=make_state(rng, 4, Hv, Dk, Dv, np.float32, "kv"),
+                slot_ids=_i(2, 0), cu_q=cu_q, out=np.zeros((T, Hv, Dv), np.float32),
+                journal=np.zeros((T, W), np.float32), accept_len=_i(1, 3),
+                pending_journal=rng.standard_normal((T, W)).astype(np.float32),
+                pending_row0=_i(0, 2), pending_len=_i(2, 3))
+
+
+def _gdn_zeros(path, shape, dtype=np.float32):
+    return on_path(path, {"a": np.zeros(shape, dtype)})["a"]
+
+
+_GDN_VERIFY_BAD = [
+    ("k_float32_for_bf16_q", ("torch",), lambda a, p: a.update(k=_cast(p, a["k"], "float32")),
+     TypeError, r"^k: dtype"),
+    ("slot_ids_int64", ("torch",), lambda a, p: a.update(slot_ids=_cast(p, a["slot_ids"], "int64")),
+     TypeError, r"^slot_ids: dtype"),
+    ("journal_float64", REFUSAL_PATHS, lambda a, p: a.update(journal=_cast(p, a["journal"], "float64")),
+     TypeError, r"^journal: dtype"),
+    ("cu_q_float32", REFUSAL_PATHS, lambda a, p: a.update(cu_q=_cast(p, a["cu_q"], "float32")),
+     TypeError, r"^cu_q: dtype"),
+    ("v_wrong_heads", REFUSAL_PATHS, lambda a, p: a.update(v=a["v"][:, :1]), ValueError, r"^v: expected shape"),
+    ("q_wrong_head_dim", REFUSAL_PATHS, lambda a, p: a.update(q=a["q"][..., :4]), ValueError, r"^q: expected"),
+    ("q_not_contiguous", REFUSAL_PATHS, lambda a, p: a.update(q=strided_last(a["q"]), k=strided_last(a["k"])),
+     ValueError, r"^q: the last dimension must be contiguous"),
+    ("journal_wrong_width", REFUSAL_PATHS, lambda a, p: a.update(journal=a["journal"][:, :-1]),
+     ValueError, r"^journal: expected shape"),
+    ("gating_mixed", REFUSAL_PATHS, lambda a, p: a.update(a=a["g"]), ValueError, r"^g/beta: give either"),
+    ("state_not_contiguous", REFUSAL_PATHS, lambda a, p: a.update(state=strided_last(a["state"])),
+     ValueError, r"^state: each slot's"),
+    ("slot_shared", REFUSAL_PATHS, lambda a, p: a["slot_ids"].__setitem__(0, 0), ValueError, r"^slot_ids: the same slot"),
+    ("slot_out_of_range", REFUSAL_PATHS, lambda a, p: a["slot_ids"].__setitem__(0, 9),
+     ValueError, r"^slot_ids: id 9 out of range"),
+    ("cu_q_decreasing", REFUSAL_PATHS, lambda a, p: a["cu_q"].__setitem__(slice(None), _vals(p, [0, 3, 2])),
+     ValueError, r"^cu_q: must start at 0"),
+    ("cu_q_ends_before_T", REFUSAL_PATHS, lambda a, p: a["cu_q"].__setitem__(slice(None), _vals(p, [0, 2, 4])),
+     ValueError, r"^cu_q: .*end at T=5"),
+    ("scale_nan", REFUSAL_PATHS, lambda a, p: a.update(scale=float("nan")), ValueError, r"^scale"),
+    ("layout_bad", REFUSAL_PATHS, lambda a, p: a.update(layout="kk"), ValueError, r"^layout"),
+    ("pending_is_journal", REFUSAL_PATHS, lambda a, p: a.update(pending=True, pending_journal=a["journal"]),
+     ValueError, r"^pending_journal: overlaps journal"),
+    ("pending_outside", REFUSAL_PATHS, lambda a, p: (a.update(pending=True), a["pending_len"].__setitem__(1, 4)),
+     ValueError, r"^pending_row0 / pending_len: sequence 1"),
+    ("pending_without_journal", REFUSAL_PATHS, lambda a, p: a.update(pending_only=True),
+     ValueError, r"^pending_row0 / pending_len: given without"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _GDN_VERIFY_BAD, ids=[c[0] for c in _GDN_VERIFY_BAD])
+def test_gdn_verify_refuses_bad_input(path, case, rng):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, _gdn_call(rng), _GDN_BF16)
+    mutate(args, path)
+    kw = {n: args[n] for n in ("g", "beta", "a", "scale", "layout") if args.get(n) is not None}
+    if args.get("pending"):
+        kw.update({n: args[n] for n in ("pending_journal", "pending_row0", "pending_len")})
+    if args.get("pending_only"):
+        kw.update(pending_row0=args["pending_row0"], pending_len=args["pending_len"])
+    assert_refused(lambda: call_op(path, "gdn_verify", [args[n] for n in _GV_ORDER], kw), exc, match,
+                   [args["out"], args["journal"], args["state"]])
+
+
+_GDN_COMMIT_BAD = [
+    ("accept_len_int64", ("torch",), lambda a, p: a.update(accept_len=_cast(p, a["accept_len"], "int64")),
+     TypeError, r"^accept_len: dtype"),
+    ("journal_float64", REFUSAL_PATHS, lambda a, p: a.update(journal=_cast(p, a["journal"], "float64")),
+     TypeError, r"^journal: dtype"),
+    ("journal_width_not_for_state", REFUSAL_PATHS, lambda a, p: a.update(journal=a["journal"][:, :-1]),
+     ValueError, r"^journal: width"),
+    ("accept_len_past_block", REFUSAL_PATHS, lambda a, p: a["accept_len"].__setitem__(0, 3),
+     ValueError, r"^accept_len: sequence 0 accepts 3"),
+    ("accept_len_negative", REFUSAL_PATHS, lambda a, p: a["accept_len"].__setitem__(0, -1),
+     ValueError, r"^accept_len: sequence 0"),
+    ("slot_shared", REFUSAL_PATHS, lambda a, p: a["slot_ids"].__setitem__(0, 0), ValueError, r"^slot_ids: the same slot"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _GDN_COMMIT_BAD, ids=[c[0] for c in _GDN_COMMIT_BAD])
+def test_gdn_commit_refuses_bad_input(path, case, rng):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, _gdn_call(rng), _GDN_BF16)
+    mutate(args, path)
+    assert_refused(lambda: call_op(path, "gdn_commit", [args[n] for n in _GC_ORDER]), exc, match,
+                   [args["state"]])
+
+
+_GDN_FLUSH_BAD = [
+    ("pending_len_int64", ("torch",), lambda a, p: a.update(pending_len=_cast(p, a["pending_len"], "int64")),
+     TypeError, r"^pending_len: dtype"),
+    ("pending_len_negative", REFUSAL_PATHS, lambda a, p: a["pending_len"].__setitem__(0, -1),
+     ValueError, r"^pending_row0 / pending_len: sequence 0"),
+    ("pending_row0_wrong_length", REFUSAL_PATHS, lambda a, p: a.update(pending_row0=a["pending_row0"][:1]),
+     ValueError, r"^pending_row0: expected shape"),
+    ("pending_journal_not_contiguous", REFUSAL_PATHS,
+     lambda a, p: a.update(pending_journal=strided_last(a["pending_journal"])),
+     ValueError, r"^pending_journal: the last dimension"),
+    ("slot_out_of_range", REFUSAL_PATHS, lambda a, p: a["slot_ids"].__setitem__(1, 4),
+     ValueError, r"^slot_ids: id 4 out of range"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _GDN_FLUSH_BAD, ids=[c[0] for c in _GDN_FLUSH_BAD])
+def test_gdn_flush_refuses_bad_input(path, case, rng):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, _gdn_call(rng), _GDN_BF16)
+    mutate(args, path)
+    assert_refused(lambda: call_op(path, "gdn_flush", [args[n] for n in _GF_ORDER]), exc, match,
+                   [args["state"]])
+
+
+def _np(path, a):
+    return (a.float().numpy() if path == "torch" else np.asarray(a, np.float64)).copy()
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_gdn_good_input_passes_the_contract(path, rng):
+    args = on_path(path, _gdn_call(rng), _GDN_BF16)
+    before = _np(path, args["state"])
+    call_op(path, "gdn_verify", [args[n] for n in _GV_ORDER], {"g": args["g"], "beta": args["beta"]})
+    assert np.count_nonzero(_np(path, args["out"])) > 0 and np.array_equal(_np(path, args["state"]), before)
+    call_op(path, "gdn_commit", [args[n] for n in _GC_ORDER])
+    after = _np(path, args["state"])
+    assert not np.array_equal(after, before)
+    call_op(path, "gdn_flush", [args[n] for n in _GF_ORDER])
+    assert not np.array_equal(_np(path, args["state"]), after)
