@@ -66,7 +66,8 @@ def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, acti
     B, sl, cq, _, sa = batch_args(arg, dev, slot_ids, cu_q, status)
     for a in (xa, oa, ja):
         last_contiguous(a)
-    batch_values(values, sl, cq, T, slots)
+    if values is not None:
+        batch_values(values, sl, cq, T, slots)
     return cs, xa, wa, ba, oa, ja, sl, cq, sa
 
 
@@ -82,5 +83,6 @@ def conv1d_commit(conv_state, slot_ids, cu_q, accept_len, journal, *, status=Non
     ja, T = _block_rows(arg, "journal", journal, dim, dev)
     last_contiguous(ja)
     B, sl, cq, al, sa = batch_args(arg, dev, slot_ids, cu_q, status, accept_len, commit=True)
-    batch_values(values, sl, cq, T, slots, al)
+    if values is not None:
+        batch_values(values, sl, cq, T, slots, al)
     return cs, ja, sl, cq, al, sa

@@ -72,15 +72,16 @@ def state_arg(arg, state, layout):
     st = arg("state", state, dtype=FLOATS, ndim=4)
     slots, Hv, d1, d2 = st.shape
     Dk, Dv = (d1, d2) if layout == "kv" else (d2, d1)
-    if on_cuda(arg, st):
+    if arg is DeviceArg or on_cuda(arg, st):
         if Dk not in KERNEL_HEAD_K_DIMS:
             raise ValueError(f"state: head_k_dim Dk={Dk} not supported (64 or 128; layout "
                              f"{layout!r}, shape {list(st.shape)})")
         if Dv % 16 or not 16 <= Dv <= KERNEL_MAX_HEAD_V_DIM:
             raise ValueError(f"state: head_v_dim Dv={Dv} not supported (a multiple of 16 up "
                              f"to {KERNEL_MAX_HEAD_V_DIM})")
-    if any(n > 1 and s != want for n, s, want in zip(st.shape[1:], st.strides[1:],
-                                                     (d1 * d2, d2, 1))):
+    want = (d1 * d2, d2, 1)
+    if st.strides[1:] != want and any(n > 1 and s != w for n, s, w in
+                                      zip(st.shape[1:], st.strides[1:], want)):
         raise ValueError(f"state: each slot's [Hv, {d1}, {d2}] block must be contiguous "
                          f"(strides {st.strides})")
     return st, slots, Hv, Dk, Dv
@@ -105,7 +106,8 @@ def pending_args(arg, dev, B, W, journal_arg, pending_journal, pending_row0, pen
     journal [Tp, W] float32 (W None: any width) must not overlap the journal being
     written (``journal_arg``, None for gdn_flush)."""
     pj = arg("pending_journal", pending_journal, dtype="float32", ndim=2, device=dev)
-    require_dtype(pj, "float32")
+    if pj.by_kind:
+        require_dtype(pj, "float32")
     if W is not None and pj.shape[1] != W:
         raise ValueError(f"pending_journal: expected [Tp, {W}] (the journal width of this "
                          f"state and these heads), got {list(pj.shape)}")
@@ -162,7 +164,8 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     oa = arg("out", out, dtype=FLOATS, shape=(T, Hv, Dv), device=dev)
     W = gdn_journal_width(Hk, Hv, Dk, Dv)
     ja = arg("journal", journal, dtype="float32", shape=(T, W), device=dev)
-    require_dtype(ja, "float32")
+    if ja.by_kind:
+        require_dtype(ja, "float32")
     fused = check_gating(g, beta, a, b, A_log, dt_bias)
     if fused:
         g0 = arg("a", a, dtype=FLOATS, shape=(T, Hv), device=dev)
@@ -184,7 +187,8 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     if max(T, slots, B) >= 2**31:
         raise ValueError("q/state/slot_ids: more than 2^31-1 rows, slots or sequences")
     scale = as_scale(scale, 1.0 / math.sqrt(Dk))
-    batch_values(values, sl, cq, T, slots)
+    if values is not None:
+        batch_values(values, sl, cq, T, slots)
     if pending is not None:
         _pending_values(values, pending[1], pending[2], pending[0].shape[0])
     return st, qa, ka, va, oa, ja, g0, g1, al, db, sl, cq, sa, pending, fused, scale
@@ -201,12 +205,14 @@ def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", statu
     st, slots, Hv, Dk, Dv = state_arg(arg, state, layout)
     dev = st.device
     ja = arg("journal", journal, dtype="float32", ndim=2, device=dev)
-    require_dtype(ja, "float32")
+    if ja.by_kind:
+        require_dtype(ja, "float32")
     T, W = ja.shape
     Hk = journal_num_k_heads(W, Hv, Dk, Dv, hint=" (was it written for this state?)")
     last_contiguous(ja)
     B, sl, cq, al, sa = batch_args(arg, dev, slot_ids, cu_q, status, accept_len, commit=True)
-    batch_values(values, sl, cq, T, slots, al)
+    if values is not None:
+        batch_values(values, sl, cq, T, slots, al)
     return st, ja, Hk, sl, cq, al, sa
 
 
