@@ -566,10 +566,12 @@ def test_rope_append_kv_reference_bf16_bits(rng):
     (dict(cu_q=np.array([0, 3, 2], np.int32)), ValueError, "cu_q"),
     (dict(page_table=np.full((2, 4), 99, np.int32)), ValueError, "page id"),
     (dict(page_table=np.zeros((2, 1), np.int32)), ValueError, "page_table"),
-    (dict(k=np.zeros((5, 2, 64), np.float16)), TypeError, "k: dtype"),
+    (dict(k=np.zeros((5, 2, 64), np.int32)), TypeError, "k: dtype"),   # (floats: by kind)
     (dict(k=np.zeros((4, 2, 64))), ValueError, "k"),
     (dict(v=np.zeros((5, 1, 64))), ValueError, "v"),
-    (dict(k_cache=np.zeros((10, 4, 3, 64))), ValueError, "k_cache"),
+    (dict(k_cache=np.zeros((10, 4, 3, 64)), v_cache=np.zeros((10, 4, 3, 64))), ValueError,
+     "k: expected shape"),                                 # (k_cache: append_kv's anchor)
+    (dict(k_cache=np.zeros((10, 4, 3, 64))), ValueError, "v_cache: expected shape"),
     (dict(positions=np.zeros(4, np.int32)), ValueError, "positions"),
     (dict(cos_sin_cache=np.zeros((8, 32), np.float32)), ValueError, "cos_sin_cache"),
     (dict(q=np.zeros((5, 4, 63))), ValueError, "q: head dim"),
@@ -835,3 +837,139 @@ def test_rope_append_kv_gpu_rejects_before_launch(rng):
             ops.rope_append_kv(*(args[n] for n in _RAK_ARGS))
     for n, a in keep.items():
         np.testing.assert_array_equal(d[n].to_numpy(), a, err_msg=f"{n} written before an error")
+
+
+# ---------------------------------------------------------------- the argument contract (CPU)
+from conftest import REFUSAL_PATHS, assert_refused, call_op, on_path, strided_last  # noqa: E402
+from test_copy import _cast, _vals  # noqa: E402
+
+_VA_ORDER = ("q", "k_cache", "v_cache", "page_table", "seq_lens", "cu_q", "out")
+_VA_F16 = {"q": "float16", "k_cache": "float16", "v_cache": "float16", "out": "float16"}
+
+
+def _va_call(rng):
+    c = _case(rng, qs=[2, 3], Ls=[3, 5], Hq=4, Hkv=2, D=64, page_size=4)
+    c = {n: (a.astype(np.float32) if a.dtype == np.float64 else a) for n, a in c.items()}
+    T = c["q"].shape[0]
+    return dict(c, out=np.zeros((T, 4, 64), np.float32), lse_out=np.zeros((T, 4), np.float32))
+
+
+_VERIFY_ATTENTION_BAD = [
+    ("q_float32", ("torch",), lambda a, p: a.update(q=_cast(p, a["q"], "float32")), TypeError, r"^q: dtype"),
+    ("out_bf16_for_f16_q", ("torch",), lambda a, p: a.update(out=_cast(p, a["out"], "bfloat16")),
+     TypeError, r"^out: dtype"),
+    ("page_table_int64", ("torch",), lambda a, p: a.update(page_table=_cast(p, a["page_table"], "int64")),
+     TypeError, r"^page_table: dtype"),
+    ("seq_lens_float32", REFUSAL_PATHS, lambda a, p: a.update(seq_lens=_cast(p, a["seq_lens"], "float32")),
+     TypeError, r"^seq_lens: dtype"),
+    ("lse_out_int32", REFUSAL_PATHS, lambda a, p: a.update(lse_out=_cast(p, a["lse_out"], "int32")),
+     TypeError, r"^lse_out: dtype"),
+    ("q_head_dim_96", REFUSAL_PATHS, lambda a, p: a.update(q=_on(p, np.zeros((5, 4, 96), np.float32)),
+                                                           out=_on(p, np.zeros((5, 4, 96), np.float32))),
+     ValueError, r"^q: head dim 96"),
+    ("q_head_dim_not_contiguous", REFUSAL_PATHS, lambda a, p: a.update(q=strided_last(a["q"])),
+     ValueError, r"^q: the head dimension must be contiguous"),
+    ("out_wrong_rows", REFUSAL_PATHS, lambda a, p: a.update(out=a["out"][:4]), ValueError, r"^out: expected shape"),
+    ("lse_out_wrong_heads", REFUSAL_PATHS, lambda a, p: a.update(lse_out=a["lse_out"][:, :3]),
+     ValueError, r"^lse_out: expected shape"),
+    ("query_heads_not_multiple", REFUSAL_PATHS, lambda a, p: a.update(q=a["q"][:, :3], out=a["out"][:, :3],
+                                                                       lse_out=a["lse_out"][:, :3]),
+     ValueError, r"^q: 3 query heads"),
+    ("cu_q_decreasing", REFUSAL_PATHS, lambda a, p: a["cu_q"].__setitem__(slice(None), _vals(p, [0, 3, 2])),
+     ValueError, r"^cu_q: decreasing"),
+    ("cu_q_past_T", REFUSAL_PATHS, lambda a, p: a["cu_q"].__setitem__(slice(None), _vals(p, [0, 2, 6])),
+     ValueError, r"^cu_q: last offset 6"),
+    ("cu_q_wrong_length", REFUSAL_PATHS, lambda a, p: a.update(cu_q=a["cu_q"][:2]), ValueError, r"^cu_q: expected shape"),
+    ("seq_lens_negative", REFUSAL_PATHS, lambda a, p: a["seq_lens"].__setitem__(0, -1),
+     ValueError, r"^seq_lens: negative"),
+    ("page_id_outside_pool", REFUSAL_PATHS, lambda a, p: a["page_table"].__setitem__((1, 0), 99),
+     ValueError, r"^page_table: sequence 1 page 0 is 99"),
+    ("page_table_too_narrow", REFUSAL_PATHS, lambda a, p: a.update(page_table=a["page_table"][:, :1]),
+     ValueError, r"^page_table: sequence 0 needs"),
+    ("scale_nan", REFUSAL_PATHS, lambda a, p: a.update(scale=float("nan")), ValueError, r"^scale"),
+    ("num_splits_zero", ("torch",), lambda a, p: a.update(num_splits=0), ValueError, r"^num_splits"),
+]
+
+
+def _on(path, a, dtype="float16"):
+    return on_path(path, {"a": a}, {"a": dtype})["a"]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _VERIFY_ATTENTION_BAD, ids=[c[0] for c in _VERIFY_ATTENTION_BAD])
+def test_verify_attention_refuses_bad_input(path, case, rng):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: not a reference-path case (dtypes by kind; no such argument)")
+    args = on_path(path, _va_call(rng), _VA_F16)
+    mutate(args, path)
+    kw = {n: args[n] for n in ("scale", "lse_out", "num_splits") if args.get(n) is not None}
+    assert_refused(lambda: call_op(path, "verify_attention", [args[n] for n in _VA_ORDER], kw), exc,
+                   match, [args["out"], args["lse_out"]])
+
+
+_RAK_BF16 = {"q": "bfloat16", "k": "bfloat16", "v": "bfloat16", "k_cache": "bfloat16",
+             "v_cache": "bfloat16"}
+
+
+def _rak_call(rng):
+    c = _rak_case(rng, qs=[3, 2], Ls=[1, 6], page_size=4, host=np.float32)
+    return {n: (np.zeros_like(a) if n in ("k_cache", "v_cache") else a) for n, a in c.items()}
+
+
+_ROPE_APPEND_KV_BAD = [
+    ("k_float32_for_bf16_q", ("torch",), lambda a, p: a.update(k=_cast(p, a["k"], "float32")),
+     TypeError, r"^k: dtype"),
+    ("positions_int64", ("torch",), lambda a, p: a.update(positions=_cast(p, a["positions"], "int64")),
+     TypeError, r"^positions: dtype"),
+    ("cos_sin_cache_float16", ("torch",),
+     lambda a, p: a.update(cos_sin_cache=_cast(p, a["cos_sin_cache"], "float16")), TypeError, r"^cos_sin_cache: dtype"),
+    ("k_cache_float32_for_bf16_q", ("torch",),
+     lambda a, p: a.update(k_cache=_cast(p, a["k_cache"], "float32"), v_cache=_cast(p, a["v_cache"], "float32")),
+     TypeError, r"^k_cache: dtype"),
+    ("positions_float32", REFUSAL_PATHS, lambda a, p: a.update(positions=_cast(p, a["positions"], "float32")),
+     TypeError, r"^positions: dtype"),
+    ("positions_wrong_length", REFUSAL_PATHS, lambda a, p: a.update(positions=a["positions"][:4]),
+     ValueError, r"^positions: expected shape"),
+    ("q_odd_head_dim", REFUSAL_PATHS, lambda a, p: a.update(q=a["q"][..., :63]), ValueError, r"^q: head dim 63"),
+    ("q_not_contiguous", REFUSAL_PATHS, lambda a, p: a.update(q=strided_last(a["q"])),
+     ValueError, r"^q: the last dimension must be contiguous"),
+    ("k_wrong_rows", REFUSAL_PATHS, lambda a, p: a.update(k=a["k"][:4]), ValueError, r"^k: expected shape"),
+    ("cos_sin_cache_wrong_width", REFUSAL_PATHS, lambda a, p: a.update(cos_sin_cache=_on(p, np.zeros((9, 32), np.float32), "float32")),
+     ValueError, r"^cos_sin_cache: expected shape"),
+    ("v_wrong_heads", REFUSAL_PATHS, lambda a, p: a.update(v=a["v"][:, :1]), ValueError, r"^v: expected shape"),
+    ("cu_q_decreasing", REFUSAL_PATHS, lambda a, p: a["cu_q"].__setitem__(slice(None), _vals(p, [0, 3, 2])),
+     ValueError, r"^cu_q: must start at 0, never decrease"),
+    ("seq_lens_negative", REFUSAL_PATHS, lambda a, p: a["seq_lens"].__setitem__(0, -1),
+     ValueError, r"^seq_lens: negative"),
+    ("page_table_too_narrow", REFUSAL_PATHS, lambda a, p: a.update(page_table=a["page_table"][:, :1]),
+     ValueError, r"^page_table: sequence 1 writes position"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _ROPE_APPEND_KV_BAD, ids=[c[0] for c in _ROPE_APPEND_KV_BAD])
+def test_rope_append_kv_refuses_bad_input(path, case, rng):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, _rak_call(rng), _RAK_BF16)
+    mutate(args, path)
+    assert_refused(lambda: call_op(path, "rope_append_kv", [args[n] for n in _RAK_ARGS]), exc, match,
+                   [args["q"], args["k"], args["k_cache"], args["v_cache"]])
+
+
+def _f64(path, a):
+    return (a.float().numpy() if path == "torch" else np.asarray(a, np.float64)).copy()
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_attention_good_input_passes_the_contract(path, rng):
+    args = on_path(path, _va_call(rng), _VA_F16)
+    call_op(path, "verify_attention", [args[n] for n in _VA_ORDER], {"lse_out": args["lse_out"]})
+    assert np.isfinite(_f64(path, args["out"])).all() and np.count_nonzero(_f64(path, args["lse_out"]))
+    args = on_path(path, _rak_call(rng), _RAK_BF16)
+    q0 = _f64(path, args["q"])
+    call_op(path, "rope_append_kv", [args[n] for n in _RAK_ARGS])
+    assert not np.array_equal(_f64(path, args["q"]), q0)
+    assert np.count_nonzero(_f64(path, args["k_cache"])) > 0

@@ -172,3 +172,104 @@ def test_conv1d_gpu_rejects_before_launch(rng):
         ops.conv1d_commit(d_state, args["slot_ids"], args["cu_q"], dev(np.array([3, 0], np.int32)),
                           args["x"])
     np.testing.assert_array_equal(host(d_state, c["conv_state"]), c["conv_state"])
+
+
+# ---------------------------------------------------------------- the argument contract (CPU)
+from conftest import REFUSAL_PATHS, assert_refused, call_op, on_path, strided_last  # noqa: E402
+from test_copy import _cast, _vals  # noqa: E402
+
+_CV_ORDER = ("x", "weight", "conv_state", "slot_ids", "cu_q", "out")
+_CC_ORDER = ("conv_state", "slot_ids", "cu_q", "accept_len", "journal")
+_BF16 = {"x": "bfloat16", "conv_state": "bfloat16", "out": "bfloat16"}
+
+
+def _conv_call(rng):
+    T, dim, W = 5, 6, 4
+    return {"x": rng.standard_normal((T, dim)).astype(np.float32),
+            "weight": rng.standard_normal((dim, W)).astype(np.float32),
+            "conv_state": rng.standard_normal((4, dim, W - 1)).astype(np.float32),
+            "slot_ids": np.array([2, 0], np.int32), "cu_q": np.array([0, 2, 5], np.int32),
+            "out": np.zeros((T, dim), np.float32), "journal": np.zeros((T, dim), np.float32),
+            "accept_len": np.array([1, 3], np.int32)}
+
+
+def _on(path, a):
+    return on_path(path, {"a": a})["a"]
+
+
+# (case id, paths, break(args, path), exception, message start)
+_CONV1D_VERIFY_BAD = [
+    ("x_float64", ("torch",), lambda a, p: a.update(x=_cast(p, a["x"], "float64")), TypeError, r"^x: dtype"),
+    ("slot_ids_int64", ("torch",), lambda a, p: a.update(slot_ids=_cast(p, a["slot_ids"], "int64")),
+     TypeError, r"^slot_ids: dtype"),
+    ("cu_q_float32", REFUSAL_PATHS, lambda a, p: a.update(cu_q=_cast(p, a["cu_q"], "float32")),
+     TypeError, r"^cu_q: dtype"),
+    ("weight_wrong_width", REFUSAL_PATHS, lambda a, p: a.update(weight=a["weight"][:, :3]),
+     ValueError, r"^weight: expected \[dim, W\]"),
+    ("x_wrong_dim", REFUSAL_PATHS, lambda a, p: a.update(x=a["x"][:, :5]), ValueError, r"^x: expected"),
+    ("x_not_contiguous", REFUSAL_PATHS, lambda a, p: a.update(x=strided_last(a["x"])),
+     ValueError, r"^x: the last dimension must be contiguous"),
+    ("out_wrong_rows", REFUSAL_PATHS, lambda a, p: a.update(out=a["out"][:4]), ValueError, r"^out: expected shape"),
+    ("slot_out_of_range", REFUSAL_PATHS, lambda a, p: a["slot_ids"].__setitem__(0, 4),
+     ValueError, r"^slot_ids: id 4 out of range"),
+    ("slot_shared", REFUSAL_PATHS, lambda a, p: a["slot_ids"].__setitem__(0, 0), ValueError, r"^slot_ids: the same slot"),
+    ("cu_q_decreasing", REFUSAL_PATHS, lambda a, p: a["cu_q"].__setitem__(slice(None), _vals(p, [0, 3, 2])),
+     ValueError, r"^cu_q: must start at 0"),
+    ("cu_q_ends_before_T", REFUSAL_PATHS, lambda a, p: a["cu_q"].__setitem__(slice(None), _vals(p, [0, 2, 4])),
+     ValueError, r"^cu_q: .*end at T=5"),
+    ("width_9", REFUSAL_PATHS, lambda a, p: a.update(conv_state=_on(p, np.zeros((4, 6, 8), np.float32)),
+                                                    weight=_on(p, np.zeros((6, 9), np.float32))),
+     ValueError, r"^conv_state: width W = 9"),
+    ("activation_gelu", REFUSAL_PATHS, lambda a, p: a.update(activation="gelu"), ValueError, r"^activation"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _CONV1D_VERIFY_BAD, ids=[c[0] for c in _CONV1D_VERIFY_BAD])
+def test_conv1d_verify_refuses_bad_input(path, case, rng):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, _conv_call(rng), _BF16)
+    args["activation"] = "silu"
+    mutate(args, path)
+    kw = {"journal": args["journal"], "activation": args["activation"]}
+    assert_refused(lambda: call_op(path, "conv1d_verify", [args[n] for n in _CV_ORDER], kw), exc,
+                   match, [args["out"], args["journal"], args["conv_state"]])
+
+
+_CONV1D_COMMIT_BAD = [
+    ("accept_len_int64", ("torch",), lambda a, p: a.update(accept_len=_cast(p, a["accept_len"], "int64")),
+     TypeError, r"^accept_len: dtype"),
+    ("accept_len_past_block", REFUSAL_PATHS, lambda a, p: a["accept_len"].__setitem__(1, 4),
+     ValueError, r"^accept_len: sequence 1 accepts 4"),
+    ("accept_len_wrong_length", REFUSAL_PATHS, lambda a, p: a.update(accept_len=a["accept_len"][:1]),
+     ValueError, r"^accept_len: expected shape"),
+    ("journal_wrong_dim", REFUSAL_PATHS, lambda a, p: a.update(journal=a["journal"][:, :5]),
+     ValueError, r"^journal: expected"),
+    ("slot_shared", REFUSAL_PATHS, lambda a, p: a["slot_ids"].__setitem__(0, 0), ValueError, r"^slot_ids: the same slot"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _CONV1D_COMMIT_BAD, ids=[c[0] for c in _CONV1D_COMMIT_BAD])
+def test_conv1d_commit_refuses_bad_input(path, case, rng):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, _conv_call(rng), _BF16)
+    mutate(args, path)
+    assert_refused(lambda: call_op(path, "conv1d_commit", [args[n] for n in _CC_ORDER]), exc, match,
+                   [args["conv_state"]])
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_conv1d_good_input_passes_the_contract(path, rng):
+    args = on_path(path, _conv_call(rng), _BF16)
+    before = (args["conv_state"].float().numpy() if path == "torch" else args["conv_state"]).copy()
+    call_op(path, "conv1d_verify", [args[n] for n in _CV_ORDER], {"journal": args["journal"]})
+    out = np.asarray(args["out"].float() if path == "torch" else args["out"])
+    assert np.count_nonzero(out) > 0
+    call_op(path, "conv1d_commit", [args[n] for n in _CC_ORDER])
+    after = np.asarray(args["conv_state"].float() if path == "torch" else args["conv_state"])
+    assert not np.array_equal(before, after)

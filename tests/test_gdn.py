@@ -59,6 +59,11 @@ def f64(a):
     return ref.to_f64(a)
 
 
+def _i(*values):
+    """An int32 index array (the ops take arrays, not lists)."""
+    return np.array(values, np.int32)
+
+
 # ------------------------------------------------------------------ closed forms
 
 def test_gdn_verify_single_token_closed_form():
@@ -126,8 +131,8 @@ def test_gdn_fused_gating_and_l2norm_match_explicit():
     state = make_state(rng, 1, Hv, Dk, Dv, np.float32, "kv")
     o1, o2 = empty_out(3, Hv, Dv), empty_out(3, Hv, Dv)
     j1, j2 = empty_journal(3, Hk, Hv, Dk, Dv), empty_journal(3, Hk, Hv, Dk, Dv)
-    gdn_verify(x["q"], x["k"], x["v"], state, [0], cu_q, o1, j1, qk_l2norm=True, **gat)
-    gdn_verify(qn.astype(np.float32), kn.astype(np.float32), x["v"], state, [0], cu_q, o2, j2,
+    gdn_verify(x["q"], x["k"], x["v"], state, _i(0), cu_q, o1, j1, qk_l2norm=True, **gat)
+    gdn_verify(qn.astype(np.float32), kn.astype(np.float32), x["v"], state, _i(0), cu_q, o2, j2,
                g=g, beta=beta)
     np.testing.assert_allclose(o1, o2, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(j1, j2, rtol=1e-6, atol=1e-7)
@@ -141,11 +146,11 @@ def test_gdn_layouts_agree():
     svk = np.ascontiguousarray(skv.transpose(0, 1, 3, 2))
     o1, o2 = empty_out(5, Hv, Dv), empty_out(5, Hv, Dv)
     j1, j2 = empty_journal(5, Hk, Hv, Dk, Dv), empty_journal(5, Hk, Hv, Dk, Dv)
-    gdn_verify(**x, state=skv, slot_ids=[2, 0], cu_q=cu_q, out=o1, journal=j1, **gat)
-    gdn_verify(**x, state=svk, slot_ids=[2, 0], cu_q=cu_q, out=o2, journal=j2, layout="vk", **gat)
+    gdn_verify(**x, state=skv, slot_ids=_i(2, 0), cu_q=cu_q, out=o1, journal=j1, **gat)
+    gdn_verify(**x, state=svk, slot_ids=_i(2, 0), cu_q=cu_q, out=o2, journal=j2, layout="vk", **gat)
     np.testing.assert_array_equal(o1, o2)
-    gdn_commit(skv, [2, 0], cu_q, [1, 3], j1)
-    gdn_commit(svk, [2, 0], cu_q, [1, 3], j2, layout="vk")
+    gdn_commit(skv, _i(2, 0), cu_q, _i(1, 3), j1)
+    gdn_commit(svk, _i(2, 0), cu_q, _i(1, 3), j2, layout="vk")
     np.testing.assert_array_equal(skv, svk.transpose(0, 1, 3, 2))
 
 
@@ -216,15 +221,15 @@ def test_gdn_commit_every_accept_len():
     cu_q, x, gat = make_block(rng, [q], Hk, Hv, Dk, Dv)
     state0 = make_state(rng, 1, Hv, Dk, Dv, np.float16, "kv")
     journal = empty_journal(q, Hk, Hv, Dk, Dv)
-    gdn_verify(**x, state=state0, slot_ids=[0], cu_q=cu_q, out=empty_out(q, Hv, Dv),
+    gdn_verify(**x, state=state0, slot_ids=_i(0), cu_q=cu_q, out=empty_out(q, Hv, Dv),
                journal=journal, **gat)
     for n in range(q + 1):
         st = state0.copy()
-        gdn_commit(st, [0], cu_q, [n], journal)
+        gdn_commit(st, _i(0), cu_q, _i(n), journal)
         seq = state0.copy()
         if n:
             sub = {k_: a[:n] for k_, a in {**x, **gat}.items()}
-            gdn_decode_reference(**sub, state=seq, slot_ids=[0], cu_q=[0, n],
+            gdn_decode_reference(**sub, state=seq, slot_ids=_i(0), cu_q=_i(0, n),
                                  out=empty_out(n, Hv, Dv))
         np.testing.assert_array_equal(st, seq)
         if n == 0:
@@ -238,9 +243,9 @@ def test_gdn_padding_rows_are_zero_and_untouched():
     before = state.copy()
     out = empty_out(3, 1, 4)
     j = empty_journal(3, 1, 1, 4, 4)
-    gdn_verify(**x, state=state, slot_ids=[-1, -1], cu_q=cu_q, out=out, journal=j, **gat)
+    gdn_verify(**x, state=state, slot_ids=_i(-1, -1), cu_q=cu_q, out=out, journal=j, **gat)
     assert not out.any()
-    gdn_commit(state, [-1, -1], cu_q, [2, 1], j)
+    gdn_commit(state, _i(-1, -1), cu_q, _i(2, 1), j)
     np.testing.assert_array_equal(state, before)
 
 
@@ -251,8 +256,8 @@ def test_gdn_empty_batch():
     g = np.zeros((0, 2), np.float32)
     out = empty_out(0, 2, 4)
     j = empty_journal(0, 1, 2, 4, 4)
-    gdn_verify(q, q, v, state, np.zeros(0, np.int32), [0], out, j, g=g, beta=g)
-    gdn_commit(state, np.zeros(0, np.int32), [0], np.zeros(0, np.int32), j)
+    gdn_verify(q, q, v, state, np.zeros(0, np.int32), _i(0), out, j, g=g, beta=g)
+    gdn_commit(state, np.zeros(0, np.int32), _i(0), np.zeros(0, np.int32), j)
 
 
 # ------------------------------------------------------------------ bad arguments
@@ -273,7 +278,7 @@ def _bad_case():
     (lambda c: c.update(q=np.zeros((4, 2, 4), np.float32)), "q: expected"),
     (lambda c: c.update(k=np.zeros((4, 2, 4), np.float32)), "k: expected"),
     (lambda c: c.update(v=np.zeros((4, 4, 4), np.float32)), "v: expected"),
-    (lambda c: c.update(q=c["q"].astype(np.float64)), "q: dtype"),
+    (lambda c: c.update(q=c["q"].astype(np.int32)), "q: dtype"),   # (floats: by kind)
     (lambda c: c.update(slot_ids=np.array([0, 4])), "slot_ids: id 4 out of range"),
     (lambda c: c.update(slot_ids=np.array([1, 1])), "same slot"),
     (lambda c: c.update(cu_q=np.array([0, 3, 2])), "cu_q"),
@@ -297,13 +302,13 @@ def test_gdn_commit_rejects():
     gdn_verify(**c)
     st, j = c["state"], c["journal"]
     with pytest.raises(ValueError, match="accept_len"):
-        gdn_commit(st, [0, 1], c["cu_q"], [3, 0], j)
+        gdn_commit(st, _i(0, 1), c["cu_q"], _i(3, 0), j)
     with pytest.raises(ValueError, match="accept_len"):
-        gdn_commit(st, [0, 1], c["cu_q"], [-1, 0], j)
+        gdn_commit(st, _i(0, 1), c["cu_q"], _i(-1, 0), j)
     with pytest.raises(ValueError, match="same slot"):
-        gdn_commit(st, [2, 2], c["cu_q"], [1, 1], j)
+        gdn_commit(st, _i(2, 2), c["cu_q"], _i(1, 1), j)
     with pytest.raises(ValueError, match="journal"):
-        gdn_commit(st, [0, 1], c["cu_q"], [1, 1], j[:, :-1])
+        gdn_commit(st, _i(0, 1), c["cu_q"], _i(1, 1), j[:, :-1])
 
 
 def test_bf16_bits_roundtrip():
@@ -736,17 +741,17 @@ def test_gdn_fused_mode_rejects():
     before = state.copy()
     j = empty_journal(3, 1, 2, 4, 4)
     pj = np.zeros_like(j)
-    base = dict(**x, **gat, state=state, slot_ids=[0, 1], cu_q=cu_q, out=empty_out(3, 2, 4), journal=j)
-    with pytest.raises(ValueError, match="pending_journal: must not be"):
-        gdn_verify(**base, pending_journal=j, pending_row0=[0, 0], pending_len=[0, 0])
+    base = dict(**x, **gat, state=state, slot_ids=_i(0, 1), cu_q=cu_q, out=empty_out(3, 2, 4), journal=j)
+    with pytest.raises(ValueError, match="pending_journal: overlaps journal"):
+        gdn_verify(**base, pending_journal=j, pending_row0=_i(0, 0), pending_len=_i(0, 0))
     with pytest.raises(ValueError, match="without pending_journal"):
-        gdn_verify(**base, pending_len=[1, 1])
+        gdn_verify(**base, pending_len=_i(1, 1))
     with pytest.raises(ValueError, match="outside the pending"):
-        gdn_verify(**base, pending_journal=pj, pending_row0=[2, 0], pending_len=[2, 0])
+        gdn_verify(**base, pending_journal=pj, pending_row0=_i(2, 0), pending_len=_i(2, 0))
     with pytest.raises(ValueError, match="outside the pending"):
-        ref.gdn_flush(state, [0, 1], pj, [0, 0], [-1, 0])
+        ref.gdn_flush(state, _i(0, 1), pj, _i(0, 0), _i(-1, 0))
     with pytest.raises(ValueError, match="same slot"):
-        ref.gdn_flush(state, [1, 1], pj, [0, 0], [1, 1])
+        ref.gdn_flush(state, _i(1, 1), pj, _i(0, 0), _i(1, 1))
     np.testing.assert_array_equal(state, before)
 
 
@@ -837,3 +842,153 @@ def test_gdn_gpu_fused_mode_rejects_and_flags(rng):
     flags = st.to_numpy()
     assert flags[1] == 8 and not np.delete(flags, 1).any()
     np.testing.assert_array_equal(host(d_state, c["state"]), c["state"])
+
+
+# ---------------------------------------------------------------- the argument contract (CPU)
+from conftest import REFUSAL_PATHS, assert_refused, call_op, on_path, strided_last  # noqa: E402
+from test_copy import _cast, _vals  # noqa: E402
+
+_GV_ORDER = ("q", "k", "v", "state", "slot_ids", "cu_q", "out", "journal")
+_GC_ORDER = ("state", "slot_ids", "cu_q", "accept_len", "journal")
+_GF_ORDER = ("state", "slot_ids", "pending_journal", "pending_row0", "pending_len")
+_GDN_BF16 = {"q": "bfloat16", "k": "bfloat16", "v": "bfloat16", "state": "bfloat16"}
+
+
+def _gdn_call(rng):
+    """One small gdn round (Hk=1, Hv=2, Dk=8, Dv=4: the reference computes any head dims)."""
+    Hk, Hv, Dk, Dv, T = 1, 2, 8, 4, 5
+    cu_q, x, gat = make_block(rng, [2, 3], Hk, Hv, Dk, Dv)
+    W = gdn_journal_width(Hk, Hv, Dk, Dv)
+    return dict(**x, **gat, state=make_state(rng, 4, Hv, Dk, Dv, np.float32, "kv"),
+                slot_ids=_i(2, 0), cu_q=cu_q, out=np.zeros((T, Hv, Dv), np.float32),
+                journal=np.zeros((T, W), np.float32), accept_len=_i(1, 3),
+                pending_journal=rng.standard_normal((T, W)).astype(np.float32),
+                pending_row0=_i(0, 2), pending_len=_i(2, 3))
+
+
+def _gdn_zeros(path, shape, dtype=np.float32):
+    return on_path(path, {"a": np.zeros(shape, dtype)})["a"]
+
+
+_GDN_VERIFY_BAD = [
+    ("k_float32_for_bf16_q", ("torch",), lambda a, p: a.update(k=_cast(p, a["k"], "float32")),
+     TypeError, r"^k: dtype"),
+    ("slot_ids_int64", ("torch",), lambda a, p: a.update(slot_ids=_cast(p, a["slot_ids"], "int64")),
+     TypeError, r"^slot_ids: dtype"),
+    ("journal_float64", REFUSAL_PATHS, lambda a, p: a.update(journal=_cast(p, a["journal"], "float64")),
+     TypeError, r"^journal: dtype"),
+    ("cu_q_float32", REFUSAL_PATHS, lambda a, p: a.update(cu_q=_cast(p, a["cu_q"], "float32")),
+     TypeError, r"^cu_q: dtype"),
+    ("v_wrong_heads", REFUSAL_PATHS, lambda a, p: a.update(v=a["v"][:, :1]), ValueError, r"^v: expected shape"),
+    ("q_wrong_head_dim", REFUSAL_PATHS, lambda a, p: a.update(q=a["q"][..., :4]), ValueError, r"^q: expected"),
+    ("q_not_contiguous", REFUSAL_PATHS, lambda a, p: a.update(q=strided_last(a["q"]), k=strided_last(a["k"])),
+     ValueError, r"^q: the last dimension must be contiguous"),
+    ("journal_wrong_width", REFUSAL_PATHS, lambda a, p: a.update(journal=a["journal"][:, :-1]),
+     ValueError, r"^journal: expected shape"),
+    ("gating_mixed", REFUSAL_PATHS, lambda a, p: a.update(a=a["g"]), ValueError, r"^g/beta: give either"),
+    ("state_not_contiguous", REFUSAL_PATHS, lambda a, p: a.update(state=strided_last(a["state"])),
+     ValueError, r"^state: each slot's"),
+    ("slot_shared", REFUSAL_PATHS, lambda a, p: a["slot_ids"].__setitem__(0, 0), ValueError, r"^slot_ids: the same slot"),
+    ("slot_out_of_range", REFUSAL_PATHS, lambda a, p: a["slot_ids"].__setitem__(0, 9),
+     ValueError, r"^slot_ids: id 9 out of range"),
+    ("cu_q_decreasing", REFUSAL_PATHS, lambda a, p: a["cu_q"].__setitem__(slice(None), _vals(p, [0, 3, 2])),
+     ValueError, r"^cu_q: must start at 0"),
+    ("cu_q_ends_before_T", REFUSAL_PATHS, lambda a, p: a["cu_q"].__setitem__(slice(None), _vals(p, [0, 2, 4])),
+     ValueError, r"^cu_q: .*end at T=5"),
+    ("scale_nan", REFUSAL_PATHS, lambda a, p: a.update(scale=float("nan")), ValueError, r"^scale"),
+    ("layout_bad", REFUSAL_PATHS, lambda a, p: a.update(layout="kk"), ValueError, r"^layout"),
+    ("pending_is_journal", REFUSAL_PATHS, lambda a, p: a.update(pending=True, pending_journal=a["journal"]),
+     ValueError, r"^pending_journal: overlaps journal"),
+    ("pending_outside", REFUSAL_PATHS, lambda a, p: (a.update(pending=True), a["pending_len"].__setitem__(1, 4)),
+     ValueError, r"^pending_row0 / pending_len: sequence 1"),
+    ("pending_without_journal", REFUSAL_PATHS, lambda a, p: a.update(pending_only=True),
+     ValueError, r"^pending_row0 / pending_len: given without"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _GDN_VERIFY_BAD, ids=[c[0] for c in _GDN_VERIFY_BAD])
+def test_gdn_verify_refuses_bad_input(path, case, rng):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, _gdn_call(rng), _GDN_BF16)
+    mutate(args, path)
+    kw = {n: args[n] for n in ("g", "beta", "a", "scale", "layout") if args.get(n) is not None}
+    if args.get("pending"):
+        kw.update({n: args[n] for n in ("pending_journal", "pending_row0", "pending_len")})
+    if args.get("pending_only"):
+        kw.update(pending_row0=args["pending_row0"], pending_len=args["pending_len"])
+    assert_refused(lambda: call_op(path, "gdn_verify", [args[n] for n in _GV_ORDER], kw), exc, match,
+                   [args["out"], args["journal"], args["state"]])
+
+
+_GDN_COMMIT_BAD = [
+    ("accept_len_int64", ("torch",), lambda a, p: a.update(accept_len=_cast(p, a["accept_len"], "int64")),
+     TypeError, r"^accept_len: dtype"),
+    ("journal_float64", REFUSAL_PATHS, lambda a, p: a.update(journal=_cast(p, a["journal"], "float64")),
+     TypeError, r"^journal: dtype"),
+    ("journal_width_not_for_state", REFUSAL_PATHS, lambda a, p: a.update(journal=a["journal"][:, :-1]),
+     ValueError, r"^journal: width"),
+    ("accept_len_past_block", REFUSAL_PATHS, lambda a, p: a["accept_len"].__setitem__(0, 3),
+     ValueError, r"^accept_len: sequence 0 accepts 3"),
+    ("accept_len_negative", REFUSAL_PATHS, lambda a, p: a["accept_len"].__setitem__(0, -1),
+     ValueError, r"^accept_len: sequence 0"),
+    ("slot_shared", REFUSAL_PATHS, lambda a, p: a["slot_ids"].__setitem__(0, 0), ValueError, r"^slot_ids: the same slot"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _GDN_COMMIT_BAD, ids=[c[0] for c in _GDN_COMMIT_BAD])
+def test_gdn_commit_refuses_bad_input(path, case, rng):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, _gdn_call(rng), _GDN_BF16)
+    mutate(args, path)
+    assert_refused(lambda: call_op(path, "gdn_commit", [args[n] for n in _GC_ORDER]), exc, match,
+                   [args["state"]])
+
+
+_GDN_FLUSH_BAD = [
+    ("pending_len_int64", ("torch",), lambda a, p: a.update(pending_len=_cast(p, a["pending_len"], "int64")),
+     TypeError, r"^pending_len: dtype"),
+    ("pending_len_negative", REFUSAL_PATHS, lambda a, p: a["pending_len"].__setitem__(0, -1),
+     ValueError, r"^pending_row0 / pending_len: sequence 0"),
+    ("pending_row0_wrong_length", REFUSAL_PATHS, lambda a, p: a.update(pending_row0=a["pending_row0"][:1]),
+     ValueError, r"^pending_row0: expected shape"),
+    ("pending_journal_not_contiguous", REFUSAL_PATHS,
+     lambda a, p: a.update(pending_journal=strided_last(a["pending_journal"])),
+     ValueError, r"^pending_journal: the last dimension"),
+    ("slot_out_of_range", REFUSAL_PATHS, lambda a, p: a["slot_ids"].__setitem__(1, 4),
+     ValueError, r"^slot_ids: id 4 out of range"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _GDN_FLUSH_BAD, ids=[c[0] for c in _GDN_FLUSH_BAD])
+def test_gdn_flush_refuses_bad_input(path, case, rng):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, _gdn_call(rng), _GDN_BF16)
+    mutate(args, path)
+    assert_refused(lambda: call_op(path, "gdn_flush", [args[n] for n in _GF_ORDER]), exc, match,
+                   [args["state"]])
+
+
+def _np(path, a):
+    return (a.float().numpy() if path == "torch" else np.asarray(a, np.float64)).copy()
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_gdn_good_input_passes_the_contract(path, rng):
+    args = on_path(path, _gdn_call(rng), _GDN_BF16)
+    before = _np(path, args["state"])
+    call_op(path, "gdn_verify", [args[n] for n in _GV_ORDER], {"g": args["g"], "beta": args["beta"]})
+    assert np.count_nonzero(_np(path, args["out"])) > 0 and np.array_equal(_np(path, args["state"]), before)
+    call_op(path, "gdn_commit", [args[n] for n in _GC_ORDER])
+    after = _np(path, args["state"])
+    assert not np.array_equal(after, before)
+    call_op(path, "gdn_flush", [args[n] for n in _GF_ORDER])
+    assert not np.array_equal(_np(path, args["state"]), after)

@@ -9,33 +9,31 @@ page table can address) and the SM count, never on the device-side ``seq_lens``.
 from __future__ import annotations
 
 import functools
-import math
 import os
 from dataclasses import dataclass
+from typing import Any, Optional, Tuple
 
 from .. import runtime
-from .._validate import DeviceArg, as_scale, as_stream, check_int, to_host
-from ..reference.attention import (MAX_Q_PER_SEQ, check_verify_attention_shapes,
-                                   check_verify_attention_values)
-from ..contract import copy as copy_contract
-from ..contract import index_values
-from .draft import _SHORT
-from .layers import check_rope_args
+from .._validate import as_stream
+from ..contract import attention as contract
+from ..contract._batch import lazy_index_values
+from ..contract.attention import MAX_Q_PER_SEQ, MAX_SPLITS  # noqa: F401 (public here too)
+
+ArrayLike = Any      # a device array: DeviceArray, torch / cupy tensor, DLPack or CAI object
+StreamLike = Any     # None, an int handle, or an object with __cuda_stream__
 
 # --- must agree with cuda_src/attention/attention_params.h and verify_attention.cu
 _THREADS = 128
 _EPILOGUE_SMEM = 4 * 16 * 72 * 4 + 2 * 4 * 16 * 4
 _TILE_KEYS = {64: 64, 128: 64, 256: 32}
 
-MAX_SPLITS = 1024               # gridDim.z bound we allow (the hardware allows 65535)
 MAX_BATCH = 65535               # sequences per call: the batch is gridDim.y
 _STATIC_SMEM = 1024             # bound on the kernels' static smem (page-id ring, flags)
 _MIN_KEYS_PER_SPLIT = 256       # below this a split's merge costs more than it saves
 _CTAS_PER_SM = 2                # resident attention CTAs per SM the split count aims for
 
+_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}   # kernel name suffixes
 
-# L + q and key indices are int32 in the kernel: keep a margin below 2^31 for a tile
-_MAX_CONTEXT = 2**31 - 2**20
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -141,18 +139,21 @@ def _launch_setup(dev, tag, D):
 
 
 def _aligned(name, a, elems=8):
-    """Head dim contiguous; other strides and the base 16-byte aligned (16-byte vector I/O)."""
+    """Other strides than the (contiguous) head dim's and the base 16-byte aligned (16-byte
+    vector I/O)."""
     st = a.strides
-    if st[-1] != 1:
-        raise ValueError(f"{name}: the head dimension must be contiguous (strides {a.strides})")
     if a.ptr % 16 or any(s % elems for s, n in zip(st[:-1], a.shape[:-1]) if n > 1):
         raise ValueError(f"{name}: data pointer and strides must be 16-byte aligned "
                          f"(ptr % 16 = {a.ptr % 16}, strides {a.strides} elements)")
 
 
-def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale=None,
-                     lse_out=None, *, workspace=None, num_splits=None, max_kv_len=None,
-                     max_q=None, row_invariant=False, check_indices=None, stream=None):
+def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_table: ArrayLike,
+                     seq_lens: ArrayLike, cu_q: ArrayLike, out: ArrayLike,
+                     scale: Optional[float] = None, lse_out: Optional[ArrayLike] = None, *,
+                     workspace: Optional[ArrayLike] = None, num_splits: Optional[int] = None,
+                     max_kv_len: Optional[int] = None, max_q: Optional[int] = None,
+                     row_invariant: bool = False, check_indices: Optional[bool] = None,
+                     stream: StreamLike = None):
     """Paged block-verification attention of one speculative round.
 
     q ``[T, Hq, D]`` (float16; bfloat16 on sm_80+), k_cache / v_cache
@@ -188,19 +189,18 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
                                  max_pages * 16),), "uint8")
         verify_attention(q, kc, vc, pt, L, cu_q, out, lse_out=lse, workspace=ws)
     """
-    qa = DeviceArg("q", q, dtype=("float16", "bfloat16"), ndim=3)
+    stream_h = as_stream(stream)
+    if check_indices is None:
+        check_indices = _debug_default()
+    qa, kc, vc, pt, sl, cq, oa, la, ws, scale, max_q, max_kv_len, num_splits = \
+        contract.verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale,
+                                  lse_out, workspace=workspace, num_splits=num_splits,
+                                  max_kv_len=max_kv_len, max_q=max_q,
+                                  values=lazy_index_values(stream_h) if check_indices else None)
     dev = qa.device
-    kc = DeviceArg("k_cache", k_cache, dtype=qa.dtype, ndim=4, device=dev)
-    vc = DeviceArg("v_cache", v_cache, dtype=qa.dtype, ndim=4, device=dev)
-    pt = DeviceArg("page_table", page_table, dtype="int32", ndim=2, device=dev)
-    sl = DeviceArg("seq_lens", seq_lens, dtype="int32", ndim=1, device=dev, contiguous=True)
-    cq = DeviceArg("cu_q", cu_q, dtype="int32", ndim=1, device=dev, contiguous=True)
-    oa = DeviceArg("out", out, dtype=qa.dtype, ndim=3, device=dev)
-    la = DeviceArg("lse_out", lse_out, dtype="float32", ndim=2, device=dev, optional=True)
-    T, Hq, Hkv, D, B, page_size = check_verify_attention_shapes(
-        qa.shape, kc.shape, vc.shape, pt.shape, sl.shape, cq.shape, oa.shape,
-        None if lse_out is None else la.shape)
-    num_pages, max_pages = kc.shape[0], pt.shape[1]
+    T, Hq, D = qa.shape
+    num_pages, page_size, Hkv = kc.shape[0], kc.shape[1], kc.shape[2]
+    B, max_pages = pt.shape
     tag = "f16" if qa.dtype == "float16" else "bf16"
     family, sms, smem, merge = _launch_setup(dev, tag, D)
     if qa.dtype == "bfloat16" and family < 80:
@@ -208,43 +208,13 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
                         "sm_75 code path, which has no bf16 tensor cores); use float16")
     for a in (qa, kc, vc, oa):
         _aligned(a.name, a)
-    if pt.shape[1] > 1 and pt.strides[1] != 1:
-        raise ValueError(f"page_table: rows must be contiguous (strides {pt.strides})")
-    if num_pages >= 2**31 or T >= 2**31 or max_pages >= 2**31:
-        raise ValueError("k_cache/q/page_table: sizes of 2^31 or more are not supported")
     if B > MAX_BATCH:
         raise ValueError(f"page_table: {B} sequences, at most {MAX_BATCH} per call")
-    scale = as_scale(scale, 1.0 / math.sqrt(D))
-    stream_h = as_stream(stream)
-    if max_q is None:
-        max_q = min(T, MAX_Q_PER_SEQ)
-    else:
-        max_q = check_int("max_q", max_q, 1, MAX_Q_PER_SEQ)
-    if max_kv_len is None:
-        max_kv_len = max_pages * page_size
-        if max_kv_len >= _MAX_CONTEXT:
-            raise ValueError(f"page_table: {max_pages} pages of {page_size} rows exceed the "
-                             f"{_MAX_CONTEXT}-position context limit (positions are int32 in "
-                             "the kernel); pass max_kv_len")
-    else:
-        max_kv_len = check_int("max_kv_len", max_kv_len, 1, _MAX_CONTEXT - 1)
-    if num_splits is not None:
-        num_splits = check_int("num_splits", num_splits, 1, MAX_SPLITS)
-    if check_indices is None:
-        check_indices = _debug_default()
-    if check_indices:
-        if not runtime.driver().stream_is_capturing(stream_h):
-            check_verify_attention_values(to_host(pt, stream_h), to_host(sl, stream_h),
-                                          to_host(cq, stream_h), T, num_pages, page_size)
     if T == 0 or B == 0:
         return out
 
     group = Hq // Hkv
-    ws = DeviceArg("workspace", workspace, device=dev, contiguous=True, optional=True)
     if workspace is None:
-        if num_splits is not None and num_splits > 1:
-            raise ValueError(f"workspace: num_splits={num_splits} needs a workspace of "
-                             "verify_attention_workspace_size(...) bytes")
         num_splits = 1
     plan = plan_verify_attention(B, Hkv, group, D, max_q, max_kv_len, sms, num_splits,
                                  bool(row_invariant))
@@ -289,8 +259,11 @@ def _stride_bits(a, itemsize):
     return bits
 
 
-def rope_append_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, page_table, seq_lens,
-                   cu_q, finished=None, *, check_indices=True, stream=None):
+def rope_append_kv(q: ArrayLike, k: ArrayLike, v: ArrayLike, positions: ArrayLike,
+                   cos_sin_cache: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
+                   page_table: ArrayLike, seq_lens: ArrayLike, cu_q: ArrayLike,
+                   finished: Optional[ArrayLike] = None, *, check_indices: bool = True,
+                   stream: StreamLike = None) -> Tuple[ArrayLike, ArrayLike, ArrayLike, ArrayLike]:
     """``rope(q, k, positions, cos_sin_cache)`` then ``append_kv(k, v, k_cache, v_cache,
     page_table, seq_lens, cu_q, finished)`` in one launch, bit for bit the two ops.
 
@@ -309,20 +282,13 @@ def rope_append_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, page_tab
         rope_append_kv(q, k, v, positions, cos_sin, k_cache, v_cache, page_table, L, cu_q,
                        finished, check_indices=False, stream=s)
     """
-    if k is None:
-        raise TypeError("k: required (rope_append_kv appends the rotated k)")
-    qa, ka, pa, ca, T, Hq, Hk, D = check_rope_args(q, k, positions, cos_sin_cache)
-    dev = qa.device
-    # append_kv's checks take k_cache as their anchor: tie it to q first, so that a cache of
-    # another dtype or device is reported as k_cache's fault, not v_cache's
-    DeviceArg("k_cache", k_cache, dtype=qa.dtype, ndim=4, device=dev)
-    if (Hq + 2 * Hk) * D >= 2**31 - 1:
-        raise ValueError(f"q: {Hq} + 2 x {Hk} heads of {D} are too many (the kernel's "
-                         "per-token index is int32)")
     stream_h = as_stream(stream)
-    ka, va, kc, vc, pt, sl, cq, fin = copy_contract.append_kv(
-        k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished,
-        values=index_values(stream_h) if check_indices else None)
+    qa, ka, va, kc, vc, pa, ca, pt, sl, cq, fin = contract.rope_append_kv(
+        q, k, v, positions, cos_sin_cache, k_cache, v_cache, page_table, seq_lens, cu_q, finished,
+        values=lazy_index_values(stream_h) if check_indices else None)
+    T, Hq, D = qa.shape
+    Hk = ka.shape[1]
+    dev = qa.device
     if T == 0:
         return q, k, k_cache, v_cache
     B = pt.shape[0]

@@ -6,53 +6,34 @@ accepted rows into the state. Semantics: ``specdec_lib.reference.conv``.
 """
 from __future__ import annotations
 
-from .. import runtime
-from .._validate import DeviceArg, as_stream
-from ..reference.conv import ACTIVATIONS
-from .gdn import _batch_args, _check_batch_on_host
+from typing import Any, Optional
 
-_FLOATS = ("float32", "float16", "bfloat16")
+from .. import runtime
+from .._validate import as_stream
+from ..contract import conv as contract
+from ..contract._batch import lazy_index_values
+from ..contract.conv import ACTIVATIONS  # noqa: F401 (public here too)
+
 _DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
 _THREADS = 256
+_MAX_BATCH = 65535            # sequences per call: the batch is gridDim.y
 
 __all__ = ["conv1d_verify", "conv1d_commit"]
 
-
-def _state_arg(conv_state):
-    cs = DeviceArg("conv_state", conv_state, dtype=_FLOATS, ndim=3)
-    slots, dim, wm1 = cs.shape
-    if not 2 <= wm1 + 1 <= 8:
-        raise ValueError(f"conv_state: width W = {wm1 + 1} (from shape {list(cs.shape)}) not "
-                         f"supported: 2..8")
-    if wm1 > 1 and cs.strides[2] != 1:
-        raise ValueError(f"conv_state: the last (W-1) dimension must be contiguous "
-                         f"(strides {cs.strides})")
-    # the launch parameters are int32, and so is the channel index c = block * 256 + thread
-    if slots >= 2**31 or dim >= 2**31 - 256:
-        raise ValueError(f"conv_state: sizes of 2^31 or more are not supported "
-                         f"(shape {list(cs.shape)})")
-    return cs, slots, dim, wm1 + 1
+ArrayLike = Any      # a device array: DeviceArray, torch / cupy tensor, DLPack or CAI object
+StreamLike = Any     # None, an int handle, or an object with __cuda_stream__
 
 
-def _block_rows(name, arr, dim, dev):
-    """A block's rows [T, dim] (x, or the journal), any float dtype; returns (arg, T)."""
-    a = DeviceArg(name, arr, dtype=_FLOATS, ndim=2, device=dev)
-    T = a.shape[0]
-    if T >= 2**31:
-        raise ValueError(f"{name}: {T} rows; at most 2^31-1 per call")
-    if a.shape[1] != dim:
-        raise ValueError(f"{name}: expected [T, dim={dim}] (dim from conv_state), got {list(a.shape)}")
-    return a, T
+def _check_batch_size(B):
+    if B > _MAX_BATCH:
+        raise ValueError(f"slot_ids: batch {B} too large (at most {_MAX_BATCH} sequences per call)")
 
 
-def _rows(name, a):
-    if a.shape[-1] > 1 and a.strides[-1] != 1:
-        raise ValueError(f"{name}: the last dimension must be contiguous (strides {a.strides})")
-    return a.strides[0]
-
-
-def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, activation="silu",
-                  journal=None, status=None, check_indices=True, stream=None):
+def conv1d_verify(x: ArrayLike, weight: ArrayLike, conv_state: ArrayLike, slot_ids: ArrayLike,
+                  cu_q: ArrayLike, out: ArrayLike, *, bias: Optional[ArrayLike] = None,
+                  activation: Optional[str] = "silu", journal: Optional[ArrayLike] = None,
+                  status: Optional[ArrayLike] = None, check_indices: bool = True,
+                  stream: StreamLike = None):
     """out[t] = act(bias + sum_w weight[:, w] * window_t[w]) for every block row; the
     conv state is only read.
 
@@ -64,28 +45,18 @@ def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, acti
     bfloat16), each array its own; last dimensions contiguous. ``check_indices``: as in
     gdn_verify.
     """
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
-    cs, slots, dim, W = _state_arg(conv_state)
-    dev = cs.device
-    xa, T = _block_rows("x", x, dim, dev)
-    wa = DeviceArg("weight", weight, dtype=_FLOATS, device=dev)
-    if wa.shape not in ((dim, W), (dim, 1, W)):
-        raise ValueError(f"weight: expected [dim, W] = [{dim}, {W}] (or [{dim}, 1, {W}]), "
-                         f"got {list(wa.shape)}")
-    if W > 1 and wa.strides[-1] != 1:
-        raise ValueError(f"weight: the width dimension must be contiguous (strides {wa.strides})")
-    ba = DeviceArg("bias", bias, dtype=_FLOATS, shape=(dim,), device=dev, contiguous=True,
-                   optional=True)
-    oa = DeviceArg("out", out, dtype=_FLOATS, shape=(T, dim), device=dev)
-    ja = DeviceArg("journal", journal, dtype=_FLOATS, shape=(T, dim), device=dev, optional=True)
-    B, sl, cq, _, sa = _batch_args(dev, slot_ids, cu_q, status)
-    x_st, o_st = _rows("x", xa), _rows("out", oa)
-    j_st = _rows("journal", ja) if journal is not None else 0
-    if B >= 65536:
-        raise ValueError(f"slot_ids: batch {B} too large (at most 65535 sequences per call)")
     stream_h = as_stream(stream)
-    _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots)
+    cs, xa, wa, ba, oa, ja, sl, cq, sa = contract.conv1d_verify(
+        x, weight, conv_state, slot_ids, cu_q, out, bias=bias, activation=activation,
+        journal=journal, status=status,
+        values=lazy_index_values(stream_h) if check_indices else None)
+    slots, dim, wm1 = cs.shape
+    W = wm1 + 1
+    T, B = xa.shape[0], sl.shape[0]
+    _check_batch_size(B)
+    dev = cs.device
+    x_st, o_st = xa.strides[0], oa.strides[0]
+    j_st = ja.strides[0] if journal is not None else 0
     if B == 0 or ((T == 0 or dim == 0) and status is None):
         return out   # (with a status the kernel still runs: every status[b] gets written)
     kern = runtime.kernel("conv", "conv1d_verify", dev)
@@ -99,20 +70,22 @@ def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, acti
     return out
 
 
-def conv1d_commit(conv_state, slot_ids, cu_q, accept_len, journal, *, status=None,
-                  check_indices=True, stream=None):
+def conv1d_commit(conv_state: ArrayLike, slot_ids: ArrayLike, cu_q: ArrayLike,
+                  accept_len: ArrayLike, journal: ArrayLike, *, status: Optional[ArrayLike] = None,
+                  check_indices: bool = True, stream: StreamLike = None):
     """Shift block rows 0..accept_len[b]-1 of ``journal`` [T, dim] (x itself, or the
     copy conv1d_verify wrote) into each sequence's conv state, in place; rows enter the
     state rounded to its dtype. accept_len [B] int32 in 0..q_b (0: untouched)."""
-    cs, slots, dim, W = _state_arg(conv_state)
-    dev = cs.device
-    ja, T = _block_rows("journal", journal, dim, dev)
-    j_st = _rows("journal", ja)
-    B, sl, cq, al, sa = _batch_args(dev, slot_ids, cu_q, status, accept_len, commit=True)
-    if B >= 65536:
-        raise ValueError(f"slot_ids: batch {B} too large (at most 65535 sequences per call)")
     stream_h = as_stream(stream)
-    _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots, al)
+    cs, ja, sl, cq, al, sa = contract.conv1d_commit(
+        conv_state, slot_ids, cu_q, accept_len, journal, status=status,
+        values=lazy_index_values(stream_h) if check_indices else None)
+    slots, dim, wm1 = cs.shape
+    W = wm1 + 1
+    T, B = ja.shape[0], sl.shape[0]
+    _check_batch_size(B)
+    dev = cs.device
+    j_st = ja.strides[0]
     if B == 0 or ((T == 0 or dim == 0) and status is None):
         return conv_state
     kern = runtime.kernel("conv", "conv1d_commit", dev)

@@ -8,15 +8,15 @@ layout: ``specdec_lib.reference.gdn`` (the numpy twin these are tested against).
 """
 from __future__ import annotations
 
-import math
 import os
+from typing import Any, Optional
 
 from .. import runtime
-from .._validate import DeviceArg, as_scale, as_stream, to_host
-from ..reference.gdn import (LAYOUTS, check_accept_len, check_batch, check_gating,
-                             check_pending, gdn_journal_width, journal_num_k_heads)
+from .._validate import as_stream
+from ..contract import gdn as contract
+from ..contract._batch import lazy_index_values
+from ..contract.gdn import gdn_journal_width  # noqa: F401 (public here too)
 
-_FLOATS = ("float32", "float16", "bfloat16")
 _DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
 _STATE_NAME = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _MAX_WARPS = 8
@@ -63,50 +63,17 @@ def _prefetch_ahead(kern, block, device, grid, state_dtype, fused_kernel):
 
 __all__ = ["gdn_verify", "gdn_commit", "gdn_flush", "gdn_journal_width"]
 
-
-def _batch_args(dev, slot_ids, cu_q, status, accept_len=None, *, commit=False):
-    """The batch arguments of a verify (or, ``commit=True``, a commit) op of the gdn and
-    conv families, checked in this order on device ``dev``: slot_ids [B] int32, cu_q
-    [B+1] int32, accept_len [B] int32 (commit only), status [B] int32 or None.
-    Returns (B, slot_ids, cu_q, accept_len or None, status) as DeviceArgs."""
-    sl = DeviceArg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
-    B = sl.shape[0]
-    cq = DeviceArg("cu_q", cu_q, dtype="int32", shape=(B + 1,), device=dev, contiguous=True)
-    al = None
-    if commit:
-        al = DeviceArg("accept_len", accept_len, dtype="int32", shape=(B,), device=dev,
-                       contiguous=True)
-    sa = DeviceArg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
-                   optional=True)
-    return B, sl, cq, al, sa
+ArrayLike = Any      # a device array: DeviceArray, torch / cupy tensor, DLPack or CAI object
+StreamLike = Any     # None, an int handle, or an object with __cuda_stream__
 
 
-def _check_batch_on_host(check_indices, stream_h, sl, cq, num_rows, num_slots, al=None):
-    """``check_indices``: copy slot_ids / cu_q (/ accept_len) to the host and raise
-    ValueError on bad ones before the launch; skipped while ``stream_h`` is capturing."""
-    if check_indices and not runtime.driver().stream_is_capturing(stream_h):
-        _, cu = check_batch(to_host(sl, stream_h), to_host(cq, stream_h), num_rows, num_slots)
-        if al is not None:
-            check_accept_len(to_host(al, stream_h), cu)
+def _values(check_indices, stream_h):
+    return lazy_index_values(stream_h) if check_indices else None
 
 
-def _state_arg(state, layout):
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    st = DeviceArg("state", state, dtype=_FLOATS, ndim=4)
-    slots, Hv, d1, d2 = st.shape
-    Dk, Dv = (d1, d2) if layout == "kv" else (d2, d1)
-    if Dk not in (64, 128):
-        raise ValueError(f"state: head_k_dim Dk={Dk} not supported (64 or 128; layout {layout!r}, "
-                         f"shape {list(st.shape)})")
-    if Dv % 16 or not 16 <= Dv <= 1024:
-        raise ValueError(f"state: head_v_dim Dv={Dv} not supported (a multiple of 16 up to 1024)")
-    if tuple(st.strides[1:]) != (d1 * d2, d2, 1):
-        raise ValueError(f"state: each slot's [Hv, {d1}, {d2}] block must be contiguous "
-                         f"(strides {st.strides})")
+def _state_alignment(st):
     if st.ptr % 16 or (st.strides[0] * st.itemsize) % 16:
         raise ValueError("state: the pool and its slot stride must be 16-byte aligned")
-    return st, slots, Hv, Dk, Dv
 
 
 def _warp_cols(state_dtype, Dk, verify, layout="kv"):
@@ -150,48 +117,15 @@ def _gdn_launch(op, layout, st, Dk, Dv, Hv, B, dev, warp_cols):
     return kern, grid, 32 * warps, slices, ahead
 
 
-def _row_strides(name, a, ndim):
-    if a.shape[-1] > 1 and a.strides[-1] != 1:
-        raise ValueError(f"{name}: the last dimension must be contiguous (strides {a.strides})")
-    return a.strides[:ndim - 1]
-
-
-def _pending_args(dev, B, W, journal_arg, pending_journal, pending_row0, pending_len):
-    """The fused mode's pending rows: (journal DeviceArg, row0, len) checked on ``dev``; the
-    pending journal [Tp, W] float32 (W None: any width) must not overlap the journal being
-    written (``journal_arg``, None for gdn_flush)."""
-    pj = DeviceArg("pending_journal", pending_journal, dtype="float32", ndim=2, device=dev)
-    if W is not None and pj.shape[1] != W:
-        raise ValueError(f"pending_journal: expected [Tp, {W}] (the journal width of this "
-                         f"state and these heads), got {list(pj.shape)}")
-    _row_strides("pending_journal", pj, 2)
-    if journal_arg is not None and pj.shape[0] and journal_arg.shape[0]:
-        lo, hi = _extent(pj), _extent(journal_arg)
-        if lo[0] < hi[1] and hi[0] < lo[1]:
-            raise ValueError("pending_journal: overlaps journal (the kernel reads the previous "
-                             "round's rows while it writes this round's: use two buffers)")
-    r0 = DeviceArg("pending_row0", pending_row0, dtype="int32", shape=(B,), device=dev,
-                   contiguous=True)
-    n = DeviceArg("pending_len", pending_len, dtype="int32", shape=(B,), device=dev,
-                  contiguous=True)
-    return pj, r0, n
-
-
-def _extent(a):
-    """[first byte, last byte + 1) of a 2-D float32 DeviceArg (non-negative strides)."""
-    last = sum((d - 1) * st for d, st in zip(a.shape, a.strides))
-    return a.ptr, a.ptr + 4 * (last + 1)
-
-
-def _check_pending_on_host(check_indices, stream_h, r0, n, pending_rows):
-    if check_indices and not runtime.driver().stream_is_capturing(stream_h):
-        check_pending(to_host(r0, stream_h), to_host(n, stream_h), pending_rows, r0.shape[0])
-
-
-def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=None, a=None,
-               b=None, A_log=None, dt_bias=None, scale=None, qk_l2norm=False, layout="kv",
-               status=None, check_indices=True, stream=None, pending_journal=None,
-               pending_row0=None, pending_len=None):
+def gdn_verify(q: ArrayLike, k: ArrayLike, v: ArrayLike, state: ArrayLike, slot_ids: ArrayLike,
+               cu_q: ArrayLike, out: ArrayLike, journal: ArrayLike, *, g: Optional[ArrayLike] = None,
+               beta: Optional[ArrayLike] = None, a: Optional[ArrayLike] = None,
+               b: Optional[ArrayLike] = None, A_log: Optional[ArrayLike] = None,
+               dt_bias: Optional[ArrayLike] = None, scale: Optional[float] = None,
+               qk_l2norm: bool = False, layout: str = "kv", status: Optional[ArrayLike] = None,
+               check_indices: bool = True, stream: StreamLike = None,
+               pending_journal: Optional[ArrayLike] = None, pending_row0: Optional[ArrayLike] = None,
+               pending_len: Optional[ArrayLike] = None):
     """Outputs of every block row of a speculative round; the state is only read.
 
     q, k: [T, Hk, Dk]; v: [T, Hv, Dv] (one float dtype: float32/float16/bfloat16; the
@@ -230,52 +164,27 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
         ...  # sample -> accept_len
         gdn_commit(pool, slot_ids, cu_q, accept_len, journal)
     """
-    st, slots, Hv, Dk, Dv = _state_arg(state, layout)
-    dev = st.device
-    qa = DeviceArg("q", q, dtype=_FLOATS, ndim=3, device=dev)
-    T, Hk = qa.shape[0], qa.shape[1]
-    if qa.shape[2] != Dk:
-        raise ValueError(f"q: expected [T, Hk, Dk={Dk}] (Dk from state, layout {layout!r}), "
-                         f"got {list(qa.shape)}")
-    ka = DeviceArg("k", k, dtype=qa.dtype, shape=qa.shape, device=dev)
-    va = DeviceArg("v", v, dtype=qa.dtype, shape=(T, Hv, Dv), device=dev)
-    if Hk == 0 or Hv % Hk:
-        raise ValueError(f"q / state: value heads Hv={Hv} must be a multiple of key heads Hk={Hk}")
-    oa = DeviceArg("out", out, dtype=_FLOATS, shape=(T, Hv, Dv), device=dev)
-    W = gdn_journal_width(Hk, Hv, Dk, Dv)
-    ja = DeviceArg("journal", journal, dtype="float32", shape=(T, W), device=dev)
-    fused = check_gating(g, beta, a, b, A_log, dt_bias)
-    if fused:
-        g0 = DeviceArg("a", a, dtype=_FLOATS, shape=(T, Hv), device=dev)
-        g1 = DeviceArg("b", b, dtype=_FLOATS, shape=(T, Hv), device=dev)
-        al = DeviceArg("A_log", A_log, dtype=_FLOATS, shape=(Hv,), device=dev, contiguous=True)
-        db = DeviceArg("dt_bias", dt_bias, dtype=_FLOATS, shape=(Hv,), device=dev, contiguous=True)
-    else:
-        g0 = DeviceArg("g", g, dtype=_FLOATS, shape=(T, Hv), device=dev)
-        g1 = DeviceArg("beta", beta, dtype=_FLOATS, shape=(T, Hv), device=dev)
-        al = db = DeviceArg("A_log", None, optional=True)
-    B, sl, cq, _, sa = _batch_args(dev, slot_ids, cu_q, status)
-    fused_mode = pending_journal is not None
-    if fused_mode:
-        pj, pr, pn = _pending_args(dev, B, W, ja, pending_journal, pending_row0, pending_len)
-    elif pending_row0 is not None or pending_len is not None:
-        raise ValueError("pending_row0 / pending_len: given without pending_journal")
-    strides = []
-    for name, arg in (("q", qa), ("k", ka), ("v", va), ("out", oa)):
-        strides += list(_row_strides(name, arg, 3))
-    gate_strides = [_row_strides(n, x, 2)[0] for n, x in ((g0.name, g0), (g1.name, g1))]
-    _row_strides("journal", ja, 2)
-    if max(T, slots, B) >= 2**31:
-        raise ValueError("q/state/slot_ids: more than 2^31-1 rows, slots or sequences")
-    scale = as_scale(scale, 1.0 / math.sqrt(Dk))
     stream_h = as_stream(stream)
-    _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots)
+    st, qa, ka, va, oa, ja, g0, g1, al, db, sl, cq, sa, pending, fused, scale = contract.gdn_verify(
+        q, k, v, state, slot_ids, cu_q, out, journal, g=g, beta=beta, a=a, b=b, A_log=A_log,
+        dt_bias=dt_bias, scale=scale, layout=layout, status=status, pending_journal=pending_journal,
+        pending_row0=pending_row0, pending_len=pending_len,
+        values=_values(check_indices, stream_h))
+    _state_alignment(st)
+    dev = st.device
+    slots, Hv = st.shape[0], st.shape[1]
+    T, Hk, Dk = qa.shape
+    Dv = va.shape[2]
+    B = sl.shape[0]
+    fused_mode = pending is not None
     if fused_mode:
-        _check_pending_on_host(check_indices, stream_h, pr, pn, pj.shape[0])
+        pj, pr, pn = pending
         if B == 0:
             return out, journal
     elif B == 0 or (T == 0 and status is None):
         return out, journal   # (with a status the kernel still runs: every status[b] is written)
+    strides = [*qa.strides[:2], *ka.strides[:2], *va.strides[:2], *oa.strides[:2]]
+    gate_strides = [g0.strides[0], g1.strides[0]]
     kern, grid, block, slices, ahead = _gdn_launch(
         "verify_fused" if fused_mode else "verify", layout, st, Dk, Dv, Hv, B, dev,
         _warp_cols(st.dtype, Dk, verify=True))
@@ -291,25 +200,24 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     return out, journal
 
 
-def gdn_flush(state, slot_ids, pending_journal, pending_row0, pending_len, *, layout="kv",
-              status=None, check_indices=True, stream=None):
+def gdn_flush(state: ArrayLike, slot_ids: ArrayLike, pending_journal: ArrayLike,
+              pending_row0: ArrayLike, pending_len: ArrayLike, *, layout: str = "kv",
+              status: Optional[ArrayLike] = None, check_indices: bool = True,
+              stream: StreamLike = None):
     """Commits the rows a fused-mode gdn_verify left pending, in place: state[slot_ids[b]]
     advances over rows pending_row0[b] .. + pending_len[b] - 1 of ``pending_journal`` (the
     last verify's journal), bit for bit as gdn_commit would. For sequences that leave the
     batch (pending_len 0 for the others) or before reading a state. Arguments as in
     gdn_verify's fused mode; slot_ids < 0 are skipped."""
-    st, slots, Hv, Dk, Dv = _state_arg(state, layout)
-    dev = st.device
-    sl = DeviceArg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
-    B = sl.shape[0]
-    pj, pr, pn = _pending_args(dev, B, None, None, pending_journal, pending_row0, pending_len)
-    Hk = journal_num_k_heads(pj.shape[1], Hv, Dk, Dv, hint=" (was it written for this state?)")
-    sa = DeviceArg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
-                   optional=True)
     stream_h = as_stream(stream)
-    if check_indices and not runtime.driver().stream_is_capturing(stream_h):
-        check_batch(to_host(sl, stream_h), [0] * (B + 1), 0, slots)
-    _check_pending_on_host(check_indices, stream_h, pr, pn, pj.shape[0])
+    st, sl, pj, pr, pn, Hk, sa = contract.gdn_flush(
+        state, slot_ids, pending_journal, pending_row0, pending_len, layout=layout, status=status,
+        values=_values(check_indices, stream_h))
+    _state_alignment(st)
+    dev = st.device
+    slots, Hv, d1, d2 = st.shape
+    Dk, Dv = (d1, d2) if layout == "kv" else (d2, d1)
+    B = sl.shape[0]
     if B == 0:
         return state
     kern, grid, block, slices, ahead = _gdn_launch("verify_fused", layout, st, Dk, Dv, Hv, B, dev,
@@ -323,8 +231,9 @@ def gdn_flush(state, slot_ids, pending_journal, pending_row0, pending_len, *, la
     return state
 
 
-def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", status=None,
-               check_indices=True, stream=None):
+def gdn_commit(state: ArrayLike, slot_ids: ArrayLike, cu_q: ArrayLike, accept_len: ArrayLike,
+               journal: ArrayLike, *, layout: str = "kv", status: Optional[ArrayLike] = None,
+               check_indices: bool = True, stream: StreamLike = None):
     """Advance each sequence's state over its first accept_len[b] block rows, in place.
 
     state / slot_ids / cu_q / layout: as given to gdn_verify; accept_len [B] int32 in
@@ -334,15 +243,15 @@ def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", statu
     the accepted rows. ``check_indices``: as in gdn_verify, plus accept_len > q_b raises;
     without it the kernel leaves such a state untouched and flags ``status``.
     """
-    st, slots, Hv, Dk, Dv = _state_arg(state, layout)
-    dev = st.device
-    ja = DeviceArg("journal", journal, dtype="float32", ndim=2, device=dev)
-    T, W = ja.shape
-    Hk = journal_num_k_heads(W, Hv, Dk, Dv, hint=" (was it written for this state?)")
-    _row_strides("journal", ja, 2)
-    B, sl, cq, al, sa = _batch_args(dev, slot_ids, cu_q, status, accept_len, commit=True)
     stream_h = as_stream(stream)
-    _check_batch_on_host(check_indices, stream_h, sl, cq, T, slots, al)
+    st, ja, Hk, sl, cq, al, sa = contract.gdn_commit(
+        state, slot_ids, cu_q, accept_len, journal, layout=layout, status=status,
+        values=_values(check_indices, stream_h))
+    _state_alignment(st)
+    dev = st.device
+    slots, Hv, d1, d2 = st.shape
+    Dk, Dv = (d1, d2) if layout == "kv" else (d2, d1)
+    T, B = ja.shape[0], sl.shape[0]
     if B == 0 or (T == 0 and status is None):
         return state
     kern, grid, block, slices, ahead = _gdn_launch(

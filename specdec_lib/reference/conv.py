@@ -20,51 +20,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from .gdn import _check_float, check_accept_len, check_batch, round_to, store, to_f64
+from ..contract import checked
+from ..contract.conv import ACTIVATIONS  # noqa: F401 (its old home)
+from .gdn import check_batch, round_to, store, to_f64
 
-ACTIVATIONS = (None, "silu")
 
-
-def _conv_dims(conv_state, weight):
-    _check_float("conv_state", conv_state)
-    if conv_state.ndim != 3:
-        raise ValueError(f"conv_state: expected [slots, dim, W-1], got {conv_state.shape}")
+def _conv_dims(conv_state):
     slots, dim, wm1 = conv_state.shape
-    if weight is not None:
-        _check_float("weight", weight)
-        if weight.shape != (dim, wm1 + 1):
-            raise ValueError(f"weight: expected [dim, W] = {(dim, wm1 + 1)} (conv_state is "
-                             f"{conv_state.shape}), got {weight.shape}")
-    if not 2 <= wm1 + 1 <= 8:
-        raise ValueError(f"conv_state: width W = {wm1 + 1} not supported (2..8)")
     return slots, dim, wm1 + 1
 
 
+@checked("conv1d_verify")
 def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, activation="silu",
                   journal=None):
-    """x [T, dim]; weight [dim, W]; conv_state [slots, dim, W-1]; slot_ids [B]; cu_q [B+1];
-    out [T, dim] written; bias [dim] or None; activation "silu" or None; journal [T, dim]
-    or None (written: x in the journal's dtype). Returns out."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
-    slots, dim, W = _conv_dims(conv_state, weight)
-    _check_float("x", x)
-    if x.ndim != 2 or x.shape[1] != dim:
-        raise ValueError(f"x: expected [T, dim={dim}], got {x.shape}")
-    T = x.shape[0]
-    _check_float("out", out)
-    if out.shape != (T, dim):
-        raise ValueError(f"out: expected shape {(T, dim)}, got {out.shape}")
-    if bias is not None:
-        _check_float("bias", bias)
-        if bias.shape != (dim,):
-            raise ValueError(f"bias: expected shape {(dim,)}, got {bias.shape}")
-    if journal is not None:
-        _check_float("journal", journal)
-        if journal.shape != (T, dim):
-            raise ValueError(f"journal: expected shape {(T, dim)}, got {journal.shape}")
-    slot_ids, cu_q = check_batch(slot_ids, cu_q, T, slots)
-    w64 = to_f64(weight)
+    """x [T, dim]; weight [dim, W] (or [dim, 1, W]); conv_state [slots, dim, W-1]; slot_ids
+    [B]; cu_q [B+1]; out [T, dim] written; bias [dim] or None; activation "silu" or None;
+    journal [T, dim] or None (written: x in the journal's dtype). The argument contract
+    (``specdec_lib.contract.conv.conv1d_verify``) runs first. Returns out."""
+    slots, dim, W = _conv_dims(conv_state)
+    slot_ids, cu_q = np.asarray(slot_ids).astype(np.int64), np.asarray(cu_q).astype(np.int64)
+    w64 = to_f64(weight).reshape(dim, W)
     b64 = np.zeros(dim) if bias is None else to_f64(bias)
     x64 = to_f64(x)
     xs = round_to(x64, conv_state.dtype)          # x as it would be stored in the state
@@ -86,16 +61,13 @@ def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, acti
     return out
 
 
+@checked("conv1d_commit")
 def conv1d_commit(conv_state, slot_ids, cu_q, accept_len, journal):
     """Shifts block rows 0..accept_len[b]-1 of ``journal`` [T, dim] (x itself or the copy
     conv1d_verify wrote) into each sequence's conv state, in place. Returns conv_state."""
-    slots, dim, W = _conv_dims(conv_state, None)
-    _check_float("journal", journal)
-    if journal.ndim != 2 or journal.shape[1] != dim:
-        raise ValueError(f"journal: expected [T, dim={dim}], got {journal.shape}")
-    T = journal.shape[0]
-    slot_ids, cu_q = check_batch(slot_ids, cu_q, T, slots)
-    acc = check_accept_len(accept_len, cu_q)
+    slots, dim, W = _conv_dims(conv_state)
+    slot_ids, cu_q = np.asarray(slot_ids).astype(np.int64), np.asarray(cu_q).astype(np.int64)
+    acc = np.asarray(accept_len).astype(np.int64)
     for bi, slot in enumerate(slot_ids):
         n = int(acc[bi])
         if slot < 0 or n == 0:
@@ -111,7 +83,7 @@ def conv1d_decode_reference(x, weight, conv_state, slot_ids, cu_q, out, *, bias=
                             activation="silu"):
     """Sequential one-token decoding over every row (state committed after each): the
     oracle of verify + commit. Returns (out, conv_state)."""
-    slots, dim, W = _conv_dims(conv_state, weight)
+    slots, dim, W = _conv_dims(conv_state)
     T = x.shape[0]
     slot_ids, cu_q = check_batch(slot_ids, cu_q, T, slots)
     for bi, slot in enumerate(slot_ids):

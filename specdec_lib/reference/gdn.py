@@ -32,9 +32,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..contract import checked
+# the checks' home is the contract; their old names here stay importable
+from ..contract._batch import _check_int, check_accept_len, check_batch  # noqa: F401
+from ..contract.gdn import (LAYOUTS, check_gating, check_pending, gdn_journal_width,  # noqa: F401
+                            journal_num_k_heads)
 from ..dtypes import bf16_bits_to_f32, f32_to_bf16_bits  # noqa: F401 (re-exported)
 
-LAYOUTS = ("kv", "vk")
 L2NORM_EPS = 1e-6
 
 
@@ -65,95 +69,9 @@ def store(dst, x):
         dst[...] = np.asarray(x, np.float64).astype(dst.dtype)
 
 
-FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.uint16))
-
-
-# ------------------------------------------------------------------ validation
-
-def gdn_journal_width(num_k_heads, num_v_heads, head_k_dim, head_v_dim):
-    """float32 elements per block row of the journal: Hk*Dk + Hv*Dv + 2*Hv."""
-    return int(num_k_heads * head_k_dim + num_v_heads * head_v_dim + 2 * num_v_heads)
-
-
-def journal_num_k_heads(width, Hv, Dk, Dv, hint=""):
-    """Hk from a journal's width W = Hk*Dk + Hv*Dv + 2*Hv (Hk dividing Hv); ValueError
-    naming the journal when no Hk fits (``hint`` ends the message)."""
-    rest = width - Hv * Dv - 2 * Hv
-    if rest <= 0 or rest % Dk or Hv % (rest // Dk):
-        raise ValueError(f"journal: width {width} is not Hk*Dk + Hv*Dv + 2*Hv for Hv={Hv}, "
-                         f"Dk={Dk}, Dv={Dv} and any Hk dividing Hv{hint}")
-    return rest // Dk
-
-
-def _check_float(name, a):
-    if np.asarray(a).dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name}: dtype {np.asarray(a).dtype} not supported "
-                        "(float32, float16, or uint16 holding bfloat16 bits)")
-
-
-def _check_int(name, a, shape):
-    a = np.asarray(a)
-    if a.dtype.kind not in "iu":
-        raise TypeError(f"{name}: expected an integer array, got {a.dtype}")
-    if a.shape != shape:
-        raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
-    return a.astype(np.int64)
-
-
-def check_batch(slot_ids, cu_q, num_rows, num_slots):
-    """Validates slot_ids [B] and cu_q [B+1]; returns (slot_ids, cu_q) as int64."""
-    slot_ids = np.asarray(slot_ids)
-    if slot_ids.ndim != 1:
-        raise ValueError(f"slot_ids: expected shape [B], got {slot_ids.shape}")
-    B = slot_ids.shape[0]
-    slot_ids = _check_int("slot_ids", slot_ids, (B,))
-    cu_q = _check_int("cu_q", cu_q, (B + 1,))
-    if cu_q[0] != 0 or np.any(np.diff(cu_q) < 0) or cu_q[-1] != num_rows:
-        raise ValueError(f"cu_q: must start at 0, be non-decreasing and end at T={num_rows}; "
-                         f"got {cu_q.tolist()}")
-    if np.any(slot_ids >= num_slots):
-        raise ValueError(f"slot_ids: id {int(slot_ids.max())} out of range for a pool of "
-                         f"{num_slots} slots")
-    live = slot_ids[slot_ids >= 0]
-    if len(np.unique(live)) != len(live):
-        raise ValueError("slot_ids: the same slot is used by two sequences of the batch")
-    return slot_ids, cu_q
-
-
-def check_accept_len(accept_len, cu_q):
-    B = len(cu_q) - 1
-    acc = _check_int("accept_len", accept_len, (B,))
-    q_len = np.diff(cu_q)
-    bad = np.nonzero((acc < 0) | (acc > q_len))[0]
-    if len(bad):
-        b = int(bad[0])
-        raise ValueError(f"accept_len: sequence {b} accepts {int(acc[b])} rows of a block of "
-                         f"{int(q_len[b])} (must be in 0..q)")
-    return acc
-
-
-def check_gating(g, beta, a, b, A_log, dt_bias):
-    """Which gating a gdn_verify caller gave: True for fused (a, b, A_log, dt_bias),
-    False for g and beta. ValueError naming the argument for a mix or a missing one."""
-    fused = a is not None or b is not None
-    if fused:
-        if g is not None or beta is not None:
-            raise ValueError("g/beta: give either g and beta, or a, b, A_log and dt_bias, not both")
-        for name, x in (("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias)):
-            if x is None:
-                raise ValueError(f"{name}: required for fused gating (a, b, A_log, dt_bias)")
-    elif g is None or beta is None:
-        raise ValueError("g/beta: both required (or pass a, b, A_log, dt_bias for fused gating)")
-    return fused
-
+# ------------------------------------------------------------------ shapes
 
 def _state_dims(state, layout):
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    state = np.asarray(state)
-    _check_float("state", state)
-    if state.ndim != 4:
-        raise ValueError(f"state: expected [slots, Hv, Dk, Dv] or [slots, Hv, Dv, Dk], got {state.shape}")
     slots, Hv, d1, d2 = state.shape
     Dk, Dv = (d1, d2) if layout == "kv" else (d2, d1)
     return slots, Hv, Dk, Dv
@@ -163,33 +81,14 @@ class _Rows:
     """The per-row quantities of one GDN block, computed once (float32 where journalled)."""
 
     def __init__(self, q, k, v, Hv, Dk, Dv, g, beta, a, b, A_log, dt_bias, scale, qk_l2norm):
-        for name, x in (("q", q), ("k", k), ("v", v)):
-            _check_float(name, x)
         q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-        if q.ndim != 3 or q.shape[2] != Dk:
-            raise ValueError(f"q: expected [T, Hk, Dk={Dk}], got {q.shape}")
         T, Hk, _ = q.shape
-        if k.shape != q.shape:
-            raise ValueError(f"k: expected {q.shape} (the shape of q), got {k.shape}")
-        if v.shape != (T, Hv, Dv):
-            raise ValueError(f"v: expected [T, Hv, Dv] = {(T, Hv, Dv)}, got {v.shape}")
-        if Hk == 0 or Hv % Hk:
-            raise ValueError(f"v / state: value heads Hv={Hv} must be a multiple of key heads Hk={Hk}")
         if check_gating(g, beta, a, b, A_log, dt_bias):
-            for name, x, shp in (("a", a, (T, Hv)), ("b", b, (T, Hv)),
-                                 ("A_log", A_log, (Hv,)), ("dt_bias", dt_bias, (Hv,))):
-                _check_float(name, x)
-                if np.asarray(x).shape != shp:
-                    raise ValueError(f"{name}: expected shape {shp}, got {np.asarray(x).shape}")
             x = to_f64(a) + to_f64(dt_bias)[None, :]
             softplus = np.maximum(x, 0.0) + np.log1p(np.exp(-np.abs(x)))
             g64 = -np.exp(to_f64(A_log))[None, :] * softplus
             beta64 = 1.0 / (1.0 + np.exp(-to_f64(b)))
         else:
-            for name, x in (("g", g), ("beta", beta)):
-                _check_float(name, x)
-                if np.asarray(x).shape != (T, Hv):
-                    raise ValueError(f"{name}: expected shape {(T, Hv)}, got {np.asarray(x).shape}")
             g64, beta64 = to_f64(g), to_f64(beta)
         q64, k64 = to_f64(q), to_f64(k)
         if qk_l2norm:
@@ -215,8 +114,6 @@ class _Rows:
 def _journal_rows(journal, Hv, Dk, Dv):
     """Unpacks a journal [T, W] into (k [T,Hk,Dk], v [T,Hv,Dv], g [T,Hv], beta [T,Hv]) f32."""
     journal = np.asarray(journal)
-    if journal.dtype != np.float32 or journal.ndim != 2:
-        raise TypeError(f"journal: expected float32 [T, W], got {journal.dtype} {journal.shape}")
     T, W = journal.shape
     Hk = journal_num_k_heads(W, Hv, Dk, Dv)
     o = 0
@@ -262,6 +159,7 @@ def _run_rows(state, slot, layout, rows, r0, r1, head_of_v, out=None, commit=Fal
         _save_state(state, slot, S, layout)
 
 
+@checked("gdn_verify")
 def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=None, a=None,
                b=None, A_log=None, dt_bias=None, scale=None, qk_l2norm=False, layout="kv",
                pending_journal=None, pending_row0=None, pending_len=None):
@@ -274,28 +172,15 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     Fused mode (``pending_journal`` given, with ``pending_row0`` and ``pending_len`` [B]):
     each state is first advanced over its pending rows exactly as gdn_flush does (the
     commit of the previous round, folded in; the state IS written then), and the block is
-    verified from the advanced state.
+    verified from the advanced state. The argument contract
+    (``specdec_lib.contract.gdn.gdn_verify``) runs before anything is written.
     """
-    if pending_journal is None and (pending_row0 is not None or pending_len is not None):
-        raise ValueError("pending_row0 / pending_len: given without pending_journal")
-    if pending_journal is not None and pending_journal is journal:
-        raise ValueError("pending_journal: must not be the journal this call writes")
     slots, Hv, Dk, Dv = _state_dims(state, layout)
     rows = _Rows(q, k, v, Hv, Dk, Dv, g, beta, a, b, A_log, dt_bias, scale, qk_l2norm)
-    T, Hk = rows.T, rows.Hk
-    _check_float("out", out)
-    if out.shape != (T, Hv, Dv):
-        raise ValueError(f"out: expected shape {(T, Hv, Dv)}, got {out.shape}")
-    W = gdn_journal_width(Hk, Hv, Dk, Dv)
-    if journal.dtype != np.float32 or journal.shape != (T, W):
-        raise ValueError(f"journal: expected float32 [{T}, {W}], got {journal.dtype} {journal.shape}")
-    slot_ids, cu_q = check_batch(slot_ids, cu_q, T, slots)
-    if pending_journal is not None:   # (checked before anything is written)
-        jk_p = _journal_rows(pending_journal, Hv, Dk, Dv)[0]
-        if jk_p.shape[1] != Hk:
-            raise ValueError(f"pending_journal: written for Hk={jk_p.shape[1]}, this block has Hk={Hk}")
-        p_r0, p_n = check_pending(pending_row0, pending_len, jk_p.shape[0], len(slot_ids))
-        _replay(state, slot_ids, pending_journal, p_r0, p_n, layout)
+    Hk = rows.Hk
+    slot_ids, cu_q = _ints(slot_ids), _ints(cu_q)
+    if pending_journal is not None:
+        _replay(state, slot_ids, pending_journal, _ints(pending_row0), _ints(pending_len), layout)
     head_of_v = np.arange(Hv) // (Hv // Hk)
     rows.journal(journal)
     for bi, slot in enumerate(slot_ids):
@@ -307,19 +192,8 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     return out, journal
 
 
-def check_pending(pending_row0, pending_len, pending_rows, batch):
-    """Validates a fused verify's / flush's pending rows: int [B] each, rows
-    row0[b] .. row0[b]+len[b]-1 inside the pending journal's ``pending_rows`` rows (any row0
-    where len = 0). Returns (row0, len) as int64."""
-    r0 = _check_int("pending_row0", pending_row0, (batch,))
-    n = _check_int("pending_len", pending_len, (batch,))
-    bad = np.nonzero((n < 0) | ((n > 0) & ((r0 < 0) | (r0 + n > pending_rows))))[0]
-    if len(bad):
-        b = int(bad[0])
-        raise ValueError(f"pending_row0 / pending_len: sequence {b} has pending rows "
-                         f"{int(r0[b])}..{int(r0[b]) + int(n[b]) - 1}, outside the pending "
-                         f"journal's {pending_rows} rows (len must be >= 0)")
-    return r0, n
+def _ints(a):
+    return np.asarray(a).astype(np.int64)
 
 
 def _replay(state, slot_ids, journal, row0, n, layout):
@@ -340,31 +214,26 @@ def _replay(state, slot_ids, journal, row0, n, layout):
         _run_rows(state, int(slot), layout, rows, r0, r0 + int(n[bi]), head_of_v, commit=True)
 
 
+@checked("gdn_commit")
 def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv"):
     """Advances each sequence's state over its first accept_len[b] block rows (in place).
 
     Replays the journal written by gdn_verify; accept_len[b] = 0 leaves the state
     untouched, as does a negative slot id. Returns state.
     """
-    slots, Hv, Dk, Dv = _state_dims(state, layout)
-    T = _journal_rows(journal, Hv, Dk, Dv)[0].shape[0]
-    slot_ids, cu_q = check_batch(slot_ids, cu_q, T, slots)
-    acc = check_accept_len(accept_len, cu_q)
+    slot_ids, cu_q, acc = _ints(slot_ids), _ints(cu_q), _ints(accept_len)
     _replay(state, slot_ids, journal, cu_q[:-1], acc, layout)
     return state
 
 
+@checked("gdn_flush")
 def gdn_flush(state, slot_ids, pending_journal, pending_row0, pending_len, *, layout="kv"):
     """Commits pending rows (fused mode): advances state[slot_ids[b]] over rows
     pending_row0[b] .. + pending_len[b] - 1 of ``pending_journal`` (a previous gdn_verify's
     journal), in place. For sequences that leave the batch, or before reading a state that a
     fused verify has not caught up yet. Returns state."""
-    slots, Hv, Dk, Dv = _state_dims(state, layout)
-    Tp = _journal_rows(pending_journal, Hv, Dk, Dv)[0].shape[0]
-    slot_ids = np.asarray(slot_ids)
-    slot_ids, _ = check_batch(slot_ids, np.zeros(len(slot_ids) + 1, np.int64), 0, slots)
-    r0, n = check_pending(pending_row0, pending_len, Tp, len(slot_ids))
-    _replay(state, slot_ids, pending_journal, r0, n, layout)
+    _replay(state, _ints(slot_ids), pending_journal, _ints(pending_row0), _ints(pending_len),
+            layout)
     return state
 
 

@@ -1,0 +1,239 @@
+"""Contract of the gdn family: ``gdn_verify`` (with its fused mode's pending rows),
+``gdn_commit`` and ``gdn_flush``."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._args import DeviceArg
+from .._validate import as_scale
+from ._batch import (FLOATS, batch_args, batch_values, bf16_bits, check_batch, last_contiguous,
+                     on_cuda, require_dtype, _check_int)
+from ._core import check
+
+LAYOUTS = ("kv", "vk")
+KERNEL_HEAD_K_DIMS = (64, 128)      # Dk the CUDA kernels are built for
+KERNEL_MAX_HEAD_V_DIM = 1024        # Dv: a multiple of 16 up to this
+
+
+def gdn_journal_width(num_k_heads, num_v_heads, head_k_dim, head_v_dim):
+    """float32 elements per block row of the journal: Hk*Dk + Hv*Dv + 2*Hv."""
+    return int(num_k_heads * head_k_dim + num_v_heads * head_v_dim + 2 * num_v_heads)
+
+
+def journal_num_k_heads(width, Hv, Dk, Dv, hint=""):
+    """Hk from a journal's width W = Hk*Dk + Hv*Dv + 2*Hv (Hk dividing Hv); ValueError
+    naming the journal when no Hk fits (``hint`` ends the message)."""
+    rest = width - Hv * Dv - 2 * Hv
+    if rest <= 0 or rest % Dk or Hv % (rest // Dk):
+        raise ValueError(f"journal: width {width} is not Hk*Dk + Hv*Dv + 2*Hv for Hv={Hv}, "
+                         f"Dk={Dk}, Dv={Dv} and any Hk dividing Hv{hint}")
+    return rest // Dk
+
+
+def check_gating(g, beta, a, b, A_log, dt_bias):
+    """Which gating a gdn_verify caller gave: True for fused (a, b, A_log, dt_bias),
+    False for g and beta. ValueError naming the argument for a mix or a missing one."""
+    fused = a is not None or b is not None
+    if fused:
+        if g is not None or beta is not None:
+            raise ValueError("g/beta: give either g and beta, or a, b, A_log and dt_bias, not both")
+        for name, x in (("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias)):
+            if x is None:
+                raise ValueError(f"{name}: required for fused gating (a, b, A_log, dt_bias)")
+    elif g is None or beta is None:
+        raise ValueError("g/beta: both required (or pass a, b, A_log, dt_bias for fused gating)")
+    return fused
+
+
+def check_pending(pending_row0, pending_len, pending_rows, batch):
+    """A fused verify's / flush's pending rows: int [B] each, rows row0[b] ..
+    row0[b]+len[b]-1 inside the pending journal's ``pending_rows`` rows (any row0 where
+    len = 0). Returns (row0, len) as int64."""
+    r0 = _check_int("pending_row0", pending_row0, (batch,))
+    n = _check_int("pending_len", pending_len, (batch,))
+    bad = np.nonzero((n < 0) | ((n > 0) & ((r0 < 0) | (r0 + n > pending_rows))))[0]
+    if len(bad):
+        b = int(bad[0])
+        raise ValueError(f"pending_row0 / pending_len: sequence {b} has pending rows "
+                         f"{int(r0[b])}..{int(r0[b]) + int(n[b]) - 1}, outside the pending "
+                         f"journal's {pending_rows} rows (len must be >= 0)")
+    return r0, n
+
+
+def state_arg(arg, state, layout):
+    """The state pool [slots, Hv, Dk, Dv] ("kv") or [slots, Hv, Dv, Dk] ("vk"), float,
+    each slot's block contiguous (size-1 dimensions' strides free); on a CUDA device Dk in {64, 128} and Dv a multiple of
+    16 up to 1024 (the kernels built; the reference computes any). Returns (view, slots,
+    Hv, Dk, Dv)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    st = arg("state", state, dtype=FLOATS, ndim=4)
+    slots, Hv, d1, d2 = st.shape
+    Dk, Dv = (d1, d2) if layout == "kv" else (d2, d1)
+    if arg is DeviceArg or on_cuda(arg, st):
+        if Dk not in KERNEL_HEAD_K_DIMS:
+            raise ValueError(f"state: head_k_dim Dk={Dk} not supported (64 or 128; layout "
+                             f"{layout!r}, shape {list(st.shape)})")
+        if Dv % 16 or not 16 <= Dv <= KERNEL_MAX_HEAD_V_DIM:
+            raise ValueError(f"state: head_v_dim Dv={Dv} not supported (a multiple of 16 up "
+                             f"to {KERNEL_MAX_HEAD_V_DIM})")
+    want = (d1 * d2, d2, 1)
+    if st.strides[1:] != want and any(n > 1 and s != w for n, s, w in
+                                      zip(st.shape[1:], st.strides[1:], want)):
+        raise ValueError(f"state: each slot's [Hv, {d1}, {d2}] block must be contiguous "
+                         f"(strides {st.strides})")
+    return st, slots, Hv, Dk, Dv
+
+
+def _host_overlap(a, b):
+    """Whether two host views share memory (None where that cannot be told: fake tensors)."""
+    va, vb = a.values(), b.values()
+    if va is None or vb is None:
+        return None
+    return np.may_share_memory(va, vb)
+
+
+def _extent(a):
+    """[first byte, last byte + 1) of a 2-D float32 DeviceArg (non-negative strides)."""
+    last = sum((d - 1) * st for d, st in zip(a.shape, a.strides))
+    return a.ptr, a.ptr + 4 * (last + 1)
+
+
+def pending_args(arg, dev, B, W, journal_arg, pending_journal, pending_row0, pending_len):
+    """The fused mode's pending rows: (journal view, row0, len) on ``dev``; the pending
+    journal [Tp, W] float32 (W None: any width) must not overlap the journal being
+    written (``journal_arg``, None for gdn_flush)."""
+    pj = arg("pending_journal", pending_journal, dtype="float32", ndim=2, device=dev)
+    if pj.by_kind:
+        require_dtype(pj, "float32")
+    if W is not None and pj.shape[1] != W:
+        raise ValueError(f"pending_journal: expected [Tp, {W}] (the journal width of this "
+                         f"state and these heads), got {list(pj.shape)}")
+    last_contiguous(pj)
+    if journal_arg is not None and pj.shape[0] and journal_arg.shape[0]:
+        if arg is DeviceArg:
+            lo, hi = _extent(pj), _extent(journal_arg)
+            overlap = lo[0] < hi[1] and hi[0] < lo[1]
+        else:
+            overlap = pending_journal is journal_arg.obj or _host_overlap(pj, journal_arg)
+        if overlap:
+            raise ValueError("pending_journal: overlaps journal (the kernel reads the previous "
+                             "round's rows while it writes this round's: use two buffers)")
+    r0 = arg("pending_row0", pending_row0, dtype="int32", shape=(B,), device=dev,
+             contiguous=True)
+    n = arg("pending_len", pending_len, dtype="int32", shape=(B,), device=dev,
+            contiguous=True)
+    return pj, r0, n
+
+
+def _pending_values(values, r0, n, pending_rows):
+    if values is None:
+        return
+    a, b = values(r0), values(n)
+    if a is not None and b is not None:
+        check_pending(a, b, pending_rows, r0.shape[0])
+
+
+@check("gdn_verify")
+def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=None, a=None,
+               b=None, A_log=None, dt_bias=None, scale=None, layout="kv", status=None,
+               pending_journal=None, pending_row0=None, pending_len=None, arg=DeviceArg,
+               values=None, **_):
+    """state: ``state_arg``; q, k [T, Hk, Dk] and v [T, Hv, Dv] of one float dtype, Hv a
+    multiple of Hk; out [T, Hv, Dv] any float; journal float32 [T, gdn_journal_width];
+    gating g, beta [T, Hv] or a, b [T, Hv] with A_log, dt_bias [Hv] (contiguous), any
+    floats; the batch (``batch_args``); the fused mode's pending rows (``pending_args``,
+    only with pending_journal); last dimensions contiguous; scale finite, non-zero. With
+    ``values``: ``check_batch`` and ``check_pending``. Returns (state, q, k, v, out,
+    journal, gate0, gate1, A_log, dt_bias, slot_ids, cu_q, status) views, (pending_journal,
+    row0, len) views or None, fused gating (bool) and the scale."""
+    arg = bf16_bits(arg)
+    st, slots, Hv, Dk, Dv = state_arg(arg, state, layout)
+    dev = st.device
+    qa = arg("q", q, dtype=FLOATS, ndim=3, device=dev)
+    T, Hk = qa.shape[0], qa.shape[1]
+    if qa.shape[2] != Dk:
+        raise ValueError(f"q: expected [T, Hk, Dk={Dk}] (Dk from state, layout {layout!r}), "
+                         f"got {list(qa.shape)}")
+    ka = arg("k", k, dtype=qa.dtype, shape=qa.shape, device=dev)
+    va = arg("v", v, dtype=qa.dtype, shape=(T, Hv, Dv), device=dev)
+    if Hk == 0 or Hv % Hk:
+        raise ValueError(f"q / state: value heads Hv={Hv} must be a multiple of key heads Hk={Hk}")
+    oa = arg("out", out, dtype=FLOATS, shape=(T, Hv, Dv), device=dev)
+    W = gdn_journal_width(Hk, Hv, Dk, Dv)
+    ja = arg("journal", journal, dtype="float32", shape=(T, W), device=dev)
+    if ja.by_kind:
+        require_dtype(ja, "float32")
+    fused = check_gating(g, beta, a, b, A_log, dt_bias)
+    if fused:
+        g0 = arg("a", a, dtype=FLOATS, shape=(T, Hv), device=dev)
+        g1 = arg("b", b, dtype=FLOATS, shape=(T, Hv), device=dev)
+        al = arg("A_log", A_log, dtype=FLOATS, shape=(Hv,), device=dev, contiguous=True)
+        db = arg("dt_bias", dt_bias, dtype=FLOATS, shape=(Hv,), device=dev, contiguous=True)
+    else:
+        g0 = arg("g", g, dtype=FLOATS, shape=(T, Hv), device=dev)
+        g1 = arg("beta", beta, dtype=FLOATS, shape=(T, Hv), device=dev)
+        al = db = arg("A_log", None, optional=True)
+    B, sl, cq, _, sa = batch_args(arg, dev, slot_ids, cu_q, status)
+    pending = None
+    if pending_journal is not None:
+        pending = pending_args(arg, dev, B, W, ja, pending_journal, pending_row0, pending_len)
+    elif pending_row0 is not None or pending_len is not None:
+        raise ValueError("pending_row0 / pending_len: given without pending_journal")
+    for x in (qa, ka, va, oa, g0, g1, ja):
+        last_contiguous(x)
+    if max(T, slots, B) >= 2**31:
+        raise ValueError("q/state/slot_ids: more than 2^31-1 rows, slots or sequences")
+    scale = as_scale(scale, 1.0 / math.sqrt(Dk))
+    if values is not None:
+        batch_values(values, sl, cq, T, slots)
+    if pending is not None:
+        _pending_values(values, pending[1], pending[2], pending[0].shape[0])
+    return st, qa, ka, va, oa, ja, g0, g1, al, db, sl, cq, sa, pending, fused, scale
+
+
+@check("gdn_commit")
+def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", status=None,
+               arg=DeviceArg, values=None, **_):
+    """state / slot_ids / cu_q / layout as for gdn_verify; accept_len [B] int32 (values:
+    0..q_b); journal float32 [T, Hk*Dk + Hv*Dv + 2*Hv] (Hk, dividing Hv, read from its
+    width), last dimension contiguous. Returns (state, journal, Hk, slot_ids, cu_q,
+    accept_len, status)."""
+    arg = bf16_bits(arg)
+    st, slots, Hv, Dk, Dv = state_arg(arg, state, layout)
+    dev = st.device
+    ja = arg("journal", journal, dtype="float32", ndim=2, device=dev)
+    if ja.by_kind:
+        require_dtype(ja, "float32")
+    T, W = ja.shape
+    Hk = journal_num_k_heads(W, Hv, Dk, Dv, hint=" (was it written for this state?)")
+    last_contiguous(ja)
+    B, sl, cq, al, sa = batch_args(arg, dev, slot_ids, cu_q, status, accept_len, commit=True)
+    if values is not None:
+        batch_values(values, sl, cq, T, slots, al)
+    return st, ja, Hk, sl, cq, al, sa
+
+
+@check("gdn_flush")
+def gdn_flush(state, slot_ids, pending_journal, pending_row0, pending_len, *, layout="kv",
+              status=None, arg=DeviceArg, values=None, **_):
+    """state / layout as for gdn_verify; slot_ids [B] int32 (values: in range, used once);
+    the pending rows as in gdn_verify's fused mode (any journal width that fits the
+    state). Returns (state, slot_ids, pending_journal, row0, len, Hk, status)."""
+    arg = bf16_bits(arg)
+    st, slots, Hv, Dk, Dv = state_arg(arg, state, layout)
+    dev = st.device
+    sl = arg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
+    B = sl.shape[0]
+    pj, pr, pn = pending_args(arg, dev, B, None, None, pending_journal, pending_row0, pending_len)
+    Hk = journal_num_k_heads(pj.shape[1], Hv, Dk, Dv, hint=" (was it written for this state?)")
+    sa = arg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
+             optional=True)
+    if values is not None:
+        s = values(sl)
+        if s is not None:
+            check_batch(s, np.zeros(B + 1, np.int64), 0, slots)
+    _pending_values(values, pr, pn, pj.shape[0])
+    return st, sl, pj, pr, pn, Hk, sa
