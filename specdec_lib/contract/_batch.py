@@ -93,22 +93,6 @@ def batch_values(values, sl, cq, num_rows, num_slots, al=None):
             check_accept_len(a, cu)
 
 
-def lazy_index_values(stream_h: int):
-    """``index_values(stream_h)`` (the GPU path's ``values``), looked up at its first use:
-    a call whose arguments the contract refuses never touches the driver (the capture
-    query), and a host array given to a GPU op is reported as such, not as a missing
-    driver."""
-    from ._core import index_values
-    found = []
-
-    def values(a):
-        if not found:
-            found.append(index_values(stream_h))
-        v = found[0]
-        return None if v is None else v(a)
-    return values
-
-
 def _check_int(name, a, shape):
     a = np.asarray(a)
     if a.dtype.kind not in "iu":

@@ -27,15 +27,22 @@ def host_values(a):
 
 def index_values(stream_h: int):
     """``values`` of the GPU path with ``check_indices``: copy a small index array to the
-    host on the op's stream and wait for it. None while the stream captures a graph (no
-    synchronous copy is possible then: the kernels flag bad indices instead)."""
-    from .. import runtime
-    from .._validate import to_host
-    if runtime.driver().stream_is_capturing(stream_h):
-        return None
+    host on the op's stream and wait for it; None while the stream captures a graph (no
+    synchronous copy is possible then: the kernels flag bad indices instead). The driver is
+    asked at the first use only, so a call the contract refuses earlier never touches it
+    (a host array given to a GPU op is reported as such, not as a missing driver)."""
+    capturing = []
 
     def values(a):
-        return to_host(a, stream_h) if a.obj is not None else None
+        if a.obj is None:
+            return None
+        if not capturing:
+            from .. import runtime
+            capturing.append(runtime.driver().stream_is_capturing(stream_h))
+        if capturing[0]:
+            return None
+        from .._validate import to_host
+        return to_host(a, stream_h)
     return values
 
 

@@ -16,7 +16,7 @@ from typing import Any, Optional, Tuple
 from .. import runtime
 from .._validate import as_stream
 from ..contract import attention as contract
-from ..contract._batch import lazy_index_values
+from ..contract import index_values
 from ..contract.attention import MAX_Q_PER_SEQ, MAX_SPLITS  # noqa: F401 (public here too)
 
 ArrayLike = Any      # a device array: DeviceArray, torch / cupy tensor, DLPack or CAI object
@@ -196,7 +196,7 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
         contract.verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale,
                                   lse_out, workspace=workspace, num_splits=num_splits,
                                   max_kv_len=max_kv_len, max_q=max_q,
-                                  values=lazy_index_values(stream_h) if check_indices else None)
+                                  values=index_values(stream_h) if check_indices else None)
     dev = qa.device
     T, Hq, D = qa.shape
     num_pages, page_size, Hkv = kc.shape[0], kc.shape[1], kc.shape[2]
@@ -285,7 +285,7 @@ def rope_append_kv(q: ArrayLike, k: ArrayLike, v: ArrayLike, positions: ArrayLik
     stream_h = as_stream(stream)
     qa, ka, va, kc, vc, pa, ca, pt, sl, cq, fin = contract.rope_append_kv(
         q, k, v, positions, cos_sin_cache, k_cache, v_cache, page_table, seq_lens, cu_q, finished,
-        values=lazy_index_values(stream_h) if check_indices else None)
+        values=index_values(stream_h) if check_indices else None)
     T, Hq, D = qa.shape
     Hk = ka.shape[1]
     dev = qa.device

@@ -11,7 +11,7 @@ from typing import Any, Optional
 from .. import runtime
 from .._validate import as_stream
 from ..contract import conv as contract
-from ..contract._batch import lazy_index_values
+from ..contract import index_values
 from ..contract.conv import ACTIVATIONS  # noqa: F401 (public here too)
 
 _DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -49,7 +49,7 @@ def conv1d_verify(x: ArrayLike, weight: ArrayLike, conv_state: ArrayLike, slot_i
     cs, xa, wa, ba, oa, ja, sl, cq, sa = contract.conv1d_verify(
         x, weight, conv_state, slot_ids, cu_q, out, bias=bias, activation=activation,
         journal=journal, status=status,
-        values=lazy_index_values(stream_h) if check_indices else None)
+        values=index_values(stream_h) if check_indices else None)
     slots, dim, wm1 = cs.shape
     W = wm1 + 1
     T, B = xa.shape[0], sl.shape[0]
@@ -79,7 +79,7 @@ def conv1d_commit(conv_state: ArrayLike, slot_ids: ArrayLike, cu_q: ArrayLike,
     stream_h = as_stream(stream)
     cs, ja, sl, cq, al, sa = contract.conv1d_commit(
         conv_state, slot_ids, cu_q, accept_len, journal, status=status,
-        values=lazy_index_values(stream_h) if check_indices else None)
+        values=index_values(stream_h) if check_indices else None)
     slots, dim, wm1 = cs.shape
     W = wm1 + 1
     T, B = ja.shape[0], sl.shape[0]

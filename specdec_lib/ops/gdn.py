@@ -14,7 +14,7 @@ from typing import Any, Optional
 from .. import runtime
 from .._validate import as_stream
 from ..contract import gdn as contract
-from ..contract._batch import lazy_index_values
+from ..contract import index_values
 from ..contract.gdn import gdn_journal_width  # noqa: F401 (public here too)
 
 _DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -68,7 +68,7 @@ StreamLike = Any     # None, an int handle, or an object with __cuda_stream__
 
 
 def _values(check_indices, stream_h):
-    return lazy_index_values(stream_h) if check_indices else None
+    return index_values(stream_h) if check_indices else None
 
 
 def _state_alignment(st):
