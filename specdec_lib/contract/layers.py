@@ -89,7 +89,7 @@ def rms_norm(x, weight, out, *, eps=1e-6, residual=None, residual_out=None, unit
     required with residual and only with it; last dimensions contiguous, output rows
     disjoint; eps a finite float > 0; H < 2^30. Returns (x, weight, out, residual,
     residual_out, eps) (views; eps a float)."""
-    farg = bf16_bits_arg(arg)
+    farg = arg if arg is DeviceArg else _BitsHostArg   # (bf16_bits_arg, inline: host time)
     xa = farg("x", x, dtype=FLOATS, ndim=2)
     dev = xa.device
     T, H = xa.shape
@@ -148,7 +148,7 @@ def rope(q, k, positions, cos_sin_cache, *, arg=DeviceArg, values=None, **_):
     float32 [max_position, D] contiguous; (Hq + Hk) D < 2^31 - 1. Positions are device
     data: one outside [0, max_position) is the kernel's NaN flag, never an error.
     Returns (q, k, positions, cos_sin_cache, T, Hq, Hk, D) (views, then ints)."""
-    farg = bf16_bits_arg(arg)
+    farg = arg if arg is DeviceArg else _BitsHostArg   # (bf16_bits_arg, inline: host time)
     qa = farg("q", q, dtype=FLOATS, ndim=3)
     dev = qa.device
     ka = farg("k", k, dtype=qa.dtype, ndim=3, device=dev, optional=True)
@@ -171,7 +171,7 @@ def rope(q, k, positions, cos_sin_cache, *, arg=DeviceArg, values=None, **_):
 def silu_mul(x, out, *, arg=DeviceArg, values=None, **_):
     """x [T, 2I] float32/float16/bfloat16, out [T, I] x's dtype; last dimensions
     contiguous, out's rows disjoint; I < 2^31. Returns (x, out, T, I)."""
-    farg = bf16_bits_arg(arg)
+    farg = arg if arg is DeviceArg else _BitsHostArg   # (bf16_bits_arg, inline: host time)
     xa = farg("x", x, dtype=FLOATS, ndim=2)
     dev = xa.device
     T, W = xa.shape
@@ -236,7 +236,7 @@ def linear(x, weight, out, *, norm_weight=None, eps=1e-6, residual=None, residua
     float > 0; last dimensions contiguous, output rows disjoint; out overlaps no input,
     residual_out neither an input nor out; K < 2^30, N < 2^31. Returns (x, weight, out,
     norm_weight, residual, residual_out, M, K, N, width, eps)."""
-    farg = bf16_bits_arg(arg)
+    farg = arg if arg is DeviceArg else _BitsHostArg   # (bf16_bits_arg, inline: host time)
     xa = farg("x", x, dtype=("float16", "bfloat16"), ndim=2)
     dev = xa.device
     dt = xa.dtype
