@@ -782,3 +782,342 @@ def test_ngram_propose_gpu_graph_capture(rng):
         want_d, want_n = _ng_want(*case, K, 1, 4)
         np.testing.assert_array_equal(cp.asnumpy(dt, stream=stream), want_d)
         np.testing.assert_array_equal(cp.asnumpy(nd, stream=stream), want_n)
+
+
+# ---------------------------------------------------------------- the argument contract (CPU)
+# Each op's bad inputs on the reference path (numpy arrays) and the eager torch path (CPU
+# tensors through torch.ops.specdec): the named error, and the outputs untouched. A case is
+# (id, paths it applies to, mutate(args, path), exception, message start); dtype-exactness
+# cases apply to the torch path only (numpy dtypes are checked by kind).
+from conftest import REFUSAL_PATHS, assert_refused, call_op, on_path, strided_last  # noqa: E402
+
+TORCH = ("torch",)
+
+
+def _cast(path, a, dtype):
+    """``a`` converted to ``dtype`` (a dtype name) on the path's array type."""
+    if path == "reference":
+        return a.astype(dtype)
+    import torch
+    return a.to(getattr(torch, dtype))
+
+
+def _vals(path, xs, dtype="int32"):
+    if path == "reference":
+        return np.array(xs, dtype)
+    import torch
+    return torch.tensor(xs, dtype=getattr(torch, dtype))
+
+
+def _new(path, shape, dtype):
+    """A zero array of ``shape`` and ``dtype`` (a dtype name) on the path's array type."""
+    if path == "reference":
+        return np.zeros(shape, dtype)
+    import torch
+    return torch.zeros(shape, dtype=getattr(torch, dtype))
+
+
+def _new_like(a, shape):
+    """A zero array of ``shape`` with ``a``'s dtype and array type."""
+    if isinstance(a, np.ndarray):
+        return np.zeros(shape, a.dtype)
+    import torch
+    return torch.zeros(shape, dtype=a.dtype)
+
+
+def _dense(a):
+    """A C-contiguous copy (of a slice: a narrower array that is still contiguous)."""
+    return np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a.contiguous()
+
+
+def _rows_overlap(a):
+    """A [R, W] view of ``a``'s memory whose rows overlap (a row stride of one element)."""
+    if isinstance(a, np.ndarray):
+        return np.lib.stride_tricks.as_strided(a, a.shape, (a.itemsize, a.itemsize))
+    return a.as_strided(tuple(a.shape), (1, 1))
+
+
+def _host(a):
+    """The path's array as float64 numpy (torch bf16 through float32)."""
+    if isinstance(a, np.ndarray):
+        return a.astype(np.float64)
+    return a.float().numpy().astype(np.float64) if a.is_floating_point() else a.numpy()
+
+
+def run_refusal(op, path, case, call, order, outputs, torch_dtypes=None):
+    """Build ``call`` (name -> numpy value) on ``path``, break it with ``case`` and check
+    that op ``op`` refuses it without writing ``outputs`` (names). Arguments named in
+    ``order`` go positionally, the others by keyword."""
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, call, torch_dtypes)
+    mutate(args, path)
+    pos = [args[n] for n in order]
+    kw = {n: v for n, v in args.items() if n not in order}
+    assert_refused(lambda: call_op(path, op, pos, kw), exc, match,
+                   [args[n] for n in outputs if args.get(n) is not None])
+
+
+def run_good(op, path, call, order, torch_dtypes=None):
+    """The good call on ``path``: it passes the contract and computes. Returns the args."""
+    args = on_path(path, call, torch_dtypes)
+    call_op(path, op, [args[n] for n in order], {n: v for n, v in args.items() if n not in order})
+    return args
+
+
+# ------------------------------------------------------------ draft_carry
+_CARRY_ORDER = ("hidden", "cu_q", "accept_len", "out")
+_CARRY_BF16 = {"hidden": "bfloat16", "out": "bfloat16"}
+
+
+def _carry_call():
+    return {"hidden": np.arange(24, dtype=np.float32).reshape(6, 4),
+            "cu_q": np.array([0, 2, 3, 6], np.int32), "accept_len": np.array([2, 0, 3], np.int32),
+            "out": np.full((3, 4), 7.0, np.float32)}
+
+
+_CARRY_BAD = [
+    ("out_fp16_for_bf16_hidden", TORCH, lambda a, p: a.update(out=_cast(p, a["out"], "float16")),
+     TypeError, r"^out: dtype"),
+    ("out_float64", REFUSAL_PATHS, lambda a, p: a.update(out=_cast(p, a["out"], "float64")),
+     TypeError, r"^out: dtype"),
+    ("cu_q_int64", TORCH, lambda a, p: a.update(cu_q=_cast(p, a["cu_q"], "int64")),
+     TypeError, r"^cu_q: dtype"),
+    ("accept_len_float32", REFUSAL_PATHS,
+     lambda a, p: a.update(accept_len=_cast(p, a["accept_len"], "float32")),
+     TypeError, r"^accept_len: dtype"),
+    ("cu_q_short", REFUSAL_PATHS, lambda a, p: a.update(cu_q=a["cu_q"][:3]),
+     ValueError, r"^cu_q: expected shape"),
+    ("cu_q_decreasing", REFUSAL_PATHS, lambda a, p: a.update(cu_q=_vals(p, [0, 3, 2, 6])),
+     ValueError, r"^cu_q: must start at 0 and never decrease"),
+    ("cu_q_not_from_0", REFUSAL_PATHS, lambda a, p: a.update(cu_q=_vals(p, [1, 2, 3, 6])),
+     ValueError, r"^cu_q: must start at 0"),
+    ("out_wrong_batch", REFUSAL_PATHS, lambda a, p: a.update(out=a["out"][:2]),
+     ValueError, r"^out: expected shape \[3, \*\]"),
+    ("col_begin_past_out", REFUSAL_PATHS, lambda a, p: a.update(col_begin=1),
+     ValueError, r"^col_begin: columns 1..5"),
+    ("row_begin_negative", REFUSAL_PATHS, lambda a, p: a.update(row_begin=-1),
+     ValueError, r"^row_begin: must be >= 0"),
+    ("hidden_last_dim_strided", REFUSAL_PATHS, lambda a, p: a.update(hidden=strided_last(a["hidden"])),
+     ValueError, r"^hidden: the last dimension must be contiguous"),
+    ("out_3d", REFUSAL_PATHS, lambda a, p: a.update(out=a["out"][:, :, None]),
+     ValueError, r"^out: expected 2 dimensions"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _CARRY_BAD, ids=[c[0] for c in _CARRY_BAD])
+def test_draft_carry_refuses_bad_input(path, case):
+    run_refusal("draft_carry", path, case, _carry_call(), _CARRY_ORDER, ("out",), _CARRY_BF16)
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_draft_carry_good_input_passes_the_contract(path):
+    args = run_good("draft_carry", path, _carry_call(), _CARRY_ORDER, _CARRY_BF16)
+    h = _carry_call()["hidden"]
+    np.testing.assert_array_equal(_host(args["out"]), np.stack([h[1], np.zeros(4), h[5]]))
+
+
+# ------------------------------------------------------------ capture_hidden
+_CAPTURE_ORDER = ("hidden", "out", "tap")
+_CAPTURE_BF16 = {"hidden": "bfloat16", "out": "bfloat16", "residual": "bfloat16"}
+
+
+def _capture_call():
+    return {"hidden": np.arange(20, dtype=np.float32).reshape(5, 4),
+            "out": np.full((5, 12), 7.0, np.float32), "tap": 1,
+            "residual": np.ones((5, 4), np.float32)}
+
+
+_CAPTURE_BAD = [
+    ("out_fp16_for_bf16_hidden", TORCH, lambda a, p: a.update(out=_cast(p, a["out"], "float16")),
+     TypeError, r"^out: dtype"),
+    ("residual_float32_for_bf16", TORCH,
+     lambda a, p: a.update(residual=_cast(p, a["residual"], "float32")), TypeError, r"^residual: dtype"),
+    ("hidden_int32", REFUSAL_PATHS, lambda a, p: a.update(hidden=_cast(p, a["hidden"], "int32")),
+     TypeError, r"^hidden: dtype"),
+    ("tap_past_taps", REFUSAL_PATHS, lambda a, p: a.update(tap=3), ValueError, r"^tap: must be <= 2"),
+    ("tap_negative", REFUSAL_PATHS, lambda a, p: a.update(tap=-1), ValueError, r"^tap: must be >= 0"),
+    ("out_not_a_multiple", REFUSAL_PATHS, lambda a, p: a.update(out=a["out"][:, :10]),
+     ValueError, r"^out: 10 columns is not a multiple"),
+    ("out_wrong_rows", REFUSAL_PATHS, lambda a, p: a.update(out=a["out"][:4]),
+     ValueError, r"^out: 4 rows"),
+    ("residual_wrong_shape", REFUSAL_PATHS, lambda a, p: a.update(residual=a["residual"][:, :3]),
+     ValueError, r"^residual: expected shape"),
+    ("hidden_last_dim_strided", REFUSAL_PATHS, lambda a, p: a.update(hidden=strided_last(a["hidden"])),
+     ValueError, r"^hidden: the last dimension must be contiguous"),
+    ("out_last_dim_strided", REFUSAL_PATHS, lambda a, p: a.update(out=strided_last(a["out"])),
+     ValueError, r"^out: the last dimension must be contiguous"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _CAPTURE_BAD, ids=[c[0] for c in _CAPTURE_BAD])
+def test_capture_hidden_refuses_bad_input(path, case):
+    run_refusal("capture_hidden", path, case, _capture_call(), _CAPTURE_ORDER, ("out",),
+                _CAPTURE_BF16)
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_capture_hidden_good_input_passes_the_contract(path):
+    args = run_good("capture_hidden", path, _capture_call(), _CAPTURE_ORDER, _CAPTURE_BF16)
+    got = _host(args["out"])
+    np.testing.assert_array_equal(got[:, 4:8], _capture_call()["hidden"] + 1)
+    assert np.all(got[:, :4] == 7) and np.all(got[:, 8:] == 7)
+
+
+# ------------------------------------------------------------ draft_combine
+_COMBINE_ORDER = ("embed", "hidden", "embed_norm_weight", "hidden_norm_weight", "out")
+_COMBINE_BF16 = {"embed": "bfloat16", "hidden": "bfloat16", "out": "bfloat16"}
+
+
+def _combine_call():
+    r = np.random.default_rng(3)
+    return {"embed": r.standard_normal((3, 8)).astype(np.float32),
+            "hidden": r.standard_normal((3, 8)).astype(np.float32),
+            "embed_norm_weight": np.ones(8, np.float32), "hidden_norm_weight": np.ones(8, np.float32),
+            "out": np.full((3, 16), 7.0, np.float32), "eps": 1e-5}
+
+
+_COMBINE_BAD = [
+    ("hidden_float64", TORCH, lambda a, p: a.update(hidden=_cast(p, a["hidden"], "float64")),
+     TypeError, r"^hidden: dtype"),
+    ("embed_fp16_for_bf16", TORCH, lambda a, p: a.update(embed=_cast(p, a["embed"], "float16")),
+     TypeError, r"^embed: dtype"),
+    ("hidden_norm_weight_other_dtype", TORCH,
+     lambda a, p: a.update(hidden_norm_weight=_cast(p, a["hidden_norm_weight"], "bfloat16")),
+     TypeError, r"^hidden_norm_weight: dtype"),
+    ("hidden_int32", REFUSAL_PATHS, lambda a, p: a.update(hidden=_cast(p, a["hidden"], "int32")),
+     TypeError, r"^hidden: dtype"),
+    ("out_wrong_width", REFUSAL_PATHS, lambda a, p: a.update(out=a["out"][:, :8]),
+     ValueError, r"^out: expected shape \[3, 16\]"),
+    ("embed_norm_weight_short", REFUSAL_PATHS,
+     lambda a, p: a.update(embed_norm_weight=a["embed_norm_weight"][:7]),
+     ValueError, r"^embed_norm_weight: expected shape"),
+    ("embed_width", REFUSAL_PATHS, lambda a, p: a.update(embed=_dense(a["embed"][:, :7])),
+     ValueError, r"^embed: width 7"),
+    ("embed_rows_without_ids", REFUSAL_PATHS, lambda a, p: a.update(embed=_new_like(a["embed"], (5, 8))),
+     ValueError, r"^embed: 5 rows"),
+    ("token_ids_float", REFUSAL_PATHS, lambda a, p: a.update(token_ids=_vals(p, [0, 1, 2], "float32")),
+     TypeError, r"^token_ids: dtype"),
+    ("token_ids_wrong_length", REFUSAL_PATHS, lambda a, p: a.update(token_ids=_vals(p, [0, 1])),
+     ValueError, r"^token_ids: expected shape"),
+    ("eps_negative", REFUSAL_PATHS, lambda a, p: a.update(eps=-1e-6), ValueError, r"^eps"),
+    ("eps_nan", REFUSAL_PATHS, lambda a, p: a.update(eps=float("nan")), ValueError, r"^eps"),
+    ("hidden_last_dim_strided", REFUSAL_PATHS, lambda a, p: a.update(hidden=strided_last(a["hidden"])),
+     ValueError, r"^hidden: the last dimension must be contiguous"),
+    ("weight_strided", REFUSAL_PATHS,
+     lambda a, p: a.update(embed_norm_weight=strided_last(a["embed_norm_weight"])),
+     ValueError, r"^embed_norm_weight: must be C-contiguous"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _COMBINE_BAD, ids=[c[0] for c in _COMBINE_BAD])
+def test_draft_combine_refuses_bad_input(path, case):
+    run_refusal("draft_combine", path, case, _combine_call(), _COMBINE_ORDER, ("out",), _COMBINE_BF16)
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_draft_combine_good_input_passes_the_contract(path):
+    call = dict(_combine_call(), token_ids=np.array([1, -1, 99], np.int32))   # ids: device data
+    args = run_good("draft_combine", path, call, _COMBINE_ORDER, _COMBINE_BF16)
+    got = _host(args["out"])
+    assert np.all(got[1:, :8] == 0) and np.all(np.abs(got[0, :8]) > 0)   # bad ids: zero half
+    assert np.all(np.abs(got[:, 8:]) > 0)
+
+
+# ------------------------------------------------------------ draft_map_tokens
+_MAP_ORDER = ("draft_ids", "d2t", "out")
+
+
+def _map_call():
+    return {"draft_ids": np.array([0, 3, -1, 9, 2, 8], np.int32),
+            "d2t": np.arange(9, dtype=np.int64) * 10, "out": np.full(6, 77, np.int32)}
+
+
+_MAP_BAD = [
+    ("out_int64", TORCH, lambda a, p: a.update(out=_cast(p, a["out"], "int64")), TypeError, r"^out: dtype"),
+    ("draft_ids_float", REFUSAL_PATHS, lambda a, p: a.update(draft_ids=_cast(p, a["draft_ids"], "float32")),
+     TypeError, r"^draft_ids: dtype"),
+    ("d2t_float", REFUSAL_PATHS, lambda a, p: a.update(d2t=_cast(p, a["d2t"], "float32")),
+     TypeError, r"^d2t: dtype"),
+    ("d2t_2d", REFUSAL_PATHS, lambda a, p: a.update(d2t=a["d2t"].reshape(3, 3)),
+     ValueError, r"^d2t: expected 1 dimensions"),
+    ("out_short", REFUSAL_PATHS, lambda a, p: a.update(out=a["out"][:5]), ValueError, r"^out: expected shape"),
+    ("draft_ids_strided", REFUSAL_PATHS, lambda a, p: a.update(draft_ids=strided_last(a["draft_ids"])),
+     ValueError, r"^draft_ids: must be C-contiguous"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _MAP_BAD, ids=[c[0] for c in _MAP_BAD])
+def test_draft_map_tokens_refuses_bad_input(path, case):
+    run_refusal("draft_map_tokens", path, case, _map_call(), _MAP_ORDER, ("out",))
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_draft_map_tokens_good_input_passes_the_contract(path):
+    args = run_good("draft_map_tokens", path, _map_call(), _MAP_ORDER)
+    # ids outside the draft vocabulary are device data: mapped to -1, not refused
+    assert _host(args["out"]).tolist() == [0, 33, -1, -1, 22, 88]
+
+
+# ------------------------------------------------------------ ngram_propose
+_NGRAM_ORDER = ("prompt", "prompt_lens", "output", "output_lens", "draft_tokens", "num_draft")
+
+
+def _ngram_call():
+    return {"prompt": np.array([[1, 2, 3, 1, 2, 0], [5, 5, 5, 0, 0, 0]], np.int32),
+            "prompt_lens": np.array([5, 3], np.int32), "output": np.zeros((2, 4), np.int32),
+            "output_lens": np.array([0, 0], np.int32),
+            "draft_tokens": np.full((2, 3), 77, np.int32), "num_draft": np.full(2, 77, np.int32)}
+
+
+_NGRAM_BAD = [
+    ("prompt_lens_int64", TORCH, lambda a, p: a.update(prompt_lens=_cast(p, a["prompt_lens"], "int64")),
+     TypeError, r"^prompt_lens: dtype"),
+    ("draft_tokens_int64", TORCH, lambda a, p: a.update(draft_tokens=_cast(p, a["draft_tokens"], "int64")),
+     TypeError, r"^draft_tokens: dtype"),
+    ("prompt_float", REFUSAL_PATHS, lambda a, p: a.update(prompt=_cast(p, a["prompt"], "float32")),
+     TypeError, r"^prompt: dtype"),
+    ("no_draft_slots", REFUSAL_PATHS, lambda a, p: a.update(draft_tokens=_new(p, (2, 0), "int32")),
+     ValueError, r"^draft_tokens: K = 0"),
+    ("too_many_draft_slots", REFUSAL_PATHS, lambda a, p: a.update(draft_tokens=_new(p, (2, 65), "int32")),
+     ValueError, r"^draft_tokens: K = 65"),
+    ("output_wrong_batch", REFUSAL_PATHS, lambda a, p: a.update(output=a["output"][:1]),
+     ValueError, r"^output: expected shape \[2, O\]"),
+    ("prompt_lens_wrong_batch", REFUSAL_PATHS, lambda a, p: a.update(prompt_lens=_vals(p, [1, 1, 1])),
+     ValueError, r"^prompt_lens: expected shape"),
+    ("num_draft_strided", REFUSAL_PATHS, lambda a, p: a.update(num_draft=strided_last(a["num_draft"])),
+     ValueError, r"^num_draft: must be C-contiguous"),
+    ("output_last_dim_strided", REFUSAL_PATHS, lambda a, p: a.update(output=strided_last(a["output"])),
+     ValueError, r"^output: the last dimension must be contiguous"),
+    ("min_n_zero", REFUSAL_PATHS, lambda a, p: a.update(min_n=0), ValueError, r"^min_n: must be >= 1"),
+    ("max_n_past_32", REFUSAL_PATHS, lambda a, p: a.update(max_n=33), ValueError, r"^max_n: must be <= 32"),
+    ("max_n_below_min_n", REFUSAL_PATHS, lambda a, p: a.update(min_n=3, max_n=2),
+     ValueError, r"^max_n: must be >= min_n"),
+    ("prompt_len_past_P", REFUSAL_PATHS, lambda a, p: a["prompt_lens"].__setitem__(1, 7),
+     ValueError, r"^prompt_lens: 7 at row 1 is outside 0..6"),
+    ("output_len_negative", REFUSAL_PATHS, lambda a, p: a["output_lens"].__setitem__(0, -1),
+     ValueError, r"^output_lens: -1 at row 0 is outside 0..4"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _NGRAM_BAD, ids=[c[0] for c in _NGRAM_BAD])
+def test_ngram_propose_refuses_bad_input(path, case):
+    run_refusal("ngram_propose", path, case, _ngram_call(), _NGRAM_ORDER, ("draft_tokens", "num_draft"))
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_ngram_propose_good_input_passes_the_contract(path):
+    args = run_good("ngram_propose", path, _ngram_call(), _NGRAM_ORDER)
+    assert _host(args["draft_tokens"]).tolist() == [[3, 1, 2], [5, -1, -1]]
+    assert _host(args["num_draft"]).tolist() == [3, 1]
+    # with check_indices=False lengths out of range are clamped (the kernel's reading)
+    call = _ngram_call()
+    call["prompt_lens"][1] = 9
+    args = run_good("ngram_propose", path, dict(call, check_indices=False), _NGRAM_ORDER)
+    assert _host(args["num_draft"]).tolist() == [3, 1]

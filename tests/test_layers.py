@@ -75,7 +75,9 @@ def test_rms_norm_empty():
     (dict(x=np.zeros((2, 4), np.int32)), TypeError, "x: dtype"),
     (dict(x=np.zeros(4, np.float32)), ValueError, "x"),
     (dict(weight=np.ones(3, np.float32)), ValueError, "weight"),
-    (dict(out=np.zeros((2, 4), np.float16)), TypeError, "out"),
+    # numpy dtypes are checked by kind here (a float16 out for float32 x passes): exact
+    # dtypes on the torch path, test_rms_norm_refuses_bad_input
+    (dict(out=np.zeros((2, 4), np.int16)), TypeError, "out"),
     (dict(out=np.zeros((2, 5), np.float32)), ValueError, "out"),
     (dict(eps=0.0), ValueError, "eps"),
     (dict(eps=-1e-6), ValueError, "eps"),
@@ -84,7 +86,7 @@ def test_rms_norm_empty():
     (dict(residual_out=np.zeros((2, 4), np.float32)), ValueError, "residual_out: given"),
     (dict(residual=np.zeros((2, 3), np.float32), residual_out=np.zeros((2, 4), np.float32)),
      ValueError, "residual"),
-    (dict(residual=np.zeros((2, 4), np.float32), residual_out=np.zeros((2, 4))),
+    (dict(residual=np.zeros((2, 4), np.float32), residual_out=np.zeros((2, 4), np.int32)),
      TypeError, "residual_out"),
 ])
 def test_rms_norm_reference_validation(kw, exc, match):
@@ -170,7 +172,7 @@ def test_rope_out_of_range_position_is_nan_row(dtype, rng):
      ValueError, "q: head dim"),
     (dict(k=np.zeros((3, 1, 8))), ValueError, "k"),
     (dict(k=np.zeros((2, 1, 6))), ValueError, "k"),
-    (dict(k=np.zeros((2, 1, 8), np.float32)), TypeError, "k"),
+    (dict(k=np.zeros((2, 1, 8), np.int32)), TypeError, "k"),
     (dict(positions=np.zeros(3, np.int32)), ValueError, "positions"),
     (dict(positions=np.zeros(2, np.float32)), TypeError, "positions"),
     (dict(cos_sin_cache=np.zeros((4, 6), np.float32)), ValueError, "cos_sin_cache"),
@@ -198,7 +200,7 @@ def test_silu_mul_closed_form():
     with pytest.raises(ValueError, match="out"):
         ref.silu_mul(np.zeros((2, 6)), np.zeros((2, 2)))
     with pytest.raises(TypeError, match="out"):
-        ref.silu_mul(np.zeros((2, 6)), np.zeros((2, 3), np.float32))
+        ref.silu_mul(np.zeros((2, 6)), np.zeros((2, 3), np.int32))
 
 
 # ---------------------------------------------------------------- op validation without a GPU
@@ -630,3 +632,202 @@ def test_layers_ops_reject_before_launch(rng):
         ops.silu_mul(x, wide)
     assert np.all(o32.to_numpy().view(np.uint32) == 0xFFFFFFFF)
     assert np.all(wide.to_numpy().view(np.uint16) == 0xFFFF)
+
+
+# ---------------------------------------------------------------- the argument contract (CPU)
+# Bad inputs on the reference path and the eager torch path (test_draft.run_refusal): the
+# named error, the outputs untouched; dtype-exactness cases on the torch path only.
+from conftest import REFUSAL_PATHS, strided_last  # noqa: E402
+from test_draft import (TORCH, _cast, _dense, _host as _as_f64, _new_like,  # noqa: E402
+                        _rows_overlap, _vals, run_good, run_refusal)
+
+# ------------------------------------------------------------ rms_norm
+_RMS_ORDER = ("x", "weight", "out")
+_RMS_BF16 = {"x": "bfloat16", "out": "bfloat16", "residual": "bfloat16", "residual_out": "bfloat16"}
+
+
+def _rms_call(fused=False):
+    r = np.random.default_rng(4)
+    call = {"x": r.standard_normal((3, 8)).astype(np.float32),
+            "weight": r.standard_normal(8).astype(np.float32),
+            "out": np.full((3, 8), 7.0, np.float32), "eps": 1e-5}
+    if fused:
+        call.update(residual=r.standard_normal((3, 8)).astype(np.float32),
+                    residual_out=np.full((3, 8), 7.0, np.float32))
+    return call
+
+
+_RMS_BAD = [
+    # (case id, fused, paths, mutate(args, path), exception, message start)
+    ("out_fp16_for_bf16_x", False, TORCH, lambda a, p: a.update(out=_cast(p, a["out"], "float16")),
+     TypeError, r"^out: dtype"),
+    ("x_float64", False, TORCH, lambda a, p: a.update(x=_cast(p, a["x"], "float64")),
+     TypeError, r"^x: dtype"),
+    ("weight_fp16_for_bf16_x", False, TORCH, lambda a, p: a.update(weight=_cast(p, a["weight"], "float16")),
+     TypeError, r"^weight: dtype"),
+    ("residual_out_float32_for_bf16", True, TORCH,
+     lambda a, p: a.update(residual_out=_cast(p, a["residual_out"], "float32")),
+     TypeError, r"^residual_out: dtype"),
+    ("x_int32", False, REFUSAL_PATHS, lambda a, p: a.update(x=_cast(p, a["x"], "int32")),
+     TypeError, r"^x: dtype"),
+    ("weight_int32", False, REFUSAL_PATHS, lambda a, p: a.update(weight=_cast(p, a["weight"], "int32")),
+     TypeError, r"^weight: dtype"),
+    ("x_1d", False, REFUSAL_PATHS, lambda a, p: a.update(x=a["x"][0]), ValueError, r"^x: expected 2"),
+    ("weight_short", False, REFUSAL_PATHS, lambda a, p: a.update(weight=a["weight"][:7]),
+     ValueError, r"^weight: expected shape \[8\]"),
+    ("out_wrong_rows", False, REFUSAL_PATHS, lambda a, p: a.update(out=a["out"][:2]),
+     ValueError, r"^out: expected shape \[3, 8\]"),
+    ("x_last_dim_strided", False, REFUSAL_PATHS, lambda a, p: a.update(x=strided_last(a["x"])),
+     ValueError, r"^x: the last dimension must be contiguous"),
+    ("weight_strided", False, REFUSAL_PATHS, lambda a, p: a.update(weight=strided_last(a["weight"])),
+     ValueError, r"^weight: must be C-contiguous"),
+    ("out_rows_overlap", False, REFUSAL_PATHS, lambda a, p: a.update(out=_rows_overlap(a["out"])),
+     ValueError, r"^out: rows overlap"),
+    ("eps_zero", False, REFUSAL_PATHS, lambda a, p: a.update(eps=0.0), ValueError, r"^eps"),
+    ("eps_inf", False, REFUSAL_PATHS, lambda a, p: a.update(eps=float("inf")), ValueError, r"^eps"),
+    ("residual_without_residual_out", True, REFUSAL_PATHS, lambda a, p: a.pop("residual_out"),
+     ValueError, r"^residual_out: required with residual"),
+    ("residual_out_without_residual", True, REFUSAL_PATHS, lambda a, p: a.pop("residual"),
+     ValueError, r"^residual_out: given without residual"),
+    ("residual_wrong_shape", True, REFUSAL_PATHS, lambda a, p: a.update(residual=a["residual"][:, :4]),
+     ValueError, r"^residual: expected shape"),
+    ("residual_out_rows_overlap", True, REFUSAL_PATHS,
+     lambda a, p: a.update(residual_out=_rows_overlap(a["residual_out"])),
+     ValueError, r"^residual_out: rows overlap"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _RMS_BAD, ids=[c[0] for c in _RMS_BAD])
+def test_rms_norm_refuses_bad_input(path, case):
+    name, fused, *rest = case
+    run_refusal("rms_norm", path, (name, *rest), _rms_call(fused), _RMS_ORDER,
+                ("out", "residual_out"), _RMS_BF16)
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("fused", [False, True])
+def test_rms_norm_good_input_passes_the_contract(path, fused):
+    args = run_good("rms_norm", path, _rms_call(fused), _RMS_ORDER, _RMS_BF16)
+    c = _rms_call(fused)
+    s = c["x"] + c["residual"] if fused else c["x"]
+    want = s / np.sqrt((s.astype(np.float64) ** 2).mean(1, keepdims=True) + 1e-5) * c["weight"]
+    assert rel_err(_as_f64(args["out"]), want) < (1e-2 if path == "torch" else 1e-6)
+
+
+def test_rms_norm_reference_takes_uint16_as_bfloat16():
+    """numpy has no bfloat16: the reference's uint16 arrays are bf16 bits (dtype kind float)."""
+    x = _store(np.linspace(-2, 2, 16).reshape(2, 8), "bfloat16")
+    out = np.zeros_like(x)
+    ref.rms_norm(x, np.ones(8, np.float32), out)
+    assert out.dtype == np.uint16 and np.all(np.isfinite(from_host_storage(out, "bfloat16")))
+    with pytest.raises(TypeError, match="^x: dtype"):
+        ref.rms_norm(x.astype(np.int16), np.ones(8, np.float32), np.zeros((2, 8), np.int16))
+
+
+# ------------------------------------------------------------ rope
+_ROPE_ORDER = ("q", "k", "positions", "cos_sin_cache")
+_ROPE_BF16 = {"q": "bfloat16", "k": "bfloat16"}
+
+
+def _rope_call():
+    r = np.random.default_rng(6)
+    return {"q": r.standard_normal((4, 2, 8)).astype(np.float32),
+            "k": r.standard_normal((4, 1, 8)).astype(np.float32),
+            "positions": np.array([0, 3, 7, 15], np.int32),
+            "cos_sin_cache": ref.rope_cos_sin_cache(16, 8, 10000.0)}
+
+
+_ROPE_BAD = [
+    ("k_float32_for_bf16_q", TORCH, lambda a, p: a.update(k=_cast(p, a["k"], "float32")),
+     TypeError, r"^k: dtype"),
+    ("q_float64", TORCH, lambda a, p: a.update(q=_cast(p, a["q"], "float64")), TypeError, r"^q: dtype"),
+    ("positions_int64", TORCH, lambda a, p: a.update(positions=_cast(p, a["positions"], "int64")),
+     TypeError, r"^positions: dtype"),
+    ("cache_bf16", TORCH, lambda a, p: a.update(cos_sin_cache=_cast(p, a["cos_sin_cache"], "bfloat16")),
+     TypeError, r"^cos_sin_cache: dtype"),
+    ("positions_float", REFUSAL_PATHS, lambda a, p: a.update(positions=_cast(p, a["positions"], "float32")),
+     TypeError, r"^positions: dtype"),
+    ("q_int", REFUSAL_PATHS, lambda a, p: a.update(q=_cast(p, a["q"], "int32")), TypeError, r"^q: dtype"),
+    ("head_dim_odd", REFUSAL_PATHS, lambda a, p: a.update(q=a["q"][..., :7]),
+     ValueError, r"^q: head dim 7 must be even"),
+    ("head_dim_too_large", REFUSAL_PATHS,
+     lambda a, p: a.update(q=_new_like(a["q"], (4, 2, 258)), k=None,
+                           cos_sin_cache=_new_like(a["cos_sin_cache"], (16, 258))),
+     ValueError, r"^q: head dim 258"),
+    ("q_2d", REFUSAL_PATHS, lambda a, p: a.update(q=a["q"][:, 0]), ValueError, r"^q: expected 3"),
+    ("k_wrong_rows", REFUSAL_PATHS, lambda a, p: a.update(k=a["k"][:3]), ValueError, r"^k: expected shape"),
+    ("k_wrong_head_dim", REFUSAL_PATHS, lambda a, p: a.update(k=_dense(a["k"][..., :4])),
+     ValueError, r"^k: expected shape"),
+    ("positions_short", REFUSAL_PATHS, lambda a, p: a.update(positions=a["positions"][:3]),
+     ValueError, r"^positions: expected shape \[4\]"),
+    ("positions_strided", REFUSAL_PATHS, lambda a, p: a.update(positions=strided_last(a["positions"])),
+     ValueError, r"^positions: must be C-contiguous"),
+    ("cache_wrong_width", REFUSAL_PATHS,
+     lambda a, p: a.update(cos_sin_cache=_dense(a["cos_sin_cache"][:, :4])),
+     ValueError, r"^cos_sin_cache: expected shape \[max_position, 8\]"),
+    ("q_head_dim_strided", REFUSAL_PATHS, lambda a, p: a.update(q=strided_last(a["q"])),
+     ValueError, r"^q: the last dimension must be contiguous"),
+    ("k_head_dim_strided", REFUSAL_PATHS, lambda a, p: a.update(k=strided_last(a["k"])),
+     ValueError, r"^k: the last dimension must be contiguous"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _ROPE_BAD, ids=[c[0] for c in _ROPE_BAD])
+def test_rope_refuses_bad_input(path, case):
+    run_refusal("rope", path, case, _rope_call(), _ROPE_ORDER, ("q", "k"), _ROPE_BF16)
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_rope_good_input_passes_the_contract(path):
+    call = _rope_call()
+    call["positions"][3] = 16            # outside the cache: device data, the NaN flag
+    args = run_good("rope", path, call, _ROPE_ORDER, _ROPE_BF16)
+    q, q0 = _as_f64(args["q"]), _rope_call()["q"]         # (the reference rotates call's q)
+    tol = 1e-2 if path == "torch" else 1e-6
+    assert rel_err(q[0], q0[0]) < tol                            # position 0: unrotated
+    assert rel_err(q[1], q0[1]) > 0.01                           # rotated
+    assert np.all(np.isnan(q[3])) and np.all(np.isnan(_as_f64(args["k"])[3]))
+
+
+# ------------------------------------------------------------ silu_mul
+_SILU_ORDER = ("x", "out")
+_SILU_BF16 = {"x": "bfloat16", "out": "bfloat16"}
+
+
+def _silu_call():
+    return {"x": np.linspace(-3, 3, 24, dtype=np.float32).reshape(3, 8),
+            "out": np.full((3, 4), 7.0, np.float32)}
+
+
+_SILU_BAD = [
+    ("out_fp16_for_bf16_x", TORCH, lambda a, p: a.update(out=_cast(p, a["out"], "float16")),
+     TypeError, r"^out: dtype"),
+    ("x_float64", TORCH, lambda a, p: a.update(x=_cast(p, a["x"], "float64")), TypeError, r"^x: dtype"),
+    ("out_int32", REFUSAL_PATHS, lambda a, p: a.update(out=_cast(p, a["out"], "int32")),
+     TypeError, r"^out: dtype"),
+    ("x_odd_width", REFUSAL_PATHS, lambda a, p: a.update(x=a["x"][:, :7]), ValueError, r"^x: width 7"),
+    ("out_wrong_width", REFUSAL_PATHS, lambda a, p: a.update(out=a["out"][:, :3]),
+     ValueError, r"^out: expected shape \[3, 4\]"),
+    ("out_wrong_rows", REFUSAL_PATHS, lambda a, p: a.update(out=a["out"][:2]),
+     ValueError, r"^out: expected shape \[3, 4\]"),
+    ("x_last_dim_strided", REFUSAL_PATHS, lambda a, p: a.update(x=strided_last(a["x"])),
+     ValueError, r"^x: the last dimension must be contiguous"),
+    ("out_rows_overlap", REFUSAL_PATHS, lambda a, p: a.update(out=_rows_overlap(a["out"])),
+     ValueError, r"^out: rows overlap"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _SILU_BAD, ids=[c[0] for c in _SILU_BAD])
+def test_silu_mul_refuses_bad_input(path, case):
+    run_refusal("silu_mul", path, case, _silu_call(), _SILU_ORDER, ("out",), _SILU_BF16)
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_silu_mul_good_input_passes_the_contract(path):
+    args = run_good("silu_mul", path, _silu_call(), _SILU_ORDER, _SILU_BF16)
+    x = _as_f64(args["x"])
+    g, u = x[:, :4], x[:, 4:]
+    assert rel_err(_as_f64(args["out"]), g / (1 + np.exp(-g)) * u) < (1e-2 if path == "torch" else 1e-6)

@@ -81,9 +81,11 @@ def _ref_args():
     (dict(x=np.zeros((2, 0), np.float32), weight=np.zeros((6, 0), np.float32)), ValueError,
      "x: K"),
     (dict(weight=np.zeros((6, 5), np.float32)), ValueError, "weight"),
-    (dict(weight=np.zeros((6, 4), np.float16)), TypeError, "weight"),
+    # numpy dtypes are checked by kind here (float16 weights for float32 x pass): exact
+    # dtypes on the torch path, test_linear_refuses_bad_input
+    (dict(weight=np.zeros((6, 4), np.int16)), TypeError, "weight"),
     (dict(out=np.zeros((2, 5), np.float32)), ValueError, "out"),
-    (dict(out=np.zeros((2, 6), np.float16)), TypeError, "out"),
+    (dict(out=np.zeros((2, 6), np.int32)), TypeError, "out"),
     (dict(epilogue="gelu"), ValueError, "epilogue"),
     (dict(epilogue="silu_mul"), ValueError, "out"),                 # out must be [2, 3]
     (dict(epilogue="silu_mul", weight=np.zeros((5, 4), np.float32),
@@ -99,7 +101,7 @@ def _ref_args():
     (dict(norm_weight=np.ones(4), residual=np.zeros((2, 3), np.float32),
           residual_out=np.zeros((2, 4), np.float32)), ValueError, "residual"),
     (dict(norm_weight=np.ones(4), residual=np.zeros((2, 4), np.float32),
-          residual_out=np.zeros((2, 4), np.float16)), TypeError, "residual_out"),
+          residual_out=np.zeros((2, 4), np.int16)), TypeError, "residual_out"),
     (dict(unit_offset=True), ValueError, "unit_offset"),
 ])
 def test_linear_reference_validation(kw, exc, match):
@@ -113,13 +115,12 @@ def test_linear_reference_rejects_aliasing_and_writes_nothing():
     x, w = np.ones((2, 4), np.float32), np.ones((6, 4), np.float32)
     out = np.full((2, 6), 7.0, np.float32)
     r = np.ones((2, 4), np.float32)
-    for kw, match in [(dict(residual=r, residual_out=x), "residual_out: shares memory with x"),
-                      (dict(residual=r, residual_out=r), "residual_out: shares memory with "
-                                                         "residual")]:
+    for kw, match in [(dict(residual=r, residual_out=x), "residual_out: overlaps x"),
+                      (dict(residual=r, residual_out=r), "residual_out: overlaps residual")]:
         with pytest.raises(ValueError, match=match):
             ref.linear(x, w, out, norm_weight=np.ones(4), **kw)
     buf = np.zeros((2, 10), np.float32)
-    with pytest.raises(ValueError, match="out: shares memory with x"):
+    with pytest.raises(ValueError, match="out: overlaps x"):
         ref.linear(buf[:, :4], w, buf[:, 4:])
     assert np.all(out == 7.0) and np.all(x == 1.0) and np.all(r == 1.0)
 
@@ -413,3 +414,95 @@ def test_linear_gpu_rejects_before_launch(rng):
     # M = 0 with real arrays: nothing launched, nothing written
     e = DeviceArray.empty((0, N), "bfloat16")
     assert ops.linear(DeviceArray.empty((0, K), "bfloat16"), w, e) is e
+
+
+# ---------------------------------------------------------------- the argument contract (CPU)
+# Bad inputs on the reference path and the eager torch path (test_draft.run_refusal): the
+# named error, the outputs untouched. float32 x is refused on the torch path (the GEMM takes
+# float16 / bfloat16); numpy floats of any width stand in for them on the reference path.
+from conftest import REFUSAL_PATHS, strided_last  # noqa: E402
+from test_draft import TORCH, _cast, _dense, _host as _as_f64, _rows_overlap, run_good, run_refusal  # noqa: E402
+
+_LIN_ORDER = ("x", "weight", "out")
+_LIN_BF16 = {"x": "bfloat16", "weight": "bfloat16", "out": "bfloat16", "residual": "bfloat16",
+             "residual_out": "bfloat16"}
+
+
+def _lin_call(norm=False):
+    r = np.random.default_rng(8)
+    call = {"x": r.standard_normal((3, 8)).astype(np.float32),
+            "weight": r.standard_normal((6, 8)).astype(np.float32),
+            "out": np.full((3, 6), 7.0, np.float32)}
+    if norm:
+        call.update(norm_weight=np.ones(8, np.float32), eps=1e-5,
+                    residual=r.standard_normal((3, 8)).astype(np.float32),
+                    residual_out=np.full((3, 8), 7.0, np.float32))
+    return call
+
+
+def _drop_norm(a, p):
+    a.pop("norm_weight")
+    a.pop("eps")
+
+
+_LIN_BAD = [
+    # (case id, with the norm prologue, paths, mutate(args, path), exception, message start)
+    ("x_float32", False, TORCH,
+     lambda a, p: a.update(x=_cast(p, a["x"], "float32")), TypeError, r"^x: dtype must be float16 or bfloat16"),
+    ("out_fp16_for_bf16_x", False, TORCH, lambda a, p: a.update(out=_cast(p, a["out"], "float16")),
+     TypeError, r"^out: dtype"),
+    ("weight_fp16_for_bf16_x", False, TORCH,
+     lambda a, p: a.update(weight=_cast(p, a["weight"], "float16")), TypeError, r"^weight: dtype"),
+    ("residual_float32_for_bf16", True, TORCH,
+     lambda a, p: a.update(residual=_cast(p, a["residual"], "float32")), TypeError, r"^residual: dtype"),
+    ("x_int", False, REFUSAL_PATHS, lambda a, p: a.update(x=_cast(p, a["x"], "int16")),
+     TypeError, r"^x: dtype"),
+    ("norm_weight_int", True, REFUSAL_PATHS,
+     lambda a, p: a.update(norm_weight=_cast(p, a["norm_weight"], "int32")), TypeError, r"^norm_weight: dtype"),
+    ("weight_wrong_K", False, REFUSAL_PATHS, lambda a, p: a.update(weight=_dense(a["weight"][:, :7])),
+     ValueError, r"^weight: expected shape \[N, 8\]"),
+    ("weight_not_contiguous", False, REFUSAL_PATHS, lambda a, p: a.update(weight=strided_last(a["weight"])),
+     ValueError, r"^weight: must be C-contiguous"),
+    ("out_wrong_width", False, REFUSAL_PATHS, lambda a, p: a.update(out=a["out"][:, :5]),
+     ValueError, r"^out: expected shape \[3, 6\]"),
+    ("out_for_silu_mul", False, REFUSAL_PATHS, lambda a, p: a.update(epilogue="silu_mul"),
+     ValueError, r"^out: expected shape \[3, 3\]"),
+    ("epilogue_unknown", False, REFUSAL_PATHS, lambda a, p: a.update(epilogue="gelu"),
+     ValueError, r"^epilogue"),
+    ("unit_offset_without_norm", False, REFUSAL_PATHS, lambda a, p: a.update(unit_offset=True),
+     ValueError, r"^unit_offset: only with norm_weight"),
+    ("residual_without_norm", True, REFUSAL_PATHS, _drop_norm,
+     ValueError, r"^residual: only with norm_weight"),
+    ("residual_out_missing", True, REFUSAL_PATHS, lambda a, p: a.pop("residual_out"),
+     ValueError, r"^residual_out: required with residual"),
+    ("norm_weight_short", True, REFUSAL_PATHS, lambda a, p: a.update(norm_weight=a["norm_weight"][:7]),
+     ValueError, r"^norm_weight: expected shape \[8\]"),
+    ("eps_zero", True, REFUSAL_PATHS, lambda a, p: a.update(eps=0.0), ValueError, r"^eps"),
+    ("x_last_dim_strided", False, REFUSAL_PATHS, lambda a, p: a.update(x=strided_last(a["x"])),
+     ValueError, r"^x: the last dimension must be contiguous"),
+    ("out_rows_overlap", False, REFUSAL_PATHS, lambda a, p: a.update(out=_rows_overlap(a["out"])),
+     ValueError, r"^out: rows overlap"),
+    ("out_overlaps_x", False, REFUSAL_PATHS, lambda a, p: a.update(out=a["x"][:, :6]),
+     ValueError, r"^out: overlaps x"),
+    ("residual_out_is_residual", True, REFUSAL_PATHS, lambda a, p: a.update(residual_out=a["residual"]),
+     ValueError, r"^residual_out: overlaps residual"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _LIN_BAD, ids=[c[0] for c in _LIN_BAD])
+def test_linear_refuses_bad_input(path, case):
+    name, norm, *rest = case
+    run_refusal("linear", path, (name, *rest), _lin_call(norm), _LIN_ORDER,
+                ("out", "residual_out"), _LIN_BF16)
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("norm", [False, True])
+def test_linear_good_input_passes_the_contract(path, norm):
+    args = run_good("linear", path, _lin_call(norm), _LIN_ORDER, _LIN_BF16)
+    h, w = _as_f64(args["x"]), _as_f64(args["weight"])       # the inputs as the path holds them
+    if norm:
+        h = h + _as_f64(args["residual"])
+        h = h / np.sqrt((h * h).mean(1, keepdims=True) + 1e-5)
+    assert rel_err(_as_f64(args["out"]), h @ w.T) < (3e-2 if path == "torch" else 1e-6)

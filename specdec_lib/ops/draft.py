@@ -7,28 +7,25 @@ token ids, draft ids) are never trusted: a bad one gives a zero row or -1, not a
 """
 from __future__ import annotations
 
-import math
-import numbers
+from typing import Any, Optional, Tuple
 
 from .. import runtime
-from .._validate import DeviceArg, as_stream, check_int, to_host
-from ..reference.draft import check_ngram_args, check_ngram_lengths
+from .._validate import as_stream
+from ..contract import draft as contract
+from ..contract import index_values
 
 __all__ = ["draft_carry", "capture_hidden", "draft_combine", "draft_map_tokens",
            "ngram_propose"]
 
-_FLOATS = ("float32", "float16", "bfloat16")
+ArrayLike = Any   # a device array: DeviceArray, CUDA torch tensor, __cuda_array_interface__, DLPack
+Stream = Any      # None, an int CUstream handle, or an object with __cuda_stream__
+
 _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _THREADS = 256
 _UNROLL = 4                   # vector units per thread in the kernels (kUnroll / kCache)
 _COMBINE_MAX_THREADS = 512
 _NGRAM_THREADS = 256          # ngram.cuh kThreads: the kernel's reduction assumes exactly this
 _INT32_MAX = 2**31 - 1
-
-
-def _last_contiguous(a):
-    if len(a.shape) and a.shape[-1] > 1 and a.strides[-1] != 1:
-        raise ValueError(f"{a.name}: the last dimension must be contiguous (strides {a.strides})")
 
 
 def _row_bytes(a):
@@ -42,7 +39,8 @@ def _threads_for(units, cap=_THREADS):
     return int(min(cap, max(32, -(-units // (_UNROLL * 32)) * 32)))
 
 
-def draft_carry(hidden, cu_q, accept_len, out, *, row_begin=0, col_begin=0, stream=None):
+def draft_carry(hidden: ArrayLike, cu_q: ArrayLike, accept_len: ArrayLike, out: ArrayLike, *,
+                row_begin: int = 0, col_begin: int = 0, stream: Stream = None) -> ArrayLike:
     """out[b] = hidden row ``cu_q[b] + accept_len[b] - 1`` (the last committed block row),
     owner-or-zero for tensor/sequence-parallel shards.
 
@@ -53,28 +51,12 @@ def draft_carry(hidden, cu_q, accept_len, out, *, row_begin=0, col_begin=0, stre
     value where this shard owns the row and column, zero elsewhere (so the shards'
     outputs sum to the full carry); rows with accept_len <= 0 are zero. Returns out.
     """
-    h = DeviceArg("hidden", hidden, ndim=2)
+    h, cq, al, o, row_begin, col_begin = contract.draft_carry(
+        hidden, cu_q, accept_len, out, row_begin=row_begin, col_begin=col_begin)
     dev = h.device
-    o = DeviceArg("out", out, ndim=2, device=dev)
-    if o.dtype != h.dtype:
-        raise TypeError(f"out: dtype {o.dtype} differs from hidden's {h.dtype}")
-    al = DeviceArg("accept_len", accept_len, dtype="int32", ndim=1, device=dev, contiguous=True)
     B = al.shape[0]
-    cq = DeviceArg("cu_q", cu_q, dtype="int32", shape=(B + 1,), device=dev, contiguous=True)
-    if o.shape[0] != B:
-        raise ValueError(f"out: expected shape [{B}, *] (batch from accept_len), got "
-                         f"{list(o.shape)}")
     T, H = h.shape
     H_out = o.shape[1]
-    row_begin = check_int("row_begin", row_begin, 0)
-    col_begin = check_int("col_begin", col_begin, 0)
-    if col_begin + H > H_out:
-        raise ValueError(f"col_begin: columns {col_begin}..{col_begin + H} of hidden do not fit "
-                         f"out's {H_out} columns")
-    _last_contiguous(h)
-    _last_contiguous(o)
-    if B > _INT32_MAX:
-        raise ValueError(f"accept_len: batch {B} exceeds the int32 range")
     stream_h = as_stream(stream)
     if B == 0 or H_out == 0:
         return out
@@ -97,29 +79,17 @@ def draft_carry(hidden, cu_q, accept_len, out, *, row_begin=0, col_begin=0, stre
     return out
 
 
-def capture_hidden(hidden, out, tap, *, residual=None, stream=None):
+def capture_hidden(hidden: ArrayLike, out: ArrayLike, tap: int, *,
+                   residual: Optional[ArrayLike] = None, stream: Stream = None) -> ArrayLike:
     """out[:, tap*H:(tap+1)*H] = hidden (+ residual): one EAGLE3 auxiliary tap.
 
     hidden [T, H] float32/float16/bfloat16, residual [T, H] or None (added first, in
     float32, rounded once), out [T, taps*H]; one dtype for all, last dimensions
     contiguous; 0 <= tap < taps. Returns out.
     """
-    h = DeviceArg("hidden", hidden, dtype=_FLOATS, ndim=2)
+    h, o, r, tap = contract.capture_hidden(hidden, out, tap, residual=residual)
     dev = h.device
     T, H = h.shape
-    o = DeviceArg("out", out, dtype=h.dtype, ndim=2, device=dev)
-    if o.shape[0] != T:
-        raise ValueError(f"out: {o.shape[0]} rows != hidden's {T}")
-    if H == 0 or o.shape[1] % H:
-        raise ValueError(f"out: {o.shape[1]} columns is not a multiple of H={H}")
-    taps = o.shape[1] // H
-    tap = check_int("tap", tap, 0, taps - 1)
-    r = DeviceArg("residual", residual, dtype=h.dtype, shape=(T, H), device=dev, optional=True)
-    for a in (h, o, r):
-        if a.obj is not None:
-            _last_contiguous(a)
-    if H >= 2**30:   # the kernel's column index (block * unroll * threads + thread) is int32
-        raise ValueError(f"hidden: width {H} is too wide (at most 2^30 - 1)")
     stream_h = as_stream(stream)
     if T == 0:
         return out
@@ -140,8 +110,10 @@ def capture_hidden(hidden, out, tap, *, residual=None, stream=None):
     return out
 
 
-def draft_combine(embed, hidden, embed_norm_weight, hidden_norm_weight, out, *, token_ids=None,
-                  eps=1e-6, unit_offset=False, stream=None):
+def draft_combine(embed: ArrayLike, hidden: ArrayLike, embed_norm_weight: ArrayLike,
+                  hidden_norm_weight: ArrayLike, out: ArrayLike, *,
+                  token_ids: Optional[ArrayLike] = None, eps: float = 1e-6,
+                  unit_offset: bool = False, stream: Stream = None) -> ArrayLike:
     """out = RMSNorm(embed) * w_e ++ RMSNorm(hidden) * w_h -> [rows, 2H] (the input of
     MTP's fc / eh_proj and of EAGLE3's midlayer).
 
@@ -152,31 +124,12 @@ def draft_combine(embed, hidden, embed_norm_weight, hidden_norm_weight, out, *, 
     by (1 + w) (Qwen3-Next/3.5 zero-centred norms) instead of w. Sum of squares in
     float32, one rounding on output. Returns out.
     """
-    hd = DeviceArg("hidden", hidden, dtype=_FLOATS, ndim=2)
+    em, hd, we, wh, o, ids, eps = contract.draft_combine(
+        embed, hidden, embed_norm_weight, hidden_norm_weight, out, token_ids=token_ids, eps=eps,
+        unit_offset=unit_offset)
     dev = hd.device
     rows, H = hd.shape
     dt = hd.dtype
-    em = DeviceArg("embed", embed, dtype=dt, ndim=2, device=dev)
-    if em.shape[1] != H:
-        raise ValueError(f"embed: width {em.shape[1]} != hidden width {H}")
-    o = DeviceArg("out", out, dtype=dt, shape=(rows, 2 * H), device=dev)
-    wdt = (dt, "float32") if dt != "float32" else "float32"
-    we = DeviceArg("embed_norm_weight", embed_norm_weight, dtype=wdt, shape=(H,), device=dev,
-                   contiguous=True)
-    wh = DeviceArg("hidden_norm_weight", hidden_norm_weight, dtype=we.dtype, shape=(H,),
-                   device=dev, contiguous=True)
-    ids = DeviceArg("token_ids", token_ids, dtype=("int32", "int64"), shape=(rows,), device=dev,
-                    contiguous=True, optional=True)
-    if token_ids is None and em.shape[0] != rows:
-        raise ValueError(f"embed: {em.shape[0]} rows != hidden's {rows} (pass token_ids to "
-                         f"gather from an embedding table)")
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(eps) \
-            or eps < 0:
-        raise ValueError(f"eps: expected a finite float >= 0, got {eps!r}")
-    for a in (em, hd, o):
-        _last_contiguous(a)
-    if H > _INT32_MAX // 2 or rows > _INT32_MAX:
-        raise ValueError(f"hidden: shape {list(hd.shape)} exceeds the int32 range")
     stream_h = as_stream(stream)
     if rows == 0 or H == 0:
         return out
@@ -191,22 +144,21 @@ def draft_combine(embed, hidden, embed_norm_weight, hidden_norm_weight, out, *, 
     _draft.launch_draft_combine(k, rows, threads, stream_h, em.ptr, hd.ptr, we.ptr, wh.ptr,
                                 ids.ptr, o.ptr, em.strides[0], hd.strides[0], o.strides[0], rows,
                                 em.shape[0], H, ids.dtype == "int64", bool(unit_offset),
-                                vectorize, float(eps))
+                                vectorize, eps)
     return out
 
 
-def draft_map_tokens(draft_ids, d2t, out, *, offsets=True, stream=None):
+def draft_map_tokens(draft_ids: ArrayLike, d2t: ArrayLike, out: ArrayLike, *,
+                     offsets: bool = True, stream: Stream = None) -> ArrayLike:
     """EAGLE3 draft-vocabulary ids -> target ids.
 
     draft_ids [N] int32/int64, d2t [Vd] int32/int64 (offsets, the HF EAGLE3 convention:
     target = id + d2t[id]; or absolute target ids with ``offsets=False``), out [N] int32;
     all contiguous. Ids outside 0..Vd-1 map to -1. Returns out.
     """
-    di = DeviceArg("draft_ids", draft_ids, dtype=("int32", "int64"), ndim=1, contiguous=True)
+    di, m, o = contract.draft_map_tokens(draft_ids, d2t, out)
     dev = di.device
     N = di.shape[0]
-    m = DeviceArg("d2t", d2t, dtype=("int32", "int64"), ndim=1, device=dev, contiguous=True)
-    o = DeviceArg("out", out, dtype="int32", shape=(N,), device=dev, contiguous=True)
     stream_h = as_stream(stream)
     if N == 0:
         return out
@@ -219,22 +171,10 @@ def draft_map_tokens(draft_ids, d2t, out, *, offsets=True, stream=None):
     return out
 
 
-def _token_rows(name, obj, B, dev, width):
-    """An int32 [B, width] token array of ngram_propose (rows strided, last dim contiguous)."""
-    a = DeviceArg(name, obj, dtype="int32", ndim=2, device=dev)
-    if a.shape[0] != B:
-        raise ValueError(f"{name}: expected shape [{B}, {width}] (batch from prompt), got "
-                         f"{list(a.shape)}")
-    _last_contiguous(a)
-    return a
-
-
-def _lengths(name, obj, B, dev):
-    return DeviceArg(name, obj, dtype="int32", shape=(B,), device=dev, contiguous=True)
-
-
-def ngram_propose(prompt, prompt_lens, output, output_lens, draft_tokens, num_draft, *,
-                  min_n=1, max_n=3, check_indices=True, stream=None):
+def ngram_propose(prompt: ArrayLike, prompt_lens: ArrayLike, output: ArrayLike,
+                  output_lens: ArrayLike, draft_tokens: ArrayLike, num_draft: ArrayLike, *,
+                  min_n: int = 1, max_n: int = 3, check_indices: bool = True,
+                  stream: Stream = None) -> Tuple[ArrayLike, ArrayLike]:
     """Prompt-lookup (n-gram) drafting, weight-free: propose the tokens that followed the
     latest earlier occurrence of the context's last n tokens (longest n first).
 
@@ -256,26 +196,21 @@ def ngram_propose(prompt, prompt_lens, output, output_lens, draft_tokens, num_dr
     Example: context ``[5, 1, 2, 7, 8, 1, 2]``, max_n=3, K=3: n=3 ``[8, 1, 2]`` never
     occurred before, n=2 ``[1, 2]`` did at 1 -> draft ``[7, 8, 1]``, num_draft 3.
     """
-    pr = DeviceArg("prompt", prompt, dtype="int32", ndim=2)
-    _last_contiguous(pr)
+    pr, pl, ou, ol, dt, nd, min_n, max_n = contract.ngram_propose(
+        prompt, prompt_lens, output, output_lens, draft_tokens, num_draft, min_n=min_n,
+        max_n=max_n)
     dev = pr.device
     B, P = pr.shape
-    pl = _lengths("prompt_lens", prompt_lens, B, dev)
-    ou = _token_rows("output", output, B, dev, "O")
-    ol = _lengths("output_lens", output_lens, B, dev)
-    dt = _token_rows("draft_tokens", draft_tokens, B, dev, "K")
-    nd = _lengths("num_draft", num_draft, B, dev)
     O, K = ou.shape[1], dt.shape[1]
-    min_n, max_n = check_ngram_args(min_n, max_n, K)
-    if P + O > _INT32_MAX:
-        raise ValueError(f"prompt/output: P + O = {P + O} tokens exceeds the int32 range")
-    if B > _INT32_MAX:
-        raise ValueError(f"prompt: batch {B} exceeds the int32 range")
     stream_h = as_stream(stream)
     if B == 0:
         return draft_tokens, num_draft
-    if check_indices and not runtime.driver().stream_is_capturing(stream_h):
-        check_ngram_lengths(to_host(pl, stream_h), to_host(ol, stream_h), P, O)
+    if check_indices:
+        # the lengths' values only now, past B == 0 (which needs no driver): copied to the host
+        # on the op's stream, skipped while it captures a graph
+        values = index_values(stream_h)
+        if values is not None:
+            contract.ngram_lengths(values(pl), values(ol), P, O)
     vec_prompt = (pr.ptr | _row_bytes(pr)) % 16 == 0
     vec_output = (ou.ptr | _row_bytes(ou)) % 16 == 0
     grid = int(min(B, 65535))

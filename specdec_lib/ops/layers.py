@@ -9,13 +9,17 @@ in float32, one rounding to the output dtype. ``T = 0`` is a no-op.
 """
 from __future__ import annotations
 
+from typing import Any, Optional, Tuple
+
 from .. import runtime
-from .._validate import DeviceArg, as_stream
-from ..reference.layers import (check_eps, check_linear_args, check_rope_shapes,  # noqa: F401
-                                rope_cos_sin_cache)
-from .draft import _FLOATS, _SHORT, _last_contiguous, _row_bytes, _threads_for
+from .._validate import as_stream
+from ..contract import layers as contract
+from ..reference.layers import rope_cos_sin_cache  # noqa: F401  (re-exported)
 
 __all__ = ["linear", "rms_norm", "rope", "rope_cos_sin_cache", "silu_mul"]
+
+ArrayLike = Any   # a device array: DeviceArray, CUDA torch tensor, __cuda_array_interface__, DLPack
+Stream = Any      # None, an int CUstream handle, or an object with __cuda_stream__
 
 _THREADS = 256                # rope, silu_mul (kThreads)
 _NORM_MAX_THREADS = 1024      # rms_norm (kNormMaxThreads)
@@ -25,12 +29,19 @@ _LINEAR_ROWS = 16             # linear: rows per chunk (kRows); gridDim.y stride
 _LINEAR_THREADS = 128         # linear: blockDim (kThreads: 4 warps of two columns each)
 _GRID_Y_MAX = 65535
 _LINEAR_CARVEOUT = set()      # linear kernel handles whose shared-memory carveout was raised
+_UNROLL = 4                   # 16-byte units per thread that blockDim is sized for
+_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}   # kernel name suffixes
 
 
-def _rows_disjoint(a, width):
-    """An output's rows must not overlap (a row stride of at least its width)."""
-    if a.shape[0] > 1 and abs(a.strides[0]) < width:
-        raise ValueError(f"{a.name}: rows overlap (row stride {a.strides[0]} < width {width})")
+def _row_bytes(a):
+    """Byte stride between rows of a 2-D argument; 0 when there is at most one row (its
+    stride is then meaningless and must not limit the vector width)."""
+    return a.strides[0] * a.itemsize if a.shape[0] > 1 else 0
+
+
+def _threads_for(units, cap):
+    """~_UNROLL units per thread, a multiple of 32, at most cap."""
+    return int(min(cap, max(32, -(-units // (_UNROLL * 32)) * 32)))
 
 
 def _norm_threads(H, itemsize):
@@ -39,25 +50,13 @@ def _norm_threads(H, itemsize):
     return _threads_for(-(-H // (16 // itemsize)), _NORM_MAX_THREADS)
 
 
-def _extent(a):
-    """[first byte, one past the last byte) that a DeviceArg spans; (ptr, ptr) when empty."""
-    if not a.shape or 0 in a.shape:
-        return a.ptr, a.ptr
-    lo = hi = 0
-    for d, st in zip(a.shape, a.strides):
-        if st < 0:
-            lo += (d - 1) * st
-        else:
-            hi += (d - 1) * st
-    return a.ptr + lo * a.itemsize, a.ptr + (hi + 1) * a.itemsize
-
-
 def _flat_grid(items, device):
     return int(min(-(-items // _THREADS), runtime.sm_count(device) * _GRID_PER_SM))
 
 
-def rms_norm(x, weight, out, *, eps=1e-6, residual=None, residual_out=None, unit_offset=False,
-             stream=None):
+def rms_norm(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *, eps: float = 1e-6,
+             residual: Optional[ArrayLike] = None, residual_out: Optional[ArrayLike] = None,
+             unit_offset: bool = False, stream: Stream = None) -> ArrayLike:
     """out = RMSNorm(s) * w, s = x, or s = x + residual (fused residual add).
 
     x [T, H] float32/float16/bfloat16; weight [H] contiguous, x's dtype or float32; out
@@ -72,31 +71,12 @@ def rms_norm(x, weight, out, *, eps=1e-6, residual=None, residual_out=None, unit
 
         rms_norm(attn_out, ln2_weight, h, residual=resid, residual_out=resid, eps=1e-5)
     """
-    xa = DeviceArg("x", x, dtype=_FLOATS, ndim=2)
+    xa, w, o, r, ro, eps = contract.rms_norm(x, weight, out, eps=eps, residual=residual,
+                                             residual_out=residual_out)
     dev = xa.device
     T, H = xa.shape
     dt = xa.dtype
-    o = DeviceArg("out", out, dtype=dt, shape=(T, H), device=dev)
-    w = DeviceArg("weight", weight, dtype=(dt, "float32") if dt != "float32" else dt,
-                  shape=(H,), device=dev, contiguous=True)
-    eps = check_eps(eps)
-    r = DeviceArg("residual", residual, dtype=dt, shape=(T, H), device=dev, optional=True)
-    ro = DeviceArg("residual_out", residual_out, dtype=dt, shape=(T, H), device=dev,
-                   optional=True)
     fused = residual is not None
-    if fused and residual_out is None:
-        raise ValueError("residual_out: required with residual (it receives x + residual; "
-                         "pass residual itself to update it in place)")
-    if not fused and residual_out is not None:
-        raise ValueError("residual_out: given without residual")
-    for a in (xa, o, r, ro):
-        if a.obj is not None:
-            _last_contiguous(a)
-    _rows_disjoint(o, H)
-    if fused:
-        _rows_disjoint(ro, H)
-    if H >= 2**30:
-        raise ValueError(f"x: width {H} is too wide (at most 2^30 - 1)")
     stream_h = as_stream(stream)
     if T == 0 or H == 0:
         return out
@@ -116,26 +96,14 @@ def rms_norm(x, weight, out, *, eps=1e-6, residual=None, residual_out=None, unit
 
 
 def check_rope_args(q, k, positions, cos_sin_cache):
-    """rope's argument checks (also rope_append_kv's): the DeviceArgs (q, k, positions,
-    cos_sin_cache) and (T, Hq, Hk, D); TypeError/ValueError naming the argument otherwise."""
-    qa = DeviceArg("q", q, dtype=_FLOATS, ndim=3)
-    dev = qa.device
-    ka = DeviceArg("k", k, dtype=qa.dtype, ndim=3, device=dev, optional=True)
-    pa = DeviceArg("positions", positions, dtype="int32", ndim=1, device=dev, contiguous=True)
-    ca = DeviceArg("cos_sin_cache", cos_sin_cache, dtype="float32", ndim=2, device=dev,
-                   contiguous=True)
-    T, Hq, Hk, D = check_rope_shapes(qa.shape, ka.shape if k is not None else None, pa.shape,
-                                     ca.shape)
-    _last_contiguous(qa)
-    if k is not None:
-        _last_contiguous(ka)
-    if (Hq + Hk) * D >= _INT32_MAX:
-        raise ValueError(f"q: {Hq} + {Hk} heads of {D} are too many (the kernel's per-token "
-                         "index is int32)")
-    return qa, ka, pa, ca, T, Hq, Hk, D
+    """rope's contract on device arrays (``contract.layers.rope``; also rope_append_kv's):
+    the DeviceArgs (q, k, positions, cos_sin_cache) and (T, Hq, Hk, D); TypeError /
+    ValueError naming the argument otherwise."""
+    return contract.rope(q, k, positions, cos_sin_cache)
 
 
-def rope(q, k, positions, cos_sin_cache, *, stream=None):
+def rope(q: ArrayLike, k: Optional[ArrayLike], positions: ArrayLike, cos_sin_cache: ArrayLike,
+         *, stream: Stream = None) -> Tuple[ArrayLike, Optional[ArrayLike]]:
     """Rotary position embedding of q and k, in place, rotate-half (NeoX / HF Llama) style.
 
     q [T, Hq, D], k [T, Hk, D] (q's dtype) or None: float32/float16/bfloat16, last dim
@@ -147,7 +115,7 @@ def rope(q, k, positions, cos_sin_cache, *, stream=None):
     A position outside [0, max_position) never faults: that token's q and k heads become
     NaN (a visible flag). Returns (q, k).
     """
-    qa, ka, pa, ca, T, Hq, Hk, D = check_rope_args(q, k, positions, cos_sin_cache)
+    qa, ka, pa, ca, T, Hq, Hk, D = contract.rope(q, k, positions, cos_sin_cache)
     dev = qa.device
     stream_h = as_stream(stream)
     if T == 0 or Hq + Hk == 0:
@@ -174,25 +142,15 @@ def rope(q, k, positions, cos_sin_cache, *, stream=None):
     return q, k
 
 
-def silu_mul(x, out, *, stream=None):
+def silu_mul(x: ArrayLike, out: ArrayLike, *, stream: Stream = None) -> ArrayLike:
     """out = silu(x[:, :I]) * x[:, I:] (SwiGLU, x = [gate | up]), silu(g) = g / (1 + exp(-g))
     with an accurate exp (float32 matches the float64 reference to ~1e-6).
 
     x [T, 2I] float32/float16/bfloat16, out [T, I] x's dtype; last dimensions contiguous,
     row strides free. Returns out.
     """
-    xa = DeviceArg("x", x, dtype=_FLOATS, ndim=2)
+    xa, o, T, I = contract.silu_mul(x, out)
     dev = xa.device
-    T, W = xa.shape
-    if W % 2:
-        raise ValueError(f"x: width {W} must be even ([gate | up])")
-    I = W // 2
-    o = DeviceArg("out", out, dtype=xa.dtype, shape=(T, I), device=dev)
-    _last_contiguous(xa)
-    _last_contiguous(o)
-    _rows_disjoint(o, I)
-    if I > _INT32_MAX:
-        raise ValueError(f"x: width {W} exceeds the kernel's int32 range")
     stream_h = as_stream(stream)
     if T == 0 or I == 0:
         return out
@@ -207,8 +165,11 @@ def silu_mul(x, out, *, stream=None):
     return out
 
 
-def linear(x, weight, out, *, norm_weight=None, eps=1e-6, residual=None, residual_out=None,
-           epilogue=None, unit_offset=False, stream=None):
+def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
+           norm_weight: Optional[ArrayLike] = None, eps: float = 1e-6,
+           residual: Optional[ArrayLike] = None, residual_out: Optional[ArrayLike] = None,
+           epilogue: Optional[str] = None, unit_offset: bool = False,
+           stream: Stream = None) -> ArrayLike:
     """out = h @ weight.T for a few rows (decode / verify, M <= 16 is the fast case), with
     rms_norm fused in front and silu_mul behind when asked; a row's bits depend only on that
     row (and the weights, N, K): never on M, the other rows, or the pointers' alignment.
@@ -236,40 +197,13 @@ def linear(x, weight, out, *, norm_weight=None, eps=1e-6, residual=None, residua
                epilogue="silu_mul", eps=1e-5)
         linear(act, down_w, d)
     """
-    xa = DeviceArg("x", x, dtype=("float16", "bfloat16"), ndim=2)
+    xa, wa, o, nw, r, ro, M, K, N, width, eps = contract.linear(
+        x, weight, out, norm_weight=norm_weight, eps=eps, residual=residual,
+        residual_out=residual_out, epilogue=epilogue, unit_offset=unit_offset)
     dev = xa.device
     dt = xa.dtype
-    wa = DeviceArg("weight", weight, dtype=dt, ndim=2, device=dev, contiguous=True)
-    o = DeviceArg("out", out, dtype=dt, ndim=2, device=dev)
-    nw = DeviceArg("norm_weight", norm_weight, dtype=(dt, "float32"), ndim=1, device=dev,
-                   contiguous=True, optional=True)
-    r = DeviceArg("residual", residual, dtype=dt, ndim=2, device=dev, optional=True)
-    ro = DeviceArg("residual_out", residual_out, dtype=dt, ndim=2, device=dev, optional=True)
     norm, fused = norm_weight is not None, residual is not None
-    M, K, N, width = check_linear_args(
-        xa.shape, wa.shape, o.shape, epilogue=epilogue, unit_offset=unit_offset,
-        norm_shape=nw.shape if norm else None, residual_shape=r.shape if fused else None,
-        residual_out_shape=ro.shape if residual_out is not None else None)
-    eps = check_eps(eps)
-    for a in (xa, o, r, ro):
-        if a.obj is not None:
-            _last_contiguous(a)
-    _rows_disjoint(o, width)
-    if fused:
-        _rows_disjoint(ro, K)
-    if K >= 2**30 or N > _INT32_MAX:
-        raise ValueError(f"weight: [{N}, {K}] is too large (N < 2^31, K < 2^30)")
     stream_h = as_stream(stream)
-    inputs = [a for a in (xa, wa, nw, r) if a.obj is not None]
-    for a, others in ((o, inputs), (ro, inputs + [o])):
-        if a.obj is None:
-            continue
-        lo, hi = _extent(a)
-        for b in others:
-            blo, bhi = _extent(b)
-            if lo < bhi and blo < hi:
-                raise ValueError(f"{a.name}: overlaps {b.name} (other CTAs read the inputs "
-                                 f"while the kernel writes {a.name})")
     if M == 0 or width == 0:
         return out
     silu = epilogue == "silu_mul"

@@ -14,16 +14,22 @@
                         earlier occurrence of the context's last n tokens.
 
 Same names and argument order as ``specdec_lib.ops.draft``; outputs are written into
-the caller's arrays and returned. Float math in float64.
+the caller's arrays and returned. Float math in float64. Every op runs its contract
+(``specdec_lib.contract.draft``) first: dtypes by kind, shapes, strides, scalar ranges and
+the host-visible values (cu_q, the n-gram lengths) as on the GPU.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ._checks import np_array
+from ..contract import checked
+from ..contract.draft import NGRAM_MAX_DRAFT, NGRAM_MAX_N  # noqa: F401
+from ..contract.draft import ngram_args as check_ngram_args  # noqa: F401
+from ..contract.draft import ngram_lengths as check_ngram_lengths  # noqa: F401
 from .layers import rms_norm_f64 as _rms_norm
 
 
+@checked("draft_carry")
 def draft_carry(hidden, cu_q, accept_len, out, *, row_begin=0, col_begin=0):
     """out[b] = hidden row ``cu_q[b] + accept_len[b] - 1`` (the last committed row).
 
@@ -38,21 +44,8 @@ def draft_carry(hidden, cu_q, accept_len, out, *, row_begin=0, col_begin=0):
     this shard owns the row and the column, zero elsewhere, so summing the outputs of
     all shards gives the full carry. A row with accept_len <= 0 (finished) is zero.
     """
-    np_array("hidden", hidden, 2)
-    np_array("cu_q", cu_q, 1)
-    np_array("accept_len", accept_len, 1)
-    np_array("out", out, 2)
     B = accept_len.shape[0]
     T, H = hidden.shape
-    if cu_q.shape[0] != B + 1:
-        raise ValueError(f"cu_q: expected shape ({B + 1},), got {cu_q.shape}")
-    if out.shape[0] != B:
-        raise ValueError(f"out: first dimension {out.shape[0]} != batch {B}")
-    if out.dtype != hidden.dtype:
-        raise TypeError(f"out: dtype {out.dtype} != hidden dtype {hidden.dtype}")
-    if col_begin < 0 or col_begin + H > out.shape[1]:
-        raise ValueError(f"col_begin: columns {col_begin}..{col_begin + H} do not fit "
-                         f"out's {out.shape[1]} columns")
     out[...] = 0
     for b in range(B):
         a = int(accept_len[b])
@@ -64,6 +57,7 @@ def draft_carry(hidden, cu_q, accept_len, out, *, row_begin=0, col_begin=0):
     return out
 
 
+@checked("capture_hidden")
 def capture_hidden(hidden, out, tap, *, residual=None):
     """out[:, tap*H:(tap+1)*H] = hidden (+ residual): one EAGLE3 auxiliary tap.
 
@@ -73,26 +67,15 @@ def capture_hidden(hidden, out, tap, *, residual=None):
     out       [T, taps * H]   the concatenated taps, input of the EAGLE3 fc
     tap       0 <= tap < taps
     """
-    np_array("hidden", hidden, 2)
-    np_array("out", out, 2)
-    T, H = hidden.shape
-    if out.shape[0] != T:
-        raise ValueError(f"out: {out.shape[0]} rows != hidden's {T}")
-    if H == 0 or out.shape[1] % H:
-        raise ValueError(f"out: {out.shape[1]} columns is not a multiple of H={H}")
-    taps = out.shape[1] // H
-    if not 0 <= tap < taps:
-        raise ValueError(f"tap: {tap} out of range for {taps} taps")
+    H = hidden.shape[1]
     x = hidden.astype(np.float64)
     if residual is not None:
-        np_array("residual", residual, 2)
-        if residual.shape != hidden.shape:
-            raise ValueError(f"residual: shape {residual.shape} != hidden {hidden.shape}")
         x = x + residual.astype(np.float64)
     out[:, tap * H:(tap + 1) * H] = x
     return out
 
 
+@checked("draft_combine")
 def draft_combine(embed, hidden, embed_norm_weight, hidden_norm_weight, out, *,
                   token_ids=None, eps=1e-6, unit_offset=False):
     """out = RMSNorm(embed) * w_e ++ RMSNorm(hidden) * w_h, shape [rows, 2H].
@@ -107,30 +90,13 @@ def draft_combine(embed, hidden, embed_norm_weight, hidden_norm_weight, out, *,
     unit_offset         False: weight w (Llama/DeepSeek); True: 1 + w (Qwen3-Next/3.5
                         zero-centred norms)
     """
-    np_array("hidden", hidden, 2)
-    np_array("embed", embed, 2)
-    np_array("out", out, 2)
     rows, H = hidden.shape
-    if embed.shape[1] != H:
-        raise ValueError(f"embed: width {embed.shape[1]} != hidden width {H}")
-    if out.shape != (rows, 2 * H):
-        raise ValueError(f"out: expected shape {(rows, 2 * H)}, got {out.shape}")
-    for name, w in (("embed_norm_weight", embed_norm_weight),
-                    ("hidden_norm_weight", hidden_norm_weight)):
-        np_array(name, w, 1)
-        if w.shape[0] != H:
-            raise ValueError(f"{name}: expected shape ({H},), got {w.shape}")
     if token_ids is not None:
-        np_array("token_ids", token_ids, 1)
-        if token_ids.shape[0] != rows:
-            raise ValueError(f"token_ids: {token_ids.shape[0]} ids != {rows} hidden rows")
         V = embed.shape[0]
         e = np.zeros((rows, H), dtype=np.float64)
         ok = (token_ids >= 0) & (token_ids < V)
         e[ok] = embed[token_ids[ok]]
     else:
-        if embed.shape[0] != rows:
-            raise ValueError(f"embed: {embed.shape[0]} rows != hidden's {rows}")
         e = embed
     ne = _rms_norm(e, embed_norm_weight, eps, unit_offset)
     if token_ids is not None:
@@ -140,6 +106,7 @@ def draft_combine(embed, hidden, embed_norm_weight, hidden_norm_weight, out, *,
     return out
 
 
+@checked("draft_map_tokens")
 def draft_map_tokens(draft_ids, d2t, out, *, offsets=True):
     """EAGLE3 draft-vocabulary ids -> target ids.
 
@@ -148,11 +115,6 @@ def draft_map_tokens(draft_ids, d2t, out, *, offsets=True):
                           or absolute target ids with offsets=False
     out        int32 [N]
     """
-    np_array("draft_ids", draft_ids, 1)
-    np_array("d2t", d2t, 1)
-    np_array("out", out, 1)
-    if out.shape != draft_ids.shape:
-        raise ValueError(f"out: shape {out.shape} != draft_ids {draft_ids.shape}")
     Vd = d2t.shape[0]
     for i in range(draft_ids.shape[0]):
         d = int(draft_ids[i])
@@ -166,44 +128,7 @@ def draft_map_tokens(draft_ids, d2t, out, *, offsets=True):
 # ---------------------------------------------------------------------------------------
 # prompt lookup (n-gram) drafting
 
-NGRAM_MAX_N = 32        # longest n-gram matched (the kernel keeps the pattern in shared memory)
-NGRAM_MAX_DRAFT = 64    # K: draft tokens per sequence
-
-
-def _plain_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
-    return int(v)
-
-
-def check_ngram_args(min_n, max_n, num_slots):
-    """``1 <= min_n <= max_n <= NGRAM_MAX_N`` and ``1 <= K <= NGRAM_MAX_DRAFT`` (K: the
-    width of draft_tokens); TypeError/ValueError naming the argument. Returns
-    ``(min_n, max_n)`` as ints."""
-    min_n = _plain_int("min_n", min_n)
-    max_n = _plain_int("max_n", max_n)
-    if min_n < 1:
-        raise ValueError(f"min_n: must be >= 1, got {min_n}")
-    if max_n > NGRAM_MAX_N:
-        raise ValueError(f"max_n: must be <= {NGRAM_MAX_N}, got {max_n}")
-    if max_n < min_n:
-        raise ValueError(f"max_n: must be >= min_n = {min_n}, got {max_n}")
-    if not 1 <= num_slots <= NGRAM_MAX_DRAFT:
-        raise ValueError(f"draft_tokens: K = {num_slots} draft slots per sequence, expected "
-                         f"1..{NGRAM_MAX_DRAFT}")
-    return min_n, max_n
-
-
-def check_ngram_lengths(prompt_lens, output_lens, P, O):
-    """ValueError naming the array and row when a length lies outside 0..P / 0..O."""
-    for name, lens, cap in (("prompt_lens", prompt_lens, P), ("output_lens", output_lens, O)):
-        lens = np.asarray(lens)
-        bad = np.flatnonzero((lens < 0) | (lens > cap))
-        if bad.size:
-            b = int(bad[0])
-            raise ValueError(f"{name}: {int(lens[b])} at row {b} is outside 0..{cap}")
-
-
+@checked("ngram_propose")
 def ngram_propose(prompt, prompt_lens, output, output_lens, draft_tokens, num_draft, *,
                   min_n=1, max_n=3, check_indices=True):
     """Propose up to K draft tokens per sequence by prompt lookup.
@@ -223,21 +148,10 @@ def ngram_propose(prompt, prompt_lens, output, output_lens, draft_tokens, num_dr
     ``check_indices=True`` raises ValueError for lengths outside 0..P / 0..O; with False
     they are clamped into range (what the kernel does with such values).
     """
-    for name, a, nd in (("prompt", prompt, 2), ("prompt_lens", prompt_lens, 1),
-                        ("output", output, 2), ("output_lens", output_lens, 1),
-                        ("draft_tokens", draft_tokens, 2), ("num_draft", num_draft, 1)):
-        np_array(name, a, nd, "i")
     B, P = prompt.shape
     O = output.shape[1]
-    for name, a in (("prompt_lens", prompt_lens), ("output", output),
-                    ("output_lens", output_lens), ("draft_tokens", draft_tokens),
-                    ("num_draft", num_draft)):
-        if a.shape[0] != B:
-            raise ValueError(f"{name}: first dimension {a.shape[0]} != batch {B}")
     K = draft_tokens.shape[1]
-    min_n, max_n = check_ngram_args(min_n, max_n, K)
-    if check_indices:
-        check_ngram_lengths(prompt_lens, output_lens, P, O)
+    min_n, max_n = int(min_n), int(max_n)
     for b in range(B):
         lp = min(max(int(prompt_lens[b]), 0), P)
         lo = min(max(int(output_lens[b]), 0), O)

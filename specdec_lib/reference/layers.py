@@ -12,7 +12,9 @@ its matmuls, so one model implementation serves both backends.
 
 Same names and argument order as ``specdec_lib.ops.layers``; outputs are written into the
 caller's arrays (in place for rope) and returned. Math in float64, one rounding to the
-output dtype. Arrays: float64, float32, float16, or uint16 holding bfloat16 bits.
+output dtype. Arrays: float64, float32, float16, or uint16 holding bfloat16 bits. Every op
+runs its contract (``specdec_lib.contract.layers``) first: dtypes by kind (uint16 counts
+as bfloat16), shapes, strides and limits as on the GPU.
 """
 from __future__ import annotations
 
@@ -21,36 +23,11 @@ import numbers
 
 import numpy as np
 
-from ._checks import np_array
+from ..contract import checked
+from ..contract.layers import (LINEAR_EPILOGUES, ROPE_MAX_HEAD_DIM, check_eps,  # noqa: F401
+                               linear_shapes as check_linear_args,
+                               rope_shapes as check_rope_shapes)
 from .gdn import round_to, store, to_f64
-
-_FLOATS = (np.dtype(np.float64), np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.uint16))
-ROPE_MAX_HEAD_DIM = 256
-
-
-def _float_array(name, a, ndim):
-    np_array(name, a, ndim)
-    if a.dtype not in _FLOATS:
-        raise TypeError(f"{name}: dtype {a.dtype} not supported (float64, float32, float16, "
-                        "or uint16 holding bfloat16 bits)")
-    return a
-
-
-def _same(name, a, shape, dtype):
-    _float_array(name, a, len(shape))
-    if a.shape != shape:
-        raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
-    if a.dtype != dtype:
-        raise TypeError(f"{name}: dtype {a.dtype} != x's {dtype}")
-    return a
-
-
-def check_eps(eps):
-    """eps as a float: a finite real > 0, else ValueError naming ``eps``."""
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(eps) \
-            or eps <= 0:
-        raise ValueError(f"eps: expected a finite float > 0, got {eps!r}")
-    return float(eps)
 
 
 def rms_norm_f64(x, weight, eps, unit_offset):
@@ -61,6 +38,7 @@ def rms_norm_f64(x, weight, eps, unit_offset):
     return x * r * ((1.0 + w) if unit_offset else w)
 
 
+@checked("rms_norm")
 def rms_norm(x, weight, out, *, eps=1e-6, residual=None, residual_out=None, unit_offset=False):
     """out = RMSNorm(s) * (weight, or 1 + weight with unit_offset), s = x or x + residual.
 
@@ -73,20 +51,8 @@ def rms_norm(x, weight, out, *, eps=1e-6, residual=None, residual_out=None, unit
                   which is what the unfused ``h = x + r; rms_norm(h)`` gives in that dtype.
     eps           > 0; unit_offset: Qwen3-Next/Gemma-style zero-centred weights.
     """
-    _float_array("x", x, 2)
     T, H = x.shape
-    _same("out", out, (T, H), x.dtype)
-    _float_array("weight", weight, 1)
-    if weight.shape != (H,):
-        raise ValueError(f"weight: expected shape ({H},), got {weight.shape}")
-    eps = check_eps(eps)
-    if residual is not None:
-        _same("residual", residual, (T, H), x.dtype)
-        if residual_out is None:
-            raise ValueError("residual_out: required with residual (it receives x + residual)")
-        _same("residual_out", residual_out, (T, H), x.dtype)
-    elif residual_out is not None:
-        raise ValueError("residual_out: given without residual")
+    eps = float(eps)
     if H == 0:
         return out
     for t in range(T):
@@ -116,28 +82,7 @@ def rope_cos_sin_cache(max_position, head_dim, theta):
     return np.concatenate([np.cos(angle), np.sin(angle)], axis=1).astype(np.float32)
 
 
-def check_rope_shapes(q_shape, k_shape, positions_shape, cache_shape):
-    """(T, Hq, Hk, D) from the shapes of rope's arguments (k_shape None: no k);
-    ValueError naming the argument otherwise."""
-    if len(q_shape) != 3:
-        raise ValueError(f"q: expected shape [T, Hq, D], got {list(q_shape)}")
-    T, Hq, D = q_shape
-    if D < 2 or D % 2 or D > ROPE_MAX_HEAD_DIM:
-        raise ValueError(f"q: head dim {D} must be even and in 2..{ROPE_MAX_HEAD_DIM}")
-    Hk = 0
-    if k_shape is not None:
-        if len(k_shape) != 3 or k_shape[0] != T or k_shape[2] != D:
-            raise ValueError(f"k: expected shape [{T}, Hk, {D}] (q is {list(q_shape)}), got "
-                             f"{list(k_shape)}")
-        Hk = k_shape[1]
-    if tuple(positions_shape) != (T,):
-        raise ValueError(f"positions: expected shape [{T}], got {list(positions_shape)}")
-    if len(cache_shape) != 2 or cache_shape[1] != D:
-        raise ValueError(f"cos_sin_cache: expected shape [max_position, {D}] (D from q), got "
-                         f"{list(cache_shape)}")
-    return T, Hq, Hk, D
-
-
+@checked("rope")
 def rope(q, k, positions, cos_sin_cache):
     """Rotary embedding of q and k in place, rotate-half style: for each head vector x and
     i < D/2, with c, s = cos_sin_cache[pos, i], cos_sin_cache[pos, D/2 + i]:
@@ -150,15 +95,7 @@ def rope(q, k, positions, cos_sin_cache):
     A position outside [0, max_position) makes that token's q and k heads NaN (the flag).
     Returns (q, k).
     """
-    _float_array("q", q, 3)
-    if k is not None:
-        _float_array("k", k, 3)
-        if k.dtype != q.dtype:
-            raise TypeError(f"k: dtype {k.dtype} != q's {q.dtype}")
-    np_array("positions", positions, 1, "iu")
-    np_array("cos_sin_cache", cos_sin_cache, 2, "f")
-    T, _, _, D = check_rope_shapes(q.shape, None if k is None else k.shape, positions.shape,
-                                   cos_sin_cache.shape)
+    T, _, D = q.shape
     half = D // 2
     P = cos_sin_cache.shape[0]
     for t in range(T):
@@ -175,18 +112,15 @@ def rope(q, k, positions, cos_sin_cache):
     return q, k
 
 
+@checked("silu_mul")
 def silu_mul(x, out):
     """out = silu(x[:, :I]) * x[:, I:], silu(g) = g / (1 + exp(-g)) (SwiGLU: x = [gate | up]).
 
     x    [T, 2I]
     out  [T, I]  x's dtype
     """
-    _float_array("x", x, 2)
     T, W = x.shape
-    if W % 2:
-        raise ValueError(f"x: width {W} must be even ([gate | up])")
     I = W // 2
-    _same("out", out, (T, I), x.dtype)
     for t in range(T):
         v = to_f64(x[t])
         g, u = v[:I], v[I:]
@@ -195,47 +129,7 @@ def silu_mul(x, out):
     return out
 
 
-LINEAR_EPILOGUES = (None, "silu_mul")
-
-
-def check_linear_args(x_shape, weight_shape, out_shape, *, norm_shape=None, residual_shape=None,
-                      residual_out_shape=None, epilogue=None, unit_offset=False):
-    """The shape rules of ``linear`` (both backends): returns (M, K, N, output width); the
-    ``*_shape`` of an argument that is None is None. ValueError naming the argument."""
-    if epilogue not in LINEAR_EPILOGUES:
-        raise ValueError(f"epilogue: expected None or 'silu_mul', got {epilogue!r}")
-    M, K = x_shape
-    if K < 1:
-        raise ValueError("x: K (the last dimension) must be >= 1")
-    if len(weight_shape) != 2 or weight_shape[1] != K:
-        raise ValueError(f"weight: expected shape [N, {K}] (K from x), got {list(weight_shape)}")
-    N = weight_shape[0]
-    if epilogue == "silu_mul" and N % 2:
-        raise ValueError(f"weight: {N} rows must be even for epilogue='silu_mul' "
-                         "([gate rows; up rows])")
-    width = N // 2 if epilogue == "silu_mul" else N
-    if tuple(out_shape) != (M, width):
-        raise ValueError(f"out: expected shape [{M}, {width}], got {list(out_shape)}")
-    if norm_shape is not None and tuple(norm_shape) != (K,):
-        raise ValueError(f"norm_weight: expected shape [{K}], got {list(norm_shape)}")
-    if unit_offset and norm_shape is None:
-        raise ValueError("unit_offset: only with norm_weight")
-    if residual_shape is not None:
-        if norm_shape is None:
-            raise ValueError("residual: only with norm_weight (the residual add is the norm's "
-                             "prologue)")
-        if tuple(residual_shape) != (M, K):
-            raise ValueError(f"residual: expected shape [{M}, {K}], got {list(residual_shape)}")
-        if residual_out_shape is None:
-            raise ValueError("residual_out: required with residual (it receives x + residual)")
-        if tuple(residual_out_shape) != (M, K):
-            raise ValueError(f"residual_out: expected shape [{M}, {K}], got "
-                             f"{list(residual_out_shape)}")
-    elif residual_out_shape is not None:
-        raise ValueError("residual_out: given without residual")
-    return M, K, N, width
-
-
+@checked("linear")
 def linear(x, weight, out, *, norm_weight=None, eps=1e-6, residual=None, residual_out=None,
            epilogue=None, unit_offset=False):
     """out = h @ weight.T (nn.Linear layout), h = x or the fused rms_norm of x; optionally the
@@ -252,33 +146,9 @@ def linear(x, weight, out, *, norm_weight=None, eps=1e-6, residual=None, residua
     epilogue      None, or 'silu_mul': weight = [gate rows; up rows] (N = 2I) and out =
                   silu(g) * u of the unrounded products g = h @ gate.T, u = h @ up.T.
     """
-    _float_array("x", x, 2)
-    _float_array("weight", weight, 2)
-    if weight.dtype != x.dtype:
-        raise TypeError(f"weight: dtype {weight.dtype} != x's {x.dtype}")
-    _float_array("out", out, 2)
-    if out.dtype != x.dtype:
-        raise TypeError(f"out: dtype {out.dtype} != x's {x.dtype}")
-    if norm_weight is not None:
-        _float_array("norm_weight", norm_weight, 1)
-    for name, a in (("residual", residual), ("residual_out", residual_out)):
-        if a is not None:
-            _float_array(name, a, 2)
-            if a.dtype != x.dtype:
-                raise TypeError(f"{name}: dtype {a.dtype} != x's {x.dtype}")
-    M, K, N, width = check_linear_args(
-        x.shape, weight.shape, out.shape, epilogue=epilogue, unit_offset=unit_offset,
-        norm_shape=None if norm_weight is None else norm_weight.shape,
-        residual_shape=None if residual is None else residual.shape,
-        residual_out_shape=None if residual_out is None else residual_out.shape)
-    eps = check_eps(eps)
-    inputs = (("x", x), ("weight", weight), ("norm_weight", norm_weight), ("residual", residual))
-    for name, a, others in (("out", out, inputs),
-                            ("residual_out", residual_out, inputs + (("out", out),))):
-        for other, b in others:
-            if a is not None and b is not None and np.may_share_memory(a, b):
-                raise ValueError(f"{name}: shares memory with {other} (the GPU kernel reads "
-                                 f"the inputs while it writes {name})")
+    M = x.shape[0]
+    width = out.shape[1]
+    eps = float(eps)
     w = to_f64(weight)
     for t in range(M):
         h = to_f64(x[t])
