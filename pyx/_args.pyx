@@ -187,6 +187,13 @@ _KIND = {"float64": "f", "float32": "f", "float16": "f", "bfloat16": "f",
          "uint64": "i", "uint32": "i", "uint16": "i", "uint8": "i", "bool": "i"}
 
 
+def _integer_spec(dtype):
+    if dtype is None:
+        return False
+    names = (dtype,) if isinstance(dtype, str) else dtype
+    return all(_KIND.get(d) == "i" for d in names)
+
+
 def _same_kind(got, allowed):
     kind = _KIND.get(got)
     return kind is not None and any(_KIND.get(a) == kind for a in allowed)
@@ -206,7 +213,8 @@ class HostArg(DeviceArg):
     torch tensors are checked exactly as on the GPU. numpy has no bfloat16 and the
     reference computes in float64, so a numpy array's dtype is checked by kind (any
     float where a float type is asked for, any integer or bool where an integer / bool
-    type is); shapes, strides and values are checked as on the GPU.
+    type is; a uint16 array is bfloat16 bits unless an integer type is asked for);
+    shapes, strides and values are checked as on the GPU.
     """
 
     def __init__(self, name, obj, dtype=None, ndim=None, shape=None, device=None,
@@ -214,6 +222,11 @@ class HostArg(DeviceArg):
         if obj is not None and type(obj).__name__ == "DeviceArray":
             raise TypeError(f"{name}: a device array was given where host arrays are "
                             f"expected (numpy arrays or torch tensors)")
+        # numpy has no bfloat16: the library keeps bf16 on the host as uint16 bit patterns
+        # (specdec_lib.dtypes), so a numpy uint16 array is bfloat16 unless an integer dtype
+        # is asked for
+        self._bits = (type(obj).__name__ == "ndarray" and obj.dtype.name == "uint16"
+                      and not _integer_spec(dtype))
         DeviceArg.__init__(self, name, obj, dtype, ndim, shape, device, contiguous, optional)
 
     def _read(self, obj):
@@ -223,6 +236,8 @@ class HostArg(DeviceArg):
             if dt is None:
                 raise TypeError(f"{self.name}: unsupported dtype {obj.dtype}")
             isz = obj.dtype.itemsize
+            if self._bits:
+                dt = "bfloat16"
             self.dtype, self.device, self.ptr, self.by_kind = dt, "cpu", 0, True
             self.shape = tuple(obj.shape)
             # numpy gives an empty array any strides (often 0): it has no layout to get wrong

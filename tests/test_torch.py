@@ -149,9 +149,10 @@ def _samples():
     s["draft_carry"] = ((f(T, 16), x["cu_q"], i32([1, 2, 4]), torch.empty(B, 16)), {})
     s["capture_hidden"] = ((f(T, 16), torch.zeros(T, 48), 1), dict(residual=f(T, 16)))
     s["draft_combine"] = ((f(T, 16), f(T, 16), f(16), f(16), torch.empty(T, 32)), dict(eps=1e-5))
-    s["linear"] = ((f(T, 16), f(12, 16), torch.empty(T, 6)),
-                   dict(norm_weight=f(16), eps=1e-5, residual=f(T, 16),
-                        residual_out=torch.empty(T, 16), epilogue="silu_mul"))
+    b = lambda *sh: f(*sh).to(torch.bfloat16)   # noqa: E731  (linear takes 16-bit x only)
+    s["linear"] = ((b(T, 16), b(12, 16), torch.empty(T, 6, dtype=torch.bfloat16)),
+                   dict(norm_weight=f(16), eps=1e-5, residual=b(T, 16),
+                        residual_out=torch.empty(T, 16, dtype=torch.bfloat16), epilogue="silu_mul"))
     s["draft_map_tokens"] = ((i32([0, 3, 9, 2]), i32([5, 5, 6, 7]), torch.empty(4, dtype=torch.int32)),
                              dict(offsets=True))
     return s

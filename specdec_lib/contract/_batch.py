@@ -1,7 +1,6 @@
 """Pieces the contracts of several families share: the batch arguments of the recurrent-state
 ops (gdn, conv: ``slot_ids``, ``cu_q``, ``accept_len``, ``status``) and their value checks,
-and the reading of bfloat16 bit patterns on the reference path (numpy has no bfloat16: the
-reference stores bf16 as uint16 bits)."""
+the float dtypes and the last-dimension rule."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,41 +8,6 @@ import numpy as np
 from .._args import DeviceArg
 
 FLOATS = ("float32", "float16", "bfloat16")    # the kernels' activation / state dtypes
-_FLOAT_NAMES = frozenset(FLOATS + ("float64",))
-
-
-def _float_spec(dtype) -> bool:
-    if dtype is None:
-        return False
-    if isinstance(dtype, str):
-        return dtype in _FLOAT_NAMES
-    return all(d in _FLOAT_NAMES for d in dtype)
-
-
-class _Bf16Bits:
-    """``arg`` that reads a numpy uint16 array given where a float dtype is asked for as
-    bfloat16 bit patterns (its ``dtype`` is then "bfloat16")."""
-    __slots__ = ("arg",)
-
-    def __init__(self, arg):
-        self.arg = arg
-
-    def __call__(self, name, obj, dtype=None, ndim=None, shape=None, device=None,
-                 contiguous=False, optional=False):
-        if type(obj) is np.ndarray and obj.dtype == np.uint16 and _float_spec(dtype):
-            a = self.arg(name, obj, None, ndim, shape, device, contiguous, optional)
-            a.dtype = "bfloat16"
-            return a
-        return self.arg(name, obj, dtype, ndim, shape, device, contiguous, optional)
-
-
-def bf16_bits(arg):
-    """The ``arg`` a contract with float arguments uses: DeviceArg itself on the GPU path (no
-    cost); on the host paths, HostArg reading numpy uint16 arrays given for float arguments
-    as bfloat16 bits (any other integer array there is still refused). Idempotent."""
-    if arg is DeviceArg or isinstance(arg, _Bf16Bits):
-        return arg
-    return _Bf16Bits(arg)
 
 
 def on_cuda(arg, a) -> bool:

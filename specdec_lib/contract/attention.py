@@ -1,6 +1,5 @@
-"""Contract of the attention family: ``verify_attention`` and ``rope_append_kv``; and
-``rope_args``, rope's argument checks (rope_append_kv's rope part; layers' ``rope`` shares
-them)."""
+"""Contract of the attention family: ``verify_attention`` and ``rope_append_kv`` (whose
+rope part is layers' ``rope`` contract)."""
 from __future__ import annotations
 
 import math
@@ -10,7 +9,7 @@ import numpy as np
 from .._args import DeviceArg, check_int
 from .._validate import as_scale
 from . import copy as copy_contract
-from ._batch import FLOATS, bf16_bits, last_contiguous
+from . import layers as layers_contract
 from ._core import check
 
 HEAD_DIMS = (64, 128, 256)      # verify_attention's head dims
@@ -19,7 +18,6 @@ MAX_GROUP = 16                  # query heads per KV head
 MAX_SPLITS = 1024               # KV splits (gridDim.z) we allow
 # L + q and key indices are int32 in the kernel: keep a margin below 2^31 for a tile
 MAX_CONTEXT = 2**31 - 2**20
-ROPE_MAX_HEAD_DIM = 256
 _INT32_MAX = 2**31 - 1
 
 
@@ -158,61 +156,23 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
     return qa, kc, vc, pt, sl, cq, oa, la, ws, scale, max_q, max_kv_len, num_splits
 
 
-def rope_args(q, k, positions, cos_sin_cache, *, arg=DeviceArg):
-    """rope's argument checks (also rope_append_kv's): q [T, Hq, D] float32/float16/
-    bfloat16, D even in 2..256; k [T, Hk, D] in q's dtype or None; both with the last
-    dimension contiguous; positions [T] int32 contiguous; cos_sin_cache [max_position, D]
-    float32 contiguous; (Hq + Hk) * D below 2^31. Returns the views (q, k, positions,
-    cos_sin_cache) and (T, Hq, Hk, D); TypeError / ValueError naming the argument.
-    On the host paths numpy uint16 q / k are bfloat16 bits (``bf16_bits``)."""
-    arg = bf16_bits(arg)
-    qa = arg("q", q, dtype=FLOATS, ndim=3)
-    dev = qa.device
-    ka = arg("k", k, dtype=qa.dtype, ndim=3, device=dev, optional=True)
-    pa = arg("positions", positions, dtype="int32", ndim=1, device=dev, contiguous=True)
-    ca = arg("cos_sin_cache", cos_sin_cache, dtype="float32", ndim=2, device=dev,
-             contiguous=True)
-    T, Hq, D = qa.shape
-    if D < 2 or D % 2 or D > ROPE_MAX_HEAD_DIM:
-        raise ValueError(f"q: head dim {D} must be even and in 2..{ROPE_MAX_HEAD_DIM}")
-    Hk = 0
-    if k is not None:
-        if ka.shape[0] != T or ka.shape[2] != D:
-            raise ValueError(f"k: expected shape [{T}, Hk, {D}] (q is {list(qa.shape)}), got "
-                             f"{list(ka.shape)}")
-        Hk = ka.shape[1]
-    if pa.shape != (T,):
-        raise ValueError(f"positions: expected shape [{T}], got {list(pa.shape)}")
-    if ca.shape[1] != D:
-        raise ValueError(f"cos_sin_cache: expected shape [max_position, {D}] (D from q), got "
-                         f"{list(ca.shape)}")
-    last_contiguous(qa)
-    if k is not None:
-        last_contiguous(ka)
-    if (Hq + Hk) * D >= _INT32_MAX:
-        raise ValueError(f"q: {Hq} + {Hk} heads of {D} are too many (the kernel's per-token "
-                         "index is int32)")
-    return qa, ka, pa, ca, T, Hq, Hk, D
-
-
 @check("rope_append_kv")
 def rope_append_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, page_table, seq_lens,
                    cu_q, finished=None, *, arg=DeviceArg, values=None, **_):
-    """``rope_args(q, k, positions, cos_sin_cache)`` with k required, then append_kv's
+    """rope's contract (``contract.layers.rope``) with k required, then append_kv's
     contract (``contract.copy.append_kv``, values included); k_cache in q's dtype;
     (Hq + 2 Hk) * D below 2^31. Returns the views (q, k, v,
     k_cache, v_cache, positions, cos_sin_cache, page_table, seq_lens, cu_q, finished)."""
     if k is None:
         raise TypeError("k: required (rope_append_kv appends the rotated k)")
-    qa, ka, pa, ca, T, Hq, Hk, D = rope_args(q, k, positions, cos_sin_cache, arg=arg)
+    qa, ka, pa, ca, T, Hq, Hk, D = layers_contract.rope(q, k, positions, cos_sin_cache, arg=arg)
     # append_kv's checks take k_cache as their anchor: tie it to q first, so that a cache of
     # another dtype or device is reported as k_cache's fault, not v_cache's (its shape is
     # append_kv's anchor: k of other heads than the cache's is k's fault)
-    bf16_bits(arg)("k_cache", k_cache, dtype=qa.dtype, ndim=4, device=qa.device)
+    arg("k_cache", k_cache, dtype=qa.dtype, ndim=4, device=qa.device)
     if (Hq + 2 * Hk) * D >= _INT32_MAX:
         raise ValueError(f"q: {Hq} + 2 x {Hk} heads of {D} are too many (the kernel's "
                          "per-token index is int32)")
-    # (the plain arg: append_kv moves bits, a uint16 host array is only ever uint16 there)
     ka, va, kc, vc, pt, sl, cq, fin = copy_contract.append_kv(
         k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished, arg=arg, values=values)
     return qa, ka, va, kc, vc, pa, ca, pt, sl, cq, fin

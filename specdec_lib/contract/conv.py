@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .._args import DeviceArg
-from ._batch import FLOATS, batch_args, batch_values, bf16_bits, last_contiguous
+from ._batch import FLOATS, batch_args, batch_values, last_contiguous
 from ._core import check
 
 ACTIVATIONS = (None, "silu")
@@ -49,7 +49,6 @@ def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, acti
     journal, slot_ids, cu_q, status) views."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
-    arg = bf16_bits(arg)
     cs, slots, dim, W = state_arg(arg, conv_state)
     dev = cs.device
     xa, T = _block_rows(arg, "x", x, dim, dev)
@@ -77,7 +76,6 @@ def conv1d_commit(conv_state, slot_ids, cu_q, accept_len, journal, *, status=Non
     """conv_state: ``state_arg``; journal [T, dim] any float, last dimension contiguous;
     the batch with accept_len (``batch_args``; values: ``check_batch``, accept_len in
     0..q_b). Returns (conv_state, journal, slot_ids, cu_q, accept_len, status) views."""
-    arg = bf16_bits(arg)
     cs, slots, dim, W = state_arg(arg, conv_state)
     dev = cs.device
     ja, T = _block_rows(arg, "journal", journal, dim, dev)

@@ -8,7 +8,7 @@ import numpy as np
 
 from .._args import DeviceArg
 from .._validate import as_scale
-from ._batch import (FLOATS, batch_args, batch_values, bf16_bits, check_batch, last_contiguous,
+from ._batch import (FLOATS, batch_args, batch_values, check_batch, last_contiguous,
                      on_cuda, require_dtype, _check_int)
 from ._core import check
 
@@ -149,7 +149,6 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     ``values``: ``check_batch`` and ``check_pending``. Returns (state, q, k, v, out,
     journal, gate0, gate1, A_log, dt_bias, slot_ids, cu_q, status) views, (pending_journal,
     row0, len) views or None, fused gating (bool) and the scale."""
-    arg = bf16_bits(arg)
     st, slots, Hv, Dk, Dv = state_arg(arg, state, layout)
     dev = st.device
     qa = arg("q", q, dtype=FLOATS, ndim=3, device=dev)
@@ -201,7 +200,6 @@ def gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", statu
     0..q_b); journal float32 [T, Hk*Dk + Hv*Dv + 2*Hv] (Hk, dividing Hv, read from its
     width), last dimension contiguous. Returns (state, journal, Hk, slot_ids, cu_q,
     accept_len, status)."""
-    arg = bf16_bits(arg)
     st, slots, Hv, Dk, Dv = state_arg(arg, state, layout)
     dev = st.device
     ja = arg("journal", journal, dtype="float32", ndim=2, device=dev)
@@ -222,7 +220,6 @@ def gdn_flush(state, slot_ids, pending_journal, pending_row0, pending_len, *, la
     """state / layout as for gdn_verify; slot_ids [B] int32 (values: in range, used once);
     the pending rows as in gdn_verify's fused mode (any journal width that fits the
     state). Returns (state, slot_ids, pending_journal, row0, len, Hk, status)."""
-    arg = bf16_bits(arg)
     st, slots, Hv, Dk, Dv = state_arg(arg, state, layout)
     dev = st.device
     sl = arg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)

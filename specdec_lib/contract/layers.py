@@ -1,41 +1,18 @@
 """Contract of the layers family: ``rms_norm``, ``rope``, ``silu_mul``, ``linear``
 (``rope_cos_sin_cache`` builds an argument, it is no op). Also the checks the draft family
-shares: ``FLOATS``, ``last_contiguous``, ``rows_disjoint``, ``bf16_bits_arg``."""
+shares: ``FLOATS``, ``last_contiguous``, ``rows_disjoint``."""
 from __future__ import annotations
 
 import math
 import numbers
 
-from .._args import DeviceArg, HostArg
+from .._args import DeviceArg
+from ._batch import FLOATS, last_contiguous  # noqa: F401 (public here too)
 from ._core import check
 
-FLOATS = ("float32", "float16", "bfloat16")     # the activation dtypes of the float kernels
 ROPE_MAX_HEAD_DIM = 256
 LINEAR_EPILOGUES = (None, "silu_mul")
 _INT32_MAX = 2**31 - 1
-
-
-class _BitsHostArg(HostArg):
-    """HostArg of a float argument of a reference that reads numpy uint16 as bfloat16 bits
-    (``reference.gdn.to_f64`` / ``store``): such an array counts as bfloat16 (kind float)."""
-
-    def _read(self, obj):
-        HostArg._read(self, obj)
-        if self.by_kind and self.dtype == "uint16":
-            self.dtype = "bfloat16"
-
-
-def bf16_bits_arg(arg):
-    """The view class for the float arguments of an op whose reference stores bfloat16 as
-    uint16 bit patterns: ``arg`` itself on the GPU and for torch tensors; on numpy arrays
-    a uint16 array is taken for bfloat16."""
-    return arg if arg is DeviceArg else _BitsHostArg
-
-
-def last_contiguous(a):
-    """ValueError unless the last dimension of view ``a`` is contiguous (size 1: any)."""
-    if len(a.shape) and a.shape[-1] > 1 and a.strides[-1] != 1:
-        raise ValueError(f"{a.name}: the last dimension must be contiguous (strides {a.strides})")
 
 
 def rows_disjoint(a, width):
@@ -89,17 +66,16 @@ def rms_norm(x, weight, out, *, eps=1e-6, residual=None, residual_out=None, unit
     required with residual and only with it; last dimensions contiguous, output rows
     disjoint; eps a finite float > 0; H < 2^30. Returns (x, weight, out, residual,
     residual_out, eps) (views; eps a float)."""
-    farg = arg if arg is DeviceArg else _BitsHostArg   # (bf16_bits_arg, inline: host time)
-    xa = farg("x", x, dtype=FLOATS, ndim=2)
+    xa = arg("x", x, dtype=FLOATS, ndim=2)
     dev = xa.device
     T, H = xa.shape
     dt = xa.dtype
-    o = farg("out", out, dtype=dt, shape=(T, H), device=dev)
-    w = farg("weight", weight, dtype=(dt, "float32") if dt != "float32" else dt,
+    o = arg("out", out, dtype=dt, shape=(T, H), device=dev)
+    w = arg("weight", weight, dtype=(dt, "float32") if dt != "float32" else dt,
              shape=(H,), device=dev, contiguous=True)
     eps = check_eps(eps)
-    r = farg("residual", residual, dtype=dt, shape=(T, H), device=dev, optional=True)
-    ro = farg("residual_out", residual_out, dtype=dt, shape=(T, H), device=dev, optional=True)
+    r = arg("residual", residual, dtype=dt, shape=(T, H), device=dev, optional=True)
+    ro = arg("residual_out", residual_out, dtype=dt, shape=(T, H), device=dev, optional=True)
     fused = residual is not None
     if fused and residual_out is None:
         raise ValueError("residual_out: required with residual (it receives x + residual; "
@@ -148,10 +124,9 @@ def rope(q, k, positions, cos_sin_cache, *, arg=DeviceArg, values=None, **_):
     float32 [max_position, D] contiguous; (Hq + Hk) D < 2^31 - 1. Positions are device
     data: one outside [0, max_position) is the kernel's NaN flag, never an error.
     Returns (q, k, positions, cos_sin_cache, T, Hq, Hk, D) (views, then ints)."""
-    farg = arg if arg is DeviceArg else _BitsHostArg   # (bf16_bits_arg, inline: host time)
-    qa = farg("q", q, dtype=FLOATS, ndim=3)
+    qa = arg("q", q, dtype=FLOATS, ndim=3)
     dev = qa.device
-    ka = farg("k", k, dtype=qa.dtype, ndim=3, device=dev, optional=True)
+    ka = arg("k", k, dtype=qa.dtype, ndim=3, device=dev, optional=True)
     pa = arg("positions", positions, dtype="int32", ndim=1, device=dev, contiguous=True)
     ca = arg("cos_sin_cache", cos_sin_cache, dtype="float32", ndim=2, device=dev,
              contiguous=True)
@@ -171,14 +146,13 @@ def rope(q, k, positions, cos_sin_cache, *, arg=DeviceArg, values=None, **_):
 def silu_mul(x, out, *, arg=DeviceArg, values=None, **_):
     """x [T, 2I] float32/float16/bfloat16, out [T, I] x's dtype; last dimensions
     contiguous, out's rows disjoint; I < 2^31. Returns (x, out, T, I)."""
-    farg = arg if arg is DeviceArg else _BitsHostArg   # (bf16_bits_arg, inline: host time)
-    xa = farg("x", x, dtype=FLOATS, ndim=2)
+    xa = arg("x", x, dtype=FLOATS, ndim=2)
     dev = xa.device
     T, W = xa.shape
     if W % 2:
         raise ValueError(f"x: width {W} must be even ([gate | up])")
     I = W // 2
-    o = farg("out", out, dtype=xa.dtype, shape=(T, I), device=dev)
+    o = arg("out", out, dtype=xa.dtype, shape=(T, I), device=dev)
     last_contiguous(xa)
     last_contiguous(o)
     rows_disjoint(o, I)
@@ -236,16 +210,15 @@ def linear(x, weight, out, *, norm_weight=None, eps=1e-6, residual=None, residua
     float > 0; last dimensions contiguous, output rows disjoint; out overlaps no input,
     residual_out neither an input nor out; K < 2^30, N < 2^31. Returns (x, weight, out,
     norm_weight, residual, residual_out, M, K, N, width, eps)."""
-    farg = arg if arg is DeviceArg else _BitsHostArg   # (bf16_bits_arg, inline: host time)
-    xa = farg("x", x, dtype=("float16", "bfloat16"), ndim=2)
+    xa = arg("x", x, dtype=("float16", "bfloat16"), ndim=2)
     dev = xa.device
     dt = xa.dtype
-    wa = farg("weight", weight, dtype=dt, ndim=2, device=dev, contiguous=True)
-    o = farg("out", out, dtype=dt, ndim=2, device=dev)
-    nw = farg("norm_weight", norm_weight, dtype=(dt, "float32"), ndim=1, device=dev,
+    wa = arg("weight", weight, dtype=dt, ndim=2, device=dev, contiguous=True)
+    o = arg("out", out, dtype=dt, ndim=2, device=dev)
+    nw = arg("norm_weight", norm_weight, dtype=(dt, "float32"), ndim=1, device=dev,
               contiguous=True, optional=True)
-    r = farg("residual", residual, dtype=dt, ndim=2, device=dev, optional=True)
-    ro = farg("residual_out", residual_out, dtype=dt, ndim=2, device=dev, optional=True)
+    r = arg("residual", residual, dtype=dt, ndim=2, device=dev, optional=True)
+    ro = arg("residual_out", residual_out, dtype=dt, ndim=2, device=dev, optional=True)
     norm, fused = norm_weight is not None, residual is not None
     M, K, N, width = linear_shapes(
         xa.shape, wa.shape, o.shape, epilogue=epilogue, unit_offset=unit_offset,

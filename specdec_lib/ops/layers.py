@@ -95,13 +95,6 @@ def rms_norm(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *, eps: float = 1e
     return out
 
 
-def check_rope_args(q, k, positions, cos_sin_cache):
-    """rope's contract on device arrays (``contract.layers.rope``; also rope_append_kv's):
-    the DeviceArgs (q, k, positions, cos_sin_cache) and (T, Hq, Hk, D); TypeError /
-    ValueError naming the argument otherwise."""
-    return contract.rope(q, k, positions, cos_sin_cache)
-
-
 def rope(q: ArrayLike, k: Optional[ArrayLike], positions: ArrayLike, cos_sin_cache: ArrayLike,
          *, stream: Stream = None) -> Tuple[ArrayLike, Optional[ArrayLike]]:
     """Rotary position embedding of q and k, in place, rotate-half (NeoX / HF Llama) style.
