@@ -9,7 +9,9 @@ Inside ``LaunchRecorder(profile)`` (a context manager):
 * ``specdec_lib.runtime``'s driver is a ``FakeDriver`` that answers what the ops ask
   (pointer_device, ensure_context, stream_is_capturing, memcpy_dtoh, the device attributes
   of ``PROFILES[profile]``); anything else it is asked raises and is listed in
-  ``rec.unexpected``;
+  ``rec.unexpected``. ``runtime.device_props`` / ``sm_count`` / ``arch_family`` run
+  unpatched over it, and every ``SPECDEC_*`` environment variable is cleared (so no forced
+  arch) except those a case sets;
 * ``runtime.kernel`` returns ``FakeKernel`` objects (after checking the symbol against the
   kernel table), whose attribute calls (set_max_dynamic_smem, prefer_max_shared, ...) are
   recorded;
@@ -436,11 +438,11 @@ class LaunchRecorder:
                 "kernel_calls": self.kernel_calls}
 
     # ------------------------------------------------------------ patching
-    def _set(self, obj, name, value):
-        missing = object()
-        old = obj.__dict__.get(name, missing) if hasattr(obj, "__dict__") else getattr(obj, name)
-        self._undo.append((obj, name, old, missing))
-        setattr(obj, name, value)
+    _MISSING = object()
+
+    def _set(self, module, name, value):
+        self._undo.append((module, name, vars(module).get(name, self._MISSING)))
+        setattr(module, name, value)
 
     def __enter__(self):
         _preimport()
@@ -500,8 +502,8 @@ class LaunchRecorder:
 
     def _restore(self):
         while self._undo:
-            obj, name, old, missing = self._undo.pop()
-            if old is missing:
+            obj, name, old = self._undo.pop()
+            if old is self._MISSING:
                 delattr(obj, name)
             else:
                 setattr(obj, name, old)
