@@ -26,9 +26,9 @@ without ``stream=``. Differences: ``spec_sample``'s ``workspace`` is optional (a
 per call with torch's allocator when None: graph-capture safe, since the capture's memory
 pool owns it); ``verify_attention``'s workspace, when given, is a mutated argument.
 
-Adding an op is one ``_OpSpec`` entry in ``_TABLE``: its name in ``specdec_lib.ops``, its
-schema (``Tensor!`` marks a written tensor, ``Tensor!?`` an optional written one) and
-optionally a fake-time check. Entries whose op does not exist (yet) are skipped and listed
+Adding an op is one ``_OpSpec`` entry in ``_TABLE``: its name in ``specdec_lib.ops`` and its
+schema (``Tensor!`` marks a written tensor, ``Tensor!?`` an optional written one); its
+argument checks are its contract (``specdec_lib.contract``), which every op must have. Entries whose op does not exist (yet) are skipped and listed
 in ``MISSING``.
 
 Example::
@@ -61,265 +61,8 @@ __all__ = ["NAMESPACE", "OPS", "MISSING", "ops", "schema_of"]
 class _OpSpec:
     name: str
     schema: str                                   # "Tensor!" = written; letters are added
-    check: Optional[Callable[..., None]] = None   # fake-time check(**bound arguments)
     bf16_bits: bool = False   # CPU: pass bf16 as uint16 bit patterns (the reference rounds)
     setup: Optional[Callable[[dict], None]] = None   # CUDA: fills defaults (workspace) in place
-
-
-# ----------------------------------------------------------------- fake-time checks
-def _fail(name, msg):
-    raise ValueError(f"{name}: {msg}")
-
-
-def _dt(name, t, *dtypes):
-    if t is not None and t.dtype not in dtypes:
-        raise TypeError(f"{name}: dtype must be {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
-
-
-def _shape(name, t, *want):
-    if t is None:
-        return
-    got = tuple(t.shape)
-    if len(got) != len(want) or any(w is not None and g != w for g, w in zip(got, want)):
-        pretty = "[" + ", ".join("*" if w is None else str(w) for w in want) + "]"
-        _fail(name, f"expected shape {pretty}, got {list(got)}")
-
-
-_F = (torch.float32, torch.float16, torch.bfloat16)
-_I32 = (torch.int32,)
-
-
-def _check_copy(dst, src):
-    if src.dtype != dst.dtype:
-        raise TypeError(f"src: dtype {src.dtype} differs from dst's {dst.dtype}")
-    try:
-        torch.broadcast_shapes(tuple(src.shape), tuple(dst.shape))
-    except RuntimeError:
-        _fail("src", f"shape {list(src.shape)} does not broadcast to dst's {list(dst.shape)}")
-
-
-def _check_append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None, **_):
-    _shape("k_cache", k_cache, None, None, None, None)
-    _, _, hkv, d = k_cache.shape
-    _shape("v_cache", v_cache, *k_cache.shape)
-    _shape("k", k, None, hkv, d)
-    _shape("v", v, *k.shape)
-    for n, t in (("k", k), ("v", v), ("v_cache", v_cache)):
-        _dt(n, t, k_cache.dtype)
-    _shape("page_table", page_table, None, None)
-    B = page_table.shape[0]
-    _shape("seq_lens", seq_lens, B)
-    _shape("cu_q", cu_q, B + 1)
-    _shape("finished", finished, B)
-    for n, t in (("page_table", page_table), ("seq_lens", seq_lens), ("cu_q", cu_q)):
-        _dt(n, t, *_I32)
-
-
-def _check_verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale=None,
-                            lse_out=None, **_):
-    _dt("q", q, torch.float16, torch.bfloat16)
-    _shape("q", q, None, None, None)
-    T, Hq, D = q.shape
-    _shape("out", out, T, Hq, D)
-    _dt("out", out, q.dtype)
-    _shape("lse_out", lse_out, T, Hq)
-    _dt("lse_out", lse_out, torch.float32)
-    _shape("k_cache", k_cache, None, None, None, D)
-    _shape("v_cache", v_cache, *k_cache.shape)
-    B = page_table.shape[0]
-    _shape("seq_lens", seq_lens, B)
-    _shape("cu_q", cu_q, B + 1)
-
-
-def _gdn_state(state, layout):
-    _shape("state", state, None, None, None, None)
-    if layout not in ("kv", "vk"):
-        _fail("layout", f"expected 'kv' or 'vk', got {layout!r}")
-    _, Hv, a, b = state.shape
-    return (Hv, a, b) if layout == "kv" else (Hv, b, a)
-
-
-def _check_gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, layout="kv", status=None,
-                      **_):
-    Hv, Dk, Dv = _gdn_state(state, layout)
-    _shape("q", q, None, None, Dk)
-    T, Hk = q.shape[0], q.shape[1]
-    _shape("k", k, *q.shape)
-    _shape("v", v, T, Hv, Dv)
-    _shape("out", out, T, Hv, Dv)
-    _shape("journal", journal, T, Hk * Dk + Hv * Dv + 2 * Hv)
-    _dt("journal", journal, torch.float32)
-    B = slot_ids.shape[0]
-    _shape("cu_q", cu_q, B + 1)
-    _shape("status", status, B)
-
-
-def _check_gdn_commit(state, slot_ids, cu_q, accept_len, journal, *, layout="kv", status=None,
-                      **_):
-    _gdn_state(state, layout)
-    B = slot_ids.shape[0]
-    _shape("cu_q", cu_q, B + 1)
-    _shape("accept_len", accept_len, B)
-    _shape("status", status, B)
-    _dt("journal", journal, torch.float32)
-
-
-def _check_gdn_flush(state, slot_ids, pending_journal, pending_row0, pending_len, *,
-                     layout="kv", status=None, **_):
-    _gdn_state(state, layout)
-    B = slot_ids.shape[0]
-    for n, t in (("pending_row0", pending_row0), ("pending_len", pending_len), ("status", status)):
-        _shape(n, t, B)
-
-
-def _check_conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, journal=None,
-                         status=None, **_):
-    _shape("conv_state", conv_state, None, None, None)
-    dim = conv_state.shape[1]
-    _shape("x", x, None, dim)
-    _shape("out", out, *x.shape)
-    _shape("journal", journal, *x.shape)
-    B = slot_ids.shape[0]
-    _shape("cu_q", cu_q, B + 1)
-    _shape("status", status, B)
-
-
-def _check_conv1d_commit(conv_state, slot_ids, cu_q, accept_len, journal, *, status=None, **_):
-    _shape("conv_state", conv_state, None, None, None)
-    _shape("journal", journal, None, conv_state.shape[1])
-    B = slot_ids.shape[0]
-    _shape("cu_q", cu_q, B + 1)
-    _shape("accept_len", accept_len, B)
-    _shape("status", status, B)
-
-
-def _check_spec_sample(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p, seed, step,
-                       num_accepted, emitted, status, draft_probs=None, d2t=None,
-                       accepted_logprobs=None, **_):
-    _dt("logits", logits, *_F)
-    _shape("logits", logits, None, None)
-    T = logits.shape[0]
-    _shape("cu_q", cu_q, None)
-    B = cu_q.shape[0] - 1
-    if B < 0 or T < B:
-        _fail("cu_q", f"{B + 1} entries for {T} logit rows")
-    _shape("draft_ids", draft_ids, T - B)
-    for n, t, dts in (("temperature", temperature, (torch.float32,)), ("top_k", top_k, _I32),
-                      ("top_p", top_p, (torch.float32,)), ("min_p", min_p, (torch.float32,)),
-                      ("seed", seed, (torch.int64, torch.uint64)), ("step", step, (torch.int64,)),
-                      ("num_accepted", num_accepted, _I32), ("status", status, _I32)):
-        _shape(n, t, B)
-        _dt(n, t, *dts)
-    _shape("emitted", emitted, B, None)
-    _dt("emitted", emitted, *_I32)
-    _shape("accepted_logprobs", accepted_logprobs, *emitted.shape)
-    _shape("draft_probs", draft_probs, T - B, None)
-
-
-def _check_rows(b_shape, **tensors):
-    for n, t in tensors.items():
-        _shape(n, t, *b_shape)
-
-
-def _check_seq_stop(emitted, num_accepted, out_tokens, out_lens, stop_ids, stop_seqs,
-                    max_new_tokens, accept_len, finished):
-    _shape("emitted", emitted, None, None)
-    B = emitted.shape[0]
-    _check_rows((B,), num_accepted=num_accepted, out_lens=out_lens,
-                max_new_tokens=max_new_tokens, accept_len=accept_len, finished=finished)
-    _shape("out_tokens", out_tokens, B, None)
-    _dt("finished", finished, torch.uint8)
-
-
-def _check_seq_advance(emitted, accept_len, seq_lens, out_tokens, out_lens, last_token, finished):
-    _shape("emitted", emitted, None, None)
-    B = emitted.shape[0]
-    _check_rows((B,), accept_len=accept_len, seq_lens=seq_lens, out_lens=out_lens,
-                last_token=last_token, finished=finished)
-    _shape("out_tokens", out_tokens, B, None)
-    _dt("finished", finished, torch.uint8)
-
-
-def _check_seq_build_block(last_token, draft_tokens, num_draft, seq_lens, cu_q, block_tokens,
-                           positions, draft_ids=None):
-    B = last_token.shape[0]
-    _shape("draft_tokens", draft_tokens, B, None)
-    _check_rows((B,), num_draft=num_draft, seq_lens=seq_lens)
-    _shape("cu_q", cu_q, B + 1)
-
-
-def _check_draft_carry(hidden, cu_q, accept_len, out, **_):
-    B = accept_len.shape[0]
-    _shape("cu_q", cu_q, B + 1)
-    _shape("out", out, B, None)
-    if out.dtype != hidden.dtype:
-        raise TypeError(f"out: dtype {out.dtype} differs from hidden's {hidden.dtype}")
-
-
-def _check_capture_hidden(hidden, out, tap, *, residual=None):
-    _shape("hidden", hidden, None, None)
-    T, H = hidden.shape
-    _shape("out", out, T, None)
-    _shape("residual", residual, T, H)
-
-
-def _check_draft_combine(embed, hidden, embed_norm_weight, hidden_norm_weight, out, **_):
-    _shape("hidden", hidden, None, None)
-    rows, H = hidden.shape
-    _shape("out", out, rows, 2 * H)
-    _shape("embed_norm_weight", embed_norm_weight, H)
-    _shape("hidden_norm_weight", hidden_norm_weight, H)
-
-
-def _check_draft_map_tokens(draft_ids, d2t, out, **_):
-    _shape("out", out, draft_ids.shape[0])
-    _dt("out", out, *_I32)
-
-
-def _check_rms_norm(x, weight, out, *, residual=None, residual_out=None, **_):
-    _shape("out", out, *x.shape)
-    _shape("weight", weight, x.shape[-1])
-    _shape("residual", residual, *x.shape)
-    _shape("residual_out", residual_out, *x.shape)
-
-
-def _check_rope(q, k, positions, cos_sin_cache):
-    _shape("positions", positions, q.shape[0])
-    if k is not None and k.shape[0] != q.shape[0]:
-        _fail("k", f"{k.shape[0]} rows != q's {q.shape[0]}")
-
-
-def _check_rope_append_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, page_table,
-                          seq_lens, cu_q, finished=None, **_):
-    _check_rope(q, k, positions, cos_sin_cache)
-    _dt("k", k, q.dtype)
-    _check_append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished)
-
-
-def _check_silu_mul(x, out):
-    if x.shape[-1] != 2 * out.shape[-1] or tuple(x.shape[:-1]) != tuple(out.shape[:-1]):
-        _fail("out", f"expected shape {list(x.shape[:-1]) + [x.shape[-1] // 2]} for x "
-                     f"{list(x.shape)}, got {list(out.shape)}")
-
-
-def _check_linear(x, weight, out, *, norm_weight=None, residual=None, residual_out=None,
-                  epilogue=None, **_):
-    _shape("x", x, None, None)
-    M, K = x.shape
-    _shape("weight", weight, None, K)
-    N = weight.shape[0]
-    _shape("out", out, M, N // 2 if epilogue == "silu_mul" else N)
-    _shape("norm_weight", norm_weight, K)
-    _shape("residual", residual, M, K)
-    _shape("residual_out", residual_out, M, K)
-
-
-def _check_ngram_propose(prompt, prompt_lens, output, output_lens, draft_tokens, num_draft, **_):
-    B = prompt.shape[0]
-    _check_rows((B,), prompt_lens=prompt_lens, output_lens=output_lens,
-                num_draft=num_draft)
-    _shape("output", output, B, None)
-    _shape("draft_tokens", draft_tokens, B, None)
 
 
 def _spec_sample_setup(kw):
@@ -331,74 +74,65 @@ def _spec_sample_setup(kw):
 
 # ----------------------------------------------------------------- the table
 _TABLE = (
-    _OpSpec("copy", "(Tensor! dst, Tensor src) -> ()", _check_copy),
+    _OpSpec("copy", "(Tensor! dst, Tensor src) -> ()"),
     _OpSpec("append_kv", "(Tensor k, Tensor v, Tensor! k_cache, Tensor! v_cache, Tensor page_table, "
-            "Tensor seq_lens, Tensor cu_q, Tensor? finished=None, *, bool check_indices=True) -> ()",
-            _check_append_kv),
+            "Tensor seq_lens, Tensor cu_q, Tensor? finished=None, *, bool check_indices=True) -> ()"),
     _OpSpec("verify_attention", "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, "
             "Tensor seq_lens, Tensor cu_q, Tensor! out, float? scale=None, Tensor!? lse_out=None, "
             "Tensor!? workspace=None, *, int? num_splits=None, int? max_kv_len=None, "
-            "int? max_q=None, bool row_invariant=False, bool? check_indices=None) -> ()",
-            _check_verify_attention),
+            "int? max_q=None, bool row_invariant=False, bool? check_indices=None) -> ()"),
     # the state is written too: the fused mode commits the pending rows into it
     _OpSpec("gdn_verify", "(Tensor q, Tensor k, Tensor v, Tensor! state, Tensor slot_ids, "
             "Tensor cu_q, Tensor! out, Tensor! journal, Tensor? g=None, Tensor? beta=None, "
             "Tensor? a=None, Tensor? b=None, Tensor? A_log=None, Tensor? dt_bias=None, "
             "Tensor!? status=None, Tensor? pending_journal=None, Tensor? pending_row0=None, "
             "Tensor? pending_len=None, *, float? scale=None, bool qk_l2norm=False, "
-            "str layout=\"kv\", bool check_indices=True) -> ()", _check_gdn_verify, bf16_bits=True),
+            "str layout=\"kv\", bool check_indices=True) -> ()", bf16_bits=True),
     _OpSpec("gdn_commit", "(Tensor! state, Tensor slot_ids, Tensor cu_q, Tensor accept_len, "
-            "Tensor journal, Tensor!? status=None, *, str layout=\"kv\", bool check_indices=True) -> ()",
-            _check_gdn_commit, bf16_bits=True),
+            "Tensor journal, Tensor!? status=None, *, str layout=\"kv\", bool check_indices=True) -> ()", bf16_bits=True),
     _OpSpec("gdn_flush", "(Tensor! state, Tensor slot_ids, Tensor pending_journal, "
             "Tensor pending_row0, Tensor pending_len, Tensor!? status=None, *, str layout=\"kv\", "
-            "bool check_indices=True) -> ()", _check_gdn_flush, bf16_bits=True),
+            "bool check_indices=True) -> ()", bf16_bits=True),
     _OpSpec("conv1d_verify", "(Tensor x, Tensor weight, Tensor conv_state, Tensor slot_ids, "
             "Tensor cu_q, Tensor! out, Tensor? bias=None, Tensor!? journal=None, Tensor!? status=None, "
-            "*, str? activation=\"silu\", bool check_indices=True) -> ()",
-            _check_conv1d_verify, bf16_bits=True),
+            "*, str? activation=\"silu\", bool check_indices=True) -> ()", bf16_bits=True),
     _OpSpec("conv1d_commit", "(Tensor! conv_state, Tensor slot_ids, Tensor cu_q, Tensor accept_len, "
-            "Tensor journal, Tensor!? status=None, *, bool check_indices=True) -> ()",
-            _check_conv1d_commit, bf16_bits=True),
+            "Tensor journal, Tensor!? status=None, *, bool check_indices=True) -> ()", bf16_bits=True),
     _OpSpec("spec_sample", "(Tensor logits, Tensor cu_q, Tensor draft_ids, Tensor temperature, "
             "Tensor top_k, Tensor top_p, Tensor min_p, Tensor seed, Tensor step, "
             "Tensor! num_accepted, Tensor! emitted, Tensor! status, Tensor? draft_probs=None, "
             "Tensor? d2t=None, Tensor!? accepted_logprobs=None, Tensor!? workspace=None, *, "
-            "bool? filters=None, bool check_indices=True) -> ()", _check_spec_sample, setup=_spec_sample_setup),
+            "bool? filters=None, bool check_indices=True) -> ()", setup=_spec_sample_setup),
     _OpSpec("seq_stop", "(Tensor emitted, Tensor num_accepted, Tensor out_tokens, Tensor out_lens, "
             "Tensor? stop_ids, Tensor? stop_seqs, Tensor max_new_tokens, Tensor! accept_len, "
-            "Tensor! finished) -> ()", _check_seq_stop),
+            "Tensor! finished) -> ()"),
     _OpSpec("seq_advance", "(Tensor emitted, Tensor accept_len, Tensor! seq_lens, Tensor! out_tokens, "
-            "Tensor! out_lens, Tensor! last_token, Tensor! finished) -> ()", _check_seq_advance),
+            "Tensor! out_lens, Tensor! last_token, Tensor! finished) -> ()"),
     _OpSpec("seq_build_block", "(Tensor last_token, Tensor draft_tokens, Tensor num_draft, "
             "Tensor seq_lens, Tensor! cu_q, Tensor! block_tokens, Tensor! positions, "
-            "Tensor!? draft_ids=None) -> ()", _check_seq_build_block),
+            "Tensor!? draft_ids=None) -> ()"),
     _OpSpec("draft_carry", "(Tensor hidden, Tensor cu_q, Tensor accept_len, Tensor! out, *, "
-            "int row_begin=0, int col_begin=0) -> ()", _check_draft_carry),
-    _OpSpec("capture_hidden", "(Tensor hidden, Tensor! out, int tap, Tensor? residual=None) -> ()",
-            _check_capture_hidden),
+            "int row_begin=0, int col_begin=0) -> ()"),
+    _OpSpec("capture_hidden", "(Tensor hidden, Tensor! out, int tap, Tensor? residual=None) -> ()"),
     _OpSpec("draft_combine", "(Tensor embed, Tensor hidden, Tensor embed_norm_weight, "
             "Tensor hidden_norm_weight, Tensor! out, Tensor? token_ids=None, *, float eps=1e-06, "
-            "bool unit_offset=False) -> ()", _check_draft_combine),
-    _OpSpec("draft_map_tokens", "(Tensor draft_ids, Tensor d2t, Tensor! out, *, bool offsets=True) -> ()",
-            _check_draft_map_tokens),
+            "bool unit_offset=False) -> ()"),
+    _OpSpec("draft_map_tokens", "(Tensor draft_ids, Tensor d2t, Tensor! out, *, bool offsets=True) -> ()"),
     # families being added in parallel (skipped while specdec_lib.ops lacks them)
     _OpSpec("rms_norm", "(Tensor x, Tensor weight, Tensor! out, Tensor? residual=None, "
-            "Tensor!? residual_out=None, *, float eps=1e-06, bool unit_offset=False) -> ()",
-            _check_rms_norm),
-    _OpSpec("rope", "(Tensor! q, Tensor!? k, Tensor positions, Tensor cos_sin_cache) -> ()",
-            _check_rope),
-    _OpSpec("silu_mul", "(Tensor x, Tensor! out) -> ()", _check_silu_mul),
+            "Tensor!? residual_out=None, *, float eps=1e-06, bool unit_offset=False) -> ()"),
+    _OpSpec("rope", "(Tensor! q, Tensor!? k, Tensor positions, Tensor cos_sin_cache) -> ()"),
+    _OpSpec("silu_mul", "(Tensor x, Tensor! out) -> ()"),
     _OpSpec("rope_append_kv", "(Tensor! q, Tensor! k, Tensor v, Tensor positions, "
             "Tensor cos_sin_cache, Tensor! k_cache, Tensor! v_cache, Tensor page_table, "
             "Tensor seq_lens, Tensor cu_q, Tensor? finished=None, *, bool check_indices=True) "
-            "-> ()", _check_rope_append_kv),
+            "-> ()"),
     _OpSpec("linear", "(Tensor x, Tensor weight, Tensor! out, *, Tensor? norm_weight=None, "
             "float eps=1e-06, Tensor? residual=None, Tensor!? residual_out=None, "
-            "str? epilogue=None, bool unit_offset=False) -> ()", _check_linear, bf16_bits=True),
+            "str? epilogue=None, bool unit_offset=False) -> ()", bf16_bits=True),
     _OpSpec("ngram_propose", "(Tensor prompt, Tensor prompt_lens, Tensor output, Tensor output_lens, "
             "Tensor! draft_tokens, Tensor! num_draft, *, int min_n=1, int max_n=3, "
-            "bool check_indices=True) -> ()", _check_ngram_propose),
+            "bool check_indices=True) -> ()"),
 )
 
 
@@ -487,8 +221,7 @@ def _make_kernel(spec, gpu_fn, ref_fn, names, written):
         elif dev.type == "cpu":
             if ref_fn is None:
                 raise NotImplementedError(f"specdec::{spec.name}: no numpy reference for CPU tensors")
-            if spec.name in _CONTRACTS:
-                _host_check(spec.name, bound)
+            _host_check(spec.name, bound)
             _cpu_call(getattr(ref_fn, "unchecked", ref_fn), spec, written, bound)
         else:
             raise TypeError(f"specdec::{spec.name}: tensors on {dev} are not supported (cuda or cpu)")
@@ -504,10 +237,7 @@ def _make_fake(spec, names):
         devs = {v.device for v in bound.values() if isinstance(v, torch.Tensor)}
         if len(devs) > 1:
             raise ValueError(f"specdec::{spec.name}: tensors on several devices {sorted(map(str, devs))}")
-        if spec.name in _CONTRACTS:
-            _host_check(spec.name, bound)
-        elif spec.check is not None:
-            spec.check(**bound)
+        _host_check(spec.name, bound)
         return None
     return fake
 
@@ -515,6 +245,8 @@ def _make_fake(spec, names):
 def _register():
     registered, missing = {}, []
     for spec in _TABLE:
+        if spec.name not in _CONTRACTS:
+            raise RuntimeError(f"specdec::{spec.name}: no argument contract (specdec_lib.contract)")
         gpu_fn = getattr(_gpu_ops, spec.name, None)
         ref_fn = getattr(_ref_ops, spec.name, None)
         if gpu_fn is None and ref_fn is None:
