@@ -251,7 +251,7 @@ def _long_run(*args):
 
 
 def test_long_run_tool_reference():
-    """tools/long_run.py (issue 7's 10k-round run) on a short schedule on the CPU: no slot
+    """tools/gpu/long_run.py (issue 7's 10k-round run) on a short schedule on the CPU: no slot
     leak, a fresh run and requests decoded alone give the same tokens."""
     _long_run("--backend", "reference", "--rounds", "30", "--slots", "3", "--alone", "2")
 

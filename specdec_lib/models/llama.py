@@ -144,7 +144,7 @@ class _TorchMath(_RowInvariant):
         prefill's 3 ms); 4-D bf16 with equal head counts takes the flash kernel. bf16
         probabilities cost no fidelity that shows: against the float64 reference it flips
         as few argmaxes as the same call in float32, 2.5x slower (s14,
-        tools/prefill_fidelity.py)."""
+        tools/perf/prefill_fidelity.py)."""
         Hq = q.shape[1]
 
         def heads(x):       # [n, H, D] -> [1, Hq, n, D]
