@@ -1,4 +1,4 @@
-"""``python -m specdec_lib {demo,inspect,bench,info}`` (also the ``specdec`` console script)."""
+"""``python -m specdec_lib {demo,inspect,bench,info,train-draft}`` (also the ``specdec`` console script)."""
 import json
 import sys
 
@@ -11,6 +11,9 @@ commands:
             (--check: fail on missing cubins, local memory, param-size mismatches)
   bench     benchmark ops against the copy bandwidth measured in the same run
   info      which kernel image runs on this machine's GPU, as JSON
+  train-draft
+            train MTP / EAGLE3 draft heads for a Llama target (needs torch and the model
+            extra; --help lists the options)
 """
 
 
@@ -26,6 +29,8 @@ def main(argv=None):
         from .inspect import main as run
     elif cmd == "bench":
         from .bench import main as run
+    elif cmd == "train-draft":
+        from .train.cli import main as run
     elif cmd == "info":
         from . import runtime
         print(json.dumps(runtime.info(load="--load" in rest), indent=1, default=str))
