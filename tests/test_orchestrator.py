@@ -242,7 +242,7 @@ def _long_run(*args):
     import subprocess
     import sys
     from pathlib import Path
-    tool = Path(__file__).resolve().parents[1] / "tools" / "long_run.py"
+    tool = Path(__file__).resolve().parents[1] / "tools" / "gpu" / "long_run.py"
     r = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
