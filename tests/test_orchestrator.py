@@ -242,7 +242,7 @@ def _long_run(*args):
     import subprocess
     import sys
     from pathlib import Path
-    tool = Path(__file__).resolve().parents[1] / "tools" / "long_run.py"
+    tool = Path(__file__).resolve().parents[1] / "tools" / "gpu" / "long_run.py"
     r = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -251,7 +251,7 @@ def _long_run(*args):
 
 
 def test_long_run_tool_reference():
-    """tools/long_run.py (issue 7's 10k-round run) on a short schedule on the CPU: no slot
+    """tools/gpu/long_run.py (issue 7's 10k-round run) on a short schedule on the CPU: no slot
     leak, a fresh run and requests decoded alone give the same tokens."""
     _long_run("--backend", "reference", "--rounds", "30", "--slots", "3", "--alone", "2")
 

@@ -4,7 +4,8 @@ CPU: ranks simulated as threads of one process on the reference backend, with a 
 all-reduce (the sum of the ranks' partial outputs, in rank order, the same array handed
 to every rank). The sharded forward equals the unsharded one (logits to float64
 rounding), and whole speculative runs give every rank the same tokens as the
-unsharded model. The NCCL run on two GPUs is tools/tp_demo.py (skipped here).
+unsharded model. ``specdec_lib.parallel``'s rank check on a fake communicator; the example
+examples/tp_demo.py on CPU processes (gloo) and, on two GPUs, over NCCL (skipped here).
 """
 import os
 import shutil
@@ -20,8 +21,22 @@ from specdec_lib.models import (DEMO_CONFIG, TinyHybridTarget, TinyMTPDraft,
 from specdec_lib.models.tiny_hybrid_tp import (TinyHybridTargetTP, shard_weight, tp_config,
                                                tp_layout)
 from specdec_lib.orchestrator import Request, SpeculativeDecoder, reference_backend
+from specdec_lib.parallel import RankDisagreement, rank_checked
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "tp_demo.py")
+
+
+def _example(*args, timeout):
+    """examples/tp_demo.py in a fresh interpreter that imports the specdec_lib this test
+    imports (the source tree, or the installed wheel under .ci/run)."""
+    import specdec_lib
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(specdec_lib.__file__))]
+        + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return subprocess.run([sys.executable, EXAMPLE, *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
 
 
 class FakeGroup:
@@ -210,9 +225,38 @@ def test_tp_decoding_matches_one_rank(tp2, sampled):
         assert 0 < m0.acceptance_rate < 1
 
 
+class _FakeComm:
+    """all_gather_host of two ranks: rank 1 sees ``shift`` added to what rank 0 sees."""
+
+    def __init__(self, shift):
+        self.shift = shift
+
+    def all_gather_host(self, a):
+        a = np.asarray(a, np.int64)
+        return np.stack([a, a + self.shift])
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_rank_checked_raises_when_ranks_differ(demo, shift):
+    """The per-round check of specdec_lib.parallel: equal gathered outputs pass through,
+    a difference raises RankDisagreement naming the ranks."""
+    cfg, tensors, dw = demo
+    log = {"rounds": 0, "mismatch": 0}
+    be = rank_checked(reference_backend(), _FakeComm(shift), log)
+    dec = SpeculativeDecoder(TinyHybridTarget(cfg, tensors, be), TinyMTPDraft(cfg, dw, tensors, be),
+                             num_speculative_tokens=2, backend=be)
+    reqs = _requests(cfg["vocab_size"], False, n=2, new=4)
+    if shift:
+        with pytest.raises(RankDisagreement, match=r"ranks \[1\] differ"):
+            dec.generate(reqs)
+        assert log["mismatch"] == 1
+    else:
+        dec.generate(reqs)
+        assert log["rounds"] >= 2 and log["mismatch"] == 0
+
+
 def test_tp_demo_help():
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tp_demo.py"), "--help"],
-                       capture_output=True, text=True, timeout=60)
+    p = _example("--help", timeout=60)
     assert p.returncode == 0, p.stderr
     assert "--world-size" in p.stdout and "NCCL" in p.stdout
 
@@ -228,10 +272,9 @@ def _has(mod):
 @pytest.mark.skipif(not _has("torch"), reason="needs torch (torch.distributed, gloo) for the "
                                                "multi-process run on CPU")
 def test_tp_demo_processes_on_cpu(tmp_path):
-    """The tool itself on the reference backend: 2 processes, gloo all-reduces."""
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tp_demo.py"),
-                        "--world-size", "2", "--backend", "reference", "--batch", "2",
-                        "--max-new-tokens", "8"], capture_output=True, text=True, timeout=600)
+    """The example itself on the reference backend: 2 processes, gloo all-reduces."""
+    p = _example("--world-size", "2", "--backend", "reference", "--batch", "2",
+                 "--max-new-tokens", "8", timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "PASS" in p.stdout
 
@@ -248,9 +291,7 @@ def _gpus():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(_gpus() < 2, reason="needs 2 CUDA GPUs, torch with NCCL and cupy "
-                                        "(run tools/tp_demo.py --world-size 2 on a 2-GPU machine)")
+                                        "(run examples/tp_demo.py --world-size 2 on a 2-GPU machine)")
 def test_tp_demo_nccl_two_gpus():
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tp_demo.py"),
-                        "--world-size", "2", "--max-new-tokens", "16"],
-                       capture_output=True, text=True, timeout=600)
+    p = _example("--world-size", "2", "--max-new-tokens", "16", timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -1,13 +1,15 @@
-"""tools/check_wheel.py, the release wheel's gate in .ci/run (CPU): it must catch an unrepaired
+"""tools/release/check_wheel.py, the release wheel's gate in .ci/run (CPU): it must catch an unrepaired
 tag, a missing kernel image, a stale module and a bad size, on a synthetic wheel."""
-import importlib.util
 import os
+import sys
 import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("check_wheel", os.path.join(ROOT, "tools", "check_wheel.py"))
-check_wheel = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(check_wheel)
+# check_wheel is a gate of the source tree (it compares a wheel with pyx/ and the tree's .py
+# files), not a module of the package: it is imported from tools/release, which holds no
+# specdec_lib (so the installed package the wheel run tests is never shadowed)
+sys.path.insert(0, os.path.join(ROOT, "tools", "release"))
+import check_wheel  # noqa: E402
 
 
 def _wheel(tmp_path, plat="manylinux_2_28_x86_64", drop=(), extra=()):

@@ -49,7 +49,7 @@ def gdn_round_calls(b: Bench, B, q, Hk, Hv, D, sdt, layout, state=None):
     """(verify, commit, fused) of one round at this shape on fresh inputs (fused gating, L2
     norm, every block accepted), enqueued on ``b.stream``; ``fused`` is the fused mode's
     steady-state round: a verify that first commits the previous round's q accepted rows
-    (from a second journal, written once here). Also used by tools/profile_op.py."""
+    (from a second journal, written once here). Also used by tools/perf/profile_op.py."""
     from ..arrays import DeviceArray
     from ..ops import gdn_commit, gdn_journal_width, gdn_verify
     T, inp, cu_q, slot_ids = _gdn_inputs(b, B, q, Hk, Hv, D)

@@ -47,7 +47,7 @@ def _inputs(B, k, V, device, greedy_frac, top_p, seed=0, top_k=0):
 
 def spec_sample_call(b: Bench, B, k, V, greedy_frac, top_p, filters, top_k=0):
     """(run, T): one spec_sample call on fresh inputs of this mix, enqueued on ``b.stream``
-    with its own workspace; also used by tools/profile_op.py."""
+    with its own workspace; also used by tools/perf/profile_op.py."""
     from ..arrays import DeviceArray
     from ..ops import spec_sample, spec_sample_workspace_size
     a, T = _inputs(B, k, V, b.device, greedy_frac, top_p, top_k=top_k)

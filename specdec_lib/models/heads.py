@@ -3,7 +3,7 @@
 A head is an ordinary registry checkpoint (``model.safetensors`` + ``config.json``) in the
 ``deepseek_mtp`` or ``eagle3`` layout; ``head_config`` writes the config a target implies,
 ``save_head`` the pair, ``smollm2_head(method)`` finds the heads shipped for SmolLM2 (trained
-by ``tools/train_draft.py``; the exact command is in each config's ``specdec_training``).
+by ``python -m specdec_lib train-draft`` (``specdec_lib.train``); the exact command is in each config's ``specdec_training``).
 """
 from __future__ import annotations
 
@@ -88,5 +88,5 @@ def smollm2_head(method: str) -> str:
                          f"not {method!r}")
     path = os.path.join(HEADS_DIR, SMOLLM2_HEADS[key])
     if not os.path.isfile(os.path.join(path, "model.safetensors")):
-        raise FileNotFoundError(f"{path}: no trained head here (tools/train_draft.py makes it)")
+        raise FileNotFoundError(f"{path}: no trained head here (python -m specdec_lib train-draft makes it)")
     return path

@@ -25,6 +25,8 @@ import contextlib
 
 import numpy as np
 
+from .llama_layer import decoder_layer, fuse_layer, layer_tensor_names
+
 
 class _RowInvariant:
     """The decode GEMMs through the library's ``linear`` op (``row_invariant=True``): a row's
@@ -113,8 +115,10 @@ class _TorchMath(_RowInvariant):
 
     def __init__(self, be, row_invariant=False):
         import torch
+
+        from . import llama_torch
         super().__init__(be, row_invariant)
-        self.torch, self.dev = torch, be.device
+        self.torch, self.dev, self.lt = torch, be.device, llama_torch
         self.act = self.kv = torch.bfloat16
         self.int32 = torch.int32
         self.F = torch.nn.functional
@@ -144,23 +148,15 @@ class _TorchMath(_RowInvariant):
         prefill's 3 ms); 4-D bf16 with equal head counts takes the flash kernel. bf16
         probabilities cost no fidelity that shows: against the float64 reference it flips
         as few argmaxes as the same call in float32, 2.5x slower (s14,
-        tools/prefill_fidelity.py)."""
-        Hq = q.shape[1]
-
-        def heads(x):       # [n, H, D] -> [1, Hq, n, D]
-            return self.repeat_heads(x, Hq).transpose(0, 1)[None]
-        o = self.F.scaled_dot_product_attention(heads(q), heads(k), heads(v),
-                                                is_causal=True, scale=scale)
-        return o[0].transpose(0, 1)
+        tools/perf/prefill_fidelity.py)."""
+        o = self.lt.attention(q[None], k[None], v[None], causal=True, scale=scale)
+        return o[0]
 
     @staticmethod
     def repeat_heads(x, Hq):
-        """[..., Hkv, D] -> [..., Hq, D]: q head h reads kv head h // (Hq // Hkv) (an expand
-        and one copy, which never syncs); x itself when Hkv == Hq."""
-        *lead, Hkv, D = x.shape
-        if Hkv == Hq:
-            return x
-        return x.unsqueeze(-2).expand(*lead, Hkv, Hq // Hkv, D).reshape(*lead, Hq, D)
+        """``llama_torch.repeat_heads`` (kept here for the tools that time these paths)."""
+        from .llama_torch import repeat_heads
+        return repeat_heads(x, Hq)
 
     def prefill_plan(self, row_counts):
         """Gather/scatter indices and the mask of one batched prefill attention, built once
@@ -213,19 +209,50 @@ class _TorchMath(_RowInvariant):
             out[r0:r1] = self.causal_attention(q[r0:r1], k[r0:r1], v[r0:r1], scale)
             return
         rows = plan["rows"]
-        Hq = q.shape[1]
-        qb = q[rows].transpose(1, 2)                                       # [P, Hq, n, D]
-        kb = self.repeat_heads(k[rows], Hq).transpose(1, 2)
-        vb = self.repeat_heads(v[rows], Hq).transpose(1, 2)
-        o = self.F.scaled_dot_product_attention(qb, kb, vb, scale=scale,
-                                                attn_mask=self._prefill_bias(plan, q.dtype))
-        out[plan["flat"]] = o.transpose(1, 2)[plan["p"], plan["i"]]
+        o = self.lt.attention(q[rows], k[rows], v[rows], scale=scale,      # [P, n, Hq, D]
+                              mask=self._prefill_bias(plan, q.dtype))
+        out[plan["flat"]] = o[plan["p"], plan["i"]]
 
     def host_rows(self, a):
         return a.float().cpu().numpy()      # numpy has no bfloat16
 
     def argmax_ids(self, a):
         return a.argmax(dim=1)
+
+
+class _LibraryOps:
+    """``llama_layer``'s ops on the library (``rms_norm`` with the residual add fused,
+    ``silu_mul``, ``draft_combine``) and a dense math's GEMMs: norms go into ``h``, the MLP's
+    activation into ``act``, the residual stream into the ``out`` it is given."""
+
+    def __init__(self, be, m, eps, h, act):
+        self.be, self.m, self.eps, self.h, self.act = be, m, eps, h, act
+
+    def gemm(self, x, w):
+        return self.m.gemm(x, w)
+
+    def fc(self, x, w):                 # a draft head's input projection: the host GEMM
+        return self.m.linear(x, w)
+
+    def add_norm(self, a, resid, w, out):
+        self.be.rms_norm(a, w, self.h, eps=self.eps, residual=resid, residual_out=out)
+        return out, self.h
+
+    def norm(self, x, w):
+        self.be.rms_norm(x, w, self.h, eps=self.eps)
+        return self.h
+
+    def silu_mul(self, gu):
+        self.be.silu_mul(gu, self.act)
+        return self.act
+
+    def combine(self, embed, hid, tokens, w_e, w_h):
+        comb = self.m.empty((tokens.shape[0], 2 * hid.shape[1]))
+        self.be.draft_combine(embed, hid, w_e, w_h, comb, token_ids=tokens, eps=self.eps)
+        return comb
+
+    def new_rows(self, like):
+        return self.m.empty(tuple(like.shape))
 
 
 def dense_math(backend, row_invariant=False):
@@ -258,17 +285,10 @@ class LlamaTarget:
         self.lm_head = self.embed if c.tied_embeddings else m.param(weights["lm_head.weight"])
         self.final_norm = m.param(weights["model.norm.weight"])
         self.layers = []
-        for i in range(c.num_layers):
-            p = f"model.layers.{i}."
-            a = p + "self_attn."
-            self.layers.append(dict(
-                ln1=m.param(weights[p + "input_layernorm.weight"]),
-                ln2=m.param(weights[p + "post_attention_layernorm.weight"]),
-                qkv=m.cat_rows([m.param(weights[a + n + "_proj.weight"]) for n in "qkv"]),
-                o=m.param(weights[a + "o_proj.weight"]),
-                gate_up=m.cat_rows([m.param(weights[p + "mlp.gate_proj.weight"]),
-                                    m.param(weights[p + "mlp.up_proj.weight"])]),
-                down=m.param(weights[p + "mlp.down_proj.weight"])))
+        for i in range(c.num_layers):            # llama_layer's fused form: qkv, gate_up
+            names = layer_tensor_names(f"model.layers.{i}.")
+            self.layers.append(fuse_layer({r: m.param(weights[n]) for r, n in names.items()},
+                                          m.cat_rows))
         self.max_position = int(max_position or c.context_length)
         self.cos_sin = m.table(rope_cos_sin_cache(self.max_position, self.D, c.rope_theta))
         self.hidden_dtype = m.act
@@ -373,25 +393,32 @@ class LlamaTarget:
 
     def layer(self, L, a_in, resid, x, next_norm, h, kv, page_table, positions, seq_lens, cu_q,
               finished, attend, o, act, eps):
-        """One decoder layer from its attention input on (the target's layers and the draft
-        heads' one): q, k, v = split(a_in @ L.qkv); rope_append_kv into ``kv``; o = attend;
-        x = round(resid + o @ L.o) (x may be resid: in place); x += mlp(rms_norm(x, L.ln2));
-        h = rms_norm(x, next_norm). a_in may be h. ``o`` [T, Hq, D] and ``act`` [T, I] are
-        scratch."""
-        be, m = self.be, self.m
-        T, nq, nkv, D = a_in.shape[0], self.nq, self.nkv, self.D
-        qkv = m.gemm(a_in, L["qkv"])                             # [T, (nq + 2 nkv) D]
-        q = qkv[:, :nq * D].reshape(T, nq, D)
-        k = qkv[:, nq * D:(nq + nkv) * D].reshape(T, nkv, D)
-        v = qkv[:, (nq + nkv) * D:].reshape(T, nkv, D)
+        """One decoder layer (``llama_layer.decoder_layer``) on the library's ops: q, k, v =
+        split(a_in @ L.qkv); rope_append_kv into ``kv``; o = attend; x = round(resid + o @ L.o)
+        (x may be resid: in place); x += mlp(rms_norm(x, L.ln2)); h = rms_norm(x, next_norm).
+        a_in may be h. ``o`` [T, Hq, D] and ``act`` [T, I] are scratch."""
+        decoder_layer(self.ops(h, act, eps), L, a_in, resid, next_norm,
+                      self.block_attention(attend, kv, page_table, positions, seq_lens, cu_q,
+                                           finished, o),
+                      (self.nq, self.nkv, self.D), out=x)
+
+    def ops(self, h, act, eps):
+        """``llama_layer``'s ops on this backend, writing norms into ``h`` and the MLP's
+        activation into ``act``."""
+        return _LibraryOps(self.be, self.m, eps, h, act)
+
+    def block_attention(self, attend, kv, page_table, positions, seq_lens, cu_q, finished, o):
+        """``decoder_layer``'s attend over a block: rope and the paged append of its K/V in
+        one launch (``rope_append_kv``), then ``attend`` (paged verify or prefill) into o."""
+        be, cos_sin = self.be, self.cos_sin
         kc, vc = kv
-        be.rope_append_kv(q, k, v, positions, self.cos_sin, kc, vc, page_table, seq_lens, cu_q,
-                          finished)
-        attend(q, k, v, kc, vc, o)
-        a = m.gemm(o.reshape(T, nq * D), L["o"])
-        be.rms_norm(a, L["ln2"], h, eps=eps, residual=resid, residual_out=x)
-        be.silu_mul(m.gemm(h, L["gate_up"]), act)
-        be.rms_norm(m.gemm(act, L["down"]), next_norm, h, eps=eps, residual=x, residual_out=x)
+
+        def run(q, k, v):
+            be.rope_append_kv(q, k, v, positions, cos_sin, kc, vc, page_table, seq_lens, cu_q,
+                              finished)
+            attend(q, k, v, kc, vc, o)
+            return o
+        return run
 
     def score(self, tokens):
         """Logits [n, V] of one plain (non-speculative) forward pass over ``tokens`` (host

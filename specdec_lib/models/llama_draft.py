@@ -22,8 +22,9 @@ hidden rows, each fed the token emitted after it; rows past ``accept_len`` are g
 their cache rows dead, as in the target), its K/V appended at the block's positions; the
 last accepted row's output (``draft_carry``) gives draft token 1; k - 1 more steps of one
 row per sequence follow, each appending at the next position. A prefill runs the first step
-over the prompt rows with the host's causal attention. ``tools/train_draft.py`` trains heads
-on exactly this computation (its multi-step objective unrolls the same chain).
+over the prompt rows with the host's causal attention. ``specdec_lib.train`` trains heads on
+exactly this computation (``llama_layer.draft_step``, in torch; its multi-step objective
+unrolls the same chain).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..registry import load_draft_weights
+from .llama_layer import draft_step, fuse_layer, head_tensor_names
 
 
 class LlamaDraftHead:
@@ -52,13 +54,14 @@ class LlamaDraftHead:
         self.spec, self.layout = spec, spec.layout
         self.eps, self.page_size = spec.rms_norm_eps, int(page_size)
         m = self.m
-        P = lambda n: m.param(weights[n])  # noqa: E731
+        pre = spec.layer_prefixes[0]
+        names = head_tensor_names(self.layout, pre)
+        own = {r: m.param(weights[n]) for r, n in names.items()}
+        # the head's tensors by role, the layer in llama_layer's fused form
+        self.L = dict(fuse_layer(own, m.cat_rows), fc=own["fc"], norm_e=own["norm_e"],
+                      norm_h=own["norm_h"], final=own["final"])
         if self.layout == "eagle3":
-            pre = spec.layer_prefixes[0]
-            self.fc = P("fc.weight")
-            self.norm_e, self.norm_h = P(pre + "input_layernorm.weight"), P(pre + "hidden_norm.weight")
-            self.final = P("norm.weight")
-            self.lm_head = P("lm_head.weight")
+            self.lm_head = own["lm_head"]
             Vd = self.lm_head.shape[0]
             d2t = weights["d2t"] if "d2t" in weights else np.zeros(Vd, np.int64)
             self.d2t = m.table(np.asarray(d2t, np.int64))
@@ -68,23 +71,10 @@ class LlamaDraftHead:
                 taps = (2, n // 2, n - 3)
             self.taps = tuple(taps)
         else:
-            pre = spec.layer_prefixes[0]
-            self.fc = P(pre + "eh_proj.weight")
-            self.norm_e, self.norm_h = P(pre + "enorm.weight"), P(pre + "hnorm.weight")
-            self.ln1 = P(pre + "input_layernorm.weight")
-            self.final = P(pre + "shared_head.norm.weight")
             head = pre + "shared_head.head.weight"
-            self.lm_head = P(head) if head in weights else target.lm_head
+            self.lm_head = m.param(weights[head]) if head in weights else target.lm_head
             self.d2t = None
             self.taps = ()
-        a = pre + "self_attn."
-        # the decoder layer, in LlamaTarget.layer's form
-        self.L = dict(ln2=P(pre + "post_attention_layernorm.weight"),
-                      qkv=m.cat_rows([P(a + n + "_proj.weight") for n in "qkv"]),
-                      o=P(a + "o_proj.weight"),
-                      gate_up=m.cat_rows([P(pre + "mlp.gate_proj.weight"),
-                                          P(pre + "mlp.up_proj.weight")]),
-                      down=P(pre + "mlp.down_proj.weight"))
         self.I = self.L["down"].shape[1]
         self.batch = 0
         self.cache_epoch = 0     # bumped by reset (as the target's)
@@ -121,24 +111,13 @@ class LlamaDraftHead:
         step), tokens [R] target ids (out-of-range -> zero embedding). Returns the step's
         output x [R, H] and its final norm [R, H] (the lm_head input); K/V appended to the
         cache."""
-        be, m, t = self.be, self.m, self.t
-        R, H = tokens.shape[0], t.H
-        if self.layout == "eagle3" and hid.shape[1] != H:
-            hid = m.linear(hid, self.fc)
-        comb = m.empty((R, 2 * H))
-        be.draft_combine(t.embed, hid, self.norm_e, self.norm_h, comb, token_ids=tokens,
-                         eps=self.eps)
-        h = m.empty((R, H))
-        if self.layout == "eagle3":     # q/k/v read the combined row; the residual is hid
-            x, a_in, resid = m.empty((R, H)), comb, hid
-        else:
-            x = m.linear(comb, self.fc)                 # eh_proj
-            be.rms_norm(x, self.ln1, h, eps=self.eps)
-            a_in, resid = h, x
-        t.layer(self.L, a_in, resid, x, self.final, h, self.kv, self.page_table, positions,
-                lens, cu_q, finished, attend, m.empty((R, t.nq, t.D), m.kv),
-                m.empty((R, self.I)), self.eps)
-        return x, h
+        m, t = self.m, self.t
+        R = tokens.shape[0]
+        ops = t.ops(m.empty((R, t.H)), m.empty((R, self.I)), self.eps)
+        attend = t.block_attention(attend, self.kv, self.page_table, positions, lens, cu_q,
+                                   finished, m.empty((R, t.nq, t.D), m.kv))
+        return draft_step(ops, self.layout, self.L, t.embed, hid, tokens, attend,
+                          (t.nq, t.nkv, t.D), t.H)
 
     def _token(self, hn, out):
         """Greedy draft tokens from normed step outputs hn [B, H], as target ids into ``out``

@@ -1,8 +1,8 @@
 """Prompts made from text every machine has: the docstrings of the Python standard library.
 
-``tools/train_draft.py`` builds its training set from the target's replies to these; the
+``specdec_lib.train`` builds its training set from the target's replies to these; the
 held-out split (every module whose name hashes to 0 mod 10) is where draft heads are measured
-(``tools/e2e_smollm2.py --prompts heldout``). Deterministic for one Python version: modules in
+(``tools/perf/e2e_smollm2.py --prompts heldout``). Deterministic for one Python version: modules in
 sorted order, members in sorted order, a fixed instruction per item.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Summarise the per-SASS-line CSV of tools/profile.sh (ncu --page source --csv --print-source sass).
+"""Summarise the per-SASS-line CSV of tools/gpu/profile.sh (ncu --page source --csv --print-source sass).
 
-    python3 tools/sass_summary.py FILE.sass.csv [--top N]
+    python3 tools/perf/sass_summary.py FILE.sass.csv [--top N]
 
 For each profiled kernel (the CSV holds one section per kernel, each starting with a "Kernel
 Name" line): warp instructions executed and stall samples per opcode, the stall reasons, and

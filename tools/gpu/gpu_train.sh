@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Train the SmolLM2 draft heads on the H200 (one device call): build the library (native code
-# only: generation runs through it), then tools/train_draft.py with the GGUF at $GGUF; heads
+# only: generation runs through it), then `python -m specdec_lib train-draft` with the GGUF at $GGUF; heads
 # (OUTDIR/smollm2_<method>/: the device returns files at most two folders deep), the
 # generated data and the log go to OUTDIR.
 #
-#   GGUF=/tmp/m/smol.gguf [SKIP_BUILD=1] tools/gpu_train.sh OUTDIR [train_draft.py options]
+#   GGUF=/tmp/m/smol.gguf [SKIP_BUILD=1] tools/gpu/gpu_train.sh OUTDIR [train-draft options]
 #
-# SKIP_BUILD=1: the tree is built in place already (tools/gpu_check.sh in an earlier call).
+# SKIP_BUILD=1: the tree is built in place already (tools/gpu/gpu_check.sh in an earlier call).
 set -u -o pipefail
-OUT=${1:?usage: tools/gpu_train.sh OUTDIR [options]}
+OUT=${1:?usage: tools/gpu/gpu_train.sh OUTDIR [options]}
 shift
 mkdir -p "$OUT"
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 HDR=/tmp/specdec_hdr SITE=/tmp/specdec_site
 GGUF=${GGUF:-/tmp/m/smol.gguf}
@@ -28,7 +28,7 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then   # (the header wheels are for the build on
 fi
 export PYTHONPATH=$SITE SPECDEC_SMOLLM2_GGUF=$GGUF
 DATA=${DATA:-$OUT/data.npz}
-python3 tools/train_draft.py --out "$OUT" --data "$DATA" "$@" 2>&1 \
+python3 -m specdec_lib train-draft --out "$OUT" --data "$DATA" "$@" 2>&1 \
   | tr '\r' '\n' | grep -v "^\s*$" > "$OUT/train.log"
 rc=${PIPESTATUS[0]}
 grep -vE "it/s\]|reply/s\]|s/it\]|s/reply\]" "$OUT/train.log" | tail -30

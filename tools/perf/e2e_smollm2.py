@@ -1,6 +1,6 @@
 """End-to-end benchmark of SmolLM2-135M-Instruct through the library (torch backend, GPU).
 
-  python3 tools/e2e_smollm2.py [--gguf PATH] [--new 256] [--json OUT.json] [--quick]
+  python3 tools/perf/e2e_smollm2.py [--gguf PATH] [--new 256] [--json OUT.json] [--quick]
                                [--drafts ngram,mtp,eagle3] [--sets copy,open,heldout]
 
 Runs, each with the round captured as one CUDA graph (warm-up and capture outside the timing):
@@ -25,7 +25,7 @@ import sys
 import time
 
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from specdec_lib.demo import rescoring_check  # noqa: E402
 from specdec_lib.models import load_smollm2_target  # noqa: E402

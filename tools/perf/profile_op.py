@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Run one op at its benchmark's record shape a few times, untimed, for a profiler.
 
-    ncu --set full -k regex:gdn_verify -c 1 -o rep python3 tools/profile_op.py gdn
-    python3 tools/profile_op.py CASE [--iters N]
+    ncu --set full -k regex:gdn_verify -c 1 -o rep python3 tools/perf/profile_op.py gdn
+    python3 tools/perf/profile_op.py CASE [--iters N]
 
 Cases (the shapes of docs/PERF.md's tables):
   gdn            gdn_verify + gdn_commit, B=64 q=4 Hk=16 Hv=32 128x128 f32 kv state, bf16 in
@@ -26,7 +26,7 @@ import os
 import sys
 
 # run as a script from anywhere: the in-place build lives in the repo root
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _gdn(state_dtype, iters, fused_mode=False):

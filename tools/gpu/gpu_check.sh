@@ -3,14 +3,14 @@
 # forced PTX family (the sm_75 / sm_80 code paths through driver JIT), run the benchmarks,
 # and write every log under OUTDIR.
 #
-#   tools/gpu_check.sh OUTDIR [--tests EXPR] [--bench "op op"|none] [--families "native 75 80"] [--parallel]
+#   tools/gpu/gpu_check.sh OUTDIR [--tests EXPR] [--bench "op op"|none] [--families "native 75 80"] [--parallel]
 #
 # Expects (see ../shared/GPU_MACHINE.md): .whl/ holding the nvidia-cuda-runtime and
 # nvidia-cuda-profiler-api header wheels matching that machine's cuda-bindings (and
 # optionally fla-core for the GDN peer). The Cython layer must be built there (Python
 # 3.12); cubins could come from anywhere but building them there is quick.
 set -u -o pipefail
-OUT=${1:?usage: tools/gpu_check.sh OUTDIR [--tests EXPR] [--bench OPS] [--families LIST]}
+OUT=${1:?usage: tools/gpu/gpu_check.sh OUTDIR [--tests EXPR] [--bench OPS] [--families LIST]}
 shift
 TESTS="" BENCH="" BENCH80="" FAMS="native 75 80" FORCED=1 TEST_TIMEOUT=${TEST_TIMEOUT:-240} PARALLEL=0
 while [ $# -gt 0 ]; do
@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
 done
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 # headers for the Cython build only (kept off PYTHONPATH at run time: the wheel also
 # carries a libcudart that must not shadow the machine's own)

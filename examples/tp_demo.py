@@ -21,38 +21,36 @@ round and all forward passes).
 NVLink multicast stays off: NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
 NVSHMEM_DISABLE_NVLS=1 are forced in the environment before anything starts.
 
-  python3 tools/tp_demo.py --world-size 2              # 2 GPUs, NCCL
-  python3 tools/tp_demo.py --backend reference         # CPU processes, gloo (checks the script)
-  torchrun --nproc-per-node 2 tools/tp_demo.py         # the same, launched by torchrun
+  python3 examples/tp_demo.py --world-size 2           # 2 GPUs, NCCL
+  python3 examples/tp_demo.py --backend reference      # CPU processes, gloo (checks the script)
+  torchrun --nproc-per-node 2 examples/tp_demo.py      # the same, launched by torchrun
+
+The collectives, the rank check and the start-up are ``specdec_lib.parallel``; this file is
+the workload and its checks. Needs specdec_lib importable (``pip install -e .``).
 """
-import os
+from specdec_lib.parallel import disable_nvlink_multicast
 
 # before torch / NCCL are loaded anywhere (spawned children inherit the environment and
 # re-import this file, so they set it again too)
-for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-               ("NVSHMEM_DISABLE_NVLS", "1")):
-    os.environ[_k] = _v
+disable_nvlink_multicast()
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
-import socket  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 from specdec_lib.demo import add_workload_args  # noqa: E402  (no torch/cupy import)
+from specdec_lib.parallel import (Comm, RankDisagreement, init_process_group,  # noqa: E402
+                                  launch, rank_checked)
 
 
 def _parser():
     p = argparse.ArgumentParser(
-        prog="tools/tp_demo.py",
+        prog="examples/tp_demo.py",
         description="Tensor-parallel speculative decoding of the demo model (GDN + attention "
                     "heads sharded over the ranks, torch.distributed + NCCL all-reduces, "
                     "sampling on every rank). Checks that all ranks accept the same tokens "
@@ -90,93 +88,6 @@ def _parser():
 SAMPLED_INFO = "sampled == 1-GPU sampled (informational, not a failure)"
 
 
-class RankDisagreement(RuntimeError):
-    pass
-
-
-# ----------------------------------------------------------------------------- comm
-
-class Comm:
-    """The collectives a rank needs, on the array module of its backend.
-
-    cuda: cupy arrays are handed to torch without a copy (DLPack) and the NCCL call is
-    issued with torch's current stream set to the backend's stream (``be.stream``, where
-    the library kernels and cupy's math run; torch.cuda.ExternalStream), so
-    ProcessGroupNCCL waits for the kernels that produced the data and makes that stream
-    wait for the reduction before the next kernel reads it.
-    """
-
-    def __init__(self, torch, dist, backend_name, rank, world, device=0, stream=None,
-                 sync=False):
-        self.torch, self.dist = torch, dist
-        self.rank, self.world, self.sync = rank, world, sync
-        self.cuda = backend_name == "cuda"
-        self.n_all_reduce = 0
-        if self.cuda:
-            import cupy
-            self.cp = cupy
-            self.stream = stream
-            self.ext = torch.cuda.ExternalStream(stream.ptr, device=torch.device("cuda", device))
-
-    def all_reduce(self, a):
-        """Sum over ranks, in place on ``a`` (made contiguous first); returns it."""
-        self.n_all_reduce += 1
-        torch, dist = self.torch, self.dist
-        if not self.cuda:
-            a = np.ascontiguousarray(a)
-            dist.all_reduce(torch.from_numpy(a))
-            return a
-        a = self.cp.ascontiguousarray(a)
-        if self.sync:
-            self.stream.synchronize()
-        with torch.cuda.stream(self.ext):
-            dist.all_reduce(torch.from_dlpack(a))
-            if self.sync:
-                self.ext.synchronize()
-        return a
-
-    def all_gather_host(self, a):
-        """int64 copies of ``a`` from every rank -> host numpy [world, a.size]."""
-        torch, dist = self.torch, self.dist
-        if not self.cuda:
-            t = torch.from_numpy(np.ascontiguousarray(np.asarray(a, np.int64).ravel()))
-            outs = [torch.empty_like(t) for _ in range(self.world)]
-            dist.all_gather(outs, t)
-            return np.stack([o.numpy() for o in outs])
-        a = self.cp.ascontiguousarray(a.ravel().astype(self.cp.int64))
-        with torch.cuda.stream(self.ext):
-            t = torch.from_dlpack(a)
-            outs = [torch.empty_like(t) for _ in range(self.world)]
-            dist.all_gather(outs, t)
-            return np.stack([o.cpu().numpy() for o in outs])
-
-    def gather_objects(self, obj):
-        out = [None] * self.world
-        self.dist.all_gather_object(out, obj)
-        return out
-
-    def broadcast_object(self, obj, src=0):
-        box = [obj]
-        self.dist.broadcast_object_list(box, src=src)
-        return box[0]
-
-    def self_test(self, xp):
-        """The all-reduce sees data just written by a kernel on our stream, and the next
-        kernel sees the sum (an ordering bug shows up as a wrong sum here)."""
-        n = 1 << 22
-        for it in range(3):
-            a = xp.arange(n, dtype=xp.float64) * (self.rank + 1) + it
-            a = self.all_reduce(a)
-            b = a * 2.0                                   # a kernel after the reduction
-            want_scale = self.world * (self.world + 1) / 2
-            ref = (np.arange(n, dtype=np.float64) * want_scale + it * self.world) * 2.0
-            got = np.asarray(b.get() if self.cuda else b)
-            if not np.array_equal(got, ref):
-                bad = int(np.flatnonzero(got != ref)[0])
-                raise RuntimeError(f"all-reduce self-test {it}: element {bad} is {got[bad]}, "
-                                   f"expected {ref[bad]} (stream ordering or zero-copy broken)")
-
-
 # ----------------------------------------------------------------------------- wrappers
 
 class Recorder:
@@ -209,35 +120,6 @@ class Recorder:
         return [(to_host(t), to_host(lg)) for t, lg in self.calls]
 
 
-def rank_checked(be, comm, log):
-    """A copy of backend ``be`` whose seq_stop all-gathers (num_accepted, emitted,
-    accept_len, finished) after every call and raises RankDisagreement, on every rank at
-    once (all see the same gathered data), when the ranks differ."""
-    ns = SimpleNamespace(**vars(be))
-    xp = be.xp
-    inner = be.seq_stop
-
-    def seq_stop(emitted, num_accepted, out_tokens, out_lens, stop_ids, stop_seqs, max_new,
-                 accept_len, finished, *a, **kw):
-        r = inner(emitted, num_accepted, out_tokens, out_lens, stop_ids, stop_seqs, max_new,
-                  accept_len, finished, *a, **kw)
-        vec = xp.concatenate([num_accepted.ravel().astype(xp.int64),
-                              emitted.ravel().astype(xp.int64),
-                              accept_len.ravel().astype(xp.int64),
-                              finished.ravel().astype(xp.int64)])
-        g = comm.all_gather_host(vec)
-        log["rounds"] += 1
-        if not (g == g[0]).all():
-            bad = [i for i in range(g.shape[0]) if not np.array_equal(g[i], g[0])]
-            log["mismatch"] += 1
-            raise RankDisagreement(f"seq_stop call {log['rounds']}: ranks {bad} differ from "
-                                   f"rank 0 (num_accepted|emitted|accept_len|finished: "
-                                   f"{g[0].tolist()} vs {g[bad[0]].tolist()})")
-        return r
-    ns.seq_stop = seq_stop
-    return ns
-
-
 # ----------------------------------------------------------------------------- worker
 
 def _requests(args, V):
@@ -268,7 +150,6 @@ def _logit_diffs(a_calls, b_calls, first_round):
 def worker(rank, world, args, init_method, local_rank=None):
     dev = rank if local_rank is None else local_rank
     import torch
-    import torch.distributed as dist
     from specdec_lib.models import TinyHybridTarget, TinyMTPDraft, load_demo_checkpoint, \
         make_demo_checkpoint
     from specdec_lib.models.tiny_hybrid_tp import TinyHybridTargetTP, tp_config, tp_layout
@@ -285,18 +166,10 @@ def worker(rank, world, args, init_method, local_rank=None):
         # the decoder (self-test, copies) is ordered with the all-reduces as well
         stream = be.stream
         stream.use()
-        kw = dict(backend="nccl", device_id=torch.device("cuda", dev))
     else:
         be = reference_backend()
-        kw = dict(backend="gloo")
-    timeout = datetime.timedelta(seconds=args.timeout)
-    try:
-        dist.init_process_group(init_method=init_method, rank=rank, world_size=world,
-                                timeout=timeout, **kw)
-    except TypeError:                         # a torch without device_id
-        kw.pop("device_id", None)
-        dist.init_process_group(init_method=init_method, rank=rank, world_size=world,
-                                timeout=timeout, **kw)
+    dist = init_process_group(rank, world, be.name, init_method, timeout_s=args.timeout,
+                              device=dev)
     comm = Comm(torch, dist, be.name, rank, world, dev, stream, args.sync_allreduce)
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     failures = []
@@ -433,18 +306,6 @@ def worker(rank, world, args, init_method, local_rank=None):
     return 1 if all_fail else 0
 
 
-def _spawned(i, world, args, init_method):
-    rc = worker(i, world, args, init_method)
-    if rc:
-        sys.exit(rc)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv=None):
     args = _parser().parse_args(argv)
     if not 1 <= args.num_speculative_tokens <= 15:
@@ -453,31 +314,28 @@ def main(argv=None):
     if min(args.batch, args.prompt_len, args.max_new_tokens) < 1:
         print("error: --batch, --prompt-len and --max-new-tokens must be >= 1", file=sys.stderr)
         return 2
-    if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):   # torchrun
-        return worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, "env://",
-                      local_rank=int(os.environ["LOCAL_RANK"]))
     world = args.world_size
     if world < 1:
         print("error: --world-size must be >= 1", file=sys.stderr)
         return 2
-    import torch
-    import torch.multiprocessing as mp
-    if args.backend == "cuda":
+    torchrun = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    if args.backend == "cuda" and not torchrun:
+        import torch
         n = torch.cuda.device_count()
         if n < world:
             print(f"error: --world-size {world} needs {world} GPUs, torch sees {n}",
                   file=sys.stderr)
             return 2
-    init = f"tcp://127.0.0.1:{args.port or _free_port()}"
     t0 = time.perf_counter()
     try:
-        mp.spawn(_spawned, args=(world, args, init), nprocs=world, join=True)
+        rc = launch(worker, world, args, port=args.port)
     except Exception as e:                    # noqa: BLE001 (a rank failed: its output says why)
         print(f"FAILED: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
               f" ({time.perf_counter() - t0:.1f} s)", flush=True)
         return 1
-    print(f"total wall time {time.perf_counter() - t0:.1f} s", flush=True)
-    return 0
+    if not torchrun:
+        print(f"total wall time {time.perf_counter() - t0:.1f} s", flush=True)
+    return rc
 
 
 if __name__ == "__main__":

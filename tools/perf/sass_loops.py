@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Static instruction mix of the loops of a cubin's kernels (no GPU needed).
 
-    python3 tools/sass_loops.py specdec_lib/_cubin/gdn.sm_90.cubin [--kernel REGEX] [--all]
+    python3 tools/perf/sass_loops.py specdec_lib/_cubin/gdn.sm_90.cubin [--kernel REGEX] [--all]
             [--full-ops] [--top N]
 
 Runs ``cuobjdump -sass`` (PATH, else the nvidia-cuda-cuobjdump wheel), splits it per kernel and

@@ -4,9 +4,9 @@ kernel by kernel (each .entry's instruction text, debug sections, .loc/.file and
 dropped) and the module-level declarations. Prints identical / DIFF per kernel, the kernels
 only one side has, and exits 1 when a kernel present on both sides differs.
 
-    python3 tools/ptx_same.py BEFORE.ptx AFTER.ptx [PREFIX]
+    python3 tools/release/ptx_same.py BEFORE.ptx AFTER.ptx [PREFIX]
 
-(tools/ptx_float_ops.py compares the float-op streams only, registers renamed: for changes
+(tools/perf/ptx_float_ops.py compares the float-op streams only, registers renamed: for changes
 that are meant to alter control code but not arithmetic.)"""
 import re
 import sys

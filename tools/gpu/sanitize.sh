@@ -2,14 +2,14 @@
 # Run the GPU tests under compute-sanitizer: every tool x every code family, one log per
 # run, one summary line per run, non-zero exit on any report (issue 7).
 #
-#   tools/sanitize.sh OUTDIR [--tools "memcheck racecheck initcheck synccheck"]
+#   tools/gpu/sanitize.sh OUTDIR [--tools "memcheck racecheck initcheck synccheck"]
 #                            [--families "native 75 80"] [--tests EXPR] [--files "tests"]
 #                            [--level N] [--race-level N] [--max-per-test N]
 #                            [--race-max-per-test N] [--run-timeout S] [--budget S] [--dry-run]
 #
-# Expects the extension already built in place (tools/gpu_check.sh does it), so it can
+# Expects the extension already built in place (tools/gpu/gpu_check.sh does it), so it can
 # follow gpu_check.sh in the same device command:
-#   tools/gpu_check.sh /tmp/r --bench none --families none && tools/sanitize.sh /tmp/r/san
+#   tools/gpu/gpu_check.sh /tmp/r --bench none --families none && tools/gpu/sanitize.sh /tmp/r/san
 #
 # Small shapes: SPECDEC_SANITIZE=<level> (tests/conftest.py) deselects the huge
 # statistical / large-index cases (level 1) and the large-vocab / long-context ones (level
@@ -23,7 +23,7 @@
 # Exit: 0 all clean; 1 a sanitizer report, a test failure or a timeout; 2 usage / setup;
 # 3 clean so far but some runs SKIPPED by the budget.
 set -u -o pipefail
-OUT=${1:?usage: tools/sanitize.sh OUTDIR [--tools LIST] [--families LIST] [--tests EXPR] ...}
+OUT=${1:?usage: tools/gpu/sanitize.sh OUTDIR [--tools LIST] [--families LIST] [--tests EXPR] ...}
 shift
 TOOLS="memcheck racecheck initcheck synccheck" FAMS="native 75 80" TESTS="" FILES="tests"
 LEVEL=1 RACE_LEVEL=2 CAP=0 RACE_CAP=4 RUN_TIMEOUT=300 BUDGET=0 DRY=0
@@ -45,9 +45,9 @@ while [ $# -gt 0 ]; do
 done
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
-# as tools/gpu_check.sh runs the tests: the in-place extension from the repo root (python -m
+# as tools/gpu/gpu_check.sh runs the tests: the in-place extension from the repo root (python -m
 # puts the cwd first on sys.path), optional peers (fla-core) from /tmp/specdec_site
 export PYTHONPATH=/tmp/specdec_site${PYTHONPATH:+:$PYTHONPATH}
 SUMMARY=$OUT/sanitize_summary.txt
@@ -61,7 +61,7 @@ done
 if [ $DRY = 0 ]; then
   [ -n "$SAN" ] || { echo "compute-sanitizer not found (PATH, CUDA_HOME, /usr/local/cuda)" | tee -a "$SUMMARY"; exit 2; }
   if ! python3 -c "import specdec_lib._driver, specdec_lib._copy" > "$OUT/import_check.log" 2>&1; then
-    echo "specdec_lib's extension does not import: build it first (tools/gpu_check.sh OUT --bench none --families none)" | tee -a "$SUMMARY"
+    echo "specdec_lib's extension does not import: build it first (tools/gpu/gpu_check.sh OUT --bench none --families none)" | tee -a "$SUMMARY"
     tail -5 "$OUT/import_check.log"
     exit 2
   fi

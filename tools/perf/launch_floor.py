@@ -7,7 +7,7 @@ dependent kernels replayed from one CUDA graph (torch backend, the H200), for
 
 so a round's time can be split into "kernels x floor" and "work above the floor".
 
-  python3 tools/launch_floor.py [--n 300] [--json OUT.json]
+  python3 tools/perf/launch_floor.py [--n 300] [--json OUT.json]
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 
 def per_kernel_us(b, fn, n):

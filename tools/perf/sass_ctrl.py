@@ -1,7 +1,7 @@
 """SASS of one kernel with each instruction's control bits (Volta+ 128-bit encodings): stall
 cycles, the scoreboard it sets (wr/rd) and the scoreboards it waits on (wait mask).
 
-    python3 tools/sass_ctrl.py FILE.cubin KERNEL_NAME      (cuobjdump + nvdisasm on PATH)
+    python3 tools/perf/sass_ctrl.py FILE.cubin KERNEL_NAME      (cuobjdump + nvdisasm on PATH)
 
 Use it to see which loads an instruction waits for: session 4 found gdn_commit's journal
 loads waiting on the state loads' scoreboard this way, session 5 checked that every staging

@@ -3,7 +3,7 @@ streams of two PTX files, kernel by kernel (kernels whose name starts with PREFI
 operands and registers renamed by first appearance (the dataflow shape between float ops,
 shuffles included). Prints same / DIFF per kernel and the first differences.
 
-    python3 tools/ptx_float_ops.py BEFORE.ptx AFTER.ptx PREFIX [SKIP]
+    python3 tools/perf/ptx_float_ops.py BEFORE.ptx AFTER.ptx PREFIX [SKIP]
 
 SKIP drops the first SKIP float ops of AFTER (documented extras). ptxas may still contract
 differently: compare SASS float-op counts too. (From a session 5 helper.)"""

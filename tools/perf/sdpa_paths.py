@@ -1,7 +1,7 @@
 """Which SDPA kernel a fresh sequence's causal prefill attention gets, and what it costs
 (SmolLM2's shape: 128 rows, 9 query / 3 KV heads of 64, bf16, on the torch backend's GPU).
 
-  python3 tools/sdpa_paths.py
+  python3 tools/perf/sdpa_paths.py
 
 "math": 3-D inputs with ``enable_gqa=True`` (what LlamaTarget used until session 13: torch
 took its float32 math path); "bf16": 4-D, K/V heads repeated (session 13's: cuDNN's flash
@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from types import SimpleNamespace  # noqa: E402
 
 from specdec_lib.bench._harness import Bench  # noqa: E402

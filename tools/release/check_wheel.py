@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check a release wheel before it ships (tools/build_wheel.sh and .ci/run run it):
+"""Check a release wheel before it ships (tools/release/build_wheel.sh and .ci/run run it):
 
 - the platform tag is manylinux_2_28_x86_64 (a bare ``linux_x86_64`` wheel was never repaired
   and must not ship);
@@ -12,7 +12,7 @@
   is reached through cuda.bindings.cydriver at run time);
 - every Python file in the wheel exists in the source tree (nothing stale from an old build/).
 
-    python3 tools/check_wheel.py WHEEL [WHEEL ...] [--src REPO_ROOT]
+    python3 tools/release/check_wheel.py WHEEL [WHEEL ...] [--src REPO_ROOT]
 
 Prints, per wheel, its tag, sizes and contents by kind; exits 1 on any failure.
 """
@@ -27,7 +27,7 @@ import tempfile
 import types
 import zipfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLATFORM = "manylinux_2_28_x86_64"
 # limits (MB): the full build ships ~25 MB compressed (README "Install from a wheel")
 MAX_COMPRESSED_MB = 120

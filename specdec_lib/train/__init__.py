@@ -1,0 +1,30 @@
+"""Draft-head training (``python -m specdec_lib train-draft``) for a Llama target: an MTP
+head (deepseek_mtp layout) and an EAGLE3 head.
+
+    python -m specdec_lib train-draft --method both --out specdec_lib/models/heads      # on a GPU
+
+1. Prompts: standard-library docstrings under a few instructions (``models.prompts``; no
+   download), chat-templated; a held-out split by module.
+2. Data: the target's own greedy replies, decoded through the library (``SpeculativeDecoder``,
+   torch backend, graph-captured; ``--backend reference`` on a CPU), saved with ``--data``.
+3. Teacher: one plain torch forward over every prompt + reply, keeping the features each
+   head reads (final hidden for MTP, the three auxiliary layers' outputs for EAGLE3) and the
+   target's argmax at every position (the token a draft must guess to be accepted).
+4. Training, multi-step (EAGLE3's training-time test): step 0 of anchor p is fed the target
+   feature of p and token p+1; step j the previous step's own output and token p+j+1, at
+   position p+j; it attends to the step-0 keys of positions <= p and to its own chain's keys
+   (exactly what ``models.llama_draft`` computes at decode time) and must predict the
+   target's argmax at p+j+1. Loss: cross entropy, step j weighted 0.8^j.
+5. Held-out report: accuracy per step and the mean accepted length the chain implies
+   (1 + sum over j of P(steps 0..j all right)); the heads as safetensors + config.json.
+
+Each head trains for ``--train-seconds`` (cosine schedule over that time), fixed seed.
+
+The math is the inference code's: the teacher and the heads run ``models.llama_layer``'s
+``decoder_layer`` / ``draft_step`` with ``models.llama_torch.TorchOps``, and read and write
+tensors through its name tables. Modules: ``cli`` (arguments, the run; no torch until it
+runs), ``data`` (prompts -> the target's replies, npz), ``teacher`` (the target's forward),
+``head`` (a head's parameters, unrolled chain, labels, export), ``loop`` (training and the
+held-out report). ``import specdec_lib`` never imports this package; torch is imported by
+its modules, not by ``specdec_lib.train`` itself.
+"""

