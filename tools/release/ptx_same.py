@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Prove a kernel-source change left kernels untouched, without a GPU: compare two PTX files
 kernel by kernel (each .entry's instruction text, debug sections, .loc/.file and comments
-dropped) and the module-level declarations. Prints identical / DIFF per kernel, the kernels
+dropped, and the hash nvcc puts into anonymous-namespace names -- it changes with the
+source file's text and path, not with the code) and the module-level declarations. Prints identical / DIFF per kernel, the kernels
 only one side has, and exits 1 when a kernel present on both sides differs.
 
     python3 tools/release/ptx_same.py BEFORE.ptx AFTER.ptx [PREFIX]
@@ -15,6 +16,8 @@ import sys
 def _clean(path):
     txt = open(path).read()
     txt = re.sub(r"\.section\s*\.debug.*", "", txt, flags=re.S)
+    txt = re.sub(r"_INTERNAL_[0-9a-f]{8}_", "_INTERNAL_", txt)
+    txt = re.sub(r"__N__[0-9a-f]{8}_", "__N__", txt)
     lines = [ln.split("//")[0].rstrip() for ln in txt.splitlines()]
     return "\n".join(ln for ln in lines if ln.strip() and not ln.strip().startswith((".loc", ".file"))) + "\n"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The API reference, generated from the docstrings by pdoc (the `docs` extra): HTML under
 # build/api (not committed; OUT=DIR or the first argument chooses another folder).
-#   tools/build_api_docs.sh [OUT]   (python: $PYTHON, else .venv/bin/python, else python3)
+#   tools/release/build_api_docs.sh [OUT]   (python: $PYTHON, else .venv/bin/python, else python3)
 # pdoc imports every module it documents. It follows the package's `__all__` (errors, status,
 # runtime, dtypes, reference and its submodules); the other modules are named here; specdec_lib.torch_ops and specdec_lib.adapters import
 # torch and are documented only where torch imports (CI: after its torch step). The old aliases specdec_lib.inspect (=
@@ -9,7 +9,7 @@
 # out. Fails on any pdoc warning, so a
 # docstring that pdoc cannot render, or an __all__ name that does not resolve, is caught.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${1:-${OUT:-build/api}}
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 mods=(specdec_lib specdec_lib.ops specdec_lib.contract specdec_lib.arrays specdec_lib.registry specdec_lib.orchestrator specdec_lib.models specdec_lib.models.llama
