@@ -1,6 +1,7 @@
 # cython: language_level=3
-"""Launchers of the layers family (rms_norm, rope, silu_mul, linear): pack the parameter
-block, launch. No validation here (specdec_lib.ops.layers does it before calling in)."""
+"""Launchers of the layers family (rms_norm, rope, silu_mul, linear, linear_f64): pack the
+parameter block, launch. No validation here (specdec_lib.ops.layers does it before calling
+in; for linear_f64, the orchestrator's cuda backend)."""
 from libc.stdint cimport int32_t, int64_t, uintptr_t
 from specdec_lib._driver cimport Kernel, launch
 
@@ -68,10 +69,20 @@ cdef extern from "layers/linear_params.h":
         int32_t vec_w
         float eps
 
+cdef extern from "layers/linear_f64_params.h":
+    ctypedef struct LinearF64Params:
+        const void* x
+        const void* w
+        void* y
+        int64_t rows
+        int64_t cols
+        int64_t width
+
 PARAM_SIZES = {"RmsNormParams": sizeof(RmsNormParams),
                "RopeParams": sizeof(RopeParams),
                "SiluMulParams": sizeof(SiluMulParams),
-               "LinearParams": sizeof(LinearParams)}
+               "LinearParams": sizeof(LinearParams),
+               "LinearF64Params": sizeof(LinearF64Params)}
 
 
 def launch_rms_norm(Kernel k, unsigned int grid, unsigned int block, size_t stream,
@@ -162,4 +173,18 @@ def launch_linear(Kernel k, unsigned int gx, unsigned int gy, unsigned int block
     p.vec_x = vec_x
     p.vec_w = vec_w
     p.eps = eps
+    launch(k, gx, gy, 1, block, 1, 1, 0, stream, &p)
+
+
+def launch_linear_f64(Kernel k, unsigned int gx, unsigned int gy, unsigned int block,
+                      size_t stream, uintptr_t x, uintptr_t w, uintptr_t y, int64_t rows,
+                      int64_t cols, int64_t width):
+    """gx CTAs over the columns (8 per CTA), gy over the rows (grid-stride); contiguous."""
+    cdef LinearF64Params p
+    p.x = <const void*>x
+    p.w = <const void*>w
+    p.y = <void*>y
+    p.rows = rows
+    p.cols = cols
+    p.width = width
     launch(k, gx, gy, 1, block, 1, 1, 0, stream, &p)

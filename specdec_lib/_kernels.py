@@ -154,3 +154,13 @@ register(KernelModule(
     params_header="layers/linear_params.h",
     kernels={f"linear_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES if t != "f32"},
 ))
+
+# the float64 GEMM of the host models on the orchestrator's cuda backend (a plain kernel, so
+# that a round holding the host model's math can be captured as a CUDA graph; launcher:
+# pyx/_layers.pyx; caller: specdec_lib/orchestrator/backends.py)
+register(KernelModule(
+    name="linear_f64",
+    source="cuda_src/layers/linear_f64.cu",
+    params_header="layers/linear_f64_params.h",
+    kernels={"linear_f64": "LinearF64Params"},
+))

@@ -284,6 +284,26 @@ def test_prefill_argument_errors(rng):
         SpeculativeDecoder(no_pads, None, num_speculative_tokens=0, prefill="bucketed")
 
 
+def test_prefill_policy_burst_threshold_is_a_parameter(rng):
+    """PrefillPolicy: "auto" buckets a padding target's prompts only where rounds are
+    recorded and fewer than ``batched_from`` (default BATCHED_PREFILL_FROM) arrive at once;
+    a policy object passed as ``prefill`` is the decoder's, and decodes what the mode does."""
+    from specdec_lib.orchestrator import BATCHED_PREFILL_FROM, PrefillPolicy, SpeculativeDecoder
+    t = _tiny_target(rng)
+    auto = PrefillPolicy()
+    assert auto.batched_from == BATCHED_PREFILL_FROM == 16
+    assert auto.use_buckets(t, True, 15) and not auto.use_buckets(t, True, 16)
+    assert not auto.use_buckets(t, False, 1)
+    few = PrefillPolicy("auto", batched_from=3)
+    assert few.use_buckets(t, True, 2) and not few.use_buckets(t, True, 3)
+    assert PrefillPolicy("bucketed").use_buckets(t, False, 100)
+    with pytest.raises(ValueError, match="batched_from"):
+        PrefillPolicy("auto", batched_from=0)
+    dec = SpeculativeDecoder(t, None, num_speculative_tokens=0, prefill=PrefillPolicy("bucketed"))
+    assert dec.prefill == "bucketed" and dec.prefill_policy.mode == "bucketed"
+    assert _serve_tiny(t, "bucketed", k=0, dec=dec)[0] == _serve_tiny(t, "batched", k=0)[0]
+
+
 @needs_gpu
 def test_bucketed_prefill_graphs_replay_the_eager_pass(rng):
     """torch backend: prefill buckets recorded once and replayed (cuda_graph, many

@@ -205,6 +205,54 @@ def test_demo_main_cuda(capsys):
     assert "lossless: yes" in capsys.readouterr().out
 
 
+def _linear_f64_order(x, w):
+    """x @ w.T in linear_f64's order: lane l of 32 chains fma over k = l, l + 32, ... (each
+    fma rounded once, through exact fractions), then the xor butterfly 16, 8, 4, 2, 1."""
+    from fractions import Fraction
+    M, K = x.shape
+    y = np.zeros((M, w.shape[0]))
+    for m in range(M):
+        for n in range(w.shape[0]):
+            p = np.zeros(32)
+            for lane in range(32):
+                acc = 0.0
+                for k in range(lane, K, 32):
+                    acc = float(Fraction(float(x[m, k])) * Fraction(float(w[n, k])) + Fraction(acc))
+                p[lane] = acc
+            for d in (16, 8, 4, 2, 1):
+                p = p + p[np.arange(32) ^ d]
+            y[m, n] = p[0]
+    return y
+
+
+@needs_gpu
+def test_cuda_backend_linear_f64_bits():
+    """The cuda backend's float64 GEMM (kernel linear_f64, the host models' dense math): the
+    bits of its fixed order, eagerly and replayed from a CUDA graph; K past one lane stride,
+    N not a multiple of the CTA's 8 columns, rows past 65535 (grid-stride)."""
+    cupy = pytest.importorskip("cupy")
+    from specdec_lib.orchestrator import cuda_backend
+    be = cuda_backend()
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((5, 70)), rng.standard_normal((9, 70))
+    want = _linear_f64_order(x, w)
+    np.testing.assert_allclose(want, x @ w.T, rtol=1e-12, atol=1e-12)
+    tall = rng.standard_normal((65537, 1))
+    with be.stream_scope():                 # inputs copied on the backend's stream
+        xd, wd = cupy.asarray(x), cupy.asarray(w)
+        got = be.to_host(be.linear(xd, wd))
+        out = {}
+        replay = be.capture(lambda: out.setdefault("y", be.linear(xd, wd)))
+        replay()
+        graphed = be.to_host(out["y"])
+        y = be.to_host(be.linear(cupy.asarray(tall), cupy.asarray([[1.5], [-2.0]])))
+        with pytest.raises(ValueError, match="linear"):
+            be.linear(xd, cupy.zeros((9, 71)))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(graphed, want)
+    np.testing.assert_array_equal(y, tall * np.array([1.5, -2.0]))
+
+
 def _mixed_requests(seed):
     """Greedy and sampled requests (seeds, top-k/top-p), stop ids and sequences, ragged
     prompts and lengths: requests finish in different rounds."""

@@ -1,0 +1,242 @@
+"""Backends: the arrays a round works on and the ops it calls, on one stream.
+
+A backend is a namespace: ``name``; ``xp`` (numpy-style constructors: numpy, cupy, or
+``_TorchArrays``); every op of ``_BACKEND_OPS`` under its name, bound to the backend's stream
+(``row_linear`` = ``ops.linear``; on cuda ``linear`` is the host models' float64 GEMM);
+``kv_dtype``, ``gdn_journal_width``; ``to_host(a)`` (numpy), ``synchronize()`` (the round's
+stream), ``device_synchronize()``, ``stream_scope()`` (a context the decoder runs in: cupy's
+current stream on cuda) and ``capture(fn) -> replay`` (a CUDA graph of ``fn``'s work; None on
+the reference backend). ``make_backend(name)`` builds one; cupy and torch are imported only
+by their backends.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from types import SimpleNamespace
+from typing import Callable
+
+import numpy as np
+
+Backend = SimpleNamespace       # the namespace described above
+
+_OPS = ("append_kv", "rope_append_kv", "verify_attention", "conv1d_verify", "conv1d_commit",
+        "gdn_verify", "gdn_commit", "spec_sample", "seq_stop", "seq_advance", "seq_build_block",
+        "draft_carry", "capture_hidden", "draft_combine", "draft_map_tokens", "ngram_propose",
+        "rms_norm", "rope", "silu_mul")
+# (name on a backend, op) for every op a backend carries: the _OPS under their own names, and
+# ``row_linear`` = ops.linear (the row-invariant GEMM), kept off ``linear``, which on the cuda
+# backend is the host models' float64 GEMM (and absent elsewhere: tiny_hybrid falls back to
+# x @ w.T)
+_BACKEND_OPS = tuple(zip(_OPS, _OPS)) + (("row_linear", "linear"),)
+_F64_WARPS = 8                # linear_f64: warps (output columns) per CTA (kWarps)
+_GRID_Y_MAX = 65535           # linear_f64: CTAs over the rows (a grid-stride loop past them)
+_REFERENCE_MODULES = ("copy", "attention", "conv", "gdn", "sampling", "sequence", "draft",
+                      "layers")
+
+
+def reference_backend() -> Backend:
+    """numpy arrays, reference ops (float64 math inside each op)."""
+    import importlib
+    mods = [importlib.import_module(f"specdec_lib.reference.{m}")   # (the package's
+            for m in _REFERENCE_MODULES]                              # `copy` is a function)
+    gdn = mods[3]
+    ns = SimpleNamespace(name="reference", xp=np, kv_dtype=np.float32,
+                         gdn_journal_width=gdn.gdn_journal_width,
+                         to_host=np.asarray, synchronize=lambda: None,
+                         device_synchronize=lambda: None,
+                         stream_scope=contextlib.nullcontext, capture=None)
+    for name, op in _BACKEND_OPS:
+        setattr(ns, name, next(getattr(m, op) for m in mods if hasattr(m, op)))
+    return ns
+
+
+def _bind_ops(ns: Backend, ops, backend: str, stream_of: Callable[[], int],
+              alloc_bytes: Callable[[int], object]) -> None:
+    """Put every op of ``_BACKEND_OPS`` on ``ns`` (under its backend name) with
+    ``stream=stream_of()`` (read at each call) and no host-side index checks; ``spec_sample``
+    gets a workspace per (T, V) from ``alloc_bytes(n)``, allocated once and reused (it never
+    allocates itself)."""
+    missing = [op for _, op in _BACKEND_OPS if not hasattr(ops, op)]
+    if missing:
+        raise RuntimeError(f"{backend} backend: specdec_lib.ops lacks " + ", ".join(missing))
+
+    def bind(fn):
+        # host-side index checks copy to the host and synchronise: never inside a round
+        # (the kernels skip or flag bad indices instead of faulting)
+        takes_check = "check_indices" in inspect.signature(fn).parameters
+
+        def call(*a, **kw):
+            kw.setdefault("stream", stream_of())
+            if takes_check:
+                kw.setdefault("check_indices", False)
+            return fn(*a, **kw)
+        return call
+    for name, op in _BACKEND_OPS:
+        setattr(ns, name, bind(getattr(ops, op)))
+    workspaces = {}
+    sample = ns.spec_sample
+
+    def spec_sample(logits, *args, **kw):
+        T, V = logits.shape
+        ws = workspaces.get((T, V))
+        if ws is None:
+            ws = workspaces[(T, V)] = alloc_bytes(ops.spec_sample_workspace_size(T, V))
+        kw.setdefault("workspace", ws)
+        return sample(logits, *args, **kw)
+    ns.spec_sample = spec_sample
+
+
+def cuda_backend(device: int = 0) -> Backend:
+    """cupy arrays, library kernels and cupy math on one non-blocking stream of the
+    backend's own (``ns.stream``; the decoder makes it cupy's current stream while it
+    runs). ``ns.capture(fn)`` records ``fn``'s work as a CUDA graph and returns a replay
+    function. Raises if cupy or the compiled ops are unavailable."""
+    import cupy  # noqa: F401  (the host model's dense math)
+    from .. import ops
+    from ..reference.gdn import gdn_journal_width
+    cupy.cuda.Device(device).use()
+    # a stream of our own: capture is impossible on the legacy stream, and a non-blocking
+    # stream keeps other libraries' legacy-stream work from serialising with the round
+    stream = cupy.cuda.Stream(non_blocking=True)
+    ns = SimpleNamespace(name="cuda", xp=cupy, kv_dtype=cupy.float16,
+                         gdn_journal_width=gdn_journal_width, device=device, stream=stream,
+                         to_host=lambda a: cupy.asnumpy(a, stream=stream),
+                         synchronize=stream.synchronize, stream_scope=lambda: stream,
+                         device_synchronize=lambda: cupy.cuda.Device().synchronize())
+    _bind_ops(ns, ops, "cuda", lambda: stream.ptr, lambda n: cupy.empty(n, cupy.uint8))
+
+    def capture(fn):
+        """Run nothing; record ``fn()``'s work on the stream as a graph. Memory that
+        ``fn`` allocates comes from a pool private to the graph and lives as long as
+        the returned replay function, so later allocations can never alias it."""
+        pool = cupy.cuda.MemoryPool()
+        with stream, cupy.cuda.using_allocator(pool.malloc):
+            stream.begin_capture()
+            try:
+                fn()
+            finally:
+                graph = stream.end_capture()
+
+        def replay(_keep=(graph, pool)):
+            graph.launch(stream)
+        return replay
+    ns.capture = capture
+    ns.linear = _f64_linear(cupy, device)
+    return ns
+
+
+def _f64_linear(cupy, device: int):
+    """float64 x [M, K] @ w [N, K].T for host models on the cuda backend: the library's
+    ``linear_f64`` kernel (cuda_src/layers/linear_f64.cu) on cupy's current stream (the
+    backend's stream while the decoder runs: ``stream_scope``), like the cupy math around
+    it. cupy refuses to call cuBLAS while a stream is being captured, so a round holding
+    cupy matmuls could not become a CUDA graph; this plain kernel can (and gives the same
+    bits eagerly and in every replay)."""
+    from .. import _layers, runtime
+
+    def linear(x, w):
+        x = cupy.ascontiguousarray(x, dtype=cupy.float64)
+        w = cupy.ascontiguousarray(w, dtype=cupy.float64)
+        if x.ndim != 2 or w.ndim != 2 or w.shape[1] != x.shape[1]:
+            raise ValueError(f"linear: x {tuple(x.shape)} and w {tuple(w.shape)}: expected "
+                             "x [M, K] and w [N, K]")
+        (M, K), N = x.shape, w.shape[0]
+        y = cupy.empty((M, N), dtype=cupy.float64)
+        if M and N:
+            k = runtime.kernel("linear_f64", "linear_f64", device)
+            _layers.launch_linear_f64(k, (N + _F64_WARPS - 1) // _F64_WARPS, min(M, _GRID_Y_MAX),
+                                      32 * _F64_WARPS, cupy.cuda.get_current_stream().ptr,
+                                      x.data.ptr, w.data.ptr, y.data.ptr, M, N, K)
+        return y
+    return linear
+
+
+class _TorchArrays:
+    """The few numpy-style constructors the decoder uses (``xp.zeros``, ``xp.asarray``, ...),
+    on torch tensors of one device, so the round code is the same on every backend."""
+
+    def __init__(self, torch, device):
+        self.torch, self.device = torch, device
+        for name in ("int32", "int64", "uint8", "float32", "float64", "bfloat16", "float16"):
+            setattr(self, name, getattr(torch, name))
+
+    def _dt(self, dtype):
+        return self.torch.float32 if dtype is None else dtype
+
+    def zeros(self, shape, dtype=None):
+        return self.torch.zeros(shape, dtype=self._dt(dtype), device=self.device)
+
+    def ones(self, shape, dtype=None):
+        return self.torch.ones(shape, dtype=self._dt(dtype), device=self.device)
+
+    def full(self, shape, value, dtype=None):
+        return self.torch.full(shape if isinstance(shape, tuple) else (shape,), value,
+                               dtype=self._dt(dtype), device=self.device)
+
+    def empty(self, shape, dtype=None):
+        return self.torch.empty(shape, dtype=self._dt(dtype), device=self.device)
+
+    def empty_like(self, a):
+        return self.torch.empty_like(a)
+
+    def arange(self, n, dtype=None):
+        return self.torch.arange(n, dtype=dtype or self.torch.int64, device=self.device)
+
+    def asarray(self, a, dtype=None):
+        t = a if isinstance(a, self.torch.Tensor) else self.torch.as_tensor(np.asarray(a))
+        return t.to(self.device, dtype) if dtype is not None else t.to(self.device)
+
+    def where(self, cond, a, b):
+        return self.torch.where(cond, a, b)
+
+
+def torch_backend(device: int = 0) -> Backend:
+    """torch tensors on one GPU; library ops on torch's *current* stream (read at each call,
+    so inside ``torch.cuda.graph`` they go to the capture stream); ``ns.capture(fn)`` records
+    ``fn``'s work with ``torch.cuda.CUDAGraph`` and returns its replay. The host model's dense
+    math is torch (cuBLAS, SDPA), which captures fine."""
+    import torch
+    from .. import ops
+    from ..reference.gdn import gdn_journal_width
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch backend: torch sees no CUDA GPU")
+    dev = torch.device("cuda", device)
+    torch.cuda.set_device(dev)
+    ns = SimpleNamespace(name="torch", xp=_TorchArrays(torch, dev), kv_dtype=torch.bfloat16,
+                         device=dev, gdn_journal_width=gdn_journal_width,
+                         to_host=lambda a: a.cpu().numpy(),
+                         synchronize=torch.cuda.synchronize,
+                         device_synchronize=torch.cuda.synchronize,
+                         stream_scope=contextlib.nullcontext)
+
+    _bind_ops(ns, ops, "torch", lambda: torch.cuda.current_stream().cuda_stream,
+              lambda n: torch.empty(n, dtype=torch.uint8, device=dev))
+
+    def capture(fn):
+        """Record ``fn()`` as a CUDA graph (its allocations come from the graph's private
+        pool, alive as long as the replay function)."""
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            fn()
+
+        def replay(_keep=graph):
+            graph.replay()
+        return replay
+    ns.capture = capture
+    return ns
+
+
+BACKENDS = ("reference", "cuda", "torch")
+
+
+def make_backend(name: str = "reference", device: int = 0) -> Backend:
+    """The backend called ``name`` (one of ``BACKENDS``) on GPU ``device``."""
+    if name == "reference":
+        return reference_backend()
+    if name == "cuda":
+        return cuda_backend(device)
+    if name == "torch":
+        return torch_backend(device)
+    raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {name!r}")

@@ -1,0 +1,226 @@
+"""Prefill: commit prompt[:-1] of newly admitted requests and propose their first drafts.
+
+Two ways (``PrefillPolicy`` picks): *batched*, every prompt admitted at a round boundary in
+one eager pass of ``target.prefill`` (or, without it, blocks of <= 16 rows through
+``target.forward``); *bucketed*, one prompt at a time, its rows padded to a length bucket
+(pads are dead rows past the prompt, like rejected drafts), so the pass has one shape per
+bucket and, with graphs, is recorded once per bucket and replayed after.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Sequence
+
+import numpy as np
+
+from .request import Metrics, Request
+from .state import MAX_BLOCK_ROWS, CallState, Parts
+
+MODES = ("auto", "batched", "bucketed")
+# the default of PrefillPolicy.batched_from, tuned on the H200: a SmolLM2 bucket replay
+# (64-256 rows) takes 1.49-1.58 ms of GPU (s14, flash prefill attention; 1.66-1.76 with a
+# draft head's prefill), one eager batched pass of 32 prompts 23 ms (s11), ~20 ms of it fixed
+# host enqueueing: 16 replays cost about one batched pass.
+BATCHED_PREFILL_FROM = 16
+
+
+@dataclass(frozen=True)
+class PrefillPolicy:
+    """How admitted prompts are prefilled.
+
+    mode          ``"batched"``, ``"bucketed"`` (needs a target with ``pads_prefill``), or
+                  ``"auto"``: bucketed where the round is graph-captured and the target pads,
+                  batched otherwise, and batched for a burst of ``batched_from`` or more
+                  prompts admitted at one round boundary.
+    batched_from  the burst size from which ``"auto"`` prefills in one batched pass rather
+                  than one bucket replay per prompt; the default (16) is the H200's crossover
+                  for SmolLM2 (``BATCHED_PREFILL_FROM``). Other GPUs and models may want
+                  another value.
+    """
+    mode: str = "auto"
+    batched_from: int = BATCHED_PREFILL_FROM
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(
+                f"prefill: expected 'auto', 'batched' or 'bucketed', got {self.mode!r}")
+        if int(self.batched_from) < 1:
+            raise ValueError(f"prefill: batched_from must be >= 1, got {self.batched_from}")
+
+    def check(self, target: Any) -> None:
+        if self.mode == "bucketed" and not getattr(target, "pads_prefill", False):
+            raise ValueError("prefill: 'bucketed' needs a target with a padded one-pass prefill "
+                             "(pads_prefill = True)")
+
+    def use_buckets(self, target: Any, can_capture: bool, prompts: int) -> bool:
+        """Whether ``prompts`` prompts (of two tokens or more) admitted at one round boundary
+        go through buckets (else one batched pass)."""
+        if self.mode == "auto":
+            return (can_capture and getattr(target, "pads_prefill", False)
+                    and prompts < self.batched_from)
+        return self.mode == "bucketed"
+
+    @staticmethod
+    def bucket(n: int, max_len: int) -> int:
+        """Rows a prompt of ``n`` prefill rows is padded to: the next power of two from 16
+        up to 512, then the next multiple of 256; never past the slot's ``max_len``."""
+        nb = max(16, 1 << (n - 1).bit_length()) if n <= 512 else -(-n // 256) * 256
+        return min(nb, max_len)
+
+
+def prefill(p: Parts, st: CallState, admitted: Sequence[tuple[int, Request]],
+            policy: PrefillPolicy, can_capture: bool, metrics: Metrics) -> None:
+    """Commit prompt[:-1] of every admitted (slot, Request) and propose its first drafts, in
+    buckets or batched (``policy``). One-token prompts have nothing to prefill: they take the
+    batched path's empty pass."""
+    long = [(b, r) for b, r in admitted if len(r.prompt) >= 2]
+    if not policy.use_buckets(p.target, can_capture, len(long)):
+        return _batched(p, st, admitted)
+    for b, r in long:
+        _bucketed(p, st, b, r, policy, can_capture, metrics)
+    if len(long) < len(admitted):
+        _batched(p, st, [(b, r) for b, r in admitted if len(r.prompt) < 2])
+
+
+def _bucket_size(nb: int, B: int) -> int:
+    return 2 * nb + 2 * B + 2
+
+
+def _bucket_fields(a, nb: int, B: int) -> SimpleNamespace:
+    """The fields of a prefill bucket's input array ``a`` (int32, ``_bucket_size``), as views:
+    tokens [nb], next [nb] (the draft head's token per row), cu_q [B+1], valid [B], slot [1];
+    the same layout on the host staging array and on the device buffer the graph reads."""
+    c, v = 2 * nb, 2 * nb + B + 1
+    return SimpleNamespace(all=a, tokens=a[:nb], next=a[nb:c], cu_q=a[c:v],
+                           valid=a[v:v + B], slot=a[v + B:])
+
+
+def _bucketed(p: Parts, st: CallState, b: int, r: Request, policy: PrefillPolicy,
+              can_capture: bool, metrics: Metrics) -> None:
+    """Prefill request ``r`` alone into slot ``b``, its n = len(prompt) - 1 rows padded
+    to the bucket's nb rows (token 0 at positions n..nb-1: their K/V land past the
+    committed length, dead rows that later appends overwrite, and the causal attention
+    keeps them out of the real rows). The pass reads only device buffers of the bucket
+    (tokens, the draft's next tokens, cu_q and the valid counts that name slot ``b``),
+    so with graphs it is recorded on its bucket's first use and replayed after."""
+    xp, B = p.be.xp, st.shape.slots
+    n = len(r.prompt) - 1
+    nb = policy.bucket(n, st.shape.max_len)
+    pb = st.prefills.get(nb)
+    if pb is None:
+        pb = st.prefills[nb] = _bucket_fields(xp.zeros(_bucket_size(nb, B), dtype=xp.int32),
+                                              nb, B)
+        pb.positions, pb.replay = xp.arange(nb, dtype=xp.int32), None
+    host = _bucket_fields(np.zeros(_bucket_size(nb, B), np.int32), nb, B)
+    host.tokens[:n] = r.prompt[:-1]
+    host.next[:n] = r.prompt[1:]
+    host.cu_q[b + 1:] = nb                              # slot b holds all nb rows
+    host.valid[b] = n
+    host.slot[0] = b
+    pb.all[...] = xp.asarray(host.all)                  # one copy for every field
+
+    def bucket_pass():
+        _bucket_pass(p, st, pb, nb)
+    if pb.replay is not None:
+        pb.replay()
+        return
+    bucket_pass()           # the bucket's first use runs eagerly (libraries initialised)
+    if can_capture:
+        tc = time.perf_counter()
+        pb.replay = p.be.capture(bucket_pass)
+        metrics.capture_s += time.perf_counter() - tc
+
+
+def _bucket_pass(p: Parts, st: CallState, pb: SimpleNamespace, nb: int) -> None:
+    """The bucket's pass: target prefill, commit, carry and first drafts of the slot
+    that ``pb.slot`` names (other slots have 0 rows and keep their drafts)."""
+    xp, be, buf, carry = p.be.xp, p.be, st.buf, st.carry
+    B = st.shape.slots
+    counts = [nb] + [0] * (B - 1)       # the plan's row split (one prompt of nb rows);
+    # which slot holds it is device data (cu_q), so one recording serves every slot
+    _, hidden = p.target.prefill(pb.tokens, pb.positions, pb.cu_q, buf.seq_lens,
+                                 buf.finished, row_counts=counts)
+    p.target.commit(pb.cu_q, pb.valid)
+    buf.seq_lens += pb.valid
+    if p.uses_carry:
+        new_carry = xp.empty_like(carry)
+        be.draft_carry(hidden, pb.cu_q, pb.valid, new_carry)
+        carry[pb.slot] = new_carry[pb.slot]
+    if not p.k:
+        return
+    if p.block_draft:
+        proposal = p.draft.propose_block(SimpleNamespace(
+            hidden=hidden, tokens=pb.next, positions=pb.positions, cu_q=pb.cu_q,
+            valid=pb.valid, seq_lens=buf.seq_lens, finished=buf.finished,
+            row_counts=counts), p.k)
+    else:
+        proposal = p.propose(buf, carry)
+    buf.draft_tokens[pb.slot] = proposal[pb.slot]
+
+
+def _batched(p: Parts, st: CallState, admitted: Sequence[tuple[int, Request]]) -> None:
+    """Commit prompt[:-1] of every admitted request (other slots get 0 rows): in one
+    pass through ``target.prefill`` where the target has it, else in blocks of <= 16 rows
+    through ``forward``; carry[b] = hidden of the last prompt row (zeros for one-token
+    prompts); then propose the admitted slots' first drafts."""
+    xp, be, buf, carry = p.be.xp, p.be, st.buf, st.carry
+    B = st.shape.slots
+    todo = [[] for _ in range(B)]
+    for b, r in admitted:
+        todo[b] = list(r.prompt[:-1])
+    done = [0] * B
+    whole = getattr(p.target, "prefill", None)
+    block_draft = p.block_draft         # then it prefills on the target's prompt rows
+    if block_draft and whole is None:
+        raise TypeError("draft: a head with its own cache needs target.prefill (one pass)")
+    prompts = {b: list(r.prompt) for b, r in admitted}
+    proposal = None
+    while any(done[b] < len(todo[b]) for b in range(B)):
+        qs = [len(todo[b]) - done[b] if whole else min(MAX_BLOCK_ROWS, len(todo[b]) - done[b])
+              for b in range(B)]
+        cu = np.concatenate([[0], np.cumsum(qs)]).astype(np.int32)
+        toks = np.concatenate([todo[b][done[b]:done[b] + qs[b]] for b in range(B)]).astype(np.int32)
+        pos = np.concatenate([np.arange(done[b], done[b] + qs[b]) for b in range(B)]).astype(np.int32)
+        cu_q = xp.asarray(cu)
+        acc = xp.asarray(np.asarray(qs, np.int32))
+        if whole:
+            logits, hidden = whole(xp.asarray(toks), xp.asarray(pos), cu_q, buf.seq_lens,
+                                   buf.finished, row_counts=qs)
+        else:
+            logits, hidden = p.target.forward(xp.asarray(toks), xp.asarray(pos), cu_q,
+                                              buf.seq_lens, buf.finished)
+        p.target.commit(cu_q, acc)
+        buf.seq_lens += acc
+        if p.uses_carry:
+            new_carry = xp.empty_like(carry)
+            be.draft_carry(hidden, cu_q, acc, new_carry)
+            last = np.asarray([done[b] + qs[b] == len(todo[b]) and qs[b] > 0
+                               for b in range(B)])
+            rows = xp.asarray(np.flatnonzero(last))
+            carry[rows] = new_carry[rows]
+        if block_draft:     # the draft's own prefill: each prompt row fed its next token
+            nxt = np.concatenate([prompts[b][done[b] + 1:done[b] + qs[b] + 1]
+                                  if qs[b] else [] for b in range(B)])
+            proposal = p.draft.propose_block(SimpleNamespace(
+                hidden=hidden, tokens=xp.asarray(nxt.astype(np.int32)),
+                positions=xp.asarray(pos), cu_q=cu_q, valid=acc, seq_lens=buf.seq_lens,
+                finished=buf.finished, row_counts=qs), p.k)
+        done = [done[b] + qs[b] for b in range(B)]
+    if p.k:
+        rows = xp.asarray(np.asarray([b for b, _ in admitted], np.int64))
+        if not block_draft:
+            proposal = p.propose(buf, carry)
+        elif proposal is None:      # one-token prompts only: nothing to prefill
+            proposal = p.draft.propose_block(_empty_block(p, st), p.k)
+        buf.draft_tokens[rows] = proposal[rows]
+
+
+def _empty_block(p: Parts, st: CallState) -> SimpleNamespace:
+    xp, buf, B = p.be.xp, st.buf, st.shape.slots
+    return SimpleNamespace(
+        hidden=xp.zeros((0, p.target.hidden_size), dtype=st.carry_dtype),
+        tokens=xp.zeros(0, dtype=xp.int32), positions=xp.zeros(0, dtype=xp.int32),
+        cu_q=xp.zeros(B + 1, dtype=xp.int32), valid=xp.zeros(B, dtype=xp.int32),
+        seq_lens=buf.seq_lens, finished=buf.finished, row_counts=[0] * B)

@@ -1,0 +1,132 @@
+"""The serving loop: continuous batching of requests over a fixed set of slots.
+
+``Scheduler`` owns the queues (waiting requests, free slots, which request holds which
+slot); ``serve`` runs rounds until every request has finished: admissions and their prefill
+at a round boundary, the round (eager, or replayed as one recorded graph), then two small
+device->host reads (``num_accepted``, ``finished``) for control and metrics.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from .prefill import PrefillPolicy, prefill
+from .request import Metrics, Request, Result
+from .round import FixedK, run_round
+from .state import FINISH_REASONS, CallState, Parts, admit
+
+
+class Scheduler:
+    """First come first served over ``slots`` slots: request i waits until round
+    ``arrivals[i]``, then takes the first free slot at a round boundary."""
+
+    def __init__(self, arrivals: Sequence[int], slots: int):
+        self.arrivals = list(arrivals)
+        self.waiting = sorted(range(len(arrivals)), key=lambda i: arrivals[i])
+        self.free = list(range(slots))
+        self.owner: list[Optional[int]] = [None] * slots     # slot -> request index
+        self.stats = {"admitted": 0, "released": 0, "max_busy": 0}
+
+    def pending(self) -> bool:
+        return bool(self.waiting) or any(o is not None for o in self.owner)
+
+    def admit(self, now: int) -> list[tuple[int, int]]:
+        """[(slot, request index)] of the requests that start at round ``now``."""
+        out = []
+        while self.free and self.waiting and self.arrivals[self.waiting[0]] <= now:
+            i, b = self.waiting.pop(0), self.free.pop(0)
+            self.owner[b] = i
+            out.append((b, i))
+        self.stats["admitted"] += len(out)
+        return out
+
+    def next_arrival(self) -> int:
+        return self.arrivals[self.waiting[0]]
+
+    def busy(self) -> list[bool]:
+        return [o is not None for o in self.owner]
+
+    def release(self, b: int) -> int:
+        """Free slot ``b``; returns the index of the request it held."""
+        i, self.owner[b] = self.owner[b], None
+        self.free.append(b)
+        self.stats["released"] += 1
+        return i
+
+
+def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[int], *,
+          spec: FixedK, policy: PrefillPolicy, can_capture: bool, capture_first: bool,
+          metrics: Metrics, progress: Optional[Callable[[int, int], None]] = None,
+          on_round: Optional[Callable[[int], None]] = None) -> tuple[list[Result], dict]:
+    """Run ``reqs`` to completion over the slots of ``st``; returns the results in request
+    order and the scheduler's slot counts (admitted, released, max_busy)."""
+    be, K, buf, m = p.be, p.k, st.buf, metrics
+    B = st.shape.slots
+    sched = Scheduler(arrivals, B)
+    results: list[Optional[Result]] = [None] * len(reqs)
+    total = sum(r.max_new_tokens for r in reqs)
+    now, emitted = 0, 0
+
+    def record():
+        """The round as a graph; its recording time is kept apart from decoding."""
+        tc = time.perf_counter()
+        graph = be.capture(lambda: run_round(p, st))
+        m.capture_s += time.perf_counter() - tc
+        m.graph_captured = True
+        return graph
+    t0 = time.perf_counter()
+    first_round = True
+    while sched.pending():
+        admitted = [(b, reqs[i]) for b, i in sched.admit(now)]
+        busy = sched.busy()
+        if not any(busy):                  # nobody running: skip to the next arrival
+            now = sched.next_arrival()
+            continue
+        if admitted:
+            tp = time.perf_counter()
+            admit(p, st, admitted)
+            prefill(p, st, admitted, policy, can_capture, m)
+            m.prefill_s += time.perf_counter() - tp
+        sched.stats["max_busy"] = max(sched.stats["max_busy"], sum(busy))
+        spec.before_round(st)
+        if can_capture and capture_first and st.replay is None:
+            st.replay = record()
+        tl = time.perf_counter()
+        if st.replay is not None:
+            st.replay()
+        else:
+            run_round(p, st)
+        if not first_round:   # steady state only: the first round compiles and allocates
+            m.launch_s += time.perf_counter() - tl
+            m.launched_rounds += 1
+        first_round = False
+        if can_capture and st.replay is None:
+            # the first round ran eagerly (cupy kernels compiled, pools and the sampling
+            # workspace allocated); every later round replays its graph
+            st.replay = record()
+        # --- end of the round: two small device->host reads for control and metrics
+        n = be.to_host(buf.num_accepted)[np.asarray(busy)]
+        fin = be.to_host(buf.finished)
+        m.count_round(n, K)
+        spec.after_round(n)
+        done = [b for b in range(B) if busy[b] and fin[b] != 0]
+        if done:
+            out_tokens, out_lens = be.to_host(buf.out_tokens), be.to_host(buf.out_lens)
+            for b in done:
+                results[sched.release(b)] = Result(
+                    tokens=out_tokens[b, :out_lens[b]].tolist(),
+                    finish_reason=FINISH_REASONS.get(int(fin[b]), str(int(fin[b]))))
+                emitted += int(out_lens[b])
+        if on_round is not None:
+            on_round(now)
+        if progress is not None:
+            live = be.to_host(buf.out_lens)
+            progress(emitted + sum(int(live[b]) for b in range(B) if sched.owner[b] is not None),
+                     total)
+        now += 1
+    be.synchronize()
+    m.wall_s += time.perf_counter() - t0
+    m.emitted += emitted
+    return results, sched.stats
