@@ -9,7 +9,7 @@ def test_bench_families_register_in_order():
     bench._load_families()
     assert list(bench._BENCHES) == ["copy", "append_kv", "verify_attention", "rope_append_kv",
                                     "gdn_round", "gdn_sweep", "conv1d", "draft_combine", "linear",
-                                    "round_host", "spec_sample"]
+                                    "round_host", "round_b1", "spec_sample"]
     assert bench._OPTIONAL == {"gdn_sweep"}   # a bare `bench` skips the long sweep
 
 
