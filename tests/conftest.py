@@ -182,3 +182,27 @@ def strided_last(a):
     if isinstance(a, np.ndarray):
         return np.repeat(a, 2, axis=-1)[..., ::2]
     return a.repeat_interleave(2, dim=-1)[..., ::2]
+
+
+def cast(path, a, dtype):
+    """``a`` converted to ``dtype`` (a dtype name) on the path's array type."""
+    if path == "reference":
+        return a.astype(dtype)
+    torch = _torch_or_skip()
+    return a.to(getattr(torch, dtype))
+
+
+def vals(path, xs, dtype="int32"):
+    """The values ``xs`` as a 1-D array of ``dtype`` on the path's array type."""
+    if path == "reference":
+        return np.array(xs, dtype)
+    torch = _torch_or_skip()
+    return torch.tensor(xs, dtype=getattr(torch, dtype))
+
+
+def zeros_on(path, shape, dtype):
+    """A zero array of ``shape`` and ``dtype`` (a dtype name) on the path's array type."""
+    if path == "reference":
+        return np.zeros(shape, dtype)
+    torch = _torch_or_skip()
+    return torch.zeros(shape, dtype=getattr(torch, dtype))

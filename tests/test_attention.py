@@ -841,7 +841,7 @@ def test_rope_append_kv_gpu_rejects_before_launch(rng):
 
 # ---------------------------------------------------------------- the argument contract (CPU)
 from conftest import REFUSAL_PATHS, assert_refused, call_op, on_path, strided_last  # noqa: E402
-from test_copy import _cast, _vals  # noqa: E402
+from conftest import cast as _cast, vals as _vals  # noqa: E402
 
 _VA_ORDER = ("q", "k_cache", "v_cache", "page_table", "seq_lens", "cu_q", "out")
 _VA_F16 = {"q": "float16", "k_cache": "float16", "v_cache": "float16", "out": "float16"}

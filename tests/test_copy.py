@@ -204,6 +204,7 @@ def test_append_kv_gpu_rejects_before_launch(rng):
 
 # ---------------------------------------------------------------- the argument contract (CPU)
 from conftest import REFUSAL_PATHS, assert_refused, call_op, on_path, strided_last  # noqa: E402
+from conftest import cast as _cast, vals as _vals, zeros_on as _new  # noqa: E402
 
 _APPEND_ORDER = ("k", "v", "k_cache", "v_cache", "page_table", "seq_lens", "cu_q", "finished")
 
@@ -222,11 +223,7 @@ def _append_kv_call(rng):
 _BF16_CACHE = {"k": "bfloat16", "v": "bfloat16", "k_cache": "bfloat16", "v_cache": "bfloat16"}
 
 
-def _cast(path, a, dtype):
-    if path == "reference":
-        return a.astype(dtype)
-    import torch
-    return a.to(getattr(torch, dtype))
+
 
 
 # (case id, paths it applies to, break(args, path), exception, message start)
@@ -257,11 +254,7 @@ _APPEND_KV_BAD = [
 ]
 
 
-def _vals(path, xs):
-    if path == "reference":
-        return np.array(xs, np.int32)
-    import torch
-    return torch.tensor(xs, dtype=torch.int32)
+
 
 
 @pytest.mark.parametrize("path", REFUSAL_PATHS)

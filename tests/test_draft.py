@@ -790,31 +790,18 @@ def test_ngram_propose_gpu_graph_capture(rng):
 # (id, paths it applies to, mutate(args, path), exception, message start); dtype-exactness
 # cases apply to the torch path only (numpy dtypes are checked by kind).
 from conftest import REFUSAL_PATHS, assert_refused, call_op, on_path, strided_last  # noqa: E402
+from conftest import cast as _cast, vals as _vals, zeros_on as _new  # noqa: E402
 
 TORCH = ("torch",)
 
 
-def _cast(path, a, dtype):
-    """``a`` converted to ``dtype`` (a dtype name) on the path's array type."""
-    if path == "reference":
-        return a.astype(dtype)
-    import torch
-    return a.to(getattr(torch, dtype))
 
 
-def _vals(path, xs, dtype="int32"):
-    if path == "reference":
-        return np.array(xs, dtype)
-    import torch
-    return torch.tensor(xs, dtype=getattr(torch, dtype))
 
 
-def _new(path, shape, dtype):
-    """A zero array of ``shape`` and ``dtype`` (a dtype name) on the path's array type."""
-    if path == "reference":
-        return np.zeros(shape, dtype)
-    import torch
-    return torch.zeros(shape, dtype=getattr(torch, dtype))
+
+
+
 
 
 def _new_like(a, shape):

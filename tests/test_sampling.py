@@ -1240,6 +1240,7 @@ def test_advance_step_by_arrays_and_refusals():
 
 # ================================================================== the argument contract (CPU)
 from conftest import REFUSAL_PATHS, assert_refused, call_op, on_path, strided_last  # noqa: E402
+from conftest import cast as _cast, vals as _vals, zeros_on as _new  # noqa: E402
 
 _SS_ORDER = ("logits", "cu_q", "draft_ids", "temperature", "top_k", "top_p", "min_p", "seed",
              "step", "num_accepted", "emitted", "status")
@@ -1255,18 +1256,10 @@ def _spec_sample_call(rng, V=20):
                 accepted_logprobs=np.full((2, 3), -7.0, np.float32))
 
 
-def _cast(path, a, dtype):
-    if path == "reference":
-        return a.astype(dtype)
-    import torch
-    return a.to(getattr(torch, dtype))
 
 
-def _vals(path, xs, dtype="int32"):
-    if path == "reference":
-        return np.array(xs, dtype)
-    import torch
-    return torch.tensor(xs, dtype=getattr(torch, dtype))
+
+
 
 
 def _with_draft_probs(a, p, cols=20, d2t=None):

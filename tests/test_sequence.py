@@ -424,22 +424,15 @@ def test_sequence_ops_reject_before_launch():
 
 # ---------------------------------------------------------------- the argument contract (CPU)
 from conftest import REFUSAL_PATHS, assert_refused, call_op, on_path, strided_last  # noqa: E402
+from conftest import cast as _cast, vals as _vals, zeros_on as _new  # noqa: E402
 
 _TORCH = ("torch",)
 
 
-def _cast(path, a, dtype):
-    if path == "reference":
-        return a.astype(dtype)
-    import torch
-    return a.to(getattr(torch, dtype))
 
 
-def _vals(path, xs, dtype="int32"):
-    if path == "reference":
-        return np.array(xs, dtype)
-    import torch
-    return torch.tensor(xs, dtype=getattr(torch, dtype))
+
+
 
 
 _STOP_ORDER = ("emitted", "num_accepted", "out_tokens", "out_lens", "stop_ids", "stop_seqs",
