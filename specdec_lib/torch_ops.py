@@ -333,12 +333,16 @@ def _spec_sample_setup(kw):
 _TABLE = (
     _OpSpec("copy", "(Tensor! dst, Tensor src) -> ()", _check_copy),
     _OpSpec("append_kv", "(Tensor k, Tensor v, Tensor! k_cache, Tensor! v_cache, Tensor page_table, "
-            "Tensor seq_lens, Tensor cu_q, Tensor? finished=None, *, bool check_indices=True) -> ()",
+            "Tensor seq_lens, Tensor cu_q, Tensor? finished=None, *, bool check_indices=True, "
+            "Tensor? k_scale=None, Tensor? v_scale=None, Tensor!? k_params=None, "
+            "Tensor!? v_params=None) -> ()",
             _check_append_kv),
     _OpSpec("verify_attention", "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, "
             "Tensor seq_lens, Tensor cu_q, Tensor! out, float? scale=None, Tensor!? lse_out=None, "
             "Tensor!? workspace=None, *, int? num_splits=None, int? max_kv_len=None, "
-            "int? max_q=None, bool row_invariant=False, bool? check_indices=None) -> ()",
+            "int? max_q=None, bool row_invariant=False, bool? check_indices=None, "
+            "Tensor? k_scale=None, Tensor? v_scale=None, Tensor? k_params=None, "
+            "Tensor? v_params=None) -> ()",
             _check_verify_attention),
     # the state is written too: the fused mode commits the pending rows into it
     _OpSpec("gdn_verify", "(Tensor q, Tensor k, Tensor v, Tensor! state, Tensor slot_ids, "
@@ -391,8 +395,9 @@ _TABLE = (
     _OpSpec("silu_mul", "(Tensor x, Tensor! out) -> ()", _check_silu_mul),
     _OpSpec("rope_append_kv", "(Tensor! q, Tensor! k, Tensor v, Tensor positions, "
             "Tensor cos_sin_cache, Tensor! k_cache, Tensor! v_cache, Tensor page_table, "
-            "Tensor seq_lens, Tensor cu_q, Tensor? finished=None, *, bool check_indices=True) "
-            "-> ()", _check_rope_append_kv),
+            "Tensor seq_lens, Tensor cu_q, Tensor? finished=None, *, bool check_indices=True, "
+            "Tensor? k_scale=None, Tensor? v_scale=None, Tensor!? k_params=None, "
+            "Tensor!? v_params=None) -> ()", _check_rope_append_kv),
     _OpSpec("linear", "(Tensor x, Tensor weight, Tensor! out, *, Tensor? norm_weight=None, "
             "float eps=1e-06, Tensor? residual=None, Tensor!? residual_out=None, "
             "str? epilogue=None, bool unit_offset=False) -> ()", _check_linear, bf16_bits=True),
