@@ -126,13 +126,14 @@ def _debug_default():
     return os.environ.get("SPECDEC_DEBUG", "").strip() not in ("", "0")
 
 
-_launch_cache: dict = {}   # (device, dtype tag, D) -> (family, sm_count, smem, merge kernel)
+_launch_cache: dict = {}   # (device, dtype tag, D[, "kv8"]) -> (family, sm_count, smem, merge kernel)
 
 
 def _launch_setup(dev, tag, D, kv8=False):
     """Per (device, dtype, head dim, cache kind): code family, SM count, dynamic smem and the
     merge kernel, looked up once (the host path runs every decode round)."""
-    hit = _launch_cache.get((dev, tag, D, kv8))
+    key = (dev, tag, D, "kv8") if kv8 else (dev, tag, D)
+    hit = _launch_cache.get(key)
     if hit is None:
         family = runtime.arch_family(dev)
         smem = (verify_attention_kv8_smem_bytes if kv8 else verify_attention_smem_bytes)(D, family)
@@ -142,7 +143,7 @@ def _launch_setup(dev, tag, D, kv8=False):
                              f"memory per block, device {dev} allows {optin}")
         merge = runtime.kernel("attention", f"verify_attention_merge_{tag}", dev)
         hit = (family, runtime.sm_count(dev), smem, merge)
-        _launch_cache[(dev, tag, D, kv8)] = hit
+        _launch_cache[key] = hit
     return hit
 
 
