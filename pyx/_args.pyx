@@ -16,6 +16,7 @@ cdef dict _DTYPES = _dt.DTYPES
 _TORCH_DTYPES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
                  "torch.float64": "float64", "torch.int32": "int32", "torch.int64": "int64",
                  "torch.int16": "int16", "torch.int8": "int8", "torch.uint8": "uint8",
+                 "torch.float8_e4m3fn": "fp8_e4m3",
                  "torch.bool": "bool", "torch.uint16": "uint16", "torch.uint32": "uint32",
                  "torch.uint64": "uint64"}
 _CAI_TYPES = {"<f4": "float32", "<f2": "float16", "<f8": "float64", "<i4": "int32", "<i8": "int64",
@@ -184,7 +185,8 @@ cdef class DeviceArg:
 
 _KIND = {"float64": "f", "float32": "f", "float16": "f", "bfloat16": "f",
          "int64": "i", "int32": "i", "int16": "i", "int8": "i",
-         "uint64": "i", "uint32": "i", "uint16": "i", "uint8": "i", "bool": "i"}
+         "uint64": "i", "uint32": "i", "uint16": "i", "uint8": "i", "bool": "i",
+         "fp8_e4m3": "i"}
 
 
 def _integer_spec(dtype):

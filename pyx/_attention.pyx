@@ -100,29 +100,32 @@ cdef extern from "attention/attention_params.h":
         int32_t vectorize
         int32_t pad_
 
+    ctypedef struct VerifyAttentionKV8Params:
+        VerifyAttentionParams base
+        const float* k_scale
+        const float* v_scale
+        const float* k_params
+        const float* v_params
+        int32_t scale_stride
+        int32_t pad_
+
     int VERIFY_ATTN_THREADS
     int VERIFY_ATTN_EPILOGUE_SMEM
 
 PARAM_SIZES = {"VerifyAttentionParams": sizeof(VerifyAttentionParams),
                "VerifyAttentionMergeParams": sizeof(VerifyAttentionMergeParams),
-               "RopeAppendKVParams": sizeof(RopeAppendKVParams)}
+               "RopeAppendKVParams": sizeof(RopeAppendKVParams),
+               "VerifyAttentionKV8Params": sizeof(VerifyAttentionKV8Params)}
 THREADS = VERIFY_ATTN_THREADS
 EPILOGUE_SMEM = VERIFY_ATTN_EPILOGUE_SMEM
 
 
-def launch_verify_attention(Kernel k, Kernel merge, unsigned int head_ctas, unsigned int smem,
-                            size_t stream, ptrs, q_strides, k_strides, v_strides, out_strides,
-                            lse_strides, int64_t page_table_stride, float scale_log2,
-                            int num_tokens, int batch, int num_qo_heads, int num_kv_heads,
-                            int head_dim, int page_size_log2, int num_pages, int max_pages,
-                            int max_q, int warps_m, int num_splits, int kv_chunk):
-    """ptrs = (q, k_cache, v_cache, page_table, seq_lens, cu_q, out, lse_out, partial_o,
-    partial_lse); strides are (t, h) / (page, slot, h) tuples in elements. Launches the
-    attention kernel on grid (head_ctas, batch, num_splits) (head_ctas = KV heads x row
-    groups, fastest so one sequence's heads run together) and, when num_splits > 1, the
-    merge kernel on grid (num_qo_heads, batch, max_q)."""
-    cdef VerifyAttentionParams p
-    cdef VerifyAttentionMergeParams m
+cdef void _fill_verify_attention(VerifyAttentionParams* p, ptrs, q_strides, k_strides, v_strides,
+                                 out_strides, lse_strides, int64_t page_table_stride,
+                                 float scale_log2, int num_tokens, int batch, int num_qo_heads,
+                                 int num_kv_heads, int page_size_log2, int num_pages,
+                                 int max_pages, int max_q, int warps_m, int num_splits,
+                                 int kv_chunk):
     p.q = <const void*><uintptr_t>ptrs[0]
     p.k_cache = <const void*><uintptr_t>ptrs[1]
     p.v_cache = <const void*><uintptr_t>ptrs[2]
@@ -152,27 +155,75 @@ def launch_verify_attention(Kernel k, Kernel merge, unsigned int head_ctas, unsi
     p.warps_m = warps_m
     p.num_splits = num_splits
     p.kv_chunk = kv_chunk
+
+
+cdef void _launch_merge(Kernel merge, VerifyAttentionParams* p, int head_dim, size_t stream):
+    cdef VerifyAttentionMergeParams m
+    m.partial_o = p.partial_o
+    m.partial_lse = p.partial_lse
+    m.out = p.out
+    m.lse_out = p.lse_out
+    m.seq_lens = p.seq_lens
+    m.cu_q = p.cu_q
+    m.out_stride_t = p.out_stride_t
+    m.out_stride_h = p.out_stride_h
+    m.lse_stride_t = p.lse_stride_t
+    m.lse_stride_h = p.lse_stride_h
+    m.num_tokens = p.num_tokens
+    m.batch = p.batch
+    m.num_qo_heads = p.num_qo_heads
+    m.head_dim = head_dim
+    m.max_q = p.max_q
+    m.num_splits = p.num_splits
+    m.kv_chunk = p.kv_chunk
+    m.pad_ = 0
+    launch(merge, p.num_qo_heads, p.batch, p.max_q, 128, 1, 1, 0, stream, &m)
+
+
+def launch_verify_attention(Kernel k, Kernel merge, unsigned int head_ctas, unsigned int smem,
+                            size_t stream, ptrs, q_strides, k_strides, v_strides, out_strides,
+                            lse_strides, int64_t page_table_stride, float scale_log2,
+                            int num_tokens, int batch, int num_qo_heads, int num_kv_heads,
+                            int head_dim, int page_size_log2, int num_pages, int max_pages,
+                            int max_q, int warps_m, int num_splits, int kv_chunk):
+    """ptrs = (q, k_cache, v_cache, page_table, seq_lens, cu_q, out, lse_out, partial_o,
+    partial_lse); strides are (t, h) / (page, slot, h) tuples in elements. Launches the
+    attention kernel on grid (head_ctas, batch, num_splits) (head_ctas = KV heads x row
+    groups, fastest so one sequence's heads run together) and, when num_splits > 1, the
+    merge kernel on grid (num_qo_heads, batch, max_q)."""
+    cdef VerifyAttentionParams p
+    _fill_verify_attention(&p, ptrs, q_strides, k_strides, v_strides, out_strides, lse_strides,
+                           page_table_stride, scale_log2, num_tokens, batch, num_qo_heads,
+                           num_kv_heads, page_size_log2, num_pages, max_pages, max_q, warps_m,
+                           num_splits, kv_chunk)
     launch(k, head_ctas, batch, num_splits, VERIFY_ATTN_THREADS, 1, 1, smem, stream, &p)
     if num_splits > 1:
-        m.partial_o = p.partial_o
-        m.partial_lse = p.partial_lse
-        m.out = p.out
-        m.lse_out = p.lse_out
-        m.seq_lens = p.seq_lens
-        m.cu_q = p.cu_q
-        m.out_stride_t = p.out_stride_t
-        m.out_stride_h = p.out_stride_h
-        m.lse_stride_t = p.lse_stride_t
-        m.lse_stride_h = p.lse_stride_h
-        m.num_tokens = num_tokens
-        m.batch = batch
-        m.num_qo_heads = num_qo_heads
-        m.head_dim = head_dim
-        m.max_q = max_q
-        m.num_splits = num_splits
-        m.kv_chunk = kv_chunk
-        m.pad_ = 0
-        launch(merge, num_qo_heads, batch, max_q, 128, 1, 1, 0, stream, &m)
+        _launch_merge(merge, &p, head_dim, stream)
+
+
+def launch_verify_attention_kv8(Kernel k, Kernel merge, unsigned int head_ctas, unsigned int smem,
+                                size_t stream, ptrs, q_strides, k_strides, v_strides,
+                                out_strides, lse_strides, int64_t page_table_stride,
+                                float scale_log2, int num_tokens, int batch, int num_qo_heads,
+                                int num_kv_heads, int head_dim, int page_size_log2,
+                                int num_pages, int max_pages, int max_q, int warps_m,
+                                int num_splits, int kv_chunk, q8_ptrs, int scale_stride):
+    """launch_verify_attention's arguments (cache strides in bytes) + q8_ptrs = (k_scale,
+    v_scale, k_params, v_params), 0 where absent."""
+    cdef VerifyAttentionKV8Params p
+    _fill_verify_attention(&p.base, ptrs, q_strides, k_strides, v_strides, out_strides,
+                           lse_strides, page_table_stride, scale_log2, num_tokens, batch,
+                           num_qo_heads, num_kv_heads, page_size_log2, num_pages, max_pages,
+                           max_q, warps_m, num_splits, kv_chunk)
+    p.k_scale = <const float*><uintptr_t>q8_ptrs[0]
+    p.v_scale = <const float*><uintptr_t>q8_ptrs[1]
+    p.k_params = <const float*><uintptr_t>q8_ptrs[2]
+    p.v_params = <const float*><uintptr_t>q8_ptrs[3]
+    p.scale_stride = scale_stride
+    p.pad_ = 0
+    launch(k, head_ctas, batch, num_splits, VERIFY_ATTN_THREADS, 1, 1, smem, stream, &p)
+    if num_splits > 1:
+        _launch_merge(merge, &p.base, head_dim, stream)
 
 
 def launch_rope_append_kv(Kernel k, unsigned int grid, unsigned int block,

@@ -39,7 +39,17 @@ cdef extern from "copy/copy_params.h":
         int32_t max_pages
         int32_t vectorize
 
-PARAM_SIZES = {"CopyParams": sizeof(CopyParams), "AppendKVParams": sizeof(AppendKVParams)}
+    ctypedef struct AppendKV8Params:
+        AppendKVParams base
+        const float* k_scale
+        const float* v_scale
+        float* k_params
+        float* v_params
+        int32_t scale_stride
+        int32_t pad_
+
+PARAM_SIZES = {"CopyParams": sizeof(CopyParams), "AppendKVParams": sizeof(AppendKVParams),
+               "AppendKV8Params": sizeof(AppendKV8Params)}
 
 
 def launch_copy_strided(Kernel k, unsigned int grid, unsigned int block, size_t stream,
@@ -60,15 +70,13 @@ def launch_copy_strided(Kernel k, unsigned int grid, unsigned int block, size_t 
     launch(k, grid, 1, 1, block, 1, 1, 0, stream, &p)
 
 
-def launch_append_kv(Kernel k, unsigned int grid, unsigned int block, unsigned int rows_per_block,
-                     size_t stream,
-                     uintptr_t k_src, uintptr_t v_src, uintptr_t k_cache, uintptr_t v_cache,
-                     uintptr_t page_table, uintptr_t seq_lens, uintptr_t cu_q, uintptr_t finished,
-                     src_stride_t, src_stride_h, cache_stride_page, cache_stride_slot,
-                     cache_stride_h, int64_t page_table_stride, int num_rows, int batch,
-                     int num_heads, int head_dim, int page_size, int num_pages, int max_pages,
-                     bint vectorize):
-    cdef AppendKVParams p
+cdef void _fill_append_kv(AppendKVParams* p, uintptr_t k_src, uintptr_t v_src, uintptr_t k_cache,
+                          uintptr_t v_cache, uintptr_t page_table, uintptr_t seq_lens,
+                          uintptr_t cu_q, uintptr_t finished, src_stride_t, src_stride_h,
+                          cache_stride_page, cache_stride_slot, cache_stride_h,
+                          int64_t page_table_stride, int num_rows, int batch, int num_heads,
+                          int head_dim, int page_size, int num_pages, int max_pages,
+                          bint vectorize):
     cdef int i
     p.k_src = <const void*>k_src
     p.v_src = <const void*>v_src
@@ -93,4 +101,44 @@ def launch_append_kv(Kernel k, unsigned int grid, unsigned int block, unsigned i
     p.num_pages = num_pages
     p.max_pages = max_pages
     p.vectorize = vectorize
+
+
+def launch_append_kv(Kernel k, unsigned int grid, unsigned int block, unsigned int rows_per_block,
+                     size_t stream,
+                     uintptr_t k_src, uintptr_t v_src, uintptr_t k_cache, uintptr_t v_cache,
+                     uintptr_t page_table, uintptr_t seq_lens, uintptr_t cu_q, uintptr_t finished,
+                     src_stride_t, src_stride_h, cache_stride_page, cache_stride_slot,
+                     cache_stride_h, int64_t page_table_stride, int num_rows, int batch,
+                     int num_heads, int head_dim, int page_size, int num_pages, int max_pages,
+                     bint vectorize):
+    cdef AppendKVParams p
+    _fill_append_kv(&p, k_src, v_src, k_cache, v_cache, page_table, seq_lens, cu_q, finished,
+                    src_stride_t, src_stride_h, cache_stride_page, cache_stride_slot,
+                    cache_stride_h, page_table_stride, num_rows, batch, num_heads, head_dim,
+                    page_size, num_pages, max_pages, vectorize)
+    launch(k, grid, 1, 1, block, rows_per_block, 1, 0, stream, &p)
+
+
+def launch_append_kv8(Kernel k, unsigned int grid, unsigned int block, unsigned int rows_per_block,
+                      size_t stream,
+                      uintptr_t k_src, uintptr_t v_src, uintptr_t k_cache, uintptr_t v_cache,
+                      uintptr_t page_table, uintptr_t seq_lens, uintptr_t cu_q, uintptr_t finished,
+                      src_stride_t, src_stride_h, cache_stride_page, cache_stride_slot,
+                      cache_stride_h, int64_t page_table_stride, int num_rows, int batch,
+                      int num_heads, int head_dim, int page_size, int num_pages, int max_pages,
+                      bint vectorize, uintptr_t k_scale, uintptr_t v_scale, uintptr_t k_params,
+                      uintptr_t v_params, int scale_stride):
+    """append_kv's arguments (cache strides in bytes) + the 8-bit cache's scales (fp8) or
+    params (int8), 0 where absent; block = 32 * warps threads per token row."""
+    cdef AppendKV8Params p
+    _fill_append_kv(&p.base, k_src, v_src, k_cache, v_cache, page_table, seq_lens, cu_q,
+                    finished, src_stride_t, src_stride_h, cache_stride_page, cache_stride_slot,
+                    cache_stride_h, page_table_stride, num_rows, batch, num_heads, head_dim,
+                    page_size, num_pages, max_pages, vectorize)
+    p.k_scale = <const float*>k_scale
+    p.v_scale = <const float*>v_scale
+    p.k_params = <float*>k_params
+    p.v_params = <float*>v_params
+    p.scale_stride = scale_stride
+    p.pad_ = 0
     launch(k, grid, 1, 1, block, rows_per_block, 1, 0, stream, &p)

@@ -43,11 +43,18 @@ class KernelModule:
         return fams
 
 
+KV8_FORMATS = ("fp8", "int8")   # 8-bit KV cache formats (specdec_lib/reference/kvquant.py)
+
+
 def _copy_kernels():
     ks = {}
     for e in (1, 2, 4, 8):
         ks[f"copy_strided_e{e}"] = "CopyParams"
         ks[f"append_kv_e{e}"] = "AppendKVParams"
+    # 8-bit caches, quantise on write (issue 32): cache format x source dtype
+    for fmt in KV8_FORMATS:
+        for t in ("f32", "f16", "bf16"):
+            ks[f"append_kv8_{fmt}_{t}"] = "AppendKV8Params"
     return ks
 
 
@@ -77,6 +84,20 @@ register(KernelModule(
     kernels={**{f"verify_attention_d{d}_{t}": "VerifyAttentionParams"
                 for d in (64, 128, 256) for t in ("f16", "bf16")},
              **{f"verify_attention_merge_{t}": "VerifyAttentionMergeParams" for t in ("f16", "bf16")}},
+))
+
+# verify_attention over 8-bit caches (issue 32): its own translation unit so that the 16-bit
+# kernels stay untouched; the split merge is the attention module's verify_attention_merge_*
+register(KernelModule(
+    name="verify_attention_kv8",
+    source="cuda_src/attention/verify_attention_kv8.cu",
+    params_header="attention/attention_params.h",
+    kernels={f"verify_attention_kv8_d{d}_{t}_{fmt}": "VerifyAttentionKV8Params"
+             for d in (64, 128, 256) for t in ("f16", "bf16") for fmt in KV8_FORMATS},
+    # 8-16 bytes of spills at D=64 / D=256 on some families (the dequantise pass's registers
+    # on top of the 16-bit kernel's); D=128 has no stack frame. To remove (issue 32 follow-up).
+    allow_local=tuple(f"verify_attention_kv8_d{d}_{t}_{fmt}" for d in (64, 256)
+                      for t in ("f16", "bf16") for fmt in KV8_FORMATS),
 ))
 
 # the attention family's second translation unit: rope + append_kv fused (its launcher is

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DTYPES", "FLOAT_DTYPES", "canonical", "itemsize", "host_dtype", "f32_to_bf16_bits",
+__all__ = ["DTYPES", "FLOAT_DTYPES", "KV_CACHE_DTYPES", "canonical", "itemsize", "host_dtype", "f32_to_bf16_bits",
            "bf16_bits_to_f32", "round_to", "to_host_storage", "from_host_storage"]
 
 # name -> (host numpy dtype, itemsize)
@@ -19,11 +19,15 @@ DTYPES: dict[str, tuple[type, int]] = {
     "int64": (np.int64, 8), "int32": (np.int32, 4), "int16": (np.int16, 2), "int8": (np.int8, 1),
     "uint64": (np.uint64, 8), "uint32": (np.uint32, 4), "uint16": (np.uint16, 2),
     "uint8": (np.uint8, 1), "bool": (np.bool_, 1),
+    # E4M3 (torch.float8_e4m3fn): held on the host as uint8 bit patterns (reference/kvquant.py)
+    "fp8_e4m3": (np.uint8, 1),
 }
+KV_CACHE_DTYPES = ("float16", "bfloat16", "fp8_e4m3", "int8")   # verify_attention's caches
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
 _ALIASES = {"f32": "float32", "f16": "float16", "half": "float16", "bf16": "bfloat16",
-            "float": "float32", "i32": "int32", "i64": "int64", "u8": "uint8"}
+            "float": "float32", "i32": "int32", "i64": "int64", "u8": "uint8",
+            "float8_e4m3fn": "fp8_e4m3", "fp8": "fp8_e4m3", "e4m3": "fp8_e4m3"}
 
 
 def canonical(dtype: Any) -> str:

@@ -76,11 +76,15 @@ def _spec_sample_setup(kw):
 _TABLE = (
     _OpSpec("copy", "(Tensor! dst, Tensor src) -> ()"),
     _OpSpec("append_kv", "(Tensor k, Tensor v, Tensor! k_cache, Tensor! v_cache, Tensor page_table, "
-            "Tensor seq_lens, Tensor cu_q, Tensor? finished=None, *, bool check_indices=True) -> ()"),
+            "Tensor seq_lens, Tensor cu_q, Tensor? finished=None, *, bool check_indices=True, "
+            "Tensor? k_scale=None, Tensor? v_scale=None, Tensor!? k_params=None, "
+            "Tensor!? v_params=None) -> ()"),
     _OpSpec("verify_attention", "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, "
             "Tensor seq_lens, Tensor cu_q, Tensor! out, float? scale=None, Tensor!? lse_out=None, "
             "Tensor!? workspace=None, *, int? num_splits=None, int? max_kv_len=None, "
-            "int? max_q=None, bool row_invariant=False, bool? check_indices=None) -> ()"),
+            "int? max_q=None, bool row_invariant=False, bool? check_indices=None, "
+            "Tensor? k_scale=None, Tensor? v_scale=None, Tensor? k_params=None, "
+            "Tensor? v_params=None) -> ()"),
     # the state is written too: the fused mode commits the pending rows into it
     _OpSpec("gdn_verify", "(Tensor q, Tensor k, Tensor v, Tensor! state, Tensor slot_ids, "
             "Tensor cu_q, Tensor! out, Tensor! journal, Tensor? g=None, Tensor? beta=None, "
@@ -125,8 +129,9 @@ _TABLE = (
     _OpSpec("silu_mul", "(Tensor x, Tensor! out) -> ()"),
     _OpSpec("rope_append_kv", "(Tensor! q, Tensor! k, Tensor v, Tensor positions, "
             "Tensor cos_sin_cache, Tensor! k_cache, Tensor! v_cache, Tensor page_table, "
-            "Tensor seq_lens, Tensor cu_q, Tensor? finished=None, *, bool check_indices=True) "
-            "-> ()"),
+            "Tensor seq_lens, Tensor cu_q, Tensor? finished=None, *, bool check_indices=True, "
+            "Tensor? k_scale=None, Tensor? v_scale=None, Tensor!? k_params=None, "
+            "Tensor!? v_params=None) -> ()"),
     _OpSpec("linear", "(Tensor x, Tensor weight, Tensor! out, *, Tensor? norm_weight=None, "
             "float eps=1e-06, Tensor? residual=None, Tensor!? residual_out=None, "
             "str? epilogue=None, bool unit_offset=False) -> ()", bf16_bits=True),
@@ -195,6 +200,8 @@ def _cpu_call(ref_fn, spec, written, bound):
             if name in written:
                 copies_back.append((t, arr))
             return arr
+        if t.dtype == torch.float8_e4m3fn:
+            return t.view(torch.uint8).numpy()   # the reference's fp8 caches: bit patterns
         return t.numpy()
 
     def dropped(name, v):

@@ -101,3 +101,20 @@ typedef struct {
   int32_t vectorize;           /* 1: 16-byte accesses of every tensor row are valid (Python checks) */
   int32_t pad_;
 } RopeAppendKVParams;
+
+/* verify_attention_kv8_d<D>_<q dtype>_<fmt>: verify_attention over an 8-bit cache
+ * (issue 32; specdec_lib/reference/kvquant.py). base: verify_attention's block with the
+ * caches' strides in bytes (= elements). fp8: k_scale / v_scale [Hkv] or [1] (scale_stride
+ * 1 / 0), folded into the score scale and the output; int8: k_params / v_params
+ * [num_pages, page_size, Hkv, 2] contiguous (scale, zero) per (token, head).
+ * Dynamic smem: stages * 2 * tile * D (8-bit ring) + 2 * tile * D * 2 (the dequantised
+ * 16-bit tile) + stages * 2 * tile * 8 (int8 params), at least VERIFY_ATTN_EPILOGUE_SMEM. */
+typedef struct {
+  VerifyAttentionParams base;
+  const float* k_scale;
+  const float* v_scale;
+  const float* k_params;
+  const float* v_params;
+  int32_t scale_stride;
+  int32_t pad_;
+} VerifyAttentionKV8Params;

@@ -143,3 +143,77 @@ SPECDEC_COPY_KERNELS(1)
 SPECDEC_COPY_KERNELS(2)
 SPECDEC_COPY_KERNELS(4)
 SPECDEC_COPY_KERNELS(8)
+
+// ---- append_kv into 8-bit caches (issue 32): quantise on write
+//
+// One warp per (token, K/V, head) row: the row's D <= 256 values are loaded in chunks of V
+// (16-byte vectors when the launcher found the rows aligned, else V = 1), quantised in
+// registers (common/kv8_row.cuh: fp8 with the head's scale, int8 with the row's own
+// min / max reduced over the warp) and stored as V-byte codes; int8 rows also store their
+// (scale, zero) pair. A CTA row of blockDim.x = 32 * W threads owns one token (blockDim.y
+// tokens per CTA); the index chain is append_kv's (kv_append_target, skipped rows untouched).
+#include "common/kv8_row.cuh"
+#include "common/pack.cuh"
+
+namespace {
+
+template <typename T, int FMT, int V>
+__device__ __forceinline__ void append_kv8(const AppendKV8Params& q) {
+  const AppendKVParams& p = q.base;
+  constexpr int NC = (256 / V + 31) / 32;        // chunk slots per lane (D <= 256)
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  const int nchunks = p.head_dim / V;
+  for (int t = blockIdx.x * blockDim.y + threadIdx.y; t < p.num_rows; t += gridDim.x * blockDim.y) {
+    int32_t page;
+    int64_t slot;
+    if (!kv_append_target(p.cu_q, p.seq_lens, p.finished, p.page_table, p.page_table_stride,
+                          p.batch, p.page_size, p.num_pages, p.max_pages, t, page, slot))
+      continue;
+    for (int u = warp; u < 2 * p.num_heads; u += warps) {
+      const int kv = u >= p.num_heads;
+      const int h = u - kv * p.num_heads;
+      const T* src = static_cast<const T*>(kv ? p.v_src : p.k_src) + t * p.src_stride_t[kv] +
+                     h * p.src_stride_h[kv];
+      float x[NC][V];
+      int chunk[NC];
+#pragma unroll
+      for (int j = 0; j < NC; ++j) {
+        const int c = lane + 32 * j;
+        chunk[j] = c < nchunks ? c : -1;
+        if (c < nchunks) {
+          const Pack<T, V> v = load_pack<T, V>(src + c * V);
+#pragma unroll
+          for (int i = 0; i < V; ++i) x[j][i] = to_float(v.e[i]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < V; ++i) x[j][i] = 0.f;
+        }
+      }
+      uint8_t* dst = static_cast<uint8_t*>(kv ? p.v_cache : p.k_cache) +
+                     page * p.cache_stride_page[kv] + slot * p.cache_stride_slot[kv] +
+                     h * p.cache_stride_h[kv];
+      const float* sc = kv ? q.v_scale : q.k_scale;
+      float* prm = kv ? q.v_params : q.k_params;
+      const int64_t prow = ((static_cast<int64_t>(page) * p.page_size + slot) * p.num_heads + h) * 2;
+      kv8_write_row<FMT, NC, V>(x, chunk, dst, FMT == KV8_FP8 ? __ldg(sc + h * q.scale_stride) : 0.f,
+                                FMT == KV8_INT8 ? prm + prow : nullptr);
+    }
+  }
+}
+
+}  // namespace
+
+#define SPECDEC_APPEND_KV8(FNAME, FMT, TNAME, T)                                              \
+  extern "C" __global__ void __launch_bounds__(kThreads) append_kv8_##FNAME##_##TNAME(        \
+      const AppendKV8Params p) {                                                              \
+    if (p.base.vectorize) append_kv8<T, FMT, 16 / sizeof(T)>(p);                              \
+    else append_kv8<T, FMT, 1>(p);                                                            \
+  }
+SPECDEC_APPEND_KV8(fp8, KV8_FP8, f32, float)
+SPECDEC_APPEND_KV8(fp8, KV8_FP8, f16, __half)
+SPECDEC_APPEND_KV8(fp8, KV8_FP8, bf16, bf16_t)
+SPECDEC_APPEND_KV8(int8, KV8_INT8, f32, float)
+SPECDEC_APPEND_KV8(int8, KV8_INT8, f16, __half)
+SPECDEC_APPEND_KV8(int8, KV8_INT8, bf16, bf16_t)

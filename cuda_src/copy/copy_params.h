@@ -41,3 +41,16 @@ typedef struct {
   int32_t max_pages;          /* columns of page_table */
   int32_t vectorize;          /* 1: every row start is 16-byte aligned (Python checks) */
 } AppendKVParams;
+
+/* append_kv8_<fmt>_<src dtype>: append_kv into an 8-bit cache, quantising on write
+ * (specdec_lib/reference/kvquant.py). base: append_kv's block, its cache strides in bytes
+ * (= elements of the 8-bit caches), its source strides in source elements. */
+typedef struct {
+  AppendKVParams base;
+  const float* k_scale;       /* fp8: [Hkv] or [1] (scale_stride 1 / 0) */
+  const float* v_scale;
+  float* k_params;            /* int8: [num_pages, page_size, Hkv, 2] contiguous */
+  float* v_params;
+  int32_t scale_stride;
+  int32_t pad_;
+} AppendKV8Params;

@@ -91,6 +91,56 @@ def bench_verify_attention(b: Bench):
         del kc, vc
         if ps == 16:   # the peer reads contiguous K/V: page size does not apply
             _torch_sdpa(b, B, L, q, Hq, Hkv, D, kv_bytes, shape)
+    _bench_verify_attention_kv8(b)
+
+
+def _kv8_cache(fmt, num_pages, ps, Hkv, D, device, seed):
+    """A random 8-bit cache (fp8 codes without NaN; int8 codes) and its scales / params."""
+    from ..arrays import DeviceArray
+    rng = np.random.default_rng(seed)
+    if fmt == "fp8":
+        c = (rng.integers(0, 256, (num_pages, ps, Hkv, D), dtype=np.uint8) & 0xF7).astype(np.uint8)
+        extra = np.full((Hkv,), 0.05, np.float32)
+    else:
+        c = rng.integers(-128, 128, (num_pages, ps, Hkv, D), dtype=np.int8)
+        extra = np.stack([np.full((num_pages, ps, Hkv), 0.01, np.float32),
+                          np.full((num_pages, ps, Hkv), -1.0, np.float32)], axis=-1)
+    return DeviceArray.from_numpy(c, device=device), DeviceArray.from_numpy(extra, device=device)
+
+
+def _bench_verify_attention_kv8(b: Bench):
+    """verify_attention over fp8_e4m3 and int8 caches at the bf16 bench's shapes (issue 32).
+    Bytes counted as actually read: 1 byte per K/V element, plus the int8 rows' (scale,
+    zero) pairs (8 bytes per token per head, K and V); the bf16 row of the same shape (bench
+    verify_attention) reads twice the K/V bytes."""
+    from ..arrays import DeviceArray
+    from ..ops import verify_attention, verify_attention_workspace_size
+    for B, L, q, Hq, Hkv, D, ps in SHAPES:
+        if ps != 16:
+            continue
+        T = B * q
+        max_pages = (L + q + ps - 1) // ps
+        num_pages = B * max_pages
+        qd = _rand((T, Hq, D), "bfloat16", b.device, 1)
+        pt, sl, cq = _paged_batch(b.device, B, L, q, num_pages, max_pages)
+        out = DeviceArray.empty((T, Hq, D), "bfloat16", b.device)
+        lse = DeviceArray.empty((T, Hq), "float32", b.device)
+        max_kv = max_pages * ps
+        nbytes = verify_attention_workspace_size(T, Hq, Hkv, D, B, max_kv, device=b.device)
+        ws = DeviceArray.empty((max(nbytes, 1),), "uint8", b.device)
+        for fmt in ("fp8", "int8"):
+            kc, kx = _kv8_cache(fmt, num_pages, ps, Hkv, D, b.device, 2)
+            vc, vx = _kv8_cache(fmt, num_pages, ps, Hkv, D, b.device, 3)
+            kw = (dict(k_scale=kx, v_scale=vx) if fmt == "fp8" else dict(k_params=kx, v_params=vx))
+
+            def run():
+                verify_attention(qd, kc, vc, pt, sl, cq, out, lse_out=lse, workspace=ws,
+                                 stream=b.stream, **kw)
+            kv_bytes = B * (L + q) * Hkv * (D * 2 + (16 if fmt == "int8" else 0))
+            shape = f"B={B} L={L} q={q} Hq={Hq} Hkv={Hkv} D={D} page={ps} bf16 q, {fmt} cache"
+            ms = b.time_graph(run, per_graph=10)
+            b.report("verify_attention", shape, kv_bytes, ms, host_us=round(b.host_us(run), 1))
+            del kc, vc, kx, vx
 
 
 class _HeadView:

@@ -100,7 +100,8 @@ def _head_dim_contiguous(a):
 @check("verify_attention")
 def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale=None,
                      lse_out=None, *, workspace=None, num_splits=None, max_kv_len=None,
-                     max_q=None, arg=DeviceArg, values=None, **_):
+                     max_q=None, k_scale=None, v_scale=None, k_params=None, v_params=None,
+                     kv8=False, arg=DeviceArg, values=None, **_):
     """q [T, Hq, D] float16/bfloat16; k_cache, v_cache [num_pages, page_size, Hkv, D] and
     out [T, Hq, D] in q's dtype; page_table [B, max_pages] int32, rows contiguous;
     seq_lens [B], cu_q [B+1] int32 contiguous; lse_out [T, Hq] float32 or None; the
@@ -109,12 +110,18 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
     max_kv_len in 1..MAX_CONTEXT-1 (default max_pages * page_size, which must stay below
     MAX_CONTEXT); num_splits in 1..MAX_SPLITS, more than one only with a workspace
     (contiguous bytes on q's device). With ``values``: ``verify_attention_values``.
+    8-bit caches (dequantised on read, reference/kvquant.py): k_scale + v_scale (fp8) or
+    k_params + v_params (int8), checked by ``contract.copy.kv8_cache_args`` (the caches
+    then uint8 / float8_e4m3fn or int8 instead of q's dtype).
     Returns the views (q, k_cache, v_cache, page_table, seq_lens, cu_q, out, lse_out,
-    workspace) and (scale, max_q, max_kv_len, num_splits) with the defaults filled in."""
+    workspace) and (scale, max_q, max_kv_len, num_splits) with the defaults filled in;
+    with ``kv8=True`` also the views (k_scale, v_scale, k_params, v_params)."""
+    fmt = copy_contract.kv_format(k_scale, v_scale, k_params, v_params)
     qa = arg("q", q, dtype=("float16", "bfloat16"), ndim=3)
     dev = qa.device
-    kc = arg("k_cache", k_cache, dtype=qa.dtype, ndim=4, device=dev)
-    vc = arg("v_cache", v_cache, dtype=qa.dtype, ndim=4, device=dev)
+    cdt = qa.dtype if fmt is None else None
+    kc = arg("k_cache", k_cache, dtype=cdt, ndim=4, device=dev)
+    vc = arg("v_cache", v_cache, dtype=cdt, ndim=4, device=dev)
     pt = arg("page_table", page_table, dtype="int32", ndim=2, device=dev)
     sl = arg("seq_lens", seq_lens, dtype="int32", ndim=1, device=dev, contiguous=True)
     cq = arg("cu_q", cu_q, dtype="int32", ndim=1, device=dev, contiguous=True)
@@ -123,6 +130,10 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
     T, Hq, Hkv, D, B, page_size = verify_attention_shapes(
         qa.shape, kc.shape, vc.shape, pt.shape, sl.shape, cq.shape, oa.shape,
         None if lse_out is None else la.shape)
+    q8 = (None, None, None, None)
+    if fmt is not None:
+        q8 = copy_contract.kv8_cache_args(fmt, kc, vc, k_scale, v_scale, k_params, v_params,
+                                          arg=arg, values=values)
     num_pages, max_pages = kc.shape[0], pt.shape[1]
     for a in (qa, kc, vc, oa):
         _head_dim_contiguous(a)
@@ -153,26 +164,38 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
         idx = [values(a) for a in (pt, sl, cq)]
         if all(x is not None for x in idx):
             verify_attention_values(*idx, T, num_pages, page_size)
+    if kv8:
+        return (qa, kc, vc, pt, sl, cq, oa, la, ws, scale, max_q, max_kv_len, num_splits) + q8
     return qa, kc, vc, pt, sl, cq, oa, la, ws, scale, max_q, max_kv_len, num_splits
 
 
 @check("rope_append_kv")
 def rope_append_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, page_table, seq_lens,
-                   cu_q, finished=None, *, arg=DeviceArg, values=None, **_):
+                   cu_q, finished=None, *, k_scale=None, v_scale=None, k_params=None,
+                   v_params=None, kv8=False, arg=DeviceArg, values=None, **_):
     """rope's contract (``contract.layers.rope``) with k required, then append_kv's
     contract (``contract.copy.append_kv``, values included); k_cache in q's dtype;
     (Hq + 2 Hk) * D below 2^31. Returns the views (q, k, v,
-    k_cache, v_cache, positions, cos_sin_cache, page_table, seq_lens, cu_q, finished)."""
+    k_cache, v_cache, positions, cos_sin_cache, page_table, seq_lens, cu_q, finished);
+    8-bit caches as append_kv's (k_scale/v_scale or k_params/v_params; the cache is then
+    not tied to q's dtype), their views appended with ``kv8=True``."""
     if k is None:
         raise TypeError("k: required (rope_append_kv appends the rotated k)")
     qa, ka, pa, ca, T, Hq, Hk, D = layers_contract.rope(q, k, positions, cos_sin_cache, arg=arg)
     # append_kv's checks take k_cache as their anchor: tie it to q first, so that a cache of
     # another dtype or device is reported as k_cache's fault, not v_cache's (its shape is
     # append_kv's anchor: k of other heads than the cache's is k's fault)
-    arg("k_cache", k_cache, dtype=qa.dtype, ndim=4, device=qa.device)
+    fmt = copy_contract.kv_format(k_scale, v_scale, k_params, v_params)
+    arg("k_cache", k_cache, dtype=qa.dtype if fmt is None else None, ndim=4, device=qa.device)
+    if fmt is not None:
+        arg("v", v, dtype=qa.dtype, ndim=3, device=qa.device)
     if (Hq + 2 * Hk) * D >= _INT32_MAX:
         raise ValueError(f"q: {Hq} + 2 x {Hk} heads of {D} are too many (the kernel's "
                          "per-token index is int32)")
-    ka, va, kc, vc, pt, sl, cq, fin = copy_contract.append_kv(
-        k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished, arg=arg, values=values)
+    r = copy_contract.append_kv(
+        k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished, k_scale=k_scale,
+        v_scale=v_scale, k_params=k_params, v_params=v_params, kv8=True, arg=arg, values=values)
+    ka, va, kc, vc, pt, sl, cq, fin = r[:8]
+    if kv8:
+        return (qa, ka, va, kc, vc, pa, ca, pt, sl, cq, fin) + tuple(r[8:])
     return qa, ka, va, kc, vc, pa, ca, pt, sl, cq, fin

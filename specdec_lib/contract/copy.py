@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from .._args import DeviceArg, check_shape
+from ._batch import FLOATS, require_dtype
 from ._core import check
+
+# the 8-bit KV cache formats (reference/kvquant.py is their spec)
+FP8_CACHE_DTYPES = ("uint8", "fp8_e4m3")   # fp8 bits: numpy/torch uint8, torch float8_e4m3fn
+INT8_CACHE_DTYPES = ("int8",)
+KV8_MAX_HEAD_DIM = 256
+_MIN_SCALE = 2.0 ** -126                   # 1 / scale must stay finite
 
 
 @check("copy")
@@ -70,22 +77,106 @@ def append_kv_indices(page_table, seq_lens, cu_q, finished, num_pages, page_size
                              f"outside [0, {num_pages})")
 
 
+def kv_format(k_scale, v_scale, k_params, v_params):
+    """The cache format the quantisation arguments ask for: "fp8" (k_scale and v_scale),
+    "int8" (k_params and v_params) or None (neither: a 16-bit cache). Mixing them, or giving
+    one of a pair without the other, is refused naming the argument."""
+    fp8 = k_scale is not None or v_scale is not None
+    int8 = k_params is not None or v_params is not None
+    if fp8 and int8:
+        raise TypeError("k_scale/v_scale (fp8 cache) and k_params/v_params (int8 cache) "
+                        "exclude each other")
+    if fp8:
+        for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if x is None:
+                raise TypeError(f"{name}: required with an fp8 cache (both k_scale and v_scale)")
+        return "fp8"
+    if int8:
+        for name, x in (("k_params", k_params), ("v_params", v_params)):
+            if x is None:
+                raise TypeError(f"{name}: required with an int8 cache (both k_params and "
+                                "v_params)")
+        return "int8"
+    return None
+
+
+def kv8_cache_args(fmt, kc, vc, k_scale, v_scale, k_params, v_params, *, arg, values):
+    """The 8-bit cache arguments beside the caches' views ``kc`` / ``vc`` (already checked
+    for shape [num_pages, page_size, Hkv, D]): the caches' dtype (fp8: uint8 bits or
+    torch.float8_e4m3fn; int8: int8), D <= 256; fp8: k_scale / v_scale float32 [Hkv] or [1],
+    contiguous, on the caches' device, with ``values`` finite and >= 2^-126 (<= 0 and NaN
+    refused); int8: k_params / v_params float32 [num_pages, page_size, Hkv, 2], contiguous.
+    Returns the views (k_scale, v_scale, k_params, v_params), None where absent."""
+    num_pages, page_size, hkv, dim = kc.shape
+    want = FP8_CACHE_DTYPES if fmt == "fp8" else INT8_CACHE_DTYPES
+    for a in (kc, vc):
+        if a.dtype not in want:
+            raise TypeError(f"{a.name}: a{'n' if fmt == 'int8' else ''} {fmt} cache is "
+                            f"{' or '.join(want)}, got {a.dtype}")
+    if kc.dtype != vc.dtype:
+        raise TypeError(f"v_cache: dtype {vc.dtype} differs from k_cache's {kc.dtype}")
+    if dim > KV8_MAX_HEAD_DIM:
+        raise ValueError(f"k_cache: head dim {dim} exceeds {KV8_MAX_HEAD_DIM} (8-bit caches)")
+    dev = kc.device
+    if fmt == "fp8":
+        out = []
+        for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+            a = arg(name, x, dtype="float32", ndim=1, device=dev, contiguous=True)
+            require_dtype(a, "float32")     # numpy too: the kernels read float32 bits
+            if a.shape[0] not in (1, hkv):
+                raise ValueError(f"{name}: expected shape [{hkv}] (one scale per KV head) or "
+                                 f"[1], got {list(a.shape)}")
+            if values is not None:
+                s = values(a)
+                if s is not None:
+                    s = np.asarray(s, dtype=np.float64)
+                    bad = ~(np.isfinite(s) & (s >= _MIN_SCALE))
+                    if bad.any():
+                        h = int(np.argmax(bad))
+                        raise ValueError(f"{name}: scale {s[h]} of KV head {h} must be finite "
+                                         f"and >= 2^-126 (positive)")
+            out.append(a)
+        return out[0], out[1], None, None
+    out = []
+    for name, x in (("k_params", k_params), ("v_params", v_params)):
+        a = arg(name, x, dtype="float32", shape=(num_pages, page_size, hkv, 2), device=dev,
+                contiguous=True)
+        require_dtype(a, "float32")
+        out.append(a)
+    return None, None, out[0], out[1]
+
+
 @check("append_kv")
 def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None, *,
+              k_scale=None, v_scale=None, k_params=None, v_params=None, kv8=False,
               arg=DeviceArg, values=None, **_):
     """k, v: [T, Hkv, D] of the caches' dtype; k_cache, v_cache: [num_pages, page_size,
     Hkv, D], D contiguous; page_table [B, max_pages] int32, rows contiguous; seq_lens [B],
     cu_q [B+1] int32 contiguous; finished optional [B] uint8/bool. With ``values``, the
-    index checks of ``append_kv_indices``. Returns the views (k, v, k_cache, v_cache,
-    page_table, seq_lens, cu_q, finished)."""
+    index checks of ``append_kv_indices``. 8-bit caches (quantise on write,
+    reference/kvquant.py): k_scale + v_scale (fp8) or k_params + v_params (int8) as
+    ``kv8_cache_args`` checks them, k / v then float32/float16/bfloat16 (one dtype).
+    Returns the views (k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished),
+    plus (k_scale, v_scale, k_params, v_params) when ``kv8=True`` is passed."""
+    fmt = kv_format(k_scale, v_scale, k_params, v_params)
     kc = arg("k_cache", k_cache, ndim=4)
     dev = kc.device
     num_pages, page_size, hkv, dim = kc.shape
-    vc = arg("v_cache", v_cache, dtype=kc.dtype, shape=kc.shape, device=dev)
-    ka = arg("k", k, dtype=kc.dtype, ndim=3, device=dev)
-    T = ka.shape[0]
-    check_shape("k", ka.shape, (None, hkv, dim))
-    va = arg("v", v, dtype=kc.dtype, shape=ka.shape, device=dev)
+    if fmt is None:
+        vc = arg("v_cache", v_cache, dtype=kc.dtype, shape=kc.shape, device=dev)
+        ka = arg("k", k, dtype=kc.dtype, ndim=3, device=dev)
+        T = ka.shape[0]
+        check_shape("k", ka.shape, (None, hkv, dim))
+        va = arg("v", v, dtype=kc.dtype, shape=ka.shape, device=dev)
+        q8 = (None, None, None, None)
+    else:
+        vc = arg("v_cache", v_cache, shape=kc.shape, device=dev)
+        q8 = kv8_cache_args(fmt, kc, vc, k_scale, v_scale, k_params, v_params, arg=arg,
+                            values=values)
+        ka = arg("k", k, dtype=FLOATS, ndim=3, device=dev)
+        T = ka.shape[0]
+        check_shape("k", ka.shape, (None, hkv, dim))
+        va = arg("v", v, dtype=ka.dtype, shape=ka.shape, device=dev)
     pt = arg("page_table", page_table, dtype="int32", ndim=2, device=dev)
     B = pt.shape[0]
     sl = arg("seq_lens", seq_lens, dtype="int32", shape=(B,), device=dev, contiguous=True)
@@ -104,4 +195,6 @@ def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None,
         idx = [values(a) for a in (pt, sl, cq)]
         if all(x is not None for x in idx):
             append_kv_indices(*idx, values(fin), num_pages, page_size, T)
+    if kv8:
+        return (ka, va, kc, vc, pt, sl, cq, fin) + tuple(q8)
     return ka, va, kc, vc, pt, sl, cq, fin

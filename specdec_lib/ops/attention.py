@@ -49,6 +49,14 @@ def verify_attention_smem_bytes(head_dim: int, family: int) -> int:
     return max(ring, _EPILOGUE_SMEM)
 
 
+def verify_attention_kv8_smem_bytes(head_dim: int, family: int) -> int:
+    """Dynamic shared memory of one verify_attention_kv8 CTA (8-bit caches): the 8-bit ring,
+    the dequantised 16-bit tile and the int8 params ring (attention_params.h)."""
+    keys, st = _TILE_KEYS[head_dim], _stages(family)
+    need = st * 2 * keys * head_dim + 2 * keys * head_dim * 2 + st * 2 * keys * 8
+    return max(need, _EPILOGUE_SMEM)
+
+
 @dataclass(frozen=True)
 class VerifyAttentionPlan:
     warps_m: int        # 16-row m-tiles per CTA (1, 2 or 4); 4 // warps_m warps split each KV tile
@@ -118,23 +126,24 @@ def _debug_default():
     return os.environ.get("SPECDEC_DEBUG", "").strip() not in ("", "0")
 
 
-_launch_cache: dict = {}   # (device, dtype tag, D) -> (family, sm_count, smem, merge kernel)
+_launch_cache: dict = {}   # (device, dtype tag, D[, "kv8"]) -> (family, sm_count, smem, merge kernel)
 
 
-def _launch_setup(dev, tag, D):
-    """Per (device, dtype, head dim): code family, SM count, dynamic smem and the merge
-    kernel, looked up once (the host path runs every decode round)."""
-    hit = _launch_cache.get((dev, tag, D))
+def _launch_setup(dev, tag, D, kv8=False):
+    """Per (device, dtype, head dim, cache kind): code family, SM count, dynamic smem and the
+    merge kernel, looked up once (the host path runs every decode round)."""
+    key = (dev, tag, D, "kv8") if kv8 else (dev, tag, D)
+    hit = _launch_cache.get(key)
     if hit is None:
         family = runtime.arch_family(dev)
-        smem = verify_attention_smem_bytes(D, family)
+        smem = (verify_attention_kv8_smem_bytes if kv8 else verify_attention_smem_bytes)(D, family)
         optin = runtime.device_props(dev)["smem_optin"]
         if smem + _STATIC_SMEM > optin:
             raise ValueError(f"q: head dim {D} needs {smem + _STATIC_SMEM} bytes of shared "
                              f"memory per block, device {dev} allows {optin}")
         merge = runtime.kernel("attention", f"verify_attention_merge_{tag}", dev)
         hit = (family, runtime.sm_count(dev), smem, merge)
-        _launch_cache[(dev, tag, D)] = hit
+        _launch_cache[key] = hit
     return hit
 
 
@@ -153,7 +162,9 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
                      workspace: Optional[ArrayLike] = None, num_splits: Optional[int] = None,
                      max_kv_len: Optional[int] = None, max_q: Optional[int] = None,
                      row_invariant: bool = False, check_indices: Optional[bool] = None,
-                     stream: StreamLike = None):
+                     stream: StreamLike = None, k_scale: Optional[ArrayLike] = None,
+                     v_scale: Optional[ArrayLike] = None, k_params: Optional[ArrayLike] = None,
+                     v_params: Optional[ArrayLike] = None):
     """Paged block-verification attention of one speculative round.
 
     q ``[T, Hq, D]`` (float16; bfloat16 on sm_80+), k_cache / v_cache
@@ -181,6 +192,10 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
     ValueError on bad offsets, a page table too narrow for L+q, or page ids outside the
     pool; without it the kernel never faults on such input but writes NaN for the affected
     sequence/head rows.
+    8-bit caches (``specdec_lib.reference.kvquant``): fp8 (uint8 bits or
+    torch.float8_e4m3fn) with ``k_scale`` / ``v_scale`` float32 ``[Hkv]`` or ``[1]``, or int8
+    with ``k_params`` / ``v_params`` float32 ``[num_pages, page_size, Hkv, 2]`` (as written
+    by ``append_kv``); dequantised after the load, same plans (splits, row_invariant).
     Returns ``out``.
 
     Example::
@@ -192,22 +207,26 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
     stream_h = as_stream(stream)
     if check_indices is None:
         check_indices = _debug_default()
-    qa, kc, vc, pt, sl, cq, oa, la, ws, scale, max_q, max_kv_len, num_splits = \
-        contract.verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale,
-                                  lse_out, workspace=workspace, num_splits=num_splits,
-                                  max_kv_len=max_kv_len, max_q=max_q,
-                                  values=index_values(stream_h) if check_indices else None)
+    (qa, kc, vc, pt, sl, cq, oa, la, ws, scale, max_q, max_kv_len, num_splits,
+     ks, vs, kp, vp) = contract.verify_attention(
+        q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale, lse_out,
+        workspace=workspace, num_splits=num_splits, max_kv_len=max_kv_len, max_q=max_q,
+        k_scale=k_scale, v_scale=v_scale, k_params=k_params, v_params=v_params, kv8=True,
+        values=index_values(stream_h) if check_indices else None)
+    fmt = "fp8" if ks is not None else "int8" if kp is not None else None
     dev = qa.device
     T, Hq, D = qa.shape
     num_pages, page_size, Hkv = kc.shape[0], kc.shape[1], kc.shape[2]
     B, max_pages = pt.shape
     tag = "f16" if qa.dtype == "float16" else "bf16"
-    family, sms, smem, merge = _launch_setup(dev, tag, D)
+    family, sms, smem, merge = _launch_setup(dev, tag, D, fmt is not None)
     if qa.dtype == "bfloat16" and family < 80:
         raise TypeError("q: bfloat16 verify_attention needs sm_80 or newer (this device runs the "
                         "sm_75 code path, which has no bf16 tensor cores); use float16")
-    for a in (qa, kc, vc, oa):
+    for a in (qa, oa):
         _aligned(a.name, a)
+    for a in (kc, vc):
+        _aligned(a.name, a, 16 if fmt is not None else 8)
     if B > MAX_BATCH:
         raise ValueError(f"page_table: {B} sequences, at most {MAX_BATCH} per call")
     if T == 0 or B == 0:
@@ -231,9 +250,25 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
         partial_o = ws.ptr
         partial_lse = ws.ptr + _lse_offset(plan.num_splits * T * Hq, D)
 
+    from .. import _attention
+    if fmt is not None:
+        kern = runtime.kernel("verify_attention_kv8", f"verify_attention_kv8_d{D}_{tag}_{fmt}", dev)
+        kern.set_max_dynamic_smem(smem)
+        _attention.launch_verify_attention_kv8(
+            kern, merge, Hkv * plan.m_groups, smem, stream_h,
+            (qa.ptr, kc.ptr, vc.ptr, pt.ptr, sl.ptr, cq.ptr, oa.ptr, la.ptr, partial_o, partial_lse),
+            (qa.strides[0], qa.strides[1]), (kc.strides[0], kc.strides[1], kc.strides[2]),
+            (vc.strides[0], vc.strides[1], vc.strides[2]), (oa.strides[0], oa.strides[1]),
+            (la.strides[0], la.strides[1]) if lse_out is not None else (0, 0),
+            pt.strides[0], scale * 1.4426950408889634, T, B, Hq, Hkv, D,
+            page_size.bit_length() - 1, num_pages, max_pages, max_q, plan.warps_m, plan.num_splits,
+            plan.kv_chunk,
+            (ks.ptr if ks is not None else 0, vs.ptr if vs is not None else 0,
+             kp.ptr if kp is not None else 0, vp.ptr if vp is not None else 0),
+            0 if ks is None or ks.shape[0] == 1 else 1)
+        return out
     kern = runtime.kernel("attention", f"verify_attention_d{D}_{tag}", dev)   # makes dev current
     kern.set_max_dynamic_smem(smem)   # no-op unless static + dynamic exceeds the current limit
-    from .. import _attention
     _attention.launch_verify_attention(
         kern, merge, Hkv * plan.m_groups, smem, stream_h,
         (qa.ptr, kc.ptr, vc.ptr, pt.ptr, sl.ptr, cq.ptr, oa.ptr, la.ptr, partial_o, partial_lse),
@@ -263,7 +298,10 @@ def rope_append_kv(q: ArrayLike, k: ArrayLike, v: ArrayLike, positions: ArrayLik
                    cos_sin_cache: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
                    page_table: ArrayLike, seq_lens: ArrayLike, cu_q: ArrayLike,
                    finished: Optional[ArrayLike] = None, *, check_indices: bool = True,
-                   stream: StreamLike = None) -> Tuple[ArrayLike, ArrayLike, ArrayLike, ArrayLike]:
+                   stream: StreamLike = None, k_scale: Optional[ArrayLike] = None,
+                   v_scale: Optional[ArrayLike] = None, k_params: Optional[ArrayLike] = None,
+                   v_params: Optional[ArrayLike] = None
+                   ) -> Tuple[ArrayLike, ArrayLike, ArrayLike, ArrayLike]:
     """``rope(q, k, positions, cos_sin_cache)`` then ``append_kv(k, v, k_cache, v_cache,
     page_table, seq_lens, cu_q, finished)`` in one launch, bit for bit the two ops.
 
@@ -283,9 +321,19 @@ def rope_append_kv(q: ArrayLike, k: ArrayLike, v: ArrayLike, positions: ArrayLik
                        finished, check_indices=False, stream=s)
     """
     stream_h = as_stream(stream)
-    qa, ka, va, kc, vc, pa, ca, pt, sl, cq, fin = contract.rope_append_kv(
+    qa, ka, va, kc, vc, pa, ca, pt, sl, cq, fin, ks, vs, kp, vp = contract.rope_append_kv(
         q, k, v, positions, cos_sin_cache, k_cache, v_cache, page_table, seq_lens, cu_q, finished,
+        k_scale=k_scale, v_scale=v_scale, k_params=k_params, v_params=v_params, kv8=True,
         values=index_values(stream_h) if check_indices else None)
+    if ks is not None or kp is not None:
+        # TODO(issue 32): the fused rope_append_kv8 kernel; until then the unfused pair
+        from .layers import rope
+        from .copy import append_kv
+        rope(q, k, positions, cos_sin_cache, stream=stream)
+        append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished,
+                  check_indices=False, stream=stream, k_scale=k_scale, v_scale=v_scale,
+                  k_params=k_params, v_params=v_params)
+        return q, k, k_cache, v_cache
     T, Hq, D = qa.shape
     Hk = ka.shape[1]
     dev = qa.device

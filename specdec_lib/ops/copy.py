@@ -56,8 +56,16 @@ def copy(dst, src, *, stream=None):
     return dst
 
 
+_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def _kv8_scale_stride(ks):
+    return 0 if ks is None or ks.shape[0] == 1 else 1
+
+
 def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None, *,
-              check_indices=True, stream=None):
+              check_indices=True, stream=None, k_scale=None, v_scale=None, k_params=None,
+              v_params=None):
     """Write a round's block K/V rows into paged caches.
 
     k, v: [T, Hkv, D]; k_cache, v_cache: [num_pages, page_size, Hkv, D] (same dtype, any
@@ -71,15 +79,26 @@ def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None,
     narrow for L+q, or page ids outside the pool. Pass False inside a captured graph or a
     hot loop: the kernel then skips (never writes, never faults on) rows whose target is
     outside the page table or the pool.
+
+    8-bit caches (quantise on write; the formats: ``specdec_lib.reference.kvquant``):
+    ``k_scale`` / ``v_scale`` float32 ``[Hkv]`` or ``[1]`` with fp8 caches (uint8 bits or
+    torch.float8_e4m3fn), or ``k_params`` / ``v_params`` float32 ``[num_pages, page_size,
+    Hkv, 2]`` with int8 caches (each written row's (scale, zero) goes there); k / v are then
+    float32/float16/bfloat16 and D <= 256. With ``check_indices`` the scales' values are
+    checked too (finite, >= 2^-126).
     """
     stream_h = as_stream(stream)
-    ka, va, kc, vc, pt, sl, cq, fin = contract.append_kv(
-        k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished,
+    ka, va, kc, vc, pt, sl, cq, fin, ks, vs, kp, vp = contract.append_kv(
+        k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished, k_scale=k_scale,
+        v_scale=v_scale, k_params=k_params, v_params=v_params, kv8=True,
         values=index_values(stream_h) if check_indices else None)
     T, B = ka.shape[0], pt.shape[0]
     num_pages, page_size, hkv, dim = kc.shape
     dev = kc.device
     if T == 0 or B == 0:
+        return k_cache, v_cache
+    if ks is not None or kp is not None:
+        _append_kv8(ka, va, kc, vc, pt, sl, cq, fin, ks, vs, kp, vp, stream_h)
         return k_cache, v_cache
     isz = kc.itemsize
     # 16-byte vectors need every row start aligned: OR-ing the byte offsets tests all at once
@@ -103,3 +122,37 @@ def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None,
         (kc.strides[2], vc.strides[2]), pt.strides[0], T, B, hkv, dim, page_size, num_pages,
         pt.shape[1], vectorize)
     return k_cache, v_cache
+
+
+def _append_kv8(ka, va, kc, vc, pt, sl, cq, fin, ks, vs, kp, vp, stream_h):
+    """The 8-bit append: one warp per (token, K/V, head) row (copy.cu append_kv8)."""
+    T, B = ka.shape[0], pt.shape[0]
+    num_pages, page_size, hkv, dim = kc.shape
+    E = ka.itemsize
+    V = 16 // E
+    # V-element chunks: 16-byte source loads, V-byte cache stores
+    src_bits = ka.ptr | va.ptr
+    for a in (ka, va):
+        for st, n in zip(a.strides[:-1], a.shape[:-1]):
+            if n > 1:
+                src_bits |= st * E
+    dst_bits = kc.ptr | vc.ptr
+    for a in (kc, vc):
+        for st, n in zip(a.strides[:-1], a.shape[:-1]):
+            if n > 1:
+                dst_bits |= st
+    vectorize = dim % V == 0 and src_bits % 16 == 0 and dst_bits % V == 0
+    fmt = "fp8" if ks is not None else "int8"
+    kern = runtime.kernel("copy", f"append_kv8_{fmt}_{_SHORT[ka.dtype]}", kc.device)
+    warps = max(1, min(8, 2 * hkv))
+    threads = 32 * warps
+    rows_per_cta = max(1, _THREADS // threads)
+    grid = int(min(-(-T // rows_per_cta), 2**31 - 1))
+    from .. import _copy
+    _copy.launch_append_kv8(
+        kern, grid, threads, rows_per_cta, stream_h, ka.ptr, va.ptr, kc.ptr, vc.ptr, pt.ptr,
+        sl.ptr, cq.ptr, fin.ptr, (ka.strides[0], va.strides[0]), (ka.strides[1], va.strides[1]),
+        (kc.strides[0], vc.strides[0]), (kc.strides[1], vc.strides[1]),
+        (kc.strides[2], vc.strides[2]), pt.strides[0], T, B, hkv, dim, page_size, num_pages,
+        pt.shape[1], vectorize, ks.ptr if ks is not None else 0, vs.ptr if vs is not None else 0,
+        kp.ptr if kp is not None else 0, vp.ptr if vp is not None else 0, _kv8_scale_stride(ks))

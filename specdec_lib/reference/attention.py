@@ -25,10 +25,28 @@ from ..contract.attention import (HEAD_DIMS, MAX_GROUP, MAX_Q_PER_SEQ,  # noqa: 
                                   verify_attention_values as check_verify_attention_values)
 
 
+def dequantize_cache(cache, k_scale=None, k_params=None):
+    """A cache as float64 values: a 16-bit one as is (numpy uint16 = bfloat16 bits), an fp8
+    one (uint8 bits, ``k_scale`` [Hkv] or [1]) as e4m3_value * scale, an int8 one
+    (``k_params`` [num_pages, page_size, Hkv, 2]) as (c + 128) * scale + zero in float32
+    (reference/kvquant.py)."""
+    from . import kvquant as kq
+    if k_scale is not None:
+        c = cache.view(np.uint8) if cache.dtype != np.uint8 else cache
+        return kq.fp8_dequantize(c, np.asarray(k_scale, np.float64).reshape(-1, 1))
+    if k_params is not None:
+        return kq.int8_dequantize(cache, np.asarray(k_params)).astype(np.float64)
+    if cache.dtype == np.uint16:
+        from ..dtypes import bf16_bits_to_f32
+        return bf16_bits_to_f32(cache).astype(np.float64)
+    return np.asarray(cache, dtype=np.float64)
+
+
 @checked("verify_attention")
 def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale=None,
                      lse_out=None, *, workspace=None, num_splits=None, max_kv_len=None,
-                     row_invariant=False, stream=None):
+                     row_invariant=False, stream=None, k_scale=None, v_scale=None,
+                     k_params=None, v_params=None):
     """Paged block-verification attention (see the module docstring); float64 math.
 
     ``q [T, Hq, D]``, ``k_cache``/``v_cache [num_pages, page_size, Hkv, D]`` (any float
@@ -39,7 +57,14 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
     (every row is computed on its own here). The argument contract
     (``specdec_lib.contract.attention.verify_attention``: dtypes by kind, shapes, strides,
     index values) runs first. Returns ``out``.
+
+    8-bit caches: ``k_scale``/``v_scale`` (fp8, uint8 bits) or ``k_params``/``v_params``
+    (int8): the caches are dequantised first (``dequantize_cache``), then the same float64
+    attention.
     """
+    if k_scale is not None or k_params is not None:
+        k_cache = dequantize_cache(k_cache, k_scale, k_params)
+        v_cache = dequantize_cache(v_cache, v_scale, v_params)
     T, Hq, D = q.shape
     ps, Hkv = k_cache.shape[1], k_cache.shape[2]
     B = page_table.shape[0]
@@ -74,7 +99,8 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
 
 @checked("rope_append_kv")
 def rope_append_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, page_table, seq_lens,
-                   cu_q, finished=None, *, check_indices=True, stream=None):
+                   cu_q, finished=None, *, check_indices=True, stream=None, k_scale=None,
+                   v_scale=None, k_params=None, v_params=None):
     """``rope(q, k, positions, cos_sin_cache)`` then ``append_kv(k, v, k_cache, v_cache,
     page_table, seq_lens, cu_q, finished)``: the spec of the fused op is the two reference
     ops in sequence (see each for shapes and rules). q and k are rotated in place (every
@@ -86,5 +112,6 @@ def rope_append_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, page_tab
     from .copy import append_kv
     from .layers import rope
     getattr(rope, "unchecked", rope)(q, k, positions, cos_sin_cache)
-    append_kv.unchecked(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished)
+    append_kv.unchecked(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished,
+                        k_scale=k_scale, v_scale=v_scale, k_params=k_params, v_params=v_params)
     return q, k, k_cache, v_cache

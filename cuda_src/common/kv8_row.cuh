@@ -1,0 +1,83 @@
+// Warp-collective write of one (token, KV head) row of an 8-bit KV cache (issue 32): the
+// row's D values sit in the 32 lanes' registers as chunks of V consecutive elements; the
+// lane holding chunk c writes cache bytes c*V .. c*V+V-1. FP8: codes e4m3(x * (1/scale));
+// INT8: the warp reduces the row's NaN-ignoring min / max, every lane derives the same
+// (scale, zero) (common/kv8.cuh), lane 0 stores the pair. Used by append_kv8 (copy.cu) and
+// rope_append_kv8 (attention/rope_append_kv.cu). Every lane of the warp must call it.
+#pragma once
+#include <stdint.h>
+#include <string.h>
+#include "common/kv8.cuh"
+
+namespace specdec {
+
+enum { KV8_FP8 = 0, KV8_INT8 = 1 };
+
+template <int V>
+__device__ __forceinline__ void kv8_store_bytes(uint8_t* dst, const uint8_t (&b)[V]) {
+  if constexpr (V == 8) {
+    uint2 w;
+    memcpy(&w, b, 8);
+    *reinterpret_cast<uint2*>(dst) = w;
+  } else if constexpr (V == 4) {
+    uint32_t w;
+    memcpy(&w, b, 4);
+    *reinterpret_cast<uint32_t*>(dst) = w;
+  } else if constexpr (V == 2) {
+    uint16_t w;
+    memcpy(&w, b, 2);
+    *reinterpret_cast<uint16_t*>(dst) = w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) dst[i] = b[i];
+  }
+}
+
+// x[j][i]: element chunk[j]*V + i of the row (chunk[j] < 0: slot unused). fp8_scale: the
+// head's scale (FP8); params: where (scale, zero) go (INT8, written by lane 0).
+template <int FMT, int NC, int V>
+__device__ __forceinline__ void kv8_write_row(const float (&x)[NC][V], const int (&chunk)[NC],
+                                              uint8_t* dst, float fp8_scale, float* params) {
+  if constexpr (FMT == KV8_FP8) {
+    const float inv = kv8::rcp_rn(fp8_scale);
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+      if (chunk[j] < 0) continue;
+      uint8_t b[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) b[i] = kv8::e4m3_encode(kv8::mul_rn(x[j][i], inv));
+      kv8_store_bytes<V>(dst + chunk[j] * V, b);
+    }
+  } else {
+    float mn = __int_as_float(0x7fffffff), mx = mn;   // NaN: ignored by min/max
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+      if (chunk[j] < 0) continue;
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        mn = kv8::fmin_nan(mn, x[j][i]);
+        mx = kv8::fmax_nan(mx, x[j][i]);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      mn = kv8::fmin_nan(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+      mx = kv8::fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    }
+    const kv8::Int8Row r = kv8::int8_row(mn, mx);
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+      if (chunk[j] < 0) continue;
+      uint8_t b[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) b[i] = static_cast<uint8_t>(kv8::int8_encode(x[j][i], r));
+      kv8_store_bytes<V>(dst + chunk[j] * V, b);
+    }
+    if ((threadIdx.x & 31) == 0) {
+      params[0] = r.scale;
+      params[1] = r.zero;
+    }
+  }
+}
+
+}  // namespace specdec

@@ -1,0 +1,393 @@
+"""8-bit paged KV caches (issue 32): append_kv / rope_append_kv quantising on write and
+verify_attention reading fp8_e4m3 / int8 caches. CPU: the reference ops against
+reference/kvquant.py and the argument contract (bad scales refused, outputs untouched) on
+the reference and eager torch paths. GPU (skipped without one; run natively and with
+SPECDEC_FORCE_ARCH=75 / 80): the kernels byte for byte (quantise on write) and by relative
+norm (attention) against the reference."""
+import numpy as np
+import pytest
+
+from specdec_lib import reference as ref
+from specdec_lib.reference import kvquant as kq
+from conftest import REFUSAL_PATHS, assert_refused, call_op, needs_gpu, on_path, poison, rel_err
+
+FMTS = ("fp8", "int8")
+
+
+def _paged(rng, T=5, Hkv=2, D=16, pages=4, page=4, src=np.float32):
+    return {"k": (rng.standard_normal((T, Hkv, D)) * 3).astype(src),
+            "v": (rng.standard_normal((T, Hkv, D)) * 3).astype(src),
+            "page_table": np.array([[0, 1], [2, 3]], np.int32),
+            "seq_lens": np.array([1, 3], np.int32), "cu_q": np.array([0, 2, 5], np.int32),
+            "finished": None, "pages": pages, "page": page}
+
+
+def _caches(fmt, pages, page, Hkv, D, per_tensor=False):
+    if fmt == "fp8":
+        return dict(k_cache=np.full((pages, page, Hkv, D), 0x55, np.uint8),
+                    v_cache=np.full((pages, page, Hkv, D), 0x55, np.uint8),
+                    k_scale=np.array([0.05] if per_tensor else np.linspace(0.02, 0.05, Hkv),
+                                     np.float32),
+                    v_scale=np.array([0.03] if per_tensor else np.linspace(0.01, 0.04, Hkv),
+                                     np.float32))
+    return dict(k_cache=np.full((pages, page, Hkv, D), 7, np.int8),
+                v_cache=np.full((pages, page, Hkv, D), 7, np.int8),
+                k_params=np.full((pages, page, Hkv, 2), -1.0, np.float32),
+                v_params=np.full((pages, page, Hkv, 2), -1.0, np.float32))
+
+
+def _targets(c):
+    out = []
+    for b in range(len(c["seq_lens"])):
+        for t in range(c["cu_q"][b], c["cu_q"][b + 1]):
+            pos = c["seq_lens"][b] + t - c["cu_q"][b]
+            out.append((t, c["page_table"][b, pos // c["page"]], pos % c["page"]))
+    return out
+
+
+_QKW = ("k_scale", "v_scale", "k_params", "v_params")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("per_tensor", [False, True], ids=["per_head", "per_tensor"])
+def test_append_kv_quantised_reference(rng, fmt, per_tensor):
+    c = _paged(rng)
+    T, Hkv, D = c["k"].shape
+    q = _caches(fmt, c["pages"], c["page"], Hkv, D, per_tensor)
+    before = {n: q[n].copy() for n in q}
+    ref.append_kv(c["k"], c["v"], q["k_cache"], q["v_cache"], c["page_table"], c["seq_lens"],
+                  c["cu_q"], **{n: q[n] for n in _QKW if n in q})
+    written = np.zeros(q["k_cache"].shape[:2], bool)
+    for t, page, slot in _targets(c):
+        written[page, slot] = True
+        for x, cache, kw in ((c["k"], "k_cache", "k"), (c["v"], "v_cache", "v")):
+            if fmt == "fp8":
+                s = q[f"{kw}_scale"].reshape(-1, 1)
+                assert np.array_equal(q[cache][page, slot], kq.fp8_quantize(x[t], s))
+            else:
+                codes, params = kq.int8_quantize(x[t])
+                assert np.array_equal(q[cache][page, slot], codes)
+                assert np.array_equal(q[f"{kw}_params"][page, slot], params)
+    for n in ("k_cache", "v_cache") + (("k_params", "v_params") if fmt == "int8" else ()):
+        assert np.array_equal(q[n][~written], before[n][~written]), f"{n}: wrote an unowned slot"
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_append_kv_quantised_reference_bf16_source(rng, fmt):
+    """numpy uint16 k / v are bfloat16 bits: quantised from their float32 values."""
+    from specdec_lib.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
+    c = _paged(rng)
+    kb, vb = f32_to_bf16_bits(c["k"]), f32_to_bf16_bits(c["v"])
+    T, Hkv, D = c["k"].shape
+    q1 = _caches(fmt, c["pages"], c["page"], Hkv, D)
+    q2 = _caches(fmt, c["pages"], c["page"], Hkv, D)
+    args = (c["page_table"], c["seq_lens"], c["cu_q"])
+    ref.append_kv(kb, vb, q1["k_cache"], q1["v_cache"], *args, **{n: q1[n] for n in _QKW if n in q1})
+    ref.append_kv(bf16_bits_to_f32(kb), bf16_bits_to_f32(vb), q2["k_cache"], q2["v_cache"], *args,
+                  **{n: q2[n] for n in _QKW if n in q2})
+    for n in q1:
+        assert np.array_equal(q1[n], q2[n])
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_rope_append_kv_quantised_reference_is_rope_then_append(rng, fmt):
+    T, Hq, Hkv, D = 5, 4, 2, 16
+    c = _paged(rng, T=T, Hkv=Hkv, D=D)
+    qx = rng.standard_normal((T, Hq, D)).astype(np.float32)
+    pos = np.array([3, 4, 0, 1, 2], np.int32)
+    inv = 1.0 / (10000 ** (np.arange(0, D, 2) / D))
+    ang = np.arange(16)[:, None] * inv[None]
+    cs = np.concatenate([np.cos(ang), np.sin(ang)], axis=1).astype(np.float32)
+    qa = _caches(fmt, c["pages"], c["page"], Hkv, D)
+    qb = _caches(fmt, c["pages"], c["page"], Hkv, D)
+    q1, k1, v1 = qx.copy(), c["k"].copy(), c["v"].copy()
+    ref.rope_append_kv(q1, k1, v1, pos, cs, qa["k_cache"], qa["v_cache"], c["page_table"],
+                       c["seq_lens"], c["cu_q"], **{n: qa[n] for n in _QKW if n in qa})
+    q2, k2 = qx.copy(), c["k"].copy()
+    ref.rope(q2, k2, pos, cs)
+    ref.append_kv(k2, c["v"], qb["k_cache"], qb["v_cache"], c["page_table"], c["seq_lens"],
+                  c["cu_q"], **{n: qb[n] for n in _QKW if n in qb})
+    assert np.array_equal(q1, q2) and np.array_equal(k1, k2)
+    for n in qa:
+        assert np.array_equal(qa[n], qb[n]), n
+
+
+def _va_case(rng, fmt, D=64, Hq=4, Hkv=2, page=4, qs=(3, 1), Ls=(9, 0)):
+    B = len(qs)
+    cu = np.concatenate([[0], np.cumsum(qs)]).astype(np.int32)
+    T = int(cu[-1])
+    need = max(-(-(L + q) // page) for L, q in zip(Ls, qs))
+    pages = B * need + 1
+    pt = rng.permutation(pages)[: B * need].reshape(B, need).astype(np.int32)
+    kf = rng.standard_normal((pages, page, Hkv, D)).astype(np.float32)
+    vf = rng.standard_normal((pages, page, Hkv, D)).astype(np.float32)
+    c = dict(q=rng.standard_normal((T, Hq, D)).astype(np.float16), page_table=pt,
+             seq_lens=np.array(Ls, np.int32), cu_q=cu, kf=kf, vf=vf)
+    if fmt == "fp8":
+        ks = (np.abs(kf).max(axis=(0, 1, 3)) / 448).astype(np.float32)
+        vs = (np.abs(vf).max(axis=(0, 1, 3)) / 448).astype(np.float32)
+        c.update(k_cache=kq.fp8_quantize(kf, ks[:, None]), v_cache=kq.fp8_quantize(vf, vs[:, None]),
+                 kw=dict(k_scale=ks, v_scale=vs))
+    else:
+        kc, kp = kq.int8_quantize(kf)
+        vc, vp = kq.int8_quantize(vf)
+        c.update(k_cache=kc, v_cache=vc, kw=dict(k_params=kp, v_params=vp))
+    return c
+
+
+def _va_dequant(c):
+    from specdec_lib.reference.attention import dequantize_cache
+    kw = c["kw"]
+    return (dequantize_cache(c["k_cache"], kw.get("k_scale"), kw.get("k_params")),
+            dequantize_cache(c["v_cache"], kw.get("v_scale"), kw.get("v_params")))
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_verify_attention_8bit_reference(rng, fmt):
+    c = _va_case(rng, fmt)
+    T, Hq, D = c["q"].shape
+    args = (c["page_table"], c["seq_lens"], c["cu_q"])
+    out8, lse8 = np.zeros((T, Hq, D), np.float64), np.zeros((T, Hq), np.float64)
+    ref.verify_attention(c["q"].astype(np.float64), c["k_cache"], c["v_cache"], *args, out8,
+                         lse_out=lse8, **c["kw"])
+    kd, vd = _va_dequant(c)
+    outd, lsed = np.zeros_like(out8), np.zeros_like(lse8)
+    ref.verify_attention(c["q"].astype(np.float64), kd, vd, *args, outd, lse_out=lsed)
+    assert np.array_equal(out8, outd) and np.array_equal(lse8, lsed)
+    # and close to attention over the unquantised cache (the formats are sane)
+    outf = np.zeros_like(out8)
+    ref.verify_attention(c["q"].astype(np.float64), c["kf"], c["vf"], *args, outf)
+    assert rel_err(out8, outf) < (0.08 if fmt == "fp8" else 0.02)
+
+
+# ---------------------------------------------------------------- contract refusals
+def _append_args(rng, fmt):
+    c = _paged(rng)
+    T, Hkv, D = c["k"].shape
+    q = _caches(fmt, c["pages"], c["page"], Hkv, D)
+    a = {n: c[n] for n in ("k", "v", "page_table", "seq_lens", "cu_q")}
+    a.update(q)
+    return a
+
+
+_ORDER = ("k", "v", "k_cache", "v_cache", "page_table", "seq_lens", "cu_q")
+
+
+def _call_append(path, a):
+    kw = {n: a[n] for n in _QKW if a.get(n) is not None}
+    return call_op(path, "append_kv", [a[n] for n in _ORDER], kw)
+
+
+def _set(name, value):
+    def f(a, path):
+        a[name] = _as(path, value)
+    return f
+
+
+def _as(path, x):
+    if path == "reference" or not isinstance(x, np.ndarray):
+        return x
+    import torch
+    return torch.from_numpy(x.copy())
+
+
+_BAD = [
+    ("fp8", "k_scale_zero", _set("k_scale", np.array([0.1, 0.0], np.float32)), ValueError,
+     r"^k_scale: scale 0.0 of KV head 1 must be finite"),
+    ("fp8", "v_scale_negative", _set("v_scale", np.array([-1.0], np.float32)), ValueError,
+     r"^v_scale: scale -1.0 of KV head 0"),
+    ("fp8", "k_scale_nan", _set("k_scale", np.array([np.nan, 1], np.float32)), ValueError,
+     r"^k_scale: scale nan"),
+    ("fp8", "k_scale_inf", _set("k_scale", np.array([np.inf, 1], np.float32)), ValueError,
+     r"^k_scale: scale inf"),
+    ("fp8", "k_scale_subnormal", _set("k_scale", np.array([1e-40, 1], np.float32)), ValueError,
+     r"^k_scale: scale"),
+    ("fp8", "k_scale_wrong_shape", _set("k_scale", np.ones(3, np.float32)), ValueError,
+     r"^k_scale: expected shape \[2\]"),
+    ("fp8", "k_scale_2d", _set("k_scale", np.ones((2, 1), np.float32)), ValueError,
+     r"^k_scale: expected 1 dimensions"),
+    ("fp8", "k_scale_float64", _set("k_scale", np.ones(2, np.float64)), TypeError,
+     r"^k_scale: dtype must be float32"),
+    ("fp8", "v_scale_missing", _set("v_scale", None), TypeError, r"^v_scale: required"),
+    ("fp8", "cache_int8_for_fp8", _set("k_cache", np.zeros((4, 4, 2, 16), np.int8)), TypeError,
+     r"^k_cache: a fp8 cache"),
+    ("fp8", "cache_float_for_fp8", _set("v_cache", np.zeros((4, 4, 2, 16), np.float16)), TypeError,
+     r"^v_cache: a fp8 cache"),
+    ("fp8", "mixed_formats", _set("k_params", np.zeros((4, 4, 2, 2), np.float32)), TypeError,
+     r"^k_scale/v_scale \(fp8 cache\) and k_params"),
+    ("int8", "k_params_wrong_shape", _set("k_params", np.zeros((4, 4, 2, 3), np.float32)),
+     ValueError, r"^k_params: expected shape"),
+    ("int8", "v_params_float16", _set("v_params", np.zeros((4, 4, 2, 2), np.float16)), TypeError,
+     r"^v_params: dtype must be float32"),
+    ("int8", "k_params_missing", _set("k_params", None), TypeError, r"^k_params: required"),
+    ("int8", "cache_uint8_for_int8", _set("k_cache", np.zeros((4, 4, 2, 16), np.uint8)), TypeError,
+     r"^k_cache: an int8 cache"),
+    ("int8", "k_int32", _set("k", np.zeros((5, 2, 16), np.int32)), TypeError, r"^k: dtype"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _BAD, ids=[c[1] for c in _BAD])
+def test_append_kv_8bit_refuses_bad_input(path, case, rng):
+    fmt, _, mutate, exc, match = case
+    a = on_path(path, _append_args(rng, fmt))
+    mutate(a, path)
+    outs = [a["k_cache"], a["v_cache"], a.get("k_params"), a.get("v_params")]
+    assert_refused(lambda: _call_append(path, a), exc, match, outs)
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_append_kv_8bit_good_input_passes(path, fmt, rng):
+    a = on_path(path, _append_args(rng, fmt))
+    before = np.asarray(a["k_cache"]).copy()
+    _call_append(path, a)
+    assert not np.array_equal(np.asarray(a["k_cache"]), before)
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_verify_attention_8bit_refuses_bad_scales(path, fmt, rng):
+    c = _va_case(rng, fmt)
+    T, Hq, D = c["q"].shape
+    a = on_path(path, dict(q=c["q"], k_cache=c["k_cache"], v_cache=c["v_cache"],
+                           page_table=c["page_table"], seq_lens=c["seq_lens"], cu_q=c["cu_q"],
+                           out=np.full((T, Hq, D), 7, np.float16), **c["kw"]))
+    pos = [a[n] for n in ("q", "k_cache", "v_cache", "page_table", "seq_lens", "cu_q", "out")]
+    if fmt == "fp8":
+        bad = dict(k_scale=_as(path, np.array([1.0, -2.0], np.float32)), v_scale=a["v_scale"])
+        match = r"^k_scale: scale -2.0 of KV head 1"
+        exc = ValueError
+    else:
+        bad = dict(k_params=a["k_params"], v_params=_as(path, np.zeros((1, 2), np.float32)))
+        match = r"^v_params: expected 4 dimensions|^v_params: expected shape"
+        exc = ValueError
+    assert_refused(lambda: call_op(path, "verify_attention", pos, bad), exc, match, [a["out"]])
+    # and a 16-bit q with an 8-bit cache but no scales: the cache dtype is refused
+    assert_refused(lambda: call_op(path, "verify_attention", pos), TypeError, r"^k_cache: dtype",
+                   [a["out"]])
+
+
+def test_torch_float8_cache_dtype_maps():
+    torch = pytest.importorskip("torch")
+    from specdec_lib.contract import HostArg
+    t = torch.zeros((2, 3), dtype=torch.float8_e4m3fn)
+    a = HostArg("k_cache", t)
+    assert a.dtype == "fp8_e4m3" and a.itemsize == 1
+    from specdec_lib.dtypes import canonical
+    assert canonical("float8_e4m3fn") == canonical(torch.float8_e4m3fn) == "fp8_e4m3"
+
+
+# ---------------------------------------------------------------- GPU
+def _dev(x, dtype=None):
+    from specdec_lib import DeviceArray
+    return DeviceArray.from_numpy(x, dtype=dtype) if dtype else DeviceArray.from_numpy(x)
+
+
+_SRC = {"float32": np.float32, "float16": np.float16, "bfloat16": None}
+
+
+def _src_host(x, dtype):
+    from specdec_lib.dtypes import to_host_storage
+    return to_host_storage(x, dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("D,Hkv,page", [(128, 8, 16), (64, 2, 1), (256, 1, 64), (40, 3, 4)])
+def test_append_kv_8bit_gpu_bytes_equal_reference(rng, fmt, dtype, D, Hkv, page):
+    from specdec_lib import ops
+    qs, Ls = [1, 4, 16, 3], [0, page - 1, 37, 200]
+    B = len(qs)
+    cu = np.concatenate([[0], np.cumsum(qs)]).astype(np.int32)
+    T = int(cu[-1])
+    need = max(-(-(L + q) // page) for L, q in zip(Ls, qs))
+    pages = B * need + 2
+    pt = rng.permutation(pages)[: B * need].reshape(B, need).astype(np.int32)
+    k = _src_host(rng.standard_normal((T, Hkv, D)) * 2, dtype)
+    v = _src_host(rng.standard_normal((T, Hkv, D)) * 2, dtype)
+    k[0, 0, :] = k[0, 0, :1]   # an all-equal row
+    q = _caches(fmt, pages, page, Hkv, D)
+    host = {n: x.copy() for n, x in q.items()}
+    ref.append_kv(k, v, host["k_cache"], host["v_cache"], pt, np.array(Ls, np.int32), cu,
+                  **{n: host[n] for n in _QKW if n in host})
+    d = {n: _dev(x) for n, x in q.items()}
+    ops.append_kv(_dev(k, dtype), _dev(v, dtype), d["k_cache"], d["v_cache"], _dev(pt),
+                  _dev(np.array(Ls, np.int32)), _dev(cu), **{n: d[n] for n in _QKW if n in d})
+    for n in q:
+        got = d[n].to_numpy()
+        assert np.array_equal(got.view(np.uint8), host[n].view(np.uint8)), \
+            f"{n}: {np.count_nonzero(got.view(np.uint8) != host[n].view(np.uint8))} bytes differ"
+
+
+@needs_gpu
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("D", [64, 128, 34])
+def test_rope_append_kv_8bit_gpu_bytes_equal_reference(rng, fmt, dtype, D):
+    from specdec_lib import ops
+    from specdec_lib.dtypes import from_host_storage
+    T, Hq, Hkv, page = 9, 8, 2, 4
+    cu = np.array([0, 4, 9], np.int32)
+    Ls = np.array([2, 11], np.int32)
+    pt = np.array([[0, 1, 2, 3], [4, 5, 6, 7]], np.int32)
+    pos = (Ls.repeat(np.diff(cu)) + np.concatenate([np.arange(4), np.arange(5)])).astype(np.int32)
+    inv = 1.0 / (10000 ** (np.arange(0, D, 2) / D))
+    ang = np.arange(64)[:, None] * inv[None]
+    cs = np.concatenate([np.cos(ang), np.sin(ang)], axis=1).astype(np.float32)
+    qx = _src_host(rng.standard_normal((T, Hq, D)), dtype)
+    kx = _src_host(rng.standard_normal((T, Hkv, D)), dtype)
+    vx = _src_host(rng.standard_normal((T, Hkv, D)), dtype)
+    q = _caches(fmt, 8, page, Hkv, D)
+    host = {n: x.copy() for n, x in q.items()}
+    # the reference on float32 copies rounded back to the dtype (the rope reference's rounding)
+    qh, kh = from_host_storage(qx, dtype).astype(np.float32), from_host_storage(kx, dtype).astype(np.float32)
+    ref.rope(qh, kh, pos, cs)
+    kh = _src_host(kh, dtype)
+    ref.append_kv(kh, vx, host["k_cache"], host["v_cache"], pt, Ls, cu,
+                  **{n: host[n] for n in _QKW if n in host})
+    d = {n: _dev(x) for n, x in q.items()}
+    dq, dk = _dev(qx, dtype), _dev(kx, dtype)
+    ops.rope_append_kv(dq, dk, _dev(vx, dtype), _dev(pos), _dev(cs), d["k_cache"], d["v_cache"],
+                       _dev(pt), _dev(Ls), _dev(cu), **{n: d[n] for n in _QKW if n in d})
+    assert np.array_equal(dk.to_numpy().view(np.uint8), kh.view(np.uint8))
+    for n in q:
+        assert np.array_equal(d[n].to_numpy().view(np.uint8), host[n].view(np.uint8)), n
+
+
+# the bf16 path's tolerances (test_attention.TOL)
+_TOL = {"float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+@needs_gpu
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("D,group,Hkv,page", [(64, 4, 2, 16), (128, 4, 8, 16), (256, 1, 2, 64),
+                                               (128, 16, 1, 1)])
+@pytest.mark.parametrize("mode", ["direct", "split", "row_invariant"])
+def test_verify_attention_8bit_gpu(rng, fmt, dtype, D, group, Hkv, page, mode):
+    from specdec_lib import DeviceArray, ops, runtime
+    from specdec_lib.dtypes import from_host_storage, to_host_storage
+    if dtype == "bfloat16" and runtime.arch_family(0) < 80:
+        pytest.skip("bf16 needs the sm_80 path")
+    qs, Ls = (4, 1, 16, 0, 7), (700, 0, 250, 3, 4095)
+    c = _va_case(rng, fmt, D=D, Hq=group * Hkv, Hkv=Hkv, page=page, qs=qs, Ls=Ls)
+    T, Hq, _ = c["q"].shape
+    qf = from_host_storage(to_host_storage(c["q"].astype(np.float32), dtype), dtype)
+    kd, vd = _va_dequant(c)
+    exp, exp_lse = np.zeros((T, Hq, D)), np.zeros((T, Hq))
+    ref.verify_attention(qf, kd, vd, c["page_table"], c["seq_lens"], c["cu_q"], exp, lse_out=exp_lse)
+    kw = {n: _dev(x) for n, x in c["kw"].items()}
+    B, max_pages = c["page_table"].shape
+    if mode != "direct":
+        n = ops.verify_attention_workspace_size(T, Hq, Hkv, D, B, max_pages * page,
+                                                row_invariant=mode == "row_invariant")
+        kw["workspace"] = DeviceArray.empty((max(n, 1),), "uint8")
+        kw["row_invariant"] = mode == "row_invariant"
+    out, lse = poison((T, Hq, D), dtype), poison((T, Hq), "float32")
+    ops.verify_attention(_dev(to_host_storage(qf, dtype), dtype), _dev(c["k_cache"]),
+                         _dev(c["v_cache"]), _dev(c["page_table"]), _dev(c["seq_lens"]),
+                         _dev(c["cu_q"]), out, lse_out=lse, **kw)
+    got = from_host_storage(out.to_numpy(), dtype)
+    assert rel_err(got, exp) <= _TOL[dtype] and rel_err(lse.to_numpy(), exp_lse) <= 1e-4
