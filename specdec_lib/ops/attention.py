@@ -11,16 +11,15 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 from .. import runtime
 from .._validate import as_stream
 from ..contract import attention as contract
 from ..contract import index_values
 from ..contract.attention import MAX_Q_PER_SEQ, MAX_SPLITS  # noqa: F401 (public here too)
+from ._types import ArrayLike, Stream
 
-ArrayLike = Any      # a device array: DeviceArray, torch / cupy tensor, DLPack or CAI object
-StreamLike = Any     # None, an int handle, or an object with __cuda_stream__
 
 # --- must agree with cuda_src/attention/attention_params.h and verify_attention.cu
 _THREADS = 128
@@ -162,7 +161,7 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
                      workspace: Optional[ArrayLike] = None, num_splits: Optional[int] = None,
                      max_kv_len: Optional[int] = None, max_q: Optional[int] = None,
                      row_invariant: bool = False, check_indices: Optional[bool] = None,
-                     stream: StreamLike = None, k_scale: Optional[ArrayLike] = None,
+                     stream: Stream = None, k_scale: Optional[ArrayLike] = None,
                      v_scale: Optional[ArrayLike] = None, k_params: Optional[ArrayLike] = None,
                      v_params: Optional[ArrayLike] = None):
     """Paged block-verification attention of one speculative round.
@@ -298,7 +297,7 @@ def rope_append_kv(q: ArrayLike, k: ArrayLike, v: ArrayLike, positions: ArrayLik
                    cos_sin_cache: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
                    page_table: ArrayLike, seq_lens: ArrayLike, cu_q: ArrayLike,
                    finished: Optional[ArrayLike] = None, *, check_indices: bool = True,
-                   stream: StreamLike = None, k_scale: Optional[ArrayLike] = None,
+                   stream: Stream = None, k_scale: Optional[ArrayLike] = None,
                    v_scale: Optional[ArrayLike] = None, k_params: Optional[ArrayLike] = None,
                    v_params: Optional[ArrayLike] = None
                    ) -> Tuple[ArrayLike, ArrayLike, ArrayLike, ArrayLike]:

@@ -6,13 +6,14 @@ accepted rows into the state. Semantics: ``specdec_lib.reference.conv``.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from .. import runtime
 from .._validate import as_stream
 from ..contract import conv as contract
 from ..contract import index_values
 from ..contract.conv import ACTIVATIONS  # noqa: F401 (public here too)
+from ._types import ArrayLike, Stream
 
 _DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
 _THREADS = 256
@@ -20,8 +21,6 @@ _MAX_BATCH = 65535            # sequences per call: the batch is gridDim.y
 
 __all__ = ["conv1d_verify", "conv1d_commit"]
 
-ArrayLike = Any      # a device array: DeviceArray, torch / cupy tensor, DLPack or CAI object
-StreamLike = Any     # None, an int handle, or an object with __cuda_stream__
 
 
 def _check_batch_size(B):
@@ -33,7 +32,7 @@ def conv1d_verify(x: ArrayLike, weight: ArrayLike, conv_state: ArrayLike, slot_i
                   cu_q: ArrayLike, out: ArrayLike, *, bias: Optional[ArrayLike] = None,
                   activation: Optional[str] = "silu", journal: Optional[ArrayLike] = None,
                   status: Optional[ArrayLike] = None, check_indices: bool = True,
-                  stream: StreamLike = None):
+                  stream: Stream = None):
     """out[t] = act(bias + sum_w weight[:, w] * window_t[w]) for every block row; the
     conv state is only read.
 
@@ -72,7 +71,7 @@ def conv1d_verify(x: ArrayLike, weight: ArrayLike, conv_state: ArrayLike, slot_i
 
 def conv1d_commit(conv_state: ArrayLike, slot_ids: ArrayLike, cu_q: ArrayLike,
                   accept_len: ArrayLike, journal: ArrayLike, *, status: Optional[ArrayLike] = None,
-                  check_indices: bool = True, stream: StreamLike = None):
+                  check_indices: bool = True, stream: Stream = None):
     """Shift block rows 0..accept_len[b]-1 of ``journal`` [T, dim] (x itself, or the
     copy conv1d_verify wrote) into each sequence's conv state, in place; rows enter the
     state rounded to its dtype. accept_len [B] int32 in 0..q_b (0: untouched)."""

@@ -1,12 +1,15 @@
 """copy and append_kv on the GPU (kernels: cuda_src/copy/copy.cu)."""
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 import numpy as np
 
 from .. import runtime
 from .._validate import as_stream
 from ..contract import copy as contract
 from ..contract import index_values
+from ._types import ArrayLike, Stream
 
 _THREADS = 256
 _CHUNK_BYTES = 16384      # one work unit: 256 threads x 4 x 16 B in flight
@@ -29,7 +32,7 @@ def _collapse(shape, dst_st, src_st):
     return out or [(1, 1, 1)]
 
 
-def copy(dst, src, *, stream=None):
+def copy(dst: ArrayLike, src: ArrayLike, *, stream: Stream = None) -> ArrayLike:
     """dst[...] = src on the GPU: any 1..4-D strides, int64 indexing, element size 1/2/4/8.
 
     ``src`` broadcasts to ``dst``'s shape by numpy rules (missing or size-1 dims, or
@@ -63,9 +66,12 @@ def _kv8_scale_stride(ks):
     return 0 if ks is None or ks.shape[0] == 1 else 1
 
 
-def append_kv(k, v, k_cache, v_cache, page_table, seq_lens, cu_q, finished=None, *,
-              check_indices=True, stream=None, k_scale=None, v_scale=None, k_params=None,
-              v_params=None):
+def append_kv(k: ArrayLike, v: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike,
+              page_table: ArrayLike, seq_lens: ArrayLike, cu_q: ArrayLike,
+              finished: Optional[ArrayLike] = None, *, check_indices: bool = True,
+              stream: Stream = None, k_scale: Optional[ArrayLike] = None,
+              v_scale: Optional[ArrayLike] = None, k_params: Optional[ArrayLike] = None,
+              v_params: Optional[ArrayLike] = None) -> Tuple[ArrayLike, ArrayLike]:
     """Write a round's block K/V rows into paged caches.
 
     k, v: [T, Hkv, D]; k_cache, v_cache: [num_pages, page_size, Hkv, D] (same dtype, any

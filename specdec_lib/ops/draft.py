@@ -7,18 +7,17 @@ token ids, draft ids) are never trusted: a bad one gives a zero row or -1, not a
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 from .. import runtime
 from .._validate import as_stream
 from ..contract import draft as contract
 from ..contract import index_values
+from ._types import ArrayLike, Stream
 
 __all__ = ["draft_carry", "capture_hidden", "draft_combine", "draft_map_tokens",
            "ngram_propose"]
 
-ArrayLike = Any   # a device array: DeviceArray, CUDA torch tensor, __cuda_array_interface__, DLPack
-Stream = Any      # None, an int CUstream handle, or an object with __cuda_stream__
 
 _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _THREADS = 256

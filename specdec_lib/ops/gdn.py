@@ -9,13 +9,14 @@ layout: ``specdec_lib.reference.gdn`` (the numpy twin these are tested against).
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Optional
 
 from .. import runtime
 from .._validate import as_stream
 from ..contract import gdn as contract
 from ..contract import index_values
 from ..contract.gdn import gdn_journal_width  # noqa: F401 (public here too)
+from ._types import ArrayLike, Stream
 
 _DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
 _STATE_NAME = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -63,8 +64,6 @@ def _prefetch_ahead(kern, block, device, grid, state_dtype, fused_kernel):
 
 __all__ = ["gdn_verify", "gdn_commit", "gdn_flush", "gdn_journal_width"]
 
-ArrayLike = Any      # a device array: DeviceArray, torch / cupy tensor, DLPack or CAI object
-StreamLike = Any     # None, an int handle, or an object with __cuda_stream__
 
 
 def _values(check_indices, stream_h):
@@ -123,7 +122,7 @@ def gdn_verify(q: ArrayLike, k: ArrayLike, v: ArrayLike, state: ArrayLike, slot_
                b: Optional[ArrayLike] = None, A_log: Optional[ArrayLike] = None,
                dt_bias: Optional[ArrayLike] = None, scale: Optional[float] = None,
                qk_l2norm: bool = False, layout: str = "kv", status: Optional[ArrayLike] = None,
-               check_indices: bool = True, stream: StreamLike = None,
+               check_indices: bool = True, stream: Stream = None,
                pending_journal: Optional[ArrayLike] = None, pending_row0: Optional[ArrayLike] = None,
                pending_len: Optional[ArrayLike] = None):
     """Outputs of every block row of a speculative round; the state is only read.
@@ -203,7 +202,7 @@ def gdn_verify(q: ArrayLike, k: ArrayLike, v: ArrayLike, state: ArrayLike, slot_
 def gdn_flush(state: ArrayLike, slot_ids: ArrayLike, pending_journal: ArrayLike,
               pending_row0: ArrayLike, pending_len: ArrayLike, *, layout: str = "kv",
               status: Optional[ArrayLike] = None, check_indices: bool = True,
-              stream: StreamLike = None):
+              stream: Stream = None):
     """Commits the rows a fused-mode gdn_verify left pending, in place: state[slot_ids[b]]
     advances over rows pending_row0[b] .. + pending_len[b] - 1 of ``pending_journal`` (the
     last verify's journal), bit for bit as gdn_commit would. For sequences that leave the
@@ -233,7 +232,7 @@ def gdn_flush(state: ArrayLike, slot_ids: ArrayLike, pending_journal: ArrayLike,
 
 def gdn_commit(state: ArrayLike, slot_ids: ArrayLike, cu_q: ArrayLike, accept_len: ArrayLike,
                journal: ArrayLike, *, layout: str = "kv", status: Optional[ArrayLike] = None,
-               check_indices: bool = True, stream: StreamLike = None):
+               check_indices: bool = True, stream: Stream = None):
     """Advance each sequence's state over its first accept_len[b] block rows, in place.
 
     state / slot_ids / cu_q / layout: as given to gdn_verify; accept_len [B] int32 in

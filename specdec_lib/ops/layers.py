@@ -9,17 +9,16 @@ in float32, one rounding to the output dtype. ``T = 0`` is a no-op.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 from .. import runtime
 from .._validate import as_stream
 from ..contract import layers as contract
 from ..reference.layers import rope_cos_sin_cache  # noqa: F401  (re-exported)
+from ._types import ArrayLike, Stream
 
 __all__ = ["linear", "rms_norm", "rope", "rope_cos_sin_cache", "silu_mul"]
 
-ArrayLike = Any   # a device array: DeviceArray, CUDA torch tensor, __cuda_array_interface__, DLPack
-Stream = Any      # None, an int CUstream handle, or an object with __cuda_stream__
 
 _THREADS = 256                # rope, silu_mul (kThreads)
 _NORM_MAX_THREADS = 1024      # rms_norm (kNormMaxThreads)

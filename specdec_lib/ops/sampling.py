@@ -14,9 +14,8 @@ from .._validate import DeviceArg, as_stream, check_int
 from ..contract import index_values
 from ..contract import sampling as contract
 from ..contract.sampling import MAX_TILES, TILE  # noqa: F401  (SPEC_SAMPLE_TILE, _MAX_TILES)
+from ._types import ArrayLike, Stream
 
-ArrayLike = Any        # a device array: DeviceArray, torch / cupy CUDA tensors, DLPack producers
-Stream = Any           # None, an int CUstream handle or an object with __cuda_stream__
 
 _TILE_BYTES = 20            # sizeof(SpecSampleTile)
 _ROW_BYTES = 8              # sizeof(SpecSampleRow)

@@ -10,16 +10,15 @@ the buffer's capacity flags FINISH_CAPACITY).
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 from .. import runtime
 from .._validate import as_stream
 from ..contract import sequence as contract
+from ._types import ArrayLike, Stream
 
 __all__ = ["seq_stop", "seq_advance", "seq_build_block"]
 
-ArrayLike = Any        # a device array: DeviceArray, torch / cupy CUDA tensors, DLPack producers
-Stream = Any           # None, an int CUstream handle or an object with __cuda_stream__
 
 _ROW_THREADS = 128     # seq_stop / seq_advance: one thread per sequence
 _SCAN_THREADS = 256    # seq_build_block: one CTA of exactly this many threads
