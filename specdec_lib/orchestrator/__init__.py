@@ -58,7 +58,8 @@ backends.
 
 The package, bottom up (each module imports only those before it): ``request`` (Request,
 Result, Metrics), ``backends``, ``state`` (the parts and the one owner of the device state),
-``round``, ``prefill`` (``PrefillPolicy``), ``serve`` (the scheduler and the loop),
+``policy`` (``FixedK``, ``AutoK``: how many drafts a round verifies and proposes), ``round``,
+``prefill`` (``PrefillPolicy``), ``serve`` (the scheduler and the loop),
 ``decoder`` (the façade).
 """
 from __future__ import annotations
@@ -68,10 +69,10 @@ from .backends import (BACKENDS, Backend, cuda_backend, make_backend, reference_
 from .decoder import SpeculativeDecoder
 from .prefill import BATCHED_PREFILL_FROM, PrefillPolicy
 from .request import Metrics, Request, Result
-from .round import FixedK
+from .policy import AutoK, FixedK, RoundPlan
 from .state import FINISH_REASONS, MAX_BLOCK_ROWS, SLOT_IDLE
 
 __all__ = ["BACKENDS", "BATCHED_PREFILL_FROM", "FINISH_REASONS", "MAX_BLOCK_ROWS", "SLOT_IDLE",
-           "Backend", "FixedK", "Metrics", "PrefillPolicy", "Request", "Result",
+           "AutoK", "Backend", "FixedK", "RoundPlan", "Metrics", "PrefillPolicy", "Request", "Result",
            "SpeculativeDecoder", "cuda_backend", "make_backend", "reference_backend",
            "torch_backend"]
