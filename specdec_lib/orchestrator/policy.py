@@ -20,8 +20,11 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   request i accepted | drafts 1..j were): a running mean over the request's rounds that
   proposed it (counts decayed by ``decay`` per round, so a request's drift is tracked),
   shrunk toward a pooled prior of ``prior_strength`` pseudo-rounds: the same per-position
-  mean over every request so far (decayed by ``POOL_DECAY``), itself starting from a neutral
-  Beta(1, 1) (0.5). A round updates only from ``num_accepted`` (accepted history): never
+  mean over every request so far (decayed by ``POOL_DECAY``), each position's shrunk toward
+  the position before it (``CHAIN`` pseudo-rounds; the first toward a neutral 0.5), so a
+  position never tried yet is expected to do as well as the last one tried (else a k once
+  chosen could never grow: its next position would stay at 0.5 for want of trying). A round
+  updates only from ``num_accepted`` (accepted history): never
   the round's logits, so sampled output keeps the target's distribution (a k chosen from the
   past changes which random numbers verify a block, not their law) and greedy output is
   token-identical.
@@ -34,8 +37,9 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   and proposed the same k with whole blocks, ran no admission, and replayed a recorded graph
   (or, without graphs, used a shape seen before). An EMA (``COST_EMA``) per (B, k). Until
   every k has a sample at this B the policy *calibrates*: it proposes ``k_max, k_max - 1, ...,
-  0``, each for ``hold`` rounds (which also records each k's graph); ``calibrated(B)`` says
-  when that is done.
+  0``, each for ``hold`` rounds (which also records each k's graph), then again over any k
+  still without a sample (``CALIBRATION_REFILLS`` times; a k never measured is extrapolated
+  from its neighbours); ``calibrated(B)`` says when every k has one.
 * Choice: the batch-wide k in 0..k_max maximising ``sum_i E_i(k) / cost(B, k)`` over the
   running requests (ties to the smaller k); k = 0 (target-only rounds, no draft pass) when
   that wins. After ``explore_every`` rounds in a row at k = 0 one round proposes k = 1, so
@@ -68,6 +72,8 @@ from .state import MAX_BLOCK_ROWS
 
 COST_EMA = 0.2          # weight of a new round-time sample in the cost table
 POOL_DECAY = 0.995      # decay of the pooled (all requests) acceptance counts per round
+CALIBRATION_REFILLS = 2  # sweeps over the k's still unmeasured after the first
+CHAIN = 2.0             # pseudo-rounds tying a position's pooled estimate to the one before
 
 
 @dataclass(frozen=True)
@@ -178,6 +184,7 @@ class AutoK:
         self.last: Optional[RoundPlan] = None
         self.zero_run = 0
         self.sweep: list[int] = []
+        self.refills = CALIBRATION_REFILLS
         if not self.calibrated(B):
             self.sweep = [k for k in range(K, -1, -1) for _ in range(self.hold)]
 
@@ -188,6 +195,10 @@ class AutoK:
 
     def before_round(self, busy) -> RoundPlan:
         busy = np.asarray(busy, bool)
+        if not self.sweep and self.refills and not self.calibrated(self.B):
+            self.refills -= 1               # a k still without a clean sample: again
+            self.sweep = [k for k in range(self.k_max, -1, -1)
+                          if (self.B, k) not in self.measured for _ in range(self.hold)]
         calibrating = bool(self.sweep)
         if calibrating:
             propose = self.sweep.pop(0)
@@ -242,14 +253,30 @@ class AutoK:
         """Seconds of a round at ``slots`` slots and k drafts."""
         c = self.fixed_costs
         if c is None:
-            return self.measured[(int(slots), int(k))]
+            got = self.measured.get((int(slots), int(k)))
+            return self._extrapolated(int(slots), int(k)) if got is None else got
         if callable(c):
             return float(c(int(slots), int(k)))
         return float(c[(int(slots), int(k))] if (int(slots), int(k)) in c else c[int(k)])
 
+    def _extrapolated(self, B: int, k: int) -> float:
+        """A k without a sample (calibration gave up: no clean round): the straight line
+        through the nearest measured k's at B; a round at k + 1 costs 15% more than at k where
+        only one is measured (and 1 s at k = 0 where none is: any scale)."""
+        have = sorted(kk for bb, kk in self.measured if bb == B)
+        if not have:
+            return 1.0 + 0.15 * k
+        if len(have) == 1:
+            return self.measured[(B, have[0])] * (1.0 + 0.15 * (k - have[0]))
+        lo, hi = sorted(have, key=lambda kk: (abs(kk - k), kk))[:2]
+        clo, chi = self.measured[(B, lo)], self.measured[(B, hi)]
+        return max(clo + (chi - clo) * (k - lo) / (hi - lo), 1e-9)
+
     def acceptance(self, slots=None) -> np.ndarray:
         """a[i, j]: P(draft j + 1 accepted | drafts before it were), [slots, k_max]."""
-        prior = (self.pool_acc + 1.0) / (self.pool_tries + 2.0)
+        prior, prev = np.empty(self.k_max), 0.5
+        for j in range(self.k_max):     # each position shrunk toward the one before it
+            prev = prior[j] = (self.pool_acc[j] + CHAIN * prev) / (self.pool_tries[j] + CHAIN)
         s = self.prior_strength
         a = (self.acc + s * prior) / (self.tries + s)
         return a if slots is None else a[slots]
@@ -271,7 +298,8 @@ class AutoK:
         E = self.expected_tokens(busy)[k]
         P = np.cumprod(self.acceptance(), axis=1)[:, :k]
         keep = (P * c >= row * E).sum(axis=1)
-        return tuple(int(keep[b]) if busy[b] else 0 for b in range(self.B))
+        q = tuple(int(keep[b]) if busy[b] else 0 for b in range(self.B))
+        return None if q == (k,) * self.B else q
 
 
 def make_policy(num_speculative_tokens: Any):
