@@ -99,6 +99,24 @@ class SpeculativeDecoder:
         reqs = check_requests(requests)
         return self.serve(reqs, slots=len(reqs), progress=progress) if reqs else []
 
+    def calibrate(self, requests: Iterable[RequestLike], *, slots: Optional[int] = None,
+                  max_calls: int = 4) -> bool:
+        """Warm-up for a policy that measures its costs (``AutoK()`` without ``costs=``):
+        serve ``requests`` over ``slots`` slots (default one each) up to ``max_calls`` times,
+        until the policy has the cost of a round at every k for that slot count (each k's
+        graph recorded on the way), then reset the metrics. The requests need enough new
+        tokens for about ``(k_max + 1) * hold`` rounds. Returns whether it is calibrated
+        (True at once for a fixed k or given costs)."""
+        reqs = check_requests(requests)
+        slots = len(reqs) if slots is None else int(slots)
+        done = getattr(self.spec, "calibrated", lambda B: True)
+        for _ in range(max_calls if reqs else 0):
+            if done(slots):
+                break
+            self.serve(reqs, slots=slots)
+        self.reset_metrics()
+        return bool(done(slots))
+
     def serve(self, requests: Iterable[RequestLike], *, slots: int,
               arrivals: Optional[Sequence[int]] = None,
               progress: Optional[Callable[[int, int], None]] = None,
