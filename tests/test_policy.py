@@ -267,3 +267,75 @@ def test_auto_sampled_keeps_the_target_distribution(demo):
     z = 3.09                          # 99.9% quantile, Wilson-Hilferty
     crit = dof * (1 - 2 / (9 * dof) + z * np.sqrt(2 / (9 * dof))) ** 3
     assert chi2 < crit, (chi2, crit, dof)
+
+
+# ----------------------------------------------------------------------- scripted plans
+
+class Scripted:
+    """A policy object that plays a fixed cycle of (verify, propose[, num_draft]) plans:
+    every shape change the round supports (k up, down, to 0 and back, ragged blocks)."""
+    name = "scripted"
+
+    def __init__(self, k_max, plans):
+        self.k_max, self.plans = k_max, plans
+
+    def check(self, draft):
+        assert draft is not None
+
+    def start(self, slots, graphs):
+        self.i, self.B = 0, slots
+
+    def admit(self, slots):
+        pass
+
+    def before_round(self, busy):
+        v, p, *q = self.plans[self.i % len(self.plans)]
+        self.i += 1
+        return RoundPlan(v, p, tuple(min(x, v) for x in q[0][:self.B]) if q else None)
+
+    def after_round(self, num_accepted, busy, seconds=None):
+        pass
+
+
+# verify of each plan = propose of the one before it (the first: <= k_max, from the prefill)
+CYCLE = [(4, 4), (4, 2), (2, 2, (2, 0, 1, 2, 0)), (2, 0), (0, 0), (0, 3), (3, 1), (1, 4),
+         (4, 4, (4, 1, 0, 3, 2)), (4, 4)]
+
+
+@pytest.mark.parametrize("draft", ["mtp", "ngram"])
+def test_scripted_plans_lossless(demo, baseline, draft):
+    reqs, want = baseline
+    if draft == "ngram":
+        from specdec_lib.models.ngram import NgramDraft
+        be = reference_backend()
+        dec = _decoder(demo, Scripted(4, CYCLE), draft=NgramDraft(be), be=be)
+    else:
+        dec = _decoder(demo, Scripted(4, CYCLE))
+    assert [r.tokens for r in dec.generate(reqs)] == want
+    assert dec.metrics.k_rounds.keys() >= {0, 1, 2, 3, 4}
+
+
+def test_scripted_plans_lossless_smollm2_head():
+    """The same cycle with a trained head that keeps its own KV cache (the block path: rows
+    fed through a gather when blocks are narrower than k_max + 1; k = 0 rounds skip it)."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("tokenizers")
+    from specdec_lib.models import smollm2
+    try:
+        smollm2.gguf_path()
+    except ImportError as e:
+        pytest.skip(str(e))
+    from specdec_lib.models import load_smollm2_target
+    from specdec_lib.models.heads import smollm2_head
+    from specdec_lib.models.llama_draft import LlamaDraftHead
+    from specdec_lib.orchestrator import make_backend
+    be = make_backend("reference")
+    target, tok = load_smollm2_target(be, progress=False)
+    reqs = [Request(prompt=smollm2.chat_prompt(tok, t), max_new_tokens=16)
+            for t in smollm2.OPEN_PROMPTS[:2]]
+    base = SpeculativeDecoder(target, None, num_speculative_tokens=0, backend=be).generate(reqs)
+    head = LlamaDraftHead.load(target, smollm2_head("eagle3"), "eagle3")
+    cycle = [(2, 0), (0, 0), (0, 3), (3, 1, (1, 0)), (1, 4), (4, 2, (4, 2)), (2, 4)]
+    dec = SpeculativeDecoder(target, head, num_speculative_tokens=Scripted(4, cycle), backend=be)
+    assert [r.tokens for r in dec.generate(reqs)] == [r.tokens for r in base]
+    assert dec.metrics.accepted > 0 and dec.metrics.rounds >= len(cycle), dec.metrics
