@@ -180,6 +180,8 @@ class AutoK:
         B, K = int(slots), self.k_max
         self.B, self.graphs = B, bool(graphs)
         self.acc, self.tries = np.zeros((B, K)), np.zeros((B, K))
+        self._positions = np.arange(1, K + 1)[None, :]
+        self._costs: Optional[list] = None
         self.ready: Optional[int] = None        # drafts the last round proposed (None: prefill)
         self.last: Optional[RoundPlan] = None
         self.zero_run = 0
@@ -228,20 +230,20 @@ class AutoK:
         self.tries *= self.decay
         self.pool_acc *= POOL_DECAY
         self.pool_tries *= POOL_DECAY
-        j = np.arange(1, K + 1)
-        for b in np.flatnonzero(busy):
-            q = plan.verify if plan.num_draft is None else plan.num_draft[b]
-            tried = (j <= q) & (j <= n[b] + 1)      # draft j proposed, drafts before it accepted
-            hit = j <= n[b]
-            self.tries[b] += tried
-            self.acc[b] += hit & tried
-            self.pool_tries += tried
-            self.pool_acc += hit & tried
+        q = plan.verify if plan.num_draft is None else np.asarray(plan.num_draft)
+        # draft j was tried where drafts 1..j-1 were accepted, and accepted where j <= n
+        tried = self._positions <= (np.minimum(q, n + 1) * busy)[:, None]
+        hit = self._positions <= (np.minimum(n, q) * busy)[:, None]
+        self.tries += tried
+        self.acc += hit
+        self.pool_tries += tried.sum(axis=0)
+        self.pool_acc += hit.sum(axis=0)
         if (seconds is not None and self.fixed_costs is None and plan.num_draft is None
                 and plan.verify == plan.propose):
             key = (self.B, plan.verify)
             old = self.measured.get(key)
             self.measured[key] = seconds if old is None else (1 - COST_EMA) * old + COST_EMA * seconds
+            self._costs = None
 
     # ------------------------------------------------------------------ model
     def calibrated(self, slots: int) -> bool:
@@ -274,26 +276,38 @@ class AutoK:
 
     def acceptance(self, slots=None) -> np.ndarray:
         """a[i, j]: P(draft j + 1 accepted | drafts before it were), [slots, k_max]."""
-        prior, prev = np.empty(self.k_max), 0.5
-        for j in range(self.k_max):     # each position shrunk toward the one before it
-            prev = prior[j] = (self.pool_acc[j] + CHAIN * prev) / (self.pool_tries[j] + CHAIN)
+        prior, prev = [], 0.5
+        for pa, pt in zip(self.pool_acc.tolist(), self.pool_tries.tolist()):
+            prev = (pa + CHAIN * prev) / (pt + CHAIN)   # shrunk toward the position before
+            prior.append(prev)
+        prior = np.asarray(prior)
         s = self.prior_strength
         a = (self.acc + s * prior) / (self.tries + s)
         return a if slots is None else a[slots]
 
-    def expected_tokens(self, busy) -> np.ndarray:
+    def expected_tokens(self, busy) -> list:
         """sum over the running requests of E_i(k), k = 0..k_max."""
-        P = np.cumprod(self.acceptance(np.asarray(busy, bool)), axis=1)   # [n, K]
-        return np.concatenate([[0.0], P.sum(axis=0)]).cumsum() + int(np.sum(busy))
+        busy = np.asarray(busy, bool)
+        P = np.cumprod(self.acceptance(busy), axis=1).sum(axis=0).tolist()   # [K]
+        E = [float(busy.sum())]
+        for x in P:
+            E.append(E[-1] + x)
+        return E
+
+    def costs(self) -> list:
+        """cost(B, k) for k = 0..k_max at this call's B (cached until a new sample)."""
+        if self._costs is None:
+            self._costs = [self.cost(self.B, k) for k in range(self.k_max + 1)]
+        return self._costs
 
     def _best(self, busy) -> int:
-        E = self.expected_tokens(busy)
-        score = [E[k] / self.cost(self.B, k) for k in range(self.k_max + 1)]
-        return int(np.argmax(score))            # first maximum: ties to the smaller k
+        E, c = self.expected_tokens(busy), self.costs()
+        score = [e / ck for e, ck in zip(E, c)]
+        return score.index(max(score))          # first maximum: ties to the smaller k
 
     def _trim(self, busy, k: int) -> tuple:
         """Per-slot drafts <= k where a draft's expected tokens pay its row (no graphs)."""
-        c, c0 = self.cost(self.B, k), self.cost(self.B, 0)
+        c, c0 = self.costs()[k], self.costs()[0]
         row = max(c - c0, 0.0) / (self.B * k)
         E = self.expected_tokens(busy)[k]
         P = np.cumprod(self.acceptance(), axis=1)[:, :k]

@@ -97,7 +97,8 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
             m.prefill_s += time.perf_counter() - tp
             spec.admit([b for b, _ in admitted])
         sched.stats["max_busy"] = max(sched.stats["max_busy"], sum(busy))
-        plan = spec.before_round(busy)
+        busy_np = np.asarray(busy)
+        plan = spec.before_round(busy_np)
         _set_num_draft(p, st, plan)
         if p.block_draft and plan.propose:
             emitted_rows(p, st, plan)      # its device index made before any recording
@@ -124,10 +125,10 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
         n_all = be.to_host(buf.num_accepted)
         fin = be.to_host(buf.finished)
         seconds = time.perf_counter() - tl if clean else None
-        n = n_all[np.asarray(busy)]
+        n = n_all[busy_np]
         m.count_round(n, plan.verify, None if plan.num_draft is None else
-                      np.asarray(plan.num_draft)[np.asarray(busy)])
-        spec.after_round(n_all, busy, seconds)
+                      np.asarray(plan.num_draft)[busy_np])
+        spec.after_round(n_all, busy_np, seconds)
         done = [b for b in range(B) if busy[b] and fin[b] != 0]
         if done:
             out_tokens, out_lens = be.to_host(buf.out_tokens), be.to_host(buf.out_lens)
