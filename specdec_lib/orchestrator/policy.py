@@ -33,7 +33,8 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   the call's slot count): from ``costs=`` (a dict ``{k: s}`` or ``{(B, k): s}``, or a callable
   ``(B, k) -> s``: reproducible choices, or numbers measured offline), else measured: the
   host already waits for every round (it reads ``finished`` / ``num_accepted``), so the time
-  from the launch to that read is the round's; a sample counts only for a round that verified
+  from the last round's read to this one's is the round's period (the host's work between
+  rounds included: the GPU idles through it); a sample counts only for a round that verified
   and proposed the same k with whole blocks, ran no admission, and replayed a recorded graph
   (or, without graphs, used a shape seen before). An EMA (``COST_EMA``) per (B, k). Until
   every k has a sample at this B the policy *calibrates*: it proposes ``k_max, k_max - 1, ...,

@@ -84,6 +84,7 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
     t0 = time.perf_counter()
     first_round = True
     seen: set = set()           # plans run eagerly in this call (their shapes compiled)
+    last_end: Optional[float] = None
     while sched.pending():
         admitted = [(b, reqs[i]) for b, i in sched.admit(now)]
         busy = sched.busy()
@@ -124,7 +125,11 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
         # --- end of the round: two small device->host reads for control and metrics
         n_all = be.to_host(buf.num_accepted)
         fin = be.to_host(buf.finished)
-        seconds = time.perf_counter() - tl if clean else None
+        # the round's period: from the last round's end to this one's (the host's work
+        # between rounds, GPU idle time, included), for a round whose shape was warm
+        t_end = time.perf_counter()
+        seconds = t_end - last_end if clean and last_end is not None else None
+        last_end = t_end
         n = n_all[busy_np]
         m.count_round(n, plan.verify, None if plan.num_draft is None else
                       np.asarray(plan.num_draft)[busy_np])
