@@ -6,7 +6,9 @@ chat prompt, on the GPU through the torch
 backend where there is one (bf16, the round one CUDA graph), else on the CPU reference backend
 (numpy float64). It decodes the prompt twice -- target-only and speculative, both greedy --
 prints the reply, the acceptance per draft position, tokens/s of both (warm-up and graph
-capture outside the timing) and the speed-up, then ``lossless: yes|no``:
+capture outside the timing) and the speed-up, then ``lossless: yes|no``. ``-k auto`` (the
+default) lets ``orchestrator.AutoK`` choose k in 0..``--k-max`` every round; the ``auto:`` line
+counts the rounds verified at each k.
 
 * reference backend: speculative output == target-only output, token for token;
 * GPU (bf16): every emitted token of both runs is the argmax of the target's logits at its
@@ -33,11 +35,30 @@ from .orchestrator import Request, SpeculativeDecoder, make_backend
 DEFAULT_PROMPT_INDEX = 3        # into models.smollm2.COPY_PROMPTS
 
 
-def add_workload_args(p, *, batch=4, max_new_tokens=32):
+def _k_arg(v):
+    """``-k``: an int, or ``auto``."""
+    if v == "auto":
+        return v
+    try:
+        return int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int 1..15 or 'auto', got {v!r}")
+
+
+def add_workload_args(p, *, batch=4, max_new_tokens=32, auto=False):
     """The workload flags shared by the demo and examples/tp_demo.py (the demo's defaults are
-    None: they depend on the model and the backend)."""
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=3, metavar="K",
-                   help="draft tokens proposed per round, 1..15 (default 3)")
+    None: they depend on the model and the backend). ``auto``: ``-k`` also takes ``auto``
+    (and defaults to it), with ``--k-max``."""
+    if auto:
+        p.add_argument("-k", "--num-speculative-tokens", type=_k_arg, default="auto",
+                       metavar="K", help="draft tokens proposed per round, 1..15, or 'auto' "
+                       "(default): k in 0..--k-max chosen every round from the running "
+                       "acceptance per position and the measured cost of a round at each k")
+        p.add_argument("--k-max", type=int, default=4, metavar="N",
+                       help="-k auto: the largest k it may choose, 1..15 (default 4)")
+    else:
+        p.add_argument("-k", "--num-speculative-tokens", type=int, default=3, metavar="K",
+                       help="draft tokens proposed per round, 1..15 (default 3)")
     p.add_argument("--batch", type=int, default=batch, metavar="B",
                    help="number of requests decoded together (default: 1 for smollm2, 4 for "
                         "tiny-hybrid); smollm2 repeats the prompt list to fill the batch")
@@ -73,7 +94,7 @@ def _parser():
     p.add_argument("--prompt", default=None, help="smollm2: the user message (default: for "
                    "ngram a rewrite request, where prompt lookup has something to find; for the "
                    "heads a held-out standard-library docstring prompt, their training domain)")
-    add_workload_args(p, batch=None, max_new_tokens=None)
+    add_workload_args(p, batch=None, max_new_tokens=None, auto=True)
     p.add_argument("--ngram-min", type=int, default=1, help="ngram: shortest match (default 1)")
     p.add_argument("--ngram-max", type=int, default=3, help="ngram: longest match (default 3)")
     p.add_argument("--tie-tolerance", type=float, default=0.25, metavar="G",
@@ -146,19 +167,30 @@ class _Progress:
             self.bar.close()
 
 
+def _speculation(args):
+    """(num_speculative_tokens for the decoder, k_max, label) of ``-k`` / ``--k-max``."""
+    k = args.num_speculative_tokens
+    if k == "auto":
+        from .orchestrator import AutoK
+        return AutoK(args.k_max), args.k_max, f"auto (k_max {args.k_max})"
+    return k, k, str(k)
+
+
 def _decode_twice(target, draft, k, be, reqs, graph, show):
     """Target-only, then speculative greedy decoding of ``reqs``, each on a decoder warmed up
     first on the same prompts (kernels loaded, the round graph and the prefill buckets
-    recorded: the timed call reuses them); returns (base results, spec results, metrics)."""
+    recorded: the timed call reuses them; ``-k auto``: every k's round cost measured, see
+    ``SpeculativeDecoder.calibrate``); returns (base results, spec results, metrics)."""
     warm = [Request(prompt=r.prompt, max_new_tokens=min(4, r.max_new_tokens),
                     stop_token_ids=r.stop_token_ids) for r in reqs]
-    max_len = SpeculativeDecoder.positions_needed(reqs, k)
+    max_len = SpeculativeDecoder.positions_needed(reqs, k.k_max if hasattr(k, "k_max") else k)
     out = []
     for name, kk, d in (("target-only", 0, None), ("speculative", k, draft)):
         dec = SpeculativeDecoder(target, d, num_speculative_tokens=kk, backend=be,
                                  cuda_graph=graph, max_len=max_len)
         if be.name != "reference":      # the CPU oracle has nothing to load or record
             dec.generate(warm)
+            dec.calibrate(reqs)
             dec.reset_metrics()
             dec.capture_first = graph   # a target that cannot keep its caches is reset and
             # recorded again in the timed call: then with no eager first round
@@ -179,6 +211,9 @@ def _report(mb, ms, graph, be):
     print(f"acceptance rate: {ms.acceptance_rate:.3f}  (per position: "
           + ", ".join(f"{x:.2f}" for x in ms.per_position_acceptance) + ")")
     print(f"mean accepted length: {ms.mean_accepted_length:.2f} tokens per target pass")
+    if ms.policy == "auto":
+        print(f"auto: {ms.k_histogram}  (target passes verifying each k; k=0: target-only "
+              "rounds)")
     print(f"speed-up over target-only: {ms.tokens_per_s / mb.tokens_per_s:.2f}x"
           + ("  (CPU reference ops are per-token loops: a verify block costs about as "
              "much as its rows decoded one by one)" if be.name == "reference" else ""))
@@ -234,7 +269,7 @@ def rescoring_check(target, reqs, results, tol, steps=0):
 def _run_smollm2(args, be):
     from .models import load_smollm2_target
     from .models.smollm2 import STOP_TOKEN_IDS, chat_prompt
-    k = args.num_speculative_tokens
+    k, k_max, k_label = _speculation(args)
     from .registry import normalize_spec_method
     method = normalize_spec_method(args.draft or "mtp")
     gpu = be.name != "reference"
@@ -268,7 +303,7 @@ def _run_smollm2(args, be):
         first = args.prompt or pool[0]
     texts = [first] + [t for t in pool if t != first]
     prompts = [chat_prompt(tok, texts[b % len(texts)]) for b in range(B)]
-    cap = target.max_position - n_new - k - 1
+    cap = target.max_position - n_new - k_max - 1
     for b, p in enumerate(prompts):
         if len(p) > cap:
             raise SystemExit(f"error: prompt {b} is {len(p)} tokens; with --max-new-tokens "
@@ -282,7 +317,7 @@ def _run_smollm2(args, be):
     print(f"prompt ({len(prompts[0])} tokens): {texts[0]!r}")
     print("reply: " + tok.decode(spec[0].tokens).strip().replace("\n", "\n       "))
     print(f"requests: {B}, prompt lengths {[len(p) for p in prompts]}, up to {n_new} new "
-          f"tokens each, k = {k}, draft {what}")
+          f"tokens each, k = {k_label}, draft {what}")
     _report(mb, ms, graph, be)
     same = sum(x.tokens == y.tokens for x, y in zip(spec, base))
     print(f"speculative == target-only: {same} of {B} requests token for token")
@@ -303,7 +338,7 @@ def _run_smollm2(args, be):
 
 def _run_tiny(args, be):
     from .models import TinyHybridTarget, TinyMTPDraft, load_demo_checkpoint, make_demo_checkpoint
-    k = args.num_speculative_tokens
+    k, _, k_label = _speculation(args)
     B = args.batch or 4
     n_new = args.max_new_tokens or 32
     tmp = None
@@ -344,7 +379,7 @@ def _run_tiny(args, be):
     if tmp is not None:
         tmp.cleanup()
     print(f"requests: {len(reqs)}, prompt lengths {[len(r.prompt) for r in reqs]}, "
-          f"{n_new} new tokens each, k = {k}")
+          f"{n_new} new tokens each, k = {k_label}")
     _report(mb, ms, graph, be)
     return _exact_verdict(spec, base)
 
@@ -352,8 +387,12 @@ def _run_tiny(args, be):
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     k = args.num_speculative_tokens
-    if not 1 <= k <= 15:
-        print(f"error: --num-speculative-tokens must be in 1..15, got {k}", file=sys.stderr)
+    if k != "auto" and not 1 <= k <= 15:
+        print(f"error: --num-speculative-tokens must be in 1..15 or auto, got {k}",
+              file=sys.stderr)
+        return 2
+    if k == "auto" and not 1 <= args.k_max <= 15:
+        print(f"error: --k-max must be in 1..15 (-k auto), got {args.k_max}", file=sys.stderr)
         return 2
     for flag in ("batch", "max_new_tokens"):
         v = getattr(args, flag)

@@ -177,8 +177,23 @@ def test_demo_main_reports_lossless(capsys):
     assert main(["--model", "tiny-hybrid", "--backend", "reference", "--batch", "2",
                  "--max-new-tokens", "12", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    for key in ("acceptance rate:", "mean accepted length:", "tokens/s", "speed-up", "lossless: yes"):
+    for key in ("acceptance rate:", "mean accepted length:", "tokens/s", "speed-up",
+                "lossless: yes", "k = auto (k_max 4)", "auto: k="):
         assert key in out
+    assert main(["--model", "tiny-hybrid", "--backend", "reference", "--batch", "2", "-k", "3",
+                 "--max-new-tokens", "8", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "lossless: yes" in out and "k = 3\n" in out and "auto:" not in out
+
+
+@pytest.mark.parametrize("argv, msg", [(["--k-max", "16"], "--k-max"),
+                                       (["--k-max", "0"], "--k-max"),
+                                       (["-k", "16"], "--num-speculative-tokens")])
+def test_demo_bad_k_refused(capsys, argv, msg):
+    from specdec_lib.demo import main
+    assert main(["--model", "tiny-hybrid", "--backend", "reference", "--no-progress"]
+                + argv) == 2
+    assert msg in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------ GPU

@@ -25,6 +25,8 @@ The host stack supplies two objects; every name below is what the decoder reads.
             ``hidden_dtype`` (default float32): the dtype of ``hidden`` and of the carry.
 ``draft``   ``propose(carry [B, H], last_token [B], k) -> draft tokens [B, k]``; may be
             None when ``num_speculative_tokens == 0`` (target-only decoding). Optional:
+            ``max_draft_tokens`` (int): the most tokens it can propose a round (a k or
+            k_max above it is refused);
             ``uses_context = True``: called ``propose(carry, last_token, k, context)``, where
             ``context`` holds the device buffers ``prompt [B, P]``, ``prompt_lens [B]``,
             ``output [B, O]``, ``output_lens [B]`` (prompt-lookup drafting reads them; no carry
@@ -44,7 +46,10 @@ Each round, on one stream and with no synchronisation inside it (``round.run_rou
 
 The block of every sequence, finished ones included, is ``k + 1`` rows, so ``T`` is fixed
 and the round needs no host value (graph-capturable); finished rows are computed and
-never committed. After the round the host reads ``finished`` and ``num_accepted`` (two
+never committed. k comes from the speculation policy (``policy``): ``num_speculative_tokens``
+an int (``FixedK``), ``"auto"`` (``AutoK``: chosen every round from the running acceptance
+and the measured cost of a round) or a policy object; a round verifies the drafts the last
+one proposed and proposes the next round's, one recorded graph per (verify, propose). After the round the host reads ``finished`` and ``num_accepted`` (two
 small copies) to know whether to stop and for the metrics. With ``cuda_graph=True`` the
 first round runs eagerly and is then captured once as a CUDA graph (cupy math, library
 kernels, draft pass); every later round is one graph launch, its inputs (lengths, steps,
@@ -58,7 +63,8 @@ backends.
 
 The package, bottom up (each module imports only those before it): ``request`` (Request,
 Result, Metrics), ``backends``, ``state`` (the parts and the one owner of the device state),
-``round``, ``prefill`` (``PrefillPolicy``), ``serve`` (the scheduler and the loop),
+``policy`` (``FixedK``, ``AutoK``: how many drafts a round verifies and proposes), ``round``,
+``prefill`` (``PrefillPolicy``), ``serve`` (the scheduler and the loop),
 ``decoder`` (the façade).
 """
 from __future__ import annotations
@@ -68,10 +74,10 @@ from .backends import (BACKENDS, Backend, cuda_backend, make_backend, reference_
 from .decoder import SpeculativeDecoder
 from .prefill import BATCHED_PREFILL_FROM, PrefillPolicy
 from .request import Metrics, Request, Result
-from .round import FixedK
+from .policy import AutoK, FixedK, RoundPlan
 from .state import FINISH_REASONS, MAX_BLOCK_ROWS, SLOT_IDLE
 
 __all__ = ["BACKENDS", "BATCHED_PREFILL_FROM", "FINISH_REASONS", "MAX_BLOCK_ROWS", "SLOT_IDLE",
-           "Backend", "FixedK", "Metrics", "PrefillPolicy", "Request", "Result",
-           "SpeculativeDecoder", "cuda_backend", "make_backend", "reference_backend",
+           "AutoK", "Backend", "FixedK", "Metrics", "PrefillPolicy", "Request", "Result",
+           "RoundPlan", "SpeculativeDecoder", "cuda_backend", "make_backend", "reference_backend",
            "torch_backend"]

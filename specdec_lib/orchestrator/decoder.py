@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 from .backends import Backend, make_backend
 from .prefill import PrefillPolicy
 from .request import Metrics, Request, RequestLike, Result, check_requests
-from .round import FixedK
+from .policy import make_policy
 from .serve import serve as _serve
 from .state import CallState, Parts, call_shape, fresh, positions_needed, reuse
 
@@ -16,7 +16,11 @@ class SpeculativeDecoder:
     """Owns the round buffers and runs rounds until every request has finished.
 
     target, draft            the host model's passes (the protocol: ``specdec_lib.orchestrator``)
-    num_speculative_tokens   k, 0..15 drafts per round (0: target-only decoding, no draft)
+    num_speculative_tokens   k, 0..15 drafts per round (0: target-only decoding, no draft);
+                             ``"auto"`` (``policy.AutoK()``: k in 0..4 chosen every round from
+                             the running acceptance and the measured cost of a round), or a
+                             policy object (``AutoK(k_max, costs=...)``, ``FixedK(k)``); buffers
+                             are sized for its ``k_max``
     backend                  ``"reference"``, ``"cuda"``, ``"torch"`` or a backend namespace
     max_stop_ids, max_stop_sequences, max_stop_length
                              the least widths of the stop buffers (wider requests widen them)
@@ -35,19 +39,16 @@ class SpeculativeDecoder:
                              sized per call (and kept while sizes repeat)
     """
 
-    def __init__(self, target: Any, draft: Any = None, *, num_speculative_tokens: int = 3,
+    def __init__(self, target: Any, draft: Any = None, *,
+                 num_speculative_tokens: Union[int, str, Any] = 3,
                  backend: Union[str, Backend] = "reference", max_stop_ids: int = 4,
                  max_stop_sequences: int = 2, max_stop_length: int = 4,
                  cuda_graph: bool = False, capture_first: bool = False,
                  prefill: Union[str, PrefillPolicy] = "auto", max_len: Optional[int] = None):
-        # the seam of num_speculative_tokens="auto" (a later issue): a policy other than FixedK
-        if num_speculative_tokens == "auto":
-            raise ValueError("num_speculative_tokens: 'auto' (a policy choosing k per round) "
-                             "does not exist yet; give an int 0..15")
-        self.spec = FixedK(int(num_speculative_tokens))
+        # refused here, before any launch: a bad k / k_max, no draft, a draft too short
+        self.spec = make_policy(num_speculative_tokens)
         k = self.spec.k_max
-        if k > 0 and draft is None:
-            raise ValueError("draft: required when num_speculative_tokens > 0")
+        self.spec.check(draft)
         self.target, self.draft, self.k = target, draft, k
         self.be = make_backend(backend) if isinstance(backend, str) else backend
         self._parts = Parts(self.be, target, draft, k)
@@ -64,11 +65,12 @@ class SpeculativeDecoder:
         self.max_len = None if max_len is None else int(max_len)
         self._state: Optional[CallState] = None
         self.slot_stats: dict = {}
-        self.metrics = Metrics(num_speculative_tokens=k, accept_counts=[0] * k)
+        self.reset_metrics()
 
     def reset_metrics(self) -> None:
         """Start counting afresh (e.g. after a warm-up call; buffers and graphs are kept)."""
-        self.metrics = Metrics(num_speculative_tokens=self.k, accept_counts=[0] * self.k)
+        self.metrics = Metrics(num_speculative_tokens=self.k, accept_counts=[0] * self.k,
+                               position_rows=[0] * self.k, policy=self.spec.name)
 
     @property
     def prefill(self) -> str:
@@ -96,6 +98,24 @@ class SpeculativeDecoder:
         every round if given."""
         reqs = check_requests(requests)
         return self.serve(reqs, slots=len(reqs), progress=progress) if reqs else []
+
+    def calibrate(self, requests: Iterable[RequestLike], *, slots: Optional[int] = None,
+                  max_calls: int = 4) -> bool:
+        """Warm-up for a policy that measures its costs (``AutoK()`` without ``costs=``):
+        serve ``requests`` over ``slots`` slots (default one each) up to ``max_calls`` times,
+        until the policy has the cost of a round at every k for that slot count (each k's
+        graph recorded on the way), then reset the metrics. The requests need enough new
+        tokens for about ``(k_max + 1) * hold`` rounds. Returns whether it is calibrated
+        (True at once for a fixed k or given costs)."""
+        reqs = check_requests(requests)
+        slots = len(reqs) if slots is None else int(slots)
+        done = getattr(self.spec, "calibrated", lambda B: True)
+        for _ in range(max_calls if reqs else 0):
+            if done(slots):
+                break
+            self.serve(reqs, slots=slots)
+        self.reset_metrics()
+        return bool(done(slots))
 
     def serve(self, requests: Iterable[RequestLike], *, slots: int,
               arrivals: Optional[Sequence[int]] = None,

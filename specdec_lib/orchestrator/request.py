@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence, Union
 
+import numpy as np
+
 
 @dataclass
 class Request:
@@ -57,15 +59,29 @@ class Metrics:
     capture_s: float = 0.0           # time spent recording the round graph (not decoding)
     prefill_s: float = 0.0           # host time of the prefill passes (their GPU work overlaps)
 
-    def count_round(self, num_accepted, k: int) -> None:
-        """One round's acceptance: ``num_accepted`` holds the running slots' counts (host)."""
+    position_rows: list[int] = field(default_factory=list)   # [j]: rows with draft j proposed
+    k_rounds: dict = field(default_factory=dict)             # k -> rounds that verified k
+    policy: str = "fixed"            # the speculation policy ("fixed" or "auto")
+
+    def count_round(self, num_accepted, k: int, num_draft=None) -> None:
+        """One round's acceptance: ``num_accepted`` holds the running slots' counts (host);
+        the round verified ``k`` drafts a slot (``num_draft``: per running slot, if ragged)."""
         running = len(num_accepted)
+        q = np.full(running, k) if num_draft is None else np.asarray(num_draft)
         self.rounds += 1
         self.row_rounds += running
-        self.proposed += k * running
+        self.proposed += int(q.sum())
         self.accepted += int(num_accepted.sum())
-        for j in range(k):
+        self.k_rounds[k] = self.k_rounds.get(k, 0) + 1
+        for j in range(len(self.accept_counts)):
             self.accept_counts[j] += int((num_accepted > j).sum())
+            if len(self.position_rows) > j:
+                self.position_rows[j] += int((q > j).sum())
+
+    @property
+    def k_histogram(self) -> str:
+        """The rounds verified at each k, e.g. ``"k=0 x12, k=2 x40, k=3 x88"``."""
+        return ", ".join(f"k={k} x{n}" for k, n in sorted(self.k_rounds.items()))
 
     @property
     def host_us_per_round(self) -> float:
@@ -83,9 +99,10 @@ class Metrics:
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        """P(draft j accepted), j = 0..k-1, over running (sequence, round) pairs."""
-        return [c / self.row_rounds if self.row_rounds else float("nan")
-                for c in self.accept_counts]
+        """P(draft j accepted), j = 0..k-1, over the running (sequence, round) pairs that
+        proposed draft j (every pair under a fixed k)."""
+        rows = self.position_rows or [self.row_rounds] * len(self.accept_counts)
+        return [c / r if r else float("nan") for c, r in zip(self.accept_counts, rows)]
 
     @property
     def tokens_per_s(self) -> float:

@@ -3,25 +3,60 @@
     seq_build_block -> target.forward -> spec_sample -> seq_stop -> target.commit
         -> seq_advance -> draft_carry (a draft that reads the carry) -> draft.propose
 
-The block of every slot, finished and idle ones included, is ``k + 1`` rows, so ``T`` is
-fixed and the round is graph-capturable; finished rows are computed and never committed.
+A round follows a ``RoundPlan`` (``policy``): it verifies ``plan.verify`` drafts per slot and
+proposes ``plan.propose`` for the next round, under buffers sized for ``k_max``. The block of
+every slot, finished and idle ones included, is ``verify + 1`` rows (or ``num_draft[b] + 1``
+on a ragged eager round), so ``T`` is fixed per plan and the round is graph-capturable;
+finished rows are computed and never committed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import SimpleNamespace
 
-from .state import MAX_BLOCK_ROWS, CallState, Parts
+import numpy as np
+
+from .policy import FixedK, RoundPlan
+from .state import CallState, Parts
+
+__all__ = ["FixedK", "RoundPlan", "block_rows", "run_round"]
 
 
-def run_round(p: Parts, st: CallState) -> None:
-    """Enqueue one round of every slot of ``st`` on the backend's stream."""
-    be, K, buf, carry = p.be, p.k, st.buf, st.carry
+def block_rows(plan: RoundPlan, B: int) -> list[int]:
+    """Rows of each slot's block in a round of ``plan``."""
+    if plan.num_draft is None:
+        return [plan.verify + 1] * B
+    return [q + 1 for q in plan.num_draft]
+
+
+def emitted_rows(p: Parts, st: CallState, plan: RoundPlan):
+    """The gather that feeds every block row the token emitted after it (row j of slot b:
+    ``emitted[b, j]``) when blocks are narrower than ``emitted`` (k_max + 1); None when they
+    are as wide (a plain reshape). Made on the host before the round runs (or is recorded)
+    and kept per plan, so the recorded round only reads a device buffer."""
+    W, B = st.buf.emitted.shape[1], st.shape.slots
+    rows = block_rows(plan, B)
+    if all(q == W for q in rows):
+        return None
+    key = tuple(rows)
+    idx = st.row_gathers.get(key)
+    if idx is None:
+        host = np.concatenate([b * W + np.arange(q) for b, q in enumerate(rows)])
+        idx = st.row_gathers[key] = p.be.xp.asarray(host.astype(np.int64))
+    return idx
+
+
+def run_round(p: Parts, st: CallState, plan: RoundPlan = None) -> None:
+    """Enqueue one round of every slot of ``st`` on the backend's stream. ``buf.num_draft``
+    must already hold the plan's per-slot counts (``serve`` writes them)."""
+    be, buf, carry = p.be, st.buf, st.carry
+    plan = plan or RoundPlan(p.k, p.k)
+    kp = plan.propose
     B = carry.shape[0]
-    T = B * (K + 1)
+    T = sum(block_rows(plan, B))
     be.seq_build_block(buf.last_token, buf.draft_tokens, buf.num_draft, buf.seq_lens,
                        buf.cu_q, buf.block_tokens, buf.positions, buf.draft_ids)
-    logits, hidden = p.target.forward(buf.block_tokens, buf.positions, buf.cu_q,
+    positions = buf.positions[:T]
+    logits, hidden = p.target.forward(buf.block_tokens[:T], positions, buf.cu_q,
                                       buf.seq_lens, buf.finished)
     buf.step[...] = buf.seq_lens                  # Philox step: advances every round
     be.spec_sample(logits, buf.cu_q, buf.draft_ids[:T - B], buf.temperature, buf.top_k,
@@ -32,40 +67,22 @@ def run_round(p: Parts, st: CallState) -> None:
     p.target.commit(buf.cu_q, buf.accept_len)
     be.seq_advance(buf.emitted, buf.accept_len, buf.seq_lens, buf.out_tokens,
                    buf.out_lens, buf.last_token, buf.finished)
+    if kp == 0:             # no draft pass (k = 0 next round; a head's cache skips this one)
+        return
     if p.uses_carry:
         be.draft_carry(hidden, buf.cu_q, buf.accept_len, carry)
     if p.block_draft:
         # every block row is fed the token emitted after it (row j of sequence b:
         # emitted[b, j]; -1 past the accepted ones, a zero embedding: dead rows)
-        buf.draft_tokens[...] = p.draft.propose_block(SimpleNamespace(
-            hidden=hidden, tokens=buf.emitted.reshape(-1), positions=buf.positions,
+        idx = emitted_rows(p, st, plan)
+        tokens = buf.emitted.reshape(-1) if idx is None else buf.emitted.reshape(-1)[idx]
+        proposal = p.draft.propose_block(SimpleNamespace(
+            hidden=hidden, tokens=tokens, positions=positions,
             cu_q=buf.cu_q, valid=buf.accept_len, seq_lens=buf.seq_lens,
-            finished=buf.finished, row_counts=None), K)
-    elif K:
-        buf.draft_tokens[...] = p.propose(buf, carry)
-
-
-@dataclass(frozen=True)
-class FixedK:
-    """How many drafts a slot's next block holds: ``k`` for every slot and round.
-
-    The seam for ``num_speculative_tokens="auto"`` (a later issue): the round reads the
-    per-slot counts from ``buf.num_draft`` [B] (device int32, ragged blocks: every op takes
-    them), under buffers and graphs sized for ``k_max``. A policy that chooses k per round
-    per request replaces this class, writing ``num_draft`` in ``before_round`` from what
-    ``after_round`` measured; the serving loop already calls both at every round boundary."""
-    k: int
-
-    def __post_init__(self):
-        if not 0 <= self.k < MAX_BLOCK_ROWS:
-            raise ValueError(f"num_speculative_tokens: {self.k} outside 0..{MAX_BLOCK_ROWS - 1}")
-
-    @property
-    def k_max(self) -> int:
-        return self.k
-
-    def before_round(self, st: CallState) -> None:
-        """Nothing to do: ``num_draft`` holds k from the start (``state.make_buffers``)."""
-
-    def after_round(self, num_accepted) -> None:
-        """Nothing to learn from ``num_accepted`` (host int32 [running slots])."""
+            finished=buf.finished, row_counts=None), kp)
+    else:
+        proposal = p.propose(buf, carry, kp)
+    if kp == p.k:
+        buf.draft_tokens[...] = proposal
+    else:
+        buf.draft_tokens[:, :kp] = proposal

@@ -3,7 +3,8 @@
 ``Scheduler`` owns the queues (waiting requests, free slots, which request holds which
 slot); ``serve`` runs rounds until every request has finished: admissions and their prefill
 at a round boundary, the round (eager, or replayed as one recorded graph), then two small
-device->host reads (``num_accepted``, ``finished``) for control and metrics.
+device->host reads (``num_accepted``, ``finished``) for control and metrics. The speculation
+policy picks every round's plan (``policy``); one recorded graph per plan.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import numpy as np
 
 from .prefill import PrefillPolicy, prefill
 from .request import Metrics, Request, Result
-from .round import FixedK, run_round
+from .policy import RoundPlan
+from .round import emitted_rows, run_round
 from .state import FINISH_REASONS, CallState, Parts, admit
 
 
@@ -57,27 +59,32 @@ class Scheduler:
 
 
 def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[int], *,
-          spec: FixedK, policy: PrefillPolicy, can_capture: bool, capture_first: bool,
+          spec, policy: PrefillPolicy, can_capture: bool, capture_first: bool,
           metrics: Metrics, progress: Optional[Callable[[int, int], None]] = None,
           on_round: Optional[Callable[[int], None]] = None) -> tuple[list[Result], dict]:
     """Run ``reqs`` to completion over the slots of ``st``; returns the results in request
-    order and the scheduler's slot counts (admitted, released, max_busy)."""
-    be, K, buf, m = p.be, p.k, st.buf, metrics
+    order and the scheduler's slot counts (admitted, released, max_busy). ``spec`` is the
+    speculation policy (``policy.FixedK`` / ``policy.AutoK``): asked for a ``RoundPlan``
+    before every round and told the round's acceptance (and time) after it."""
+    be, buf, m = p.be, st.buf, metrics
     B = st.shape.slots
     sched = Scheduler(arrivals, B)
     results: list[Optional[Result]] = [None] * len(reqs)
     total = sum(r.max_new_tokens for r in reqs)
     now, emitted = 0, 0
+    spec.start(B, can_capture)
 
-    def record():
-        """The round as a graph; its recording time is kept apart from decoding."""
+    def record(plan):
+        """The round of ``plan`` as a graph; its recording time is kept apart from decoding."""
         tc = time.perf_counter()
-        graph = be.capture(lambda: run_round(p, st))
+        graph = be.capture(lambda: run_round(p, st, plan))
         m.capture_s += time.perf_counter() - tc
         m.graph_captured = True
         return graph
     t0 = time.perf_counter()
     first_round = True
+    seen: set = set()           # plans run eagerly in this call (their shapes compiled)
+    last_end: Optional[float] = None
     while sched.pending():
         admitted = [(b, reqs[i]) for b, i in sched.admit(now)]
         busy = sched.busy()
@@ -89,28 +96,44 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
             admit(p, st, admitted)
             prefill(p, st, admitted, policy, can_capture, m)
             m.prefill_s += time.perf_counter() - tp
+            spec.admit([b for b, _ in admitted])
         sched.stats["max_busy"] = max(sched.stats["max_busy"], sum(busy))
-        spec.before_round(st)
-        if can_capture and capture_first and st.replay is None:
-            st.replay = record()
+        busy_np = np.asarray(busy)
+        plan = spec.before_round(busy_np)
+        _set_num_draft(p, st, plan)
+        if p.block_draft and plan.propose:
+            emitted_rows(p, st, plan)      # its device index made before any recording
+        key = plan.key
+        if can_capture and capture_first and key not in st.replays:
+            st.replays[key] = record(plan)
+        replay = st.replays.get(key)
+        clean = not admitted and (replay is not None or (not can_capture and key in seen))
         tl = time.perf_counter()
-        if st.replay is not None:
-            st.replay()
+        if replay is not None:
+            replay()
         else:
-            run_round(p, st)
+            run_round(p, st, plan)
+            seen.add(key)
         if not first_round:   # steady state only: the first round compiles and allocates
             m.launch_s += time.perf_counter() - tl
             m.launched_rounds += 1
         first_round = False
-        if can_capture and st.replay is None:
-            # the first round ran eagerly (cupy kernels compiled, pools and the sampling
-            # workspace allocated); every later round replays its graph
-            st.replay = record()
+        if can_capture and replay is None:
+            # the plan's first round ran eagerly (cupy kernels compiled, pools and the sampling
+            # workspace allocated); every later round of it replays its graph
+            st.replays[key] = record(plan)
         # --- end of the round: two small device->host reads for control and metrics
-        n = be.to_host(buf.num_accepted)[np.asarray(busy)]
+        n_all = be.to_host(buf.num_accepted)
         fin = be.to_host(buf.finished)
-        m.count_round(n, K)
-        spec.after_round(n)
+        # the round's period: from the last round's end to this one's (the host's work
+        # between rounds, GPU idle time, included), for a round whose shape was warm
+        t_end = time.perf_counter()
+        seconds = t_end - last_end if clean and last_end is not None else None
+        last_end = t_end
+        n = n_all[busy_np]
+        m.count_round(n, plan.verify, None if plan.num_draft is None else
+                      np.asarray(plan.num_draft)[busy_np])
+        spec.after_round(n_all, busy_np, seconds)
         done = [b for b in range(B) if busy[b] and fin[b] != 0]
         if done:
             out_tokens, out_lens = be.to_host(buf.out_tokens), be.to_host(buf.out_lens)
@@ -130,3 +153,14 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
     m.wall_s += time.perf_counter() - t0
     m.emitted += emitted
     return results, sched.stats
+
+
+def _set_num_draft(p: Parts, st: CallState, plan: RoundPlan) -> None:
+    """``buf.num_draft`` = the plan's per-slot counts (one small copy, only when they change:
+    never under a fixed k)."""
+    B = st.shape.slots
+    want = plan.num_draft if plan.num_draft is not None else (plan.verify,) * B
+    have = st.num_draft if st.num_draft is not None else (p.k,) * B
+    if want != have:
+        st.buf.num_draft[...] = p.be.xp.asarray(np.asarray(want, np.int32))
+    st.num_draft = want

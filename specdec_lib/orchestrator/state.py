@@ -21,7 +21,8 @@ SLOT_IDLE = 255              # finished[] of a slot with no request: never commi
 
 
 class Parts:
-    """The backend, the target, the draft and k, and how the draft is fed (read once)."""
+    """The backend, the target, the draft and k (``k_max`` of the policy: what buffers are
+    sized for), and how the draft is fed (read once)."""
 
     def __init__(self, be: Backend, target: Any, draft: Any, k: int):
         self.be, self.target, self.draft, self.k = be, target, draft, k
@@ -32,13 +33,15 @@ class Parts:
         self.uses_carry = (k > 0 and not self.block_draft
                            and not getattr(draft, "uses_context", False))
 
-    def propose(self, buf: SimpleNamespace, carry) -> Any:
-        """draft.propose on the carry (and, for a draft that ``uses_context``, the context)."""
+    def propose(self, buf: SimpleNamespace, carry, k: Optional[int] = None) -> Any:
+        """draft.propose of ``k`` (default k_max) tokens on the carry (and, for a draft that
+        ``uses_context``, the context)."""
+        k = self.k if k is None else k
         if getattr(self.draft, "uses_context", False):
             ctx = SimpleNamespace(prompt=buf.prompt, prompt_lens=buf.prompt_lens,
                                   output=buf.out_tokens, output_lens=buf.out_lens)
-            return self.draft.propose(carry, buf.last_token, self.k, ctx)
-        return self.draft.propose(carry, buf.last_token, self.k)
+            return self.draft.propose(carry, buf.last_token, k, ctx)
+        return self.draft.propose(carry, buf.last_token, k)
 
     def reset_parts(self) -> list:
         """What ``reset(batch, max_len)`` is called on: the target, and a draft with caches."""
@@ -99,7 +102,7 @@ def make_buffers(xp, shape: Shape, k: int) -> SimpleNamespace:
              finished=xp.full(B, SLOT_IDLE, dtype=xp.uint8),
              out_tokens=xp.full((B, shape.out_width), -1, dtype=i32),
              out_lens=xp.zeros(B, dtype=i32), last_token=xp.zeros(B, dtype=i32),
-             # drafts per slot in the next block: k today (see round.FixedK)
+             # drafts per slot in the next block (policy.RoundPlan; serve writes them)
              num_draft=xp.full(B, K, dtype=i32), draft_tokens=xp.zeros((B, K), dtype=i32),
              cu_q=xp.zeros(B + 1, dtype=i32), block_tokens=xp.zeros(B * (K + 1), dtype=i32),
              positions=xp.zeros(B * (K + 1), dtype=i32),
@@ -114,14 +117,18 @@ def make_buffers(xp, shape: Shape, k: int) -> SimpleNamespace:
 
 class CallState:
     """The device state of one call shape, owned here and nowhere else: ``buf`` (the round's
-    buffers), ``carry`` [B, H] (the draft's input), ``replay`` (the recorded round, or None),
-    ``prefills`` (bucket rows -> the bucket's buffers and recorded pass), ``used`` (slots that
-    have held a request), and the ``epochs`` of the caches the graphs hold."""
+    buffers), ``carry`` [B, H] (the draft's input), ``replays`` (``RoundPlan.key`` -> the
+    recorded round), ``num_draft`` (the host copy of ``buf.num_draft``), ``row_gathers``
+    (block rows -> the device index of ``round.emitted_rows``), ``prefills`` (bucket rows ->
+    the bucket's buffers and recorded pass), ``used`` (slots that have held a request), and
+    the ``epochs`` of the caches the graphs hold."""
 
     def __init__(self, shape: Shape, buf: SimpleNamespace, carry, carry_dtype, epochs: list):
         self.shape, self.buf, self.carry, self.epochs = shape, buf, carry, epochs
         self.carry_dtype = carry_dtype        # the target's hidden_dtype (default float32)
-        self.replay: Optional[Callable[[], None]] = None
+        self.replays: dict[tuple, Callable[[], None]] = {}
+        self.num_draft: Optional[tuple] = None     # what buf.num_draft holds (None: k_max)
+        self.row_gathers: dict[tuple, Any] = {}
         self.prefills: dict[int, SimpleNamespace] = {}
         self.used = [False] * shape.slots
 

@@ -10,7 +10,10 @@ Runs, each with the round captured as one CUDA graph (warm-up and capture outsid
     heads; k=3, and the heads again at --head-k), tokens/s, acceptance per position, mean
     accepted length; generation runs through EOS (no stop ids) for a fixed token count
     unless --stop-at-eos;
-  * B=32 mixed prompts: target-only and each draft;
+  * B=32 mixed prompts (--b32 B): target-only and each draft (at each --mixed-k);
+  * --serve N: N mixed requests served through the mixed case's B slots;
+  * --auto K_MAX: each draft also with num_speculative_tokens="auto" in every case above
+    (its round costs measured and graphs recorded in the warm-up, outside the timing);
   * the rescoring check of every emitted token (one plain forward pass over each final
     sequence; a token within --tie-tolerance of the best logit is a tie, counted);
   * where a round's GPU time goes (torch.profiler over graph replays, kernels grouped).
@@ -35,17 +38,28 @@ from specdec_lib.models.ngram import NgramDraft  # noqa: E402
 from specdec_lib.models.prompts import stdlib_prompts  # noqa: E402
 from specdec_lib.models.smollm2 import (COPY_PROMPTS, OPEN_PROMPTS, STOP_TOKEN_IDS,  # noqa: E402
                                         chat_prompt)
-from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend  # noqa: E402
+from specdec_lib.orchestrator import AutoK, Request, SpeculativeDecoder, make_backend  # noqa: E402
+
+
+def spec_of(k):
+    """(num_speculative_tokens, k_max) of a run's k: an int, or ``"autoN"`` (``AutoK(N)``,
+    its costs measured by ``SpeculativeDecoder.calibrate`` in the warm-up)."""
+    if isinstance(k, str) and k.startswith("auto"):
+        n = int(k[4:] or 4)
+        return AutoK(n), n
+    return k, k
 
 
 def decoder(target, draft, k, be, reqs, slots=None):
     """A decoder warmed up on ``reqs``' prompts (4 new tokens each: the round graph and every
-    prefill bucket recorded), its metrics reset. Its ``max_len`` fits every request, so the
-    timed calls reuse the warm-up's buffers and graphs."""
+    prefill bucket recorded; with ``k="autoN"`` also every k's round cost measured and its
+    graph recorded, on the timed requests themselves), its metrics reset. Its ``max_len``
+    fits every request, so the timed calls reuse the warm-up's buffers and graphs."""
     graph = be.name == "torch"
-    dec = SpeculativeDecoder(target, draft, num_speculative_tokens=k, backend=be,
+    spec, k_max = spec_of(k)
+    dec = SpeculativeDecoder(target, draft, num_speculative_tokens=spec, backend=be,
                              cuda_graph=graph,
-                             max_len=SpeculativeDecoder.positions_needed(reqs, k))
+                             max_len=SpeculativeDecoder.positions_needed(reqs, k_max))
     if graph:
         seen, warm = set(), []
         for r in reqs:
@@ -60,6 +74,8 @@ def decoder(target, draft, k, be, reqs, slots=None):
             # BATCHED_PREFILL_FROM or more goes batched, eager, and records none)
             dec.serve(warm, slots=slots, arrivals=list(range(len(warm))))
             dec.serve(warm[:slots], slots=slots)        # and a burst: the batched path
+        if not dec.calibrate(reqs[:slots or 1], slots=slots or 1):
+            print(f"warning: {k}: round costs not measured at every k in the warm-up")
         dec.capture_first = True
     dec.reset_metrics()
     return dec
@@ -87,7 +103,8 @@ def summary(m):
                 mean_accepted_length=round(m.mean_accepted_length, 3),
                 per_position_acceptance=[round(x, 3) for x in m.per_position_acceptance],
                 host_us_per_round=round(m.host_us_per_round, 1),
-                prefill_s=round(m.prefill_s, 4))
+                prefill_s=round(m.prefill_s, 4),
+                **({"k_rounds": dict(sorted(m.k_rounds.items()))} if m.policy == "auto" else {}))
 
 
 def prefill_profile(target, draft, k, be, reqs, replays=10):
@@ -185,6 +202,12 @@ def main():
                    "pool has ~130; copy / open have 8): over 8 replies one near-tie flipped "
                    "by the numerics moved the mean accepted length 2.5 -> 2.05 (s14)")
     p.add_argument("--head-k", type=int, default=0, help="also run the heads at this k (B=1)")
+    p.add_argument("--auto", type=int, default=0, metavar="K_MAX", help="also run every draft "
+                   "with num_speculative_tokens='auto' (AutoK(K_MAX)) in every case (B=1 sets, "
+                   "the mixed batch, the served stream)")
+    p.add_argument("--mixed-k", default=None, help="k of the drafts in the mixed batch and "
+                   "the served stream, comma-separated (default -k): the fixed k's that auto "
+                   "is compared with")
     p.add_argument("--backend", default="torch", help="torch (GPU); reference: the CPU (float64: "
                    "exact, so the B=1 sets run as one batch there; acceptance only, not speed)")
     p.add_argument("--b32", type=int, default=None, help="batch of the mixed case (default 32, "
@@ -231,7 +254,10 @@ def main():
             rows.append((label, f"{name} k={kk}", mb, ms, same, len(reqs), chk))
 
     heads = [n for n in drafts if n != "ngram"]
-    b1_runs = [(n, k) for n in drafts] + ([(n, args.head_k) for n in heads] if args.head_k else [])
+    auto = [f"auto{args.auto}"] if args.auto else []
+    b1_runs = [(n, k) for n in drafts] + ([(n, args.head_k) for n in heads] if args.head_k else []) \
+        + [(n, a) for a in auto for n in drafts]
+    mixed_k = [int(x) for x in args.mixed_k.split(",")] if args.mixed_k else [k]
     for name, texts in sets.items():
         reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new, **stops) for t in texts]
         case(f"B=1 {name}", f"b1_{name}", reqs, one_at_a_time if gpu else decode, b1_runs)
@@ -243,16 +269,18 @@ def main():
     texts = (pool["heldout"][8:8 + B // 2] + COPY_PROMPTS + OPEN_PROMPTS) * (B // 16 + 1)
     reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new32, **stops)
             for t in texts[:B]]
-    case(f"B={B} mixed", f"b{B}_mixed", reqs, decode, [(n, k) for n in drafts])
+    case(f"B={B} mixed", f"b{B}_mixed", reqs, decode,
+         [(n, kk) for kk in mixed_k for n in drafts] + [(n, a) for a in auto for n in drafts])
     if args.serve:      # continuous batching: a stream of requests through B slots
         sreqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new32, **stops)
                  for t in (texts * (args.serve // len(texts) + 1))[:args.serve]]
 
         def served(target, draft, kk, be, reqs):
             return decode(target, draft, kk, be, reqs, slots=B)
-        serve_k = [int(x) for x in args.serve_k.split(",")] if args.serve_k else [k]
+        serve_k = [int(x) for x in args.serve_k.split(",")] if args.serve_k else mixed_k
         case(f"serve {args.serve}/{B}", f"serve{args.serve}_slots{B}", sreqs, served,
-             [(n, k) for n in drafts if n == "ngram"] + [(n, kk) for kk in serve_k for n in heads])
+             [(n, k) for n in drafts if n == "ngram"] + [(n, kk) for kk in serve_k for n in heads]
+             + [(n, a) for a in auto for n in drafts])
     # the profiles (rounds, then prefills) last: a profiler session leaves the process slower
     # (s13: B=32 host enqueue per round 6 -> ~110 us after one), so nothing is timed after it
     try:

@@ -1,0 +1,334 @@
+"""Speculation policies: how many drafts each round verifies and how many it proposes.
+
+A policy answers two questions at every round boundary (``serve`` asks them):
+``before_round(busy) -> RoundPlan`` and ``after_round(num_accepted, busy, seconds)``.
+
+``RoundPlan(verify, propose, num_draft)``: the round verifies ``verify`` drafts per slot (its
+block is ``verify + 1`` rows a slot; ``num_draft``, when not None, gives each slot fewer:
+ragged blocks, eager rounds only) and, at its end, the draft proposes ``propose`` tokens for
+the next round (0: no draft pass at all). The drafts a round verifies were proposed by the
+round before it (or by the prefill, which always proposes ``k_max``), so ``verify`` is the
+last round's ``propose``: a choice made before round r decides round r + 1's block, one round
+ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, propose) pair
+(like the prefill buckets), so changing k costs one capture the first time, nothing after.
+
+``FixedK(k)``: k every round (the decoder's ``num_speculative_tokens=int``).
+
+``AutoK(k_max)`` (``num_speculative_tokens="auto"``), the design:
+
+* Acceptance, per request and per draft position. ``a[i, j]`` estimates P(draft j + 1 of
+  request i accepted | drafts 1..j were): a running mean over the request's rounds that
+  proposed it (counts decayed by ``decay`` per round, so a request's drift is tracked),
+  shrunk toward a pooled prior of ``prior_strength`` pseudo-rounds: the same per-position
+  mean over every request so far (decayed by ``POOL_DECAY``), each position's shrunk toward
+  the position before it (``CHAIN`` pseudo-rounds; the first toward a neutral 0.5), so a
+  position never tried yet is expected to do as well as the last one tried (else a k once
+  chosen could never grow: its next position would stay at 0.5 for want of trying). A round
+  updates only from ``num_accepted`` (accepted history): never
+  the round's logits, so sampled output keeps the target's distribution (a k chosen from the
+  past changes which random numbers verify a block, not their law) and greedy output is
+  token-identical.
+* Tokens a round yields: ``E_i(k) = 1 + sum_{j=1..k} prod_{m<=j} a[i, m]``.
+* Cost of a round, ``cost(B, k)`` seconds at B slots (idle slots are computed too, so B is
+  the call's slot count): from ``costs=`` (a dict ``{k: s}`` or ``{(B, k): s}``, or a callable
+  ``(B, k) -> s``: reproducible choices, or numbers measured offline), else measured: the
+  host already waits for every round (it reads ``finished`` / ``num_accepted``), so the time
+  from the last round's read to this one's is the round's period (the host's work between
+  rounds included: the GPU idles through it); a sample counts only for a round that verified
+  and proposed the same k with whole blocks, ran no admission, and replayed a recorded graph
+  (or, without graphs, used a shape seen before). An EMA (``COST_EMA``) per (B, k). Until
+  every k has a sample at this B the policy *calibrates*: it proposes ``k_max, k_max - 1, ...,
+  0``, each for ``hold`` rounds (which also records each k's graph), then again over any k
+  still without a sample (``CALIBRATION_REFILLS`` times; a k never measured is extrapolated
+  from its neighbours); ``calibrated(B)`` says when every k has one.
+* Choice: the batch-wide k in 0..k_max maximising ``sum_i E_i(k) / cost(B, k)`` over the
+  running requests (ties to the smaller k); k = 0 (target-only rounds, no draft pass) when
+  that wins. After ``explore_every`` rounds in a row at k = 0 one round proposes k = 1, so
+  the estimates can recover when the text becomes predictable (a draft that is always wrong
+  pays that one round in ``explore_every``).
+* Per request: a fixed-shape round (a recorded graph) computes ``B * (k + 1)`` rows whatever
+  the slots hold, so a draft left out saves nothing and loses its expected tokens: with
+  graphs every slot verifies k. Without graphs rows are cheaper when fewer (``cu_q`` is
+  ragged in every op), so a request verifies its first j drafts only while
+  ``P_i(j) = prod_{m<=j} a[i, m]`` pays its row: ``P_i(j) * cost(B, k) >= row_cost *
+  sum_i E_i(k)``, with ``row_cost = (cost(B, k) - cost(B, 0)) / (B k)`` (a row's share of
+  what speculating adds); idle slots verify nothing.
+* Everything is a function of the accepted history and the cost table: the same history and
+  table give the same choices (``choices`` keeps every round's plan). ``k_rounds`` in the
+  decoder's metrics counts the rounds verified at each k.
+
+Caveat (a draft head with its own KV cache, ``uses_target_block``): a k = 0 round runs no
+draft pass, so the head's cache misses those rounds' rows; when speculation resumes its
+attention reads stale rows there. Output stays lossless (the target verifies every token);
+only its acceptance can dip, which the estimates then measure.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from .state import MAX_BLOCK_ROWS
+
+COST_EMA = 0.2          # weight of a new round-time sample in the cost table
+POOL_DECAY = 0.995      # decay of the pooled (all requests) acceptance counts per round
+CALIBRATION_REFILLS = 2  # sweeps over the k's still unmeasured after the first
+CHAIN = 2.0             # pseudo-rounds tying a position's pooled estimate to the one before
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """One round: ``verify`` drafts per slot (``num_draft``: per slot, <= verify, when
+    ragged), ``propose`` drafts for the next round."""
+    verify: int
+    propose: int
+    num_draft: Optional[tuple] = None
+
+    @property
+    def key(self) -> tuple:
+        """What a recorded round depends on (one graph per key)."""
+        return (self.verify, self.propose, self.num_draft)
+
+
+def _check_draft(draft: Any, k_max: int, what: str) -> None:
+    """A draft exists, and (where it says how many tokens it can propose a round, as
+    ``max_draft_tokens``) reaches ``k_max``."""
+    if draft is None:
+        raise ValueError(f"draft: required when {what}")
+    steps = getattr(draft, "max_draft_tokens", None)
+    if steps is not None and int(steps) < k_max:
+        raise ValueError(f"draft: proposes at most {int(steps)} tokens a round "
+                         f"(max_draft_tokens), below k_max={k_max}")
+
+
+@dataclass(frozen=True)
+class FixedK:
+    """``k`` drafts for every slot and round (0: target-only decoding, no draft)."""
+    k: int
+
+    def __post_init__(self):
+        if not 0 <= self.k < MAX_BLOCK_ROWS:
+            raise ValueError(f"num_speculative_tokens: {self.k} outside 0..{MAX_BLOCK_ROWS - 1}")
+
+    name = "fixed"
+
+    @property
+    def k_max(self) -> int:
+        return self.k
+
+    def check(self, draft: Any) -> None:
+        if self.k > 0:
+            _check_draft(draft, self.k, "num_speculative_tokens > 0")
+
+    def start(self, slots: int, graphs: bool) -> None:
+        """A call begins (nothing to reset)."""
+
+    def admit(self, slots: Sequence[int]) -> None:
+        """New requests in ``slots`` (nothing to learn)."""
+
+    def before_round(self, busy) -> RoundPlan:
+        return RoundPlan(self.k, self.k)
+
+    def after_round(self, num_accepted, busy, seconds: Optional[float] = None) -> None:
+        """Nothing to learn from ``num_accepted`` (host int32 [slots])."""
+
+
+Costs = Union[None, Mapping, Callable[[int, int], float]]
+
+
+class AutoK:
+    """k chosen every round in 0..``k_max`` from each request's running acceptance per
+    position and the cost of a round at each k (see the module docstring).
+
+    k_max           1..15: buffers and blocks are sized for it
+    costs           None (measure), ``{k: s}``, ``{(B, k): s}`` or ``(B, k) -> s``
+    prior_strength  pseudo-rounds of the pooled prior in a request's estimate
+    decay           per-round decay of a request's counts (1: a plain running mean)
+    explore_every   rounds in a row at k = 0 before one round tries k = 1 (0: never)
+    hold            rounds per k while calibrating (measured costs only)
+    ragged          per-request draft counts on rounds without graphs
+    """
+    name = "auto"
+
+    def __init__(self, k_max: int = 4, *, costs: Costs = None, prior_strength: float = 4.0,
+                 decay: float = 0.9, explore_every: int = 32, hold: int = 4,
+                 ragged: bool = True):
+        if isinstance(k_max, bool) or not isinstance(k_max, (int, np.integer)) \
+                or not 1 <= int(k_max) < MAX_BLOCK_ROWS:
+            raise ValueError(f"k_max: {k_max!r} outside 1..{MAX_BLOCK_ROWS - 1} "
+                             "(num_speculative_tokens='auto')")
+        if not 0 < decay <= 1 or prior_strength <= 0 or hold < 2 or explore_every < 0:
+            raise ValueError("AutoK: needs 0 < decay <= 1, prior_strength > 0, hold >= 2, "
+                             "explore_every >= 0")
+        self.k_max = int(k_max)
+        self.fixed_costs = costs
+        self.prior_strength, self.decay = float(prior_strength), float(decay)
+        self.explore_every, self.hold, self.ragged = int(explore_every), int(hold), bool(ragged)
+        self.measured: dict[tuple[int, int], float] = {}      # (B, k) -> EMA seconds
+        K = self.k_max
+        self.pool_acc, self.pool_tries = np.zeros(K), np.zeros(K)
+        self.choices: list[RoundPlan] = []
+        self.start(1, False)
+
+    # ------------------------------------------------------------------ protocol
+    def check(self, draft: Any) -> None:
+        _check_draft(draft, self.k_max, "num_speculative_tokens='auto'")
+
+    def start(self, slots: int, graphs: bool) -> None:
+        """A call over ``slots`` slots begins; every slot's drafts come from the prefill
+        (``k_max`` of them)."""
+        B, K = int(slots), self.k_max
+        self.B, self.graphs = B, bool(graphs)
+        self.acc, self.tries = np.zeros((B, K)), np.zeros((B, K))
+        self._positions = np.arange(1, K + 1)[None, :]
+        self._costs: Optional[list] = None
+        self.ready: Optional[int] = None        # drafts the last round proposed (None: prefill)
+        self.last: Optional[RoundPlan] = None
+        self.zero_run = 0
+        self.sweep: list[int] = []
+        self.refills = CALIBRATION_REFILLS
+        if not self.calibrated(B):
+            self.sweep = [k for k in range(K, -1, -1) for _ in range(self.hold)]
+
+    def admit(self, slots: Sequence[int]) -> None:
+        """New requests start from the pooled prior."""
+        for b in slots:
+            self.acc[b] = self.tries[b] = 0.0
+
+    def before_round(self, busy) -> RoundPlan:
+        busy = np.asarray(busy, bool)
+        if not self.sweep and self.refills and not self.calibrated(self.B):
+            self.refills -= 1               # a k still without a clean sample: again
+            self.sweep = [k for k in range(self.k_max, -1, -1)
+                          if (self.B, k) not in self.measured for _ in range(self.hold)]
+        calibrating = bool(self.sweep)
+        if calibrating:
+            propose = self.sweep.pop(0)
+        else:
+            propose = self._best(busy)
+            if propose == 0 and self.explore_every and self.zero_run >= self.explore_every:
+                propose = 1
+        self.zero_run = self.zero_run + 1 if propose == 0 else 0
+        verify = propose if self.ready is None else self.ready
+        num_draft = None
+        if self.ragged and not self.graphs and verify > 0 and not calibrating:
+            num_draft = self._trim(busy, verify)
+        plan = RoundPlan(verify, propose, num_draft)
+        self.ready, self.last = propose, plan
+        self.choices.append(plan)
+        return plan
+
+    def after_round(self, num_accepted, busy, seconds: Optional[float] = None) -> None:
+        """Learn from the round just run: ``num_accepted`` [slots] (host; read only where
+        ``busy``) and, for a clean sample, its wall time ``seconds``."""
+        plan, K = self.last, self.k_max
+        if plan is None:
+            return
+        n = np.asarray(num_accepted)
+        busy = np.asarray(busy, bool)
+        self.acc *= self.decay
+        self.tries *= self.decay
+        self.pool_acc *= POOL_DECAY
+        self.pool_tries *= POOL_DECAY
+        q = plan.verify if plan.num_draft is None else np.asarray(plan.num_draft)
+        # draft j was tried where drafts 1..j-1 were accepted, and accepted where j <= n
+        tried = self._positions <= (np.minimum(q, n + 1) * busy)[:, None]
+        hit = self._positions <= (np.minimum(n, q) * busy)[:, None]
+        self.tries += tried
+        self.acc += hit
+        self.pool_tries += tried.sum(axis=0)
+        self.pool_acc += hit.sum(axis=0)
+        if (seconds is not None and self.fixed_costs is None and plan.num_draft is None
+                and plan.verify == plan.propose):
+            key = (self.B, plan.verify)
+            old = self.measured.get(key)
+            self.measured[key] = seconds if old is None else (1 - COST_EMA) * old + COST_EMA * seconds
+            self._costs = None
+
+    # ------------------------------------------------------------------ model
+    def calibrated(self, slots: int) -> bool:
+        """Whether every k has a cost at ``slots`` slots (given, or measured)."""
+        return self.fixed_costs is not None or all(
+            (int(slots), k) in self.measured for k in range(self.k_max + 1))
+
+    def cost(self, slots: int, k: int) -> float:
+        """Seconds of a round at ``slots`` slots and k drafts."""
+        c = self.fixed_costs
+        if c is None:
+            got = self.measured.get((int(slots), int(k)))
+            return self._extrapolated(int(slots), int(k)) if got is None else got
+        if callable(c):
+            return float(c(int(slots), int(k)))
+        return float(c[(int(slots), int(k))] if (int(slots), int(k)) in c else c[int(k)])
+
+    def _extrapolated(self, B: int, k: int) -> float:
+        """A k without a sample (calibration gave up: no clean round): the straight line
+        through the nearest measured k's at B; a round at k + 1 costs 15% more than at k where
+        only one is measured (and 1 s at k = 0 where none is: any scale)."""
+        have = sorted(kk for bb, kk in self.measured if bb == B)
+        if not have:
+            return 1.0 + 0.15 * k
+        if len(have) == 1:
+            return self.measured[(B, have[0])] * (1.0 + 0.15 * (k - have[0]))
+        lo, hi = sorted(have, key=lambda kk: (abs(kk - k), kk))[:2]
+        clo, chi = self.measured[(B, lo)], self.measured[(B, hi)]
+        return max(clo + (chi - clo) * (k - lo) / (hi - lo), 1e-9)
+
+    def acceptance(self, slots=None) -> np.ndarray:
+        """a[i, j]: P(draft j + 1 accepted | drafts before it were), [slots, k_max]."""
+        prior, prev = [], 0.5
+        for pa, pt in zip(self.pool_acc.tolist(), self.pool_tries.tolist()):
+            prev = (pa + CHAIN * prev) / (pt + CHAIN)   # shrunk toward the position before
+            prior.append(prev)
+        prior = np.asarray(prior)
+        s = self.prior_strength
+        a = (self.acc + s * prior) / (self.tries + s)
+        return a if slots is None else a[slots]
+
+    def expected_tokens(self, busy) -> list:
+        """sum over the running requests of E_i(k), k = 0..k_max."""
+        busy = np.asarray(busy, bool)
+        P = np.cumprod(self.acceptance(busy), axis=1).sum(axis=0).tolist()   # [K]
+        E = [float(busy.sum())]
+        for x in P:
+            E.append(E[-1] + x)
+        return E
+
+    def costs(self) -> list:
+        """cost(B, k) for k = 0..k_max at this call's B (cached until a new sample)."""
+        if self._costs is None:
+            self._costs = [self.cost(self.B, k) for k in range(self.k_max + 1)]
+        return self._costs
+
+    def _best(self, busy) -> int:
+        E, c = self.expected_tokens(busy), self.costs()
+        score = [e / ck for e, ck in zip(E, c)]
+        return score.index(max(score))          # first maximum: ties to the smaller k
+
+    def _trim(self, busy, k: int) -> tuple:
+        """Per-slot drafts <= k where a draft's expected tokens pay its row (no graphs)."""
+        c, c0 = self.costs()[k], self.costs()[0]
+        row = max(c - c0, 0.0) / (self.B * k)
+        E = self.expected_tokens(busy)[k]
+        P = np.cumprod(self.acceptance(), axis=1)[:, :k]
+        keep = (P * c >= row * E).sum(axis=1)
+        q = tuple(int(keep[b]) if busy[b] else 0 for b in range(self.B))
+        return None if q == (k,) * self.B else q
+
+
+def make_policy(num_speculative_tokens: Any):
+    """The policy ``num_speculative_tokens`` names: an int (``FixedK``), ``"auto"``
+    (``AutoK()``, k_max 4) or a policy object (kept)."""
+    v = num_speculative_tokens
+    if isinstance(v, str):
+        if v != "auto":
+            raise ValueError(f"num_speculative_tokens: expected an int 0..15, 'auto' or a "
+                             f"policy, got {v!r}")
+        return AutoK()
+    if hasattr(v, "before_round") and hasattr(v, "k_max"):
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise ValueError(f"num_speculative_tokens: expected an int 0..15, 'auto' or a "
+                         f"policy, got {v!r}")
+    return FixedK(int(v))

@@ -1,0 +1,341 @@
+"""num_speculative_tokens="auto" (orchestrator.policy.AutoK) on the reference backend:
+lossless, reproducible, driven to k = 0 by a useless draft and to k_max by a perfect one,
+bad input refused, and the sampled distribution kept (the policy reads accepted history only).
+"""
+import numpy as np
+import pytest
+
+from specdec_lib.models import (TinyHybridTarget, TinyMTPDraft, load_demo_checkpoint,
+                                make_demo_checkpoint)
+from specdec_lib.orchestrator import (AutoK, FixedK, Request, RoundPlan, SpeculativeDecoder,
+                                      reference_backend)
+
+# a round's cost at k (seconds; any B): speculating is cheap, so the tiny model's MTP head
+# (acceptance ~0.8) pays up to k_max
+CHEAP = {0: 1.0, 1: 1.05, 2: 1.1, 3: 1.15, 4: 1.2}
+# speculating costs more than a perfect draft can repay below k=... (k=1 doubles the round)
+DEAR = {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0, 4: 5.0}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("demo_ckpt"))
+    make_demo_checkpoint(path)
+    return load_demo_checkpoint(path)
+
+
+def _prompts(seed, lens, V=256):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, V, n).tolist() for n in lens]
+
+
+def _decoder(demo, k, draft="mtp", be=None):
+    be = be or reference_backend()
+    cfg, tensors, dw = demo
+    target = TinyHybridTarget(cfg, tensors, be)
+    d = TinyMTPDraft(cfg, dw, tensors, be) if draft == "mtp" else draft
+    return SpeculativeDecoder(target, d, num_speculative_tokens=k, backend=be)
+
+
+@pytest.fixture(scope="module")
+def baseline(demo):
+    reqs = [Request(prompt=p, max_new_tokens=24) for p in _prompts(1, [1, 6, 19, 3, 9])]
+    dec = _decoder(demo, 0, draft=None)
+    return reqs, [r.tokens for r in dec.generate(reqs)]
+
+
+class WrongDraft:
+    """Proposes a token the target never picks next (its greedy output + 1, known)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def propose(self, carry, last_token, k):
+        return (self.inner.propose(carry, last_token, k) + 1) % 256
+
+
+class OracleDraft:
+    """Proposes the target's own greedy continuation (slot b holds request b)."""
+    uses_context = True
+
+    def __init__(self, want):
+        self.want = [list(w) + [0] * 16 for w in want]
+
+    def propose(self, carry, last_token, k, context):
+        n = np.asarray(context.output_lens)
+        return np.asarray([w[m:m + k] for w, m in zip(self.want, n)], np.int32).reshape(-1, k)
+
+
+# ----------------------------------------------------------------------- lossless
+
+@pytest.mark.parametrize("spec", [lambda: AutoK(4, costs=CHEAP), lambda: AutoK(3, costs=DEAR),
+                                  lambda: "auto", lambda: AutoK(2, costs=CHEAP, ragged=False)],
+                         ids=["cheap", "dear", "measured", "uniform"])
+def test_auto_lossless_greedy(demo, baseline, spec):
+    reqs, want = baseline
+    dec = _decoder(demo, spec())
+    assert [r.tokens for r in dec.generate(reqs)] == want
+    m = dec.metrics
+    assert m.policy == "auto" and sum(m.k_rounds.values()) == m.rounds
+
+
+def test_auto_cheap_speculates_dear_does_not(demo, baseline):
+    reqs, _ = baseline
+    cheap = _decoder(demo, AutoK(4, costs=CHEAP))
+    cheap.generate(reqs)
+    assert max(cheap.metrics.k_rounds) >= 3 and cheap.metrics.mean_accepted_length > 2
+    dear = _decoder(demo, AutoK(3, costs=DEAR, explore_every=0))
+    dear.generate(reqs)
+    # only the prefill's drafts are verified (round 1 plans from the neutral prior)
+    assert dear.metrics.k_rounds.get(0, 0) >= dear.metrics.rounds - 1
+
+
+def test_auto_serve_matches_target_only(demo):
+    """Continuous batching (slots reused, ragged per-request counts, k changing between
+    rounds) emits what target-only decoding emits."""
+    reqs = [Request(prompt=p, max_new_tokens=n, stop_token_ids=s) for p, n, s in
+            zip(_prompts(5, [3, 8, 1, 12, 5, 7]), [9, 20, 14, 6, 17, 11],
+                [(), (), (7,), (), (3, 4), ()])]
+    arrivals = [0, 0, 1, 4, 9, 30]
+    base = _decoder(demo, 0, draft=None).serve(reqs, slots=2, arrivals=arrivals)
+    dec = _decoder(demo, AutoK(4, costs=CHEAP))
+    got = dec.serve(reqs, slots=2, arrivals=arrivals)
+    assert [(g.tokens, g.finish_reason) for g in got] == \
+        [(b.tokens, b.finish_reason) for b in base]
+    assert len({p.verify for p in dec.spec.choices}) > 1            # k moved
+
+
+# ----------------------------------------------------------------------- choices
+
+def test_same_history_same_choices(demo, baseline):
+    reqs, _ = baseline
+    runs = []
+    for _ in range(2):
+        dec = _decoder(demo, AutoK(4, costs=CHEAP))
+        dec.generate(reqs)
+        runs.append((dec.spec.choices, dec.metrics.k_rounds))
+    assert runs[0] == runs[1]
+    # the policy alone, fed one recorded history: the same plans again
+    hist = np.random.default_rng(0).integers(0, 5, (40, 3))
+    plans = []
+    for _ in range(2):
+        pol = AutoK(4, costs=lambda B, k: 1.0 + 0.3 * k)
+        pol.start(3, graphs=False)
+        pol.admit([0, 1, 2])
+        out = []
+        for n in hist:
+            p = pol.before_round([True, True, True])
+            q = p.num_draft or (p.verify,) * 3
+            pol.after_round(np.minimum(n, q), [True, True, True])
+            out.append(p)
+        plans.append(out)
+    assert plans[0] == plans[1]
+
+
+def test_choices_read_only_accepted_history():
+    """A plan is a function of the num_accepted seen so far (and the cost table): nothing
+    else reaches the policy, so a round's own logits cannot bias its k."""
+    pol = AutoK(3, costs=CHEAP)
+    pol.start(2, graphs=True)
+    pol.admit([0, 1])
+    seen = []
+    for n in ([3, 0], [2, 1], [0, 0], [3, 3]):
+        seen.append(pol.before_round([True, True]))
+        pol.after_round(np.asarray(n), [True, True])
+    again = AutoK(3, costs=CHEAP)
+    again.start(2, graphs=True)
+    again.admit([0, 1])
+    for plan, n in zip(seen, ([3, 0], [2, 1], [0, 0], [3, 3])):
+        assert again.before_round([True, True]) == plan
+        again.after_round(np.asarray(n), [True, True])
+    assert all(p.num_draft is None for p in seen)         # graphs: whole blocks only
+
+
+def test_wrong_draft_drives_k_to_zero(demo, baseline):
+    reqs, want = baseline
+    cfg, tensors, dw = demo
+    be = reference_backend()
+    wrong = WrongDraft(TinyMTPDraft(cfg, dw, tensors, be))
+    dec = _decoder(demo, AutoK(3, costs={0: 1.0, 1: 1.2, 2: 1.4, 3: 1.6}, explore_every=8),
+                   draft=wrong, be=be)
+    assert [r.tokens for r in dec.generate(reqs)] == want
+    ks = [p.propose for p in dec.spec.choices]
+    assert ks[-12:].count(0) >= 10, ks
+    assert dec.metrics.k_rounds[0] >= dec.metrics.rounds - 6
+    assert 1 in ks[9:]                                    # a probe after 8 rounds at 0
+
+
+def test_perfect_draft_drives_k_to_k_max(demo, baseline):
+    reqs, want = baseline
+    dec = _decoder(demo, AutoK(4, costs={0: 1.0, 1: 1.3, 2: 1.6, 3: 1.9, 4: 2.2}),
+                   draft=OracleDraft(want))
+    assert [r.tokens for r in dec.generate(reqs)] == want
+    ks = [p.propose for p in dec.spec.choices]
+    # from the neutral prior (0.5 a position: k=1 pays best) up to k_max within rounds
+    assert ks[0] < 4 and ks[3:] == [4] * (len(ks) - 3), ks
+    assert dec.metrics.acceptance_rate == 1.0
+
+
+def test_ragged_trims_a_hopeless_request():
+    """Without graphs a request whose drafts keep failing verifies fewer of them than one
+    whose drafts land; with graphs every slot verifies the batch's k."""
+    for graphs in (False, True):
+        pol = AutoK(4, costs={0: 1.0, 1: 1.2, 2: 1.4, 3: 1.6, 4: 1.8})
+        pol.start(2, graphs=graphs)
+        pol.admit([0, 1])
+        for _ in range(12):
+            p = pol.before_round([True, True])
+            q = p.num_draft or (p.verify,) * 2
+            pol.after_round(np.asarray([q[0], 0]), [True, True])
+        p = pol.before_round([True, True])
+        if graphs:
+            assert p.num_draft is None
+        else:
+            assert p.num_draft[0] == p.verify > p.num_draft[1]
+
+
+def test_measured_costs_calibrate_each_k(demo, baseline):
+    reqs, want = baseline
+    dec = _decoder(demo, AutoK(2, hold=3))
+    assert not dec.spec.calibrated(len(reqs))
+    assert [r.tokens for r in dec.generate(reqs)] == want
+    assert dec.spec.calibrated(len(reqs))
+    assert {k for B, k in dec.spec.measured} == {0, 1, 2}
+    # each k: the switch round, its shape's first (eager: compiling) round, one sample
+    assert [p.propose for p in dec.spec.choices[:9]] == [2, 2, 2, 1, 1, 1, 0, 0, 0]
+
+
+# ----------------------------------------------------------------------- bad input
+
+def test_bad_input_refused(demo):
+    be = reference_backend()
+    cfg, tensors, dw = demo
+    target = TinyHybridTarget(cfg, tensors, be)
+    draft = TinyMTPDraft(cfg, dw, tensors, be)
+    for k_max in (0, 16, -1, 2.5, True):
+        with pytest.raises(ValueError, match="k_max"):
+            AutoK(k_max)
+    with pytest.raises(ValueError, match="draft"):
+        SpeculativeDecoder(target, None, num_speculative_tokens="auto", backend=be)
+    with pytest.raises(ValueError, match="draft"):
+        SpeculativeDecoder(target, None, num_speculative_tokens=AutoK(2), backend=be)
+
+    class Short:
+        max_draft_tokens = 2
+
+        def propose(self, carry, last_token, k):
+            raise AssertionError("never launched")
+    with pytest.raises(ValueError, match="draft.*max_draft_tokens.*k_max=3"):
+        SpeculativeDecoder(target, Short(), num_speculative_tokens=AutoK(3), backend=be)
+    with pytest.raises(ValueError, match="draft.*k_max=4"):
+        SpeculativeDecoder(target, Short(), num_speculative_tokens=4, backend=be)
+    SpeculativeDecoder(target, Short(), num_speculative_tokens=AutoK(2), backend=be)
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        SpeculativeDecoder(target, draft, num_speculative_tokens="fast", backend=be)
+    assert FixedK(3).before_round([True]) == RoundPlan(3, 3)
+
+
+# ----------------------------------------------------------------------- sampled
+
+def test_auto_sampled_keeps_the_target_distribution(demo):
+    """Two-sample chi-square: the third emitted token of N seeds under auto (k changing,
+    ragged blocks) vs target-only; same law (each round is exact speculative sampling for
+    any k fixed before it runs)."""
+    prompt = _prompts(3, [5])[0]
+    N = 400
+    reqs = [Request(prompt=prompt, max_new_tokens=3, temperature=2.0, seed=s) for s in range(N)]
+    base = _decoder(demo, 0, draft=None).generate(reqs)
+    dec = _decoder(demo, AutoK(3, costs={0: 1.0, 1: 1.02, 2: 1.2, 3: 1.5}))
+    spec = dec.generate(reqs)
+    assert any(p.num_draft is not None for p in dec.spec.choices)
+    a = np.bincount([r.tokens[2] for r in base], minlength=256).astype(float)
+    b = np.bincount([r.tokens[2] for r in spec], minlength=256).astype(float)
+    order = np.argsort(-(a + b))
+    bins_a, bins_b, ca, cb = [], [], 0.0, 0.0
+    for t in order:                   # merge into bins of >= 10 pooled counts
+        ca, cb = ca + a[t], cb + b[t]
+        if ca + cb >= 10:
+            bins_a.append(ca), bins_b.append(cb)
+            ca = cb = 0.0
+    if ca + cb:
+        bins_a[-1] += ca
+        bins_b[-1] += cb
+    x, y = np.array(bins_a), np.array(bins_b)
+    tot = x + y
+    chi2 = float((((x - tot / 2) ** 2 + (y - tot / 2) ** 2) / (tot / 2)).sum())
+    dof = len(tot) - 1
+    z = 3.09                          # 99.9% quantile, Wilson-Hilferty
+    crit = dof * (1 - 2 / (9 * dof) + z * np.sqrt(2 / (9 * dof))) ** 3
+    assert chi2 < crit, (chi2, crit, dof)
+
+
+# ----------------------------------------------------------------------- scripted plans
+
+class Scripted:
+    """A policy object that plays a fixed cycle of (verify, propose[, num_draft]) plans:
+    every shape change the round supports (k up, down, to 0 and back, ragged blocks)."""
+    name = "scripted"
+
+    def __init__(self, k_max, plans):
+        self.k_max, self.plans = k_max, plans
+
+    def check(self, draft):
+        assert draft is not None
+
+    def start(self, slots, graphs):
+        self.i, self.B = 0, slots
+
+    def admit(self, slots):
+        pass
+
+    def before_round(self, busy):
+        v, p, *q = self.plans[self.i % len(self.plans)]
+        self.i += 1
+        return RoundPlan(v, p, tuple(min(x, v) for x in q[0][:self.B]) if q else None)
+
+    def after_round(self, num_accepted, busy, seconds=None):
+        pass
+
+
+# verify of each plan = propose of the one before it (the first: <= k_max, from the prefill)
+CYCLE = [(4, 4), (4, 2), (2, 2, (2, 0, 1, 2, 0)), (2, 0), (0, 0), (0, 3), (3, 1), (1, 4),
+         (4, 4, (4, 1, 0, 3, 2)), (4, 4)]
+
+
+@pytest.mark.parametrize("draft", ["mtp", "ngram"])
+def test_scripted_plans_lossless(demo, baseline, draft):
+    reqs, want = baseline
+    if draft == "ngram":
+        from specdec_lib.models.ngram import NgramDraft
+        be = reference_backend()
+        dec = _decoder(demo, Scripted(4, CYCLE), draft=NgramDraft(be), be=be)
+    else:
+        dec = _decoder(demo, Scripted(4, CYCLE))
+    assert [r.tokens for r in dec.generate(reqs)] == want
+    assert dec.metrics.k_rounds.keys() >= {0, 1, 2, 3, 4}
+
+
+def test_scripted_plans_lossless_smollm2_head():
+    """The same cycle with a trained head that keeps its own KV cache (the block path: rows
+    fed through a gather when blocks are narrower than k_max + 1; k = 0 rounds skip it)."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("tokenizers")
+    from specdec_lib.models import smollm2
+    try:
+        smollm2.gguf_path()
+    except ImportError as e:
+        pytest.skip(str(e))
+    from specdec_lib.models import load_smollm2_target
+    from specdec_lib.models.heads import smollm2_head
+    from specdec_lib.models.llama_draft import LlamaDraftHead
+    from specdec_lib.orchestrator import make_backend
+    be = make_backend("reference")
+    target, tok = load_smollm2_target(be, progress=False)
+    reqs = [Request(prompt=smollm2.chat_prompt(tok, t), max_new_tokens=16)
+            for t in smollm2.OPEN_PROMPTS[:2]]
+    base = SpeculativeDecoder(target, None, num_speculative_tokens=0, backend=be).generate(reqs)
+    head = LlamaDraftHead.load(target, smollm2_head("eagle3"), "eagle3")
+    cycle = [(2, 0), (0, 0), (0, 3), (3, 1, (1, 0)), (1, 4), (4, 2, (4, 2)), (2, 4)]
+    dec = SpeculativeDecoder(target, head, num_speculative_tokens=Scripted(4, cycle), backend=be)
+    assert [r.tokens for r in dec.generate(reqs)] == [r.tokens for r in base]
+    assert dec.metrics.accepted > 0 and dec.metrics.rounds >= len(cycle), dec.metrics
