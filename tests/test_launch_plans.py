@@ -849,7 +849,8 @@ BASE_OPS = ("copy", "append_kv", "rope_append_kv", "verify_attention", "gdn_veri
             "draft_combine", "draft_map_tokens", "ngram_propose", "rms_norm", "rope",
             "silu_mul", "linear")
 HELPERS = ("verify_attention_workspace_size", "spec_sample_workspace_size",
-           "gdn_journal_width", "rope_cos_sin_cache")
+           "gdn_journal_width", "rope_cos_sin_cache",
+           "advance_step")   # (step += by on the caller's own array type: no library launch)
 
 
 def test_every_public_op_is_in_the_table():
