@@ -250,33 +250,27 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
         partial_lse = ws.ptr + _lse_offset(plan.num_splits * T * Hq, D)
 
     from .. import _attention
-    if fmt is not None:
-        kern = runtime.kernel("verify_attention_kv8", f"verify_attention_kv8_d{D}_{tag}_{fmt}", dev)
-        kern.set_max_dynamic_smem(smem)
-        _attention.launch_verify_attention_kv8(
-            kern, merge, Hkv * plan.m_groups, smem, stream_h,
+    # the launch arguments both launchers take (the 8-bit one adds the scales after them)
+    args = (merge, Hkv * plan.m_groups, smem, stream_h,
             (qa.ptr, kc.ptr, vc.ptr, pt.ptr, sl.ptr, cq.ptr, oa.ptr, la.ptr, partial_o, partial_lse),
             (qa.strides[0], qa.strides[1]), (kc.strides[0], kc.strides[1], kc.strides[2]),
             (vc.strides[0], vc.strides[1], vc.strides[2]), (oa.strides[0], oa.strides[1]),
             (la.strides[0], la.strides[1]) if lse_out is not None else (0, 0),
             pt.strides[0], scale * 1.4426950408889634, T, B, Hq, Hkv, D,
             page_size.bit_length() - 1, num_pages, max_pages, max_q, plan.warps_m, plan.num_splits,
-            plan.kv_chunk,
+            plan.kv_chunk)
+    if fmt is not None:
+        kern = runtime.kernel("verify_attention_kv8", f"verify_attention_kv8_d{D}_{tag}_{fmt}", dev)
+        kern.set_max_dynamic_smem(smem)
+        _attention.launch_verify_attention_kv8(
+            kern, *args,
             (ks.ptr if ks is not None else 0, vs.ptr if vs is not None else 0,
              kp.ptr if kp is not None else 0, vp.ptr if vp is not None else 0),
             0 if ks is None or ks.shape[0] == 1 else 1)
         return out
     kern = runtime.kernel("attention", f"verify_attention_d{D}_{tag}", dev)   # makes dev current
     kern.set_max_dynamic_smem(smem)   # no-op unless static + dynamic exceeds the current limit
-    _attention.launch_verify_attention(
-        kern, merge, Hkv * plan.m_groups, smem, stream_h,
-        (qa.ptr, kc.ptr, vc.ptr, pt.ptr, sl.ptr, cq.ptr, oa.ptr, la.ptr, partial_o, partial_lse),
-        (qa.strides[0], qa.strides[1]), (kc.strides[0], kc.strides[1], kc.strides[2]),
-        (vc.strides[0], vc.strides[1], vc.strides[2]), (oa.strides[0], oa.strides[1]),
-        (la.strides[0], la.strides[1]) if lse_out is not None else (0, 0),
-        pt.strides[0], scale * 1.4426950408889634, T, B, Hq, Hkv, D,
-        page_size.bit_length() - 1, num_pages, max_pages, max_q, plan.warps_m, plan.num_splits,
-        plan.kv_chunk)
+    _attention.launch_verify_attention(kern, *args)
     return out
 
 

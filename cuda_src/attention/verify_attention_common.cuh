@@ -1,0 +1,62 @@
+// What the 16-bit and the 8-bit-cache verify_attention kernels share (each includes it into
+// its own translation unit, inside its anonymous namespace): the CTA shape, the pipeline depth
+// per code family, the exp2 / load helpers and a sequence's view of the batch.
+#pragma once
+
+constexpr int kThreads = VERIFY_ATTN_THREADS;
+constexpr int kWarps = kThreads / 32;
+constexpr int kEpiCols = 64;     // output columns combined per epilogue pass
+constexpr int kEpiStride = 72;   // floats per row of the epilogue buffer (padding: no bank conflicts)
+constexpr float kLn2 = 0.6931471805599453f;
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+constexpr int kStages = 3;
+constexpr bool kHasBf16Mma = true;
+#else
+constexpr int kStages = 1;
+constexpr bool kHasBf16Mma = false;
+#endif
+
+static_assert(VERIFY_ATTN_EPILOGUE_SMEM == kWarps * 16 * kEpiStride * 4 + 2 * kWarps * 16 * 4,
+              "epilogue smem constant out of sync with the kernel");
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t ld_u32(const uint16_t* p) {
+  return __ldg(reinterpret_cast<const unsigned int*>(p));
+}
+
+__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
+  uint32_t n;
+  asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(n));
+  return n;
+}
+
+// Keys of sequence b handled by `split`; false when the split (or the sequence) has none.
+struct SeqView {
+  int q0, qn, L, kv_begin, kv_end, num_splits;
+  bool bad_len;
+};
+
+__device__ __forceinline__ bool seq_view(const int32_t* cu_q, const int32_t* seq_lens, int b,
+                                         int max_q, int num_tokens, int num_splits, int kv_chunk,
+                                         SeqView& v) {
+  v.q0 = __ldg(cu_q + b);
+  const int q1 = __ldg(cu_q + b + 1);
+  v.qn = q1 - v.q0;
+  if (v.q0 < 0 || v.qn <= 0 || v.qn > max_q || q1 > num_tokens) return false;
+  v.L = __ldg(seq_lens + b);
+  v.bad_len = v.L < 0;
+  if (v.bad_len) v.L = 0;
+  const int n_ctx = v.L + v.qn;
+  v.num_splits = min(num_splits, (n_ctx + kv_chunk - 1) / kv_chunk);
+  return true;
+}
+
+// bf16 needs sm_80 tensor cores: the compute_75 build keeps the symbols but they trap
+template <typename Mma>
+constexpr bool kRunsHere = kHasBf16Mma || !Mma::kIsBf16;
