@@ -237,7 +237,7 @@ _SENT_PRED = ("is reading a book in the garden", "will arrive tomorrow morning",
 _TARGET_LANGS = ("French", "Spanish", "German", "Italian", "Portuguese", "Dutch", "Japanese",
                  "Chinese", "Russian", "Polish", "Turkish", "Swedish")
 _TRANSLATE_TEMPLATES = ('Translate into {lang}: "{s}"', "How do you say this in {lang}? {s}",
-                        "Translate the following sentence to {lang} and explain the grammar:\n\n{s}")
+                        "Translate this sentence to {lang} and explain the grammar:\n\n{s}")
 
 _SYSTEMS = (
     "You are a helpful assistant.", "You are a friendly tutor who explains things simply.",
