@@ -227,7 +227,8 @@ class HostArg(DeviceArg):
         # numpy has no bfloat16: the library keeps bf16 on the host as uint16 bit patterns
         # (specdec_lib.dtypes), so a numpy uint16 array is bfloat16 unless an integer dtype
         # is asked for
-        self._bits = (type(obj).__name__ == "ndarray" and obj.dtype.name == "uint16"
+        import numpy as np
+        self._bits = (isinstance(obj, np.ndarray) and obj.dtype == np.uint16
                       and not _integer_spec(dtype))
         DeviceArg.__init__(self, name, obj, dtype, ndim, shape, device, contiguous, optional)
 

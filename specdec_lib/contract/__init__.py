@@ -27,11 +27,4 @@ from ._core import (CHECKS, DeviceArg, HostArg, check, checked, host_values,  # 
                     index_values, run_host_check)
 
 # every family's contract registers itself in CHECKS on import
-import importlib as _importlib  # noqa: E402
-
-for _family in ("copy", "attention", "layers", "draft", "gdn", "conv", "sampling", "sequence"):
-    try:
-        _importlib.import_module(f"{__name__}.{_family}")
-    except ModuleNotFoundError as _e:      # (families still being moved here)
-        if _e.name != f"{__name__}.{_family}":
-            raise
+from . import attention, conv, copy, draft, gdn, layers, sampling, sequence  # noqa: E402,F401

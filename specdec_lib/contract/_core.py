@@ -22,7 +22,7 @@ def check(name: str, fn: Optional[Callable] = None):
 def host_values(a):
     """``values`` of the host paths: the numpy values of a HostArg, None where it has none
     (an absent optional argument, a fake tensor)."""
-    return a.values() if a.obj is not None else None
+    return a.values()
 
 
 def index_values(stream_h: int):

@@ -15,10 +15,10 @@ class NgramDraft:
     uses_context = True
 
     def __init__(self, backend, *, min_n: int = 1, max_n: int = 3):
-        from ..reference.draft import check_ngram_args
+        from ..contract.draft import ngram_args
         # the op's own rules, checked now rather than at the first proposal (the draft width
         # k is checked by the op when it is known)
-        self.min_n, self.max_n = check_ngram_args(min_n, max_n, 1)
+        self.min_n, self.max_n = ngram_args(min_n, max_n, 1)
         self.be, self.xp = backend, backend.xp
         self._bufs = {}
 

@@ -38,7 +38,7 @@ _INSTRUCTIONS = (
 _VARIANT_STEP = (0, 2, 4, 1, 3, 5)
 
 
-def _clip(doc, limit):
+def clip_paragraphs(doc: str, limit: int) -> str:
     """The first paragraphs of ``doc`` that fit in ``limit`` characters (at least one)."""
     out = []
     for para in doc.strip().split("\n\n"):
@@ -79,7 +79,7 @@ def _documented(min_chars=100, max_chars=700):
         for name, obj in members:
             doc = inspect.getdoc(obj) or ""
             if len(doc) >= min_chars:
-                items.append((mod_name, name, _clip(doc, max_chars)))
+                items.append((mod_name, name, clip_paragraphs(doc, max_chars)))
     return tuple(items)
 
 

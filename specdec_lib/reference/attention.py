@@ -20,9 +20,6 @@ import math
 import numpy as np
 
 from ..contract import checked
-from ..contract.attention import (HEAD_DIMS, MAX_GROUP, MAX_Q_PER_SEQ,  # noqa: F401 (old home)
-                                  verify_attention_shapes as check_verify_attention_shapes,
-                                  verify_attention_values as check_verify_attention_values)
 
 
 def dequantize_cache(cache, k_scale=None, k_params=None):

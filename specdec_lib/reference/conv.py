@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..contract import checked
-from ..contract.conv import ACTIVATIONS  # noqa: F401 (its old home)
 from .gdn import check_batch, round_to, store, to_f64
 
 

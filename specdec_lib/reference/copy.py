@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..contract import checked
-from ..contract.copy import append_kv_indices as check_append_kv_indices  # noqa: F401 (old name)
 
 
 @checked("copy")

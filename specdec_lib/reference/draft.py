@@ -23,9 +23,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..contract import checked
-from ..contract.draft import NGRAM_MAX_DRAFT, NGRAM_MAX_N  # noqa: F401
-from ..contract.draft import ngram_args as check_ngram_args  # noqa: F401
-from ..contract.draft import ngram_lengths as check_ngram_lengths  # noqa: F401
 from .layers import rms_norm_f64 as _rms_norm
 
 

@@ -33,10 +33,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..contract import checked
-# the checks' home is the contract; their old names here stay importable
-from ..contract._batch import _check_int, check_accept_len, check_batch  # noqa: F401
-from ..contract.gdn import (LAYOUTS, check_gating, check_pending, gdn_journal_width,  # noqa: F401
-                            journal_num_k_heads)
+from ..contract._batch import check_batch
+from ..contract.gdn import check_gating, journal_num_k_heads
+from ..contract.gdn import gdn_journal_width  # noqa: F401 (the reference backend's too)
 from ..dtypes import bf16_bits_to_f32, f32_to_bf16_bits  # noqa: F401 (re-exported)
 
 L2NORM_EPS = 1e-6

@@ -24,9 +24,6 @@ import numbers
 import numpy as np
 
 from ..contract import checked
-from ..contract.layers import (LINEAR_EPILOGUES, ROPE_MAX_HEAD_DIM, check_eps,  # noqa: F401
-                               linear_shapes as check_linear_args,
-                               rope_shapes as check_rope_shapes)
 from .gdn import round_to, store, to_f64
 
 

@@ -81,7 +81,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..contract import checked
-from ..contract.sampling import check_filters  # noqa: F401  (its old home)
 
 TILE = 2048                   # tokens per tile of the two-level race (spec constant)
 PURPOSE_ACCEPT = 0            # counter index 0

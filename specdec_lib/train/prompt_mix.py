@@ -26,6 +26,8 @@ import random
 import textwrap
 import warnings
 
+from ..models.prompts import clip_paragraphs
+
 __all__ = ["FAMILIES", "HELDOUT_FAMILIES", "prompt_mix", "split", "family_size"]
 
 # ---------------------------------------------------------------- word lists
@@ -304,15 +306,6 @@ _STDLIB_MODULES = (
 )
 
 
-def _clip(doc, limit=700):
-    out = []
-    for para in doc.strip().split("\n\n"):
-        if out and len("\n\n".join(out + [para])) > limit:
-            break
-        out.append(para)
-    return "\n\n".join(out)[:limit]
-
-
 @functools.lru_cache(maxsize=None)
 def _stdlib_text():
     with warnings.catch_warnings():     # typing.re and friends warn when looked at
@@ -343,7 +336,7 @@ def _collect_stdlib_text():
                     if not meth.startswith("_") and inspect.isfunction(f):
                         members.append((f"{mod_name}.{attr}.{meth}", f))
         for name, obj in members:
-            doc = _clip(inspect.getdoc(obj) or "")
+            doc = clip_paragraphs(inspect.getdoc(obj) or "", 700)
             if len(doc) >= 120 and doc not in seen_d:
                 seen_d.add(doc)
                 docs.append((name, doc))
