@@ -222,7 +222,7 @@ class AutoK:
     def after_round(self, num_accepted, busy, seconds: Optional[float] = None) -> None:
         """Learn from the round just run: ``num_accepted`` [slots] (host; read only where
         ``busy``) and, for a clean sample, its wall time ``seconds``."""
-        plan, K = self.last, self.k_max
+        plan = self.last
         if plan is None:
             return
         n = np.asarray(num_accepted)

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .policy import FixedK, RoundPlan
+from .policy import RoundPlan
 from .state import CallState, Parts
 
-__all__ = ["FixedK", "RoundPlan", "block_rows", "run_round"]
+__all__ = ["block_rows", "emitted_rows", "run_round"]
 
 
 def block_rows(plan: RoundPlan, B: int) -> list[int]:
