@@ -208,8 +208,9 @@ def ngram_propose(prompt: ArrayLike, prompt_lens: ArrayLike, output: ArrayLike,
         # the lengths' values only now, past B == 0 (which needs no driver): copied to the host
         # on the op's stream, skipped while it captures a graph
         values = index_values(stream_h)
-        if values is not None:
-            contract.ngram_lengths(values(pl), values(ol), P, O)
+        pv = values(pl)
+        if pv is not None:      # None while the stream captures
+            contract.ngram_lengths(pv, values(ol), P, O)
     vec_prompt = (pr.ptr | _row_bytes(pr)) % 16 == 0
     vec_output = (ou.ptr | _row_bytes(ou)) % 16 == 0
     grid = int(min(B, 65535))
