@@ -94,6 +94,49 @@ def bench_verify_attention(b: Bench):
     _bench_verify_attention_kv8(b)
 
 
+
+# batch 1 (issue 31): latency, not bandwidth; the split count decides it
+SMALL_SHAPES = [   # (L, Hq, Hkv, D): Llama-3-8B-like, Qwen3-Next's attention, SmolLM2
+    (512, 32, 8, 128), (4096, 32, 8, 128), (512, 16, 2, 256), (1000, 16, 2, 256),
+    (4096, 16, 2, 256), (300, 9, 3, 64)]
+
+
+@bench("verify_attention_b1", default=False)
+def bench_verify_attention_b1(b: Bench):
+    """verify_attention at B=1 q=4 (page 16, bf16), the planned split count and a sweep of
+    forced ones: the data for the small-batch split policy (graph replays, 20 calls)."""
+    from ..arrays import DeviceArray
+    from ..ops import verify_attention, verify_attention_workspace_size
+    from ..ops.attention import plan_verify_attention
+    from .. import runtime
+    B, q, ps = 1, 4, 16
+    for L, Hq, Hkv, D in SMALL_SHAPES:
+        max_pages = (L + q + ps - 1) // ps
+        qd = _rand((q, Hq, D), "bfloat16", b.device, 1)
+        kc = _rand((max_pages, ps, Hkv, D), "bfloat16", b.device, 2)
+        vc = _rand((max_pages, ps, Hkv, D), "bfloat16", b.device, 3)
+        pt, sl, cq = _paged_batch(b.device, B, L, q, max_pages, max_pages)
+        out = DeviceArray.empty((q, Hq, D), "bfloat16", b.device)
+        max_kv = max_pages * ps
+        ws = DeviceArray.empty((max(verify_attention_workspace_size(
+            q, Hq, Hkv, D, B, max_kv, max_q=q, num_splits=n, device=b.device)
+            for n in (None, 64)),), "uint8", b.device)
+        planned = plan_verify_attention(B, Hkv, Hq // Hkv, D, q, max_kv,
+                                        runtime.sm_count(b.device)).num_splits
+        kv_bytes = (L + q) * Hkv * D * 2 * 2
+        shape = f"B=1 L={L} q={q} Hq={Hq} Hkv={Hkv} D={D} page={ps} bf16"
+        for splits in (None, 1, 2, 4, 8, 16, 32, 64):
+            if splits is not None and splits > -(-max_kv // 32):
+                continue
+
+            def run():
+                verify_attention(qd, kc, vc, pt, sl, cq, out, workspace=ws, num_splits=splits,
+                                 max_q=q, stream=b.stream)
+            ms = b.time_graph(run, per_graph=20)
+            b.report("verify_attention_b1", shape, kv_bytes, ms,
+                     splits=f"planned {planned}" if splits is None else f"forced {splits}")
+
+
 def _kv8_cache(fmt, num_pages, ps, Hkv, D, device, seed):
     """A random 8-bit cache (fp8 codes without NaN; int8 codes) and its scales / params."""
     from ..arrays import DeviceArray

@@ -263,7 +263,10 @@ def _b1_round(d):
              stop_ids=put(np.full((1, 2), -1, np.int32)), stop_seqs=put(np.full((1, 1, 2), -1, np.int32)),
              max_new=put(np.array([1 << 30], np.int32)), accept_len=zeros((1,), "int32"),
              carry=zeros((1, H), "bfloat16"), combined=zeros((1, 2 * H), "bfloat16"),
-             embed=bf(1024, H))   # (one row of the embedding is read)
+             embed=bf(1024, H),   # (one row of the embedding is read)
+             # the split-KV workspace a B=1 caller gives (without it the op runs unsplit)
+             attn_ws=zeros((ops.verify_attention_workspace_size(
+                 q, c["HQ"], c["HKV"], c["D"], 1, pages * c["page"], device=d),), "uint8"))
     gdn_layers, attn_layers = [], []
     for i in range(c["layers"]):
         if (i + 1) % c["attn_every"]:
@@ -310,7 +313,7 @@ def _b1_round(d):
                           stream=s, **nc)),
                       ("verify_attention", lambda s, a=a: ops.verify_attention(
                           a["q"], a["k_cache"], a["v_cache"], x["page_table"], x["seq_lens"],
-                          x["cu_q"], a["out"], stream=s, **nc))]
+                          x["cu_q"], a["out"], workspace=x["attn_ws"], max_q=q, stream=s, **nc))]
         steps += [norm, mlp]
     steps += [norm, ("spec_sample", lambda s: ops.spec_sample(
         x["logits"], x["cu_q"], x["draft_ids"], x["temperature"], x["top_k"], x["top_p"],

@@ -13,6 +13,8 @@ Cases (the shapes of docs/PERF.md's tables):
   sample_topp    the same with top-p 0.9 (filters=None)
   sample_b1      spec_sample B=1, sampled, no filter (filters=False)
   sample_b1_topp spec_sample B=1, sampled, top-p 0.9 (the rows path on sm_90)
+  round_b1       one B=1 Qwen3-Next-like round of library ops (bench round_b1), eager
+  bench_NAME     the whole registered benchmark NAME (verify_attention, append_kv)
   sample_topp_rows  sample_topp through the rows path (SPECDEC_SPEC_SAMPLE_PATH=rows; the
                  automatic choice at B=64 is the tiles path)
 
@@ -57,7 +59,33 @@ def _sample(B, greedy_frac, top_p, filters, iters, path=None):
     b.close()
 
 
+def _round_b1(iters):
+    from specdec_lib.bench import Bench
+    from specdec_lib.bench.round import _b1_round
+    b = Bench(0)
+    _, steps = _b1_round(b.device)
+    for _ in range(iters):
+        for _, fn in steps:
+            fn(b.stream)
+    b.close()
+
+
+def _bench(name):
+    """A registered benchmark run whole (its timing loops are launches like any other):
+    pick the launch with ncu's -k / --launch-skip."""
+    def run(iters):
+        from specdec_lib.bench import _BENCHES, Bench, _load_families
+        _load_families()
+        b = Bench(0)
+        _BENCHES[name](b)
+        b.close()
+    return run
+
+
 CASES = {
+    "round_b1": _round_b1,
+    "bench_verify_attention": _bench("verify_attention"),
+    "bench_append_kv": _bench("append_kv"),
     "gdn": lambda n: _gdn("float32", n),
     "gdn_bf16": lambda n: _gdn("bfloat16", n),
     "gdn_fused": lambda n: _gdn("float32", n, fused_mode=True),
