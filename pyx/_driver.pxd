@@ -8,6 +8,7 @@ cdef class Kernel:
     cdef readonly str module
     cdef readonly int device
     cdef readonly int max_dynamic_smem
+    cdef public bint pdl          # launch() uses programmatic serialization (sm_90 code)
 
 cdef int check(cydriver.CUresult err, str op) except -1
 cdef int launch(Kernel k, unsigned int gx, unsigned int gy, unsigned int gz,

@@ -311,7 +311,12 @@ def load_module(bytes image, str name, int device):
 cdef int launch(Kernel k, unsigned int gx, unsigned int gy, unsigned int gz,
                 unsigned int bx, unsigned int by, unsigned int bz,
                 unsigned int smem, size_t stream, void* params) except -1:
-    """Launch ``k`` with a single by-value parameter block at ``params`` (GIL released)."""
+    """Launch ``k`` with a single by-value parameter block at ``params`` (GIL released).
+    A kernel loaded from sm_90 code (``k.pdl``, set by ``runtime.kernel``) goes out with
+    programmatic stream serialization: every library kernel begins with pdl_begin()
+    (cuda_src/common/pdl.cuh), which waits for the previous launch before touching memory."""
+    if k.pdl:
+        return launch_after(k, gx, gy, gz, bx, by, bz, smem, stream, params, 1)
     cdef void* args[1]
     cdef cydriver.CUresult err
     args[0] = params

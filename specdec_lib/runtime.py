@@ -155,6 +155,15 @@ def _load(module: str, device: int):
     return hit
 
 
+PDL_ENV = "SPECDEC_PDL"   # "0": every launch the plain way (A/B timing); read at kernel load
+
+
+def pdl_enabled(device: int = 0) -> bool:
+    """Whether launches on ``device`` use programmatic dependent launch: sm_90 code only
+    (the compute_75 / compute_80 code has no griddepcontrol.wait), unless SPECDEC_PDL=0."""
+    return arch_family(device) >= 90 and os.environ.get(PDL_ENV, "1").strip() != "0"
+
+
 def kernel(module: str, symbol: str, device: int = 0) -> Any:
     """The loaded kernel ``symbol`` of ``module`` on ``device`` (cached; context made current)."""
     (_DRIVER or driver()).ensure_context(device)
@@ -164,6 +173,7 @@ def kernel(module: str, symbol: str, device: int = 0) -> Any:
             if symbol not in _kernels.MODULES[module].kernels:
                 raise KeyError(f"kernel {symbol!r} is not in the table of module {module!r}")
             k = _load(module, device)[0].get_kernel(symbol)
+            k.pdl = pdl_enabled(device)
             _kernel_cache[(device, module, symbol)] = k
     return k
 

@@ -18,6 +18,7 @@
 // the cache, so no thread reads another's result and the kernel needs no barrier. The index
 // chain (cu_q search, L, page id) is done once per token row, before the items.
 #include "common/dtype.cuh"
+#include "common/pdl.cuh"
 #include "common/pack.cuh"
 #include "common/ragged.cuh"
 #include "common/rope.cuh"
@@ -78,7 +79,7 @@ __device__ __forceinline__ void rope_append_kv(const RopeAppendKVParams& p) {
 
 #define SPECDEC_ROPE_APPEND_KV(NAME, T)                                                  \
   extern "C" __global__ void __launch_bounds__(kThreads) rope_append_kv_##NAME(          \
-      const RopeAppendKVParams p) {                                                      \
+      const RopeAppendKVParams p) { specdec::pdl_begin();                                                      \
     if (p.vectorize) rope_append_kv<T, 16 / sizeof(T)>(p);                               \
     else rope_append_kv<T, 1>(p);                                                        \
   }

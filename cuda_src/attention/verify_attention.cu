@@ -36,6 +36,7 @@
 #include <math.h>
 
 #include "common/cp_async.cuh"
+#include "common/pdl.cuh"
 #include "common/dtype.cuh"
 #include "common/mma.cuh"
 #include "common/warp.cuh"
@@ -477,7 +478,7 @@ __device__ __forceinline__ void verify_attention_merge_body(const VerifyAttentio
 // the same kernel table) but they trap; the Python layer never launches them there.
 #define SPECDEC_VERIFY_ATTENTION(D, TAG, MMA)                                                   \
   extern "C" __global__ void __launch_bounds__(VERIFY_ATTN_THREADS)                             \
-      verify_attention_d##D##_##TAG(const VerifyAttentionParams p) {                            \
+      verify_attention_d##D##_##TAG(const VerifyAttentionParams p) { specdec::pdl_begin();                            \
     if constexpr (kRunsHere<MMA>) verify_attention_body<D, MMA>(p); else __trap();            \
   }
 
@@ -490,10 +491,12 @@ SPECDEC_VERIFY_ATTENTION(256, bf16, mma_bf16)
 
 extern "C" __global__ void __launch_bounds__(128)
     verify_attention_merge_f16(const VerifyAttentionMergeParams p) {
+  specdec::pdl_begin();
   verify_attention_merge_body<mma_f16>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     verify_attention_merge_bf16(const VerifyAttentionMergeParams p) {
+  specdec::pdl_begin();
   verify_attention_merge_body<mma_bf16>(p);   // bf16 packing only: fine on every arch
 }

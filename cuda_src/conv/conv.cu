@@ -13,6 +13,7 @@
 // An input enters the window of later rows rounded to the state dtype, as one-token
 // decoding would have stored it; the current row uses it unrounded.
 #include "conv/conv_params.h"
+#include "common/pdl.cuh"
 #include "gdn/gdn_tile.cuh"   // load_dt / store_dt (run-time dtype codes)
 
 using specdec::gdn::load_dt;
@@ -127,9 +128,11 @@ __device__ void conv1d_commit_impl(const ConvCommitParams& p) {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads) conv1d_verify(const ConvVerifyParams p) {
+  specdec::pdl_begin();
   conv1d_verify_impl(p);
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads) conv1d_commit(const ConvCommitParams p) {
+  specdec::pdl_begin();
   conv1d_commit_impl(p);
 }

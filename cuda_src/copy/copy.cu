@@ -4,6 +4,7 @@
 // where the layout allows them, enough independent loads in flight, and 64-bit index
 // math (a KV cache or a state pool can exceed 2^31 elements).
 #include "common/dtype.cuh"
+#include "common/pdl.cuh"
 #include "common/ragged.cuh"
 #include "copy/copy_params.h"
 
@@ -132,10 +133,10 @@ __device__ __forceinline__ void append_kv(const AppendKVParams& p) {
 }  // namespace
 
 #define SPECDEC_COPY_KERNELS(E)                                                        \
-  extern "C" __global__ void __launch_bounds__(kThreads) copy_strided_e##E(const CopyParams p) { \
+  extern "C" __global__ void __launch_bounds__(kThreads) copy_strided_e##E(const CopyParams p) { specdec::pdl_begin(); \
     copy_strided<E>(p);                                                                \
   }                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kThreads) append_kv_e##E(const AppendKVParams p) { \
+  extern "C" __global__ void __launch_bounds__(kThreads) append_kv_e##E(const AppendKVParams p) { specdec::pdl_begin(); \
     append_kv<E>(p);                                                                   \
   }
 

@@ -8,6 +8,7 @@
 // in flight per thread before any store, and never trusting an index read from memory:
 // a bad cu_q / accept_len / token id gives a zero row or -1, never an out-of-bounds read.
 #include "common/dtype.cuh"
+#include "common/pdl.cuh"
 #include "common/pack.cuh"
 #include "common/rms_norm.cuh"
 #include "draft/draft_params.h"
@@ -133,7 +134,7 @@ __device__ __forceinline__ void draft_combine(const DraftCombineParams& p) {
 }  // namespace
 
 #define SPECDEC_DRAFT_CARRY(U)                                                          \
-  extern "C" __global__ void __launch_bounds__(kThreads) draft_carry_v##U(const DraftCarryParams p) { \
+  extern "C" __global__ void __launch_bounds__(kThreads) draft_carry_v##U(const DraftCarryParams p) { specdec::pdl_begin(); \
     draft_carry<U>(p);                                                                  \
   }
 SPECDEC_DRAFT_CARRY(1)
@@ -143,7 +144,7 @@ SPECDEC_DRAFT_CARRY(8)
 SPECDEC_DRAFT_CARRY(16)
 
 #define SPECDEC_CAPTURE_HIDDEN(NAME, T)                                                 \
-  extern "C" __global__ void __launch_bounds__(kThreads) capture_hidden_##NAME(const CaptureHiddenParams p) { \
+  extern "C" __global__ void __launch_bounds__(kThreads) capture_hidden_##NAME(const CaptureHiddenParams p) { specdec::pdl_begin(); \
     capture_hidden<T>(p);                                                               \
   }
 SPECDEC_CAPTURE_HIDDEN(f32, float)
@@ -151,13 +152,14 @@ SPECDEC_CAPTURE_HIDDEN(f16, __half)
 SPECDEC_CAPTURE_HIDDEN(bf16, bf16_t)
 
 #define SPECDEC_DRAFT_COMBINE(NAME, T, W)                                               \
-  extern "C" __global__ void __launch_bounds__(kCombineMaxThreads) draft_combine_##NAME(const DraftCombineParams p) { \
+  extern "C" __global__ void __launch_bounds__(kCombineMaxThreads) draft_combine_##NAME(const DraftCombineParams p) { specdec::pdl_begin(); \
     draft_combine<T, W>(p);                                                             \
   }
 SPECDEC_FOR_NORM_DTYPES(SPECDEC_DRAFT_COMBINE)
 
 // draft_map_tokens: draft_ids [N] -> out [N] int32 through d2t [Vd]; one id per thread.
 extern "C" __global__ void __launch_bounds__(kThreads) draft_map_tokens(const DraftMapTokensParams p) {
+  specdec::pdl_begin();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t d = p.ids_64 ? static_cast<int64_t>(__ldg(static_cast<const long long*>(p.draft_ids) + i))

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "common/warp.cuh"
+#include "common/pdl.cuh"
 #include "draft/draft_params.h"
 
 namespace specdec {
@@ -144,5 +145,6 @@ __device__ __forceinline__ void propose(const NgramProposeParams& p) {
 
 extern "C" __global__ void __launch_bounds__(specdec::ngram::kThreads)
 ngram_propose(const NgramProposeParams p) {
+  specdec::pdl_begin();
   specdec::ngram::propose(p);
 }

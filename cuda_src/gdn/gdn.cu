@@ -38,6 +38,7 @@
 #include <type_traits>
 
 #include "common/cp_async.cuh"
+#include "common/pdl.cuh"
 #include "gdn/gdn_tile.cuh"
 
 using namespace specdec;
@@ -1276,15 +1277,15 @@ __device__ __forceinline__ void gdn_commit_mma_dispatch(const GdnCommitParams& p
 // most 128 registers (4 CTAs of 4 warps per SM) for their 8 columns per thread.
 #define SPECDEC_GDN_KERNELS(TS, TNAME, DK, VK, LNAME, VMINB)                                   \
   extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
-      gdn_verify_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                          \
+      gdn_verify_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) { specdec::pdl_begin();                          \
     gdn_verify_dispatch<TS, DK, VK>(p);                                                        \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
-      gdn_commit_##LNAME##_d##DK##_##TNAME(const GdnCommitParams p) {                          \
+      gdn_commit_##LNAME##_d##DK##_##TNAME(const GdnCommitParams p) { specdec::pdl_begin();                          \
     gdn_commit_dispatch<TS, DK, VK>(p);                                                        \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
-      gdn_verify_fused_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                    \
+      gdn_verify_fused_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) { specdec::pdl_begin();                    \
     gdn_verify_impl<TS, DK, VK, true>(p);                                                      \
   }
 
@@ -1298,15 +1299,15 @@ __device__ __forceinline__ void gdn_commit_mma_dispatch(const GdnCommitParams& p
 // kernel, 3 CTAs; capped, no stack or spills on sm_75/80/86/90).
 #define SPECDEC_GDN_MMA_KERNELS(TS, TNAME, DK, VK, LNAME, VMINB, FMINB)                        \
   extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
-      gdn_verify_mma_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                      \
+      gdn_verify_mma_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) { specdec::pdl_begin();                      \
     gdn_verify_mma_dispatch<TS, DK, VK, false>(p);                                             \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(kMaxThreads, VMINB)                                \
-      gdn_commit_mma_##LNAME##_d##DK##_##TNAME(const GdnCommitParams p) {                      \
+      gdn_commit_mma_##LNAME##_d##DK##_##TNAME(const GdnCommitParams p) { specdec::pdl_begin();                      \
     gdn_commit_mma_dispatch<TS, DK, VK>(p);                                                    \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(kMaxThreads, FMINB)                                \
-      gdn_verify_fused_mma_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                \
+      gdn_verify_fused_mma_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) { specdec::pdl_begin();                \
     gdn_verify_mma_dispatch<TS, DK, VK, true>(p);                                              \
   }
 

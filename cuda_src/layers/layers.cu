@@ -17,6 +17,7 @@
 // that must not fuse into an FMA use __fmul_rn, divisions __fdiv_rn, exp accurate_expf.
 // rope's arithmetic is common/rope.cuh's rope_pair (rope_append_kv uses the same one).
 #include "common/dtype.cuh"
+#include "common/pdl.cuh"
 #include "common/math.cuh"
 #include "common/pack.cuh"
 #include "common/rms_norm.cuh"
@@ -85,17 +86,17 @@ __device__ __forceinline__ void silu_mul_items(const SiluMulParams& p) {
 }  // namespace
 
 #define SPECDEC_RMS_NORM(NAME, T, W)                                                     \
-  extern "C" __global__ void __launch_bounds__(kNormMaxThreads) rms_norm_##NAME(const RmsNormParams p) { \
+  extern "C" __global__ void __launch_bounds__(kNormMaxThreads) rms_norm_##NAME(const RmsNormParams p) { specdec::pdl_begin(); \
     rms_norm<T, W>(p);                                                                   \
   }
 SPECDEC_FOR_NORM_DTYPES(SPECDEC_RMS_NORM)
 
 #define SPECDEC_LAYERS_ELEMENTWISE(NAME, T)                                              \
-  extern "C" __global__ void __launch_bounds__(kThreads) rope_##NAME(const RopeParams p) { \
+  extern "C" __global__ void __launch_bounds__(kThreads) rope_##NAME(const RopeParams p) { specdec::pdl_begin(); \
     if (p.vectorize) rope_items<T, 16 / sizeof(T)>(p);                                   \
     else rope_items<T, 1>(p);                                                            \
   }                                                                                      \
-  extern "C" __global__ void __launch_bounds__(kThreads) silu_mul_##NAME(const SiluMulParams p) { \
+  extern "C" __global__ void __launch_bounds__(kThreads) silu_mul_##NAME(const SiluMulParams p) { specdec::pdl_begin(); \
     if (p.vectorize) silu_mul_items<T, 16 / sizeof(T)>(p);                               \
     else silu_mul_items<T, 1>(p);                                                        \
   }

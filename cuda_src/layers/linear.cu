@@ -40,6 +40,7 @@
 // CUDA cores only (no mma): the kernel is weight-bandwidth / latency bound at M <= 16, and
 // bf16 is storage only (common/dtype.cuh), so the compute_75 path is the same code.
 #include "common/dtype.cuh"
+#include "common/pdl.cuh"
 #include "common/math.cuh"
 #include "common/pack.cuh"
 #include "common/warp.cuh"
@@ -470,7 +471,7 @@ __device__ __forceinline__ void linear(const LinearParams& p) {
 }  // namespace
 
 #define SPECDEC_LINEAR(NAME, T, W)                                                          \
-  extern "C" __global__ void __launch_bounds__(kThreads, 3) linear_##NAME(const LinearParams p) { \
+  extern "C" __global__ void __launch_bounds__(kThreads, 3) linear_##NAME(const LinearParams p) { specdec::pdl_begin(); \
     linear<T, W>(p);                                                                        \
   }
 SPECDEC_LINEAR(f16_wf16, __half, __half)

@@ -115,6 +115,7 @@ __device__ __forceinline__ V block_max(V v, V* sh) {
 
 template <typename T>
 __device__ void rows_kernel(const SpecSampleParams& p) {
+  pdl_wait();      // the first launch of the op: whatever ran before it on the stream
   pdl_trigger();   // the chain launch may be scheduled once every CTA is in
   extern __shared__ __align__(16) unsigned char rows_dyn[];
   __shared__ uint32_t bins[kRowBins + 32];   // histogram window (+ a scratch word per lane)

@@ -229,6 +229,7 @@ __device__ __forceinline__ bool tile_fast(const T* row, int base, uint4 (&u)[8],
 
 template <typename T>
 __device__ void tiles_kernel(const SpecSampleParams& p) {
+  pdl_wait();      // the first launch of the op: whatever ran before it on the stream
   pdl_trigger();   // the next launch (hist / finish) may be scheduled once every CTA is in
   constexpr int kWarps = SPEC_SAMPLE_TILE_THREADS / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

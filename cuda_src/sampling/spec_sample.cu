@@ -46,6 +46,7 @@
 // compare raw logits (bit-exact with the reference: NaN never wins, lowest id on ties).
 // Nothing faults on NaN / inf / bad ids / bad cu_q: such rows get a status code.
 #include "sampling/sample_common.cuh"
+#include "common/pdl.cuh"
 #include "sampling/sample_tiles.cuh"
 #include "sampling/sample_threshold.cuh"
 #include "sampling/sample_hist.cuh"
@@ -57,7 +58,7 @@
   extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_TILE_THREADS, SPEC_SAMPLE_TILE_CTAS_PER_SM)               \
   spec_sample_tiles_##NAME(const SpecSampleParams p) { tiles_kernel<T>(p); }                 \
   extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_THRESHOLD_THREADS, SPEC_SAMPLE_THRESHOLD_CTAS_PER_SM)             \
-  spec_sample_threshold_##NAME(const SpecSampleParams p) { threshold_kernel<T>(p); }         \
+  spec_sample_threshold_##NAME(const SpecSampleParams p) { specdec::pdl_begin(); threshold_kernel<T>(p); }         \
   extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_FINISH_THREADS, 1)                \
   spec_sample_finish_##NAME(const SpecSampleParams p) { finish_kernel<T>(p); }
 

@@ -7,6 +7,7 @@
 // treated as untrusted: an n, a length or an id out of range flags the row
 // (FINISH_BAD_ROW) or is clamped, and never becomes an out-of-bounds address.
 #include "sequence/sequence_params.h"
+#include "common/pdl.cuh"
 
 namespace {
 
@@ -69,6 +70,7 @@ __device__ void seq_stop_row(const SeqStopParams& p, int b) {
 // One thread per sequence: a row is at most 16 tokens, each checked against S ids and
 // NS sequences of M tokens, all from L1/L2.
 extern "C" __global__ void __launch_bounds__(kRowThreads) seq_stop(const SeqStopParams p) {
+  specdec::pdl_begin();
   for (int b = blockIdx.x * blockDim.x + threadIdx.x; b < p.batch; b += gridDim.x * blockDim.x)
     seq_stop_row(p, b);
 }
@@ -77,6 +79,7 @@ extern "C" __global__ void __launch_bounds__(kRowThreads) seq_stop(const SeqStop
 // last_token, finished (all [B] unless noted), in place. One thread per sequence copies its
 // <= W kept tokens; accept_len is clamped to W and the append to the buffer's capacity.
 extern "C" __global__ void __launch_bounds__(kRowThreads) seq_advance(const SeqAdvanceParams p) {
+  specdec::pdl_begin();
   for (int b = blockIdx.x * blockDim.x + threadIdx.x; b < p.batch; b += gridDim.x * blockDim.x) {
     int a = __ldg(p.accept_len + b);
     a = a < p.width ? a : p.width;
@@ -101,6 +104,7 @@ extern "C" __global__ void __launch_bounds__(kRowThreads) seq_advance(const SeqA
 // batch, done chunk by chunk (a warp-shuffle scan plus the warp totals in shared memory);
 // B is at most a few thousand, so one CTA costs less than a second launch would.
 extern "C" __global__ void __launch_bounds__(kScanThreads) seq_build_block(const SeqBuildBlockParams p) {
+  specdec::pdl_begin();
   __shared__ int32_t warp_total[kScanThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) p.cu_q[0] = 0;
