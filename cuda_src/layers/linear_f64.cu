@@ -11,6 +11,7 @@
 // backend compiled through cupy before had exactly this order: same bits.) Not tuned: the
 // host models it serves are test and demo models.
 #include "layers/linear_f64_params.h"
+#include "common/pdl.cuh"
 
 namespace {
 
@@ -19,6 +20,7 @@ constexpr int kWarps = 8;                   // blockDim = 256: the launcher's on
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(32 * kWarps) linear_f64(const LinearF64Params p) {
+  specdec::pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (n >= p.cols) return;                  // whole warps leave: the shuffles stay full

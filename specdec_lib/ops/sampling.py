@@ -32,7 +32,7 @@ _ROWS_MAX_CLUSTER = 16      # SPEC_SAMPLE_ROWS_MAX_CLUSTER: CTAs per row, at mos
 _ROWS_CLUSTER = 8           # CTAs per row by default (the portable cluster size)
 _ROWS_MAX_T = 64            # automatic path: rows for calls with at most this many logit rows
 PATH_ENV = "SPECDEC_SPEC_SAMPLE_PATH"   # auto (default) | rows | tiles: which kernels run
-PDL_ENV = "SPECDEC_PDL"   # 1 (default) | 0: the later launches of a call the plain way (A/B timing)
+PDL_ENV = runtime.PDL_ENV   # "0": every launch the plain way (A/B timing)
 CLUSTER_ENV = "SPECDEC_SPEC_SAMPLE_CLUSTER"   # rows path: CTAs per row (1..16; tuning runs)
 
 
@@ -203,10 +203,8 @@ def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0, num_rows
 
 def use_pdl(device: int = 0) -> bool:
     """Whether a call's launches after its first go out with programmatic stream
-    serialization (scheduled while the previous kernel drains; each waits for its
-    predecessor's results in griddepcontrol.wait, cuda_src/common/pdl.cuh): sm_90 code
-    only (the forced compute_75 / compute_80 code has no such wait), unless SPECDEC_PDL=0."""
-    return runtime.arch_family(device) >= 90 and os.environ.get(PDL_ENV, "1").strip() != "0"
+    serialization (``runtime.pdl_enabled``: sm_90 code, unless SPECDEC_PDL=0)."""
+    return runtime.pdl_enabled(device)
 
 
 def spec_sample(logits: ArrayLike, cu_q: ArrayLike, draft_ids: ArrayLike,
