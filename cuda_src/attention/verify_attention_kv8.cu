@@ -23,6 +23,7 @@
 #include <math.h>
 
 #include "common/cp_async.cuh"
+#include "common/pdl.cuh"
 #include "common/dtype.cuh"
 #include "common/mma.cuh"
 #include "common/warp.cuh"
@@ -504,7 +505,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
 
 #define SPECDEC_VERIFY_ATTENTION_KV8(D, TAG, MMA, FNAME, FMT)                                   \
   extern "C" __global__ void __launch_bounds__(VERIFY_ATTN_THREADS)                             \
-      verify_attention_kv8_d##D##_##TAG##_##FNAME(const VerifyAttentionKV8Params p) {           \
+      verify_attention_kv8_d##D##_##TAG##_##FNAME(const VerifyAttentionKV8Params p) { specdec::pdl_begin();           \
     if constexpr (kRunsHere<MMA>) verify_attention_kv8_body<D, MMA, FMT>(p); else __trap();   \
   }
 #define SPECDEC_VERIFY_ATTENTION_KV8_FMTS(D, TAG, MMA)        \

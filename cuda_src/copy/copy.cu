@@ -208,7 +208,7 @@ __device__ __forceinline__ void append_kv8(const AppendKV8Params& q) {
 
 #define SPECDEC_APPEND_KV8(FNAME, FMT, TNAME, T)                                              \
   extern "C" __global__ void __launch_bounds__(kThreads) append_kv8_##FNAME##_##TNAME(        \
-      const AppendKV8Params p) {                                                              \
+      const AppendKV8Params p) { specdec::pdl_begin();                                                              \
     if (p.base.vectorize) append_kv8<T, FMT, 16 / sizeof(T)>(p);                              \
     else append_kv8<T, FMT, 1>(p);                                                            \
   }
