@@ -14,7 +14,8 @@
 //   exactly and the per-head scales are applied in float32: k_scale folded into the score
 //   scale, v_scale into the output (before the split merge, which is linear). compute_90
 //   decodes with cvt.rn.f16x2.e4m3x2; compute_75 / compute_80 (hence sm_86 / sm_89) with the
-//   integer decoder of common/kv8.cuh (same values).
+//   branch-free integer decoder of common/kv8.cuh (same values); bf16 q goes on through
+//   float32 to bf16 (exact).
 // * int8: each element is dequantised to (c + 128) * scale + zero in float32 (kvquant.py),
 //   then rounded to q's dtype for the MMA (the reference attends the float32 values; the
 //   extra rounding is the 16-bit kernel's own input rounding, inside its tolerance).
@@ -80,16 +81,20 @@ __device__ __forceinline__ void kv8_dequant16(const uint4 in, float scale, float
     const uint32_t two = (w[i >> 1] >> ((i & 1) * 16)) & 0xFFFFu;
     if constexpr (FMT == KV8_FP8 && !kBf16) {
       o[i] = kv8::e4m3x2_to_f16x2(two);
+    } else if constexpr (FMT == KV8_FP8) {
+      // through float16 (E4M3 values are exact in both 16-bit types), then to bf16 exactly
+      const uint32_t h = kv8::e4m3x2_to_f16x2(two);
+      __half2 v;
+      memcpy(&v, &h, 4);
+      const float2 f = __half22float2(v);
+      o[i] = static_cast<uint32_t>(from_float<bf16_t>(f.x).bits) |
+             (static_cast<uint32_t>(from_float<bf16_t>(f.y).bits) << 16);
     } else {
       float f[2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const uint32_t b = (two >> (8 * e)) & 0xFFu;
-        if constexpr (FMT == KV8_FP8) {
-          f[e] = kv8::e4m3_decode_f32(b);
-        } else {
-          f[e] = kv8::int8_decode(static_cast<int>(static_cast<int8_t>(b)), scale, zero);
-        }
+        f[e] = kv8::int8_decode(static_cast<int>(static_cast<int8_t>(b)), scale, zero);
       }
       uint16_t h0, h1;
       if constexpr (kBf16) {

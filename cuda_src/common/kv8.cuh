@@ -157,12 +157,21 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(in));
   return r;
 #else
-  const __half lo = __float2half_rn(e4m3_decode_f32(two & 0xFFu));
-  const __half hi = __float2half_rn(e4m3_decode_f32((two >> 8) & 0xFFu));
-  uint16_t l, h;
-  memcpy(&l, &lo, 2);
-  memcpy(&h, &hi, 2);
-  return static_cast<uint32_t>(l) | (static_cast<uint32_t>(h) << 16);
+  // Branch-free (a per-element decode with branches made the 8-bit attention kernel
+  // decode-bound): each code moves to the top byte of its half and one bit right,
+  // s eeee mmm -> s 0eeee mmm 0..., which as float16 is the code's value times 2^-8
+  // (subnormal codes included: they land on float16 subnormals); one exact multiply by
+  // 256; the NaN codes (magnitude 0x7F, 480 after the multiply) then get an all-ones
+  // exponent.
+  const uint32_t r = __byte_perm(two, 0u, 0x1404);          // [0, b0, 0, b1]
+  const uint32_t h = ((r >> 1) & 0x3F803F80u) | (r & 0x80008000u);
+  __half2 v;
+  memcpy(&v, &h, 4);
+  v = __hmul2(v, __half2half2(__ushort_as_half(0x5C00)));  // 256
+  uint32_t out;
+  memcpy(&out, &v, 4);
+  const uint32_t nan = ((r & 0x7F007F00u) + 0x01000100u) & 0x80008000u;
+  return out | ((nan >> 15) * 0x7E00u);
 #endif
 }
 
