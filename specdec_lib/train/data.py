@@ -2,6 +2,7 @@
 replies, decoded through the library, and the npz they are kept in."""
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -131,6 +132,7 @@ def generate(args, config, weights, tok, prompts, stop_ids, temps=None):
 
 
 def save_data(path, seqs, prompt_lens, split, families=None, temps=None):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     lens = np.asarray([len(s) for s in seqs], np.int64)
     extra = {}
     if families is not None:
