@@ -6,7 +6,6 @@ import collections
 import json
 import os
 
-import numpy as np
 import pytest
 
 from specdec_lib.train import prompt_mix as pm
