@@ -3,10 +3,18 @@ head (deepseek_mtp layout) and an EAGLE3 head.
 
     python -m specdec_lib train-draft --method both --out specdec_lib/models/heads      # on a GPU
 
-1. Prompts: standard-library docstrings under a few instructions (``models.prompts``; no
-   download), chat-templated; a held-out split by module.
-2. Data: the target's own greedy replies, decoded through the library (``SpeculativeDecoder``,
-   torch backend, graph-captured; ``--backend reference`` on a CPU), saved with ``--data``.
+1. Prompts (``--prompts-from``): ``mix`` (default) the prompt mix (``prompt_mix``: questions,
+   explanations, creative writing, code, code review, math, advice, rewriting and
+   summarising, plus the standard-library docstrings of ``models.prompts``), ``--prompts``
+   spread evenly over the training families; translation and multi-turn chat (with system
+   prompts) are held out of training entirely; every family gives ``--heldout`` report
+   prompts that are never trained on. ``stdlib``: the docstrings only (held out by module),
+   the data of the heads before the mix. All go through the tokenizer's chat template as
+   messages. No download.
+2. Data: the target's own replies, decoded through the library (``SpeculativeDecoder``,
+   torch backend, graph-captured; ``--backend reference`` on a CPU): greedy, or for
+   ``--sampled-fraction`` of the training prompts sampled at temperature 0.7 (fixed seeds;
+   the labels stay the target's argmax); saved with ``--data`` (with each one's family).
 3. Teacher: one plain torch forward over every prompt + reply, keeping the features each
    head reads (final hidden for MTP, the three auxiliary layers' outputs for EAGLE3) and the
    target's argmax at every position (the token a draft must guess to be accepted).
@@ -15,8 +23,10 @@ head (deepseek_mtp layout) and an EAGLE3 head.
    position p+j; it attends to the step-0 keys of positions <= p and to its own chain's keys
    (exactly what ``models.llama_draft`` computes at decode time) and must predict the
    target's argmax at p+j+1. Loss: cross entropy, step j weighted 0.8^j.
-5. Held-out report: accuracy per step and the mean accepted length the chain implies
-   (1 + sum over j of P(steps 0..j all right)); the heads as safetensors + config.json.
+5. Held-out report, over all report prompts and per family (held-out families marked):
+   accuracy per step, acceptance per draft position and the mean accepted length the chain
+   implies (1 + sum over j of P(steps 0..j all right)); the heads as safetensors +
+   config.json, which records the command, the data's sizes and the report.
 
 Each head trains for ``--train-seconds`` (cosine schedule over that time), fixed seed.
 

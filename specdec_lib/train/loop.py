@@ -18,7 +18,8 @@ def autocast(device):
 
 
 def train_head(method, args, cfg, model, data, device, log):
-    tokens, lens, plens, hid, aux, arg, tr, ho = data
+    """Train one head on the training rows ``tr``; (head, ``family_report`` over ``groups``)."""
+    tokens, lens, plens, hid, aux, arg, tr, groups = data
     head = DraftHead(method, cfg, model, device, args.seed)
     if method == "eagle3":
         rows = tr.to(arg.device)
@@ -63,7 +64,41 @@ def train_head(method, args, cfg, model, data, device, log):
     bar.close()
     log(f"{method}: {it} updates of {bsz} sequences in {time.perf_counter() - t0:.0f} s, "
         f"last loss {loss.item():.3f}")
-    return head, evaluate(head, feat, tokens, lens, plens, arg, ho, args, amp)
+    return head, family_report(head, feat, tokens, lens, plens, arg, groups, args, amp)
+
+
+def family_report(head, feat, tokens, lens, plens, arg, groups, args, amp):
+    """``evaluate`` over all report rows (the top-level keys) and per family (``families``;
+    ``groups`` is {family: row indices}); ``heldout_families`` names those never trained on."""
+    from .prompt_mix import HELDOUT_FAMILIES
+    rows = torch.cat(list(groups.values())) if groups else torch.zeros(0, dtype=torch.int64)
+    out = evaluate(head, feat, tokens, lens, plens, arg, rows, args, amp)
+    out["families"] = {f: dict(evaluate(head, feat, tokens, lens, plens, arg, r, args, amp),
+                               sequences=len(r)) for f, r in groups.items()}
+    out["heldout_families"] = [f for f in groups if f in HELDOUT_FAMILIES]
+    return out
+
+
+def report_table(name, report):
+    """The per-family report as text: a row per family (``*``: never trained on), acceptance
+    per draft position (P(steps 0..j all right)) and the mean accepted length a greedy decode
+    gets at each k."""
+    fams = report.get("families", {})
+    S = len(report["chain_acceptance"])
+    head = (f"{name}: acceptance per family and draft position (* = family held out of "
+            f"training)\n  {'family':<13}{'seqs':>5}{'anchors':>8}  "
+            + " ".join(f"pos{j + 1:<3}" for j in range(S)) + "   "
+            + " ".join(f"k={k:<4}" for k in range(1, S + 1)))
+    lines = [head]
+    rows = list(fams.items()) + [("all", dict(report, sequences=sum(
+        r.get("sequences", 0) for r in fams.values())))]
+    for f, r in rows:
+        mark = "*" if f in report.get("heldout_families", ()) else " "
+        dec = r["decode_mean_accepted_length_at_k"]
+        lines.append(f" {mark}{f:<13}{r.get('sequences', 0):>5}{r['anchors']:>8}  "
+                     + " ".join(f"{a:<6.3f}" for a in r["chain_acceptance"]) + "   "
+                     + " ".join(f"{dec[k]:<6.3f}" for k in range(1, S + 1)))
+    return "\n".join(lines)
 
 
 def evaluate(head, feat, tokens, lens, plens, arg, rows, args, amp):

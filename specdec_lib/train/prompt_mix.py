@@ -28,7 +28,7 @@ import warnings
 
 from ..models.prompts import clip_paragraphs
 
-__all__ = ["FAMILIES", "HELDOUT_FAMILIES", "prompt_mix", "split", "family_size"]
+__all__ = ["FAMILIES", "HELDOUT_FAMILIES", "prompt_mix", "split", "family_size", "shares"]
 
 # ---------------------------------------------------------------- word lists
 
@@ -549,6 +549,23 @@ def family_size(family: str) -> int:
     return _FAMILY_TABLE[family][0]()
 
 
+def shares(n, sizes):
+    """``n`` split evenly over the keys of ``sizes`` ({name: how many it has}, in order; the
+    first ones get the remainder); what a small one cannot give goes to the others."""
+    want, left, open_ = {f: 0 for f in sizes}, n, list(sizes)
+    while left and open_:
+        share, extra = divmod(left, len(open_))
+        for j, f in enumerate(open_):
+            want[f] += share + (j < extra)
+        left = 0
+        for f in open_:
+            if want[f] > sizes[f]:
+                left += want[f] - sizes[f]
+                want[f] = sizes[f]
+        open_ = [f for f in open_ if want[f] < sizes[f]]
+    return want
+
+
 def prompt_mix(n=None, *, seed=0, families=None):
     """``n`` prompts spread evenly over ``families`` (default all of FAMILIES), each family's
     share drawn without repetition from its prompts in a ``seed``-shuffled order (a family
@@ -562,20 +579,7 @@ def prompt_mix(n=None, *, seed=0, families=None):
     if n is not None and n < 0:
         raise ValueError(f"n must be >= 0, not {n}")
     sizes = {f: family_size(f) for f in fams}
-    if n is None:
-        want = dict(sizes)
-    else:                  # even shares; what a small family cannot give goes to the others
-        want, left, open_ = {f: 0 for f in fams}, n, list(fams)
-        while left and open_:
-            share, extra = divmod(left, len(open_))
-            for j, f in enumerate(open_):
-                want[f] += share + (j < extra)
-            left = 0
-            for f in open_:
-                if want[f] > sizes[f]:
-                    left += want[f] - sizes[f]
-                    want[f] = sizes[f]
-            open_ = [f for f in open_ if want[f] < sizes[f]]
+    want = dict(sizes) if n is None else shares(n, sizes)
     picks = {}
     for f in fams:
         r = random.Random(f"{seed}:{f}")

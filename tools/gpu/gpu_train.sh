@@ -7,6 +7,27 @@
 #   GGUF=/tmp/m/smol.gguf [SKIP_BUILD=1] tools/gpu/gpu_train.sh OUTDIR [train-draft options]
 #
 # SKIP_BUILD=1: the tree is built in place already (tools/gpu/gpu_check.sh in an earlier call).
+#
+# Both heads on the prompt mix (train-draft's default --prompts-from mix), one ~450 s H200 call:
+#
+#   GGUF=/tmp/m/smol.gguf SKIP_BUILD=1 tools/gpu/gpu_train.sh OUTDIR --prompts 14000 \
+#     --heldout 64 --sampled-fraction 0.25 --gen-batch 512 --gen-tokens 256 --steps 5 \
+#     --budget-seconds 430 --train-seconds 175
+#
+# Why these sizes (session 12's stdlib run, the shipped heads: 11,740 replies, 1.59M tokens,
+# --gen-batch 512, generation 59 s = ~2.6 s per 512-reply chunk, teacher 13.5 s, 163 s of
+# training per head, 414-425 s in all under --budget-seconds 465): 14,000 training prompts
+# (~13,900 after dropping the rewrite / summarise ones on held-out docstrings) + 64 report
+# prompts for each of the 12 families (768) = ~14,700 replies = 29 chunks of 512, ~75 s (a
+# chunk waits for its longest reply, so the mix's longer replies cost little more per chunk;
+# 512 was measurably cheaper per reply than 256 in session 12); teacher ~20 s (the longest
+# prompt is ~340 tokens, so N ~600; features ~41 GB of bf16 on the GPU); model load ~10 s;
+# the 430 s budget then leaves (430 - ~105 - 2 x 30 reserve) / 2 ~ 130 s of training per
+# head (the reserve covers the per-family report and the save). Total ~440 s + start-up.
+# Fewer prompts buy training time (1,000 prompts ~ 5 s of generation); --gen-tokens 256 keeps
+# the reply lengths of the shipped heads' data. The stdlib data of the shipped heads:
+# --prompts-from stdlib --variants 6 --gen-batch 512 --budget-seconds 465 --train-seconds 175
+# --steps 5 (or DATA=tools/gpu/train_data/smollm2_stdlib_replies.npz to reuse that set).
 set -u -o pipefail
 OUT=${1:?usage: tools/gpu/gpu_train.sh OUTDIR [options]}
 shift
