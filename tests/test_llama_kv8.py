@@ -239,3 +239,9 @@ def test_torch_math_reads_the_cache_as_numpy_does(rng, kv_dtype):
         assert (err <= 2.0 ** -4 * np.abs(k) + 2.0 ** -10 * q8["k_scale"][:, None]).all()
     else:                               # half a step of the row's (max - min) / 255
         assert err.max() < 0.03
+
+
+def test_demo_kv_dtype_for_the_tiny_hybrid_refused(capsys):
+    from specdec_lib.demo import main
+    assert main(["--model", "tiny-hybrid", "--kv-dtype", "int8", "--no-progress"]) == 2
+    assert "--kv-dtype int8" in capsys.readouterr().err
