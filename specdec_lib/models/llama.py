@@ -62,6 +62,8 @@ class _NumpyMath(_RowInvariant):
     act = np.float64
     kv = np.float64
     int32 = np.int32
+    f32 = np.float32
+    cache8 = {"fp8_e4m3": np.uint8, "int8": np.int8}     # the 8-bit caches' storage
 
     def param(self, a):
         return np.ascontiguousarray(a, dtype=np.float64)
@@ -108,19 +110,50 @@ class _NumpyMath(_RowInvariant):
     def argmax_ids(self, a):
         return a.argmax(axis=1)
 
+    # 8-bit caches (reference/kvquant.py is the spec)
+    def cache_rows(self, page_table, seq_lens, cu_q, T, page_size):
+        """Flat cache row (page * page_size + slot) of each of a block's T rows: where
+        append_kv wrote row t of sequence b (position seq_lens[b] + t - cu_q[b])."""
+        t = np.arange(T)
+        b = np.searchsorted(np.asarray(cu_q), t, side="right") - 1
+        pos = np.asarray(seq_lens)[b] + t - np.asarray(cu_q)[b]
+        return np.asarray(page_table)[b, pos // page_size].astype(np.int64) * page_size + pos % page_size
+
+    def read_fp8(self, cache, rows, scale):
+        from ..reference import kvquant as kq
+        c = cache.reshape(-1, *cache.shape[2:])[rows]
+        return kq.fp8_dequantize(c, np.asarray(scale, np.float64).reshape(-1, 1))
+
+    def read_int8(self, cache, rows, params):
+        from ..reference import kvquant as kq
+        p = params.reshape(-1, *params.shape[2:])[rows]
+        return kq.int8_dequantize(cache.reshape(-1, *cache.shape[2:])[rows], p).astype(np.float64)
+
+    def fp8_scales(self, k, v, k_scale, v_scale, headroom):
+        """k_scale / v_scale [Hkv] (float32, in place) from a block's rows: see
+        ``LlamaTarget.fp8_scales``."""
+        k, v = np.asarray(k, np.float64), np.asarray(v, np.float64)
+        h = k.shape[-1] // 2
+        ka = np.sqrt(k[..., :h] ** 2 + k[..., h:] ** 2).max(axis=(0, 2))
+        k_scale[...] = _fp8_scale(np, ka, headroom)
+        v_scale[...] = _fp8_scale(np, np.abs(v).max(axis=(0, 2)), headroom)
+
 
 class _TorchMath(_RowInvariant):
-    """torch bf16 on the backend's GPU: cuBLAS GEMMs (fp32 accumulate), SDPA for prefill."""
+    """torch bf16 on the backend's GPU: cuBLAS GEMMs (fp32 accumulate), SDPA for prefill
+    (``dtype="float16"``: all of it in float16, a float16 KV cache)."""
     name = "torch"
 
-    def __init__(self, be, row_invariant=False):
+    def __init__(self, be, row_invariant=False, dtype="bfloat16"):
         import torch
 
         from . import llama_torch
         super().__init__(be, row_invariant)
         self.torch, self.dev, self.lt = torch, be.device, llama_torch
-        self.act = self.kv = torch.bfloat16
+        self.act = self.kv = getattr(torch, dtype)
         self.int32 = torch.int32
+        self.f32 = torch.float32
+        self.cache8 = {"fp8_e4m3": torch.uint8, "int8": torch.int8}
         self.F = torch.nn.functional
 
     def param(self, a):
@@ -219,6 +252,31 @@ class _TorchMath(_RowInvariant):
     def argmax_ids(self, a):
         return a.argmax(dim=1)
 
+    # 8-bit caches: the numpy math's, on the device (no host sync: graph-capturable)
+    def cache_rows(self, page_table, seq_lens, cu_q, T, page_size):
+        torch = self.torch
+        t = torch.arange(T, dtype=torch.int32, device=self.dev)
+        b = torch.searchsorted(cu_q, t, right=True).long() - 1
+        pos = (seq_lens.long()[b] + t.long() - cu_q.long()[b])
+        return page_table.long()[b, pos // page_size] * page_size + pos % page_size
+
+    def read_fp8(self, cache, rows, scale):
+        c = cache.reshape(-1, *cache.shape[2:])[rows].view(self.torch.float8_e4m3fn)
+        return (c.float() * scale[:, None]).to(self.act)
+
+    def read_int8(self, cache, rows, params):
+        p = params.reshape(-1, *params.shape[2:])[rows]
+        u = cache.reshape(-1, *cache.shape[2:])[rows].float() + 128.0
+        return (u * p[..., 0:1] + p[..., 1:2]).to(self.act)
+
+    def fp8_scales(self, k, v, k_scale, v_scale, headroom):
+        torch = self.torch
+        k, v = k.float(), v.float()
+        h = k.shape[-1] // 2
+        ka = torch.sqrt(k[..., :h] ** 2 + k[..., h:] ** 2).amax(dim=(0, 2))
+        k_scale.copy_(_fp8_scale(torch, ka, headroom))
+        v_scale.copy_(_fp8_scale(torch, v.abs().amax(dim=(0, 2)), headroom))
+
 
 class _LibraryOps:
     """``llama_layer``'s ops on the library (``rms_norm`` with the residual add fused,
@@ -255,13 +313,79 @@ class _LibraryOps:
         return self.m.empty(tuple(like.shape))
 
 
-def dense_math(backend, row_invariant=False):
+def dense_math(backend, row_invariant=False, dtype="bfloat16"):
+    """The backend's dense math; ``dtype``: torch's activation dtype (bfloat16 or float16;
+    numpy is float64 either way)."""
     if backend.name == "reference":
         return _NumpyMath(backend, row_invariant)
     if backend.name == "torch":
-        return _TorchMath(backend, row_invariant)
+        return _TorchMath(backend, row_invariant, dtype)
     raise ValueError(f"backend: the Llama host model runs on 'reference' or 'torch', "
                      f"not {backend.name!r}")
+
+
+KV_DTYPES = ("bfloat16", "float16", "fp8_e4m3", "int8")    # LlamaTarget(kv_dtype=...)
+# fp8 scales: amax * FP8_SCALE_HEADROOM / 448, so that K/V up to twice the recording pass's
+# largest magnitude are not clipped (E4M3 is floating point: the headroom costs no relative
+# precision, only moves the subnormal threshold, 2^-6 * scale, up by the same factor)
+FP8_SCALE_HEADROOM = 2.0
+
+
+def _fp8_scale(xp, amax, headroom):
+    """Per-head float32 scale of an fp8 cache from the largest magnitude ``amax`` [Hkv]:
+    amax * headroom / 448, at least 2^-126 (the contract's smallest), 1 where amax is 0 or
+    not finite."""
+    from ..reference.kvquant import E4M3_MAX, MIN_SCALE
+    s = amax * (headroom / E4M3_MAX)
+    s = xp.where(s < float(MIN_SCALE), float(MIN_SCALE), s)
+    return xp.where(xp.isfinite(s) & (amax > 0), s, 1.0)
+
+
+def kv_dtype_name(kv_dtype):
+    """``kv_dtype`` as one of ``KV_DTYPES`` (aliases: bf16, fp16, fp8, e4m3, ...); a
+    ValueError naming the argument otherwise."""
+    from ..dtypes import canonical
+    try:
+        name = canonical(kv_dtype)
+    except TypeError:
+        name = None
+    if name not in KV_DTYPES:
+        raise ValueError(f"kv_dtype: expected one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+    return name
+
+
+def kv_dtype_unsupported(backend, kv_dtype, head_dim):
+    """None when ``backend`` can run a LlamaTarget with ``kv_dtype`` caches of ``head_dim``,
+    else why not (nothing is launched: the GPU is only asked for its properties and the
+    kernel images that would run)."""
+    name = kv_dtype_name(kv_dtype)
+    if backend.name not in ("reference", "torch"):
+        return f"the Llama host model runs on 'reference' or 'torch', not {backend.name!r}"
+    if name in ("bfloat16", "float16"):
+        return None
+    from ..contract.copy import KV8_MAX_HEAD_DIM
+    if head_dim > KV8_MAX_HEAD_DIM:
+        return f"head dim {head_dim} exceeds {KV8_MAX_HEAD_DIM} (8-bit caches)"
+    if backend.name == "reference":
+        return None
+    try:
+        import torch
+        if name == "fp8_e4m3" and not hasattr(torch, "float8_e4m3fn"):
+            return f"torch {torch.__version__} has no float8_e4m3fn"
+        from .. import runtime
+        from ..ops.attention import _STATIC_SMEM, verify_attention_kv8_smem_bytes
+        dev = backend.device.index or 0
+        family = runtime.arch_family(dev)
+        for module in ("copy", "verify_attention_kv8"):
+            runtime.choose_image(module, dev)
+        need = verify_attention_kv8_smem_bytes(head_dim, family) + _STATIC_SMEM
+        optin = runtime.device_props(dev)["smem_optin"]
+        if need > optin:
+            return (f"verify attention over an 8-bit cache of head dim {head_dim} needs {need} "
+                    f"bytes of shared memory per block, device {dev} allows {optin}")
+    except Exception as e:          # no driver, no image for this GPU, ...
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 class LlamaTarget:
@@ -271,10 +395,16 @@ class LlamaTarget:
     pads_prefill = True
 
     def __init__(self, config, weights, backend, *, page_size=16, max_position=None,
-                 row_invariant=False):
+                 row_invariant=False, kv_dtype="bfloat16"):
         from ..reference.layers import rope_cos_sin_cache
         self.c, self.be = config, backend
-        self.m = m = dense_math(backend, row_invariant)
+        self.kv_dtype = kv_dtype_name(kv_dtype)
+        why = kv_dtype_unsupported(backend, self.kv_dtype, config.head_dim)
+        if why is not None:
+            raise ValueError(f"kv_dtype: {self.kv_dtype} caches on the {backend.name} "
+                             f"backend: {why}")
+        self.m = m = dense_math(backend, row_invariant,
+                                "float16" if self.kv_dtype == "float16" else "bfloat16")
         self.row_invariant = m.row_invariant
         c = config
         self.V, self.H, self.D = c.vocab_size, c.hidden_size, c.head_dim
@@ -295,6 +425,46 @@ class LlamaTarget:
         self.aux_taps = ()
         self.batch = 0
         self.cache_epoch = 0     # bumped by reset: a decoder's graphs hold these caches
+        self.kv_quant = [{} for _ in self.layers]   # per layer: the 8-bit kwargs of its cache
+        self._scales_pending = False
+        if self.kv_dtype == "fp8_e4m3":      # per layer, per KV head; filled by the first pass
+            self._fp8 = [(m.zeros((self.nkv,), m.f32), m.zeros((self.nkv,), m.f32))
+                         for _ in self.layers]
+            self.kv_quant = [dict(k_scale=ks, v_scale=vs) for ks, vs in self._fp8]
+            self._scales_pending = True
+
+    # ------------------------------------------------------------------ fp8 scales
+    @property
+    def kv_scales(self):
+        """fp8 caches: (k_scale, v_scale) as float32 numpy [layers, Hkv], or None before
+        they are recorded (and for other cache dtypes)."""
+        if self.kv_dtype != "fp8_e4m3" or self._scales_pending:
+            return None
+        host = self.be.to_host
+        return (np.stack([np.asarray(host(ks)) for ks, _ in self._fp8]),
+                np.stack([np.asarray(host(vs)) for _, vs in self._fp8]))
+
+    def set_kv_scales(self, k_scale, v_scale):
+        """Give the fp8 scales instead of recording them: float32 [layers, Hkv] each (a
+        [layers, 1] or [layers] array: one scale per layer). Call before a decoder captures
+        graphs over these caches (the graphs read the scale arrays, not copies)."""
+        if self.kv_dtype != "fp8_e4m3":
+            raise ValueError(f"set_kv_scales: the caches are {self.kv_dtype}, not fp8_e4m3")
+        from ..reference.kvquant import MIN_SCALE
+        n = len(self.layers)
+        for name, a in (("k_scale", k_scale), ("v_scale", v_scale)):
+            a = np.asarray(a, np.float64)
+            a = a.reshape(n, -1) if a.size in (n, n * self.nkv) else None
+            if a is None:
+                raise ValueError(f"{name}: expected [{n}, {self.nkv}], [{n}, 1] or [{n}] "
+                                 "(layers, KV heads)")
+            if not (np.isfinite(a).all() and (a >= MIN_SCALE).all()):
+                raise ValueError(f"{name}: scales must be finite and >= 2^-126")
+        for i, (ks, vs) in enumerate(self._fp8):
+            for dst, src in ((ks, k_scale), (vs, v_scale)):
+                row = np.broadcast_to(np.asarray(src, np.float32).reshape(n, -1)[i], (self.nkv,))
+                dst[...] = self.m.table(np.ascontiguousarray(row, np.float32))
+        self._scales_pending = False
 
     def capture_aux(self, before_layers):
         """Return EAGLE3's auxiliary hidden states instead of the final hidden: the residual
@@ -327,7 +497,12 @@ class LlamaTarget:
         self.page_table = m.table(np.arange(batch * self.max_pages, dtype=np.int32)
                                   .reshape(batch, self.max_pages))
         shape = (batch * self.max_pages, ps, self.nkv, self.D)
-        self.kv = [(m.zeros(shape, m.kv), m.zeros(shape, m.kv)) for _ in self.layers]
+        dt = m.cache8.get(self.kv_dtype, m.kv)
+        self.kv = [(m.zeros(shape, dt), m.zeros(shape, dt)) for _ in self.layers]
+        if self.kv_dtype == "int8":          # (scale, zero) of every cache row, beside it
+            pshape = shape[:3] + (2,)
+            self.kv_quant = [dict(k_params=m.zeros(pshape, m.f32), v_params=m.zeros(pshape, m.f32))
+                             for _ in self.layers]
         self.cache_epoch += 1
 
     def reset_slots(self, slot_ids):
@@ -349,8 +524,9 @@ class LlamaTarget:
 
         kw = dict(row_invariant=True) if self.row_invariant else {}
 
-        def attend(q, k, v, k_cache, v_cache, out):
-            be.verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, **kw)
+        def attend(q, k, v, k_cache, v_cache, out, q8, where):
+            be.verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, **kw,
+                                **q8)
         return attend
 
     def prefill(self, tokens, positions, cu_q, seq_lens, finished, *, row_counts, logits=False):
@@ -363,19 +539,38 @@ class LlamaTarget:
 
     def prefill_attention(self, row_counts):
         """The attention of a prefill: causal within each fresh prompt's own rows (the
-        host's kernel; K/V still go to the cache through rope_append_kv)."""
+        host's kernel; K/V still go to the cache through rope_append_kv). Over an 8-bit
+        cache it reads what the decode reads: the block's K/V rows back from the cache,
+        dequantised (``read_cache``), not the fresh 16-bit ones."""
         m = self.m
         scale = 1.0 / np.sqrt(self.D)
         plan = m.prefill_plan(row_counts)               # indices and mask: once, not per layer
+        rows = []                                       # the cache rows of the block: once
 
-        def attend(q, k, v, k_cache, v_cache, out):     # within each prompt's own rows
+        def attend(q, k, v, k_cache, v_cache, out, q8, where):  # within each prompt's rows
+            if q8:
+                if not rows:
+                    rows.append(m.cache_rows(*where, q.shape[0], self.page_size))
+                k, v = self.read_cache(k_cache, v_cache, rows[0], q8)
             m.prefill_attention(plan, q, k, v, scale, out)
         return attend
+
+    def read_cache(self, k_cache, v_cache, rows, q8):
+        """K and V [len(rows), Hkv, D] read back from 8-bit caches at flat rows
+        ``rows`` (page * page_size + slot), dequantised as verify_attention reads them
+        (reference/kvquant.py; float64 on numpy, rounded to the activation dtype on torch)."""
+        m = self.m
+        if "k_scale" in q8:
+            return (m.read_fp8(k_cache, rows, q8["k_scale"]),
+                    m.read_fp8(v_cache, rows, q8["v_scale"]))
+        return (m.read_int8(k_cache, rows, q8["k_params"]),
+                m.read_int8(v_cache, rows, q8["v_params"]))
 
     def _run(self, tokens, positions, cu_q, seq_lens, finished, attend, want_logits=True):
         be, m = self.be, self.m
         T = tokens.shape[0]
         H, nq, D = self.H, self.nq, self.D
+        record = self._scales_pending and T > 0     # fp8: the first pass with rows
         x = self.embed[tokens]                                   # residual stream [T, H]
         h = m.empty((T, H))
         be.rms_norm(x, self.layers[0]["ln1"], h, eps=self.eps)
@@ -387,19 +582,24 @@ class LlamaTarget:
                 be.capture_hidden(x, aux, self.aux_taps.index(i))
             nxt = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.final_norm
             self.layer(L, h, x, x, nxt, h, self.kv[i], self.page_table, positions, seq_lens,
-                       cu_q, finished, attend, o, act, self.eps)
+                       cu_q, finished, attend, o, act, self.eps, q8=self.kv_quant[i],
+                       record=record)
+        if record:
+            self._scales_pending = False
         logits = m.gemm(h, self.lm_head) if want_logits else None
         return logits, (h if aux is None else aux)
 
     def layer(self, L, a_in, resid, x, next_norm, h, kv, page_table, positions, seq_lens, cu_q,
-              finished, attend, o, act, eps):
+              finished, attend, o, act, eps, q8=None, record=False):
         """One decoder layer (``llama_layer.decoder_layer``) on the library's ops: q, k, v =
         split(a_in @ L.qkv); rope_append_kv into ``kv``; o = attend; x = round(resid + o @ L.o)
         (x may be resid: in place); x += mlp(rms_norm(x, L.ln2)); h = rms_norm(x, next_norm).
-        a_in may be h. ``o`` [T, Hq, D] and ``act`` [T, I] are scratch."""
+        a_in may be h. ``o`` [T, Hq, D] and ``act`` [T, I] are scratch. ``q8``: the 8-bit
+        kwargs of ``kv`` (none: a 16-bit cache); ``record``: set its fp8 scales from this
+        block's K/V first (``fp8_scales``)."""
         decoder_layer(self.ops(h, act, eps), L, a_in, resid, next_norm,
                       self.block_attention(attend, kv, page_table, positions, seq_lens, cu_q,
-                                           finished, o),
+                                           finished, o, q8, record),
                       (self.nq, self.nkv, self.D), out=x)
 
     def ops(self, h, act, eps):
@@ -407,16 +607,23 @@ class LlamaTarget:
         activation into ``act``."""
         return _LibraryOps(self.be, self.m, eps, h, act)
 
-    def block_attention(self, attend, kv, page_table, positions, seq_lens, cu_q, finished, o):
+    def block_attention(self, attend, kv, page_table, positions, seq_lens, cu_q, finished, o,
+                        q8=None, record=False):
         """``decoder_layer``'s attend over a block: rope and the paged append of its K/V in
-        one launch (``rope_append_kv``), then ``attend`` (paged verify or prefill) into o."""
+        one launch (``rope_append_kv``, quantising on write into an 8-bit cache: ``q8`` its
+        k_scale/v_scale or k_params/v_params), then ``attend`` (paged verify or prefill)
+        into o. ``record``: first set the fp8 scales in ``q8`` from this block's K/V."""
         be, cos_sin = self.be, self.cos_sin
         kc, vc = kv
+        q8 = q8 or {}
+        where = (page_table, seq_lens, cu_q)
 
         def run(q, k, v):
+            if record:
+                self.m.fp8_scales(k, v, q8["k_scale"], q8["v_scale"], FP8_SCALE_HEADROOM)
             be.rope_append_kv(q, k, v, positions, cos_sin, kc, vc, page_table, seq_lens, cu_q,
-                              finished)
-            attend(q, k, v, kc, vc, o)
+                              finished, **q8)
+            attend(q, k, v, kc, vc, o, q8, where)
             return o
         return run
 

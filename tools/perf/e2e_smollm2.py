@@ -18,6 +18,17 @@ Runs, each with the round captured as one CUDA graph (warm-up and capture outsid
     sequence; a token within --tie-tolerance of the best logit is a tie, counted);
   * where a round's GPU time goes (torch.profiler over graph replays, kernels grouped).
 Prints one summary table; --json writes every number.
+
+--kv-dtype bfloat16|fp8_e4m3|int8: the target's KV cache (the heads' own stay bf16); every
+case above then runs over that cache. --long-context N instead runs only the long-context
+case (issue 32's bar): --long-batch requests of an N-token prompt (held-out prompts
+concatenated), --new32 new tokens each, target-only and each draft at -k, with a bf16-cache
+target and a --kv-dtype one in the same run, decode tokens/s (prefill left out) and the
+8-bit / bf16 ratio. On the H200:
+
+  python3 tools/perf/e2e_smollm2.py --long-context 8192 --kv-dtype fp8_e4m3 --drafts mtp \
+      --long-batch 1 --new32 256 --json long_fp8.json     # and again with --kv-dtype int8,
+                                                          # --long-batch 16 for a batch
 """
 from __future__ import annotations
 
@@ -212,12 +223,21 @@ def main():
                    "exact, so the B=1 sets run as one batch there; acceptance only, not speed)")
     p.add_argument("--b32", type=int, default=None, help="batch of the mixed case (default 32, "
                    "8 with --quick; 0 skips it)")
+    p.add_argument("--kv-dtype", default="bfloat16", help="the target's KV cache: bfloat16 "
+                   "(default), fp8_e4m3 or int8")
+    p.add_argument("--long-context", type=int, default=0, metavar="N", help="only the "
+                   "long-context case: N-token prompts, bf16 vs --kv-dtype caches in one run")
+    p.add_argument("--long-batch", type=int, default=1, metavar="B",
+                   help="--long-context: requests decoded together (default 1)")
     args = p.parse_args()
     be = make_backend(args.backend)
+    if args.long_context:
+        return long_context(args, be)
     t0 = time.perf_counter()
     target, tok = load_smollm2_target(be, path=args.gguf, progress=False,
-                                      row_invariant=args.row_invariant)
-    print(f"loaded in {time.perf_counter() - t0:.1f} s; weights {target.weight_bytes / 1e6:.0f} MB bf16")
+                                      row_invariant=args.row_invariant, kv_dtype=args.kv_dtype)
+    print(f"loaded in {time.perf_counter() - t0:.1f} s; weights {target.weight_bytes / 1e6:.0f} MB "
+          f"bf16; kv cache {target.kv_dtype}")
     drafts = {}
     for name in args.drafts.split(","):
         drafts[name] = NgramDraft(be) if name == "ngram" else \
@@ -230,7 +250,8 @@ def main():
     if gpu:
         import torch
     report = {"device": torch.cuda.get_device_name() if gpu else "cpu", "k": k,
-              "drafts": list(drafts), "row_invariant": target.row_invariant}
+              "drafts": list(drafts), "row_invariant": target.row_invariant,
+              "kv_dtype": target.kv_dtype}
     rows = []
     stops = dict(stop_token_ids=STOP_TOKEN_IDS) if args.stop_at_eos else {}
     report["stop_at_eos"] = bool(args.stop_at_eos)
@@ -302,6 +323,56 @@ def main():
     _dump(args, report)
 
 
+def long_context(args, be):
+    """--long-context N: decode tokens/s at an N-token context, a bf16-cache target against
+    a --kv-dtype one (same weights, same requests, same run); each run warmed up first
+    (graphs recorded), prefill left out of the rate. Rescoring is skipped (an N-token plain
+    pass per request); speculative == target-only is counted per cache dtype."""
+    n = args.long_context
+    kvs = ["bfloat16"] + ([args.kv_dtype] if args.kv_dtype != "bfloat16" else [])
+    report = {"long_context": n, "batch": args.long_batch, "new": args.new32, "k": args.k,
+              "kv_dtypes": kvs}
+    tok = None
+    for kv in kvs:
+        t0 = time.perf_counter()
+        target, tok = load_smollm2_target(be, path=args.gguf, progress=False,
+                                          row_invariant=args.row_invariant, kv_dtype=kv,
+                                          max_position=n + args.new32 + 2 * args.k + 32)
+        print(f"{kv}: loaded in {time.perf_counter() - t0:.1f} s")
+        if not args.long_batch or not n:
+            break
+        ids = []
+        for t in stdlib_prompts("heldout") * 64:        # held-out text to N tokens
+            ids += chat_prompt(tok, t)
+            if len(ids) >= n:
+                break
+        reqs = [Request(prompt=ids[b:b + n], max_new_tokens=args.new32)
+                for b in range(args.long_batch)]
+        base, mb = decode(target, None, 0, be, reqs)
+        entry = report[kv] = dict(target_only=summary(mb))
+        print(f"  {kv:9s} target-only: {mb.decode_tokens_per_s:,.1f} decode tok/s "
+              f"(prefill {mb.prefill_s:.3f} s)")
+        for name in args.drafts.split(","):
+            draft = NgramDraft(be) if name == "ngram" else \
+                LlamaDraftHead.load(target, smollm2_head(name), name)
+            spec, ms = decode(target, draft, args.k, be, reqs)
+            target.capture_aux(())
+            same = sum(x.tokens == y.tokens for x, y in zip(base, spec))
+            entry[f"{name}_k{args.k}"] = dict(summary(ms), identical_requests=same)
+            print(f"  {kv:9s} {name} k={args.k}: {ms.decode_tokens_per_s:,.1f} decode tok/s, "
+                  f"accepted length {ms.mean_accepted_length:.2f}, {same}/{len(reqs)} "
+                  "requests == target-only")
+        del target
+    if len(kvs) == 2 and kvs[1] in report:
+        lo, hi = report["bfloat16"], report[kvs[1]]
+        report["ratio_8bit_over_bf16"] = {
+            key: round(hi[key]["decode_tokens_per_s"] / lo[key]["decode_tokens_per_s"], 3)
+            for key in lo if key in hi}
+        print(f"decode tok/s {kvs[1]} / bfloat16 at {n} tokens of context:",
+              json.dumps(report["ratio_8bit_over_bf16"]))
+    _dump(args, report)
+
+
 def _print(rows, report):
     print(f"\n{'case':14s} {'draft':12s} {'target-only tok/s':>18s} {'spec tok/s':>11s} "
           f"{'speed-up':>9s} {'decode only':>12s} {'acc len':>8s} {'per position':>24s} "
@@ -325,4 +396,4 @@ def _dump(args, report):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
