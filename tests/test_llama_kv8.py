@@ -245,3 +245,42 @@ def test_demo_kv_dtype_for_the_tiny_hybrid_refused(capsys):
     from specdec_lib.demo import main
     assert main(["--model", "tiny-hybrid", "--kv-dtype", "int8", "--no-progress"]) == 2
     assert "--kv-dtype int8" in capsys.readouterr().err
+
+
+def _torch_gpu_target(rng, kv_dtype):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    from specdec_lib import runtime
+    if runtime.arch_family(0) < 80:
+        pytest.skip("the torch backend's bf16 dense math needs the sm_80 path")
+    return _tiny_target(rng, backend="torch", kv_dtype=kv_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", KV8)
+def test_kv8_torch_gpu_speculative_equals_target_only(rng, kv_dtype):
+    """The torch backend on the GPU (the kernels' 8-bit append / attention, the recorded fp8
+    scales, the device-side prefill gather): prompt lookup k=3 == target-only, eagerly and
+    with every round a CUDA graph."""
+    from specdec_lib.models.ngram import NgramDraft
+    t = _torch_gpu_target(rng, kv_dtype)
+    prompts = _prompts(3)
+    base, _ = _generate(t, None, 0, prompts)
+    spec, m = _generate(t, NgramDraft(t.be), 3, prompts)
+    assert spec == base and m.accepted > 0, m
+    dec = SpeculativeDecoder(t, NgramDraft(t.be), num_speculative_tokens=3, backend=t.be,
+                             cuda_graph=True, max_len=64)
+    res = dec.generate([Request(prompt=p, max_new_tokens=20) for p in prompts])
+    assert [r.tokens for r in res] == base
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype,least", [("fp8_e4m3", 0.9), ("int8", 0.95)])
+def test_kv8_torch_gpu_agrees_with_16bit_cache(kv_dtype, least):
+    seed = 7
+    t16 = _torch_gpu_target(np.random.default_rng(seed), "bfloat16")
+    t8 = _torch_gpu_target(np.random.default_rng(seed), kv_dtype)
+    agree, total, prefix = _agreement(t16, t8, _prompts(11, 4))
+    print(f"torch {kv_dtype}: {agree}/{total} agree; free-running prefixes {prefix}")
+    assert agree >= least * total, (agree, total, prefix)
