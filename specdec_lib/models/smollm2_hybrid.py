@@ -26,8 +26,9 @@ Design (issue 30):
 * **Size**: per GDN layer 5 deltas of r (576 + 576) = 5760 r values plus 18,450 small
   ones (ba 10,368, conv 6,912, norm 576, z_bias 576, A_log 9, dt_bias 9). Deltas stored
   bfloat16, the small tensors float32: with 23 GDN layers and r = 32,
-  23 * (5760 * 32 * 2 + 18450 * 4) bytes = 10,176,120 bytes plus the header (~30 kB):
-  about 10.2 MB <= 12 MB (``shipped_bytes``). r = 16 in float32 is 10.2 MB as well.
+  23 * (5760 * 32 * 2 + 18450 * 4) = 10,176,120 bytes of data, 10,215,848 with the
+  header: 10.2 MB <= 12 MB (``shipped_bytes``; r = 40 would be 12.6 MB). r = 16 in
+  float32 is the same size (10,215,616 bytes).
 
 The file is ``DIR/model.safetensors`` + ``DIR/config.json``; ``load_hybrid_weights(DIR)``
 checks, in this order, that every tensor the config implies is present with its shape and
