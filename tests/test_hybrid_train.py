@@ -3,7 +3,6 @@ model starts from the attention it replaces, both stages lower their losses, the
 round-trips and a bad one is refused naming the tensor or the check."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 from types import SimpleNamespace

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..models.llama_layer import fuse_layer, layer_tensor_names
-from ..models.llama_torch import TorchOps, attention, rms_norm, rope
+from ..models.llama_torch import TorchOps, attention, rope
 from ..models.smollm2_hybrid import base_projections, gdn_layers, layer_prefix, tensor_spec
 from ..reference.layers import rope_cos_sin_cache
 from .gdn_torch import chunk_gated_delta_rule
