@@ -7,10 +7,12 @@ from specdec_lib import bench, runtime
 
 def test_bench_families_register_in_order():
     bench._load_families()
-    assert list(bench._BENCHES) == ["copy", "append_kv", "verify_attention", "rope_append_kv",
+    assert list(bench._BENCHES) == ["copy", "append_kv", "verify_attention", "verify_attention_b1",
+                                    "rope_append_kv",
                                     "gdn_round", "gdn_sweep", "conv1d", "draft_combine", "linear",
                                     "round_host", "round_b1", "spec_sample"]
-    assert bench._OPTIONAL == {"gdn_sweep"}   # a bare `bench` skips the long sweep
+    # a bare `bench` skips the long sweeps
+    assert bench._OPTIONAL == {"gdn_sweep", "verify_attention_b1"}
 
 
 def test_bench_without_gpu_says_why(capsys):
