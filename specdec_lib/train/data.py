@@ -155,3 +155,25 @@ def load_data(path):
     fams = d["families"].tolist() if "families" in d.files else [DOCSTRING] * n
     temps = d["temperatures"].tolist() if "temperatures" in d.files else [0.0] * n
     return seqs, d["prompt_lens"].tolist(), d["split"].tolist(), fams, temps
+
+
+def training_data(args, config, weights, tok, stop_ids, log, timing):
+    """(sequences, prompt lengths, split, families, temperatures): read from ``--data`` when
+    it exists, else the prompts (``--prompts-from``) and the target's replies to them,
+    written to ``--data`` when given. train-draft and train-hybrid share it."""
+    import time
+    if args.data and os.path.exists(args.data):
+        out = load_data(args.data)
+        log(f"data: {len(out[0])} sequences from {args.data}")
+        return out
+    t0 = time.perf_counter()
+    ps = (mix_set if args.prompts_from == "mix" else stdlib_set)(args, tok)
+    outs = generate(args, config, weights, tok, ps.prompts, stop_ids, ps.temps)
+    seqs = [list(p) + list(o) for p, o in zip(ps.prompts, outs)]
+    plens = [len(p) for p in ps.prompts]
+    timing["generate_s"] = round(time.perf_counter() - t0, 1)
+    log(f"generated {sum(len(o) for o in outs)} tokens for {len(seqs)} prompts "
+        f"({sum(t > 0 for t in ps.temps)} sampled) in {timing['generate_s']} s")
+    if args.data:
+        save_data(args.data, seqs, plens, ps.split, ps.families, ps.temps)
+    return seqs, plens, ps.split, ps.families, ps.temps

