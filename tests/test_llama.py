@@ -108,11 +108,14 @@ def _tiny_target(rng, page_size=4, backend="reference", row_invariant=False, nq=
                        row_invariant=row_invariant, kv_dtype=kv_dtype)
 
 
-def test_tiny_llama_prefill_equals_block_forward(rng):
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "fp8_e4m3", "int8"])
+def test_tiny_llama_prefill_equals_block_forward(rng, kv_dtype):
     """Ragged prompts (an empty slot, a page boundary crossed) through prefill (rope_append_kv,
     per-prompt causal attention) and through forward (rope_append_kv, paged verify_attention):
-    same logits, same K/V caches (layer 0 bit for bit)."""
-    t = _tiny_target(rng)
+    same logits, same K/V caches (layer 0 bit for bit; 8-bit caches, which prefill reads back
+    dequantised, and their int8 (scale, zero) rows: every layer bit for bit)."""
+    t = _tiny_target(rng, kv_dtype=kv_dtype)
+    exact = kv_dtype != "bfloat16"
     counts = [5, 0, 9]
     tok = rng.integers(0, 50, sum(counts)).astype(np.int32)
     pos = np.concatenate([np.arange(n) for n in counts]).astype(np.int32)
@@ -121,16 +124,20 @@ def test_tiny_llama_prefill_equals_block_forward(rng):
     t.reset(3, 16)
     lp, hp = t.prefill(tok, pos, cu, zeros, fin, row_counts=counts, logits=True)
     caches = [(kc.copy(), vc.copy()) for kc, vc in t.kv]
+    params = [{k: a.copy() for k, a in q.items()} for q in t.kv_quant]
     t.reset(3, 16)
     lf, hf = t.forward(tok, pos, cu, zeros, fin)
     np.testing.assert_allclose(lp, lf, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(hp, hf, rtol=1e-10, atol=1e-10)
     for i, ((a, b), (c, d)) in enumerate(zip(caches, t.kv)):
-        if i == 0:                 # same inputs: bit for bit; later layers: up to rounding
+        if i == 0 or exact:        # same inputs: bit for bit; later layers: up to rounding
             np.testing.assert_array_equal(a, c)
             np.testing.assert_array_equal(b, d)
         np.testing.assert_allclose(a, c, rtol=1e-10, atol=1e-10)
         np.testing.assert_allclose(b, d, rtol=1e-10, atol=1e-10)
+    for p, q in zip(params, t.kv_quant):
+        for name in p:
+            np.testing.assert_array_equal(p[name], q[name])
     assert np.count_nonzero(np.abs(caches[0][0]).sum(axis=(2, 3))) == sum(counts)
 
 

@@ -82,32 +82,6 @@ def test_kv8_caches_and_scales(rng, kv_dtype):
 
 
 @pytest.mark.parametrize("kv_dtype", KV8)
-def test_kv8_prefill_equals_block_forward(rng, kv_dtype):
-    """Ragged prompts through prefill (host causal attention over the dequantised cache rows)
-    and through forward (verify_attention over the 8-bit cache): same logits, same caches."""
-    t = _tiny_target(rng, kv_dtype=kv_dtype)
-    counts = [5, 0, 9]
-    tok = rng.integers(0, 50, sum(counts)).astype(np.int32)
-    pos = np.concatenate([np.arange(n) for n in counts]).astype(np.int32)
-    cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    zeros, fin = np.zeros(3, np.int32), np.zeros(3, np.uint8)
-    t.reset(3, 16)
-    lp, hp = t.prefill(tok, pos, cu, zeros, fin, row_counts=counts, logits=True)
-    caches = [(kc.copy(), vc.copy()) for kc, vc in t.kv]
-    params = [{k: a.copy() for k, a in q.items()} for q in t.kv_quant]
-    t.reset(3, 16)
-    lf, hf = t.forward(tok, pos, cu, zeros, fin)
-    np.testing.assert_allclose(lp, lf, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(hp, hf, rtol=1e-10, atol=1e-10)
-    for (a, b), (c, d) in zip(caches, t.kv):
-        np.testing.assert_array_equal(a, c)
-        np.testing.assert_array_equal(b, d)
-    for p, q in zip(params, t.kv_quant):
-        for name in p:
-            np.testing.assert_array_equal(p[name], q[name])
-
-
-@pytest.mark.parametrize("kv_dtype", KV8)
 def test_kv8_speculative_equals_target_only(rng, kv_dtype, tmp_path):
     """Same cache dtype, token for token: prompt lookup (k=3) and a random MTP head (k=2,
     its own cache 16-bit) against target-only greedy decoding."""
