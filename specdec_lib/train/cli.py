@@ -10,7 +10,7 @@ import sys
 import time
 
 from . import __doc__ as _DOC
-from .data_args import add_data_arguments, check_data_arguments
+from .data_args import add_data_arguments, parse_args
 
 
 def _parser():
@@ -41,10 +41,7 @@ def _parser():
 
 
 def main(argv=None):
-    p = _parser()
-    args = p.parse_args(argv)
-    check_data_arguments(p, args)
-    run(args, argv)
+    run(parse_args(_parser(), argv), argv)
     return 0
 
 

@@ -24,9 +24,12 @@ def add_data_arguments(p):
                    help="generation backend (reference: numpy on the CPU, for tests)")
 
 
-def check_data_arguments(p, args):
+def parse_args(p, argv):
+    """``p.parse_args(argv)`` with the data arguments' range checks."""
+    args = p.parse_args(argv)
     if not 0.0 <= args.sampled_fraction <= 1.0:
         p.error(f"--sampled-fraction: 0..1, not {args.sampled_fraction}")
     for name in ("prompts", "heldout"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             p.error(f"--{name}: must be >= 0")
+    return args

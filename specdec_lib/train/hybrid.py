@@ -30,7 +30,7 @@ import os
 import sys
 import time
 
-from .data_args import add_data_arguments, check_data_arguments
+from .data_args import add_data_arguments, parse_args
 
 
 def _parser():
@@ -66,10 +66,7 @@ def _parser():
 
 
 def main(argv=None):
-    p = _parser()
-    args = p.parse_args(argv)
-    check_data_arguments(p, args)
-    run(args, argv)
+    run(parse_args(_parser(), argv), argv)
     return 0
 
 
