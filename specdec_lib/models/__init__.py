@@ -1,22 +1,22 @@
 """Host models: the real SmolLM2 (Llama, GGUF), its GDN hybrid (smollm2-hybrid), the tiny
-hybrid target with its MTP head, and prompt-lookup drafts. The SmolLM2 loader needs the ``model`` extra (imported lazily)."""
+hybrid target with its MTP head, and prompt-lookup drafts. The SmolLM2 loaders need the
+``model`` extra (imported lazily)."""
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from .tiny_hybrid import (DEMO_CONFIG, TinyHybridTarget, TinyMTPDraft,
                           load_demo_checkpoint, make_demo_checkpoint, make_demo_weights)
 
-import os
-
 if TYPE_CHECKING:
-
     from .gguf_llama import GGUFTokenizer
     from .llama import LlamaTarget
     from .llama_hybrid import LlamaHybridTarget
 
-__all__ = ["load_smollm2_target", "load_smollm2_hybrid_target", "DEMO_CONFIG", "TinyHybridTarget", "TinyMTPDraft",
-           "load_demo_checkpoint", "make_demo_checkpoint", "make_demo_weights"]
+__all__ = ["load_smollm2_target", "load_smollm2_hybrid_target", "DEMO_CONFIG",
+           "TinyHybridTarget", "TinyMTPDraft", "load_demo_checkpoint", "make_demo_checkpoint",
+           "make_demo_weights"]
 
 
 def load_smollm2_target(backend: Any, *, path: str | os.PathLike | None = None,
