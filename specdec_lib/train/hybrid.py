@@ -81,7 +81,7 @@ def main(argv=None):
 def _data(args, config, weights, tok, stop_ids, log, timing):
     from .data import generate, load_data, save_data
     if args.data and os.path.exists(args.data):
-        seqs, plens, split = load_data(args.data)
+        seqs, plens, split = load_data(args.data)[:3]     # (families, temperatures unused)
         log(f"data: {len(seqs)} sequences from {args.data}")
         return seqs, plens, split
     from ..models.prompts import stdlib_prompts
