@@ -59,5 +59,6 @@ setup(
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},
     package_data={"specdec_lib": ["py.typed", "_cubin/*.cubin", "_cubin/*.ptx", "_cubin/MANIFEST",
-                                  "models/heads/*/*.json", "models/heads/*/*.safetensors"]},
+                                  "models/heads/*/*.json", "models/heads/*/*.safetensors",
+                                  "models/hybrid/*/*.json", "models/hybrid/*/*.safetensors"]},
 )

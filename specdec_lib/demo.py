@@ -15,6 +15,11 @@ counts the rounds verified at each k.
   position from ONE plain forward pass over the final sequence, except at numerical ties
   (top-2 gap below ``--tie-tolerance``), which are counted and printed.
 
+``--model smollm2-hybrid --weights DIR`` runs SmolLM2 distilled into gated delta-net layers
+(``models.llama_hybrid``; ``--state-dtype`` its GDN state, ``--dtype`` the GPU's dense math),
+with prompt lookup: no trained weights ship yet (``python -m specdec_lib train-hybrid`` makes
+them), so without ``--weights`` it refuses, naming the file and that command.
+
 ``--model tiny-hybrid`` runs the embedded synthetic hybrid (GDN + attention) model with its
 MTP head instead (``--backend cuda``: cupy; exactness checked token for token). Exit status 0
 iff lossless.
@@ -80,9 +85,22 @@ def _parser():
                     "trained MTP or EAGLE3 head or prompt lookup, or of the embedded tiny "
                     "hybrid model with its MTP head, checked "
                     "lossless against target-only greedy decoding. Exit status 0 iff lossless.")
-    p.add_argument("--model", choices=("smollm2", "tiny-hybrid"), default="smollm2",
+    p.add_argument("--model", choices=("smollm2", "smollm2-hybrid", "tiny-hybrid"),
+                   default="smollm2",
                    help="smollm2 (default): the real 135M Llama model (needs the model extra); "
-                        "tiny-hybrid: the embedded synthetic GDN + attention model")
+                        "smollm2-hybrid: SmolLM2 distilled into GDN layers (needs --weights: "
+                        "none ship yet); tiny-hybrid: the embedded synthetic GDN + attention "
+                        "model")
+    p.add_argument("--weights", metavar="DIR", default=None,
+                   help="smollm2-hybrid: the hybrid weights directory (model.safetensors + "
+                        "config.json, written by python -m specdec_lib train-hybrid --out DIR)")
+    p.add_argument("--state-dtype", choices=("float32", "bfloat16", "float16"),
+                   default="float32",
+                   help="smollm2-hybrid: the GDN state (default float32); refused up front "
+                        "where the backend cannot run it")
+    p.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
+                   help="smollm2-hybrid on the GPU: dense math and KV cache (default bfloat16; "
+                        "float16 where there is no bf16, the Turing case)")
     p.add_argument("--draft", default=None,
                    help="mtp (default: smollm2's trained MTP head, deepseek_mtp layout; the "
                         "tiny-hybrid's synthetic one), eagle3 (smollm2's trained EAGLE3 head) "
@@ -133,7 +151,7 @@ def _gpu_reason(model):
         reason = runtime.gpu_unavailable_reason()
         if reason is not None:
             return reason
-        if model == "smollm2":
+        if model in ("smollm2", "smollm2-hybrid"):
             import torch
             if not torch.cuda.is_available():
                 return "torch sees no CUDA GPU"
@@ -149,7 +167,7 @@ def _pick_backend(name, model):
         return make_backend(name), None
     reason = _gpu_reason(model)
     if reason is None:
-        return make_backend("torch" if model == "smollm2" else "cuda"), None
+        return make_backend("cuda" if model == "tiny-hybrid" else "torch"), None
     return make_backend("reference"), reason
 
 
@@ -286,27 +304,45 @@ def kv_cache_line(target):
 
 
 def _run_smollm2(args, be):
-    from .models import load_smollm2_target
+    from .models import load_smollm2_hybrid_target, load_smollm2_target
     from .models.smollm2 import STOP_TOKEN_IDS, chat_prompt
     k, k_max, k_label = _speculation(args)
     from .registry import normalize_spec_method
-    method = normalize_spec_method(args.draft or "mtp")
+    hybrid = args.model == "smollm2-hybrid"
+    method = normalize_spec_method(args.draft or ("ngram" if hybrid else "mtp"))
     gpu = be.name != "reference"
     n_new = args.max_new_tokens or (128 if gpu else 48)
     B = args.batch or 1
     t0 = time.perf_counter()
-    target, tok = load_smollm2_target(be, progress=not args.no_progress and sys.stderr.isatty(),
-                                      row_invariant=args.row_invariant, kv_dtype=args.kv_dtype)
+    show_load = not args.no_progress and sys.stderr.isatty()
+    if hybrid:
+        target, tok = load_smollm2_hybrid_target(
+            be, weights=args.weights, progress=show_load, row_invariant=args.row_invariant,
+            state_dtype=args.state_dtype, dtype=args.dtype)
+    else:
+        target, tok = load_smollm2_target(be, progress=show_load,
+                                          row_invariant=args.row_invariant,
+                                          kv_dtype=args.kv_dtype)
     c = target.c
+    math = f"{args.dtype if hybrid else 'bf16'} torch" if gpu else "float64 numpy"
     print(f"model: {c.name or 'SmolLM2-135M-Instruct'} ({c.num_layers} layers, hidden "
           f"{c.hidden_size}, {c.num_heads}/{c.num_kv_heads} heads of {c.head_dim}, vocab "
-          f"{c.vocab_size}), loaded in {time.perf_counter() - t0:.1f} s; dense math "
-          f"{'bf16 torch' if gpu else 'float64 numpy'}")
+          f"{c.vocab_size}), loaded in {time.perf_counter() - t0:.1f} s; dense math {math}")
+    if hybrid:
+        hc = target.hybrid_cfg
+        print(f"hybrid: {args.weights} (layer pattern {hc['layer_pattern']}: "
+              f"{len(target.gdn_ids)} GDN layers, delta rank {hc['lora_rank']}); state "
+              f"{target.state_dtype} GDN state, float32 conv state"
+              + ("" if "specdec_training" in hc else "; UNTRAINED (its config records no "
+                 "training run): expect no readable text"))
     print(f"kv cache: {kv_cache_line(target)}")
     if method == "ngram":
         from .models.ngram import NgramDraft
         draft = NgramDraft(be, min_n=args.ngram_min, max_n=args.ngram_max)
         what = f"ngram (n {args.ngram_min}..{args.ngram_max})"
+    elif hybrid:
+        raise SystemExit(f"error: --draft {args.draft}: no draft head is trained for "
+                         "smollm2-hybrid yet; use --draft ngram")
     else:                               # the trained heads shipped in models/heads/
         from .models.heads import smollm2_head
         from .models.llama_draft import LlamaDraftHead
@@ -431,13 +467,20 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: --draft: {e}", file=sys.stderr)
         return 2
-    if args.model == "smollm2":
+    if args.model != "smollm2-hybrid":
+        for flag, default in (("weights", None), ("state_dtype", "float32"),
+                              ("dtype", "bfloat16")):
+            if getattr(args, flag) != default:
+                print(f"error: --{flag.replace('_', '-')} {getattr(args, flag)}: for --model "
+                      f"smollm2-hybrid only", file=sys.stderr)
+                return 2
+    if args.model in ("smollm2", "smollm2-hybrid"):
         try:
             from .models.smollm2 import gguf_path
             import gguf, tokenizers  # noqa: F401,E401
             gguf_path()
         except ImportError as e:
-            print(f"error: --model smollm2: {e}", file=sys.stderr)
+            print(f"error: --model {args.model}: {e}", file=sys.stderr)
             return 2
         if args.backend == "cuda":
             print("error: --backend cuda runs the tiny-hybrid model (cupy); SmolLM2 runs on "
@@ -445,7 +488,7 @@ def main(argv=None) -> int:
             return 2
     if args.model != "smollm2" and args.kv_dtype != "bfloat16":
         print(f"error: --kv-dtype {args.kv_dtype}: 8-bit caches are wired into the Llama "
-              "target (--model smollm2); the tiny-hybrid model keeps its 16-bit caches",
+              f"target (--model smollm2); the {args.model} model keeps its 16-bit caches",
               file=sys.stderr)
         return 2
     be, why = _pick_backend(args.backend, args.model)
@@ -457,11 +500,26 @@ def main(argv=None) -> int:
             print(f"error: --kv-dtype {args.kv_dtype}: not on the {be.name} backend here: "
                   f"{reason}", file=sys.stderr)
             return 2
+    if args.model == "smollm2-hybrid":      # refused before anything is read or launched
+        from .models import llama_hybrid
+        from .models.smollm2 import EXPECTED
+        from .models.smollm2_hybrid import shipped_weights
+        reason = llama_hybrid.hybrid_unsupported(be, args.state_dtype, args.dtype,
+                                                 EXPECTED["head_dim"])
+        if reason is not None:
+            print(f"error: --state-dtype {args.state_dtype} (--dtype {args.dtype}): not on the "
+                  f"{be.name} backend here: {reason}", file=sys.stderr)
+            return 2
+        try:
+            args.weights = shipped_weights(args.weights)
+        except FileNotFoundError as e:
+            print(f"error: --model smollm2-hybrid needs --weights DIR: {e}", file=sys.stderr)
+            return 2
     where = {"torch": "GPU (library kernels on torch tensors, bf16 cuBLAS dense math)",
              "cuda": "GPU (library kernels, cupy dense math)"}.get(be.name,
                                                                    "CPU (numpy reference ops)")
     print(f"backend: {be.name} -- {where}" + (f"; no GPU path: {why.split(' (')[0]}" if why else ""))
-    run = _run_smollm2 if args.model == "smollm2" else _run_tiny
+    run = _run_tiny if args.model == "tiny-hybrid" else _run_smollm2
     return run(args, be)
 
 

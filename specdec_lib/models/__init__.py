@@ -1,20 +1,22 @@
-"""Host models: the real SmolLM2 (Llama, GGUF), the tiny hybrid target with its MTP head,
-and prompt-lookup drafts. The SmolLM2 loader needs the ``model`` extra (imported lazily)."""
+"""Host models: the real SmolLM2 (Llama, GGUF), its GDN hybrid (smollm2-hybrid), the tiny
+hybrid target with its MTP head, and prompt-lookup drafts. The SmolLM2 loaders need the
+``model`` extra (imported lazily)."""
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from .tiny_hybrid import (DEMO_CONFIG, TinyHybridTarget, TinyMTPDraft,
                           load_demo_checkpoint, make_demo_checkpoint, make_demo_weights)
 
 if TYPE_CHECKING:
-    import os
-
     from .gguf_llama import GGUFTokenizer
     from .llama import LlamaTarget
+    from .llama_hybrid import LlamaHybridTarget
 
-__all__ = ["load_smollm2_target", "DEMO_CONFIG", "TinyHybridTarget", "TinyMTPDraft",
-           "load_demo_checkpoint", "make_demo_checkpoint", "make_demo_weights"]
+__all__ = ["load_smollm2_target", "load_smollm2_hybrid_target", "DEMO_CONFIG",
+           "TinyHybridTarget", "TinyMTPDraft", "load_demo_checkpoint", "make_demo_checkpoint",
+           "make_demo_weights"]
 
 
 def load_smollm2_target(backend: Any, *, path: str | os.PathLike | None = None,
@@ -38,3 +40,39 @@ def load_smollm2_target(backend: Any, *, path: str | os.PathLike | None = None,
     return LlamaTarget(config, weights, backend, page_size=page_size,
                        row_invariant=row_invariant, kv_dtype=kv_dtype,
                        max_position=max_position), tok
+
+
+def load_smollm2_hybrid_target(backend: Any, *, weights: str | os.PathLike | None = None,
+                               path: str | os.PathLike | None = None,
+                               progress: bool | None = None, page_size: int = 16,
+                               row_invariant: bool = False, state_dtype: str = "float32",
+                               dtype: str = "bfloat16", max_position: int | None = None,
+                               ) -> tuple[LlamaHybridTarget, GGUFTokenizer]:
+    """(LlamaHybridTarget, GGUFTokenizer) of smollm2-hybrid on ``backend``: SmolLM2's GGUF
+    (``path``, as ``load_smollm2_target``) with the GDN layers of the hybrid weights
+    directory ``weights`` (or its model.safetensors; None: the shipped weights, of which none
+    exist yet -- FileNotFoundError naming the file and the ``train-hybrid`` command).
+    ``state_dtype``: the GDN state, float32, bfloat16 or float16; ``dtype``: the torch
+    backend's dense math and KV cache, bfloat16 or float16 (both refused before any file is
+    read where the backend cannot run them). The weights file is checked
+    (``smollm2_hybrid.load_hybrid_weights``: shapes, dtypes, size, sha256, layer pattern) and
+    must have been trained on this GGUF."""
+    from .llama_hybrid import LlamaHybridTarget, hybrid_unsupported, state_dtype_name
+    from .smollm2 import EXPECTED, GGUF_SHA256, load_smollm2
+    from .smollm2_hybrid import HybridWeightsError, load_hybrid_weights, shipped_weights
+    why = hybrid_unsupported(backend, state_dtype, dtype, EXPECTED["head_dim"])
+    if why is not None:
+        raise ValueError(f"state_dtype: a {state_dtype_name(state_dtype)} GDN state with "
+                         f"{dtype} dense math on the {backend.name} backend: {why}")
+    import json
+    wdir = shipped_weights(weights)
+    with open(os.path.join(wdir, "config.json")) as fh:      # refused before the GGUF is read
+        trained_on = json.load(fh).get("base_gguf_sha256")
+    if trained_on not in (None, GGUF_SHA256):
+        raise HybridWeightsError(f"{wdir}: trained on a base model of sha256 {trained_on}, "
+                                 f"not SmolLM2-135M-Instruct's GGUF ({GGUF_SHA256})")
+    config, base, tok = load_smollm2(path, progress=progress)
+    cfg, tensors = load_hybrid_weights(wdir, base=config)
+    return LlamaHybridTarget(config, base, cfg, tensors, backend, page_size=page_size,
+                             max_position=max_position, row_invariant=row_invariant,
+                             state_dtype=state_dtype, dtype=dtype), tok

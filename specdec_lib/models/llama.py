@@ -393,6 +393,7 @@ class LlamaTarget:
     # prefill rows past a prompt (pads) only write dead cache rows: the decoder may pad a
     # prompt to a length bucket and replay one recorded prefill per bucket
     pads_prefill = True
+    no_kv_layers = ()        # layers without a KV cache (a hybrid's GDN layers)
 
     def __init__(self, config, weights, backend, *, page_size=16, max_position=None,
                  row_invariant=False, kv_dtype="bfloat16"):
@@ -498,7 +499,8 @@ class LlamaTarget:
                                   .reshape(batch, self.max_pages))
         shape = (batch * self.max_pages, ps, self.nkv, self.D)
         dt = m.cache8.get(self.kv_dtype, m.kv)
-        self.kv = [(m.zeros(shape, dt), m.zeros(shape, dt)) for _ in self.layers]
+        self.kv = [(m.zeros(shape, dt), m.zeros(shape, dt)) if i not in self.no_kv_layers
+                   else None for i in range(len(self.layers))]
         if self.kv_dtype == "int8":          # (scale, zero) of every cache row, beside it
             pshape = shape[:3] + (2,)
             self.kv_quant = [dict(k_params=m.zeros(pshape, m.f32), v_params=m.zeros(pshape, m.f32))

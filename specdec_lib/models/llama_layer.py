@@ -79,7 +79,14 @@ def decoder_layer(ops, L, a_in, resid, next_norm, attend, heads, out=None):
     k = qkv[..., nq * D:(nq + nkv) * D].reshape(*lead, nkv, D)
     v = qkv[..., (nq + nkv) * D:].reshape(*lead, nkv, D)
     o = attend(q, k, v)
-    x, h = ops.add_norm(ops.gemm(o.reshape(*lead, nq * D), L["o"]), resid, L["ln2"], out)
+    return layer_rest(ops, L, ops.gemm(o.reshape(*lead, nq * D), L["o"]), resid, next_norm, out)
+
+
+def layer_rest(ops, L, mix, resid, next_norm, out=None):
+    """A decoder layer after its mixer (attention, or a hybrid's GDN) gave ``mix``, the
+    o projection's output: x = resid + mix; h = rms_norm(x, L.ln2); x += mlp(h); returns
+    (x, rms_norm(x, next_norm)) (``out`` as in ``decoder_layer``)."""
+    x, h = ops.add_norm(mix, resid, L["ln2"], out)
     mlp = ops.gemm(ops.silu_mul(ops.gemm(h, L["gate_up"])), L["down"])
     return ops.add_norm(mlp, x, next_norm, x)
 

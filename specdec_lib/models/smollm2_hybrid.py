@@ -47,11 +47,15 @@ import numpy as np
 
 __all__ = ["HybridWeightsError", "DEFAULT_PATTERN", "expand_pattern", "hybrid_config",
            "gdn_layers", "tensor_spec", "shipped_bytes", "base_projections",
-           "save_hybrid_weights", "load_hybrid_weights", "WEIGHTS_FILE"]
+           "save_hybrid_weights", "load_hybrid_weights", "random_hybrid_tensors", "WEIGHTS_FILE",
+           "SHIPPED_DIR", "shipped_weights"]
 
 DEFAULT_PATTERN = "GGGA"
 DEFAULT_RANK = 32
 WEIGHTS_FILE = "model.safetensors"
+# where the trained weights ship (none yet: ``python -m specdec_lib train-hybrid`` makes them)
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hybrid", "smollm2_hybrid")
+TRAIN_COMMAND = "python -m specdec_lib train-hybrid --out DIR"
 _ST = {"float32": ("F32", 4), "bfloat16": ("BF16", 2)}
 
 
@@ -267,3 +271,51 @@ def load_hybrid_weights(path, *, base=None):
         if not np.isfinite(a).all():
             raise HybridWeightsError(f"{f}: tensor {name} holds non-finite values")
     return cfg, out
+
+
+def shipped_weights(weights=None):
+    """The weights directory of ``weights`` (a directory or its model.safetensors; None: the
+    shipped one, ``SHIPPED_DIR``); FileNotFoundError naming the missing file and the command
+    that trains it."""
+    d = SHIPPED_DIR if weights is None else os.fspath(weights)
+    if os.path.isfile(d) and os.path.basename(d) == WEIGHTS_FILE:
+        d = os.path.dirname(d) or "."
+    f = os.path.join(d, WEIGHTS_FILE)
+    if not os.path.isfile(f) or not os.path.isfile(os.path.join(d, "config.json")):
+        what = "no trained smollm2-hybrid weights ship yet" if weights is None else \
+            "no hybrid weights here"
+        raise FileNotFoundError(f"{f}: {what} (model.safetensors + config.json); train them "
+                                f"with `{TRAIN_COMMAND}` and pass that DIR as the weights")
+    return d
+
+
+def random_hybrid_tensors(cfg, seed=0, scale=0.02):
+    """float32 tensors of ``tensor_spec(cfg)`` near the trainer's initial values, perturbed
+    (an untrained hybrid for tests and demos: deltas B A of size about ``scale``, conv near
+    the identity, decays exp(-A dt) spread over (0, 1), gates and norms near their start)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, (shape, _) in tensor_spec(cfg).items():
+        leaf = name.split(".linear_attn.", 1)[1]
+        if leaf.endswith("lora_A"):
+            a = rng.standard_normal(shape) / np.sqrt(shape[1])
+        elif leaf.endswith("lora_B"):
+            a = rng.standard_normal(shape) * scale
+        elif leaf == "z_bias":
+            a = 1.0 + 0.2 * rng.standard_normal(shape)
+        elif leaf == "in_proj_ba.weight":
+            a = rng.standard_normal(shape) * 0.5 / np.sqrt(shape[1])
+        elif leaf == "conv1d.weight":
+            a = 0.2 * rng.standard_normal(shape)
+            a[:, -1] += 1.0
+        elif leaf == "A_log":
+            a = np.log(rng.uniform(1.0, 16.0, shape))
+        elif leaf == "dt_bias":
+            dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), shape))
+            a = dt + np.log(-np.expm1(-dt))           # softplus^-1(dt)
+        elif leaf == "norm.weight":
+            a = 1.0 + 0.1 * rng.standard_normal(shape)
+        else:
+            raise AssertionError(name)
+        out[name] = np.asarray(a, np.float32)
+    return out

@@ -27,6 +27,7 @@ import os
 import numpy as np
 
 from .. import registry
+from .gdn_layer import gdn_block, gdn_commit_rows, gdn_dims
 
 DEMO_CONFIG = {
     "model_type": "qwen3_next",
@@ -187,6 +188,7 @@ class TinyHybridTarget:
         self.hk, self.hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
         self.dk, self.dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
         self.Wc = c["linear_conv_kernel_dim"]
+        self._gdn = gdn_dims(c)
         self.eps = c["rms_norm_eps"]
         self.embed = get("model.embed_tokens.weight")
         self.lm_head = get("lm_head.weight")
@@ -264,24 +266,12 @@ class TinyHybridTarget:
             h = _rms(xp, x, L["ln"], self.eps)
             if L["kind"] == "linear_attention":
                 qkv = self._lin(h, L["qkv"]).astype(f32)                         # [T, conv_dim]
-                conv_out = xp.empty_like(qkv)
-                be.conv1d_verify(qkv, L["conv"], L["conv_state"], self.slot_ids, cu_q, conv_out,
-                                 activation="silu")
-                nk = self.hk * self.dk
-                q = conv_out[:, :nk].reshape(T, self.hk, self.dk)
-                k = conv_out[:, nk:2 * nk].reshape(T, self.hk, self.dk)
-                v = conv_out[:, 2 * nk:].reshape(T, self.hv, self.dv)
                 ba = self._lin(h, L["ba"]).astype(f32)
-                b_gate = xp.ascontiguousarray(ba[:, :self.hv])
-                a_gate = xp.ascontiguousarray(ba[:, self.hv:])
-                o = xp.empty((T, self.hv, self.dv), dtype=f32)
-                journal = xp.empty((T, be.gdn_journal_width(self.hk, self.hv, self.dk, self.dv)),
-                                   dtype=f32)
-                be.gdn_verify(xp.ascontiguousarray(q), xp.ascontiguousarray(k),
-                              xp.ascontiguousarray(v), L["state"], self.slot_ids, cu_q, o,
-                              journal, a=a_gate, b=b_gate, A_log=L["A_log"],
-                              dt_bias=L["dt_bias"], qk_l2norm=True)
-                self._journal.append((qkv, journal))
+                o, record = gdn_block(be, xp.empty, f32, self._gdn, L, qkv,
+                                      xp.ascontiguousarray(ba[:, :self.hv]),
+                                      xp.ascontiguousarray(ba[:, self.hv:]), L["state"],
+                                      L["conv_state"], self.slot_ids, cu_q)
+                self._journal.append(record)
                 x = x + self._reduce(self._lin(o.reshape(T, -1).astype(xp.float64), L["out"]))
             else:
                 q = self._rope(self._lin(h, L["q"]).reshape(T, self.nq, self.D), positions)
@@ -305,10 +295,9 @@ class TinyHybridTarget:
         for L in self.layers:
             if L["kind"] != "linear_attention":
                 continue
-            qkv, journal = self._journal[j]
+            gdn_commit_rows(be, L["state"], L["conv_state"], self.slot_ids, cu_q, accept_len,
+                            self._journal[j])
             j += 1
-            be.gdn_commit(L["state"], self.slot_ids, cu_q, accept_len, journal)
-            be.conv1d_commit(L["conv_state"], self.slot_ids, cu_q, accept_len, qkv)
 
 
 # ---------------------------------------------------------------------------- draft

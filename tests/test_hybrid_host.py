@@ -1,0 +1,371 @@
+"""smollm2-hybrid's host model (models.llama_hybrid.LlamaHybridTarget) on the library's ops:
+
+* on the reference backend it matches the torch training model (train.hybrid_model) forward
+  on the same weights (saved and read back through the checked file) to float32 tolerance,
+  through prefill and through verify blocks with commits; a changed tensor breaks that;
+* speculative decoding (prompt lookup; a random MTP head) == target-only token for token, in
+  float32, bfloat16 and float16 GDN state, batched and with slots reused, bucketed prefill too;
+* the loader and the demo refuse missing weights (naming the file and train-hybrid) and
+  state dtypes the backend cannot run, before anything runs;
+* the real SmolLM2 GGUF with untrained (random small) deltas decodes losslessly;
+* on a GPU (torch backend), speculative == target-only eagerly and graph-captured.
+"""
+import importlib.util
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from specdec_lib.models.llama_hybrid import (LlamaHybridTarget, hybrid_unsupported,
+                                             state_dtype_name)
+from specdec_lib.models.smollm2_hybrid import (hybrid_config, load_hybrid_weights,
+                                               random_hybrid_tensors, save_hybrid_weights)
+from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend
+
+STATES = ("float32", "bfloat16", "float16")
+
+
+def _toy_base(L=4, H=64, nq=2, nkv=1, D=64, I=64, V=64, seed=0):
+    """A tiny random Llama (head dim 64: verify_attention and the gdn kernels take it)."""
+    rng = np.random.default_rng(seed)
+    c = SimpleNamespace(vocab_size=V, hidden_size=H, head_dim=D, num_heads=nq, num_kv_heads=nkv,
+                        intermediate_size=I, rms_norm_eps=1e-5, tied_embeddings=True,
+                        num_layers=L, context_length=128, rope_theta=10000.0, name="toy")
+    w = {"model.embed_tokens.weight": rng.standard_normal((V, H)),
+         "model.norm.weight": 1 + 0.1 * rng.standard_normal(H)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(H)
+        w[p + "post_attention_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(H)
+        for n, shape in (("q", (nq * D, H)), ("k", (nkv * D, H)), ("v", (nkv * D, H)),
+                         ("o", (H, nq * D))):
+            w[p + f"self_attn.{n}_proj.weight"] = 0.2 * rng.standard_normal(shape)
+        w[p + "mlp.gate_proj.weight"] = 0.2 * rng.standard_normal((I, H))
+        w[p + "mlp.up_proj.weight"] = 0.2 * rng.standard_normal((I, H))
+        w[p + "mlp.down_proj.weight"] = 0.2 * rng.standard_normal((H, I))
+    return c, {k: v.astype(np.float32) for k, v in w.items()}
+
+
+def _toy_weights(tmp_path, pattern="GGA", rank=4, seed=1, **base):
+    """(base config, base weights, hybrid config, hybrid tensors) with the hybrid saved and
+    read back (bf16 deltas rounded as shipped)."""
+    c, w = _toy_base(**base)
+    cfg = hybrid_config(c, pattern=pattern, rank=rank)
+    d = tmp_path / f"hybrid_{pattern}_{seed}"
+    save_hybrid_weights(str(d), random_hybrid_tensors(cfg, seed=seed, scale=0.05), cfg)
+    cfg, t = load_hybrid_weights(str(d), base=c)
+    return c, w, cfg, t
+
+
+def _target(tmp_path, backend="reference", state_dtype="float32", **kw):
+    c, w, cfg, t = _toy_weights(tmp_path)
+    return LlamaHybridTarget(c, w, cfg, t, make_backend(backend), page_size=4,
+                             state_dtype=state_dtype, **kw)
+
+
+def _prompts(seed, n=3, V=64):
+    rng = np.random.default_rng(seed)
+    out = []
+    for b in range(n):
+        part = rng.integers(0, V, 4 + b).tolist()
+        out.append(part * 2 + rng.integers(0, V, 2).tolist())
+    return out
+
+
+def _generate(target, draft, k, prompts, n_new=16, **kw):
+    dec = SpeculativeDecoder(target, draft, num_speculative_tokens=k, backend=target.be, **kw)
+    res = dec.generate([Request(prompt=p, max_new_tokens=n_new) for p in prompts])
+    return [r.tokens for r in res], dec.metrics
+
+
+def _mtp_head(target, tmp_path, seed=1):
+    from specdec_lib.models import heads
+    from specdec_lib.models.llama_draft import LlamaDraftHead
+    cfg = heads.head_config("mtp", SimpleNamespace(**dict(vars(target.c), name="tiny")))
+    t = heads.random_head_tensors("mtp", cfg, seed=seed, scale=0.3)
+    for name in list(t):
+        if "shared_head.head" in name:
+            del t[name]
+    path = heads.save_head(str(tmp_path / f"mtp{seed}"), t, cfg)
+    return LlamaDraftHead.load(target, path, "mtp")
+
+
+def _blocks(target, tokens, sizes):
+    """Logits of ``tokens`` (one sequence) through forward blocks of ``sizes`` rows, each
+    committed whole (the decoder's verify path)."""
+    i32 = np.int32
+    out, L = [], 0
+    for q in sizes:
+        tok = np.asarray(tokens[L:L + q], i32)
+        lg, _ = target.forward(tok, np.arange(L, L + q, dtype=i32), np.array([0, q], i32),
+                               np.array([L], i32), np.zeros(1, np.uint8))
+        target.commit(np.array([0, q], i32), np.array([q], i32))
+        out.append(np.array(lg, np.float64))
+        L += q
+    return np.concatenate(out)
+
+
+# ------------------------------------------------------------------ the numerical contract
+
+torch_needed = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                  reason="torch not installed")
+
+
+@torch_needed
+@pytest.mark.parametrize("pattern", ["GGA", "GA"])
+def test_host_matches_torch_training_model(tmp_path, pattern):
+    """Same weights, same tokens: the host model's logits (prefill; verify blocks of 5, 7 and
+    9 rows with commits between) equal train.hybrid_model's float32 forward to float32
+    tolerance; a GDN tensor changed by 10 % moves them far past it."""
+    import torch
+    from specdec_lib.train.hybrid_model import HybridModel
+    c, w, cfg, t = _toy_weights(tmp_path, pattern=pattern)
+    assert "G" in cfg["layer_pattern"] and "A" in cfg["layer_pattern"]
+    N = 21
+    tokens = np.random.default_rng(5).integers(0, c.vocab_size, N)
+    tm = HybridModel(c, w, cfg, "cpu", torch.float32, chunk_size=8, init=t)
+    with torch.no_grad():
+        want = tm.logits(tm.forward(torch.from_numpy(tokens)[None]))[0].double().numpy()
+        teacher = tm.logits(tm.teacher(torch.from_numpy(tokens)[None])[0])[0].double().numpy()
+    tol = 2e-5 * np.abs(want).max()                         # measured: 7e-7 relative
+    assert np.abs(want - teacher).max() > 100 * tol        # the GDN layers matter
+    host = LlamaHybridTarget(c, w, cfg, t, make_backend("reference"), page_size=4)
+    host.reset(1, 32)
+    i32 = np.int32
+    lp, _ = host.prefill(tokens.astype(i32), np.arange(N, dtype=i32), np.array([0, N], i32),
+                         np.zeros(1, i32), np.zeros(1, np.uint8), row_counts=[N], logits=True)
+    np.testing.assert_allclose(lp, want, rtol=0, atol=tol)
+    host.reset(1, 32)
+    np.testing.assert_allclose(_blocks(host, tokens, [5, 7, 9]), want, rtol=0, atol=tol)
+    np.testing.assert_allclose(host.score(tokens.tolist()), want, rtol=0, atol=tol)
+    # the test can fail: one GDN layer's gated norm 10 % larger
+    g = [i for i, ch in enumerate(cfg["layer_pattern"]) if ch == "G"][-1]
+    bad = dict(t)
+    name = f"model.layers.{g}.linear_attn.norm.weight"
+    bad[name] = t[name] * 1.1
+    off = LlamaHybridTarget(c, w, cfg, bad, make_backend("reference"), page_size=4)
+    assert np.abs(off.score(tokens.tolist()) - want).max() > 10 * tol
+
+
+@pytest.mark.parametrize("state_dtype", ["bfloat16", "float16"])
+def test_16bit_state_near_float32_state(tmp_path, state_dtype):
+    """A 16-bit GDN state: the pool holds that dtype; logits stay close to the float32
+    state's (rounding the state after every token)."""
+    t32 = _target(tmp_path, state_dtype="float32")
+    t16 = _target(tmp_path, state_dtype=state_dtype)
+    t16.reset(1, 32)
+    st = t16.layers[t16.gdn_ids[0]]["state"]
+    assert st.dtype == (np.uint16 if state_dtype == "bfloat16" else np.float16)
+    tokens = np.random.default_rng(6).integers(0, 64, 24).tolist()
+    a, b = t32.score(tokens), t16.score(tokens)
+    rel = np.abs(a - b).max() / np.abs(a).max()
+    assert 0 < rel < 0.03, rel
+    assert (a.argmax(1) == b.argmax(1)).mean() >= 0.9
+
+
+# ------------------------------------------------------------------ lossless on the CPU
+
+@pytest.mark.parametrize("state_dtype", STATES)
+def test_speculative_equals_target_only(tmp_path, state_dtype):
+    """Prompt lookup (k=3) and a random MTP head (k=2) against target-only greedy decoding,
+    three requests batched, token for token."""
+    from specdec_lib.models.ngram import NgramDraft
+    t = _target(tmp_path, state_dtype=state_dtype)
+    prompts = _prompts(3)
+    base, _ = _generate(t, None, 0, prompts)
+    spec, m = _generate(t, NgramDraft(t.be), 3, prompts)
+    assert spec == base
+    assert m.accepted > 0 and m.accepted < m.proposed, m     # acceptance and rejection
+    head = _mtp_head(t, tmp_path)
+    spec2, m2 = _generate(t, head, 2, prompts)
+    assert spec2 == base
+
+
+def test_slot_reuse_and_bucketed_prefill(tmp_path):
+    """Five requests through two slots (a freed slot's GDN / conv state is reset for the
+    next request) and the bucketed prefill (pad rows never committed) == one slot each."""
+    from specdec_lib.models.ngram import NgramDraft
+    t = _target(tmp_path)
+    prompts = _prompts(4, n=5)
+    base, _ = _generate(t, None, 0, prompts)
+    dec = SpeculativeDecoder(t, NgramDraft(t.be), num_speculative_tokens=3, backend=t.be,
+                             prefill="bucketed")
+    res = dec.serve([Request(prompt=p, max_new_tokens=16) for p in prompts], slots=2)
+    assert [r.tokens for r in res] == base
+
+
+def test_cache_layout(tmp_path):
+    t = _target(tmp_path, state_dtype="bfloat16")
+    t.reset(3, 20)
+    assert t.gdn_ids == (0, 1, 3) and t.no_kv_layers == t.gdn_ids
+    assert [kv is None for kv in t.kv] == [True, True, False, True]
+    L = t.layers[0]
+    assert L["state"].shape == (3, 2, 64, 64) and L["conv_state"].shape == (3, 3 * 128, 3)
+    assert L["w_in"].shape == (3 * 128 + 128 + 4, 64) and "qkv" not in L
+    L["state"][...] = 7
+    L["conv_state"][...] = 1
+    t.reset_slots(np.array([1], np.int32))
+    assert (L["state"][1] == 0).all() and (L["state"][0] == 7).all()
+    assert (L["conv_state"][1] == 0).all() and (L["conv_state"][2] == 1).all()
+
+
+# ------------------------------------------------------------------ refusals
+
+def test_bad_state_dtype_and_backend_refused(tmp_path):
+    for bad in ("int8", "float64", None, "fp8"):
+        with pytest.raises(ValueError, match="state_dtype"):
+            _target(tmp_path, state_dtype=bad)
+    with pytest.raises(ValueError, match="dtype: expected one of bfloat16, float16"):
+        _target(tmp_path, dtype="float32")
+    assert state_dtype_name("bf16") == "bfloat16" and state_dtype_name("f16") == "float16"
+    assert "'reference' or 'torch'" in hybrid_unsupported(SimpleNamespace(name="cuda"))
+    assert hybrid_unsupported(make_backend("reference"), "float16", "float16") is None
+
+
+def test_loader_refuses_missing_weights(tmp_path):
+    """No weights ship yet: the loader names the missing file and the train-hybrid command
+    (before the GGUF is read), and refuses a bad state dtype before that."""
+    from specdec_lib.models import load_smollm2_hybrid_target
+    from specdec_lib.models.smollm2_hybrid import SHIPPED_DIR
+    be = make_backend("reference")
+    with pytest.raises(FileNotFoundError, match="model.safetensors.*train-hybrid") as e:
+        load_smollm2_hybrid_target(be)
+    assert SHIPPED_DIR in str(e.value)
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "nope")):
+        load_smollm2_hybrid_target(be, weights=tmp_path / "nope")
+    with pytest.raises(ValueError, match="state_dtype"):
+        load_smollm2_hybrid_target(be, weights=tmp_path / "nope", state_dtype="int4")
+
+
+def test_demo_refuses_without_weights(capsys):
+    from specdec_lib.demo import main
+    assert main(["--model", "smollm2-hybrid", "--no-progress", "--backend", "reference"]) == 2
+    err = capsys.readouterr().err
+    assert "--weights" in err and "model.safetensors" in err and "train-hybrid" in err
+
+
+def test_demo_refuses_state_dtype_before_loading(tmp_path, capsys, monkeypatch):
+    """A --state-dtype the backend cannot run is refused naming the argument, before the
+    weights or the GGUF are read (the GPU's answer stubbed: there is none here)."""
+    from specdec_lib import demo
+    from specdec_lib.models import llama_hybrid
+    monkeypatch.setattr(llama_hybrid, "hybrid_unsupported",
+                        lambda be, s, d, hd=64: f"no {s} state here")
+    assert demo.main(["--model", "smollm2-hybrid", "--weights", str(tmp_path / "nope"),
+                      "--state-dtype", "float16", "--backend", "reference",
+                      "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--state-dtype float16" in err and "no float16 state here" in err
+    monkeypatch.undo()
+    assert demo.main(["--model", "tiny-hybrid", "--state-dtype", "float16",
+                      "--no-progress"]) == 2
+    assert "--state-dtype" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the real SmolLM2 GGUF
+
+def _smollm2_or_skip():
+    pytest.importorskip("gguf")
+    pytest.importorskip("tokenizers")
+    from specdec_lib.models.smollm2 import gguf_path
+    try:
+        gguf_path()
+    except ImportError as e:
+        pytest.skip(str(e))
+
+
+def _smollm2_weights(tmp_path, rank=4):
+    from specdec_lib.models.smollm2 import EXPECTED, GGUF_SHA256
+    c = SimpleNamespace(num_layers=30, hidden_size=EXPECTED["hidden_size"],
+                        num_heads=EXPECTED["num_heads"], num_kv_heads=EXPECTED["num_kv_heads"],
+                        head_dim=EXPECTED["head_dim"], rms_norm_eps=1e-5,
+                        name="SmolLM2-135M-Instruct")
+    cfg = hybrid_config(c, rank=rank, base_sha256=GGUF_SHA256)
+    d = tmp_path / "smollm2_hybrid"
+    save_hybrid_weights(str(d), random_hybrid_tensors(cfg, seed=0, scale=0.01), cfg)
+    return d
+
+
+def test_smollm2_hybrid_lossless_on_the_real_gguf(tmp_path):
+    """SmolLM2's GGUF with an untrained hybrid file (23 GDN layers, small random deltas):
+    prompt lookup k=3 == target-only token for token, and score() agrees with decoding."""
+    _smollm2_or_skip()
+    from specdec_lib.models import load_smollm2_hybrid_target
+    from specdec_lib.models.ngram import NgramDraft
+    from specdec_lib.models.smollm2 import chat_prompt
+    be = make_backend("reference")
+    t, tok = load_smollm2_hybrid_target(be, weights=_smollm2_weights(tmp_path), progress=False)
+    assert len(t.gdn_ids) == 23 and t.layers[3].get("kind") is None
+    prompt = chat_prompt(tok, "Repeat: the cat sat on the mat, the cat sat on the mat.")
+    base, _ = _generate(t, None, 0, [prompt], n_new=8)
+    spec, m = _generate(t, NgramDraft(be), 3, [prompt], n_new=8)
+    assert spec == base
+    logits = t.score(prompt + base[0][:-1])
+    assert logits[len(prompt) - 1:].argmax(1).tolist() == base[0]
+
+
+def test_smollm2_hybrid_refuses_another_base(tmp_path):
+    _smollm2_or_skip()
+    import json
+    from specdec_lib.models import load_smollm2_hybrid_target
+    from specdec_lib.models.smollm2_hybrid import HybridWeightsError
+    d = _smollm2_weights(tmp_path, rank=1)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(dict(cfg, base_gguf_sha256="0" * 64)))
+    with pytest.raises(HybridWeightsError, match="trained on a base model"):
+        load_smollm2_hybrid_target(make_backend("reference"), weights=d, progress=False)
+
+
+@pytest.mark.slow
+def test_demo_smollm2_hybrid_runs(tmp_path, capsys):
+    _smollm2_or_skip()
+    from specdec_lib.demo import main
+    d = _smollm2_weights(tmp_path)
+    rc = main(["--model", "smollm2-hybrid", "--weights", str(d), "--backend", "reference",
+               "--max-new-tokens", "6", "-k", "2", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "lossless: yes" in out and "state float32" in out
+
+
+# ------------------------------------------------------------------ the torch backend, GPU
+
+def _gpu_target(tmp_path, state_dtype):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    from specdec_lib import runtime
+    if runtime.arch_family(0) < 80:
+        pytest.skip("the torch backend's bf16 dense math needs the sm_80 path")
+    return _target(tmp_path, backend="torch", state_dtype=state_dtype, row_invariant=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+def test_torch_gpu_speculative_equals_target_only(tmp_path, state_dtype):
+    """The torch backend on the GPU (gdn / conv kernels, row-invariant decode GEMMs): prompt
+    lookup k=3 and a random MTP head k=2 == target-only, eagerly and with every round a CUDA
+    graph (bucketed prefill replayed)."""
+    from specdec_lib.models.ngram import NgramDraft
+    t = _gpu_target(tmp_path, state_dtype)
+    prompts = _prompts(3)
+    base, _ = _generate(t, None, 0, prompts)
+    spec, m = _generate(t, NgramDraft(t.be), 3, prompts)
+    assert spec == base and m.accepted > 0, m
+    for draft, k in ((NgramDraft(t.be), 3), (_mtp_head(t, tmp_path), 2)):
+        got, _ = _generate(t, draft, k, prompts, cuda_graph=True, max_len=64)
+        assert got == base
+    got, _ = _generate(t, None, 0, prompts, cuda_graph=True, max_len=64)
+    assert got == base
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+def test_torch_gpu_close_to_reference(tmp_path, state_dtype):
+    """The GPU model's logits (bf16 dense math) against the reference backend's (float64
+    dense math, same state dtype): close, greedy tokens mostly the same."""
+    t = _gpu_target(tmp_path, state_dtype)
+    r = _target(tmp_path, state_dtype=state_dtype)
+    tokens = np.random.default_rng(6).integers(0, 64, 24).tolist()
+    a, b = r.score(tokens), t.score(tokens)
+    assert np.abs(a - b).max() / np.abs(a).max() < 0.05
+    assert (a.argmax(1) == b.argmax(1)).mean() >= 0.8
