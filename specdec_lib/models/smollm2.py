@@ -96,8 +96,8 @@ COPY_PROMPTS = [
     f"Rewrite this paragraph with every sentence on its own line:\n\n{_TEXT}",
     f"Summarize this paragraph in two sentences, reusing its words:\n\n{_TEXT}",
     f"Convert this code to use Python's built-in sum function, keeping everything else:\n\n{_CODE}",
-    f"Fix the spelling in this text and print it again: The quick brwon fox jumpd over the lazy "
-    f"dog. The dog was not amused, and the fox ran awy into the forst.",
+    "Fix the spelling in this text and print it again: The quick brwon fox jumpd over the lazy "
+    "dog. The dog was not amused, and the fox ran awy into the forst.",
     f"List the function names defined in this code, then show the code again:\n\n{_CODE}",
 ]
 OPEN_PROMPTS = [
