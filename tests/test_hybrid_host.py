@@ -21,29 +21,14 @@ from specdec_lib.models.llama_hybrid import (LlamaHybridTarget, hybrid_unsupport
 from specdec_lib.models.smollm2_hybrid import (hybrid_config, load_hybrid_weights,
                                                random_hybrid_tensors, save_hybrid_weights)
 from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend
+from toy_models import skip_unless_torch_gpu, toy_llama
 
 STATES = ("float32", "bfloat16", "float16")
 
 
 def _toy_base(L=4, H=64, nq=2, nkv=1, D=64, I=64, V=64, seed=0):
     """A tiny random Llama (head dim 64: verify_attention and the gdn kernels take it)."""
-    rng = np.random.default_rng(seed)
-    c = SimpleNamespace(vocab_size=V, hidden_size=H, head_dim=D, num_heads=nq, num_kv_heads=nkv,
-                        intermediate_size=I, rms_norm_eps=1e-5, tied_embeddings=True,
-                        num_layers=L, context_length=128, rope_theta=10000.0, name="toy")
-    w = {"model.embed_tokens.weight": rng.standard_normal((V, H)),
-         "model.norm.weight": 1 + 0.1 * rng.standard_normal(H)}
-    for i in range(L):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(H)
-        w[p + "post_attention_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(H)
-        for n, shape in (("q", (nq * D, H)), ("k", (nkv * D, H)), ("v", (nkv * D, H)),
-                         ("o", (H, nq * D))):
-            w[p + f"self_attn.{n}_proj.weight"] = 0.2 * rng.standard_normal(shape)
-        w[p + "mlp.gate_proj.weight"] = 0.2 * rng.standard_normal((I, H))
-        w[p + "mlp.up_proj.weight"] = 0.2 * rng.standard_normal((I, H))
-        w[p + "mlp.down_proj.weight"] = 0.2 * rng.standard_normal((H, I))
-    return c, {k: v.astype(np.float32) for k, v in w.items()}
+    return toy_llama(L, H, nq, nkv, D, I, V, seed, context=128, name="toy", float32=True)
 
 
 def _toy_weights(tmp_path, pattern="GGA", rank=4, seed=1, **base):
@@ -330,12 +315,7 @@ def test_demo_smollm2_hybrid_runs(tmp_path, capsys):
 # ------------------------------------------------------------------ the torch backend, GPU
 
 def _gpu_target(tmp_path, state_dtype):
-    torch = pytest.importorskip("torch", reason="torch is not installed")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA GPU")
-    from specdec_lib import runtime
-    if runtime.arch_family(0) < 80:
-        pytest.skip("the torch backend's bf16 dense math needs the sm_80 path")
+    skip_unless_torch_gpu()
     return _target(tmp_path, backend="torch", state_dtype=state_dtype, row_invariant=True)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import specdec_lib
+from toy_models import toy_llama
 from specdec_lib.models.smollm2_hybrid import (HybridWeightsError, expand_pattern,
                                                hybrid_config, load_hybrid_weights,
                                                save_hybrid_weights, shipped_bytes, tensor_spec)
@@ -20,23 +21,7 @@ SMOL = SimpleNamespace(num_layers=30, hidden_size=576, num_heads=9, num_kv_heads
 
 
 def _toy(L=4, H=48, nq=4, nkv=2, D=16, I=40, V=64, seed=0):
-    rng = np.random.default_rng(seed)
-    c = SimpleNamespace(vocab_size=V, hidden_size=H, head_dim=D, num_heads=nq, num_kv_heads=nkv,
-                        intermediate_size=I, rms_norm_eps=1e-5, tied_embeddings=True,
-                        num_layers=L, context_length=64, rope_theta=10000.0, name="toy")
-    w = {"model.embed_tokens.weight": rng.standard_normal((V, H)),
-         "model.norm.weight": 1 + 0.1 * rng.standard_normal(H)}
-    for i in range(L):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(H)
-        w[p + "post_attention_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(H)
-        for n, shape in (("q", (nq * D, H)), ("k", (nkv * D, H)), ("v", (nkv * D, H)),
-                         ("o", (H, nq * D))):
-            w[p + f"self_attn.{n}_proj.weight"] = 0.3 * rng.standard_normal(shape)
-        w[p + "mlp.gate_proj.weight"] = 0.2 * rng.standard_normal((I, H))
-        w[p + "mlp.up_proj.weight"] = 0.2 * rng.standard_normal((I, H))
-        w[p + "mlp.down_proj.weight"] = 0.2 * rng.standard_normal((H, I))
-    return c, {k: v.astype(np.float32) for k, v in w.items()}
+    return toy_llama(L, H, nq, nkv, D, I, V, seed, attn_scale=0.3, name="toy", float32=True)
 
 
 # ------------------------------------------------------------------ config and file (no torch)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import needs_gpu
+from toy_models import skip_unless_torch_gpu, toy_llama
 from specdec_lib.models.llama import LlamaTarget, _NumpyMath
 
 COUNTS = [5, 0, 17, 1, 9, 0, 2]     # ragged prompts, empty slots between and at the end
@@ -88,93 +89,9 @@ def test_torch_prefill_plan_without_prompts_or_with_one(rng):
 def _tiny_target(rng, page_size=4, backend="reference", row_invariant=False, nq=4, nkv=2,
                  kv_dtype="bfloat16"):
     from specdec_lib.orchestrator import make_backend
-    H, D = 48, 64                                # verify_attention takes D in {64, 128, 256}
-    c = SimpleNamespace(vocab_size=50, hidden_size=H, head_dim=D, num_heads=nq, num_kv_heads=nkv,
-                        intermediate_size=40, rms_norm_eps=1e-5, tied_embeddings=True,
-                        num_layers=2, context_length=64, rope_theta=10000.0)
-    w = {"model.embed_tokens.weight": rng.standard_normal((50, H)),
-         "model.norm.weight": 1 + 0.1 * rng.standard_normal(H)}
-    for i in range(2):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(H)
-        w[p + "post_attention_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(H)
-        for n, shape in (("q", (nq * D, H)), ("k", (nkv * D, H)), ("v", (nkv * D, H)),
-                         ("o", (H, nq * D))):
-            w[p + f"self_attn.{n}_proj.weight"] = 0.2 * rng.standard_normal(shape)
-        w[p + "mlp.gate_proj.weight"] = 0.2 * rng.standard_normal((40, H))
-        w[p + "mlp.up_proj.weight"] = 0.2 * rng.standard_normal((40, H))
-        w[p + "mlp.down_proj.weight"] = 0.2 * rng.standard_normal((H, 40))
+    c, w = toy_llama(nq=nq, nkv=nkv, rng=rng)    # D=64: verify_attention takes D in {64, 128, 256}
     return LlamaTarget(c, w, make_backend(backend), page_size=page_size,
                        row_invariant=row_invariant, kv_dtype=kv_dtype)
-
-
-@pytest.mark.parametrize("kv_dtype", ["bfloat16", "fp8_e4m3", "int8"])
-def test_tiny_llama_prefill_equals_block_forward(rng, kv_dtype):
-    """Ragged prompts (an empty slot, a page boundary crossed) through prefill (rope_append_kv,
-    per-prompt causal attention) and through forward (rope_append_kv, paged verify_attention):
-    same logits, same K/V caches (layer 0 bit for bit; 8-bit caches, which prefill reads back
-    dequantised, and their int8 (scale, zero) rows: every layer bit for bit)."""
-    t = _tiny_target(rng, kv_dtype=kv_dtype)
-    exact = kv_dtype != "bfloat16"
-    counts = [5, 0, 9]
-    tok = rng.integers(0, 50, sum(counts)).astype(np.int32)
-    pos = np.concatenate([np.arange(n) for n in counts]).astype(np.int32)
-    cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    zeros, fin = np.zeros(3, np.int32), np.zeros(3, np.uint8)
-    t.reset(3, 16)
-    lp, hp = t.prefill(tok, pos, cu, zeros, fin, row_counts=counts, logits=True)
-    caches = [(kc.copy(), vc.copy()) for kc, vc in t.kv]
-    params = [{k: a.copy() for k, a in q.items()} for q in t.kv_quant]
-    t.reset(3, 16)
-    lf, hf = t.forward(tok, pos, cu, zeros, fin)
-    np.testing.assert_allclose(lp, lf, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(hp, hf, rtol=1e-10, atol=1e-10)
-    for i, ((a, b), (c, d)) in enumerate(zip(caches, t.kv)):
-        if i == 0 or exact:        # same inputs: bit for bit; later layers: up to rounding
-            np.testing.assert_array_equal(a, c)
-            np.testing.assert_array_equal(b, d)
-        np.testing.assert_allclose(a, c, rtol=1e-10, atol=1e-10)
-        np.testing.assert_allclose(b, d, rtol=1e-10, atol=1e-10)
-    for p, q in zip(params, t.kv_quant):
-        for name in p:
-            np.testing.assert_array_equal(p[name], q[name])
-    assert np.count_nonzero(np.abs(caches[0][0]).sum(axis=(2, 3))) == sum(counts)
-
-
-@needs_gpu
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_torch_prefill_attention_batched_on_cuda(rng, dtype):
-    """The batched prefill attention on the GPU (the torch backend's SDPA kernel choice for a
-    masked bf16 call): equal to the per-prompt causal loop up to rounding, and the per-layer
-    call never synchronises with the host (only building the plan may)."""
-    torch = pytest.importorskip("torch", reason="torch is not installed")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA GPU")
-    from specdec_lib.models.llama import _TorchMath
-    dev = torch.device("cuda", 0)
-    m = _TorchMath(SimpleNamespace(device=dev))
-    dt = getattr(torch, dtype)
-    counts = [37, 0, 5, 130, 1, 64]
-    T = sum(counts)
-    q, k, v = (torch.from_numpy(a).to(dev, dt) for a in _qkv(rng, T))
-    plan = m.prefill_plan(counts)
-    out = torch.full(q.shape, float("nan"), dtype=dt, device=dev)
-    m.prefill_attention(plan, q, k, v, 0.125, out)          # first call makes the bias
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        m.prefill_attention(plan, q, k, v, 0.125, out)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    loop = torch.full(q.shape, float("nan"), dtype=dt, device=dev)
-    r0 = 0
-    for n in counts:
-        if n:
-            loop[r0:r0 + n] = m.causal_attention(q[r0:r0 + n], k[r0:r0 + n], v[r0:r0 + n], 0.125)
-        r0 += n
-    got, want = out.double().cpu().numpy(), loop.double().cpu().numpy()
-    assert np.isfinite(got).all()
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
 
 
 def _block_and_steps(t, rng, n=6):
@@ -317,12 +234,7 @@ def test_bucketed_prefill_graphs_replay_the_eager_pass(rng):
     """torch backend: prefill buckets recorded once and replayed (cuda_graph, many
     admissions through two slots) give the tokens of the same bucketed passes run eagerly,
     and a second call replays every graph again (no new recording)."""
-    torch = pytest.importorskip("torch", reason="torch is not installed")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA GPU")
-    from specdec_lib import runtime
-    if runtime.arch_family(0) < 80:
-        pytest.skip("the torch backend's bf16 verify_attention needs the sm_80 path")
+    skip_unless_torch_gpu()
     t = _tiny_target(rng, backend="torch")
     eager, _ = _serve_tiny(t, "bucketed")
     graphed, dec = _serve_tiny(t, "bucketed", cuda_graph=True, max_len=64)

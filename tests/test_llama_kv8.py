@@ -18,6 +18,7 @@ import pytest
 from specdec_lib.models.llama import KV_DTYPES, kv_dtype_name
 from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend
 from test_llama import _tiny_target
+from toy_models import skip_unless_torch_gpu
 
 KV8 = ("fp8_e4m3", "int8")
 
@@ -222,12 +223,7 @@ def test_demo_kv_dtype_for_the_tiny_hybrid_refused(capsys):
 
 
 def _torch_gpu_target(rng, kv_dtype):
-    torch = pytest.importorskip("torch", reason="torch is not installed")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA GPU")
-    from specdec_lib import runtime
-    if runtime.arch_family(0) < 80:
-        pytest.skip("the torch backend's bf16 dense math needs the sm_80 path")
+    skip_unless_torch_gpu()
     return _tiny_target(rng, backend="torch", kv_dtype=kv_dtype)
 
 

@@ -1,0 +1,45 @@
+"""Tiny random models the CPU tests share: a Llama's config and weights (the draw order is
+fixed: embeddings, final norm, then per layer the two norms, q / k / v / o, gate / up /
+down), and the skip rule of the torch backend's GPU tests."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+
+def toy_llama(L=2, H=48, nq=4, nkv=2, D=64, I=40, V=50, seed=0, *, attn_scale=0.2,
+              context=64, name=None, float32=False, rng=None):
+    """(config, weights) of a random Llama with L layers, width H, nq / nkv heads of D, MLP
+    width I and vocabulary V (``rng`` overrides ``seed``)."""
+    rng = np.random.default_rng(seed) if rng is None else rng
+    c = SimpleNamespace(vocab_size=V, hidden_size=H, head_dim=D, num_heads=nq, num_kv_heads=nkv,
+                        intermediate_size=I, rms_norm_eps=1e-5, tied_embeddings=True,
+                        num_layers=L, context_length=context, rope_theta=10000.0)
+    if name is not None:
+        c.name = name
+    w = {"model.embed_tokens.weight": rng.standard_normal((V, H)),
+         "model.norm.weight": 1 + 0.1 * rng.standard_normal(H)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(H)
+        w[p + "post_attention_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(H)
+        for n, shape in (("q", (nq * D, H)), ("k", (nkv * D, H)), ("v", (nkv * D, H)),
+                         ("o", (H, nq * D))):
+            w[p + f"self_attn.{n}_proj.weight"] = attn_scale * rng.standard_normal(shape)
+        w[p + "mlp.gate_proj.weight"] = 0.2 * rng.standard_normal((I, H))
+        w[p + "mlp.up_proj.weight"] = 0.2 * rng.standard_normal((I, H))
+        w[p + "mlp.down_proj.weight"] = 0.2 * rng.standard_normal((H, I))
+    if float32:
+        w = {k: v.astype(np.float32) for k, v in w.items()}
+    return c, w
+
+
+def skip_unless_torch_gpu():
+    """Skip unless torch sees a CUDA GPU whose library code path has bf16 MMA (sm_80+): the
+    torch backend's bf16 dense math needs it."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    from specdec_lib import runtime
+    if runtime.arch_family(0) < 80:
+        pytest.skip("the torch backend's bf16 dense math needs the sm_80 path")
