@@ -475,13 +475,6 @@ def main(argv=None) -> int:
                       f"smollm2-hybrid only", file=sys.stderr)
                 return 2
     if args.model in ("smollm2", "smollm2-hybrid"):
-        try:
-            from .models.smollm2 import gguf_path
-            import gguf, tokenizers  # noqa: F401,E401
-            gguf_path()
-        except ImportError as e:
-            print(f"error: --model {args.model}: {e}", file=sys.stderr)
-            return 2
         if args.backend == "cuda":
             print("error: --backend cuda runs the tiny-hybrid model (cupy); SmolLM2 runs on "
                   "--backend torch or reference", file=sys.stderr)
@@ -514,6 +507,14 @@ def main(argv=None) -> int:
             args.weights = shipped_weights(args.weights)
         except FileNotFoundError as e:
             print(f"error: --model smollm2-hybrid needs --weights DIR: {e}", file=sys.stderr)
+            return 2
+    if args.model in ("smollm2", "smollm2-hybrid"):   # (after the argument refusals above)
+        try:
+            from .models.smollm2 import gguf_path
+            import gguf, tokenizers  # noqa: F401,E401
+            gguf_path()
+        except ImportError as e:
+            print(f"error: --model {args.model}: {e}", file=sys.stderr)
             return 2
     where = {"torch": "GPU (library kernels on torch tensors, bf16 cuBLAS dense math)",
              "cuda": "GPU (library kernels, cupy dense math)"}.get(be.name,
