@@ -27,19 +27,27 @@ def gdn_dims(c):
 
 def gdn_block(be, empty, f32, d, L, qkv, b_gate, a_gate, state, conv_state, slot_ids, cu_q):
     """One verify block of a GDN layer: ``L`` holds conv [conv_dim, W], A_log, dt_bias [Hv];
-    qkv [T, conv_dim], b_gate / a_gate [T, Hv] (views are fine: last dimension contiguous).
+    qkv [T, conv_dim], b_gate / a_gate [T, Hv] (views of wider rows are fine).
     Returns (o [T, Hv, Dv] float32, the record ``gdn_commit_rows`` needs)."""
     T = qkv.shape[0]
     conv_out = empty((T, d.conv_dim), f32)
     be.conv1d_verify(qkv, L["conv"], conv_state, slot_ids, cu_q, conv_out, activation="silu")
+
+    def dense(x, shape):
+        # gdn_verify gets contiguous q / k / v and gates, as the tiny hybrid always gave it
+        # (its strided-row path has no GPU test)
+        out = empty(shape, f32)
+        out[...] = x.reshape(shape)
+        return out
     nk = d.hk * d.dk
-    q = conv_out[:, :nk].reshape(T, d.hk, d.dk)
-    k = conv_out[:, nk:2 * nk].reshape(T, d.hk, d.dk)
-    v = conv_out[:, 2 * nk:].reshape(T, d.hv, d.dv)
+    q = dense(conv_out[:, :nk], (T, d.hk, d.dk))
+    k = dense(conv_out[:, nk:2 * nk], (T, d.hk, d.dk))
+    v = dense(conv_out[:, 2 * nk:], (T, d.hv, d.dv))
     o = empty((T, d.hv, d.dv), f32)
     journal = empty((T, be.gdn_journal_width(d.hk, d.hv, d.dk, d.dv)), f32)
-    be.gdn_verify(q, k, v, state, slot_ids, cu_q, o, journal, a=a_gate, b=b_gate,
-                  A_log=L["A_log"], dt_bias=L["dt_bias"], qk_l2norm=True)
+    be.gdn_verify(q, k, v, state, slot_ids, cu_q, o, journal, a=dense(a_gate, (T, d.hv)),
+                  b=dense(b_gate, (T, d.hv)), A_log=L["A_log"], dt_bias=L["dt_bias"],
+                  qk_l2norm=True)
     return o, (qkv, journal)
 
 

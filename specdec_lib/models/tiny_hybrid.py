@@ -267,10 +267,9 @@ class TinyHybridTarget:
             if L["kind"] == "linear_attention":
                 qkv = self._lin(h, L["qkv"]).astype(f32)                         # [T, conv_dim]
                 ba = self._lin(h, L["ba"]).astype(f32)
-                o, record = gdn_block(be, xp.empty, f32, self._gdn, L, qkv,
-                                      xp.ascontiguousarray(ba[:, :self.hv]),
-                                      xp.ascontiguousarray(ba[:, self.hv:]), L["state"],
-                                      L["conv_state"], self.slot_ids, cu_q)
+                o, record = gdn_block(be, xp.empty, f32, self._gdn, L, qkv, ba[:, :self.hv],
+                                      ba[:, self.hv:], L["state"], L["conv_state"],
+                                      self.slot_ids, cu_q)
                 self._journal.append(record)
                 x = x + self._reduce(self._lin(o.reshape(T, -1).astype(xp.float64), L["out"]))
             else:
