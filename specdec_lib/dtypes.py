@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DTYPES", "FLOAT_DTYPES", "KV_CACHE_DTYPES", "canonical", "itemsize", "host_dtype", "f32_to_bf16_bits",
-           "bf16_bits_to_f32", "round_to", "to_host_storage", "from_host_storage"]
+__all__ = ["DTYPES", "FLOAT_DTYPES", "KV_CACHE_DTYPES", "canonical", "one_of", "itemsize",
+           "host_dtype", "f32_to_bf16_bits", "bf16_bits_to_f32", "round_to", "to_host_storage",
+           "from_host_storage"]
 
 # name -> (host numpy dtype, itemsize)
 DTYPES: dict[str, tuple[type, int]] = {
@@ -44,6 +45,18 @@ def canonical(dtype: Any) -> str:
         return canonical(str(dtype))
     if name not in DTYPES:
         raise TypeError(f"unsupported dtype {dtype!r}")
+    return name
+
+
+def one_of(arg: str, dtype: Any, allowed) -> str:
+    """``dtype``'s canonical name if it is one of ``allowed``, else a ValueError naming the
+    argument ``arg`` (a model's ``kv_dtype=`` / ``state_dtype=`` / ``dtype=`` choices)."""
+    try:
+        name = canonical(dtype)
+    except (TypeError, ValueError):
+        name = None
+    if name not in allowed:
+        raise ValueError(f"{arg}: expected one of {', '.join(allowed)}, got {dtype!r}")
     return name
 
 

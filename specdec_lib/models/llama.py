@@ -344,14 +344,8 @@ def _fp8_scale(xp, amax, headroom):
 def kv_dtype_name(kv_dtype):
     """``kv_dtype`` as one of ``KV_DTYPES`` (aliases: bf16, fp16, fp8, e4m3, ...); a
     ValueError naming the argument otherwise."""
-    from ..dtypes import canonical
-    try:
-        name = canonical(kv_dtype)
-    except TypeError:
-        name = None
-    if name not in KV_DTYPES:
-        raise ValueError(f"kv_dtype: expected one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
-    return name
+    from ..dtypes import one_of
+    return one_of("kv_dtype", kv_dtype, KV_DTYPES)
 
 
 def kv_dtype_unsupported(backend, kv_dtype, head_dim):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dtypes import canonical
+from ..dtypes import one_of
 from .gdn_layer import gdn_block, gdn_commit_rows, gdn_dims
 from .llama import LlamaTarget
 from .llama_layer import layer_rest
@@ -38,24 +38,11 @@ DENSE_DTYPES = ("bfloat16", "float16")                  # the torch backend's de
 def state_dtype_name(state_dtype):
     """``state_dtype`` as one of ``STATE_DTYPES`` (aliases f32, bf16, f16, ...); ValueError
     naming the argument otherwise."""
-    try:
-        name = canonical(state_dtype)
-    except (TypeError, ValueError):
-        name = None
-    if name not in STATE_DTYPES:
-        raise ValueError(f"state_dtype: expected one of {', '.join(STATE_DTYPES)}, "
-                         f"got {state_dtype!r}")
-    return name
+    return one_of("state_dtype", state_dtype, STATE_DTYPES)
 
 
 def dense_dtype_name(dtype):
-    try:
-        name = canonical(dtype)
-    except (TypeError, ValueError):
-        name = None
-    if name not in DENSE_DTYPES:
-        raise ValueError(f"dtype: expected one of {', '.join(DENSE_DTYPES)}, got {dtype!r}")
-    return name
+    return one_of("dtype", dtype, DENSE_DTYPES)
 
 
 def hybrid_unsupported(backend, state_dtype="float32", dtype="bfloat16", head_k_dim=64):
@@ -187,7 +174,6 @@ class LlamaHybridTarget(LlamaTarget):
     # ------------------------------------------------------------------ passes
     def _run(self, tokens, positions, cu_q, seq_lens, finished, attend, want_logits=True):
         self._records = []
-        self._cu_q = cu_q
         return super()._run(tokens, positions, cu_q, seq_lens, finished, attend, want_logits)
 
     def layer(self, L, a_in, resid, x, next_norm, h, kv, page_table, positions, seq_lens, cu_q,
