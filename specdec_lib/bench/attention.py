@@ -58,6 +58,18 @@ def _torch_sdpa(b: Bench, B, L, q, Hq, Hkv, D, kv_bytes, shape):
         break
 
 
+def _paged_case(b: Bench, B, L, q, Hq, Hkv, D, ps):
+    """A paged verify batch of B sequences at L cached keys + q new rows (bf16 q, seed 1):
+    (q, page_table, seq_lens, cu_q, out, max_kv_len, num_pages); the K/V caches are the
+    caller's (16- or 8-bit)."""
+    from ..arrays import DeviceArray
+    T, max_pages = B * q, (L + q + ps - 1) // ps
+    qd = _rand((T, Hq, D), "bfloat16", b.device, 1)
+    pt, sl, cq = _paged_batch(b.device, B, L, q, B * max_pages, max_pages)
+    out = DeviceArray.empty((T, Hq, D), "bfloat16", b.device)
+    return qd, pt, sl, cq, out, max_pages * ps, B * max_pages
+
+
 @bench("verify_attention")
 def bench_verify_attention(b: Bench):
     from ..arrays import DeviceArray
@@ -66,15 +78,10 @@ def bench_verify_attention(b: Bench):
     from .. import runtime
     for B, L, q, Hq, Hkv, D, ps in SHAPES:
         T = B * q
-        max_pages = (L + q + ps - 1) // ps
-        num_pages = B * max_pages
-        qd = _rand((T, Hq, D), "bfloat16", b.device, 1)
+        qd, pt, sl, cq, out, max_kv, num_pages = _paged_case(b, B, L, q, Hq, Hkv, D, ps)
         kc = _rand((num_pages, ps, Hkv, D), "bfloat16", b.device, 2)
         vc = _rand((num_pages, ps, Hkv, D), "bfloat16", b.device, 3)
-        pt, sl, cq = _paged_batch(b.device, B, L, q, num_pages, max_pages)
-        out = DeviceArray.empty((T, Hq, D), "bfloat16", b.device)
         lse = DeviceArray.empty((T, Hq), "float32", b.device)
-        max_kv = max_pages * ps
         nbytes = verify_attention_workspace_size(T, Hq, Hkv, D, B, max_kv, device=b.device)
         ws = DeviceArray.empty((max(nbytes, 1),), "uint8", b.device)
         plan = plan_verify_attention(B, Hkv, Hq // Hkv, D, min(T, 16), max_kv,
@@ -111,13 +118,9 @@ def bench_verify_attention_b1(b: Bench):
     from .. import runtime
     B, q, ps = 1, 4, 16
     for L, Hq, Hkv, D in SMALL_SHAPES:
-        max_pages = (L + q + ps - 1) // ps
-        qd = _rand((q, Hq, D), "bfloat16", b.device, 1)
-        kc = _rand((max_pages, ps, Hkv, D), "bfloat16", b.device, 2)
-        vc = _rand((max_pages, ps, Hkv, D), "bfloat16", b.device, 3)
-        pt, sl, cq = _paged_batch(b.device, B, L, q, max_pages, max_pages)
-        out = DeviceArray.empty((q, Hq, D), "bfloat16", b.device)
-        max_kv = max_pages * ps
+        qd, pt, sl, cq, out, max_kv, num_pages = _paged_case(b, B, L, q, Hq, Hkv, D, ps)
+        kc = _rand((num_pages, ps, Hkv, D), "bfloat16", b.device, 2)
+        vc = _rand((num_pages, ps, Hkv, D), "bfloat16", b.device, 3)
         ws = DeviceArray.empty((max(verify_attention_workspace_size(
             q, Hq, Hkv, D, B, max_kv, max_q=q, num_splits=n, device=b.device)
             for n in (None, 64)),), "uint8", b.device)
@@ -162,13 +165,8 @@ def _bench_verify_attention_kv8(b: Bench):
         if ps != 16:
             continue
         T = B * q
-        max_pages = (L + q + ps - 1) // ps
-        num_pages = B * max_pages
-        qd = _rand((T, Hq, D), "bfloat16", b.device, 1)
-        pt, sl, cq = _paged_batch(b.device, B, L, q, num_pages, max_pages)
-        out = DeviceArray.empty((T, Hq, D), "bfloat16", b.device)
+        qd, pt, sl, cq, out, max_kv, num_pages = _paged_case(b, B, L, q, Hq, Hkv, D, ps)
         lse = DeviceArray.empty((T, Hq), "float32", b.device)
-        max_kv = max_pages * ps
         nbytes = verify_attention_workspace_size(T, Hq, Hkv, D, B, max_kv, device=b.device)
         ws = DeviceArray.empty((max(nbytes, 1),), "uint8", b.device)
         for fmt in ("fp8", "int8"):
