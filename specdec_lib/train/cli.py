@@ -50,21 +50,14 @@ def run(args, argv=None):
     import torch
 
     from ..models.heads import head_config, head_method, save_head
-    from ..models.smollm2 import STOP_TOKEN_IDS, load_smollm2
-    from .data import training_data
+    from .data import load_base, training_data
     from .head import DraftHead
     from .loop import autocast, family_report, report_table, train_head
     from .teacher import Teacher, teacher
     torch.manual_seed(args.seed)
     log = print if not args.quiet else (lambda *a: None)
     t_all = time.perf_counter()
-    if args.gguf:               # any Llama GGUF: its own tokenizer, template and end token
-        from ..models.gguf_llama import read_gguf_llama
-        config, weights, tok = read_gguf_llama(args.gguf, progress=not args.quiet)
-        stop_ids = [i for i in (config.eos_token_id,) if i is not None]
-    else:
-        config, weights, tok = load_smollm2(progress=not args.quiet)
-        stop_ids = list(STOP_TOKEN_IDS)
+    config, weights, tok, stop_ids = load_base(args)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     timing = {}
     seqs, plens, split, fams, temps = training_data(args, config, weights, tok, stop_ids, log,

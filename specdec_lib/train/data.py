@@ -157,6 +157,18 @@ def load_data(path):
     return seqs, d["prompt_lens"].tolist(), d["split"].tolist(), fams, temps
 
 
+def load_base(args):
+    """(config, weights, tokenizer, stop ids) of the model the trainers learn from: the
+    ``--gguf`` Llama (its own tokenizer, template and end token) or SmolLM2 (checked)."""
+    if args.gguf:
+        from ..models.gguf_llama import read_gguf_llama
+        config, weights, tok = read_gguf_llama(args.gguf, progress=not args.quiet)
+        return config, weights, tok, [i for i in (config.eos_token_id,) if i is not None]
+    from ..models.smollm2 import STOP_TOKEN_IDS, load_smollm2
+    config, weights, tok = load_smollm2(progress=not args.quiet)
+    return config, weights, tok, list(STOP_TOKEN_IDS)
+
+
 def training_data(args, config, weights, tok, stop_ids, log, timing):
     """(sequences, prompt lengths, split, families, temperatures): read from ``--data`` when
     it exists, else the prompts (``--prompts-from``) and the target's replies to them,
