@@ -29,7 +29,7 @@ using namespace specdec;
 namespace {
 
 constexpr int kThreads = 256;          // rope, silu_mul
-constexpr int kNormMaxThreads = 1024;  // rms_norm: the launcher picks <= this from H
+constexpr int kNormMaxThreads = 512;   // rms_norm: the launcher picks <= this from H (128 registers)
 
 template <typename T, typename W>
 __device__ __forceinline__ void rms_norm(const RmsNormParams& p) {

@@ -21,7 +21,7 @@ __all__ = ["linear", "rms_norm", "rope", "rope_cos_sin_cache", "silu_mul"]
 
 
 _THREADS = 256                # rope, silu_mul (kThreads)
-_NORM_MAX_THREADS = 1024      # rms_norm (kNormMaxThreads)
+_NORM_MAX_THREADS = 512       # rms_norm (kNormMaxThreads: 128 registers a thread)
 _GRID_PER_SM = 16             # rope, silu_mul: grid-stride past this many CTAs per SM
 _INT32_MAX = 2**31 - 1
 _LINEAR_ROWS = 16             # linear: rows per chunk (kRows); gridDim.y strides over chunks
