@@ -16,21 +16,30 @@
 #include "common/pdl.cuh"
 #include "gdn/gdn_tile.cuh"   // load_dt / store_dt (run-time dtype codes)
 
-using specdec::gdn::load_dt;
 using specdec::gdn::load_raw;
 using specdec::gdn::raw_to_float;
-using specdec::gdn::load_dt_rw;
 using specdec::gdn::store_dt;
 
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxW = SPECDEC_CONV_MAX_WIDTH;
+// conv1d_verify: block rows whose x is loaded before the first of them is stored. The stores
+// (out, journal) may alias x as far as the compiler knows, so with one load per row in the row
+// loop each row's x load waited behind the previous row's stores: one memory trip per row.
+constexpr int kXBatch = 8;
 
 __device__ __forceinline__ float round_dt(float x, int dt) {
   if (dt == SPECDEC_DT_F32) return x;
   if (dt == SPECDEC_DT_F16) return __half2float(__float2half_rn(x));
   return specdec::to_float(specdec::from_float<specdec::bf16_t>(x));
+}
+
+// load_raw through the coherent path (load_dt_rw's loads, split like load_raw): for the
+// conv state, which conv1d_commit writes after reading it.
+__device__ __forceinline__ uint32_t load_raw_rw(const void* p, int64_t i, int dt) {
+  if (dt == SPECDEC_DT_F32) return __float_as_uint(static_cast<const float*>(p)[i]);
+  return static_cast<const unsigned short*>(p)[i];
 }
 
 __device__ __forceinline__ bool rows_valid(const int32_t* cu_q, int b, int num_rows, int& r0, int& r1) {
@@ -58,7 +67,20 @@ __device__ void conv1d_verify_impl(const ConvVerifyParams& p) {
     win[j] = 0.f;
     wt[j] = 0.f;
   }
-  const float bias = p.bias != nullptr ? load_dt(p.bias, c, p.bias_dtype) : 0.f;
+  // The first kXBatch rows' x, raw, issued with the weight and state loads below (and the
+  // bias: raw too, load_dt waited for it inside its dtype branch): one memory trip for all of
+  // them after the index loads, not one for the bias, one for the weights and state and one per
+  // row. Loading x before a row's out / journal store is what the row loop always did; all rows
+  // of a batch before the batch's stores is the same for out == x or journal == x (each row
+  // reads its own x, rows never read another row's x), which is the only aliasing the op allows.
+  uint32_t xraw[kXBatch];
+  auto load_x = [&](int t0) {
+#pragma unroll
+    for (int k = 0; k < kXBatch; ++k)
+      if (t0 + k < row1) xraw[k] = load_raw(p.x, (t0 + k) * p.x_stride_t + c, p.x_dtype);
+  };
+  load_x(row0);
+  const uint32_t braw = p.bias != nullptr ? load_raw(p.bias, c, p.bias_dtype) : 0u;
   if (slot_ok) {
     // raw loads first, conversions after: all 2W-1 loads in flight at once (load_dt would
     // wait for each one inside its dtype branch)
@@ -76,22 +98,29 @@ __device__ void conv1d_verify_impl(const ConvVerifyParams& p) {
       if (j >= first && j < kMaxW - 1) win[j] = raw_to_float(sraw[j], p.state_dtype);
     }
   }
-  for (int t = row0; t < row1; ++t) {
-    const float x = load_dt(p.x, t * p.x_stride_t + c, p.x_dtype);
-    if (p.journal != nullptr) store_dt(p.journal, t * p.journal_stride_t + c, p.journal_dtype, x);
-    float y = 0.f;
-    if (slot_ok) {
-      win[kMaxW - 1] = x;
-      y = bias;
+  const float bias = p.bias != nullptr ? raw_to_float(braw, p.bias_dtype) : 0.f;
+  for (int t0 = row0; t0 < row1; t0 += kXBatch) {
+    if (t0 != row0) load_x(t0);
 #pragma unroll
-      for (int j = 0; j < kMaxW; ++j)
-        if (j >= first) y = fmaf(wt[j], win[j], y);
-      if (p.silu) y = y / (1.f + __expf(-y));
-      win[kMaxW - 1] = round_dt(x, p.state_dtype);   // as later rows see it
+    for (int k = 0; k < kXBatch; ++k) {
+      const int t = t0 + k;
+      if (t >= row1) break;
+      const float x = raw_to_float(xraw[k], p.x_dtype);
+      if (p.journal != nullptr) store_dt(p.journal, t * p.journal_stride_t + c, p.journal_dtype, x);
+      float y = 0.f;
+      if (slot_ok) {
+        win[kMaxW - 1] = x;
+        y = bias;
 #pragma unroll
-      for (int j = 0; j < kMaxW - 1; ++j) win[j] = win[j + 1];
+        for (int j = 0; j < kMaxW; ++j)
+          if (j >= first) y = fmaf(wt[j], win[j], y);
+        if (p.silu) y = y / (1.f + __expf(-y));
+        win[kMaxW - 1] = round_dt(x, p.state_dtype);   // as later rows see it
+#pragma unroll
+        for (int j = 0; j < kMaxW - 1; ++j) win[j] = win[j + 1];
+      }
+      store_dt(p.out, t * p.out_stride_t + c, p.out_dtype, y);
     }
-    store_dt(p.out, t * p.out_stride_t + c, p.out_dtype, y);
   }
 }
 
@@ -110,14 +139,24 @@ __device__ void conv1d_commit_impl(const ConvCommitParams& p) {
   const int keep = p.width - 1;                     // state entries
   const int64_t sb = slot * p.state_stride_slot + c * p.state_stride_c;
   float nw[kMaxW - 1];
-  // new state = (old state ++ accepted rows)[-keep:], gathered before any write
+  // new state = (old state ++ accepted rows)[-keep:], gathered before any write: raw loads
+  // first, conversions after, so all keep loads are in flight at once (load_dt / load_dt_rw
+  // waited for each 16-bit load inside its dtype branch: one memory trip per entry)
+  uint32_t raw[kMaxW - 1];
 #pragma unroll
   for (int m = 0; m < kMaxW - 1; ++m) {
     if (m < keep) {
       const int src = m + n;                        // index into old ++ rows
-      nw[m] = src < keep ? load_dt_rw(p.conv_state, sb + src, p.state_dtype)
-                         : round_dt(load_dt(p.journal, (row0 + src - keep) * p.journal_stride_t + c,
-                                            p.journal_dtype), p.state_dtype);
+      raw[m] = src < keep ? load_raw_rw(p.conv_state, sb + src, p.state_dtype)
+                          : load_raw(p.journal, (row0 + src - keep) * p.journal_stride_t + c, p.journal_dtype);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kMaxW - 1; ++m) {
+    if (m < keep) {
+      const int src = m + n;
+      nw[m] = src < keep ? raw_to_float(raw[m], p.state_dtype)
+                         : round_dt(raw_to_float(raw[m], p.journal_dtype), p.state_dtype);
     }
   }
 #pragma unroll
