@@ -47,6 +47,16 @@ def test_sampled_fraction_and_stdlib_args_checked():
             main(["--out", "x"] + bad)
 
 
+def test_max_seq_len_cuts_and_drops_keeping_lists_parallel():
+    from specdec_lib.train.cli import cut_sequences, main
+    seqs = [list(range(10)), list(range(3)), list(range(7))]
+    out = cut_sequences(6, seqs, [2, 1, 5], [0, 1, 0], ["a", "b", "c"], [0.0, 0.7, 0.0],
+                        log=lambda *a: None)
+    assert out == ([list(range(6)), list(range(3))], [2, 1], [0, 1], ["a", "b"], [0.0, 0.7])
+    with pytest.raises(SystemExit):
+        main(["--out", "x", "--max-seq-len", "1"])
+
+
 @pytest.fixture(scope="module")
 def tok():
     pytest.importorskip("gguf", reason='needs the model extra: pip install "specdec_lib[model]"')

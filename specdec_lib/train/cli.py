@@ -28,6 +28,10 @@ def _parser():
                    "get what data and teacher leave of it (less a reserve), split evenly")
     p.add_argument("--max-iters", type=int, default=None, help="stop after N updates")
     p.add_argument("--batch-tokens", type=int, default=16384)
+    p.add_argument("--max-seq-len", type=int, default=512, help="sequences cut to this many "
+                   "tokens for the teacher and training (its features are kept padded on the "
+                   "device: 30k sequences x 512 ~ 71 GB of bf16); ones whose prompt leaves no "
+                   "reply are dropped")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--draft-vocab", type=int, default=2816, help="EAGLE3 draft vocabulary")
@@ -40,8 +44,22 @@ def _parser():
     return p
 
 
+def cut_sequences(cap, seqs, plens, split, fams, temps, log=print):
+    """The sequences cut to ``cap`` tokens; those whose prompt reaches ``cap - 1`` (no reply
+    position left to learn from) dropped, with the other lists kept parallel."""
+    keep = [i for i, p in enumerate(plens) if p < cap - 1]
+    if len(keep) < len(seqs):
+        log(f"--max-seq-len {cap}: {len(seqs) - len(keep)} sequences dropped (prompt too long)")
+    return ([seqs[i][:cap] for i in keep], [plens[i] for i in keep], [split[i] for i in keep],
+            [fams[i] for i in keep], [temps[i] for i in keep])
+
+
 def main(argv=None):
-    run(parse_args(_parser(), argv), argv)
+    p = _parser()
+    args = parse_args(p, argv)
+    if args.max_seq_len < 2:
+        p.error(f"--max-seq-len: at least 2, not {args.max_seq_len}")
+    run(args, argv)
     return 0
 
 
@@ -62,6 +80,8 @@ def run(args, argv=None):
     timing = {}
     seqs, plens, split, fams, temps = training_data(args, config, weights, tok, stop_ids, log,
                                                     timing)
+    seqs, plens, split, fams, temps = cut_sequences(args.max_seq_len, seqs, plens, split, fams,
+                                                    temps, log)
     # the report: per family its first --heldout held-out sequences
     groups, taken = {}, {}
     for i, (sp, f) in enumerate(zip(split, fams)):

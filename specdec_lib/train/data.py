@@ -116,11 +116,14 @@ def generate(args, config, weights, tok, prompts, stop_ids, temps=None):
     target = LlamaTarget(config, weights, be)
     temps = [0.0] * len(prompts) if temps is None else temps
     out = []
+    # one decoder for every chunk: with max_len fixed its buffers, caches and graphs serve
+    # each chunk of the same size (a decoder per chunk re-captured its graphs every time)
+    max_len = max((len(p) for p in prompts), default=1) + args.gen_tokens + 2
+    dec = SpeculativeDecoder(target, None, num_speculative_tokens=0, backend=be,
+                             cuda_graph=args.backend == "torch", max_len=max_len)
     bar = tqdm(total=len(prompts), desc="generating", unit="reply", disable=args.quiet)
     for i in range(0, len(prompts), args.gen_batch):
         chunk = prompts[i:i + args.gen_batch]
-        dec = SpeculativeDecoder(target, None, num_speculative_tokens=0, backend=be,
-                                 cuda_graph=args.backend == "torch")
         res = dec.generate([Request(prompt=p, max_new_tokens=args.gen_tokens,
                                     stop_token_ids=list(stop_ids), temperature=t,
                                     seed=(args.seed * 1_000_003 + i + j) if t > 0 else 0)

@@ -154,6 +154,23 @@ def prefill_profile(target, draft, k, be, reqs, replays=10):
     return out
 
 
+def general_prompts(n, seed=1):
+    """``n`` prompts of the prompt mix's held-out families (half each; message lists), drawn
+    with a seed of their own: not train-draft's report draw, and never trained on."""
+    from specdec_lib.train.prompt_mix import HELDOUT_FAMILIES, prompt_mix
+    per = -(-n // len(HELDOUT_FAMILIES))
+    out = [it["messages"] for f in HELDOUT_FAMILIES
+           for it in prompt_mix(per, seed=seed, families=[f])]
+    return out[:n]
+
+
+def prompt_ids(tok, prompt):
+    """A text (one user turn) or a message list, chat-templated."""
+    if isinstance(prompt, str):
+        return chat_prompt(tok, prompt)
+    return tok.apply_chat_template(prompt, add_generation_prompt=True)
+
+
 def round_profile(target, draft, k, be, prompts, rounds=20):
     """GPU time per round by kernel group, from torch.profiler over graph replays (one
     request per prompt, all in one batch, through EOS)."""
@@ -208,7 +225,11 @@ def main():
                    "requests through the mixed case's B slots (continuous batching)")
     p.add_argument("--row-invariant", action="store_true", help="decode GEMMs through the "
                    "library's linear (LlamaTarget row_invariant=True)")
-    p.add_argument("--sets", default="copy,open,heldout")
+    p.add_argument("--sets", default="copy,open,heldout", help="B=1 prompt sets: copy, open, "
+                   "heldout (stdlib docstrings), general (the prompt mix's held-out families, "
+                   "translation and multi-turn chat with a system prompt, never trained on)")
+    p.add_argument("--heads-dir", default=None, help="heads from DIR/smollm2_<method>/ "
+                   "(train-draft --out DIR) instead of the shipped ones")
     p.add_argument("--per-set", type=int, default=32, help="prompts per B=1 set (the held-out "
                    "pool has ~130; copy / open have 8): over 8 replies one near-tie flipped "
                    "by the numerics moved the mean accepted length 2.5 -> 2.05 (s14)")
@@ -240,11 +261,13 @@ def main():
           f"bf16; kv cache {target.kv_dtype}")
     drafts = {}
     for name in args.drafts.split(","):
-        drafts[name] = NgramDraft(be) if name == "ngram" else \
-            LlamaDraftHead.load(target, smollm2_head(name), name)
+        drafts[name] = NgramDraft(be) if name == "ngram" else LlamaDraftHead.load(
+            target, os.path.join(args.heads_dir, f"smollm2_{name}") if args.heads_dir
+            else smollm2_head(name), name)
     k = args.k
     n_sets = 2 if args.quick else args.per_set
-    pool = {"copy": COPY_PROMPTS, "open": OPEN_PROMPTS, "heldout": stdlib_prompts("heldout")}
+    pool = {"copy": COPY_PROMPTS, "open": OPEN_PROMPTS, "heldout": stdlib_prompts("heldout"),
+            "general": general_prompts(args.per_set)}
     sets = {name: pool[name][:n_sets] for name in args.sets.split(",")}
     gpu = args.backend == "torch"
     if gpu:
@@ -280,7 +303,7 @@ def main():
         + [(n, a) for a in auto for n in drafts]
     mixed_k = [int(x) for x in args.mixed_k.split(",")] if args.mixed_k else [k]
     for name, texts in sets.items():
-        reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new, **stops) for t in texts]
+        reqs = [Request(prompt=prompt_ids(tok, t), max_new_tokens=args.new, **stops) for t in texts]
         case(f"B=1 {name}", f"b1_{name}", reqs, one_at_a_time if gpu else decode, b1_runs)
     B = args.b32 if args.b32 is not None else (8 if args.quick else 32)
     best = max(heads or list(drafts), key=lambda n: report[f"b1_{list(sets)[-1]}"][f"{n}_k{k}"]["tokens_per_s"])
