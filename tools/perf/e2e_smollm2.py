@@ -228,6 +228,8 @@ def main():
     p.add_argument("--sets", default="copy,open,heldout", help="B=1 prompt sets: copy, open, "
                    "heldout (stdlib docstrings), general (the prompt mix's held-out families, "
                    "translation and multi-turn chat with a system prompt, never trained on)")
+    p.add_argument("--no-profile", action="store_true", help="skip the round / prefill "
+                   "profiles at the end")
     p.add_argument("--heads-dir", default=None, help="heads from DIR/smollm2_<method>/ "
                    "(train-draft --out DIR) instead of the shipped ones")
     p.add_argument("--per-set", type=int, default=32, help="prompts per B=1 set (the held-out "
@@ -296,6 +298,10 @@ def main():
             entry[f"{name}_k{kk}"] = dict(summary(ms), identical_requests=same, rescoring=chk,
                                           sample_reply=tok.decode(spec[0].tokens[:80]))
             rows.append((label, f"{name} k={kk}", mb, ms, same, len(reqs), chk))
+            print(f"{label}: {name} k={kk} {ms.tokens_per_s:,.1f} tok/s, target-only "
+                  f"{mb.tokens_per_s:,.1f} ({ms.tokens_per_s / max(mb.tokens_per_s, 1e-9):.2f}x)",
+                  flush=True)
+            _dump(args, report)     # what a timeout leaves behind
 
     heads = [n for n in drafts if n != "ngram"]
     auto = [f"auto{args.auto}"] if args.auto else []
@@ -327,6 +333,9 @@ def main():
              + [(n, a) for a in auto for n in drafts])
     # the profiles (rounds, then prefills) last: a profiler session leaves the process slower
     # (s13: B=32 host enqueue per round 6 -> ~110 us after one), so nothing is timed after it
+    if args.no_profile:
+        _print(rows, report)
+        return _dump(args, report)
     try:
         for lab, prompts in (("b1", [reqs[0].prompt]), (f"b{B}", [r.prompt for r in reqs])):
             report[f"round_profile_spec_{lab}"] = round_profile(target, drafts[best], k, be, prompts)
