@@ -6,6 +6,7 @@ import collections
 import json
 import os
 
+import numpy as np
 import pytest
 
 from specdec_lib.train import prompt_mix as pm
@@ -142,3 +143,20 @@ def test_train_draft_mix_end_to_end_cpu(tok, tmp_path, capsys):
     assert sum(t > 0 for t in temps) == 5 and all(t == 0 for t, sp in zip(temps, split) if sp)
     assert all(len(s) - p <= 4 for s, p in zip(seqs, plens))
     assert os.path.exists(out / "smollm2_eagle3" / "model.safetensors")
+
+
+def test_load_data_decompresses_the_tokens_once(tmp_path, monkeypatch):
+    """An NpzFile decompresses an array on every d[name]: one read per sequence made loading
+    30k sequences quadratic (the H200 run of session 17 never got past it)."""
+    from specdec_lib.train.data import load_data, save_data
+    seqs = [list(range(i, i + 3 + i % 5)) for i in range(50)]
+    path = tmp_path / "d.npz"
+    save_data(str(path), seqs, [1] * 50, [i % 2 for i in range(50)], ["question"] * 50,
+              [0.0] * 50)
+    reads = []
+    real = np.lib.npyio.NpzFile.__getitem__
+    monkeypatch.setattr(np.lib.npyio.NpzFile, "__getitem__",
+                        lambda self, k: reads.append(k) or real(self, k))
+    got, plens, split, fams, temps = load_data(str(path))
+    assert [list(s) for s in got] == seqs and split == [i % 2 for i in range(50)]
+    assert reads.count("tokens") == 1

@@ -153,7 +153,8 @@ def load_data(path):
     families were recorded is all docstrings, greedy."""
     d = np.load(path)
     off = d["offsets"]
-    seqs = [d["tokens"][off[i]:off[i + 1]] for i in range(len(off) - 1)]
+    tokens = d["tokens"]        # an NpzFile decompresses the array again on every d[...]
+    seqs = [tokens[off[i]:off[i + 1]] for i in range(len(off) - 1)]
     n = len(seqs)
     fams = d["families"].tolist() if "families" in d.files else [DOCSTRING] * n
     temps = d["temperatures"].tolist() if "temperatures" in d.files else [0.0] * n
