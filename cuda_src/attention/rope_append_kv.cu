@@ -6,7 +6,7 @@
 //   k_cache/v_cache [num_pages, page_size, Hkv, D] <- rotated k, v at L[b] + i.
 //
 // Semantics are exactly rope followed by append_kv (reference/attention.py::rope_append_kv):
-// the rotation is common/rope.cuh's rope_rotate, the arithmetic of the rope_pair rope uses, so q, k and the cache hold
+// the rotation is common/rope.cuh's rope_pair, the one rope uses, so q, k and the cache hold
 // the same bits as the unfused pair; the write target is common/ragged.cuh's
 // kv_append_target, the one append_kv uses (finished sequences and targets outside the page
 // table or the pool are skipped). Every row is rotated, appended or not, and a bad position
@@ -16,9 +16,7 @@
 // CTA, grid-stride over T). Its items are the (Hq + Hkv) x D/(2V) rope chunk pairs, then the
 // Hkv x D/V chunks of v; a thread that rotates a chunk of k stores it both in place and in
 // the cache, so no thread reads another's result and the kernel needs no barrier. The index
-// chain (cu_q search, L, page id) is done once per token row, before the items; the position is
-// loaded first, and each thread loads kItems items (q / k chunk pairs, cos / sin, v) before it
-// stores any of them.
+// chain (cu_q search, L, page id) is done once per token row, before the items.
 #include "common/dtype.cuh"
 #include "common/pdl.cuh"
 #include "common/pack.cuh"
@@ -32,19 +30,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// A thread's items are handled kItems at a time, every load of the group before its first
-// store: the stores (q, k in place, the caches) may alias the next item's inputs as far as the
-// compiler knows, so one item at a time cost one memory trip per item. (Every item reads only
-// its own chunk of q / k / v, which no other item of the token writes: the order of an
-// item's load and the others' stores does not matter.)
-constexpr int kItems = 2;
-
-template <typename T, int V>
-struct ItemIn {
-  Pack<T, V> a, b;           // rope: the chunk pair; v: a = the chunk
-  Pack<float, V> cs, sn;     // rope: cos / sin (valid position)
-};
-
 template <typename T, int V>
 __device__ __forceinline__ void rope_append_kv(const RopeAppendKVParams& p) {
   const int half = p.head_dim >> 1;
@@ -53,70 +38,38 @@ __device__ __forceinline__ void rope_append_kv(const RopeAppendKVParams& p) {
   const int rope_items = (p.q_heads + p.kv_heads) * chunks;
   const int items = rope_items + p.kv_heads * v_units;
   for (int t = blockIdx.x * blockDim.y + threadIdx.y; t < p.num_rows; t += gridDim.x * blockDim.y) {
-    // the position first: its load and the cos / sin loads behind it overlap the index chain
-    const int64_t pos = __ldg(p.positions + t);
     int32_t page = 0;
     int64_t slot = 0;
     const bool append = kv_append_target(p.cu_q, p.seq_lens, p.finished, p.page_table,
                                          p.page_table_stride, p.batch, p.page_size, p.num_pages,
                                          p.max_pages, t, page, slot);
-    const bool valid = pos >= 0 && pos < p.max_position;
-    for (int i0 = threadIdx.x; i0 < items; i0 += kItems * blockDim.x) {
-      ItemIn<T, V> in[kItems];
-#pragma unroll
-      for (int n = 0; n < kItems; ++n) {
-        const int i = i0 + n * blockDim.x;
-        if (i >= items) continue;
-        if (i < rope_items) {
-          const int h = i / chunks, c = i - h * chunks;
-          const bool is_k = h >= p.q_heads;
-          const int hk = h - p.q_heads;
-          const T* x = (is_k ? static_cast<const T*>(p.k) + t * p.k_stride_t + hk * p.k_stride_h
-                             : static_cast<const T*>(p.q) + t * p.q_stride_t + h * p.q_stride_h) + c * V;
-          // (rope_pair's loads; the chunk pair whatever the position: a valid address)
-          in[n].a = load_pack<T, V, false>(x);
-          in[n].b = load_pack<T, V, false>(x + half);
-          if (valid) {
-            const float* row = p.cos_sin_cache + pos * p.head_dim + c * V;
-            in[n].cs = load_pack<float, V>(row);
-            in[n].sn = load_pack<float, V>(row + half);
-          }
-        } else {
-          const int j = i - rope_items;
-          const int h = j / v_units, u = j - h * v_units;
-          // plain load: v often shares its rows (and cache lines) with the q and k written here;
-          // loaded appended or not (a valid address), so it does not wait for the page id
-          in[n].a = load_pack<T, V, false>(
-              static_cast<const T*>(p.v) + t * p.v_stride_t + h * p.v_stride_h + u * V);
+    const int64_t pos = __ldg(p.positions + t);
+    for (int i = threadIdx.x; i < items; i += blockDim.x) {
+      if (i < rope_items) {
+        const int h = i / chunks, c = i - h * chunks;
+        const bool is_k = h >= p.q_heads;
+        const int hk = h - p.q_heads;
+        T* x = (is_k ? static_cast<T*>(p.k) + t * p.k_stride_t + hk * p.k_stride_h
+                     : static_cast<T*>(p.q) + t * p.q_stride_t + h * p.q_stride_h) + c * V;
+        Pack<T, V> lo, hi;
+        rope_pair<T, V>(x, p.cos_sin_cache, pos, p.max_position, p.head_dim, c, lo, hi);
+        store_pack<T, V>(x, lo);
+        store_pack<T, V>(x + half, hi);
+        if (is_k && append) {
+          T* d = static_cast<T*>(p.k_cache) + page * p.k_cache_stride_page +
+                 slot * p.k_cache_stride_slot + hk * p.k_cache_stride_h + c * V;
+          store_pack<T, V>(d, lo);
+          store_pack<T, V>(d + half, hi);
         }
-      }
-#pragma unroll
-      for (int n = 0; n < kItems; ++n) {
-        const int i = i0 + n * blockDim.x;
-        if (i >= items) continue;
-        if (i < rope_items) {
-          const int h = i / chunks, c = i - h * chunks;
-          const bool is_k = h >= p.q_heads;
-          const int hk = h - p.q_heads;
-          T* x = (is_k ? static_cast<T*>(p.k) + t * p.k_stride_t + hk * p.k_stride_h
-                       : static_cast<T*>(p.q) + t * p.q_stride_t + h * p.q_stride_h) + c * V;
-          Pack<T, V> lo, hi;
-          rope_rotate<T, V>(in[n].a, in[n].b, in[n].cs, in[n].sn, valid, lo, hi);   // rope_pair's arithmetic
-          store_pack<T, V>(x, lo);
-          store_pack<T, V>(x + half, hi);
-          if (is_k && append) {
-            T* d = static_cast<T*>(p.k_cache) + page * p.k_cache_stride_page +
-                   slot * p.k_cache_stride_slot + hk * p.k_cache_stride_h + c * V;
-            store_pack<T, V>(d, lo);
-            store_pack<T, V>(d + half, hi);
-          }
-        } else if (append) {
-          const int j = i - rope_items;
-          const int h = j / v_units, u = j - h * v_units;
-          store_pack<T, V>(static_cast<T*>(p.v_cache) + page * p.v_cache_stride_page +
-                               slot * p.v_cache_stride_slot + h * p.v_cache_stride_h + u * V,
-                           in[n].a);
-        }
+      } else if (append) {
+        const int j = i - rope_items;
+        const int h = j / v_units, u = j - h * v_units;
+        // plain load: v often shares its rows (and cache lines) with the q and k written here
+        const Pack<T, V> val = load_pack<T, V, false>(
+            static_cast<const T*>(p.v) + t * p.v_stride_t + h * p.v_stride_h + u * V);
+        store_pack<T, V>(static_cast<T*>(p.v_cache) + page * p.v_cache_stride_page +
+                             slot * p.v_cache_stride_slot + h * p.v_cache_stride_h + u * V,
+                         val);
       }
     }
   }

@@ -28,11 +28,8 @@ __device__ __forceinline__ bool kv_append_target(const int32_t* cu_q, const int3
                                                  int t, int32_t& page, int64_t& slot) {
   if (batch <= 0) return false;
   const int b = owner_of_row(cu_q, batch, t);
-  // finished[b], L[b] and cu_q[b] in one memory trip (b < batch: every address is valid), not
-  // the finished test first and the other two behind its branch
-  const bool fin = finished != nullptr && finished[b];
+  if (finished != nullptr && finished[b]) return false;
   const int64_t pos = static_cast<int64_t>(__ldg(seq_lens + b)) + (t - __ldg(cu_q + b));
-  if (fin) return false;
   if (pos < 0) return false;
   const int64_t page_idx = pos / page_size;
   if (page_idx >= max_pages) return false;

@@ -14,14 +14,15 @@ namespace specdec {
 // with cos/sin from row ``pos`` of cos_sin_cache [max_position, D]. A position outside
 // [0, max_position) gives NaN (the flag; the cache row is not read). Plain loads of x:
 // the callers write the result back in place.
-// The rotation itself: lo, hi <- the chunk pair (a, b) rotated by (cs, sn); valid = false
-// (a position outside the cache) gives NaN. rope_pair's arithmetic, for callers that load
-// the operands themselves (rope_append_kv: all of a thread's loads before its stores).
 template <typename T, int V>
-__device__ __forceinline__ void rope_rotate(const Pack<T, V>& a, const Pack<T, V>& b,
-                                            const Pack<float, V>& cs, const Pack<float, V>& sn,
-                                            bool valid, Pack<T, V>& lo, Pack<T, V>& hi) {
-  if (valid) {
+__device__ __forceinline__ void rope_pair(const T* x, const float* cos_sin_cache, int64_t pos,
+                                          int64_t max_position, int head_dim, int c,
+                                          Pack<T, V>& lo, Pack<T, V>& hi) {
+  const int half = head_dim >> 1;
+  if (pos >= 0 && pos < max_position) {
+    const Pack<T, V> a = load_pack<T, V, false>(x), b = load_pack<T, V, false>(x + half);
+    const float* row = cos_sin_cache + pos * head_dim + c * V;
+    const Pack<float, V> cs = load_pack<float, V>(row), sn = load_pack<float, V>(row + half);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float xa = to_float(a.e[j]), xb = to_float(b.e[j]);
@@ -33,24 +34,6 @@ __device__ __forceinline__ void rope_rotate(const Pack<T, V>& a, const Pack<T, V
 #pragma unroll
     for (int j = 0; j < V; ++j) lo.e[j] = hi.e[j] = from_float<T>(nan);
   }
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void rope_pair(const T* x, const float* cos_sin_cache, int64_t pos,
-                                          int64_t max_position, int head_dim, int c,
-                                          Pack<T, V>& lo, Pack<T, V>& hi) {
-  const int half = head_dim >> 1;
-  Pack<T, V> a, b;
-  Pack<float, V> cs, sn;
-  const bool valid = pos >= 0 && pos < max_position;
-  if (valid) {
-    a = load_pack<T, V, false>(x);
-    b = load_pack<T, V, false>(x + half);
-    const float* row = cos_sin_cache + pos * head_dim + c * V;
-    cs = load_pack<float, V>(row);
-    sn = load_pack<float, V>(row + half);
-  }
-  rope_rotate<T, V>(a, b, cs, sn, valid, lo, hi);
 }
 
 }  // namespace specdec
