@@ -76,6 +76,11 @@ def run(args, argv=None):
     t_all = time.perf_counter()
     config, weights, tok, stop_ids = load_base(args)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.hybrid:             # checked against the base before any data is generated
+        model, hcfg = hybrid_teacher(args, config, weights, device, dtype)
+        log(f"teacher: the hybrid {args.hybrid} (layer pattern {hcfg['layer_pattern']}, "
+            f"sha256 {hcfg['weights_sha256'][:12]}...)")
     timing = {}
     seqs, plens, split, fams, temps = training_data(args, config, weights, tok, stop_ids, log,
                                                     timing)
@@ -96,13 +101,11 @@ def run(args, argv=None):
         counts.setdefault(f, [0, 0])[sp] += 1
     log("sequences per family (train, report): "
         + ", ".join(f"{f} {a}/{b}" for f, (a, b) in counts.items()))
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     methods = ["mtp", "eagle3"] if args.method == "both" else [args.method]
     cfgs = {m: head_config(m, config, draft_vocab_size=args.draft_vocab if m == "eagle3" else None,
                            intermediate_size=args.eagle_intermediate if m == "eagle3"
                            else args.mtp_intermediate) for m in methods}
     if args.hybrid:                 # the head records the hybrid it was trained for
-        model, hcfg = hybrid_teacher(args, config, weights, device, dtype)
         cfgs["mtp"].update(target_model=hcfg["model_type"],
                            target_hybrid_weights_sha256=hcfg["weights_sha256"])
         taps = []
