@@ -14,8 +14,9 @@ commands:
   bench     benchmark ops against the copy bandwidth measured in the same run
   info      which kernel image runs on this machine's GPU, as JSON
   train-draft
-            train MTP / EAGLE3 draft heads for a Llama target (needs torch and the model
-            extra; --help lists the options)
+            train MTP / EAGLE3 draft heads for a Llama target, or an MTP head for a
+            smollm2-hybrid (--hybrid DIR) (needs torch and the model extra; --help lists
+            the options)
   train-hybrid
             distil SmolLM2 into its gated-delta-net hybrid (smollm2-hybrid; needs torch
             and the model extra; --help lists the options)

@@ -17,8 +17,10 @@ counts the rounds verified at each k.
 
 ``--model smollm2-hybrid --weights DIR`` runs SmolLM2 distilled into gated delta-net layers
 (``models.llama_hybrid``; ``--state-dtype`` its GDN state, ``--dtype`` the GPU's dense math),
-with prompt lookup: no trained weights ship yet (``python -m specdec_lib train-hybrid`` makes
-them), so without ``--weights`` it refuses, naming the file and that command.
+with its MTP head (``--draft mtp``, the default where DIR holds one: ``python -m specdec_lib
+train-draft --hybrid DIR`` writes DIR/smollm2_hybrid_mtp; ``--head`` names another) or prompt
+lookup: no trained weights ship yet (``python -m specdec_lib train-hybrid`` makes them), so
+without ``--weights`` it refuses, naming the file and that command.
 
 ``--model tiny-hybrid`` runs the embedded synthetic hybrid (GDN + attention) model with its
 MTP head instead (``--backend cuda``: cupy; exactness checked token for token). Exit status 0
@@ -104,7 +106,11 @@ def _parser():
     p.add_argument("--draft", default=None,
                    help="mtp (default: smollm2's trained MTP head, deepseek_mtp layout; the "
                         "tiny-hybrid's synthetic one), eagle3 (smollm2's trained EAGLE3 head) "
-                        "or ngram (prompt lookup, alias prompt_lookup)")
+                        "or ngram (prompt lookup, alias prompt_lookup); smollm2-hybrid: mtp "
+                        "(its head, the default where --weights DIR holds one) or ngram")
+    p.add_argument("--head", metavar="DIR", default=None,
+                   help="the trained head to draft with instead of the default (smollm2: the "
+                        "shipped one of --draft; smollm2-hybrid: --weights DIR/smollm2_hybrid_mtp)")
     p.add_argument("--backend", choices=("auto", "reference", "cuda", "torch"), default="auto",
                    help="'torch': library kernels on torch tensors, bf16 cuBLAS dense math, the "
                         "round one CUDA graph; 'cuda': cupy dense math (tiny-hybrid only); "
@@ -340,15 +346,19 @@ def _run_smollm2(args, be):
         from .models.ngram import NgramDraft
         draft = NgramDraft(be, min_n=args.ngram_min, max_n=args.ngram_max)
         what = f"ngram (n {args.ngram_min}..{args.ngram_max})"
-    elif hybrid:
-        raise SystemExit(f"error: --draft {args.draft}: no draft head is trained for "
-                         "smollm2-hybrid yet; use --draft ngram")
-    else:                               # the trained heads shipped in models/heads/
+    else:               # the trained heads (shipped in models/heads/, --head, the hybrid's)
         from .models.heads import smollm2_head
         from .models.llama_draft import LlamaDraftHead
-        path = smollm2_head(method)
-        draft = LlamaDraftHead.load(target, path, method)
-        what = f"{method} head ({draft.layout} layout, {path})"
+        path = args.head or smollm2_head(method)
+        draft = LlamaDraftHead.load(target, path, None if args.head else method)
+        what = f"{draft.spec.method} head ({draft.layout} layout, {path})"
+        if hybrid:
+            import json
+            import os
+            with open(os.path.join(path, "config.json")) as fh:
+                trained_for = json.load(fh).get("target_hybrid_weights_sha256")
+            if trained_for != target.hybrid_cfg["weights_sha256"]:
+                what += "; NOT trained for these hybrid weights (still lossless, fewer accepted)"
     from .models.smollm2 import COPY_PROMPTS
     if method == "ngram":       # prompt lookup: a reply that reuses the prompt's words
         pool = COPY_PROMPTS
@@ -440,6 +450,29 @@ def _run_tiny(args, be):
     return _exact_verdict(spec, base)
 
 
+def _hybrid_draft(args):
+    """smollm2-hybrid: settle --draft (default mtp where the weights hold a head, else ngram)
+    and, for mtp, --head (checked against the hybrid before anything loads); the refusal's
+    text, naming the argument, or None."""
+    from .models.heads import hybrid_head
+    from .registry import normalize_spec_method
+    method = normalize_spec_method(args.draft) if args.draft else None
+    if method not in (None, "mtp", "ngram"):
+        return (f"--draft {args.draft}: smollm2-hybrid drafts with its MTP head (train-draft "
+                "--hybrid trains no EAGLE3 head) or ngram")
+    if method == "ngram":
+        return None
+    try:
+        args.head = hybrid_head(args.weights, args.head)
+    except (FileNotFoundError, ValueError) as e:
+        if method is None and args.head is None and isinstance(e, FileNotFoundError):
+            args.draft = "ngram"                        # no head in DIR: prompt lookup
+            return None
+        return f"{'--head' if args.head else '--draft mtp'}: {e}"
+    args.draft = "mtp"
+    return None
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     k = args.num_speculative_tokens
@@ -463,9 +496,13 @@ def main(argv=None) -> int:
         return 2
     from .registry import normalize_spec_method
     try:
-        normalize_spec_method(args.draft or "ngram")
+        drafting = normalize_spec_method(args.draft or "mtp")
     except ValueError as e:
         print(f"error: --draft: {e}", file=sys.stderr)
+        return 2
+    if args.head is not None and (args.model == "tiny-hybrid" or drafting == "ngram"):
+        print(f"error: --head {args.head}: a trained head for --model smollm2 / smollm2-hybrid "
+              "with --draft mtp or eagle3", file=sys.stderr)
         return 2
     if args.model != "smollm2-hybrid":
         for flag, default in (("weights", None), ("state_dtype", "float32"),
@@ -507,6 +544,10 @@ def main(argv=None) -> int:
             args.weights = shipped_weights(args.weights)
         except FileNotFoundError as e:
             print(f"error: --model smollm2-hybrid needs --weights DIR: {e}", file=sys.stderr)
+            return 2
+        err = _hybrid_draft(args)
+        if err:
+            print(f"error: {err}", file=sys.stderr)
             return 2
     if args.model in ("smollm2", "smollm2-hybrid"):   # (after the argument refusals above)
         try:

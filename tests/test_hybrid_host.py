@@ -5,6 +5,8 @@
   through prefill and through verify blocks with commits; a changed tensor breaks that;
 * speculative decoding (prompt lookup; a random MTP head) == target-only token for token, in
   float32, bfloat16 and float16 GDN state, batched and with slots reused, bucketed prefill too;
+* the demo drafts with the MTP head in the weights directory (tests/test_hybrid_draft.py
+  trains one with train-draft --hybrid and checks the refusals);
 * the loader and the demo refuse missing weights (naming the file and train-hybrid) and
   state dtypes the backend cannot run, before anything runs;
 * the real SmolLM2 GGUF with untrained (random small) deltas decodes losslessly;
@@ -302,14 +304,26 @@ def test_smollm2_hybrid_refuses_another_base(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_smollm2_hybrid_runs(tmp_path, capsys):
+@pytest.mark.parametrize("head", [False, True])
+def test_demo_smollm2_hybrid_runs(tmp_path, capsys, head):
+    """Prompt lookup without a head in the weights directory; with one there (a random MTP
+    head in DIR/smollm2_hybrid_mtp, where train-draft --hybrid DIR writes it) that head by
+    default, flagged as not trained for these weights."""
     _smollm2_or_skip()
     from specdec_lib.demo import main
+    from specdec_lib.models import heads
+    from specdec_lib.models.smollm2 import load_smollm2
     d = _smollm2_weights(tmp_path)
+    if head:
+        cfg = heads.head_config("mtp", load_smollm2(progress=False)[0], intermediate_size=64)
+        heads.save_head(str(d / heads.HYBRID_HEAD),
+                        heads.random_head_tensors("mtp", cfg, seed=0), cfg)
     rc = main(["--model", "smollm2-hybrid", "--weights", str(d), "--backend", "reference",
                "--max-new-tokens", "6", "-k", "2", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0 and "lossless: yes" in out and "state float32" in out
+    assert ("draft mtp head (deepseek_mtp layout" in out) == head
+    assert ("NOT trained for these hybrid weights" in out) == head
 
 
 # ------------------------------------------------------------------ the torch backend, GPU

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import specdec_lib
-from toy_models import toy_llama
+from toy_models import toy_gguf, toy_llama
 from specdec_lib.models.smollm2_hybrid import (HybridWeightsError, expand_pattern,
                                                hybrid_config, load_hybrid_weights,
                                                save_hybrid_weights, shipped_bytes, tensor_spec)
@@ -197,34 +197,8 @@ def test_hybrid_model_chunk_size_does_not_change_the_output():
 # ------------------------------------------------------------------ the CLI, end to end
 
 def _toy_gguf(path, L=4):
-    gguf = pytest.importorskip("gguf")
-    from specdec_lib.models.gguf_llama import expected_tensors
-    c, w = _toy(L=L, D=16)
-    c = SimpleNamespace(**vars(c))
-    wr = gguf.GGUFWriter(str(path), "llama")
-    wr.add_block_count(c.num_layers)
-    wr.add_context_length(c.context_length)
-    wr.add_embedding_length(c.hidden_size)
-    wr.add_feed_forward_length(c.intermediate_size)
-    wr.add_head_count(c.num_heads)
-    wr.add_head_count_kv(c.num_kv_heads)
-    wr.add_layer_norm_rms_eps(c.rms_norm_eps)
-    wr.add_rope_freq_base(c.rope_theta)
-    wr.add_rope_dimension_count(c.head_dim)
-    wr.add_tokenizer_model("gpt2")
-    toks = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "ab"] + [chr(97 + i) for i in range(26)]
-    toks += [f"t{i}" for i in range(c.vocab_size - len(toks))]
-    wr.add_token_list(toks)
-    wr.add_token_types([3, 3, 3] + [1] * (len(toks) - 3))
-    wr.add_token_merges(["a b"])
-    rng = np.random.default_rng(0)
-    for name, (_, shape) in expected_tensors(c).items():
-        wr.add_tensor(name, (0.3 * rng.standard_normal(shape)).astype(np.float32))
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
-    return c
+    pytest.importorskip("gguf")
+    return toy_gguf(path, _toy(L=L, D=16)[0])
 
 
 @torch_needed

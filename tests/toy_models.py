@@ -43,3 +43,35 @@ def skip_unless_torch_gpu():
     from specdec_lib import runtime
     if runtime.arch_family(0) < 80:
         pytest.skip("the torch backend's bf16 dense math needs the sm_80 path")
+
+
+def toy_gguf(path, c, scale=0.3):
+    """Write a Llama GGUF of config ``c`` (``toy_llama``'s) to ``path``: a byte-level toy
+    tokenizer (its first three tokens special) and every tensor random N(0, scale^2)
+    (seed 0). Returns ``c``. Needs the gguf package."""
+    import gguf
+    from specdec_lib.models.gguf_llama import expected_tensors
+    wr = gguf.GGUFWriter(str(path), "llama")
+    wr.add_block_count(c.num_layers)
+    wr.add_context_length(c.context_length)
+    wr.add_embedding_length(c.hidden_size)
+    wr.add_feed_forward_length(c.intermediate_size)
+    wr.add_head_count(c.num_heads)
+    wr.add_head_count_kv(c.num_kv_heads)
+    wr.add_layer_norm_rms_eps(c.rms_norm_eps)
+    wr.add_rope_freq_base(c.rope_theta)
+    wr.add_rope_dimension_count(c.head_dim)
+    wr.add_tokenizer_model("gpt2")
+    toks = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "ab"] + [chr(97 + i) for i in range(26)]
+    toks += [f"t{i}" for i in range(c.vocab_size - len(toks))]
+    wr.add_token_list(toks)
+    wr.add_token_types([3, 3, 3] + [1] * (len(toks) - 3))
+    wr.add_token_merges(["a b"])
+    rng = np.random.default_rng(0)
+    for name, (_, shape) in expected_tensors(c).items():
+        wr.add_tensor(name, (scale * rng.standard_normal(shape)).astype(np.float32))
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return c

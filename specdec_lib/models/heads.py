@@ -4,6 +4,8 @@ A head is an ordinary registry checkpoint (``model.safetensors`` + ``config.json
 ``deepseek_mtp`` or ``eagle3`` layout; ``head_config`` writes the config a target implies,
 ``save_head`` the pair, ``smollm2_head(method)`` finds the heads shipped for SmolLM2 (trained
 by ``python -m specdec_lib train-draft`` (``specdec_lib.train``); the exact command is in each config's ``specdec_training``).
+``hybrid_head(DIR)`` finds the MTP head of the smollm2-hybrid in DIR (``train-draft --hybrid
+DIR`` writes it to DIR/smollm2_hybrid_mtp).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 
 HEADS_DIR = os.path.join(os.path.dirname(__file__), "heads")
 SMOLLM2_HEADS = {"mtp": "smollm2_mtp", "eagle3": "smollm2_eagle3"}
+HYBRID_HEAD = "smollm2_hybrid_mtp"      # train-draft --hybrid DIR's default, inside DIR
 
 
 def head_config(method, c, *, intermediate_size=None, draft_vocab_size=None,
@@ -89,4 +92,29 @@ def smollm2_head(method: str) -> str:
     path = os.path.join(HEADS_DIR, SMOLLM2_HEADS[key])
     if not os.path.isfile(os.path.join(path, "model.safetensors")):
         raise FileNotFoundError(f"{path}: no trained head here (python -m specdec_lib train-draft makes it)")
+    return path
+
+
+def hybrid_head(weights, head=None) -> str:
+    """The MTP head directory of the hybrid in ``weights`` (a hybrid weights directory):
+    ``head``, or by default weights/smollm2_hybrid_mtp (what ``train-draft --hybrid weights``
+    writes), checked against the hybrid's config.json before anything is loaded:
+    FileNotFoundError naming the head and the command that trains it; ValueError naming
+    ``head`` for one that is no MTP head or whose hidden size is not the hybrid's."""
+    path = os.fspath(head) if head is not None else os.path.join(os.fspath(weights), HYBRID_HEAD)
+    files = [os.path.join(path, f) for f in ("config.json", "model.safetensors")]
+    if not all(os.path.isfile(f) for f in files):
+        raise FileNotFoundError(f"head {path}: no trained head here (model.safetensors + "
+                                f"config.json); train it with `python -m specdec_lib "
+                                f"train-draft --hybrid {weights}`")
+    with open(files[0]) as fh:
+        cfg = json.load(fh)
+    with open(os.path.join(weights, "config.json")) as fh:
+        hidden = json.load(fh)["hidden_size"]
+    if head_method(cfg) != "mtp":
+        raise ValueError(f"head {path}: an EAGLE3 head; the hybrid runs MTP heads "
+                         "(deepseek_mtp layout)")
+    if cfg.get("hidden_size") != hidden:
+        raise ValueError(f"head {path}: hidden size {cfg.get('hidden_size')}, the hybrid's "
+                         f"({weights}) is {hidden}")
     return path

