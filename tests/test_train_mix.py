@@ -120,8 +120,13 @@ def test_train_draft_mix_end_to_end_cpu(tok, tmp_path, capsys):
              "--backend", "reference", "--device", "cpu"]
     argv = ["--out", str(out), "--data", str(data), "--prompts", "10", "--gen-tokens", "4",
             "--sampled-fraction", "0.5", "--max-iters", "1", "--train-seconds", "60"] + small
+    # the data step alone first (--data-only), then the training run reads its npz
+    assert main(argv + ["--data-only"]) == 0
+    assert data.exists() and not out.exists()
+    assert "data: 22 sequences in" in capsys.readouterr().out
     assert main(argv) == 0
     log = capsys.readouterr().out
+    assert f"data: 22 sequences from {data}" in log
     train_f, held_f = mix_families()
     for m in ("mtp", "eagle3"):
         assert f"{m}: acceptance per family and draft position" in log

@@ -47,6 +47,9 @@ def _parser():
                    "with --hybrid)")
     p.add_argument("--eval", default=None, metavar="DIR[,DIR]", help="no training: evaluate "
                    "these saved heads on the held-out split of --data (configs read from DIR)")
+    p.add_argument("--data-only", action="store_true", help="write --data (generate the "
+                   "replies) and stop: the data step alone, for trainers run beside each other "
+                   "on one GPU (train-draft, train-hybrid) that then read it")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -64,6 +67,8 @@ def cut_sequences(cap, seqs, plens, split, fams, temps, log=print):
 def main(argv=None):
     p = _parser()
     args = parse_args(p, argv)
+    if args.data_only and not args.data:
+        p.error("--data-only needs --data (where the replies go)")
     if args.max_seq_len < 2:
         p.error(f"--max-seq-len: at least 2, not {args.max_seq_len}")
     if args.hybrid and args.method not in (None, "mtp"):
@@ -100,6 +105,10 @@ def run(args, argv=None):
     timing = {}
     seqs, plens, split, fams, temps = training_data(args, config, weights, tok, stop_ids, log,
                                                     timing)
+    if args.data_only:
+        log(f"data: {len(seqs)} sequences in {args.data}; total "
+            f"{time.perf_counter() - t_all:.0f} s")
+        return
     seqs, plens, split, fams, temps = cut_sequences(args.max_seq_len, seqs, plens, split, fams,
                                                     temps, log)
     # the report: per family its first --heldout held-out sequences
