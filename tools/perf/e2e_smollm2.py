@@ -42,8 +42,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from specdec_lib.demo import rescoring_check  # noqa: E402
-from specdec_lib.models import load_smollm2_target  # noqa: E402
-from specdec_lib.models.heads import smollm2_head  # noqa: E402
+from specdec_lib.models import load_smollm2_hybrid_target, load_smollm2_target  # noqa: E402
+from specdec_lib.models.heads import hybrid_head, smollm2_head  # noqa: E402
 from specdec_lib.models.llama_draft import LlamaDraftHead  # noqa: E402
 from specdec_lib.models.ngram import NgramDraft  # noqa: E402
 from specdec_lib.models.prompts import stdlib_prompts  # noqa: E402
@@ -228,6 +228,10 @@ def main():
     p.add_argument("--sets", default="copy,open,heldout", help="B=1 prompt sets: copy, open, "
                    "heldout (stdlib docstrings), general (the prompt mix's held-out families, "
                    "translation and multi-turn chat with a system prompt, never trained on)")
+    p.add_argument("--hybrid", default=None, metavar="DIR", help="decode smollm2-hybrid (the "
+                   "weights DIR of train-hybrid) with its MTP head (DIR/smollm2_hybrid_mtp) "
+                   "instead of SmolLM2")
+    p.add_argument("--state-dtype", default="float32", help="--hybrid: the GDN state dtype")
     p.add_argument("--no-profile", action="store_true", help="skip the round / prefill "
                    "profiles at the end")
     p.add_argument("--heads-dir", default=None, help="heads from DIR/smollm2_<method>/ "
@@ -257,15 +261,27 @@ def main():
     if args.long_context:
         return long_context(args, be)
     t0 = time.perf_counter()
-    target, tok = load_smollm2_target(be, path=args.gguf, progress=False,
-                                      row_invariant=args.row_invariant, kv_dtype=args.kv_dtype)
+    if args.hybrid:             # smollm2-hybrid and its MTP head (train-draft --hybrid)
+        target, tok = load_smollm2_hybrid_target(be, weights=args.hybrid, path=args.gguf,
+                                                 progress=False, row_invariant=args.row_invariant,
+                                                 state_dtype=args.state_dtype)
+    else:
+        target, tok = load_smollm2_target(be, path=args.gguf, progress=False,
+                                          row_invariant=args.row_invariant, kv_dtype=args.kv_dtype)
     print(f"loaded in {time.perf_counter() - t0:.1f} s; weights {target.weight_bytes / 1e6:.0f} MB "
           f"bf16; kv cache {target.kv_dtype}")
     drafts = {}
     for name in args.drafts.split(","):
-        drafts[name] = NgramDraft(be) if name == "ngram" else LlamaDraftHead.load(
-            target, os.path.join(args.heads_dir, f"smollm2_{name}") if args.heads_dir
-            else smollm2_head(name), name)
+        if name == "ngram":
+            drafts[name] = NgramDraft(be)
+        elif args.hybrid:
+            if name != "mtp":
+                p.error(f"--drafts {name}: the hybrid drafts with ngram or its mtp head")
+            drafts[name] = LlamaDraftHead.load(target, hybrid_head(args.hybrid), name)
+        else:
+            drafts[name] = LlamaDraftHead.load(
+                target, os.path.join(args.heads_dir, f"smollm2_{name}") if args.heads_dir
+                else smollm2_head(name), name)
     k = args.k
     n_sets = 2 if args.quick else args.per_set
     pool = {"copy": COPY_PROMPTS, "open": OPEN_PROMPTS, "heldout": stdlib_prompts("heldout"),
@@ -276,7 +292,8 @@ def main():
         import torch
     report = {"device": torch.cuda.get_device_name() if gpu else "cpu", "k": k,
               "drafts": list(drafts), "row_invariant": target.row_invariant,
-              "kv_dtype": target.kv_dtype}
+              "kv_dtype": target.kv_dtype,
+              "hybrid": args.hybrid and dict(weights=args.hybrid, state_dtype=args.state_dtype)}
     rows = []
     stops = dict(stop_token_ids=STOP_TOKEN_IDS) if args.stop_at_eos else {}
     report["stop_at_eos"] = bool(args.stop_at_eos)
