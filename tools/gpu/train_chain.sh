@@ -5,7 +5,9 @@
 # Run from the tree's root there, one STEP a call:
 #
 #   1  carry .whl .g0  copy the tree to /tmp/clean, build, every GPU test on $FAMILIES
-#                      (default the three), `bench $BENCH` (default round_b1)  ~7 min
+#                      (default the three), `bench $BENCH` (default round_b1)  ~7 min;
+#                      with PATCHES="docs/patches/A.patch ..." the tests and the bench run on
+#                      a patched copy, main's tree is built beside it and benched after it
 #   2  carry .g1       memcheck over $SAN_TESTS (small cases)                  ~1 min
 #   3  carry .g2       the GGUF; the data (train-draft --data-only, $PROMPTS prompts of the
 #                      mix -> /tmp/m/data.npz, ~180 s for 30k), then beside each other on the
@@ -40,11 +42,31 @@ case $STEP in
   cp .g0/g00 "$M/"
   rm -rf "$CLEAN" && mkdir -p "$CLEAN"
   tar --exclude=./.g0 --exclude=./.g1 --exclude=./.g2 -cf - . | tar -xf - -C "$CLEAN"
-  cd "$CLEAN" || exit 1
-  TEST_TIMEOUT=${TEST_TIMEOUT:-300} timeout "${CHECK_S:-540}" bash tools/gpu/gpu_check.sh "$L/chk" --parallel \
+  CHK=$CLEAN
+  if [ -n "${PATCHES:-}" ]; then
+    # the patches are tested and timed in a copy; the training steps run on main's tree,
+    # built beside it (its own header target: two pip installs must not share one)
+    rm -rf /tmp/patched && cp -r "$CLEAN" /tmp/patched && CHK=/tmp/patched
+    for pf in $PATCHES; do
+      (cd /tmp/patched && patch -p1 -s --forward < "$pf") || { echo "patch $pf failed"; pack; exit 1; }
+      echo "applied $pf"
+    done
+    (cd "$CLEAN" && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
+       --target /tmp/hdr_main .whl/nvidia_cuda_runtime*.whl .whl/nvidia_cuda_profiler_api*.whl \
+     && PYTHONPATH=/tmp/hdr_main SPECDEC_ARCHS=90,90a python3 setup.py build_ext --inplace \
+       > "$L/build_main.log" 2>&1; echo "main build rc=$?") &
+  fi
+  cd "$CHK" || exit 1
+  TEST_TIMEOUT=${TEST_TIMEOUT:-300} timeout "${CHECK_S:-520}" bash tools/gpu/gpu_check.sh "$L/chk" --parallel \
     --families "${FAMILIES:-native 75 80}" --bench "${BENCH:-round_b1}" --bench80 copy \
     > "$L/check.txt" 2>&1
   tail -30 "$L/check.txt"
+  wait
+  if [ -n "${PATCHES:-}" ] && [ "${BENCH:-round_b1}" != none ]; then    # main, same run
+    (cd "$CLEAN" && PYTHONPATH=$SITE timeout 100 python3 -m specdec_lib bench ${BENCH:-round_b1} \
+       --json "$L/bench_main.json" > "$L/bench_main.log" 2>&1)
+    grep -E "per round|us x" "$L/bench_main.log" | head -20
+  fi
   pack ;;
 2)
   cp .g1/g01 "$M/"
