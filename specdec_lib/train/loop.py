@@ -33,7 +33,10 @@ def train_head(method, args, cfg, model, data, device, log):
     opt = torch.optim.AdamW(head.params(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     N = tokens.shape[1]
     bsz = max(1, args.batch_tokens // N)
-    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    # the rows are drawn on the device: a pageable host-to-device copy of the picks would
+    # wait for the stream every update, so the host could never queue ahead of the GPU
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    tr_dev = tr.to(device)
     weights_j = [0.8 ** j for j in range(args.steps)]
     amp = autocast(device)
     from tqdm import tqdm
@@ -46,7 +49,7 @@ def train_head(method, args, cfg, model, data, device, log):
         lr = args.lr * min(1.0, (it + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for grp in opt.param_groups:
             grp["lr"] = lr
-        pick = tr[torch.randint(len(tr), (bsz,), generator=gen)].to(device)
+        pick = tr_dev[torch.randint(len(tr_dev), (bsz,), generator=gen, device=device)]
         with amp:
             outs = head.unrolled(feat[pick], tokens[pick], args.steps)
             labs = head.labels(arg[pick], lens[pick], plens[pick], args.steps)
