@@ -13,8 +13,8 @@
 #                      mix -> /tmp/m/data.npz, ~180 s for 30k), then beside each other on the
 #                      GPU: train-draft (both heads -> /tmp/h, --budget-seconds $HEADS_S) and
 #                      train-hybrid (-> /tmp/hyb, $STAGE1_S + $STAGE2_S)       ~9.5 min
-#   4  (none)          e2e_smollm2 of the new heads (B=1 general + docstring sets, B=32,
-#                      served 128/32, -k auto) and of the shipped ones (B=1 general); then
+#   4  (none)          e2e_smollm2 of the new heads (B=1 general, unseen and docstring sets,
+#                      B=32, served 128/32, -k auto) and of the shipped ones (B=1); then
 #                      the hybrid's MTP head (train-draft --hybrid /tmp/hyb)   ~9.5 min
 #   5  (none)          the hybrid: e2e --hybrid (B=1 general, served) in f32 state, the demo
 #                      in bf16 / f16 state and on forced compute_75 (f16 math + f16 state)
@@ -107,10 +107,10 @@ case $STEP in
   cd "$CLEAN" || exit 1
   gguf_env
   e2e="python3 tools/perf/e2e_smollm2.py --per-set 32 --new 128 --new32 128 --stop-at-eos --no-profile"
-  timeout "${E2E_S:-230}" $e2e --heads-dir /tmp/h --drafts mtp,eagle3 --sets general,heldout \
+  timeout "${E2E_S:-260}" $e2e --heads-dir /tmp/h --drafts mtp,eagle3 --sets general,unseen,heldout \
     --head-k 4 --auto 4 --b32 32 --serve 128 --json "$L/e2e.json" > "$L/e2e.log" 2>&1
   echo "e2e rc=$?"; grep -E "tok/s, target-only" "$L/e2e.log" | head -40
-  timeout "${SHIPPED_S:-80}" $e2e --drafts mtp,eagle3 --sets general --head-k 4 --b32 0 \
+  timeout "${SHIPPED_S:-110}" $e2e --drafts mtp,eagle3 --sets general,unseen --head-k 4 --b32 0 \
     --json "$L/e2e_shipped.json" > "$L/e2e_shipped.log" 2>&1
   echo "e2e shipped rc=$?"; grep -E "tok/s, target-only" "$L/e2e_shipped.log" | head -20
   left=$(( ${CALL_S:-580} - $(date +%s) + T0 ))
@@ -124,7 +124,7 @@ case $STEP in
   cd "$CLEAN" || exit 1
   gguf_env
   timeout "${E2E_S:-200}" python3 tools/perf/e2e_smollm2.py --hybrid /tmp/hyb --drafts ngram,mtp \
-    --sets general,heldout --per-set 32 --new 128 --new32 128 --stop-at-eos --b32 32 --serve 128 \
+    --sets general,unseen --per-set 32 --new 128 --new32 128 --stop-at-eos --b32 32 --serve 128 \
     --no-profile --json "$L/e2e_hybrid.json" > "$L/e2e_hybrid.log" 2>&1
   echo "e2e hybrid rc=$?"; grep -E "tok/s, target-only" "$L/e2e_hybrid.log" | head -20
   for sd in bfloat16 float16; do

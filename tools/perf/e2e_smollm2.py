@@ -154,13 +154,33 @@ def prefill_profile(target, draft, k, be, reqs, replays=10):
     return out
 
 
-def general_prompts(n, seed=1):
+TRAINED_PROMPTS = 30000     # --prompts of the heads' training command (their config.json)
+
+
+def unseen_prompts(n, seed=1):
     """``n`` prompts of the prompt mix's held-out families (half each; message lists), drawn
     with a seed of their own: not train-draft's report draw, and never trained on."""
     from specdec_lib.train.prompt_mix import HELDOUT_FAMILIES, prompt_mix
     per = -(-n // len(HELDOUT_FAMILIES))
     out = [it["messages"] for f in HELDOUT_FAMILIES
            for it in prompt_mix(per, seed=seed, families=[f])]
+    return out[:n]
+
+
+def general_prompts(n, seed=1, trained=TRAINED_PROMPTS):
+    """``n`` new prompts of every family of the mix, round-robin (message lists): a draw of
+    its own, less every prompt of the heads' training set and report (``mix_items`` of their
+    command), so none was trained on; a family with none left (the small ones, used up by
+    training) is skipped. The held-out families are in it; the docstrings are the
+    ``heldout`` set's."""
+    from specdec_lib.train.data import mix_items
+    from specdec_lib.train.prompt_mix import FAMILIES, prompt_mix
+    seen = {repr(m) for _, m, _ in mix_items(trained, 64, 0)}
+    per = {f: [it["messages"] for it in prompt_mix(n + 64, seed=seed, families=[f])
+               if repr(it["messages"]) not in seen][:n] for f in FAMILIES}
+    out = []
+    for j in range(n):
+        out += [per[f][j] for f in FAMILIES if j < len(per[f])]
     return out[:n]
 
 
@@ -226,8 +246,9 @@ def main():
     p.add_argument("--row-invariant", action="store_true", help="decode GEMMs through the "
                    "library's linear (LlamaTarget row_invariant=True)")
     p.add_argument("--sets", default="copy,open,heldout", help="B=1 prompt sets: copy, open, "
-                   "heldout (stdlib docstrings), general (the prompt mix's held-out families, "
-                   "translation and multi-turn chat with a system prompt, never trained on)")
+                   "heldout (stdlib docstrings), general (new prompts of every family of the "
+                   "prompt mix, none trained on), unseen (the mix's held-out families only: "
+                   "translation and multi-turn chat with a system prompt)")
     p.add_argument("--hybrid", default=None, metavar="DIR", help="decode smollm2-hybrid (the "
                    "weights DIR of train-hybrid) with its MTP head (DIR/smollm2_hybrid_mtp) "
                    "instead of SmolLM2")
@@ -285,7 +306,7 @@ def main():
     k = args.k
     n_sets = 2 if args.quick else args.per_set
     pool = {"copy": COPY_PROMPTS, "open": OPEN_PROMPTS, "heldout": stdlib_prompts("heldout"),
-            "general": general_prompts(args.per_set)}
+            "general": general_prompts(args.per_set), "unseen": unseen_prompts(args.per_set)}
     sets = {name: pool[name][:n_sets] for name in args.sets.split(",")}
     gpu = args.backend == "torch"
     if gpu:
