@@ -150,38 +150,13 @@ def test_altered_file_refused(tmp_path):
 
 def _tiny_llama_gguf(path, skip=None, reshape=None):
     """A 2-layer Llama GGUF with random F32 tensors (optionally one left out or misshapen)."""
-    from specdec_lib.models.gguf_llama import LlamaConfig, expected_tensors
+    from specdec_lib.models.gguf_llama import LlamaConfig
+    from toy_models import toy_gguf
     c = LlamaConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
                     head_dim=8, intermediate_size=24, rope_theta=10000.0, rms_norm_eps=1e-5,
                     context_length=64, tied_embeddings=True, bos_token_id=1, eos_token_id=2)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(c.num_layers)
-    w.add_context_length(c.context_length)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_heads)
-    w.add_head_count_kv(c.num_kv_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_theta)
-    w.add_tokenizer_model("gpt2")
-    toks = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "ab"] + [chr(ord("a") + i) for i in range(26)]
-    toks += [f"t{i}" for i in range(c.vocab_size - len(toks))]
-    w.add_token_list(toks)
-    w.add_token_types([3, 3, 3] + [1] * (len(toks) - 3))
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
-    w.add_token_merges(["a b"])
-    rng = np.random.default_rng(0)
-    for name, (_, shape) in expected_tensors(c).items():
-        if name == skip:
-            continue
-        if name == reshape:
-            shape = (shape[0] + 1,) + tuple(shape[1:])
-        w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return c
+    return toy_gguf(path, c, 1.0, skip=skip, reshape=reshape, chat_template=(
+        "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"))
 
 
 def test_small_gguf_reads(tmp_path):

@@ -45,10 +45,11 @@ def skip_unless_torch_gpu():
         pytest.skip("the torch backend's bf16 dense math needs the sm_80 path")
 
 
-def toy_gguf(path, c, scale=0.3):
+def toy_gguf(path, c, scale=0.3, *, skip=None, reshape=None, chat_template=None):
     """Write a Llama GGUF of config ``c`` (``toy_llama``'s) to ``path``: a byte-level toy
     tokenizer (its first three tokens special) and every tensor random N(0, scale^2)
-    (seed 0). Returns ``c``. Needs the gguf package."""
+    (seed 0); the tensor ``skip`` left out, ``reshape`` one row too long (bad files).
+    Returns ``c``. Needs the gguf package."""
     import gguf
     from specdec_lib.models.gguf_llama import expected_tensors
     wr = gguf.GGUFWriter(str(path), "llama")
@@ -66,9 +67,15 @@ def toy_gguf(path, c, scale=0.3):
     toks += [f"t{i}" for i in range(c.vocab_size - len(toks))]
     wr.add_token_list(toks)
     wr.add_token_types([3, 3, 3] + [1] * (len(toks) - 3))
+    if chat_template is not None:
+        wr.add_chat_template(chat_template)
     wr.add_token_merges(["a b"])
     rng = np.random.default_rng(0)
     for name, (_, shape) in expected_tensors(c).items():
+        if name == skip:
+            continue
+        if name == reshape:
+            shape = (shape[0] + 1,) + tuple(shape[1:])
         wr.add_tensor(name, (scale * rng.standard_normal(shape)).astype(np.float32))
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
