@@ -48,7 +48,7 @@ case $STEP in
     # built beside it (its own header target: two pip installs must not share one)
     rm -rf /tmp/patched && cp -r "$CLEAN" /tmp/patched && CHK=/tmp/patched
     for pf in $PATCHES; do
-      (cd /tmp/patched && patch -p1 -s --forward < "$pf") || { echo "patch $pf failed"; pack; exit 1; }
+      (cd /tmp/patched && patch -p1 -s --forward -F3 < "$pf") || { echo "patch $pf failed"; pack; exit 1; }
       echo "applied $pf"
     done
     (cd "$CLEAN" && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
