@@ -121,8 +121,9 @@ def test_uncalibrated_auto_sweeps_inside_calls(demo):
     reqs = _requests(40)
     with fake_clock():
         be = TracingBackend()
-        dec = SpeculativeDecoder(_ReusedTarget(cfg, tensors, be), TinyMTPDraft(cfg, dw, tensors, be),
-                                 num_speculative_tokens=AutoK(K), backend=be, cuda_graph=True,
+        target, draft = _ReusedTarget(cfg, tensors, be), TinyMTPDraft(cfg, dw, tensors, be)
+        dec = SpeculativeDecoder(target, draft, num_speculative_tokens=AutoK(K), backend=be,
+                                 cuda_graph=True,
                                  max_len=SpeculativeDecoder.positions_needed(reqs, K))
         with be.quiet():
             for r in reqs:
