@@ -339,3 +339,67 @@ def test_scripted_plans_lossless_smollm2_head():
     dec = SpeculativeDecoder(target, head, num_speculative_tokens=Scripted(4, cycle), backend=be)
     assert [r.tokens for r in dec.generate(reqs)] == [r.tokens for r in base]
     assert dec.metrics.accepted > 0 and dec.metrics.rounds >= len(cycle), dec.metrics
+
+
+# ----------------------------------------------------------------------- host cost
+# before_round / after_round run while the GPU idles (between the round's read of
+# num_accepted and the next launch): they are kept to a handful of numpy calls.
+
+def _feed(pol, B, rounds, seed=0, ragged_q=False):
+    """Run ``pol`` over ``rounds`` random rounds; returns [(q, n, busy)] as it saw them."""
+    rng = np.random.default_rng(seed)
+    busy = np.ones(B, bool)
+    seen = []
+    for r in range(rounds):
+        if r % 7 == 3:
+            busy = rng.random(B) < 0.7
+        p = pol.before_round(busy)
+        q = np.asarray(p.num_draft or (p.verify,) * B)
+        n = np.minimum(rng.integers(-1, pol.k_max + 1, B), q).astype(np.int32)
+        pol.after_round(n, busy, float(1e-3 * (1 + 0.1 * p.verify + 0.01 * (r % 3))))
+        seen.append((q, n, busy.copy()))
+        assert pol.costs() == [pol.cost(B, k) for k in range(pol.k_max + 1)]
+    return seen
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_counts_follow_their_definition(graphs):
+    """acc / tries and the pooled counts, bit for bit the per-round update of the design
+    (decay, then +1 at each position tried / accepted: j <= min(n + 1, q) / j <= min(n, q),
+    idle slots and n < 0 adding nothing), and the cached cost list always the table's."""
+    B, K, decay = 3, 4, 0.9
+    pol = AutoK(K, decay=decay, hold=2)
+    pol.start(B, graphs)
+    pol.admit(range(B))
+    seen = _feed(pol, B, 120)
+    assert pol.calibrated(B) and any(q.max() < K for q, _, _ in seen)
+    acc, tries, pa, pt = np.zeros((B, K)), np.zeros((B, K)), np.zeros(K), np.zeros(K)
+    pos = np.arange(1, K + 1)[None, :]
+    for q, n, busy in seen:
+        acc *= decay
+        tries *= decay
+        pa *= 0.995
+        pt *= 0.995
+        tried = pos <= (np.minimum(q, n + 1) * busy)[:, None]
+        hit = pos <= (np.minimum(n, q) * busy)[:, None]
+        tries += tried
+        acc += hit
+        pt += tried.sum(axis=0)
+        pa += hit.sum(axis=0)
+    for got, want in ((pol.acc, acc), (pol.tries, tries), (pol.pool_acc, pa),
+                      (pol.pool_tries, pt)):
+        assert np.array_equal(got, want)
+
+
+def test_choices_bounded(monkeypatch):
+    """A server's plans do not pile up: ``choices`` keeps the last CHOICES_KEPT or more."""
+    from specdec_lib.orchestrator import policy
+    monkeypatch.setattr(policy, "CHOICES_KEPT", 10)
+    pol = AutoK(2, costs=CHEAP)
+    pol.start(1, True)
+    pol.admit([0])
+    plans = []
+    for r in range(57):
+        plans.append(pol.before_round([True]))
+        pol.after_round(np.asarray([r % 3]), [True])
+    assert 10 <= len(pol.choices) <= 20 and pol.choices == plans[-len(pol.choices):]

@@ -53,8 +53,15 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   ``P_i(j) = prod_{m<=j} a[i, m]`` pays its row: ``P_i(j) * cost(B, k) >= row_cost *
   sum_i E_i(k)``, with ``row_cost = (cost(B, k) - cost(B, 0)) / (B k)`` (a row's share of
   what speculating adds); idle slots verify nothing.
+* Host cost: ``before_round`` and ``after_round`` run between the round's read of
+  ``num_accepted`` and the next launch, the GPU idle all the while, so each is a handful of
+  numpy calls on the [2, B, k_max] counts (about 16 us a round together at B = 1 on a slow
+  Xeon; ``tests/test_policy.py`` bounds it); with graphs a round of ``AutoK`` makes the same
+  backend calls (copies, reads, replays) as one of ``FixedK`` at its k
+  (``tests/test_round_calls.py``).
 * Everything is a function of the accepted history and the cost table: the same history and
-  table give the same choices (``choices`` keeps every round's plan). ``k_rounds`` in the
+  table give the same choices (``choices`` keeps the plans of the last ``CHOICES_KEPT``
+  rounds or more: a server runs for ever). ``k_rounds`` in the
   decoder's metrics counts the rounds verified at each k.
 
 Caveat (a draft head with its own KV cache, ``uses_target_block``): a k = 0 round runs no
@@ -75,6 +82,7 @@ COST_EMA = 0.2          # weight of a new round-time sample in the cost table
 POOL_DECAY = 0.995      # decay of the pooled (all requests) acceptance counts per round
 CALIBRATION_REFILLS = 2  # sweeps over the k's still unmeasured after the first
 CHAIN = 2.0             # pseudo-rounds tying a position's pooled estimate to the one before
+CHOICES_KEPT = 1 << 16  # AutoK.choices keeps at least the last this many rounds' plans
 
 
 @dataclass(frozen=True)
@@ -107,11 +115,12 @@ class FixedK:
     """``k`` drafts for every slot and round (0: target-only decoding, no draft)."""
     k: int
 
+    name = "fixed"
+
     def __post_init__(self):
         if not 0 <= self.k < MAX_BLOCK_ROWS:
             raise ValueError(f"num_speculative_tokens: {self.k} outside 0..{MAX_BLOCK_ROWS - 1}")
-
-    name = "fixed"
+        object.__setattr__(self, "_plan", RoundPlan(self.k, self.k))   # every round's
 
     @property
     def k_max(self) -> int:
@@ -128,7 +137,7 @@ class FixedK:
         """New requests in ``slots`` (nothing to learn)."""
 
     def before_round(self, busy) -> RoundPlan:
-        return RoundPlan(self.k, self.k)
+        return self._plan
 
     def after_round(self, num_accepted, busy, seconds: Optional[float] = None) -> None:
         """Nothing to learn from ``num_accepted`` (host int32 [slots])."""
@@ -167,7 +176,13 @@ class AutoK:
         self.explore_every, self.hold, self.ragged = int(explore_every), int(hold), bool(ragged)
         self.measured: dict[tuple[int, int], float] = {}      # (B, k) -> EMA seconds
         K = self.k_max
-        self.pool_acc, self.pool_tries = np.zeros(K), np.zeros(K)
+        # pooled counts, [0] accepted and [1] tried per position (one array: one decay)
+        self._pool = np.zeros((2, K))
+        self.pool_acc, self.pool_tries = self._pool[0], self._pool[1]
+        # _reach[c, j] = 1.0 where position j + 1 <= c: the positions a count c reaches
+        self._reach = (np.arange(1, K + 1)[None, :] <= np.arange(K + 1)[:, None]).astype(float)
+        self._hit_try = np.asarray([[0], [1]])      # + num_accepted: accepted / tried reach
+        self._plans: dict[tuple[int, int], RoundPlan] = {}     # whole-block plans, shared
         self.choices: list[RoundPlan] = []
         self.start(1, False)
 
@@ -180,15 +195,18 @@ class AutoK:
         (``k_max`` of them)."""
         B, K = int(slots), self.k_max
         self.B, self.graphs = B, bool(graphs)
-        self.acc, self.tries = np.zeros((B, K)), np.zeros((B, K))
-        self._positions = np.arange(1, K + 1)[None, :]
+        # per request, [0] accepted and [1] tried per position (views: acc, tries)
+        self._counts = np.zeros((2, B, K))
+        self.acc, self.tries = self._counts[0], self._counts[1]
         self._costs: Optional[list] = None
         self.ready: Optional[int] = None        # drafts the last round proposed (None: prefill)
         self.last: Optional[RoundPlan] = None
         self.zero_run = 0
         self.sweep: list[int] = []
         self.refills = CALIBRATION_REFILLS
-        if not self.calibrated(B):
+        # calibrated(B) stays true once true (costs are only ever added): asked once then
+        self._done = self.calibrated(B)
+        if not self._done:
             self.sweep = [k for k in range(K, -1, -1) for _ in range(self.hold)]
 
     def admit(self, slots: Sequence[int]) -> None:
@@ -198,10 +216,12 @@ class AutoK:
 
     def before_round(self, busy) -> RoundPlan:
         busy = np.asarray(busy, bool)
-        if not self.sweep and self.refills and not self.calibrated(self.B):
-            self.refills -= 1               # a k still without a clean sample: again
-            self.sweep = [k for k in range(self.k_max, -1, -1)
-                          if (self.B, k) not in self.measured for _ in range(self.hold)]
+        if not self.sweep and self.refills and not self._done:
+            self._done = self.calibrated(self.B)
+            if not self._done:
+                self.refills -= 1           # a k still without a clean sample: again
+                self.sweep = [k for k in range(self.k_max, -1, -1)
+                              if (self.B, k) not in self.measured for _ in range(self.hold)]
         calibrating = bool(self.sweep)
         if calibrating:
             propose = self.sweep.pop(0)
@@ -214,9 +234,16 @@ class AutoK:
         num_draft = None
         if self.ragged and not self.graphs and verify > 0 and not calibrating:
             num_draft = self._trim(busy, verify)
-        plan = RoundPlan(verify, propose, num_draft)
+        if num_draft is None:           # (plans are immutable: one object per shape)
+            plan = self._plans.get((verify, propose))
+            if plan is None:
+                plan = self._plans[(verify, propose)] = RoundPlan(verify, propose)
+        else:
+            plan = RoundPlan(verify, propose, num_draft)
         self.ready, self.last = propose, plan
         self.choices.append(plan)
+        if len(self.choices) > 2 * CHOICES_KEPT:        # bounded: a server runs forever
+            del self.choices[:-CHOICES_KEPT]
         return plan
 
     def after_round(self, num_accepted, busy, seconds: Optional[float] = None) -> None:
@@ -227,24 +254,25 @@ class AutoK:
             return
         n = np.asarray(num_accepted)
         busy = np.asarray(busy, bool)
-        self.acc *= self.decay
-        self.tries *= self.decay
-        self.pool_acc *= POOL_DECAY
-        self.pool_tries *= POOL_DECAY
+        self._counts *= self.decay              # acc, tries
+        self._pool *= POOL_DECAY                # pool_acc, pool_tries
         q = plan.verify if plan.num_draft is None else np.asarray(plan.num_draft)
-        # draft j was tried where drafts 1..j-1 were accepted, and accepted where j <= n
-        tried = self._positions <= (np.minimum(q, n + 1) * busy)[:, None]
-        hit = self._positions <= (np.minimum(n, q) * busy)[:, None]
-        self.tries += tried
-        self.acc += hit
-        self.pool_tries += tried.sum(axis=0)
-        self.pool_acc += hit.sum(axis=0)
+        # draft j was accepted where j <= min(n, q), and tried where drafts 1..j-1 were
+        # (j <= min(n + 1, q)); [0] accepted, [1] tried, per slot (0 where idle)
+        reach = np.minimum(n + self._hit_try, q) * busy
+        rows = self._reach[np.maximum(reach, 0, out=reach)]      # [2, B, K] of 0 / 1
+        self._counts += rows
+        self._pool += rows.sum(axis=1)
         if (seconds is not None and self.fixed_costs is None and plan.num_draft is None
                 and plan.verify == plan.propose):
             key = (self.B, plan.verify)
             old = self.measured.get(key)
-            self.measured[key] = seconds if old is None else (1 - COST_EMA) * old + COST_EMA * seconds
-            self._costs = None
+            new = self.measured[key] = (seconds if old is None else
+                                        (1 - COST_EMA) * old + COST_EMA * seconds)
+            if self._done and self._costs is not None:
+                self._costs[plan.verify] = new  # every k measured: the rest stand
+            else:
+                self._costs = None
 
     # ------------------------------------------------------------------ model
     def calibrated(self, slots: int) -> bool:
@@ -278,7 +306,7 @@ class AutoK:
     def acceptance(self, slots=None) -> np.ndarray:
         """a[i, j]: P(draft j + 1 accepted | drafts before it were), [slots, k_max]."""
         prior, prev = [], 0.5
-        for pa, pt in zip(self.pool_acc.tolist(), self.pool_tries.tolist()):
+        for pa, pt in zip(*self._pool.tolist()):
             prev = (pa + CHAIN * prev) / (pt + CHAIN)   # shrunk toward the position before
             prior.append(prev)
         prior = np.asarray(prior)
@@ -289,8 +317,8 @@ class AutoK:
     def expected_tokens(self, busy) -> list:
         """sum over the running requests of E_i(k), k = 0..k_max."""
         busy = np.asarray(busy, bool)
-        P = np.cumprod(self.acceptance(busy), axis=1).sum(axis=0).tolist()   # [K]
-        E = [float(busy.sum())]
+        P = np.add.reduce(self.acceptance(busy).cumprod(axis=1), axis=0).tolist()   # [K]
+        E = [float(np.count_nonzero(busy))]
         for x in P:
             E.append(E[-1] + x)
         return E

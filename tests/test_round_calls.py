@@ -1,0 +1,166 @@
+"""What runs per round with graphs at B=1: a fixed k and ``num_speculative_tokens="auto"``
+that chooses the same k make the same backend calls, event for event (``round_trace``).
+
+Both decoders are set up as ``tools/perf/e2e_smollm2.py``'s ``decoder`` / ``one_at_a_time``
+(a warm-up call per prompt of 4 new tokens, ``calibrate`` on the first request,
+``capture_first``, then one ``serve`` call per request over one slot), on the reference
+backend with a fake ``capture`` (``round_trace.TracingBackend``) and ``serve``'s clock ticking
+a fixed step per read (``round_trace.fake_clock``: every clean round of any k measures the same
+time, so the calibrated ``AutoK`` keeps to k_max). Per call: the same events before the first
+round (admission, prefill), per round exactly ``before_round``, one replay of the
+(k, k) graph, the two reads (``num_accepted``, ``finished``) and ``after_round`` (the last
+round adds the output reads), and one stream synchronisation after the last: no host->device
+copy, no capture, no other graph, no sweep at another k inside the timed calls.
+"""
+import numpy as np
+import pytest
+
+from round_trace import TracingBackend, fake_clock, trace_calls
+from specdec_lib.models import (TinyHybridTarget, TinyMTPDraft, load_demo_checkpoint,
+                                make_demo_checkpoint)
+from specdec_lib.orchestrator import AutoK, Request, SpeculativeDecoder
+
+K = 4
+
+
+class _ReusedTarget(TinyHybridTarget):
+    """The demo target with a ``cache_epoch``: a call's state (and its graphs) is kept for
+    the next call of the same shape, as SmolLM2's LlamaTarget does."""
+    cache_epoch = 0
+
+    def reset(self, batch, max_len):
+        super().reset(batch, max_len)
+        self.cache_epoch += 1
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("demo_ckpt"))
+    make_demo_checkpoint(path)
+    return load_demo_checkpoint(path)
+
+
+def _requests(n_new=64):
+    rng = np.random.default_rng(1)
+    return [Request(prompt=rng.integers(0, 256, n).tolist(), max_new_tokens=n_new)
+            for n in (6, 19, 9, 12)]
+
+
+def _warm(dec, be, reqs, calib):
+    """e2e_smollm2.decoder: warm-up calls, calibration, capture_first, metrics reset."""
+    with be.quiet():
+        for r in reqs:
+            dec.generate([Request(prompt=r.prompt, max_new_tokens=4)])
+        calibrated = dec.calibrate(calib, slots=1)
+    dec.capture_first = True
+    dec.reset_metrics()
+    return calibrated
+
+
+def _traces(make_models, reqs, calib, be=None):
+    """{spec: (results, trace, decoder)} of a fixed k and of "auto" (each on a backend of its
+    own, or both on ``be``)."""
+    out = {}
+    with fake_clock():
+        for spec in (K, "auto"):
+            be = be or TracingBackend()
+            target, draft = make_models(be)
+            dec = SpeculativeDecoder(target, draft, num_speculative_tokens=spec, backend=be,
+                                     cuda_graph=True,
+                                     max_len=SpeculativeDecoder.positions_needed(reqs + calib, K))
+            assert _warm(dec, be, reqs, calib)
+            out[spec] = trace_calls(dec, reqs, be) + (dec,)
+    return out
+
+
+def _backend(events):
+    return [e for e in events if e[0] != "policy"]
+
+
+def _check_same_calls(out, reqs):
+    (res_f, fixed, dec_f), (res_a, auto, dec_a) = out[K], out["auto"]
+    assert [r.tokens for r in res_f] == [r.tokens for r in res_a]
+    assert dec_f.metrics.k_rounds == {K: dec_f.metrics.rounds}
+    assert dec_a.metrics.k_rounds == dec_f.metrics.k_rounds          # every round at k
+    assert dec_a.metrics.capture_s == 0 and not dec_a.spec.sweep
+    assert all(p.key == (K, K, None) for p in dec_a.spec.choices[-dec_a.metrics.rounds:])
+    assert len(fixed) == len(auto) == len(reqs)
+    plain = [("policy", "before_round"), ("replay", (K, K, None)), ("to_host", (1,)),
+             ("to_host", (1,)), ("policy", "after_round")]
+    for (s_f, r_f, t_f), (s_a, r_a, t_a) in zip(fixed, auto):
+        assert _backend(s_f) == _backend(s_a)                 # admission, prefill
+        assert len(r_f) == len(r_a)
+        for i, (a, b) in enumerate(zip(r_f, r_a)):
+            assert _backend(a) == _backend(b), i
+            ev = [e[:2] for e in b]
+            if i < len(r_a) - 1:
+                assert ev == plain, (i, b)
+            else:           # the request finished: its outputs are read
+                assert ev[:5] == plain and {e[0] for e in ev[5:]} == {"to_host"}, b
+        assert [e[:2] for e in t_f] == [e[:2] for e in t_a] == [("sync", "stream")]
+        assert not any(e[0] in ("capture", "sync", "asarray") for r in r_a for e in r)
+
+
+def test_auto_at_k_max_makes_the_fixed_k_calls(demo):
+    """The demo target (GDN + attention) and its MTP draft (fed the carry)."""
+    cfg, tensors, dw = demo
+    reqs = _requests()
+
+    def models(be):
+        return _ReusedTarget(cfg, tensors, be), TinyMTPDraft(cfg, dw, tensors, be)
+    _check_same_calls(_traces(models, reqs, reqs[:1]), reqs)
+
+
+def test_uncalibrated_auto_sweeps_inside_calls(demo):
+    """What the check above rules out: an AutoK not calibrated before the timed calls sweeps
+    k inside them, and the rounds show it (other graphs, captured inside the calls, and a
+    host->device copy of num_draft where k changes). (Calls too short to hold k_max for
+    ``hold`` rounds never get past it: each call's sweep starts again at k_max, so the
+    warm-up's 4-token calls measure k_max alone.)"""
+    cfg, tensors, dw = demo
+    reqs = _requests(40)
+    with fake_clock():
+        be = TracingBackend()
+        target, draft = _ReusedTarget(cfg, tensors, be), TinyMTPDraft(cfg, dw, tensors, be)
+        dec = SpeculativeDecoder(target, draft, num_speculative_tokens=AutoK(K), backend=be,
+                                 cuda_graph=True,
+                                 max_len=SpeculativeDecoder.positions_needed(reqs, K))
+        with be.quiet():
+            for r in reqs:
+                dec.generate([Request(prompt=r.prompt, max_new_tokens=4)])
+        assert {k for _, k in dec.spec.measured} == {K}
+        dec.capture_first = True
+        _, trace = trace_calls(dec, reqs, be)
+    events = [e for _, rounds, _ in trace for r in rounds for e in r]
+    assert {e[1] for e in events if e[0] == "replay"} > {(K, K, None)}
+    assert any(e[0] == "capture" for e in events)
+    assert any(e[:2] == ("asarray", (1,)) and e[2].endswith("_set_num_draft") for e in events)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["mtp", "eagle3"])
+def test_auto_at_k_max_makes_the_fixed_k_calls_smollm2(method):
+    """SmolLM2-135M and a shipped head (its own KV cache, the bucketed prefill replayed), as
+    in the H200 benchmark."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("tokenizers")
+    from specdec_lib.models import load_smollm2_target, smollm2
+    try:
+        smollm2.gguf_path()
+    except ImportError as e:
+        pytest.skip(str(e))
+    from specdec_lib.models.heads import smollm2_head
+    from specdec_lib.models.llama_draft import LlamaDraftHead
+    from specdec_lib.models.prompts import stdlib_prompts
+    be = TracingBackend()
+    with be.quiet():
+        target, tok = load_smollm2_target(be, progress=False)
+        head = LlamaDraftHead.load(target, smollm2_head(method), method)
+    reqs = [Request(prompt=smollm2.chat_prompt(tok, t), max_new_tokens=32)
+            for t in stdlib_prompts("heldout")[:2]]
+    calib = [Request(prompt=reqs[0].prompt, max_new_tokens=100)]
+    try:
+        out = _traces(lambda be: (target, head), reqs, calib, be)
+    finally:
+        target.capture_aux(())
+    _check_same_calls(out, reqs)
