@@ -252,13 +252,8 @@ def test_demo_refuses_state_dtype_before_loading(tmp_path, capsys, monkeypatch):
 # ------------------------------------------------------------------ the real SmolLM2 GGUF
 
 def _smollm2_or_skip():
-    pytest.importorskip("gguf")
-    pytest.importorskip("tokenizers")
-    from specdec_lib.models.smollm2 import gguf_path
-    try:
-        gguf_path()
-    except ImportError as e:
-        pytest.skip(str(e))
+    from toy_models import skip_unless_smollm2
+    skip_unless_smollm2()
 
 
 def _smollm2_weights(tmp_path, rank=4):

@@ -318,13 +318,9 @@ def test_scripted_plans_lossless(demo, baseline, draft):
 def test_scripted_plans_lossless_smollm2_head():
     """The same cycle with a trained head that keeps its own KV cache (the block path: rows
     fed through a gather when blocks are narrower than k_max + 1; k = 0 rounds skip it)."""
-    pytest.importorskip("gguf")
-    pytest.importorskip("tokenizers")
+    from toy_models import skip_unless_smollm2
+    skip_unless_smollm2()
     from specdec_lib.models import smollm2
-    try:
-        smollm2.gguf_path()
-    except ImportError as e:
-        pytest.skip(str(e))
     from specdec_lib.models import load_smollm2_target
     from specdec_lib.models.heads import smollm2_head
     from specdec_lib.models.llama_draft import LlamaDraftHead

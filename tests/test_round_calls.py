@@ -142,13 +142,9 @@ def test_uncalibrated_auto_sweeps_inside_calls(demo):
 def test_auto_at_k_max_makes_the_fixed_k_calls_smollm2(method):
     """SmolLM2-135M and a shipped head (its own KV cache, the bucketed prefill replayed), as
     in the H200 benchmark."""
-    pytest.importorskip("gguf")
-    pytest.importorskip("tokenizers")
+    from toy_models import skip_unless_smollm2
+    skip_unless_smollm2()
     from specdec_lib.models import load_smollm2_target, smollm2
-    try:
-        smollm2.gguf_path()
-    except ImportError as e:
-        pytest.skip(str(e))
     from specdec_lib.models.heads import smollm2_head
     from specdec_lib.models.llama_draft import LlamaDraftHead
     from specdec_lib.models.prompts import stdlib_prompts

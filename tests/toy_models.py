@@ -82,3 +82,14 @@ def toy_gguf(path, c, scale=0.3, *, skip=None, reshape=None, chat_template=None)
     wr.write_tensors_to_file()
     wr.close()
     return c
+
+
+def skip_unless_smollm2():
+    """Skip (with the reason) where SmolLM2's GGUF and the model extra are missing."""
+    pytest.importorskip("gguf", reason='needs the model extra: pip install "specdec_lib[model]"')
+    pytest.importorskip("tokenizers", reason="needs the model extra")
+    from specdec_lib.models.smollm2 import gguf_path
+    try:
+        gguf_path()
+    except ImportError as e:
+        pytest.skip(str(e))
