@@ -59,7 +59,7 @@ def load_smollm2_hybrid_target(backend: Any, *, weights: str | os.PathLike | Non
     must have been trained on this GGUF."""
     from .llama_hybrid import LlamaHybridTarget, hybrid_unsupported, state_dtype_name
     from .smollm2 import EXPECTED, GGUF_SHA256, load_smollm2
-    from .smollm2_hybrid import HybridWeightsError, load_hybrid_weights, shipped_weights
+    from .smollm2_hybrid import check_base, load_hybrid_weights, shipped_weights
     why = hybrid_unsupported(backend, state_dtype, dtype, EXPECTED["head_dim"])
     if why is not None:
         raise ValueError(f"state_dtype: a {state_dtype_name(state_dtype)} GDN state with "
@@ -67,10 +67,7 @@ def load_smollm2_hybrid_target(backend: Any, *, weights: str | os.PathLike | Non
     import json
     wdir = shipped_weights(weights)
     with open(os.path.join(wdir, "config.json")) as fh:      # refused before the GGUF is read
-        trained_on = json.load(fh).get("base_gguf_sha256")
-    if trained_on not in (None, GGUF_SHA256):
-        raise HybridWeightsError(f"{wdir}: trained on a base model of sha256 {trained_on}, "
-                                 f"not SmolLM2-135M-Instruct's GGUF ({GGUF_SHA256})")
+        check_base(json.load(fh), GGUF_SHA256, "SmolLM2-135M-Instruct", wdir)
     config, base, tok = load_smollm2(path, progress=progress)
     cfg, tensors = load_hybrid_weights(wdir, base=config)
     return LlamaHybridTarget(config, base, cfg, tensors, backend, page_size=page_size,

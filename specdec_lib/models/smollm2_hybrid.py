@@ -64,6 +64,15 @@ class HybridWeightsError(ValueError):
     truncated, altered, or of another layer pattern)."""
 
 
+def check_base(cfg, sha256, base_name, where, hint=""):
+    """Refuse (HybridWeightsError naming ``where``) a hybrid config that records a base GGUF
+    other than ``sha256`` (``base_name``'s); one recording none passes."""
+    got = cfg.get("base_gguf_sha256")
+    if got not in (None, sha256):
+        raise HybridWeightsError(f"{where}: trained on a base model of sha256 {got}, not "
+                                 f"{base_name}'s GGUF ({sha256}){hint}")
+
+
 def expand_pattern(pattern: str, num_layers: int) -> str:
     """A {G, A} string for every layer: ``pattern`` tiled (or taken as is when it is
     ``num_layers`` long)."""

@@ -56,7 +56,7 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
 * Host cost: ``before_round`` and ``after_round`` run between the round's read of
   ``num_accepted`` and the next launch, the GPU idle all the while, so each is a handful of
   numpy calls on the [2, B, k_max] counts (about 16 us a round together at B = 1 on a slow
-  Xeon; ``tests/test_policy.py`` bounds it); with graphs a round of ``AutoK`` makes the same
+  Xeon; ``tools/perf/autok_ab.py`` measures it); with graphs a round of ``AutoK`` makes the same
   backend calls (copies, reads, replays) as one of ``FixedK`` at its k
   (``tests/test_round_calls.py``).
 * Everything is a function of the accepted history and the cost table: the same history and

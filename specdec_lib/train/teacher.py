@@ -79,15 +79,12 @@ def hybrid_teacher(args, config, weights, device, dtype):
     """(HybridTeacher, hybrid config) of the hybrid in ``args.hybrid`` (checked:
     ``load_hybrid_weights``) on the base ``config`` / ``weights``, which must be the base it
     was distilled from (the GGUF sha256 its config records)."""
-    from ..models.smollm2_hybrid import HybridWeightsError, load_hybrid_weights
+    from ..models.smollm2_hybrid import check_base, load_hybrid_weights
     from .data import base_identity
     from .hybrid_model import HybridModel
     cfg, tensors = load_hybrid_weights(args.hybrid, base=config)
     name, sha = base_identity(args, config)
-    if cfg.get("base_gguf_sha256") not in (None, sha):
-        raise HybridWeightsError(f"--hybrid {args.hybrid}: distilled from a base of sha256 "
-                                 f"{cfg['base_gguf_sha256']}, not {name} ({sha}); pass its "
-                                 "--gguf")
+    check_base(cfg, sha, name, f"--hybrid {args.hybrid}", hint="; pass its --gguf")
     chunk = cfg.get("specdec_training", {}).get("chunk_size", 64)
     return HybridTeacher(HybridModel(config, weights, cfg, device, dtype, chunk_size=chunk,
                                      init=tensors)), cfg
