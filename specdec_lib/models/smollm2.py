@@ -60,10 +60,11 @@ def load_smollm2(path: str | os.PathLike | None = None, *, progress: bool | None
     return config, weights, tok
 
 
-def chat_prompt(tok: GGUFTokenizer, text: str, system: str | None = None) -> list[int]:
-    """Token ids of one user turn under the model's chat template, ready for the reply."""
-    msgs = ([{"role": "system", "content": system}] if system else []) + \
-        [{"role": "user", "content": text}]
+def chat_prompt(tok: GGUFTokenizer, text: str | list, system: str | None = None) -> list[int]:
+    """Token ids of one user turn (or of ``text`` given as a message list) under the model's
+    chat template, ready for the reply."""
+    msgs = text if isinstance(text, list) else \
+        ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
     return tok.apply_chat_template(msgs, add_generation_prompt=True)
 
 

@@ -25,10 +25,6 @@ class PromptSet:
         self.temps += list(temps) if temps is not None else [0.0] * len(prompts)
 
 
-def _template(tok, messages):
-    return tok.apply_chat_template(messages, add_generation_prompt=True)
-
-
 def stdlib_set(args, tok):
     """Today's data (``--prompts-from stdlib``): the docstring prompts of ``models.prompts``,
     ``--prompts`` / ``--variants`` for training, the first ``--heldout`` held-out ones."""
@@ -95,6 +91,7 @@ def mix_set(args, tok):
     """``--prompts-from mix``: ``mix_items`` chat-templated; ``--sampled-fraction`` of the
     training replies (a seeded choice) sampled at SAMPLED_TEMPERATURE, the rest (and every
     report reply: the report walks greedy decodes) greedy."""
+    from ..models.smollm2 import chat_prompt
     n = args.prompts if args.prompts is not None else 12000
     items = mix_items(n, args.heldout, args.seed)
     train = [i for i, (_, _, sp) in enumerate(items) if sp == 0]
@@ -102,7 +99,7 @@ def mix_set(args, tok):
     hot = set(random.Random(f"{args.seed}:sampled").sample(train, k))
     s = PromptSet()
     for i, (f, msgs, sp) in enumerate(items):
-        s.add([_template(tok, msgs)], f, sp, [SAMPLED_TEMPERATURE if i in hot else 0.0])
+        s.add([chat_prompt(tok, msgs)], f, sp, [SAMPLED_TEMPERATURE if i in hot else 0.0])
     return s
 
 

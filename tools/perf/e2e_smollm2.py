@@ -184,13 +184,6 @@ def general_prompts(n, seed=1, trained=TRAINED_PROMPTS):
     return out[:n]
 
 
-def prompt_ids(tok, prompt):
-    """A text (one user turn) or a message list, chat-templated."""
-    if isinstance(prompt, str):
-        return chat_prompt(tok, prompt)
-    return tok.apply_chat_template(prompt, add_generation_prompt=True)
-
-
 def round_profile(target, draft, k, be, prompts, rounds=20):
     """GPU time per round by kernel group, from torch.profiler over graph replays (one
     request per prompt, all in one batch, through EOS)."""
@@ -347,7 +340,7 @@ def main():
         + [(n, a) for a in auto for n in drafts]
     mixed_k = [int(x) for x in args.mixed_k.split(",")] if args.mixed_k else [k]
     for name, texts in sets.items():
-        reqs = [Request(prompt=prompt_ids(tok, t), max_new_tokens=args.new, **stops) for t in texts]
+        reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new, **stops) for t in texts]
         case(f"B=1 {name}", f"b1_{name}", reqs, one_at_a_time if gpu else decode, b1_runs)
     B = args.b32 if args.b32 is not None else (8 if args.quick else 32)
     best = max(heads or list(drafts), key=lambda n: report[f"b1_{list(sets)[-1]}"][f"{n}_k{k}"]["tokens_per_s"])
