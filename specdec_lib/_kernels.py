@@ -166,9 +166,6 @@ register(KernelModule(
     kernels={**{f"rms_norm_{t}_w{w}": "RmsNormParams" for t, w in NORM_DTYPES},
              **{f"{op}_{t}": p for op, p in (("rope", "RopeParams"), ("silu_mul", "SiluMulParams"))
                 for t in ("f32", "f16", "bf16")}},
-    # the loads-first rms_norm (s17) spills 8 bytes in its f32 form on sm_75 / sm_80 (ptxas
-    # 13.0 settles at 64 registers); docs/patches/rms-norm-weights-first.patch removes it
-    allow_local=("rms_norm_f32_wf32",),
 ))
 
 # the layers family's small-M GEMM (its own translation unit; launcher: pyx/_layers.pyx)

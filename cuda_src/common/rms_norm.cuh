@@ -53,10 +53,16 @@ __device__ __forceinline__ void rms_norm_row(const T* x, const T* res, T* res_ou
     for (int i = 0; i < N; ++i) { const float f = to_float(v.e[i]); ss = fmaf(f, f, ss); }
   };
   Pack<T, N> cache[kCache];
-  // the weight of the first unit is loaded now, not after the sum: its latency hides
-  // behind the reduction's (a one-row norm is two dependent memory trips, not three)
-  Pack<W, N> w0;
-  if (threadIdx.x < units) w0 = load_unit<W, N>(w, threadIdx.x, H, vec);
+  // the weights of the cached units are loaded now, not after the sum: their latency hides
+  // behind the reduction's, and after it each would wait for the y store before it (y may
+  // alias w as far as the compiler knows), one memory trip per unit (H=2048 bf16 takes 64
+  // threads of 4 units: 3 trips after the barrier)
+  Pack<W, N> wc[kCache];
+#pragma unroll
+  for (int j = 0; j < kCache; ++j) {
+    const int u = threadIdx.x + j * step;
+    if (u < units) wc[j] = load_unit<W, N>(w, u, H, vec);
+  }
   // every cached unit's x and res are loaded before the first res_out store: res_out may
   // alias x or res (in place), so a store between them would order the next unit's loads
   // after it, one memory trip per unit (H=2048 bf16: 4 trips, ~5 us a row at B=1)
@@ -104,7 +110,7 @@ __device__ __forceinline__ void rms_norm_row(const T* x, const T* res, T* res_ou
 #pragma unroll
   for (int j = 0; j < kCache; ++j) {
     const int u = threadIdx.x + j * step;
-    if (u < units) emit(u, cache[j], j == 0 ? w0 : load_unit<W, N>(w, u, H, vec));
+    if (u < units) emit(u, cache[j], wc[j]);
   }
   const T* again = res != nullptr ? res_out : x;
   for (int u = threadIdx.x + kCache * step; u < units; u += step)
