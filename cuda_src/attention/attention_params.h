@@ -107,8 +107,8 @@ typedef struct {
  * caches' strides in bytes (= elements). fp8: k_scale / v_scale [Hkv] or [1] (scale_stride
  * 1 / 0), folded into the score scale and the output; int8: k_params / v_params
  * [num_pages, page_size, Hkv, 2] contiguous (scale, zero) per (token, head).
- * Dynamic smem: stages * 2 * tile * D (8-bit ring) + 2 * tile * D * 2 (the dequantised
- * 16-bit tile) + stages * 2 * tile * 8 (int8 params), at least VERIFY_ATTN_EPILOGUE_SMEM. */
+ * Dynamic smem: stages * 2 * tile * D (8-bit ring) + stages * 2 * tile * 8 (int8 params),
+ * at least VERIFY_ATTN_EPILOGUE_SMEM (the tiles are dequantised in registers). */
 typedef struct {
   VerifyAttentionParams base;
   const float* k_scale;

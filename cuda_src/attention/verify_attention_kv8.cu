@@ -6,19 +6,30 @@
 // * The cp.async ring holds 8-bit tiles (half the bytes per stage: the KV read, which bounds
 //   this kernel, is halved). int8 rows bring their (scale, zero) pairs along (8-byte cp.async
 //   per key row and K/V) into a small per-stage params ring.
-// * After a tile has landed, one CTA pass dequantises it into a single 16-bit tile in the
-//   16-bit kernel's swizzled layout (each thread converts the 16-byte chunks it copied:
-//   smem -> registers -> 16-bit smem), a barrier, then the 16-bit kernel's unchanged MMA /
-//   online-softmax code reads that tile. One barrier more per tile than the 16-bit kernel.
-// * fp8: E4M3 values are exact in float16 and bfloat16, so the tile holds the codes' values
-//   exactly and the per-head scales are applied in float32: k_scale folded into the score
-//   scale, v_scale into the output (before the split merge, which is linear). compute_90
-//   decodes with cvt.rn.f16x2.e4m3x2; compute_75 / compute_80 (hence sm_86 / sm_89) with the
-//   branch-free integer decoder of common/kv8.cuh (same values); bf16 q goes on through
-//   float32 to bf16 (exact).
-// * int8: each element is dequantised to (c + 128) * scale + zero in float32 (kvquant.py),
-//   then rounded to q's dtype for the MMA (the reference attends the float32 values; the
-//   extra rounding is the 16-bit kernel's own input rounding, inside its tolerance).
+// * No 16-bit copy of a tile: each warp `ldmatrix`es the 8-bit rows (.b16 matrices of 8 rows
+//   x 16 bytes, the 16-bit kernel's XOR swizzle on 16-byte chunks; D=64 rows pair up into
+//   128-byte lines) and turns the bytes into f16 / bf16 B fragments in registers
+//   (common/kv8_frag.cuh). K (no .trans): a lane gets 4 consecutive bytes d..d+3 of one key,
+//   which serve as the fragment's k pairs (2t, 2t+1) / (2t+8, 2t+9); q's columns are loaded
+//   permuted to match. V (.trans): a lane gets keys (2t, 2t+1) x columns (d, d+1), i.e. the
+//   B pairs of two n-tiles, column d and d+1: the accumulators hold output columns
+//   interleaved (acc[2c] columns 16c + 2n, acc[2c+1] columns 16c + 2n + 1), which the
+//   epilogue writes back in order.
+// * Q . K always runs in float16: bf16 q is moved to float16 exactly per row (times a power
+//   of two putting the row's max |q| in [2^14, 2^15); entries more than 2^31 below the max
+//   round), the power undone in the score scale.
+// * fp8: E4M3 values are exact in float16; k_scale goes into the score scale, v_scale into
+//   the output (before the split merge, which is linear). P . V runs in float16 for either q
+//   dtype (P in [0, 1]). compute_90 decodes with cvt.rn.f16x2.e4m3x2; compute_75 / compute_80
+//   (hence sm_86 / sm_89) with the branch-free integer decoder of common/kv8.cuh (same
+//   values).
+// * int8 K: the MMA multiplies q by the codes c themselves (exact in float16) and the key's
+//   (scale s, zero z) are folded into its score column: q . k = s (q . c) + (z + 128 s) sum(q)
+//   (kvquant.py's value is (c + 128) s + z), in float32. int8 V: each element becomes
+//   c * s + (z + 128 s) in q's dtype with one fused 16-bit multiply-add (s and z + 128 s
+//   rounded to that dtype first), then the 16-bit kernel's P . V. (The reference attends the
+//   float32 values; the 16-bit roundings are the 16-bit kernel's own input rounding, a little
+//   larger; within its tolerance.)
 // Split-KV, the merge kernel (verify_attention_merge_<dtype> of the attention module: the
 // partials have the same layout) and row_invariant plans are the 16-bit kernel's.
 #include <math.h>
@@ -29,6 +40,7 @@
 #include "common/mma.cuh"
 #include "common/warp.cuh"
 #include "common/kv8.cuh"
+#include "common/kv8_frag.cuh"
 #include "common/kv8_row.cuh"
 #include "attention/attention_params.h"
 
@@ -47,13 +59,28 @@ struct Tile {
   static constexpr int kPasses8 = kKeys / kRowsPerPass8;
   static constexpr int kStageBytes8 = 2 * kKeys * D;            // K then V, 8-bit
   static constexpr int kRingBytes8 = kStages * kStageBytes8;
-  static constexpr int kTileBytes16 = 2 * kKeys * D * 2;        // the dequantised K, V tile
   static constexpr int kParamBytes = kStages * 2 * kKeys * 8;   // int8 (scale, zero) ring
-  static constexpr int kAllBytes = kRingBytes8 + kTileBytes16 + kParamBytes;
+  static constexpr int kAllBytes = kRingBytes8 + kParamBytes;
   static constexpr int kSmemBytes =
       kAllBytes > VERIFY_ATTN_EPILOGUE_SMEM ? kAllBytes : VERIFY_ATTN_EPILOGUE_SMEM;
   static_assert(kKeys % kRowsPerPass8 == 0, "tile rows must split evenly over the copy passes");
 };
+
+// Byte offset of 16-byte chunk c of 8-bit key row `row` in a K or V tile. Any 8 consecutive
+// rows at the same chunk fall into 8 different 16-byte bank groups, so each ldmatrix matrix
+// (8 rows x 16 bytes) is conflict-free: D >= 128 XORs the chunk with row & 7 (the 16-bit
+// kernel's swizzle); D = 64 rows are 64 bytes, so two rows share a 128-byte line and the
+// chunk's place in the line is XORed with the line index.
+template <int D>
+__device__ __forceinline__ int kv8_off(int row, int c) {
+  if constexpr (D >= 128) {
+    return row * D + ((c ^ (row & 7)) << 4);
+  } else {
+    static_assert(D == 64, "8-bit tiles: D is 64, 128 or 256");
+    const int line = row >> 1;
+    return (line << 7) + (((((row & 1) << 2) | c) ^ (line & 7)) << 4);
+  }
+}
 
 // 8-byte cp.async (.ca) zero-filling when !valid; sm_75: a plain load + shared store.
 __device__ __forceinline__ void cp_async_8(void* smem_dst, const void* gmem_src, bool valid) {
@@ -70,53 +97,21 @@ __device__ __forceinline__ void cp_async_8(void* smem_dst, const void* gmem_src,
 #endif
 }
 
-// 16 cache bytes -> 16 elements of the MMA dtype (bits), into two 16-byte chunks.
-template <int FMT, bool kBf16>
-__device__ __forceinline__ void kv8_dequant16(const uint4 in, float scale, float zero, uint4& lo,
-                                              uint4& hi) {
-  uint32_t w[4] = {in.x, in.y, in.z, in.w};
-  uint32_t o[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t two = (w[i >> 1] >> ((i & 1) * 16)) & 0xFFFFu;
-    if constexpr (FMT == KV8_FP8 && !kBf16) {
-      o[i] = kv8::e4m3x2_to_f16x2(two);
-    } else if constexpr (FMT == KV8_FP8) {
-      // through float16 (E4M3 values are exact in both 16-bit types), then to bf16 exactly
-      const uint32_t h = kv8::e4m3x2_to_f16x2(two);
-      __half2 v;
-      memcpy(&v, &h, 4);
-      const float2 f = __half22float2(v);
-      o[i] = static_cast<uint32_t>(from_float<bf16_t>(f.x).bits) |
-             (static_cast<uint32_t>(from_float<bf16_t>(f.y).bits) << 16);
-    } else {
-      float f[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const uint32_t b = (two >> (8 * e)) & 0xFFu;
-        f[e] = kv8::int8_decode(static_cast<int>(static_cast<int8_t>(b)), scale, zero);
-      }
-      uint16_t h0, h1;
-      if constexpr (kBf16) {
-        h0 = from_float<bf16_t>(f[0]).bits;
-        h1 = from_float<bf16_t>(f[1]).bits;
-      } else {
-        const __half a = __float2half_rn(f[0]), c = __float2half_rn(f[1]);
-        memcpy(&h0, &a, 2);
-        memcpy(&h1, &c, 2);
-      }
-      o[i] = static_cast<uint32_t>(h0) | (static_cast<uint32_t>(h1) << 16);
-    }
-  }
-  lo = make_uint4(o[0], o[1], o[2], o[3]);
-  hi = make_uint4(o[4], o[5], o[6], o[7]);
-}
+template <bool kF16, typename Mma> struct PickMma { using type = Mma; };
+template <typename Mma> struct PickMma<true, Mma> { using type = mma_f16; };
 
+// 2^e as float32 for e in [-126, 127]
+__device__ __forceinline__ float exp2i(int e) { return __uint_as_float(static_cast<uint32_t>(e + 127) << 23); }
 
 template <int D, typename Mma, int FMT>
 __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionKV8Params& P) {
   const VerifyAttentionParams& p = P.base;
   using TL = Tile<D>;
+  // Q . K in float16 always; P . V in float16 for fp8, in q's dtype for int8 (whose V values
+  // c * s + z need q's range)
+  using PV = typename PickMma<FMT == KV8_FP8, Mma>::type;
+  // fp8 software decode pairs K bytes (0, 2) / (1, 3): q's columns follow (see kv8_frag.cuh)
+  constexpr bool kQStrided = FMT == KV8_FP8 && kv8::kKStrided;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int bad_input;
 
@@ -158,10 +153,13 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
   const int r_hi = r_lo + 8;
   const bool warp_has_rows = row_base + wm * 16 < rows;
 
-  // ---- Q fragments (A operand), straight from global: 16 rows x D per warp. Held in
-  // registers for the whole KV loop, except D=256 on sm_75 where that would spill: there
-  // they are re-read (L1 hits) per 16-key step.
+  // ---- Q fragments (A operand), straight from global: 16 rows x D per warp, columns
+  // permuted to the K bytes' order: k-step c's pairs are columns 16c + 4t + {0, 1} and
+  // {2, 3} ({0, 2} and {1, 3} when kQStrided). Held in registers for the whole KV loop,
+  // except D=256 on sm_75 where that would spill: there they are re-read (L1 hits) per
+  // 16-key step (float16 only there: the compute_75 build traps bf16).
   constexpr bool kQInRegs = D <= 128 || kStages > 1;
+  static_assert(kQInRegs || !Mma::kIsBf16, "bf16 q is converted once, in registers");
   const uint16_t* qlo = nullptr;
   const uint16_t* qhi = nullptr;
   if (r_lo < rows) {
@@ -174,24 +172,86 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
     qhi = static_cast<const uint16_t*>(p.q) + (int64_t)(sv.q0 + i) * p.q_stride_t +
           (int64_t)(kvh * group + r_hi - i * group) * p.q_stride_h;
   }
+  auto load_q_pairs = [&](const uint16_t* qr, int kk, uint32_t& first, uint32_t& second) {
+    const int c = kk * 16 + 4 * t4;
+    const uint32_t x = qr ? ld_u32(qr + c) : 0u;
+    const uint32_t y = qr ? ld_u32(qr + c + 2) : 0u;
+    if constexpr (kQStrided) {
+      first = __byte_perm(x, y, 0x5410);
+      second = __byte_perm(x, y, 0x7632);
+    } else {
+      first = x;
+      second = y;
+    }
+  };
   auto load_q_frag = [&](int kk, uint32_t (&a)[4]) {
-    const int c = kk * 16 + 2 * t4;
-    a[0] = qlo ? ld_u32(qlo + c) : 0u;
-    a[1] = qhi ? ld_u32(qhi + c) : 0u;
-    a[2] = qlo ? ld_u32(qlo + c + 8) : 0u;
-    a[3] = qhi ? ld_u32(qhi + c + 8) : 0u;
+    load_q_pairs(qlo, kk, a[0], a[2]);
+    load_q_pairs(qhi, kk, a[1], a[3]);
   };
   uint32_t qa[kQInRegs ? D / 16 : 1][4];
+  // per row: the float32 factor undoing bf16 q's power-of-two move, and (int8) sum(q)
+  float qinv_lo = 1.f, qinv_hi = 1.f, qsum_lo = 0.f, qsum_hi = 0.f;
   if constexpr (kQInRegs) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) load_q_frag(kk, qa[kk]);
+    if constexpr (Mma::kIsBf16) {
+      auto bf16_lo_f32 = [](uint32_t w) { return __uint_as_float(w << 16); };
+      auto bf16_hi_f32 = [](uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); };
+      float mx_lo = 0.f, mx_hi = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float m = fmaxf(fabsf(bf16_lo_f32(qa[kk][j])), fabsf(bf16_hi_f32(qa[kk][j])));
+          if (j & 1) mx_hi = fmaxf(mx_hi, m); else mx_lo = fmaxf(mx_lo, m);
+        }
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+      // e: max |q| * 2^e in [2^14, 2^15) (exponent field E: e = 141 - E), kept in [-126, 126]
+      // (NaN / inf rows: e = -114, they stay NaN / inf)
+      const int e_lo = min(max(141 - static_cast<int>(__float_as_uint(mx_lo) >> 23), -126), 126);
+      const int e_hi = min(max(141 - static_cast<int>(__float_as_uint(mx_hi) >> 23), -126), 126);
+      const float up_lo = exp2i(e_lo), up_hi = exp2i(e_hi);
+      qinv_lo = exp2i(-e_lo);
+      qinv_hi = exp2i(-e_hi);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float up = (j & 1) ? up_hi : up_lo;
+          qa[kk][j] = pack_f16x2(bf16_lo_f32(qa[kk][j]) * up, bf16_hi_f32(qa[kk][j]) * up);
+        }
+    }
+  }
+  if constexpr (FMT == KV8_INT8) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      if constexpr (kQInRegs) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a[j] = qa[kk][j];
+      } else {
+        load_q_frag(kk, a);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __half22float2(kv8::bits_h2(a[j]));
+        if (j & 1) qsum_hi += f.x + f.y; else qsum_lo += f.x + f.y;
+      }
+    }
+    qsum_lo += __shfl_xor_sync(0xffffffffu, qsum_lo, 1);
+    qsum_lo += __shfl_xor_sync(0xffffffffu, qsum_lo, 2);
+    qsum_hi += __shfl_xor_sync(0xffffffffu, qsum_hi, 1);
+    qsum_hi += __shfl_xor_sync(0xffffffffu, qsum_hi, 2);
   }
   // Last key each of the thread's two rows may see inside this split.
   const int lim_lo = min(L + r_lo / group, kv_end - 1);
   const int lim_hi = min(L + r_hi / group, kv_end - 1);
 
   // ---- KV tile loader (8-bit rows): thread copies chunk `ld_chunk` of key rows
-  // ld_row0 + k*kRowsPerPass8, and dequantises exactly those chunks later.
+  // ld_row0 + k*kRowsPerPass8.
   const int ld_chunk = threadIdx.x % TL::kChunks8;
   const int ld_row0 = threadIdx.x / TL::kChunks8;
   const uint8_t* k_head = static_cast<const uint8_t*>(p.k_cache) + (int64_t)kvh * p.k_stride_h +
@@ -201,12 +261,12 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
   const int32_t* pt_row = p.page_table + (int64_t)b * p.page_table_stride;
   const int slot_mask = (1 << p.page_size_log2) - 1;
   uint8_t* const ring8 = smem;
-  uint16_t* const tile16 = reinterpret_cast<uint16_t*>(smem + TL::kRingBytes8);
-  float2* const prm = reinterpret_cast<float2*>(smem + TL::kRingBytes8 + TL::kTileBytes16);
+  float2* const prm = reinterpret_cast<float2*>(smem + TL::kRingBytes8);
   const int64_t prm_head = kvh;   // (scale, zero) pair index: (page * page_size + slot) * Hkv + kvh
   const float k_sc = FMT == KV8_FP8 ? __ldg(P.k_scale + kvh * P.scale_stride) : 1.f;
   const float v_sc = FMT == KV8_FP8 ? __ldg(P.v_scale + kvh * P.scale_stride) : 1.f;
-  const float score_scale = p.scale_log2 * k_sc;
+  const float sc_lo = p.scale_log2 * k_sc * qinv_lo;   // raw Q . K -> log2-domain score
+  const float sc_hi = p.scale_log2 * k_sc * qinv_hi;
 
   // Page id of key row `row` of tile `tile`, or -1 when the row lies past the split (its
   // smem row is zero-filled) or its page is outside the table / pool (flags the CTA).
@@ -242,7 +302,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
       }
       const bool valid = page >= 0;
       const int slot = (key_tile + row) & slot_mask;
-      const int soff = row * D + ld_chunk * 16;
+      const int soff = kv8_off<D>(row, ld_chunk);
       const uint8_t* ksrc = valid ? k_head + (int64_t)page * p.k_stride_page + slot * p.k_stride_slot : k_head;
       const uint8_t* vsrc = valid ? v_head + (int64_t)page * p.v_stride_page + slot * p.v_stride_slot : v_head;
       cp_async_16(sk + soff, ksrc, valid);
@@ -258,69 +318,73 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
     }
   };
 
-  // Dequantise the landed 8-bit stage into the 16-bit tile (the chunks this thread copied;
-  // int8 params were copied by the row's chunk-0 thread: call after a barrier).
-  auto convert_tile = [&](int stage) {
-    const uint8_t* sk = ring8 + stage * TL::kStageBytes8;
-#pragma unroll
-    for (int pass = 0; pass < TL::kPasses8; ++pass) {
-      const int row = ld_row0 + pass * TL::kRowsPerPass8;
-#pragma unroll
-      for (int kv = 0; kv < 2; ++kv) {
-        const uint4 in = *reinterpret_cast<const uint4*>(sk + kv * TL::kKeys * D + row * D + ld_chunk * 16);
-        float sc = 0.f, zr = 0.f;
-        if constexpr (FMT == KV8_INT8) {
-          const float2 pr = prm[(stage * 2 + kv) * TL::kKeys + row];
-          sc = pr.x;
-          zr = pr.y;
-        }
-        uint4 lo, hi;
-        kv8_dequant16<FMT, Mma::kIsBf16>(in, sc, zr, lo, hi);
-        uint16_t* dst = tile16 + kv * TL::kKeys * D + row * D;
-        *reinterpret_cast<uint4*>(dst + (((2 * ld_chunk) ^ (row & 7)) << 3)) = lo;
-        *reinterpret_cast<uint4*>(dst + (((2 * ld_chunk + 1) ^ (row & 7)) << 3)) = hi;
-      }
-    }
-  };
-
-  // ---- per-warp online softmax state: rows r_lo / r_hi, log2 domain, unnormalised acc.
+  // ---- per-warp online softmax state: rows r_lo / r_hi, log2 domain, unnormalised acc
+  // (acc[2c] / acc[2c+1]: output columns 16c + 2n / 16c + 2n + 1 of n-tile column n).
   float acc[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
-  const int swz = lane & 7;   // every ldmatrix row address below has (row & 7) == (lane & 7)
 
   auto compute_tile = [&](int tile, int stage) {
     if (!warp_has_rows) return;
     const int key_tile = kv_begin + tile * TL::kKeys;
-    (void)stage;
-    const uint16_t* sk = tile16;
-    const uint16_t* sv_ = sk + TL::kKeys * D;
+    const uint8_t* sk = ring8 + stage * TL::kStageBytes8;
+    const uint8_t* sv_ = sk + TL::kKeys * D;
     for (int sub = wn; sub < TL::kSubTiles; sub += warps_n) {
       const int key0 = key_tile + sub * 16;
       if (key0 >= kv_end) break;
+      // ldmatrix rows: lanes 8m..8m+7 address matrix m = (keys 0-7 | 8-15) x (chunk c | c+1)
+      const int mrow = sub * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+      const int mchunk = lane >> 4;
       // S = Q K^T for 16 rows x 16 keys (two n-tiles of 8 keys)
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      const int k_row = sub * 16 + ((lane >> 4) << 3) + (lane & 7);
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t kb[4];
-        const int chunk = 2 * kk + ((lane >> 3) & 1);
-        ldmatrix_x4(kb, sk + k_row * D + ((chunk ^ swz) << 3));
-        if constexpr (kQInRegs) {
-          Mma::mma(s[0], qa[kk], kb[0], kb[1]);
-          Mma::mma(s[1], qa[kk], kb[2], kb[3]);
-        } else {
+      for (int kc = 0; kc < D / 16; kc += 2) {
+        uint32_t w[4];
+        ldmatrix_x4(w, sk + kv8_off<D>(mrow, kc + mchunk));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
           uint32_t a[4];
-          load_q_frag(kk, a);
-          Mma::mma(s[0], a, kb[0], kb[1]);
-          Mma::mma(s[1], a, kb[2], kb[3]);
+          if constexpr (kQInRegs) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) a[j] = qa[kc + h][j];
+          } else {
+            load_q_frag(kc + h, a);
+          }
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            uint32_t b0, b1;
+            if constexpr (FMT == KV8_FP8) {
+              kv8::e4m3x4_row_to_f16(w[2 * h + n], b0, b1);
+            } else {
+              kv8::int8x4_to_f16<0x4140, 0x4342>(w[2 * h + n], b0, b1);
+            }
+            mma_f16::mma(s[n], a, b0, b1);
+          }
         }
       }
+      // this thread's score columns: keys sub*16 + 8n + 2t + {0, 1}
+      const float2* kp = prm + (stage * 2) * TL::kKeys + sub * 16 + 2 * t4;   // int8 (s, z) of those
+      if constexpr (FMT == KV8_INT8) {
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
+        for (int n = 0; n < 2; ++n) {
+          const float4 k4 = *reinterpret_cast<const float4*>(kp + 8 * n);
+          // q . k = s (q . c) + (z + 128 s) sum(q)
+          const float z0 = fmaf(128.f, k4.x, k4.y), z1 = fmaf(128.f, k4.z, k4.w);
+          s[n][0] = fmaf(k4.x, s[n][0], z0 * qsum_lo) * sc_lo;
+          s[n][1] = fmaf(k4.z, s[n][1], z1 * qsum_lo) * sc_lo;
+          s[n][2] = fmaf(k4.x, s[n][2], z0 * qsum_hi) * sc_hi;
+          s[n][3] = fmaf(k4.z, s[n][3], z1 * qsum_hi) * sc_hi;
+        }
+      } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] *= score_scale;
+        for (int n = 0; n < 2; ++n) {
+          s[n][0] *= sc_lo;
+          s[n][1] *= sc_lo;
+          s[n][2] *= sc_hi;
+          s[n][3] *= sc_hi;
+        }
+      }
       if (key0 + 15 > L || key0 + 16 > kv_end) {   // causal edge or split end: mask
 #pragma unroll
         for (int n = 0; n < 2; ++n)
@@ -365,16 +429,47 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
         acc[n][3] *= alpha_hi;
       }
       // O += P V: P (16 x 16 keys) is already laid out as an A fragment.
-      const uint32_t pa[4] = {Mma::pack(s[0][0], s[0][1]), Mma::pack(s[0][2], s[0][3]),
-                              Mma::pack(s[1][0], s[1][1]), Mma::pack(s[1][2], s[1][3])};
-      const int v_row = sub * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+      const uint32_t pa[4] = {PV::pack(s[0][0], s[0][1]), PV::pack(s[0][2], s[0][3]),
+                              PV::pack(s[1][0], s[1][1]), PV::pack(s[1][2], s[1][3])};
+      // int8: per B register (keys 2t, 2t+1 | 2t+8, 2t+9) the keys' s and z + 128 s in PV's dtype
+      uint32_t vs[2] = {0u, 0u}, vz[2] = {0u, 0u};
+      if constexpr (FMT == KV8_INT8) {
 #pragma unroll
-      for (int dc = 0; dc < D / 8; dc += 2) {
-        uint32_t vb[4];
-        const int chunk = dc + (lane >> 4);
-        ldmatrix_x4_trans(vb, sv_ + v_row * D + ((chunk ^ swz) << 3));
-        Mma::mma(acc[dc], pa, vb[0], vb[1]);
-        Mma::mma(acc[dc + 1], pa, vb[2], vb[3]);
+        for (int n = 0; n < 2; ++n) {
+          const float4 v4 = *reinterpret_cast<const float4*>(kp + TL::kKeys + 8 * n);
+          vs[n] = PV::pack(v4.x, v4.z);
+          vz[n] = PV::pack(fmaf(128.f, v4.x, v4.y), fmaf(128.f, v4.z, v4.w));
+        }
+      }
+#pragma unroll
+      for (int vc = 0; vc < D / 16; vc += 2) {
+        uint32_t w[4];
+        ldmatrix_x4_trans(w, sv_ + kv8_off<D>(mrow, vc + mchunk));
+        // w[2h]: keys 2t, 2t+1 of chunk vc + h; w[2h + 1]: keys 2t+8, 2t+9
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t e0, o0, e1, o1;   // B registers of the column-d (e) and column-d+1 (o) n-tiles
+          if constexpr (FMT == KV8_FP8) {
+            kv8::e4m3x4_trans_to_f16(w[2 * h], e0, o0);
+            kv8::e4m3x4_trans_to_f16(w[2 * h + 1], e1, o1);
+          } else if constexpr (PV::kIsBf16) {
+            kv8::int8x4_to_bf16<0x4240, 0x4341>(w[2 * h], e0, o0);
+            kv8::int8x4_to_bf16<0x4240, 0x4341>(w[2 * h + 1], e1, o1);
+            e0 = kv8::fma_bf16x2(e0, vs[0], vz[0]);
+            o0 = kv8::fma_bf16x2(o0, vs[0], vz[0]);
+            e1 = kv8::fma_bf16x2(e1, vs[1], vz[1]);
+            o1 = kv8::fma_bf16x2(o1, vs[1], vz[1]);
+          } else {
+            kv8::int8x4_to_f16<0x4240, 0x4341>(w[2 * h], e0, o0);
+            kv8::int8x4_to_f16<0x4240, 0x4341>(w[2 * h + 1], e1, o1);
+            e0 = kv8::fma_f16x2(e0, vs[0], vz[0]);
+            o0 = kv8::fma_f16x2(o0, vs[0], vz[0]);
+            e1 = kv8::fma_f16x2(e1, vs[1], vz[1]);
+            o1 = kv8::fma_f16x2(o1, vs[1], vz[1]);
+          }
+          PV::mma(acc[2 * (vc + h)], pa, e0, e1);
+          PV::mma(acc[2 * (vc + h) + 1], pa, o0, o1);
+        }
       }
     }
   };
@@ -387,8 +482,6 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
       load_tile(tile, 0);
       cp_async_commit();
       cp_async_wait<0>();
-      __syncthreads();
-      convert_tile(0);
       __syncthreads();
       compute_tile(tile, 0);
     }
@@ -416,9 +509,6 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
       const int next = tile + kStages - 1;
       if (next < num_tiles) load_tile(next, next % kStages);
       cp_async_commit();
-      convert_tile(tile % kStages);
-      __syncthreads();   // the 16-bit tile written; (the next iteration's first barrier orders
-                         // this tile's readers before the next conversion overwrites it)
       compute_tile(tile, tile % kStages);
       if (fetch) tile_pages[ahead % kStages][threadIdx.x] = ahead_page;
     }
@@ -445,12 +535,15 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
   const int Hq = p.num_qo_heads;
 #pragma unroll
   for (int cp = 0; cp < D / kEpiCols; ++cp) {
+    // chunk c of the pass: columns 16c + 4t .. +3 are acc[2c][0], acc[2c+1][0], acc[2c][1],
+    // acc[2c+1][1] (row g; [2], [3]: row g + 8)
 #pragma unroll
-    for (int j = 0; j < kEpiCols / 8; ++j) {
-      float* dst = epi_o + (warp * 16 + g) * kEpiStride + j * 8 + 2 * t4;
-      *reinterpret_cast<float2*>(dst) = make_float2(acc[cp * 8 + j][0], acc[cp * 8 + j][1]);
-      *reinterpret_cast<float2*>(dst + 8 * kEpiStride) =
-          make_float2(acc[cp * 8 + j][2], acc[cp * 8 + j][3]);
+    for (int c = 0; c < kEpiCols / 16; ++c) {
+      const float* e = acc[cp * (kEpiCols / 8) + 2 * c];
+      const float* o = acc[cp * (kEpiCols / 8) + 2 * c + 1];
+      float* dst = epi_o + (warp * 16 + g) * kEpiStride + c * 16 + 4 * t4;
+      *reinterpret_cast<float4*>(dst) = make_float4(e[0], o[0], e[1], o[1]);
+      *reinterpret_cast<float4*>(dst + 8 * kEpiStride) = make_float4(e[2], o[2], e[3], o[3]);
     }
     __syncthreads();
     for (int it = threadIdx.x; it < warps_m * 16 * (kEpiCols / 4); it += kThreads) {

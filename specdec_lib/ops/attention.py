@@ -49,10 +49,10 @@ def verify_attention_smem_bytes(head_dim: int, family: int) -> int:
 
 
 def verify_attention_kv8_smem_bytes(head_dim: int, family: int) -> int:
-    """Dynamic shared memory of one verify_attention_kv8 CTA (8-bit caches): the 8-bit ring,
-    the dequantised 16-bit tile and the int8 params ring (attention_params.h)."""
+    """Dynamic shared memory of one verify_attention_kv8 CTA (8-bit caches): the 8-bit ring
+    and the int8 params ring (attention_params.h; the tiles are dequantised in registers)."""
     keys, st = _TILE_KEYS[head_dim], _stages(family)
-    need = st * 2 * keys * head_dim + 2 * keys * head_dim * 2 + st * 2 * keys * 8
+    need = st * 2 * keys * head_dim + st * 2 * keys * 8
     return max(need, _EPILOGUE_SMEM)
 
 

@@ -1,0 +1,138 @@
+// 8-bit KV cache bytes -> 16-bit mma.sync B-fragment registers (issue 32), for kernels that
+// `ldmatrix` an 8-bit tile straight out of shared memory (verify_attention_kv8.cu): each
+// 32-bit word a lane receives holds four cache bytes; these helpers turn it into two 16-bit
+// pairs in registers, with no 16-bit copy of the tile anywhere.
+//
+// Which bytes pair up depends on how the word was loaded:
+//   ldmatrix (no .trans) of 8-bit rows: the word is 4 consecutive bytes of one row
+//     (K[key][d..d+3]); the kernel pairs (b0, b1) / (b2, b3), or (b0, b2) / (b1, b3) when the
+//     software E4M3 decoder makes that cheaper, and permutes q's columns to match (a dot
+//     product over d does not care about d's order);
+//   ldmatrix .trans of 8-bit rows: the word is [row r: b0 b1][row r+1: b2 b3] (a 2 x 2 byte
+//     block, V[key..key+1][d..d+1]); (b0, b2) is column d, (b1, b3) column d+1.
+//
+// Values (all exact):
+//   e4m3 -> f16: the code's value (every E4M3 value is a float16). compute_90: the native
+//     cvt.rn.f16x2.e4m3x2; compute_75 / compute_80: the branch-free integer decoder of
+//     kv8::e4m3x2_to_f16x2 (same bits, NaN codes included).
+//   int8 -> f16 / bf16: the code c itself, -128..127 (exact in both 16-bit types), by the
+//     "magic exponent" byte shuffle (no integer-to-float conversion instruction).
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda_fp16.h>
+
+#include "common/kv8.cuh"
+
+namespace specdec {
+namespace kv8 {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+constexpr bool kNativeE4m3 = true;
+#else
+constexpr bool kNativeE4m3 = false;
+#endif
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 v) {
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u;
+}
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) {
+  __half2 v;
+  memcpy(&v, &u, 4);
+  return v;
+}
+
+// Software E4M3 pair decode: codes in bytes 1 and 3 of r (bytes 0 and 2 are ignored) ->
+// float16 pair, byte 1's value in the low half. kv8::e4m3x2_to_f16x2's integer path after
+// its byte shuffle (see there for why it is exact).
+__device__ __forceinline__ uint32_t e4m3_b13_to_f16x2_sw(uint32_t r) {
+  const uint32_t h = ((r >> 1) & 0x3F803F80u) | (r & 0x80008000u);
+  const uint32_t out = h2_bits(__hmul2(bits_h2(h), __half2half2(__ushort_as_half(0x5C00))));   // x 256
+  const uint32_t nan = ((r & 0x7F007F00u) + 0x01000100u) & 0x80008000u;
+  return out | ((nan >> 15) * 0x7E00u);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+// native: the two 16-bit halves of w, each a code pair (low byte -> low half)
+__device__ __forceinline__ void e4m3x2x2_cvt(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+}
+#endif
+
+// K word (4 bytes of one row). Native: lo = (b0, b1), hi = (b2, b3). Software
+// (kKStrided): lo = (b0, b2), hi = (b1, b3) (one shift instead of two byte shuffles).
+constexpr bool kKStrided = !kNativeE4m3;
+__device__ __forceinline__ void e4m3x4_row_to_f16(uint32_t w, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  e4m3x2x2_cvt(w, lo, hi);
+#else
+  lo = e4m3_b13_to_f16x2_sw(w << 8);
+  hi = e4m3_b13_to_f16x2_sw(w);
+#endif
+}
+
+// V word from ldmatrix .trans (2 x 2 byte block): lo = (b0, b2) (column d), hi = (b1, b3).
+__device__ __forceinline__ void e4m3x4_trans_to_f16(uint32_t w, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  e4m3x2x2_cvt(__byte_perm(w, 0u, 0x3120), lo, hi);
+#else
+  lo = e4m3_b13_to_f16x2_sw(w << 8);
+  hi = e4m3_b13_to_f16x2_sw(w);
+#endif
+}
+
+// int8 codes -> f16 pairs of their values c. Byte b of x = c ^ 0x80 = c + 128 (unsigned);
+// f16 bits 0x64uu are 1024 + uu exactly; minus 1152 leaves c. SEL_*: __byte_perm selectors
+// placing the pair's bytes at 0 and 2 with 0x64 above each (0x4j4i: bytes i, j).
+template <uint32_t SEL_LO, uint32_t SEL_HI>
+__device__ __forceinline__ void int8x4_to_f16(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const uint32_t x = w ^ 0x80808080u;
+  const __half2 off = __half2half2(__ushort_as_half(0x6480));   // 1152
+  lo = h2_bits(__hsub2(bits_h2(__byte_perm(x, 0x64646464u, SEL_LO)), off));
+  hi = h2_bits(__hsub2(bits_h2(__byte_perm(x, 0x64646464u, SEL_HI)), off));
+}
+
+// int8 codes -> bf16 pairs of their values c (sm_80+). With the code byte under 0x43, the
+// bf16 bits 0x43bb are (128 + low7) * 2^b7; A = those bits without b7 is 128 + low7,
+// B = 0x4300 | b7 << 7 is 128 * (1 + b7), and A - B = low7 - 128 * b7 = c, exactly.
+__device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(b), "r"(0xBF80BF80u), "r"(a));   // a - b
+  return r;
+#else
+  __trap();
+  return 0u;
+#endif
+}
+template <uint32_t SEL_LO, uint32_t SEL_HI>
+__device__ __forceinline__ void int8x4_to_bf16(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const uint32_t l = __byte_perm(w, 0x43434343u, SEL_LO);
+  const uint32_t h = __byte_perm(w, 0x43434343u, SEL_HI);
+  lo = bf16x2_sub(l & 0xFF7FFF7Fu, l & 0xFF80FF80u);
+  hi = bf16x2_sub(h & 0xFF7FFF7Fu, h & 0xFF80FF80u);
+}
+
+// d = a * b + c on 16-bit pairs, one rounding (f16: sm_53+; bf16: sm_80+)
+__device__ __forceinline__ uint32_t fma_f16x2(uint32_t a, uint32_t b, uint32_t c) {
+  return h2_bits(__hfma2(bits_h2(a), bits_h2(b), bits_h2(c)));
+}
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+#else
+  __trap();
+  return 0u;
+#endif
+}
+
+}  // namespace kv8
+}  // namespace specdec
