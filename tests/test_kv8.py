@@ -398,3 +398,62 @@ def test_verify_attention_8bit_gpu(rng, fmt, dtype, D, group, Hkv, page, mode):
                          _dev(c["cu_q"]), out, lse_out=lse, **kw)
     got = from_host_storage(out.to_numpy(), dtype)
     assert rel_err(got, exp) <= _TOL[dtype] and rel_err(lse.to_numpy(), exp_lse) <= 1e-4
+
+
+@needs_gpu
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("q_mag", [1e-6, 300.0], ids=["tiny_q", "large_q"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_verify_attention_8bit_gpu_q_magnitudes(rng, fmt, dtype, q_mag, D):
+    """Q . K runs in float16 for either q dtype: bf16 q is moved into float16 range by a
+    per-row power of two (undone in the score scale); tiny and large q rows stay within the
+    16-bit path's tolerance (large: a peaked softmax)."""
+    from specdec_lib import ops, runtime
+    from specdec_lib.dtypes import from_host_storage, to_host_storage
+    if dtype == "bfloat16" and runtime.arch_family(0) < 80:
+        pytest.skip("bf16 needs the sm_80 path")
+    qs, Ls = (4, 1, 3), (200, 0, 37)
+    c = _va_case(rng, fmt, D=D, Hq=8, Hkv=2, page=16, qs=qs, Ls=Ls)
+    T, Hq, _ = c["q"].shape
+    q = c["q"].astype(np.float32) * np.float32(q_mag / 3.0)
+    q[0, 0, :] *= 0.0   # an all-zero row
+    qf = from_host_storage(to_host_storage(q, dtype), dtype)
+    kd, vd = _va_dequant(c)
+    exp, exp_lse = np.zeros((T, Hq, D)), np.zeros((T, Hq))
+    ref.verify_attention(qf, kd, vd, c["page_table"], c["seq_lens"], c["cu_q"], exp, lse_out=exp_lse)
+    kw = {n: _dev(x) for n, x in c["kw"].items()}
+    out, lse = poison((T, Hq, D), dtype), poison((T, Hq), "float32")
+    ops.verify_attention(_dev(to_host_storage(qf, dtype), dtype), _dev(c["k_cache"]),
+                         _dev(c["v_cache"]), _dev(c["page_table"]), _dev(c["seq_lens"]),
+                         _dev(c["cu_q"]), out, lse_out=lse, **kw)
+    got = from_host_storage(out.to_numpy(), dtype)
+    assert rel_err(got, exp) <= _TOL[dtype]
+    assert np.max(np.abs(lse.to_numpy() - exp_lse)) <= 1e-4 * max(1.0, np.max(np.abs(exp_lse)))
+
+
+@needs_gpu
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_verify_attention_fp8_gpu_nan_code(rng, which):
+    """A NaN code (0x7F) in the cache makes exactly the rows that attend it NaN, on the
+    native and the software E4M3 decode alike (the reference's fp8_dequantize)."""
+    from specdec_lib import ops
+    D = 64
+    c = _va_case(rng, "fp8", D=D, Hq=4, Hkv=2, page=4, qs=(3, 2), Ls=(9, 5))
+    pt = c["page_table"]
+    key = 10                       # sequence 0, key 10: rows 1, 2 (positions 10, 11) see it
+    cache = c[f"{which}_cache"]
+    cache[pt[0, key // 4], key % 4, 1, 7] = 0x7F
+    T, Hq, _ = c["q"].shape
+    kd, vd = _va_dequant(c)
+    exp = np.zeros((T, Hq, D))
+    ref.verify_attention(c["q"].astype(np.float64), kd, vd, pt, c["seq_lens"], c["cu_q"], exp)
+    nan_rows = np.isnan(exp).any(axis=2)
+    assert nan_rows.sum() == 2 * 2   # 2 rows x the 2 query heads of KV head 1
+    out = poison((T, Hq, D), "float16")
+    ops.verify_attention(_dev(c["q"]), _dev(c["k_cache"]), _dev(c["v_cache"]), _dev(pt),
+                         _dev(c["seq_lens"]), _dev(c["cu_q"]), out,
+                         **{n: _dev(x) for n, x in c["kw"].items()})
+    got = out.to_numpy().astype(np.float64)
+    assert np.array_equal(np.isnan(got).any(axis=2), nan_rows)
+    assert rel_err(got[~nan_rows], exp[~nan_rows]) <= _TOL["float16"]
