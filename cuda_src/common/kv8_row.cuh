@@ -1,9 +1,10 @@
 // Warp-collective write of one (token, KV head) row of an 8-bit KV cache (issue 32): the
-// row's D values sit in the 32 lanes' registers as chunks of V consecutive elements; the
-// lane holding chunk c writes cache bytes c*V .. c*V+V-1. FP8: codes e4m3(x * (1/scale));
-// INT8: the warp reduces the row's NaN-ignoring min / max, every lane derives the same
-// (scale, zero) (common/kv8.cuh), lane 0 stores the pair. Used by append_kv8 (copy.cu) and
-// rope_append_kv8 (attention/rope_append_kv.cu). Every lane of the warp must call it.
+// row's D values sit in the registers of W aligned lanes (W = 32: the whole warp; 8 / 16: a
+// warp holds 32 / W rows side by side) as chunks of V consecutive elements; the lane holding
+// chunk c writes cache bytes c*V .. c*V+V-1. FP8: codes e4m3(x * (1/scale)); INT8: the W
+// lanes reduce the row's NaN-ignoring min / max (exact, so the lane count changes no bit),
+// every lane derives the same (scale, zero) (common/kv8.cuh), the row's first lane stores
+// the pair. Used by append_kv8 (copy.cu). Every lane of the warp must call it.
 #pragma once
 #include <stdint.h>
 #include <string.h>
@@ -34,10 +35,12 @@ __device__ __forceinline__ void kv8_store_bytes(uint8_t* dst, const uint8_t (&b)
 }
 
 // x[j][i]: element chunk[j]*V + i of the row (chunk[j] < 0: slot unused). fp8_scale: the
-// head's scale (FP8); params: where (scale, zero) go (INT8, written by lane 0).
-template <int FMT, int NC, int V>
+// head's scale (FP8); params: where (scale, zero) go (INT8, written by the row's first lane;
+// W < 32: nullptr for a lane group holding no row).
+template <int FMT, int NC, int V, int W = 32>
 __device__ __forceinline__ void kv8_write_row(const float (&x)[NC][V], const int (&chunk)[NC],
                                               uint8_t* dst, float fp8_scale, float* params) {
+  static_assert(W == 8 || W == 16 || W == 32, "lanes per row: 8, 16 or 32");
   if constexpr (FMT == KV8_FP8) {
     const float inv = kv8::rcp_rn(fp8_scale);
 #pragma unroll
@@ -60,7 +63,7 @@ __device__ __forceinline__ void kv8_write_row(const float (&x)[NC][V], const int
       }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
+    for (int o = W / 2; o > 0; o >>= 1) {
       mn = kv8::fmin_nan(mn, __shfl_xor_sync(0xffffffffu, mn, o));
       mx = kv8::fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     }
@@ -73,9 +76,16 @@ __device__ __forceinline__ void kv8_write_row(const float (&x)[NC][V], const int
       for (int i = 0; i < V; ++i) b[i] = static_cast<uint8_t>(kv8::int8_encode(x[j][i], r));
       kv8_store_bytes<V>(dst + chunk[j] * V, b);
     }
-    if ((threadIdx.x & 31) == 0) {
-      params[0] = r.scale;
-      params[1] = r.zero;
+    if constexpr (W == 32) {
+      if ((threadIdx.x & 31) == 0) {
+        params[0] = r.scale;
+        params[1] = r.zero;
+      }
+    } else {
+      if ((threadIdx.x & (W - 1)) == 0 && params != nullptr) {
+        params[0] = r.scale;
+        params[1] = r.zero;
+      }
     }
   }
 }

@@ -147,22 +147,28 @@ SPECDEC_COPY_KERNELS(8)
 
 // ---- append_kv into 8-bit caches (issue 32): quantise on write
 //
-// One warp per (token, K/V, head) row: the row's D <= 256 values are loaded in chunks of V
-// (16-byte vectors when the launcher found the rows aligned, else V = 1), quantised in
-// registers (common/kv8_row.cuh: fp8 with the head's scale, int8 with the row's own
-// min / max reduced over the warp) and stored as V-byte codes; int8 rows also store their
-// (scale, zero) pair. A CTA row of blockDim.x = 32 * W threads owns one token (blockDim.y
-// tokens per CTA); the index chain is append_kv's (kv_append_target, skipped rows untouched).
+// W lanes per (token, K/V, head) row, W the fewest of 8 / 16 / 32 holding the row's D / V
+// chunks (a warp takes 32 / W rows at once, so D=128 16-bit rows no longer leave half the
+// lanes idle and the warp's rows load together): the row's D <= 256 values are loaded in
+// chunks of V (16-byte vectors when the launcher found the rows aligned, else V = 1 and
+// W = 32), quantised in registers (common/kv8_row.cuh: fp8 with the head's scale, int8 with
+// the row's own min / max reduced over its W lanes) and stored as V-byte codes; int8 rows
+// also store their (scale, zero) pair. A CTA row of blockDim.x threads owns one token
+// (blockDim.y tokens per CTA); the index chain is append_kv's (kv_append_target, skipped
+// rows untouched).
 #include "common/kv8_row.cuh"
 #include "common/pack.cuh"
 
 namespace {
 
-template <typename T, int FMT, int V>
+template <typename T, int FMT, int V, int W>
 __device__ __forceinline__ void append_kv8(const AppendKV8Params& q) {
   const AppendKVParams& p = q.base;
-  constexpr int NC = (256 / V + 31) / 32;        // chunk slots per lane (D <= 256)
-  const int lane = threadIdx.x & 31;
+  // chunk slots per lane: W < 32 only takes rows of <= W chunks (the dispatch below)
+  constexpr int NC = W < 32 ? 1 : (256 / V + 31) / 32;   // D <= 256
+  constexpr int R = 32 / W;                      // rows a warp holds at once
+  const int lane = (threadIdx.x & 31) % W;       // lane within the row
+  const int sub = (threadIdx.x & 31) / W;        // the warp's row slot
   const int warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
   const int nchunks = p.head_dim / V;
@@ -172,7 +178,9 @@ __device__ __forceinline__ void append_kv8(const AppendKV8Params& q) {
     if (!kv_append_target(p.cu_q, p.seq_lens, p.finished, p.page_table, p.page_table_stride,
                           p.batch, p.page_size, p.num_pages, p.max_pages, t, page, slot))
       continue;
-    for (int u = warp; u < 2 * p.num_heads; u += warps) {
+    for (int u0 = warp * R; u0 < 2 * p.num_heads; u0 += warps * R) {   // warp-uniform
+      const int u = u0 + sub;
+      const bool has_row = R == 1 || u < 2 * p.num_heads;   // else: this slot idles, lanes still shuffle
       const int kv = u >= p.num_heads;
       const int h = u - kv * p.num_heads;
       const T* src = static_cast<const T*>(kv ? p.v_src : p.k_src) + t * p.src_stride_t[kv] +
@@ -181,9 +189,9 @@ __device__ __forceinline__ void append_kv8(const AppendKV8Params& q) {
       int chunk[NC];
 #pragma unroll
       for (int j = 0; j < NC; ++j) {
-        const int c = lane + 32 * j;
-        chunk[j] = c < nchunks ? c : -1;
-        if (c < nchunks) {
+        const int c = lane + W * j;
+        chunk[j] = has_row && c < nchunks ? c : -1;
+        if (chunk[j] >= 0) {
           const Pack<T, V> v = load_pack<T, V>(src + c * V);
 #pragma unroll
           for (int i = 0; i < V; ++i) x[j][i] = to_float(v.e[i]);
@@ -198,8 +206,9 @@ __device__ __forceinline__ void append_kv8(const AppendKV8Params& q) {
       const float* sc = kv ? q.v_scale : q.k_scale;
       float* prm = kv ? q.v_params : q.k_params;
       const int64_t prow = ((static_cast<int64_t>(page) * p.page_size + slot) * p.num_heads + h) * 2;
-      kv8_write_row<FMT, NC, V>(x, chunk, dst, FMT == KV8_FP8 ? __ldg(sc + h * q.scale_stride) : 0.f,
-                                FMT == KV8_INT8 ? prm + prow : nullptr);
+      kv8_write_row<FMT, NC, V, W>(x, chunk, dst,
+                                   FMT == KV8_FP8 && has_row ? __ldg(sc + h * q.scale_stride) : 0.f,
+                                   FMT == KV8_INT8 && has_row ? prm + prow : nullptr);
     }
   }
 }
@@ -209,8 +218,12 @@ __device__ __forceinline__ void append_kv8(const AppendKV8Params& q) {
 #define SPECDEC_APPEND_KV8(FNAME, FMT, TNAME, T)                                              \
   extern "C" __global__ void __launch_bounds__(kThreads) append_kv8_##FNAME##_##TNAME(        \
       const AppendKV8Params p) { specdec::pdl_begin();                                                              \
-    if (p.base.vectorize) append_kv8<T, FMT, 16 / sizeof(T)>(p);                              \
-    else append_kv8<T, FMT, 1>(p);                                                            \
+    constexpr int kV = 16 / sizeof(T);                                                        \
+    const int nchunks = p.base.head_dim / kV;                                                 \
+    if (!p.base.vectorize) append_kv8<T, FMT, 1, 32>(p);                                      \
+    else if (nchunks <= 8) append_kv8<T, FMT, kV, 8>(p);                                      \
+    else if (nchunks <= 16) append_kv8<T, FMT, kV, 16>(p);                                    \
+    else append_kv8<T, FMT, kV, 32>(p);                                                       \
   }
 SPECDEC_APPEND_KV8(fp8, KV8_FP8, f32, float)
 SPECDEC_APPEND_KV8(fp8, KV8_FP8, f16, __half)

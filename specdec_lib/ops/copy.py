@@ -131,7 +131,7 @@ def append_kv(k: ArrayLike, v: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike
 
 
 def _append_kv8(ka, va, kc, vc, pt, sl, cq, fin, ks, vs, kp, vp, stream_h):
-    """The 8-bit append: one warp per (token, K/V, head) row (copy.cu append_kv8)."""
+    """The 8-bit append: 8, 16 or 32 lanes per (token, K/V, head) row (copy.cu append_kv8)."""
     T, B = ka.shape[0], pt.shape[0]
     num_pages, page_size, hkv, dim = kc.shape
     E = ka.itemsize
@@ -150,7 +150,11 @@ def _append_kv8(ka, va, kc, vc, pt, sl, cq, fin, ks, vs, kp, vp, stream_h):
     vectorize = dim % V == 0 and src_bits % 16 == 0 and dst_bits % V == 0
     fmt = "fp8" if ks is not None else "int8"
     kern = runtime.kernel("copy", f"append_kv8_{fmt}_{_SHORT[ka.dtype]}", kc.device)
-    warps = max(1, min(8, 2 * hkv))
+    # lanes per row as the kernel picks them (the fewest of 8 / 16 / 32 holding the row's
+    # chunks; 32 unvectorised): a warp takes 32 / W rows at once
+    nchunks = dim // V
+    W = 32 if not vectorize or nchunks > 16 else 16 if nchunks > 8 else 8
+    warps = max(1, min(8, -(-2 * hkv // (32 // W))))
     threads = 32 * warps
     rows_per_cta = max(1, _THREADS // threads)
     grid = int(min(-(-T // rows_per_cta), 2**31 - 1))
