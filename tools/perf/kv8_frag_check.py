@@ -192,8 +192,10 @@ def e4m3_sw(r):   # kv8_frag.cuh e4m3_b13_to_f16x2_sw
     for part in range(2):
         v = np.float16(f16((h >> (16 * part)) & 0xFFFF)) * np.float16(256)
         out |= int(np.array([v], np.float16).view(np.uint16)[0]) << (16 * part)
-    nan = ((r & 0x7F007F00) + 0x01000100) & 0x80008000
-    return out | (((nan >> 15) * 0x7E00) & 0xFFFFFFFF)
+    t = ((r & 0x7F007F00) + 0x01000100) & 0xFFFFFFFF
+    nan = sum((0xFF if (t >> (8 * src + 7)) & 1 else 0) << (8 * n)   # prmt 0xBB99, sign mode
+              for n, src in enumerate((1, 1, 3, 3)))
+    return out | nan
 
 
 def check_decoders():
