@@ -66,9 +66,9 @@ struct Tile {
   static_assert(kKeys % kRowsPerPass8 == 0, "tile rows must split evenly over the copy passes");
 };
 
-// Byte offset of 16-byte chunk c of 8-bit key row `row` in a K or V tile. Any 8 consecutive
-// rows at the same chunk fall into 8 different 16-byte bank groups, so each ldmatrix matrix
-// (8 rows x 16 bytes) is conflict-free: D >= 128 XORs the chunk with row & 7 (the 16-bit
+// Byte offset of 16-byte chunk c of 8-bit key row `row` in a K or V tile. Rows 8r .. 8r+7 at
+// the same chunk fall into 8 different 16-byte bank groups, so each ldmatrix matrix (8 such
+// rows x 16 bytes) is conflict-free: D >= 128 XORs the chunk with row & 7 (the 16-bit
 // kernel's swizzle); D = 64 rows are 64 bytes, so two rows share a 128-byte line and the
 // chunk's place in the line is XORed with the line index.
 template <int D>
