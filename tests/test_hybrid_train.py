@@ -231,6 +231,8 @@ def test_train_hybrid_cli_toy(tmp_path):
     assert main(argv2) == 0
     cfg2 = json.loads((tmp_path / "out2" / "config.json").read_text())
     assert cfg2["layer_pattern"] == "GAGA" and cfg2["specdec_training"]["stage1"]["updates"] == 0
+    # ... and records the run it continued, so the chain of commands that made it is on file
+    assert cfg2["specdec_training"]["init"] == tr
 
 
 def test_train_hybrid_help_without_torch():

@@ -252,9 +252,10 @@ def run(args, argv=None):
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     timing = {}
     seqs, plens, split = _data(args, config, weights, tok, stop_ids, log, timing)
-    init = None
+    init, init_training = None, None
     if args.init:
         cfg0, init = load_hybrid_weights(args.init, base=config)
+        init_training = cfg0.get("specdec_training")   # the run it continues, kept below
         cfg = hybrid_config(config, pattern=cfg0["layer_pattern"], rank=cfg0["lora_rank"],
                             conv_width=cfg0["linear_conv_kernel_dim"],
                             delta_dtype=args.delta_dtype, base_model=base_name,
@@ -298,6 +299,9 @@ def run(args, argv=None):
         batch_tokens=args.batch_tokens, lr1=args.lr1, lr2=args.lr2,
         sequences=len(tr), heldout_sequences=len(ho), python=sys.version.split()[0],
         torch=torch.__version__, device=str(device), **stats, **timing))
+    if init_training is not None:
+        # a continued run records the whole chain: the command that made its --init, and so on
+        cfg["specdec_training"]["init"] = init_training
     cfg = save_hybrid_weights(args.out, model.export(), cfg)
     # the report is of the weights as shipped (deltas rounded to their dtype), read back
     # through the checks
