@@ -166,6 +166,9 @@ register(KernelModule(
     kernels={**{f"rms_norm_{t}_w{w}": "RmsNormParams" for t, w in NORM_DTYPES},
              **{f"{op}_{t}": p for op, p in (("rope", "RopeParams"), ("silu_mul", "SiluMulParams"))
                 for t in ("f32", "f16", "bf16")}},
+    # ptxas 13.0 spills 8 bytes of the weights-first rms_norm's bf16 / f32-weight form on
+    # sm_86 / sm_89 only (their cubins are built from the compute_80 PTX, which sm_80 fits)
+    allow_local=("rms_norm_bf16_wf32",),
 ))
 
 # the layers family's small-M GEMM (its own translation unit; launcher: pyx/_layers.pyx)
