@@ -15,12 +15,12 @@ counts the rounds verified at each k.
   position from ONE plain forward pass over the final sequence, except at numerical ties
   (top-2 gap below ``--tie-tolerance``), which are counted and printed.
 
-``--model smollm2-hybrid --weights DIR`` runs SmolLM2 distilled into gated delta-net layers
-(``models.llama_hybrid``; ``--state-dtype`` its GDN state, ``--dtype`` the GPU's dense math),
-with its MTP head (``--draft mtp``, the default where DIR holds one: ``python -m specdec_lib
-train-draft --hybrid DIR`` writes DIR/smollm2_hybrid_mtp; ``--head`` names another) or prompt
-lookup: no trained weights ship yet (``python -m specdec_lib train-hybrid`` makes them), so
-without ``--weights`` it refuses, naming the file and that command.
+``--model smollm2-hybrid`` runs SmolLM2 distilled into gated delta-net layers
+(``models.llama_hybrid``; the shipped weights, or ``--weights DIR`` from ``python -m
+specdec_lib train-hybrid --out DIR``; ``--state-dtype`` its GDN state, ``--dtype`` the GPU's
+dense math), with its MTP head (``--draft mtp``, the default where the weights directory holds
+one: ``python -m specdec_lib train-draft --hybrid DIR`` writes DIR/smollm2_hybrid_mtp;
+``--head`` names another) or prompt lookup (the shipped weights carry no head yet).
 
 ``--model tiny-hybrid`` runs the embedded synthetic hybrid (GDN + attention) model with its
 MTP head instead (``--backend cuda``: cupy; exactness checked token for token). Exit status 0
@@ -90,12 +90,13 @@ def _parser():
     p.add_argument("--model", choices=("smollm2", "smollm2-hybrid", "tiny-hybrid"),
                    default="smollm2",
                    help="smollm2 (default): the real 135M Llama model (needs the model extra); "
-                        "smollm2-hybrid: SmolLM2 distilled into GDN layers (needs --weights: "
-                        "none ship yet); tiny-hybrid: the embedded synthetic GDN + attention "
+                        "smollm2-hybrid: SmolLM2 distilled into GDN layers (the shipped weights "
+                        "or --weights); tiny-hybrid: the embedded synthetic GDN + attention "
                         "model")
     p.add_argument("--weights", metavar="DIR", default=None,
                    help="smollm2-hybrid: the hybrid weights directory (model.safetensors + "
-                        "config.json, written by python -m specdec_lib train-hybrid --out DIR)")
+                        "config.json, written by python -m specdec_lib train-hybrid --out DIR; "
+                        "default: the shipped one)")
     p.add_argument("--state-dtype", choices=("float32", "bfloat16", "float16"),
                    default="float32",
                    help="smollm2-hybrid: the GDN state (default float32); refused up front "

@@ -7,8 +7,9 @@
   float32, bfloat16 and float16 GDN state, batched and with slots reused, bucketed prefill too;
 * the demo drafts with the MTP head in the weights directory (tests/test_hybrid_draft.py
   trains one with train-draft --hybrid and checks the refusals);
-* the loader and the demo refuse missing weights (naming the file and train-hybrid) and
-  state dtypes the backend cannot run, before anything runs;
+* the shipped weights pass the load checks and record their training chain; the loader and
+  the demo refuse missing weights (naming the file and train-hybrid) and state dtypes the
+  backend cannot run, before anything runs;
 * the real SmolLM2 GGUF with untrained (random small) deltas decodes losslessly;
 * on a GPU (torch backend), speculative == target-only eagerly and graph-captured.
 """
@@ -209,24 +210,52 @@ def test_bad_state_dtype_and_backend_refused(tmp_path):
     assert hybrid_unsupported(make_backend("reference"), "float16", "float16") is None
 
 
-def test_loader_refuses_missing_weights(tmp_path):
-    """No weights ship yet: the loader names the missing file and the train-hybrid command
-    (before the GGUF is read), and refuses a bad state dtype before that."""
+def test_loader_refuses_missing_weights(tmp_path, monkeypatch):
+    """Without the shipped weights (a package built without them) the loader names the
+    missing file and the train-hybrid command (before the GGUF is read), and refuses a bad
+    state dtype before that."""
     from specdec_lib.models import load_smollm2_hybrid_target
-    from specdec_lib.models.smollm2_hybrid import SHIPPED_DIR
+    from specdec_lib.models import smollm2_hybrid
+    monkeypatch.setattr(smollm2_hybrid, "SHIPPED_DIR", str(tmp_path / "shipped"))
     be = make_backend("reference")
     with pytest.raises(FileNotFoundError, match="model.safetensors.*train-hybrid") as e:
         load_smollm2_hybrid_target(be)
-    assert SHIPPED_DIR in str(e.value)
+    assert str(tmp_path / "shipped") in str(e.value)
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "nope")):
         load_smollm2_hybrid_target(be, weights=tmp_path / "nope")
     with pytest.raises(ValueError, match="state_dtype"):
         load_smollm2_hybrid_target(be, weights=tmp_path / "nope", state_dtype="int4")
 
 
-def test_demo_refuses_without_weights(capsys):
+def test_shipped_weights_pass_their_checks():
+    """The shipped smollm2-hybrid (no GGUF needed): read through the load checks against
+    SmolLM2's shapes, GGGA (23 GDN layers), within the 12 MB budget, built on SmolLM2's GGUF,
+    and its file records the whole chain of training commands with each run's held-out
+    report (the last one inside the perplexity bar)."""
+    import os
+    from specdec_lib.models.smollm2 import EXPECTED, GGUF_SHA256
+    from specdec_lib.models.smollm2_hybrid import SHIPPED_DIR, WEIGHTS_FILE, gdn_layers
+    base = SimpleNamespace(hidden_size=EXPECTED["hidden_size"], num_layers=30,
+                           num_heads=EXPECTED["num_heads"], head_dim=EXPECTED["head_dim"])
+    cfg, t = load_hybrid_weights(SHIPPED_DIR, base=base)
+    assert cfg["layer_pattern"].startswith("GGGA") and len(gdn_layers(cfg)) == 23
+    assert cfg["base_gguf_sha256"] == GGUF_SHA256
+    assert os.path.getsize(os.path.join(SHIPPED_DIR, WEIGHTS_FILE)) <= 12e6
+    tr, chain = cfg["specdec_training"], []
+    while tr is not None:
+        chain.append(tr)
+        assert tr["command"].startswith("python -m specdec_lib train-hybrid --out ")
+        assert tr["heldout"]["ppl_ratio"] > 1.0 and tr["heldout"]["tokens"] > 10000
+        tr = tr.get("init")
+    assert len(chain) >= 1 and "--init" not in chain[-1]["command"]
+    assert chain[0]["heldout"]["ppl_ratio"] <= 1.25
+    assert cfg["specdec_training"]["data_command"].startswith("python -m specdec_lib train-draft")
+
+
+def test_demo_refuses_without_weights(tmp_path, capsys):
     from specdec_lib.demo import main
-    assert main(["--model", "smollm2-hybrid", "--no-progress", "--backend", "reference"]) == 2
+    assert main(["--model", "smollm2-hybrid", "--no-progress", "--backend", "reference",
+                 "--weights", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "--weights" in err and "model.safetensors" in err and "train-hybrid" in err
 

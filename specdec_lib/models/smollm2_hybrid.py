@@ -291,7 +291,7 @@ def shipped_weights(weights=None):
         d = os.path.dirname(d) or "."
     f = os.path.join(d, WEIGHTS_FILE)
     if not os.path.isfile(f) or not os.path.isfile(os.path.join(d, "config.json")):
-        what = "no trained smollm2-hybrid weights ship yet" if weights is None else \
+        what = "the shipped smollm2-hybrid weights are missing" if weights is None else \
             "no hybrid weights here"
         raise FileNotFoundError(f"{f}: {what} (model.safetensors + config.json); train them "
                                 f"with `{TRAIN_COMMAND}` and pass that DIR as the weights")
