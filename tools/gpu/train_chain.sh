@@ -94,10 +94,11 @@ case $STEP in
     --seq-len 512 --batch-tokens 16384 2>&1 | tr '\r' '\n' | grep -vE "it/s\]|s/it\]|^\s*$" \
     > "$L/hybrid.log" &
   hyb=$!
-  DATA=$DATA GGUF=$M/smol.gguf SKIP_BUILD=1 timeout "$left" bash tools/gpu/gpu_train.sh /tmp/h \
-    --method "${HEADS_METHOD:-both}" --steps 5 --budget-seconds "${HEADS_S:-$(( left - 40 ))}" --train-seconds 400 | tail -3
+  [ "${HEADS_METHOD:-both}" = none ] || DATA=$DATA GGUF=$M/smol.gguf SKIP_BUILD=1 timeout "$left" \
+    bash tools/gpu/gpu_train.sh /tmp/h --method "${HEADS_METHOD:-both}" --steps 5 \
+    --budget-seconds "${HEADS_S:-$(( left - 40 ))}" --train-seconds 400 | tail -3
   wait $hyb; echo "hybrid rc=$?"; tail -4 "$L/hybrid.log"
-  cp /tmp/h/train.log "$L/"
+  cp /tmp/h/train.log "$L/" 2>/dev/null
   for m in mtp eagle3; do
     mkdir -p "$OUT/smollm2_$m" && cp /tmp/h/smollm2_$m/* "$OUT/smollm2_$m/" 2>/dev/null
   done
