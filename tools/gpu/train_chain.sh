@@ -1,52 +1,64 @@
 #!/usr/bin/env bash
-# One device session of training and measuring on SmolLM2 (issues 29 and 30): the GGUF
-# travels in three parts (.g0/g00, .g1/g01, .g2/g02 + the gguf wheel in .g2; NOTES.md "How
-# to work"), one a call, each call sent within 30 s of the last (a warm machine keeps /tmp).
-# Run from the tree's root there, one STEP a call:
+# One device session of checking, training and measuring on SmolLM2 (issues 29-32), one STEP
+# a call, each call sent within 30 s of the last (a warm machine keeps /tmp). The GGUF travels
+# in four ignored parts, .g0/g00 .. .g3/g03 (the gguf wheel in .g3): any call may carry one
+# (`carry: [".g1"]`); every step first copies the parts it finds to /tmp/m, and the steps that
+# need the model assemble it once all four are there. The tree itself is ~33 MB since the
+# hybrid ships: a part (24.6 MB) and .whl (2.4 MB) fit beside it under the 64 MiB a call takes.
 #
-#   1  carry .whl .g0  copy the tree to /tmp/clean, build, every GPU test on $FAMILIES
-#                      (default the three), `bench $BENCH` (default round_b1)  ~7 min;
-#                      with PATCHES="docs/patches/A.patch ..." the tests and the bench run on
-#                      a patched copy, main's tree is built beside it and benched after it
-#   2  carry .g1       memcheck over $SAN_TESTS (small cases)                  ~1 min
-#   3  carry .g2       the GGUF; the data (train-draft --data-only, $PROMPTS prompts of the
-#                      mix -> /tmp/m/data.npz, ~180 s for 30k), then beside each other on the
-#                      GPU: train-draft (both heads -> /tmp/h, --budget-seconds $HEADS_S) and
-#                      train-hybrid (-> /tmp/hyb, $STAGE1_S + $STAGE2_S)       ~9.5 min
-#   4  (none)          e2e_smollm2 of the new heads (B=1 general, unseen and docstring sets,
-#                      B=32, served 128/32, -k auto) and of the shipped ones (B=1); then
-#                      the hybrid's MTP head (train-draft --hybrid /tmp/hyb)   ~9.5 min
-#   5  (none)          the hybrid: e2e --hybrid (B=1 general, served) in f32 state, the demo
-#                      in bf16 / f16 state and on forced compute_75 (f16 math + f16 state)
-#                                                                               ~5 min
+#   build  carry .whl .g0  copy the tree to /tmp/clean, build, every GPU test on $FAMILIES
+#                          (default the three), `bench $BENCH` (default round_b1)   ~7 min;
+#                          PATCHES="docs/patches/A.patch ...": tests and bench on a patched
+#                          copy (/tmp/patched), main built beside it and benched after it
+#   san    carry .g1       memcheck over $SAN_TESTS in the patched copy if any     ~1 min
+#   prof   carry .g2       tools/gpu/profile.sh $PROF (CASE:KERNEL ...), same tree  ~2 min
+#   train  carry .g3       the GGUF; the data (train-draft --data-only, $PROMPTS prompts ->
+#                          /tmp/m/data.npz, ~180 s for 30k), then beside each other on the
+#                          GPU: the shipped hybrid's MTP head (train-draft --hybrid /tmp/hyb)
+#                          and the SmolLM2 heads ($HEADS_METHOD, default eagle3; none: skip;
+#                          HEADS_INIT=DIR continues a saved head where train-draft has --init)
+#                                                                                  ~9.5 min
+#   e2e    (none)          e2e_smollm2 of the new heads (if trained) and the shipped ones (B=1
+#                          general / unseen / heldout sets, B=32, served 128/32, -k auto) ~5 min
+#   hybrid (none)          the hybrid with its new head: e2e --hybrid (B=1 general, served) in
+#                          f32 state, the demo in bf16 / f16 state and on forced compute_75
+#                          (f16 math + f16 state)                                    ~5 min
 #
 #   tools/gpu/train_chain.sh STEP "$OUT"
 #
-# What comes back: at most 8 files, two folders down: logs are tarred (sN.tgz), the heads
-# and the hybrid come back as files. Sizes and budgets are environment variables (below).
+# What comes back: at most 8 files, two folders down: logs are tarred (STEP.tgz), heads come
+# back as files. Sizes and budgets are environment variables (below).
 set -u -o pipefail
 STEP=${1:?usage: tools/gpu/train_chain.sh STEP OUTDIR}
 OUT=${2:?usage: tools/gpu/train_chain.sh STEP OUTDIR}
-CLEAN=/tmp/clean M=/tmp/m SITE=/tmp/specdec_site
+CLEAN=/tmp/clean M=/tmp/m SITE=/tmp/specdec_site PARTS=${GGUF_PARTS:-4}
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
-mkdir -p "$M" "$OUT/s$STEP"
-L=$OUT/s$STEP
-pack() { (cd "$OUT" && tar -czf "s$STEP.tgz" "s$STEP" && rm -rf "s$STEP"); }
+mkdir -p "$M" "$OUT/$STEP"
+L=$OUT/$STEP
+pack() { (cd "$OUT" && tar -czf "$STEP.tgz" "$STEP" && rm -rf "$STEP"); }
+for f in .g*/g0* .g*/gguf-*.whl; do [ -f "$f" ] && cp "$f" "$M/"; done
+# the tree the checks run on: the patched copy where step build made one
+chk_tree() { [ -d /tmp/patched ] && echo /tmp/patched || echo "$CLEAN"; }
 gguf_env() {
+  if [ ! -f "$M/smol.gguf" ]; then
+    [ "$(ls "$M"/g0* 2>/dev/null | wc -l)" -eq "$PARTS" ] \
+      || { echo "GGUF parts in $M: $(ls "$M" | tr '\n' ' ') (need $PARTS; a cold machine starts at build)"; pack; exit 1; }
+    cat "$M"/g0* > "$M/smol.gguf" && sha256sum "$M/smol.gguf" | tee "$L/sha.txt"
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $SITE "$M"/gguf-*.whl
+  fi
+  mkdir -p "$CLEAN/.whl" && cp "$M"/gguf-*.whl "$CLEAN/.whl/"
   export PYTHONPATH=$SITE SPECDEC_SMOLLM2_GGUF=$M/smol.gguf
-  [ -f "$M/smol.gguf" ] || { echo "no $M/smol.gguf: the machine went cold, start at step 1"; exit 1; }
 }
 case $STEP in
-1)
-  cp .g0/g00 "$M/"
-  rm -rf "$CLEAN" && mkdir -p "$CLEAN"
-  tar --exclude=./.g0 --exclude=./.g1 --exclude=./.g2 -cf - . | tar -xf - -C "$CLEAN"
+build)
+  rm -rf "$CLEAN" /tmp/patched && mkdir -p "$CLEAN"
+  tar --exclude='./.g[0-9]' -cf - . | tar -xf - -C "$CLEAN"
   CHK=$CLEAN
   if [ -n "${PATCHES:-}" ]; then
     # the patches are tested and timed in a copy; the training steps run on main's tree,
     # built beside it (its own header target: two pip installs must not share one)
-    rm -rf /tmp/patched && cp -r "$CLEAN" /tmp/patched && CHK=/tmp/patched
+    cp -r "$CLEAN" /tmp/patched && CHK=/tmp/patched
     for pf in $PATCHES; do
       (cd /tmp/patched && patch -p1 -s --forward -F3 < "$pf") || { echo "patch $pf failed"; pack; exit 1; }
       echo "applied $pf"
@@ -68,63 +80,67 @@ case $STEP in
     grep -E "per round|us x" "$L/bench_main.log" | head -20
   fi
   pack ;;
-2)
-  cp .g1/g01 "$M/"
-  cd "$CLEAN" || exit 1
+san)
+  cd "$(chk_tree)" || exit 1
   timeout "${SAN_S:-100}" bash tools/gpu/sanitize.sh "$L/san" --tools memcheck --families native \
     --tests "${SAN_TESTS:-rms_norm or conv1d or rope_append}" --max-per-test 3 \
     --budget "$(( ${SAN_S:-100} - 15 ))" > "$L/san.txt" 2>&1
   tail -15 "$L/san.txt"
   pack ;;
-3)
-  cat "$M/g00" "$M/g01" .g2/g02 > "$M/smol.gguf" && sha256sum "$M/smol.gguf" | tee "$L/sha.txt"
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $SITE .g2/gguf-*.whl
-  mkdir -p "$CLEAN/.whl" && cp .g2/gguf-*.whl "$CLEAN/.whl/"
+prof)
+  cd "$(chk_tree)" || exit 1
+  # shellcheck disable=SC2086
+  timeout "${PROF_S:-150}" bash tools/gpu/profile.sh "$L/prof" ${PROF:-round_b1:rms_norm round_b1:gdn_verify} \
+    > "$L/prof.txt" 2>&1
+  rm -f "$L"/prof/*.ncu-rep; tail -5 "$L/prof.txt"
+  pack ;;
+train)
   cd "$CLEAN" || exit 1
   gguf_env
   DATA=$M/data.npz
-  timeout "${GEN_S:-240}" python3 -m specdec_lib train-draft --out /tmp/h --data "$DATA" \
+  [ -f "$DATA" ] || timeout "${GEN_S:-240}" python3 -m specdec_lib train-draft --out /tmp/h --data "$DATA" \
     --data-only --prompts "${PROMPTS:-30000}" --heldout 64 --sampled-fraction 0.25 \
     --gen-batch 512 --gen-tokens 256 --quiet > "$L/data.log" 2>&1
   echo "data rc=$?"; tail -2 "$L/data.log"
   [ -f "$DATA" ] || { pack; exit 1; }
   left=$(( ${CALL_S:-580} - $(date +%s) + T0 ))
-  timeout "$left" python3 -m specdec_lib train-hybrid --out /tmp/hyb --data "$DATA" \
-    --stage1-seconds "${STAGE1_S:-110}" --stage2-seconds "${STAGE2_S:-$(( left - 170 ))}" \
-    --seq-len 512 --batch-tokens 16384 2>&1 | tr '\r' '\n' | grep -vE "it/s\]|s/it\]|^\s*$" \
-    > "$L/hybrid.log" &
+  rm -rf /tmp/hyb && cp -r specdec_lib/models/hybrid/smollm2_hybrid /tmp/hyb
+  timeout "$left" python3 -m specdec_lib train-draft --hybrid /tmp/hyb --data "$DATA" \
+    --steps 3 --budget-seconds "$(( left - 20 ))" --train-seconds "${HYB_HEAD_S:-400}" 2>&1 | tr '\r' '\n' \
+    | grep -vE "it/s\]|s/it\]|^\s*$" > "$L/hybrid_head.log" &
   hyb=$!
-  [ "${HEADS_METHOD:-both}" = none ] || DATA=$DATA GGUF=$M/smol.gguf SKIP_BUILD=1 timeout "$left" \
-    bash tools/gpu/gpu_train.sh /tmp/h --method "${HEADS_METHOD:-both}" --steps 5 \
+  init=()
+  [ -n "${HEADS_INIT:-}" ] && init=(--init "$HEADS_INIT")
+  [ "${HEADS_METHOD:-eagle3}" = none ] || DATA=$DATA GGUF=$M/smol.gguf SKIP_BUILD=1 timeout "$left" \
+    bash tools/gpu/gpu_train.sh /tmp/h --method "${HEADS_METHOD:-eagle3}" --steps 5 "${init[@]}" \
     --budget-seconds "${HEADS_S:-$(( left - 40 ))}" --train-seconds 400 | tail -3
-  wait $hyb; echo "hybrid rc=$?"; tail -4 "$L/hybrid.log"
+  wait $hyb; echo "hybrid head rc=$?"; tail -8 "$L/hybrid_head.log"
   cp /tmp/h/train.log "$L/" 2>/dev/null
   for m in mtp eagle3; do
-    mkdir -p "$OUT/smollm2_$m" && cp /tmp/h/smollm2_$m/* "$OUT/smollm2_$m/" 2>/dev/null
+    [ -d /tmp/h/smollm2_$m ] && mkdir -p "$OUT/smollm2_$m" && cp /tmp/h/smollm2_$m/* "$OUT/smollm2_$m/"
   done
-  mkdir -p "$OUT/hybrid" && cp /tmp/hyb/* "$OUT/hybrid/" 2>/dev/null
+  mkdir -p "$OUT/smollm2_hybrid_mtp" && cp /tmp/hyb/smollm2_hybrid_mtp/* "$OUT/smollm2_hybrid_mtp/" 2>/dev/null
   pack ;;
-4)
+e2e)
   cd "$CLEAN" || exit 1
   gguf_env
   e2e="python3 tools/perf/e2e_smollm2.py --per-set 32 --new 128 --new32 128 --stop-at-eos --no-profile"
-  timeout "${E2E_S:-260}" $e2e --heads-dir /tmp/h --drafts mtp,eagle3 --sets general,unseen,heldout \
-    --head-k 4 --auto 4 --b32 32 --serve 128 --json "$L/e2e.json" > "$L/e2e.log" 2>&1
-  echo "e2e rc=$?"; grep -E "tok/s, target-only" "$L/e2e.log" | head -40
+  if ls -d /tmp/h/smollm2_* > /dev/null 2>&1; then
+    drafts=$(ls -d /tmp/h/smollm2_* | sed 's|.*/smollm2_||' | paste -sd,)
+    timeout "${E2E_S:-200}" $e2e --heads-dir /tmp/h --drafts "$drafts" --sets general,unseen,heldout \
+      --head-k 4 --auto 4 --b32 32 --serve 128 --json "$L/e2e.json" > "$L/e2e.log" 2>&1
+    echo "e2e new heads rc=$?"; grep -E "tok/s, target-only" "$L/e2e.log" | head -40
+  fi
   timeout "${SHIPPED_S:-110}" $e2e --drafts mtp,eagle3 --sets general,unseen --head-k 4 --b32 0 \
     --json "$L/e2e_shipped.json" > "$L/e2e_shipped.log" 2>&1
   echo "e2e shipped rc=$?"; grep -E "tok/s, target-only" "$L/e2e_shipped.log" | head -20
-  left=$(( ${CALL_S:-580} - $(date +%s) + T0 ))
-  timeout "$left" python3 -m specdec_lib train-draft --hybrid /tmp/hyb --data "$M/data.npz" \
-    --steps 3 --budget-seconds "$(( left - 20 ))" --train-seconds 400 2>&1 | tr '\r' '\n' \
-    | grep -vE "it/s\]|s/it\]|^\s*$" > "$L/hybrid_head.log"
-  echo "hybrid head rc=${PIPESTATUS[0]}"; tail -8 "$L/hybrid_head.log"
-  mkdir -p "$OUT/smollm2_hybrid_mtp" && cp /tmp/hyb/smollm2_hybrid_mtp/* "$OUT/smollm2_hybrid_mtp/" 2>/dev/null
   pack ;;
-5)
+hybrid)
   cd "$CLEAN" || exit 1
   gguf_env
-  timeout "${E2E_S:-200}" python3 tools/perf/e2e_smollm2.py --hybrid /tmp/hyb --drafts ngram,mtp \
+  [ -d /tmp/hyb ] || cp -r specdec_lib/models/hybrid/smollm2_hybrid /tmp/hyb
+  drafts=ngram; [ -d /tmp/hyb/smollm2_hybrid_mtp ] && drafts=ngram,mtp
+  timeout "${E2E_S:-200}" python3 tools/perf/e2e_smollm2.py --hybrid /tmp/hyb --drafts $drafts \
     --sets general,unseen --per-set 32 --new 128 --new32 128 --stop-at-eos --b32 32 --serve 128 \
     --no-profile --json "$L/e2e_hybrid.json" > "$L/e2e_hybrid.log" 2>&1
   echo "e2e hybrid rc=$?"; grep -E "tok/s, target-only" "$L/e2e_hybrid.log" | head -20
@@ -137,5 +153,5 @@ case $STEP in
     --weights /tmp/hyb --state-dtype float16 --dtype float16 --no-progress > "$L/demo_sm75.log" 2>&1
   echo "demo compute_75 f16 rc=$?"; tail -3 "$L/demo_sm75.log"
   pack ;;
-*) echo "unknown step $STEP"; exit 2 ;;
+*) echo "unknown step $STEP (build, san, prof, train, e2e, hybrid)"; exit 2 ;;
 esac
