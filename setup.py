@@ -60,5 +60,7 @@ setup(
     cmdclass={"build_ext": BuildExt},
     package_data={"specdec_lib": ["py.typed", "_cubin/*.cubin", "_cubin/*.ptx", "_cubin/MANIFEST",
                                   "models/heads/*/*.json", "models/heads/*/*.safetensors",
-                                  "models/hybrid/*/*.json", "models/hybrid/*/*.safetensors"]},
+                                  "models/hybrid/*/*.json", "models/hybrid/*/*.safetensors",
+                                  # the hybrid's MTP head, where train-draft --hybrid writes it
+                                  "models/hybrid/*/*/*.json", "models/hybrid/*/*/*.safetensors"]},
 )
