@@ -119,12 +119,16 @@ def check(path: str, src: str = ROOT) -> list:
             needed.update(libs)
             if any(lib.startswith("libcuda.") for lib in libs):
                 problems.append(f"{n} links libcuda ({libs}): the driver must come through cuda.bindings")
-        # the trained draft heads the demo loads by default
-        heads_dir = os.path.join(src, "specdec_lib", "models", "heads")
-        for h in sorted(os.listdir(heads_dir)) if os.path.isdir(heads_dir) else []:
-            for f in ("model.safetensors", "config.json"):
-                if f"specdec_lib/models/heads/{h}/{f}" not in names:
-                    problems.append(f"draft head file specdec_lib/models/heads/{h}/{f} missing")
+        # the trained weights the demo loads by default: the draft heads, the hybrid and its
+        # head (every file of the source tree's models/heads and models/hybrid)
+        for kind in ("heads", "hybrid"):
+            top = os.path.join(src, "specdec_lib", "models", kind)
+            for root, _, files in os.walk(top):
+                for f in files:
+                    if f in ("model.safetensors", "config.json"):
+                        n = os.path.relpath(os.path.join(root, f), src).replace(os.sep, "/")
+                        if n not in names:
+                            problems.append(f"trained weights file {n} missing")
         # Python files: all from the source tree (a stale build/lib would add old modules)
         for n in sorted(names):
             if n.endswith(".py") and n.startswith("specdec_lib/") and not os.path.isfile(os.path.join(src, n)):
