@@ -50,8 +50,8 @@ def load_smollm2_hybrid_target(backend: Any, *, weights: str | os.PathLike | Non
                                ) -> tuple[LlamaHybridTarget, GGUFTokenizer]:
     """(LlamaHybridTarget, GGUFTokenizer) of smollm2-hybrid on ``backend``: SmolLM2's GGUF
     (``path``, as ``load_smollm2_target``) with the GDN layers of the hybrid weights
-    directory ``weights`` (or its model.safetensors; None: the shipped weights, of which none
-    exist yet -- FileNotFoundError naming the file and the ``train-hybrid`` command).
+    directory ``weights`` (or its model.safetensors; None: the shipped weights; a missing file:
+    FileNotFoundError naming it and the ``train-hybrid`` command).
     ``state_dtype``: the GDN state, float32, bfloat16 or float16; ``dtype``: the torch
     backend's dense math and KV cache, bfloat16 or float16 (both refused before any file is
     read where the backend cannot run them). The weights file is checked

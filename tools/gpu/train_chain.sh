@@ -22,7 +22,8 @@
 #                          general / unseen / heldout sets, B=32, served 128/32, -k auto) ~5 min
 #   hybrid (none)          the hybrid with its new head: e2e --hybrid (B=1 general, served) in
 #                          f32 state, the demo in bf16 / f16 state and on forced compute_75
-#                          (f16 math + f16 state)                                    ~5 min
+#                          (f16 math + f16 state) and compute_80, the state fidelity over
+#                          1000 tokens (tools/perf/hybrid_state_fidelity.py)        ~7 min
 #
 #   tools/gpu/train_chain.sh STEP "$OUT"
 #
@@ -152,6 +153,12 @@ hybrid)
   SPECDEC_FORCE_ARCH=75 timeout 90 python3 -m specdec_lib demo --model smollm2-hybrid \
     --weights /tmp/hyb --state-dtype float16 --dtype float16 --no-progress > "$L/demo_sm75.log" 2>&1
   echo "demo compute_75 f16 rc=$?"; tail -3 "$L/demo_sm75.log"
+  SPECDEC_FORCE_ARCH=80 timeout 90 python3 -m specdec_lib demo --model smollm2-hybrid \
+    --weights /tmp/hyb --state-dtype bfloat16 --no-progress > "$L/demo_sm80.log" 2>&1
+  echo "demo compute_80 bf16 rc=$?"; tail -3 "$L/demo_sm80.log"
+  timeout "${FID_S:-150}" python3 tools/perf/hybrid_state_fidelity.py --weights /tmp/hyb --prompts 4 \
+    --new 1000 --json "$L/fidelity.json" > "$L/fidelity.log" 2>&1
+  echo "state fidelity rc=$?"; tail -3 "$L/fidelity.log"
   pack ;;
 *) echo "unknown step $STEP (build, san, prof, train, e2e, hybrid)"; exit 2 ;;
 esac
