@@ -19,7 +19,8 @@
 #                          HEADS_INIT=DIR continues a saved head where train-draft has --init)
 #                                                                                  ~9.5 min
 #   e2e    (none)          e2e_smollm2 of the new heads (if trained) and the shipped ones (B=1
-#                          general / unseen / heldout sets, B=32, served 128/32, -k auto) ~5 min
+#                          general / unseen / heldout sets, B=32, served 128/32, -k auto),
+#                          then autok_ab.py (fixed k=4 against auto at B=1, ABBA)    ~6.5 min
 #   hybrid (none)          the hybrid with its new head: e2e --hybrid (B=1 general, served) in
 #                          f32 state, the demo in bf16 / f16 state and on forced compute_75
 #                          (f16 math + f16 state) and compute_80, the state fidelity over
@@ -135,6 +136,9 @@ e2e)
   timeout "${SHIPPED_S:-110}" $e2e --drafts mtp,eagle3 --sets general,unseen --head-k 4 --b32 0 \
     --json "$L/e2e_shipped.json" > "$L/e2e_shipped.log" 2>&1
   echo "e2e shipped rc=$?"; grep -E "tok/s, target-only" "$L/e2e_shipped.log" | head -20
+  [ "${AB_S:-90}" -gt 0 ] && timeout "${AB_S:-90}" python3 tools/perf/autok_ab.py --draft mtp -k 4 \
+    --prompts 16 --new 128 --reps 2 --json "$L/autok_ab.json" > "$L/autok_ab.log" 2>&1
+  echo "autok_ab rc=$?"; tail -6 "$L/autok_ab.log"
   pack ;;
 hybrid)
   cd "$CLEAN" || exit 1
