@@ -85,22 +85,26 @@ def init_heads(args, methods):
     from ..models.heads import head_method
     found = {}
     for d in [d for d in args.init.split(",") if d]:
-        if os.path.isfile(os.path.join(d, "config.json")):
-            heads = [d]
-        elif os.path.isdir(d):
-            heads = [h for h in (os.path.join(d, f"{args.name_prefix}_{m}") for m in methods)
-                     if os.path.isfile(os.path.join(h, "config.json"))]
-            if not heads:
+        if not os.path.isdir(d):
+            raise ValueError(f"--init {d}: no such directory")
+        # the heads inside first: a hybrid's DIR has a config.json of its own
+        heads = [h for h in (os.path.join(d, f"{args.name_prefix}_{m}") for m in methods)
+                 if os.path.isfile(os.path.join(h, "config.json"))]
+        if not heads:
+            if not os.path.isfile(os.path.join(d, "config.json")):
                 raise ValueError(f"--init {d}: no head here (config.json) and none of "
                                  + ", ".join(f"{args.name_prefix}_{m}" for m in methods)
                                  + " in it")
-        else:
-            raise ValueError(f"--init {d}: no such directory")
+            heads = [d]
         for h in heads:
             if not os.path.isfile(os.path.join(h, "model.safetensors")):
                 raise ValueError(f"--init {h}: no model.safetensors beside its config.json")
             with open(os.path.join(h, "config.json")) as fh:
                 cfg = json.load(fh)
+            if "layer_pattern" in cfg:
+                raise ValueError(f"--init {h}: a hybrid (train-hybrid's), not a head; "
+                                 f"train-draft --hybrid {h} writes its head to "
+                                 f"{os.path.join(h, 'smollm2_hybrid_mtp')}")
             m = head_method(cfg)
             if m not in methods:
                 raise ValueError(f"--init {h}: an {m} head; --method {args.method} trains "
