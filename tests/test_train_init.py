@@ -160,3 +160,20 @@ def test_head_of_another_target_refused(toy, tmp_path, key, value, words):
         main(argv)
     assert words in str(e.value)
     assert not (toy[0] / "never").exists() and not (tmp_path / "none.npz").exists()
+
+
+def test_eval_still_reads_saved_heads(toy, capsys):
+    """--eval (which builds the head configs beside --init's checks) reports on A's heads:
+    the anchors of their recorded held-out report."""
+    from specdec_lib.train.cli import main
+    A = toy[3]
+    heads = [A / f"smollm2_{m}" for m in METHODS]
+    argv = _argv(toy, "E", "--eval", ",".join(map(str, heads)))
+    argv.remove("--quiet")
+    assert main(argv) == 0
+    log = capsys.readouterr().out
+    for h in heads:
+        line = [ln for ln in log.splitlines() if ln.startswith(f"{h}: {{")]
+        rec = json.loads((h / "config.json").read_text())["specdec_training"]["heldout"]
+        assert len(line) == 1 and json.loads(line[0].split(": ", 1)[1])["anchors"] == rec["anchors"]
+    assert not (toy[0] / "E").exists()
