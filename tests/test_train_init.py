@@ -177,3 +177,22 @@ def test_eval_still_reads_saved_heads(toy, capsys):
         rec = json.loads((h / "config.json").read_text())["specdec_training"]["heldout"]
         assert len(line) == 1 and json.loads(line[0].split(": ", 1)[1])["anchors"] == rec["anchors"]
     assert not (toy[0] / "E").exists()
+
+
+def test_continue_in_place(toy, tmp_path):
+    """--init DIR --out DIR: the heads are rewritten in place, recording the hash of the
+    files they started from (taken before they were overwritten)."""
+    from specdec_lib.train.cli import main
+    here = tmp_path / "here"
+    shutil.copytree(toy[3], here)
+    sha = {m: hashlib.sha256((here / f"smollm2_{m}" / "model.safetensors").read_bytes())
+           .hexdigest() for m in METHODS}
+    before = {m: _head(here / f"smollm2_{m}") for m in METHODS}
+    argv = _argv(toy, "x", "--init", str(here), "--max-iters", "1")
+    argv[argv.index("--out") + 1] = str(here)
+    assert main(argv) == 0
+    for m in METHODS:
+        cfg, t = _head(here / f"smollm2_{m}")
+        assert cfg["specdec_training"]["init_sha256"] == sha[m]
+        assert cfg["specdec_training"]["init"] == before[m][0]["specdec_training"]
+        assert not _same_tensors(t, before[m][1])

@@ -210,6 +210,9 @@ def run(args, argv=None):
                           hint="; pass the --hybrid it was trained for" if args.hybrid
                           or "target_hybrid_weights_sha256" in icfg
                           else "; pass the --gguf it was trained on")
+    # the files started from, hashed as they are read (an --out equal to --init rewrites them)
+    init_sha = {m: sha256_of(os.path.join(path, "model.safetensors"))
+                for m, (path, _) in init.items()}
     timing = {}
     seqs, plens, split, fams, temps = training_data(args, config, weights, tok, stop_ids, log,
                                                     timing)
@@ -286,9 +289,8 @@ def run(args, argv=None):
         if m in init:
             # a continued head records the whole chain: the init's own record (with its
             # command, and its own init, and so on) and the file it started from
-            path, icfg = init[m]
-            cfg["specdec_training"].update(init=icfg.get("specdec_training"), init_sha256=(
-                sha256_of(os.path.join(path, "model.safetensors"))))
+            cfg["specdec_training"].update(init=init[m][1].get("specdec_training"),
+                                           init_sha256=init_sha[m])
         path = os.path.join(args.out, f"{args.name_prefix}_{m}")
         save_head(path, head.export(cfg, config.num_layers), cfg)
         log(f"wrote {path} ({os.path.getsize(os.path.join(path, 'model.safetensors')) / 1e6:.1f} MB)")
