@@ -168,3 +168,35 @@ def test_head_of_another_hidden_size_refused(toy, tmp_path, capsys):
     assert "--draft eagle3" in capsys.readouterr().err
     assert demo.main(run[:2] + ["--draft", "ngram", "--head", bad]) == 2
     assert "--head" in capsys.readouterr().err
+
+
+def test_train_draft_hybrid_init_continues_its_head(toy, tmp_path, capsys):
+    """--hybrid with --init: a head trained for the hybrid (3 updates, in OUT) continued with
+    0 updates from OUT (the DIR holding smollm2_hybrid_mtp) is the same tensors, for the same
+    hybrid, with OUT's record as its ``init``; a plain Llama head (for the GGUF 'other') is
+    refused naming --init and --hybrid, and so is the hybrid's own DIR without a head in it."""
+    pytest.importorskip("torch")
+    from safetensors.torch import load_file
+    from specdec_lib.train.cli import main
+    hybrid = toy[4]
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main(_argv(toy, "--out", str(first))) == 0
+    assert main(_argv(toy, "--out", str(second), "--init", str(first), "--max-iters", "0")) == 0
+    a, b = (load_file(str(d / "smollm2_hybrid_mtp" / "model.safetensors")) for d in (first, second))
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    ca, cb = (json.loads((d / "smollm2_hybrid_mtp" / "config.json").read_text())
+              for d in (first, second))
+    assert cb["specdec_training"]["init"] == ca["specdec_training"]
+    assert cb["target_hybrid_weights_sha256"] == ca["target_hybrid_weights_sha256"]
+    assert cb["intermediate_size"] == 32 and "target_gguf_sha256" not in cb
+    with pytest.raises(ValueError, match="--init .*head64: a head for another target.*--hybrid"):
+        main(_argv(toy, "--out", str(tmp_path / "never"), "--init", _other_head(tmp_path, 64),
+                   "--mtp-intermediate", "64"))
+    empty = tmp_path / "bare_hybrid"
+    empty.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (empty / f).write_bytes((hybrid / f).read_bytes())
+    with pytest.raises(SystemExit):
+        main(_argv(toy, "--out", str(tmp_path / "never"), "--init", str(empty)))
+    assert "--init" in (err := capsys.readouterr().err) and "not a head" in err
+    assert not (tmp_path / "never").exists()

@@ -50,6 +50,30 @@ def head_method(config):
     return "eagle3" if "eagle" in arch or "eagle_config" in config else "mtp"
 
 
+# the fields of a head's config.json that describe its target (the model it drafts for):
+# a head continued by ``train-draft --init`` must agree on each with the config the target
+# implies (``head_config``, plus the hybrid's sha256 with --hybrid)
+TARGET_KEYS = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "rms_norm_eps", "rope_theta", "num_hidden_layers",
+               "num_nextn_predict_layers", "target_hidden_size", "target_num_hidden_layers",
+               "target_model", "target_hybrid_weights_sha256")
+
+
+def check_same_target(config, want, where, hint=""):
+    """Refuse (ValueError naming ``where``) a head config (a dict) that was trained for
+    another target than the one ``want`` (a ``head_config`` of this target) describes: any
+    of ``TARGET_KEYS`` different, or a ``target_gguf_sha256`` other than ``want``'s (a head
+    that records none, as the heads shipped before it was recorded, passes that one)."""
+    for k in TARGET_KEYS:
+        if config.get(k) != want.get(k):
+            raise ValueError(f"{where}: a head for another target ({k} {config.get(k)!r}, "
+                             f"this target's is {want.get(k)!r}){hint}")
+    got, sha = config.get("target_gguf_sha256"), want.get("target_gguf_sha256")
+    if got is not None and sha is not None and got != sha:
+        raise ValueError(f"{where}: trained on a GGUF of sha256 {got}, not this target's "
+                         f"({sha}){hint}")
+
+
 def random_head_tensors(method, config, *, seed=0, scale=0.02):
     """float32 tensors of every required tensor of a head (random; tests and init)."""
     from ..registry import weight_spec

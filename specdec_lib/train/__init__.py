@@ -34,7 +34,14 @@ hybrid in DIR (``train-hybrid``'s), written to DIR/smollm2_hybrid_mtp.
    implies (1 + sum over j of P(steps 0..j all right)); the heads as safetensors +
    config.json, which records the command, the data's sizes and the report.
 
-Each head trains for ``--train-seconds`` (cosine schedule over that time), fixed seed.
+Each head trains for ``--train-seconds`` (cosine schedule over that time), fixed seed,
+from random weights or, with ``--init DIR[,DIR]``, from a saved head of its method (a head
+DIR each, or a DIR holding ``<name-prefix>_<method>``), whose architecture (sizes, EAGLE3
+draft vocabulary and feature layers) it keeps; heads of another method or target, and size
+options that contradict them, are refused naming the argument. The schedule warms up again
+(a fresh optimizer). The config's ``specdec_training.init`` is the init's own record (with
+its own ``init``, and so on) and ``init_sha256`` the file it started from; every head also
+records ``target_gguf_sha256``, checked by a later ``--init`` where both record it.
 
 The math is the inference code's: the teacher and the heads run ``models.llama_layer``'s
 ``decoder_layer`` / ``draft_step`` with ``models.llama_torch.TorchOps``, and read and write

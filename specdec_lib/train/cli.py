@@ -40,9 +40,19 @@ def _parser():
                    "reply are dropped")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--draft-vocab", type=int, default=2816, help="EAGLE3 draft vocabulary")
-    p.add_argument("--eagle-intermediate", type=int, default=512)
-    p.add_argument("--mtp-intermediate", type=int, default=None, help="default: the target's")
+    p.add_argument("--draft-vocab", type=int, default=None, help="EAGLE3 draft vocabulary "
+                   "(default 2816; with --init the init head's)")
+    p.add_argument("--eagle-intermediate", type=int, default=None, help="default 512; with "
+                   "--init the init head's")
+    p.add_argument("--mtp-intermediate", type=int, default=None, help="default: the target's; "
+                   "with --init the init head's")
+    p.add_argument("--init", default=None, metavar="DIR[,DIR]", help="start each head from a "
+                   "saved head of its method (a head DIR, or a DIR holding <name-prefix>_mtp / "
+                   "<name-prefix>_eagle3, e.g. a train-draft --out or specdec_lib/models/heads), "
+                   "keeping its architecture (intermediate size, EAGLE3 draft vocabulary and "
+                   "feature layers); --method both takes both heads. The warm-up and the "
+                   "cosine schedule run again from --lr (no optimizer state is saved); its "
+                   "config's specdec_training.init keeps the init's own record")
     p.add_argument("--name-prefix", default=None, help="default smollm2 (smollm2_hybrid "
                    "with --hybrid)")
     p.add_argument("--eval", default=None, metavar="DIR[,DIR]", help="no training: evaluate "
@@ -64,6 +74,72 @@ def cut_sequences(cap, seqs, plens, split, fams, temps, log=print):
             [fams[i] for i in keep], [temps[i] for i in keep])
 
 
+DRAFT_VOCAB, EAGLE_INTERMEDIATE = 2816, 512     # the defaults of a head trained from scratch
+
+
+def init_heads(args, methods):
+    """{method: (head DIR, its config)} of ``--init``: each item a head directory (its
+    config.json names the method) or a directory holding ``<name-prefix>_<method>`` heads
+    (what ``--out`` writes); exactly one head of every method in ``methods`` and none of
+    another. ValueError naming --init."""
+    from ..models.heads import head_method
+    found = {}
+    for d in [d for d in args.init.split(",") if d]:
+        if not os.path.isdir(d):
+            raise ValueError(f"--init {d}: no such directory")
+        # the heads inside first: a hybrid's DIR has a config.json of its own
+        heads = [h for h in (os.path.join(d, f"{args.name_prefix}_{m}") for m in methods)
+                 if os.path.isfile(os.path.join(h, "config.json"))]
+        if not heads:
+            if not os.path.isfile(os.path.join(d, "config.json")):
+                raise ValueError(f"--init {d}: no head here (config.json) and none of "
+                                 + ", ".join(f"{args.name_prefix}_{m}" for m in methods)
+                                 + " in it")
+            heads = [d]
+        for h in heads:
+            if not os.path.isfile(os.path.join(h, "model.safetensors")):
+                raise ValueError(f"--init {h}: no model.safetensors beside its config.json")
+            with open(os.path.join(h, "config.json")) as fh:
+                cfg = json.load(fh)
+            if "layer_pattern" in cfg:
+                raise ValueError(f"--init {h}: a hybrid (train-hybrid's), not a head; "
+                                 f"train-draft --hybrid {h} writes its head to "
+                                 f"{os.path.join(h, 'smollm2_hybrid_mtp')}")
+            m = head_method(cfg)
+            if m not in methods:
+                raise ValueError(f"--init {h}: an {m} head; --method {args.method} trains "
+                                 f"{' and '.join(methods)}")
+            if m in found:
+                raise ValueError(f"--init: two {m} heads ({found[m][0]}, {h})")
+            found[m] = (h, cfg)
+    for m in methods:
+        if m not in found:
+            raise ValueError(f"--init {args.init}: no {m} head (--method {args.method} needs "
+                             f"one of {' and '.join(methods)}: a DIR each, or a DIR holding "
+                             f"{args.name_prefix}_{m}); --method picks fewer")
+    return found
+
+
+def _head_sizes(args, init):
+    """Fill --draft-vocab / --eagle-intermediate / --mtp-intermediate: the init heads' own
+    sizes (an explicit other value refused, naming the option) or the defaults."""
+    keep = {"eagle3": [("draft_vocab", "draft_vocab_size"),
+                       ("eagle_intermediate", "intermediate_size")],
+            "mtp": [("mtp_intermediate", "intermediate_size")]}
+    for m, (path, cfg) in init.items():
+        for attr, key in keep[m]:
+            mine, theirs = getattr(args, attr), cfg.get(key)
+            if mine is not None and mine != theirs:
+                raise ValueError(f"--{attr.replace('_', '-')} {mine}: the --init head {path} "
+                                 f"has {key} {theirs} (a continued head keeps its "
+                                 f"architecture; leave the option out)")
+            setattr(args, attr, theirs)
+    if args.draft_vocab is None:
+        args.draft_vocab = DRAFT_VOCAB
+    if args.eagle_intermediate is None:
+        args.eagle_intermediate = EAGLE_INTERMEDIATE
+
+
 def main(argv=None):
     p = _parser()
     args = parse_args(p, argv)
@@ -79,6 +155,14 @@ def main(argv=None):
     if not args.out:
         p.error("--out is required (without --hybrid)")
     args.name_prefix = args.name_prefix or ("smollm2_hybrid" if args.hybrid else "smollm2")
+    if args.init and args.eval:
+        p.error("--init with --eval: --eval trains nothing (it names the heads it reads)")
+    methods = ["mtp", "eagle3"] if args.method == "both" else [args.method]
+    try:
+        args.init_heads = init_heads(args, methods) if args.init else {}
+        _head_sizes(args, args.init_heads)
+    except ValueError as e:
+        p.error(str(e))
     run(args, argv)
     return 0
 
@@ -87,8 +171,9 @@ def run(args, argv=None):
     """Generate (or read) the data, run the teacher, train and save (or evaluate) heads."""
     import torch
 
-    from ..models.heads import head_config, head_method, save_head
-    from .data import load_base, training_data
+    from ..models.gguf_llama import sha256_of
+    from ..models.heads import check_same_target, head_config, head_method, save_head
+    from .data import base_identity, load_base, training_data
     from .head import DraftHead
     from .loop import autocast, family_report, report_table, train_head
     from .teacher import Teacher, hybrid_teacher, teacher
@@ -102,6 +187,32 @@ def run(args, argv=None):
         model, hcfg = hybrid_teacher(args, config, weights, device, dtype)
         log(f"teacher: the hybrid {args.hybrid} (layer pattern {hcfg['layer_pattern']}, "
             f"sha256 {hcfg['weights_sha256'][:12]}...)")
+    methods = ["mtp", "eagle3"] if args.method == "both" else [args.method]
+    init = getattr(args, "init_heads", None) or {}
+    cfgs = {}
+    for m in methods:
+        ids = None
+        if m == "eagle3" and m in init:     # the init's feature layers
+            ids = init[m][1]["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        cfgs[m] = head_config(m, config, aux_layer_ids=ids,
+                              draft_vocab_size=args.draft_vocab if m == "eagle3" else None,
+                              intermediate_size=args.eagle_intermediate if m == "eagle3"
+                              else args.mtp_intermediate)
+    if args.hybrid:                 # the head records the hybrid it was trained for
+        cfgs["mtp"].update(target_model=hcfg["model_type"],
+                           target_hybrid_weights_sha256=hcfg["weights_sha256"])
+    else:                           # and the GGUF it was trained on
+        sha = base_identity(args, config)[1]
+        for c in cfgs.values():
+            c["target_gguf_sha256"] = sha
+    for m, (path, icfg) in init.items():    # before any data is generated
+        check_same_target(icfg, cfgs[m], f"--init {path}",
+                          hint="; pass the --hybrid it was trained for" if args.hybrid
+                          or "target_hybrid_weights_sha256" in icfg
+                          else "; pass the --gguf it was trained on")
+    # the files started from, hashed as they are read (an --out equal to --init rewrites them)
+    init_sha = {m: sha256_of(os.path.join(path, "model.safetensors"))
+                for m, (path, _) in init.items()}
     timing = {}
     seqs, plens, split, fams, temps = training_data(args, config, weights, tok, stop_ids, log,
                                                     timing)
@@ -128,13 +239,7 @@ def run(args, argv=None):
         counts.setdefault(f, [0, 0])[sp] += 1
     log("sequences per family (train, report): "
         + ", ".join(f"{f} {a}/{b}" for f, (a, b) in counts.items()))
-    methods = ["mtp", "eagle3"] if args.method == "both" else [args.method]
-    cfgs = {m: head_config(m, config, draft_vocab_size=args.draft_vocab if m == "eagle3" else None,
-                           intermediate_size=args.eagle_intermediate if m == "eagle3"
-                           else args.mtp_intermediate) for m in methods}
-    if args.hybrid:                 # the head records the hybrid it was trained for
-        cfgs["mtp"].update(target_model=hcfg["model_type"],
-                           target_hybrid_weights_sha256=hcfg["weights_sha256"])
+    if args.hybrid:
         taps = []
     else:
         model = Teacher(config, weights, device, dtype)
@@ -170,7 +275,8 @@ def run(args, argv=None):
             left = args.budget_seconds - (time.perf_counter() - t_all) - 30 * (len(methods) - i)
             args.train_seconds = max(10.0, min(args.train_seconds, left / (len(methods) - i)))
             log(f"{m}: training for {args.train_seconds:.0f} s")
-        head, report = train_head(m, args, cfgs[m], model, data, device, log)
+        head, report = train_head(m, args, cfgs[m], model, data, device, log,
+                                  init=init[m][0] if m in init else None)
         log(report_table(m, report))
         log(f"{m} held-out: {json.dumps(report)}")
         cfg = dict(cfgs[m], specdec_training=dict(
@@ -180,6 +286,11 @@ def run(args, argv=None):
             sampled_sequences=sum(1 for sp, t in zip(split, temps) if sp == 0 and t > 0),
             sequences_per_family={f: c for f, c in counts.items()}, heldout=report,
             python=sys.version.split()[0], torch=torch.__version__, **timing))
+        if m in init:
+            # a continued head records the whole chain: the init's own record (with its
+            # command, and its own init, and so on) and the file it started from
+            cfg["specdec_training"].update(init=init[m][1].get("specdec_training"),
+                                           init_sha256=init_sha[m])
         path = os.path.join(args.out, f"{args.name_prefix}_{m}")
         save_head(path, head.export(cfg, config.num_layers), cfg)
         log(f"wrote {path} ({os.path.getsize(os.path.join(path, 'model.safetensors')) / 1e6:.1f} MB)")

@@ -1,5 +1,5 @@
-"""Training a head (AdamW, cosine schedule over a time budget, multi-step loss) and the
-held-out report."""
+"""Training a head (AdamW, cosine schedule over a time budget, multi-step loss; from random
+weights or a saved head) and the held-out report."""
 from __future__ import annotations
 
 import math
@@ -17,18 +17,33 @@ def autocast(device):
     return torch.autocast("cpu", enabled=False)
 
 
-def train_head(method, args, cfg, model, data, device, log):
-    """Train one head on the training rows ``tr``; (head, ``family_report`` over ``groups``)."""
+def train_head(method, args, cfg, model, data, device, log, init=None):
+    """Train one head on the training rows ``tr``; (head, ``family_report`` over ``groups``).
+    ``init``: a saved head's directory to start from (its tensors and, for EAGLE3, its draft
+    vocabulary) instead of random weights (and the vocabulary of the most frequent targets).
+
+    The schedule is the same either way: a warm-up of 20 updates, then a cosine from
+    ``args.lr`` to a tenth of it over the time budget. A continued head warms up again
+    because its optimizer starts afresh (no Adam moments are saved with a head): the first
+    updates of a zero second moment are about lr in size for every parameter, a kick a
+    trained head would feel most; 20 updates are a sliver of a run. Whether to start lower
+    than ``--lr`` is the user's choice."""
     tokens, lens, plens, hid, aux, arg, tr, groups = data
     head = DraftHead(method, cfg, model, device, args.seed)
+    if init is not None:
+        head.load(init, model.c.num_layers)
     if method == "eagle3":
         rows = tr.to(arg.device)
         valid = torch.arange(arg.shape[1], device=arg.device)[None] < lens[rows][:, None]
         counts = torch.bincount(arg[rows][valid], minlength=model.c.vocab_size)
-        ids = counts.argsort(descending=True)[:cfg["draft_vocab_size"]]
+        if init is None:
+            ids = counts.argsort(descending=True)[:cfg["draft_vocab_size"]]
+            head.set_vocab(ids.sort().values)
+        ids = head.d_ids.to(counts.device)
         cover = counts[ids].sum().item() / max(1, counts.sum().item())
-        log(f"eagle3: draft vocabulary {len(ids)} tokens covers {cover:.3f} of the targets")
-        head.set_vocab(ids.sort().values)
+        log(f"eagle3: draft vocabulary {len(ids)} tokens"
+            + (f" (--init {init}'s)" if init is not None else "")
+            + f" covers {cover:.3f} of the targets")
     feat = hid if method == "mtp" else aux
     opt = torch.optim.AdamW(head.params(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     N = tokens.shape[1]
@@ -65,8 +80,8 @@ def train_head(method, args, cfg, model, data, device, log):
         if it % 50 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.1e}")
     bar.close()
-    log(f"{method}: {it} updates of {bsz} sequences in {time.perf_counter() - t0:.0f} s, "
-        f"last loss {loss.item():.3f}")
+    log(f"{method}: {it} updates of {bsz} sequences in {time.perf_counter() - t0:.0f} s"
+        + (f", last loss {loss.item():.3f}" if it else ""))
     return head, family_report(head, feat, tokens, lens, plens, arg, groups, args, amp)
 
 
