@@ -1,5 +1,5 @@
-"""``python -m specdec_lib {demo,inspect,bench,info,train-draft,train-hybrid,eval-hybrid}`` (also the ``specdec``
-console script); ``--version`` prints the package version."""
+"""``python -m specdec_lib {demo,inspect,bench,info,train-draft,train-hybrid,eval-hybrid}``
+(also the ``specdec`` console script); ``--version`` prints the package version."""
 import json
 import sys
 

@@ -98,7 +98,10 @@ def test_eval_hybrid_identity_and_consistency(tmp_path):
     assert len(reps) == 3 and [r["family"] for r in reps] == ["translation"] * 3
     assert all(r["first_divergence"] is None and r["tf_agreement"] == 1.0 and r["tie_flips"] == 0
                and r["base"] == r["hybrid"] and r["base_tokens"] == 6 for r in reps)
-    assert same["replies_overall"] == dict(tokens=18, tf_agreement=1.0, identical=3, tie_flips=0)
+    o = same["replies_overall"]
+    assert o["base_ppl"] == o["hybrid_ppl"] and o["ppl_ratio"] == 1.0
+    assert {k: o[k] for k in ("tokens", "tf_agreement", "identical", "tie_flips")} == \
+        dict(tokens=18, tf_agreement=1.0, identical=3, tie_flips=0)
     assert "| **all (pooled)** |" in md and md.count("\n| file:") == 2
     assert "| # | SmolLM2-135M-Instruct | smollm2-hybrid |" in md
 
@@ -121,7 +124,9 @@ def test_eval_hybrid_identity_and_consistency(tmp_path):
     # the base model's greedy replies do not depend on the hybrid; the hybrid's do
     assert [r["base"] for r in hyb["replies"]] == [r["base"] for r in reps]
     assert any(r["first_divergence"] is not None for r in hyb["replies"])
-    assert hyb["replies_overall"]["tie_flips"] == 0
+    o = hyb["replies_overall"]
+    assert o["tie_flips"] == 0 and o["ppl_ratio"] == pytest.approx(
+        o["hybrid_ppl"] / o["base_ppl"], rel=1e-3) and o["ppl_ratio"] != 1.0
     for r in hyb["replies"]:
         if r["first_divergence"] == 0:        # differs at once: the first argmax disagrees
             assert r["tf_agreement"] < 1

@@ -300,18 +300,21 @@ def greedy(target, backend, prompt_ids, new_tokens, stop_ids):
 def teacher_forced(model, prompt, reply):
     """Over ``reply`` (the base model's greedy reply to ``prompt``) scored after the prompt:
     (positions, where the hybrid's argmax equals the base model's, where the float32 base
-    model's argmax is not the reply's token)."""
+    model's argmax is not the reply's token, the base's and the hybrid's NLL of the reply)."""
     import torch
     from .hybrid import _autocast
+    F = torch.nn.functional
     seq = torch.tensor([list(prompt) + list(reply)], dtype=torch.int64, device=model.dev)
     p, n = len(prompt), len(reply)
+    want = torch.tensor(list(reply), device=model.dev)
     with torch.no_grad(), _autocast(model.dev):
         h_t, _ = model.teacher(seq)
         h_s = model.forward(seq)
-        at = model.logits(h_t[0, p - 1:p - 1 + n]).argmax(-1)
-        as_ = model.logits(h_s[0, p - 1:p - 1 + n]).argmax(-1)
-    want = torch.tensor(list(reply), device=model.dev)
-    return n, int((at == as_).sum()), int((at != want).sum())
+        lt = F.log_softmax(model.logits(h_t[0, p - 1:p - 1 + n]), -1)
+        ls = F.log_softmax(model.logits(h_s[0, p - 1:p - 1 + n]), -1)
+    at, as_ = lt.argmax(-1), ls.argmax(-1)
+    return (n, int((at == as_).sum()), int((at != want).sum()),
+            -float(lt.gather(-1, want[:, None]).sum()), -float(ls.gather(-1, want[:, None]).sum()))
 
 
 def first_divergence(a, b):
@@ -325,7 +328,6 @@ def first_divergence(a, b):
 def run(args, argv=None):
     """Load, score the natural text (and --data), decode the prompts; the report (a dict),
     written to --json / --md."""
-    import numpy as np
     import torch
     from ..models.llama import LlamaTarget
     from ..models.llama_hybrid import LlamaHybridTarget
@@ -410,10 +412,11 @@ def run(args, argv=None):
                        args.new_tokens, stop_ids)
         rep["decode"] = dict(backend=be.name, new_tokens=args.new_tokens,
                              seconds=round(time.perf_counter() - t0, 1))
-        tf_n = tf_a = flips = 0
+        tf_n = tf_a = flips = nll_b = nll_h = 0
         for (fam, msgs), p, rb, rh in zip(items, ids, base_r, hyb_r):
-            n, a, fl = teacher_forced(model, p, rb)
+            n, a, fl, nb, nh = teacher_forced(model, p, rb)
             tf_n, tf_a, flips = tf_n + n, tf_a + a, flips + fl
+            nll_b, nll_h = nll_b + nb, nll_h + nh
             rep["replies"].append(dict(
                 family=fam, messages=msgs, base_tokens=len(rb), hybrid_tokens=len(rh),
                 tf_agreement=round(a / max(n, 1), 4), first_divergence=first_divergence(rb, rh),
@@ -421,7 +424,10 @@ def run(args, argv=None):
         rep["replies_overall"] = dict(tokens=tf_n, tf_agreement=round(tf_a / max(tf_n, 1), 4),
                                       identical=sum(r["first_divergence"] is None
                                                     for r in rep["replies"]),
-                                      tie_flips=flips)
+                                      tie_flips=flips,
+                                      base_ppl=round(math.exp(nll_b / max(tf_n, 1)), 4),
+                                      hybrid_ppl=round(math.exp(nll_h / max(tf_n, 1)), 4))
+        rep["replies_overall"]["ppl_ratio"] = round(math.exp((nll_h - nll_b) / max(tf_n, 1)), 4)
         log(f"replies: {json.dumps(rep['replies_overall'])}")
     rep["seconds"] = round(time.perf_counter() - t_all, 1)
     if args.json:
@@ -455,11 +461,12 @@ def _context(rep):
 
 def markdown(rep):
     """The report as markdown (tables ready for docs/PERF.md)."""
-    out = [f"## smollm2-hybrid quality (`eval-hybrid`)", "",
+    out = ["## smollm2-hybrid quality (`eval-hybrid`)", "",
            f"Hybrid `{rep['weights']}` (pattern {rep['layer_pattern']}, sha256 "
            f"{str(rep['weights_sha256'])[:12]}...) against {rep['base_model']}; scoring "
-           f"{rep['scoring']}, windows of {rep['window']} tokens ({_context(rep)}); Python {rep['python']}, "
-           f"torch {rep['torch']}; {rep['seconds']} s. Command: `{rep['command']}`.", ""]
+           f"{rep['scoring']}, windows of {rep['window']} tokens ({_context(rep)}); "
+           f"Python {rep['python']}, torch {rep['torch']}; {rep['seconds']} s. "
+           f"Command: `{rep['command']}`.", ""]
     nat = rep["natural"]
     if nat["sources"]:
         out += ["### Perplexity on held-out natural text", "",
@@ -488,7 +495,9 @@ def markdown(rep):
                 f"Decoded target-only on the {d['backend']} backend, at most {d['new_tokens']} "
                 f"new tokens. Teacher-forced agreement over SmolLM2's replies ({o['tokens']} "
                 f"tokens): **{o['tf_agreement']}**; {o['identical']} of "
-                f"{len(rep['replies'])} replies identical; tie flips {o['tie_flips']}.", "",
+                f"{len(rep['replies'])} replies identical; tie flips {o['tie_flips']}. "
+                f"Perplexity of SmolLM2's replies (after their prompts): SmolLM2 "
+                f"{o['base_ppl']}, hybrid {o['hybrid_ppl']}, ratio {o['ppl_ratio']}.", "",
                 "| # | family | prompt | SmolLM2 / hybrid tokens | teacher-forced agreement "
                 "| first divergence |", "|---|---|---|---|---|---|"]
         for i, r in enumerate(rep["replies"], 1):
