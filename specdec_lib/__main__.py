@@ -1,5 +1,5 @@
-"""``python -m specdec_lib {demo,inspect,bench,info,train-draft,train-hybrid}`` (also the ``specdec``
-console script); ``--version`` prints the package version."""
+"""``python -m specdec_lib {demo,inspect,bench,info,train-draft,train-hybrid,eval-hybrid}``
+(also the ``specdec`` console script); ``--version`` prints the package version."""
 import json
 import sys
 
@@ -19,6 +19,10 @@ commands:
             the options)
   train-hybrid
             distil SmolLM2 into its gated-delta-net hybrid (smollm2-hybrid; needs torch
+            and the model extra; --help lists the options)
+  eval-hybrid
+            a smollm2-hybrid's quality against its base: perplexity on held-out natural
+            text, greedy replies to 16 held-out prompts, as JSON / markdown (needs torch
             and the model extra; --help lists the options)
 """
 
@@ -43,6 +47,8 @@ def main(argv=None):
         from .train.cli import main as run
     elif cmd == "train-hybrid":
         from .train.hybrid import main as run
+    elif cmd == "eval-hybrid":
+        from .train.hybrid_eval import main as run
     elif cmd == "info":
         from . import runtime
         print(json.dumps(runtime.info(load="--load" in rest), indent=1, default=str))

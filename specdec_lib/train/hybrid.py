@@ -199,40 +199,70 @@ def train_stage(name, model, batches, loss_fn, params, lr, seconds, steps, log, 
     return it, first_l, last_l
 
 
-def evaluate(model, batches, bsz=8):
-    """Held-out: base and hybrid next-token perplexity, their ratio, mean KL, the agreement
-    of the hybrid's greedy next token with the base model's, and the stage-1 NMSE per layer."""
+def next_token_sums(model, tokens, mask):
+    """Sums over the positions ``mask`` marks (those whose next token is known) of one
+    batch: base and hybrid next-token NLL, KL(base || hybrid), greedy agreement (the
+    hybrid's argmax equals the base model's) and the count, plus the base model's
+    hidden-state taps (for the layer NMSE). Under no_grad and the device's autocast."""
+    F = _F()
+    h_t, taps = model.teacher(tokens)
+    h_s = model.forward(tokens)
+    nxt = tokens[:, 1:]
+    mk = mask[:, :-1]
+    lt = F.log_softmax(model.logits(h_t[:, :-1][mk]), -1)
+    ls = F.log_softmax(model.logits(h_s[:, :-1][mk]), -1)
+    tgt = nxt[mk]
+    sums = dict(nll_base=-lt.gather(-1, tgt[:, None]).sum().item(),
+                nll_hybrid=-ls.gather(-1, tgt[:, None]).sum().item(),
+                kl=(lt.exp() * (lt - ls)).sum().item(),
+                agree=(lt.argmax(-1) == ls.argmax(-1)).sum().item(),
+                n=mk.sum().item())
+    return sums, taps
+
+
+def _F():
     import torch
-    F = torch.nn.functional
-    nll_t = nll_s = kl = agree = n = 0.0
+    return torch.nn.functional
+
+
+def sums_report(s):
+    """The report of summed ``next_token_sums``: tokens, base and hybrid perplexity, their
+    ratio, mean KL, greedy agreement."""
+    n = max(s["n"], 1)
+    ppl_t, ppl_s = math.exp(s["nll_base"] / n), math.exp(s["nll_hybrid"] / n)
+    return dict(tokens=int(s["n"]), base_ppl=round(ppl_t, 4), hybrid_ppl=round(ppl_s, 4),
+                ppl_ratio=round(ppl_s / ppl_t, 4), kl=round(s["kl"] / n, 5),
+                greedy_agreement=round(s["agree"] / n, 4))
+
+
+def add_sums(a, b):
+    return {k: a.get(k, 0.0) + v for k, v in b.items()}
+
+
+def evaluate(model, batches, bsz=8, layers=True):
+    """Held-out: base and hybrid next-token perplexity, their ratio, mean KL, the agreement
+    of the hybrid's greedy next token with the base model's, and (``layers``) the stage-1
+    NMSE per layer."""
+    import torch
+    tot = {}
     nmse, nb = {}, 0
     with torch.no_grad(), _autocast(model.dev):
         for tokens, mask in batches.all(bsz):
-            h_t, taps = model.teacher(tokens)
+            sums, taps = next_token_sums(model, tokens, mask)
+            tot = add_sums(tot, sums)
+            nb += 1
+            if not layers:
+                continue
             for i, (h, y, _) in taps.items():
                 out, _ = model.gdn_mixer(i, h)
                 m = mask[..., None].float()
                 y = y.float()
                 nmse[i] = nmse.get(i, 0.0) + (((out.float() - y) ** 2 * m).sum()
                                              / ((y ** 2) * m).sum().clamp_min(1e-12)).item()
-            nb += 1
-            h_s = model.forward(tokens)
-            nxt = tokens[:, 1:]
-            mk = mask[:, :-1]
-            lt = F.log_softmax(model.logits(h_t[:, :-1][mk]), -1)
-            ls = F.log_softmax(model.logits(h_s[:, :-1][mk]), -1)
-            tgt = nxt[mk]
-            nll_t += -lt.gather(-1, tgt[:, None]).sum().item()
-            nll_s += -ls.gather(-1, tgt[:, None]).sum().item()
-            kl += (lt.exp() * (lt - ls)).sum().item()
-            agree += (lt.argmax(-1) == ls.argmax(-1)).sum().item()
-            n += mk.sum().item()
-    n = max(n, 1)
-    ppl_t, ppl_s = math.exp(nll_t / n), math.exp(nll_s / n)
-    return dict(tokens=int(n), base_ppl=round(ppl_t, 4), hybrid_ppl=round(ppl_s, 4),
-                ppl_ratio=round(ppl_s / ppl_t, 4), kl=round(kl / n, 5),
-                greedy_agreement=round(agree / n, 4),
-                layer_nmse={str(i): round(v / max(nb, 1), 4) for i, v in sorted(nmse.items())})
+    rep = sums_report(tot or dict(nll_base=0.0, nll_hybrid=0.0, kl=0.0, agree=0.0, n=0))
+    if layers:
+        rep["layer_nmse"] = {str(i): round(v / max(nb, 1), 4) for i, v in sorted(nmse.items())}
+    return rep
 
 
 def run(args, argv=None):
