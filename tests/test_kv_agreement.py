@@ -119,3 +119,62 @@ def test_bad_arguments_refused():
         agreement([[3, 4]], sc, [], sc)
     with pytest.raises(ValueError, match="positions"):
         agreement([[3, 4, 5]], sc, [[3, 4, 5]], sc)
+
+
+def test_e2e_kv_agreement_mode_on_a_toy(monkeypatch, tmp_path, capsys):
+    """tools/perf/e2e_smollm2.py --kv-agreement int8 on the reference backend with the toy
+    (seed 7) in SmolLM2's place: a bf16 entry over its own replies (all agree), an int8 entry
+    with the divergence of the library test above, prompt lookup == target-only for both,
+    the JSON and the table written."""
+    import importlib.util
+    import json
+    import os
+    import sys
+    path = os.path.join(os.path.dirname(__file__), "..", "tools", "perf", "e2e_smollm2.py")
+    spec = importlib.util.spec_from_file_location("e2e_smollm2_under_test", path)
+    e2e = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(e2e)
+    prompts = prompts_with_repeats(11, 4)
+
+    def load(be, *, kv_dtype="bfloat16", **kw):
+        return _tiny_target(np.random.default_rng(7), kv_dtype=kv_dtype), None
+    monkeypatch.setattr(e2e, "load_smollm2_target", load)
+    monkeypatch.setattr(e2e, "pool_of", lambda n: {"toy": prompts[:n]})
+    monkeypatch.setattr(e2e, "chat_prompt", lambda tok, t: list(t))
+    out = tmp_path / "kva.json"
+    monkeypatch.setattr(sys, "argv", ["e2e", "--backend", "reference", "--kv-agreement", "int8",
+                                      "--sets", "toy", "--per-set", "4", "--new", "24",
+                                      "--drafts", "ngram", "--json", str(out)])
+    e2e.main()
+    r = json.loads(out.read_text())
+    assert r["kv_dtypes"] == ["bfloat16", "int8"] and r["requests"] == 4
+    assert r["bfloat16"]["self"]["teacher_forced"]["fraction"] == 1.0
+    a = r["int8"]["agreement"]
+    assert a["teacher_forced"]["agreeing"] == 95 and a["teacher_forced"]["positions"] == 96
+    assert a["free_running"]["first_divergence"] == [None, 5, None, None]
+    for kv in ("bfloat16", "int8"):
+        assert r[kv]["ngram_k3"]["identical_requests"] == 4
+        assert r[kv]["ngram_k3"]["first_divergence"] == [None] * 4
+    text = capsys.readouterr().out
+    assert "int8 diverges from bf16 at (request, position, bf16 gap): (1, 5, " in text
+    assert "95/96" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "int8"])
+def test_torch_gpu_agreement(kv_dtype):
+    """The torch backend (verify_attention over the 8-bit cache, torch's top-2): with
+    row-invariant GEMMs a 16-row block gives the bits of one-row decoding, so the bf16
+    target over its own replies agrees everywhere; the 8-bit one mostly."""
+    from toy_models import skip_unless_torch_gpu
+    skip_unless_torch_gpu()
+    t16 = _tiny_target(np.random.default_rng(7), backend="torch", row_invariant=True)
+    t8 = _tiny_target(np.random.default_rng(7), backend="torch", row_invariant=True,
+                      kv_dtype=kv_dtype)
+    prompts = prompts_with_repeats(11, 4)
+    base = generate(t16, prompts, 24)
+    base_sc = teacher_forced(t16, prompts, base)
+    assert agreement(base, base_sc, base, base_sc)["teacher_forced"]["fraction"] == 1.0
+    rep = agreement(base, base_sc, generate(t8, prompts, 24), teacher_forced(t8, prompts, base))
+    print(kv_dtype, rep)
+    assert rep["teacher_forced"]["fraction"] >= 0.9

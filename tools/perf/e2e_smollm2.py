@@ -545,19 +545,19 @@ def _print_agreement(report):
     drafts = [k for k in report["bfloat16"] if k.endswith(f"_k{report['k']}")]
     print(f"\n{n} requests x {report['new']} new tokens, one batch; teacher-forced over the "
           f"bf16 run's sequences in {report['block_rows']}-row verify blocks")
-    print(f"{'kv cache':9s} {'teacher-forced':>22s} {'exact ties':>10s} {'free: identical':>15s} "
-          f"{'near-ties (gap<%g)' % report['tie_tolerance']:>18s} {'median gap':>10s}  "
-          + " ".join(f"{'spec==' + d:>14s}" for d in drafts))
+    print(f"{'kv cache':16s} {'teacher-forced':>22s} {'exact ties':>10s} {'free: identical':>15s} "
+          f"{'near-ties (gap<%g)' % report['tie_tolerance']:>18s} {'median gap':>10s} "
+          + " ".join(f"{'spec==' + d:>16s}" for d in drafts))
     for kv in report["kv_dtypes"]:
         e = report[kv]
         a = e.get("agreement") or e["self"]
         tf, fr = a["teacher_forced"], a["free_running"]
         med = "-" if fr["median_base_gap"] is None else f"{fr['median_base_gap']:.3f}"
         label = kv + (" (self)" if kv == "bfloat16" else "")
-        print(f"{label:9s} {tf['agreeing']:>7d}/{tf['positions']:<6d} {100 * tf['fraction']:6.2f}% "
+        print(f"{label:16s} {tf['agreeing']:>7d}/{tf['positions']:<6d} {100 * tf['fraction']:7.2f}% "
               f"{tf['exact_ties']:>10d} {fr['identical']:>9d}/{n:<5d} {fr['near_ties']:>18d} "
-              f"{med:>10s}  " + " ".join(f"{e[d]['identical_requests']:>10d}/{n:<3d}"
-                                         for d in drafts))
+              f"{med:>10s} " + " ".join(f"{e[d]['identical_requests']:>12d}/{n:<3d}"
+                                        for d in drafts))
     for kv in report["kv_dtypes"][1:]:
         fr = report[kv]["agreement"]["free_running"]
         if fr["divergences"]:
