@@ -46,7 +46,8 @@ def test_16bit_against_itself(block_rows):
     replies = generate(t, prompts, 24)
     replies[2] = replies[2][:9]           # uneven lengths: blocks end at different rows
     replies[3] = replies[3][:1]
-    sc = teacher_forced(t, prompts, replies, block_rows=block_rows)
+    sc = teacher_forced(t, prompts, replies, block_rows=block_rows,
+                        max_len=None if block_rows == 16 else 60)     # wider pages: same
     for p, r, s in zip(prompts, replies, sc):
         assert len(s.given) == len(r)
         np.testing.assert_array_equal(s.argmax, r)       # greedy: the reply is the argmax
@@ -114,6 +115,8 @@ def test_bad_arguments_refused():
         teacher_forced(t, [[1, 2], [3]], [[3]])
     with pytest.raises(ValueError, match="prompts"):
         teacher_forced(t, [[]], [[3]])
+    with pytest.raises(ValueError, match="max_len"):
+        teacher_forced(t, [[1, 2]], [[3, 4]], max_len=3)
     sc = teacher_forced(t, [[1, 2]], [[3, 4]])
     with pytest.raises(ValueError, match="one entry per request"):
         agreement([[3, 4]], sc, [], sc)
@@ -162,19 +165,26 @@ def test_e2e_kv_agreement_mode_on_a_toy(monkeypatch, tmp_path, capsys):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "int8"])
-def test_torch_gpu_agreement(kv_dtype):
-    """The torch backend (verify_attention over the 8-bit cache, torch's top-2): with
-    row-invariant GEMMs a 16-row block gives the bits of one-row decoding, so the bf16
-    target over its own replies agrees everywhere; the 8-bit one mostly."""
+@pytest.mark.parametrize("row_invariant,block_rows", [(True, 16), (False, 1)])
+def test_torch_gpu_agreement(kv_dtype, row_invariant, block_rows):
+    """The torch backend (verify_attention over the 8-bit cache, torch's top-2), caches as
+    wide as the decoder's (the same KV split): with row-invariant GEMMs a 16-row block has
+    the bits of one-row decoding, and one-row blocks of the whole batch are the decode's own
+    shape, so the bf16 target over its own replies agrees everywhere either way; the 8-bit
+    one mostly."""
+    from specdec_lib.orchestrator import Request, SpeculativeDecoder
     from toy_models import skip_unless_torch_gpu
     skip_unless_torch_gpu()
-    t16 = _tiny_target(np.random.default_rng(7), backend="torch", row_invariant=True)
-    t8 = _tiny_target(np.random.default_rng(7), backend="torch", row_invariant=True,
-                      kv_dtype=kv_dtype)
+    kw = dict(backend="torch", row_invariant=row_invariant)
+    t16 = _tiny_target(np.random.default_rng(7), **kw)
+    t8 = _tiny_target(np.random.default_rng(7), kv_dtype=kv_dtype, **kw)
     prompts = prompts_with_repeats(11, 4)
+    width = SpeculativeDecoder.positions_needed(
+        [Request(prompt=p, max_new_tokens=24) for p in prompts], 0)
     base = generate(t16, prompts, 24)
-    base_sc = teacher_forced(t16, prompts, base)
+    base_sc = teacher_forced(t16, prompts, base, block_rows, max_len=width)
     assert agreement(base, base_sc, base, base_sc)["teacher_forced"]["fraction"] == 1.0
-    rep = agreement(base, base_sc, generate(t8, prompts, 24), teacher_forced(t8, prompts, base))
+    rep = agreement(base, base_sc, generate(t8, prompts, 24),
+                    teacher_forced(t8, prompts, base, block_rows, max_len=width))
     print(kv_dtype, rep)
     assert rep["teacher_forced"]["fraction"] >= 0.9

@@ -12,9 +12,11 @@ predicts ``reply[i]`` and is scored through ``verify_attention`` over the target
 so an 8-bit target attends through its quantised cache there exactly as in decoding (rows
 appended quantised by ``rope_append_kv``, read back dequantised by the kernel; prefill's
 attention reads the dequantised cache too, ``LlamaTarget.prefill_attention``). The only
-difference from target-only decoding is the block shape: 16 rows per call, not one, which
-on the GPU moves the dense GEMMs' bits unless the target is ``row_invariant`` -- the
-16-bit target scored over its own replies measures that floor (1.0 on the reference backend).
+difference from target-only decoding is the block shape: with ``block_rows`` > 1 a call
+scores several rows per sequence, which on the GPU moves the dense GEMMs' bits unless the
+target is ``row_invariant``; ``block_rows=1`` over the same batch is the target-only decode's
+own shape (B rows a call). The 16-bit target scored over its own replies measures the
+procedure's floor (1.0 on the reference backend).
 
 ``agreement`` compares a run (its greedy replies and its teacher-forced scores over the
 base run's sequences) with the base run (its replies and its scores over them):
@@ -73,13 +75,16 @@ def _top2(logits, given):
 
 
 def teacher_forced(target: Any, prompts: Sequence[Sequence[int]],
-                   replies: Sequence[Sequence[int]], block_rows: int = MAX_BLOCK_ROWS
-                   ) -> list[Scored]:
+                   replies: Sequence[Sequence[int]], block_rows: int = MAX_BLOCK_ROWS,
+                   max_len: int | None = None) -> list[Scored]:
     """``target``'s scores of each ``replies[b]`` after ``prompts[b]`` (see the module
     docstring: prefill of prompt[:-1], then verify blocks of <= ``block_rows`` rows per
-    sequence over the target's cache; all requests in one batch). Resets the target's
-    caches (a decoder over it must reset before its next call: ``cache_epoch`` moves); an fp8
-    target whose scales are not recorded yet records them from this prefill."""
+    sequence over the target's cache; all requests in one batch). ``max_len``: positions per
+    slot of the caches (default the longest sequence); give the decoder's own (its
+    ``max_len``, ``positions_needed``) to run the attention plan that decoding ran (the
+    KV split follows the page table's width). Resets the target's caches (a decoder over it
+    must reset before its next call: ``cache_epoch`` moves); an fp8 target whose scales are
+    not recorded yet records them from this prefill."""
     if len(prompts) != len(replies):
         raise ValueError(f"replies: {len(replies)} for {len(prompts)} prompts")
     if not 1 <= int(block_rows) <= MAX_BLOCK_ROWS:
@@ -89,7 +94,10 @@ def teacher_forced(target: Any, prompts: Sequence[Sequence[int]],
     m, B = target.m, len(prompts)
     i32 = np.int32
     target.capture_aux(())                  # the final hidden: a head may have left taps set
-    target.reset(B, max(len(p) + len(r) for p, r in zip(prompts, replies)))
+    need = max(len(p) + len(r) for p, r in zip(prompts, replies))
+    if max_len is not None and max_len < need:
+        raise ValueError(f"max_len: {max_len} positions, the longest sequence has {need}")
+    target.reset(B, need if max_len is None else int(max_len))
     zeros = m.table(np.zeros(B, i32))
     fin = m.table(np.zeros(B, np.uint8))
     counts = [len(p) - 1 for p in prompts]

@@ -284,9 +284,11 @@ def main():
                    "cache agreement case: greedy replies of a bf16-cache target and of each "
                    "of these caches (comma-separated: fp8_e4m3,int8), --per-set prompts of "
                    "each of --sets in one batch, --new tokens each")
-    p.add_argument("--block-rows", type=int, default=16, help="--kv-agreement: verify-block "
-                   "rows of the teacher-forced pass (1: one row per call, as target-only "
-                   "decoding runs; 16: fewer calls)")
+    p.add_argument("--block-rows", type=int, default=1, help="--kv-agreement: rows per "
+                   "sequence of the teacher-forced pass's verify blocks: 1 (default) is the "
+                   "target-only decode's own block shape (B rows a call: the bf16 target "
+                   "over its own replies should agree everywhere; ~128 eager calls per cache "
+                   "dtype), up to 16 (fewer calls, GEMM bits of another shape)")
     args = p.parse_args()
     be = make_backend(args.backend)
     if args.long_context:
@@ -518,11 +520,13 @@ def kv_agreement(args, be):
                 summary(ms), identical_requests=sum(j is None for j in firsts),
                 first_divergence=[j for j in firsts])
         t1 = time.perf_counter()
+        width = SpeculativeDecoder.positions_needed(reqs, 0)    # the target-only decoder's
         if kv == "bfloat16":
-            base, base_sc = replies, teacher_forced(target, prompts, replies, args.block_rows)
+            base, base_sc = replies, teacher_forced(target, prompts, replies, args.block_rows,
+                                                    max_len=width)
             entry["self"] = agreement(base, base_sc, base, base_sc, tie=args.tie_tolerance)
         else:
-            sc = teacher_forced(target, prompts, base, args.block_rows)
+            sc = teacher_forced(target, prompts, base, args.block_rows, max_len=width)
             entry["agreement"] = agreement(base, base_sc, replies, sc, tie=args.tie_tolerance)
             if target.kv_scales is not None:
                 ks, vs = target.kv_scales
