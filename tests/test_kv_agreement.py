@@ -125,10 +125,10 @@ def test_bad_arguments_refused():
 
 
 def test_e2e_kv_agreement_mode_on_a_toy(monkeypatch, tmp_path, capsys):
-    """tools/perf/e2e_smollm2.py --kv-agreement int8 on the reference backend with the toy
-    (seed 7) in SmolLM2's place: a bf16 entry over its own replies (all agree), an int8 entry
-    with the divergence of the library test above, prompt lookup == target-only for both,
-    the JSON and the table written."""
+    """tools/perf/e2e_smollm2.py --kv-agreement fp8,int8 on the reference backend with the
+    toy (seed 7) in SmolLM2's place: a bf16 entry over its own replies (all agree), an entry
+    per 8-bit cache with the divergence of the library test above (fp8: its recorded scales),
+    prompt lookup == target-only for each, the JSON and the table written."""
     import importlib.util
     import json
     import os
@@ -145,17 +145,20 @@ def test_e2e_kv_agreement_mode_on_a_toy(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(e2e, "pool_of", lambda n: {"toy": prompts[:n]})
     monkeypatch.setattr(e2e, "chat_prompt", lambda tok, t: list(t))
     out = tmp_path / "kva.json"
-    monkeypatch.setattr(sys, "argv", ["e2e", "--backend", "reference", "--kv-agreement", "int8",
+    monkeypatch.setattr(sys, "argv", ["e2e", "--backend", "reference", "--kv-agreement", "fp8,int8",
                                       "--sets", "toy", "--per-set", "4", "--new", "24",
                                       "--drafts", "ngram", "--json", str(out)])
     e2e.main()
     r = json.loads(out.read_text())
-    assert r["kv_dtypes"] == ["bfloat16", "int8"] and r["requests"] == 4
+    assert r["kv_dtypes"] == ["bfloat16", "fp8_e4m3", "int8"] and r["requests"] == 4
     assert r["bfloat16"]["self"]["teacher_forced"]["fraction"] == 1.0
-    a = r["int8"]["agreement"]
-    assert a["teacher_forced"]["agreeing"] == 95 and a["teacher_forced"]["positions"] == 96
-    assert a["free_running"]["first_divergence"] == [None, 5, None, None]
-    for kv in ("bfloat16", "int8"):
+    for kv in ("fp8_e4m3", "int8"):
+        a = r[kv]["agreement"]
+        assert a["teacher_forced"]["agreeing"] == 95 and a["teacher_forced"]["positions"] == 96
+        assert a["free_running"]["first_divergence"] == [None, 5, None, None]
+    assert np.array(r["fp8_e4m3"]["fp8_scales"]["k"]).shape == (2, 2)
+    assert "fp8_scales" not in r["int8"]
+    for kv in r["kv_dtypes"]:
         assert r[kv]["ngram_k3"]["identical_requests"] == 4
         assert r[kv]["ngram_k3"]["first_divergence"] == [None] * 4
     text = capsys.readouterr().out
