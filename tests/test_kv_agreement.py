@@ -139,9 +139,10 @@ def test_e2e_kv_agreement_mode_on_a_toy(monkeypatch, tmp_path, capsys):
     spec.loader.exec_module(e2e)
     prompts = prompts_with_repeats(11, 4)
 
-    def load(be, *, kv_dtype="bfloat16", **kw):
-        return _tiny_target(np.random.default_rng(7), kv_dtype=kv_dtype), None
-    monkeypatch.setattr(e2e, "load_smollm2_target", load)
+    from specdec_lib.models import smollm2
+    from toy_models import toy_llama
+    monkeypatch.setattr(smollm2, "load_smollm2",
+                        lambda path, progress: (*toy_llama(rng=np.random.default_rng(7)), None))
     monkeypatch.setattr(e2e, "pool_of", lambda n: {"toy": prompts[:n]})
     monkeypatch.setattr(e2e, "chat_prompt", lambda tok, t: list(t))
     out = tmp_path / "kva.json"

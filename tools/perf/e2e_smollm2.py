@@ -465,7 +465,7 @@ def pool_of(n):
 
 def kv_agreement(args, be):
     """--kv-agreement DTYPES: issue 32's agreement bar. A bf16-cache target and one target
-    per 8-bit cache dtype (same weights, loaded anew each), the same requests (--per-set
+    per 8-bit cache dtype (the same weights, read once), the same requests (--per-set
     prompts of each of --sets, default general; --new tokens, through EOS unless
     --stop-at-eos), all in one batch of that many slots (graphs on the torch backend):
 
@@ -478,7 +478,8 @@ def kv_agreement(args, be):
       * free-running: per prompt the first position where the 8-bit reply departs from the
         bf16 one, and the bf16 model's top-2 logit gap there (--tie-tolerance: a near-tie).
     """
-    from specdec_lib.models.llama import kv_dtype_name
+    from specdec_lib.models.llama import LlamaTarget, kv_dtype_name, kv_dtype_unsupported
+    from specdec_lib.models.smollm2 import EXPECTED, load_smollm2
     kvs = ["bfloat16"] + [kv for kv in dict.fromkeys(kv_dtype_name(x.strip())
                                                      for x in args.kv_agreement.split(","))
                           if kv != "bfloat16"]
@@ -489,12 +490,18 @@ def kv_agreement(args, be):
               "new": args.new, "k": args.k, "drafts": args.drafts.split(","),
               "block_rows": args.block_rows, "tie_tolerance": args.tie_tolerance,
               "stop_at_eos": bool(args.stop_at_eos), "row_invariant": args.row_invariant}
+    for kv in kvs:                  # refused before the weights are read
+        why = kv_dtype_unsupported(be, kv, EXPECTED["head_dim"])
+        if why is not None:
+            raise SystemExit(f"--kv-agreement {kv}: {why}")
     base = base_sc = reqs = None
     t_all = time.perf_counter()
+    config, weights, tok = load_smollm2(args.gguf, progress=False)     # read once
+    report["load_s"] = round(time.perf_counter() - t_all, 2)
     for kv in kvs:
         t0 = time.perf_counter()
-        target, tok = load_smollm2_target(be, path=args.gguf, progress=False,
-                                          row_invariant=args.row_invariant, kv_dtype=kv)
+        target = LlamaTarget(config, weights, be, row_invariant=args.row_invariant,
+                             kv_dtype=kv)
         if reqs is None:
             if gpu:
                 import torch
@@ -518,7 +525,7 @@ def kv_agreement(args, be):
             firsts = [first_divergence(x, list(y.tokens)) for x, y in zip(replies, spec)]
             entry[f"{name}_k{args.k}"] = dict(
                 summary(ms), identical_requests=sum(j is None for j in firsts),
-                first_divergence=[j for j in firsts])
+                first_divergence=firsts)
         t1 = time.perf_counter()
         width = SpeculativeDecoder.positions_needed(reqs, 0)    # the target-only decoder's
         if kv == "bfloat16":
@@ -537,6 +544,7 @@ def kv_agreement(args, be):
               f"{entry['teacher_forced_s']:.2f} s)", flush=True)
         _dump(args, report)
         del target
+    del weights
     report["seconds"] = round(time.perf_counter() - t_all, 2)
     _print_agreement(report)
     _dump(args, report)
