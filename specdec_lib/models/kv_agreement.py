@@ -98,6 +98,7 @@ def teacher_forced(target: Any, prompts: Sequence[Sequence[int]],
     if max_len is not None and max_len < need:
         raise ValueError(f"max_len: {max_len} positions, the longest sequence has {need}")
     target.reset(B, need if max_len is None else int(max_len))
+    target.reset_slots(m.table(np.arange(B, dtype=i32)))     # fresh requests (a hybrid's state)
     zeros = m.table(np.zeros(B, i32))
     fin = m.table(np.zeros(B, np.uint8))
     counts = [len(p) - 1 for p in prompts]
