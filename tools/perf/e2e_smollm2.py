@@ -29,6 +29,14 @@ target and a --kv-dtype one in the same run, decode tokens/s (prefill left out) 
   python3 tools/perf/e2e_smollm2.py --long-context 8192 --kv-dtype fp8_e4m3 --drafts mtp \
       --long-batch 1 --new32 256 --json long_fp8.json     # and again with --kv-dtype int8,
                                                           # --long-batch 16 for a batch
+
+--kv-agreement fp8_e4m3,int8 instead runs only the agreement case (issue 32's bar; see
+kv_agreement below): greedy replies of a bf16-cache target and of each 8-bit one, --per-set
+prompts of --sets (default general) in one batch, teacher-forced agreement with the bf16
+tokens, free-running divergences, speculative == target-only per cache dtype:
+
+  python3 tools/perf/e2e_smollm2.py --kv-agreement fp8_e4m3,int8 --per-set 32 --new 128 \
+      --json kv_agreement.json
 """
 from __future__ import annotations
 
@@ -44,6 +52,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from specdec_lib.demo import rescoring_check  # noqa: E402
 from specdec_lib.models import load_smollm2_hybrid_target, load_smollm2_target  # noqa: E402
 from specdec_lib.models.heads import hybrid_head, smollm2_head  # noqa: E402
+from specdec_lib.models.kv_agreement import agreement, first_divergence, teacher_forced  # noqa: E402
 from specdec_lib.models.llama_draft import LlamaDraftHead  # noqa: E402
 from specdec_lib.models.ngram import NgramDraft  # noqa: E402
 from specdec_lib.models.prompts import stdlib_prompts  # noqa: E402
@@ -238,7 +247,8 @@ def main():
                    "requests through the mixed case's B slots (continuous batching)")
     p.add_argument("--row-invariant", action="store_true", help="decode GEMMs through the "
                    "library's linear (LlamaTarget row_invariant=True)")
-    p.add_argument("--sets", default="copy,open,heldout", help="B=1 prompt sets: copy, open, "
+    p.add_argument("--sets", default=None, help="B=1 prompt sets (default copy,open,heldout; "
+                   "general with --kv-agreement): copy, open, "
                    "heldout (stdlib docstrings), general (new prompts of every family of the "
                    "prompt mix, none trained on), unseen (the mix's held-out families only: "
                    "translation and multi-turn chat with a system prompt)")
@@ -270,10 +280,22 @@ def main():
                    "long-context case: N-token prompts, bf16 vs --kv-dtype caches in one run")
     p.add_argument("--long-batch", type=int, default=1, metavar="B",
                    help="--long-context: requests decoded together (default 1)")
+    p.add_argument("--kv-agreement", default=None, metavar="DTYPES", help="only the 8-bit "
+                   "cache agreement case: greedy replies of a bf16-cache target and of each "
+                   "of these caches (comma-separated: fp8_e4m3,int8), --per-set prompts of "
+                   "each of --sets in one batch, --new tokens each")
+    p.add_argument("--block-rows", type=int, default=1, help="--kv-agreement: rows per "
+                   "sequence of the teacher-forced pass's verify blocks: 1 (default) is the "
+                   "target-only decode's own block shape (B rows a call: the bf16 target "
+                   "over its own replies should agree everywhere; ~128 eager calls per cache "
+                   "dtype), up to 16 (fewer calls, GEMM bits of another shape)")
     args = p.parse_args()
     be = make_backend(args.backend)
     if args.long_context:
         return long_context(args, be)
+    if args.kv_agreement:
+        return kv_agreement(args, be)
+    args.sets = args.sets or "copy,open,heldout"
     t0 = time.perf_counter()
     if args.hybrid:             # smollm2-hybrid and its MTP head (train-draft --hybrid)
         target, tok = load_smollm2_hybrid_target(be, weights=args.hybrid, path=args.gguf,
@@ -298,8 +320,7 @@ def main():
                 else smollm2_head(name), name)
     k = args.k
     n_sets = 2 if args.quick else args.per_set
-    pool = {"copy": COPY_PROMPTS, "open": OPEN_PROMPTS, "heldout": stdlib_prompts("heldout"),
-            "general": general_prompts(args.per_set), "unseen": unseen_prompts(args.per_set)}
+    pool = pool_of(args.per_set)
     sets = {name: pool[name][:n_sets] for name in args.sets.split(",")}
     gpu = args.backend == "torch"
     if gpu:
@@ -434,6 +455,127 @@ def long_context(args, be):
         print(f"decode tok/s {kvs[1]} / bfloat16 at {n} tokens of context:",
               json.dumps(report["ratio_8bit_over_bf16"]))
     _dump(args, report)
+
+
+def pool_of(n):
+    """The prompt sets by name (text or message lists; ``main``'s --sets)."""
+    return {"copy": COPY_PROMPTS, "open": OPEN_PROMPTS, "heldout": stdlib_prompts("heldout"),
+            "general": general_prompts(n), "unseen": unseen_prompts(n)}
+
+
+def kv_agreement(args, be):
+    """--kv-agreement DTYPES: issue 32's agreement bar. A bf16-cache target and one target
+    per 8-bit cache dtype (the same weights, read once), the same requests (--per-set
+    prompts of each of --sets, default general; --new tokens, through EOS unless
+    --stop-at-eos), all in one batch of that many slots (graphs on the torch backend):
+
+      * greedy target-only replies, and each --drafts at -k: requests == target-only with
+        that cache dtype (the bf16 target too: the control);
+      * teacher-forced (``models.kv_agreement``): each 8-bit target run over the bf16 run's
+        sequences through verify blocks over its own 8-bit cache (--block-rows rows per call),
+        the share of reply positions where the bf16 token is its argmax; the bf16 target over
+        its own replies gives the floor of the procedure (block vs one-row GEMM bits);
+      * free-running: per prompt the first position where the 8-bit reply departs from the
+        bf16 one, and the bf16 model's top-2 logit gap there (--tie-tolerance: a near-tie).
+    """
+    from specdec_lib.models.llama import LlamaTarget, kv_dtype_name, kv_dtype_unsupported
+    from specdec_lib.models.smollm2 import EXPECTED, load_smollm2
+    kvs = ["bfloat16"] + [kv for kv in dict.fromkeys(kv_dtype_name(x.strip())
+                                                     for x in args.kv_agreement.split(","))
+                          if kv != "bfloat16"]
+    names = (args.sets or "general").split(",")
+    stops = dict(stop_token_ids=STOP_TOKEN_IDS) if args.stop_at_eos else {}
+    gpu = args.backend == "torch"
+    report = {"case": "kv_agreement", "kv_dtypes": kvs, "sets": names, "per_set": args.per_set,
+              "new": args.new, "k": args.k, "drafts": args.drafts.split(","),
+              "block_rows": args.block_rows, "tie_tolerance": args.tie_tolerance,
+              "stop_at_eos": bool(args.stop_at_eos), "row_invariant": args.row_invariant}
+    for kv in kvs:                  # refused before the weights are read
+        why = kv_dtype_unsupported(be, kv, EXPECTED["head_dim"])
+        if why is not None:
+            raise SystemExit(f"--kv-agreement {kv}: {why}")
+    base = base_sc = reqs = None
+    t_all = time.perf_counter()
+    config, weights, tok = load_smollm2(args.gguf, progress=False)     # read once
+    report["load_s"] = round(time.perf_counter() - t_all, 2)
+    for kv in kvs:
+        t0 = time.perf_counter()
+        target = LlamaTarget(config, weights, be, row_invariant=args.row_invariant,
+                             kv_dtype=kv)
+        if reqs is None:
+            if gpu:
+                import torch
+                report["device"] = torch.cuda.get_device_name()
+            pool = pool_of(args.per_set)
+            texts = [t for n in names for t in pool[n][:args.per_set]]
+            reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new, **stops)
+                    for t in texts]
+            prompts = [r.prompt for r in reqs]
+            report["requests"] = len(reqs)
+        res, mb = decode(target, None, 0, be, reqs)
+        replies = [list(r.tokens) for r in res]
+        entry = report[kv] = dict(target_only=summary(mb))
+        for name in args.drafts.split(","):
+            if not name:
+                continue
+            draft = NgramDraft(be) if name == "ngram" else \
+                LlamaDraftHead.load(target, smollm2_head(name), name)
+            spec, ms = decode(target, draft, args.k, be, reqs)
+            target.capture_aux(())
+            firsts = [first_divergence(x, list(y.tokens)) for x, y in zip(replies, spec)]
+            entry[f"{name}_k{args.k}"] = dict(
+                summary(ms), identical_requests=sum(j is None for j in firsts),
+                first_divergence=firsts)
+        t1 = time.perf_counter()
+        width = SpeculativeDecoder.positions_needed(reqs, 0)    # the target-only decoder's
+        if kv == "bfloat16":
+            base, base_sc = replies, teacher_forced(target, prompts, replies, args.block_rows,
+                                                    max_len=width)
+            entry["self"] = agreement(base, base_sc, base, base_sc, tie=args.tie_tolerance)
+        else:
+            sc = teacher_forced(target, prompts, base, args.block_rows, max_len=width)
+            entry["agreement"] = agreement(base, base_sc, replies, sc, tie=args.tie_tolerance)
+            if target.kv_scales is not None:
+                ks, vs = target.kv_scales
+                entry["fp8_scales"] = dict(k=ks.round(6).tolist(), v=vs.round(6).tolist())
+        entry["teacher_forced_s"] = round(time.perf_counter() - t1, 3)
+        entry["seconds"] = round(time.perf_counter() - t0, 2)
+        print(f"{kv}: {entry['seconds']:.1f} s (teacher-forced pass "
+              f"{entry['teacher_forced_s']:.2f} s)", flush=True)
+        _dump(args, report)
+        del target
+    del weights
+    report["seconds"] = round(time.perf_counter() - t_all, 2)
+    _print_agreement(report)
+    _dump(args, report)
+
+
+def _print_agreement(report):
+    """The --kv-agreement table: per cache dtype, teacher-forced agreement with the bf16
+    run, free-running identical requests and divergences, speculative == target-only."""
+    n = report["requests"]
+    drafts = [k for k in report["bfloat16"] if k.endswith(f"_k{report['k']}")]
+    print(f"\n{n} requests x {report['new']} new tokens, one batch; teacher-forced over the "
+          f"bf16 run's sequences in {report['block_rows']}-row verify blocks")
+    print(f"{'kv cache':16s} {'teacher-forced':>22s} {'exact ties':>10s} {'free: identical':>15s} "
+          f"{'near-ties (gap<%g)' % report['tie_tolerance']:>18s} {'median gap':>10s} "
+          + " ".join(f"{'spec==' + d:>16s}" for d in drafts))
+    for kv in report["kv_dtypes"]:
+        e = report[kv]
+        a = e.get("agreement") or e["self"]
+        tf, fr = a["teacher_forced"], a["free_running"]
+        med = "-" if fr["median_base_gap"] is None else f"{fr['median_base_gap']:.3f}"
+        label = kv + (" (self)" if kv == "bfloat16" else "")
+        print(f"{label:16s} {tf['agreeing']:>7d}/{tf['positions']:<6d} {100 * tf['fraction']:7.2f}% "
+              f"{tf['exact_ties']:>10d} {fr['identical']:>9d}/{n:<5d} {fr['near_ties']:>18d} "
+              f"{med:>10s} " + " ".join(f"{e[d]['identical_requests']:>12d}/{n:<3d}"
+                                        for d in drafts))
+    for kv in report["kv_dtypes"][1:]:
+        fr = report[kv]["agreement"]["free_running"]
+        if fr["divergences"]:
+            print(f"{kv} diverges from bf16 at (request, position, bf16 gap): " + ", ".join(
+                f"({d['request']}, {d['position']}, {d.get('base_gap', '-')})"
+                for d in fr["divergences"]))
 
 
 def _print(rows, report):
