@@ -23,9 +23,7 @@ def _wheel(tmp_path, plat="manylinux_2_28_x86_64", drop=(), extra=()):
              "specdec_lib-0.1.0.dist-info/WHEEL": "Wheel-Version: 1.0\n"}
     files.update({f"specdec_lib/_cubin/{n}": "x" for n in images})
     files.update({f"specdec_lib/{s}.cpython-311-x86_64-linux-gnu.so": "not an ELF" for s in stems})
-    heads = os.path.join(ROOT, "specdec_lib", "models", "heads")
-    files.update({f"specdec_lib/models/heads/{h}/{f}": "x" for h in os.listdir(heads)
-                  for f in ("model.safetensors", "config.json")})
+    files.update({n: "x" for n in check_wheel.weights_files(ROOT)})
     files.update({n: "" for n in extra})
     path = tmp_path / f"specdec_lib-0.1.0-cp311-cp311-{plat}.whl"
     with zipfile.ZipFile(path, "w") as z:
@@ -73,6 +71,9 @@ def test_wheel_tags_from_the_file_name():
         ("cp311", "cp311", ["manylinux_2_28_x86_64"])
 
 
-def test_a_missing_draft_head_fails(tmp_path):
+def test_a_missing_draft_head_or_hybrid_fails(tmp_path):
     path = _wheel(tmp_path, drop=("specdec_lib/models/heads/smollm2_mtp/model.safetensors",))
-    assert any("draft head file" in p and "smollm2_mtp/model.safetensors" in p for p in _problems(path))
+    assert any("weights file" in p and "smollm2_mtp/model.safetensors" in p for p in _problems(path))
+    path = _wheel(tmp_path, drop=("specdec_lib/models/hybrid/smollm2_hybrid/config.json",))
+    assert _problems(path) == ["trained weights file specdec_lib/models/hybrid/smollm2_hybrid/"
+                               "config.json missing"]

@@ -66,6 +66,18 @@ def needed_libs(data: bytes):
     return [ln.split("[", 1)[1].split("]", 1)[0] for ln in out.splitlines() if "(NEEDED)" in ln]
 
 
+def weights_files(src):
+    """The wheel paths of every trained weights file of the source tree ``src``: the draft
+    heads, the hybrid and its head (models/heads, models/hybrid: model.safetensors and
+    config.json, at any depth)."""
+    out = []
+    for kind in ("heads", "hybrid"):
+        for root, _, files in sorted(os.walk(os.path.join(src, "specdec_lib", "models", kind))):
+            out += [os.path.relpath(os.path.join(root, f), src).replace(os.sep, "/")
+                    for f in sorted(files) if f in ("model.safetensors", "config.json")]
+    return out
+
+
 def check(path: str, src: str = ROOT) -> list:
     """Problems found in the wheel at ``path`` (empty: it may ship); prints its summary."""
     problems = []
@@ -119,16 +131,10 @@ def check(path: str, src: str = ROOT) -> list:
             needed.update(libs)
             if any(lib.startswith("libcuda.") for lib in libs):
                 problems.append(f"{n} links libcuda ({libs}): the driver must come through cuda.bindings")
-        # the trained weights the demo loads by default: the draft heads, the hybrid and its
-        # head (every file of the source tree's models/heads and models/hybrid)
-        for kind in ("heads", "hybrid"):
-            top = os.path.join(src, "specdec_lib", "models", kind)
-            for root, _, files in os.walk(top):
-                for f in files:
-                    if f in ("model.safetensors", "config.json"):
-                        n = os.path.relpath(os.path.join(root, f), src).replace(os.sep, "/")
-                        if n not in names:
-                            problems.append(f"trained weights file {n} missing")
+        # the trained weights the demo loads by default
+        for n in weights_files(src):
+            if n not in names:
+                problems.append(f"trained weights file {n} missing")
         # Python files: all from the source tree (a stale build/lib would add old modules)
         for n in sorted(names):
             if n.endswith(".py") and n.startswith("specdec_lib/") and not os.path.isfile(os.path.join(src, n)):
