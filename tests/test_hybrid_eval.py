@@ -10,14 +10,10 @@
 """
 import json
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-import specdec_lib
 from specdec_lib.models.smollm2_hybrid import (hybrid_config, random_hybrid_tensors,
                                                save_hybrid_weights)
 from toy_models import toy_gguf, toy_llama
@@ -172,13 +168,8 @@ def test_prompts_and_sources_are_held_out():
 
 
 def test_eval_hybrid_help_without_torch():
-    code = ("import sys; sys.modules['torch'] = None; sys.modules['gguf'] = None; "
-            "from specdec_lib.__main__ import main; sys.exit(main(sys.argv[1:]))")
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(specdec_lib.__file__)))
-    p = subprocess.run([sys.executable, "-c", code, "eval-hybrid", "--help"],
-                       capture_output=True, text=True, timeout=60, env=env)
+    from toy_models import cli_without_torch
+    p = cli_without_torch("eval-hybrid", "--help")
     assert p.returncode == 0, p.stderr
     assert "--max-tokens" in p.stdout and "--weights" in p.stdout
-    p = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True,
-                       timeout=60, env=env)
-    assert "eval-hybrid" in p.stdout
+    assert "eval-hybrid" in cli_without_torch("--help").stdout

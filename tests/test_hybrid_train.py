@@ -236,16 +236,12 @@ def test_train_hybrid_cli_toy(tmp_path):
 
 
 def test_train_hybrid_help_without_torch():
-    code = ("import sys; sys.modules['torch'] = None; sys.modules['gguf'] = None; "
-            "from specdec_lib.__main__ import main; sys.exit(main(sys.argv[1:]))")
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(specdec_lib.__file__)))
-    p = subprocess.run([sys.executable, "-c", code, "train-hybrid", "--help"],
-                       capture_output=True, text=True, timeout=60, env=env)
+    from toy_models import cli_without_torch
+    p = cli_without_torch("train-hybrid", "--help")
     assert p.returncode == 0, p.stderr
     assert "--pattern" in p.stdout and "--stage2-seconds" in p.stdout
-    p = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True,
-                       timeout=60, env=env)
-    assert "train-hybrid" in p.stdout
+    assert "train-hybrid" in cli_without_torch("--help").stdout
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(specdec_lib.__file__)))
     p = subprocess.run([sys.executable, "-c", "import sys, specdec_lib, specdec_lib.models, "
                         "specdec_lib.models.smollm2_hybrid, specdec_lib.train.hybrid; "
                         "assert 'torch' not in sys.modules"], capture_output=True, text=True,

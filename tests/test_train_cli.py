@@ -4,16 +4,7 @@ import subprocess
 import sys
 
 import specdec_lib
-
-_NO_TORCH = ("import sys; sys.modules['torch'] = None; sys.modules['gguf'] = None; "
-             "from specdec_lib.__main__ import main; sys.exit(main(sys.argv[1:]))")
-
-
-def _run(*args):
-    import os
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(specdec_lib.__file__)))
-    return subprocess.run([sys.executable, "-c", _NO_TORCH, *args], capture_output=True,
-                          text=True, timeout=60, env=env)
+from toy_models import cli_without_torch as _run
 
 
 def test_train_draft_help_without_torch():

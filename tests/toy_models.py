@@ -93,3 +93,20 @@ def skip_unless_smollm2():
         gguf_path()
     except ImportError as e:
         pytest.skip(str(e))
+
+
+_NO_TORCH = ("import sys; sys.modules['torch'] = None; sys.modules['gguf'] = None; "
+             "from specdec_lib.__main__ import main; sys.exit(main(sys.argv[1:]))")
+
+
+def cli_without_torch(*args):
+    """``python -m specdec_lib ARGS`` in a fresh interpreter where torch and gguf cannot be
+    imported (the CLI's --help must not need them): the CompletedProcess."""
+    import os
+    import subprocess
+    import sys
+
+    import specdec_lib
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(specdec_lib.__file__)))
+    return subprocess.run([sys.executable, "-c", _NO_TORCH, *args], capture_output=True,
+                          text=True, timeout=60, env=env)
