@@ -152,27 +152,25 @@ def test_16bit_state_near_float32_state(tmp_path, state_dtype):
 
 
 @pytest.mark.parametrize("state_dtype", STATES)
-def test_score_stepwise_is_decoding(tmp_path, state_dtype):
-    """score_stepwise (a prefill, then one committed row a step: what the state fidelity
-    report compares) gives the logits greedy decoding acts on: in float32 state the plain
-    pass's up to float32 rounding; in a 16-bit state it drifts from it (the state rounded
-    after every token) but stays close, and a poisoned state changes it (it is read)."""
+def test_forced_logits_are_decoding(tmp_path, state_dtype):
+    """kv_agreement.forced_logits (a prefill, then one committed row a step: what the state
+    fidelity report compares) gives the logits greedy decoding acts on: in float32 state the
+    plain pass's up to float32 rounding; in a 16-bit state it drifts from it (the state rounded
+    after every token) but stays close."""
+    from specdec_lib.models.kv_agreement import forced_logits
     t = _target(tmp_path, state_dtype=state_dtype)
     tokens = np.random.default_rng(7).integers(0, 64, 30).tolist()
-    want = t.score(tokens)[9:]
-    got = t.score_stepwise(tokens, 9)
+    want = t.score(tokens)[8:29]
+    got = forced_logits(t, tokens[:9], tokens[9:])
     assert got.shape == want.shape == (21, 64)
     rel = np.abs(got - want).max() / np.abs(want).max()
     if state_dtype == "float32":
         assert rel < 1e-4, rel
     else:
         assert 0 < rel < 0.03, rel
-    # the decode's greedy tokens are the stepwise argmaxes
+    # the decode's greedy tokens are the forced argmaxes
     dec, _ = _generate(t, None, 0, [tokens[:9]], n_new=8)
-    seq = tokens[:9] + dec[0]
-    assert t.score_stepwise(seq, 9)[:-1].argmax(1).tolist() == dec[0][1:]
-    with pytest.raises(ValueError, match="start"):
-        t.score_stepwise(tokens, 0)
+    assert forced_logits(t, tokens[:9], dec[0]).argmax(1).tolist() == dec[0]
 
 
 # ------------------------------------------------------------------ lossless on the CPU

@@ -85,6 +85,24 @@ def teacher_forced(target: Any, prompts: Sequence[Sequence[int]],
     KV split follows the page table's width). Resets the target's caches (a decoder over it
     must reset before its next call: ``cache_epoch`` moves); an fp8 target whose scales are
     not recorded yet records them from this prefill."""
+    empty = [np.zeros(0, np.int64)] * 2 + [np.zeros(0)] * 3
+    return [Scored(*(np.concatenate([p[j] for p in ps]) if ps else empty[j] for j in range(5)))
+            for ps in forced_blocks(target, prompts, replies, _top2, block_rows, max_len)]
+
+
+def forced_logits(target: Any, prompt: Sequence[int], reply: Sequence[int],
+                  block_rows: int = 1) -> np.ndarray:
+    """Host logits [len(reply), V] of ``target`` fed ``reply`` after ``prompt`` as decoding
+    feeds it (``teacher_forced``'s passes; default one row a step: a recurrent state
+    rounded after every token, as target-only decoding rounds it). Row i predicts reply[i]."""
+    host = target.m.host_rows
+    (ps,) = forced_blocks(target, [prompt], [reply], lambda lg, _: (host(lg),), block_rows)
+    return np.concatenate([p[0] for p in ps]) if ps else np.zeros((0, target.V), np.float32)
+
+
+def forced_blocks(target, prompts, replies, reduce, block_rows=MAX_BLOCK_ROWS, max_len=None):
+    """The passes of ``teacher_forced``: per sequence, the list of ``reduce(logits, want)``
+    tuples of its rows, block by block (``want``: the reply tokens the rows predict)."""
     if len(prompts) != len(replies):
         raise ValueError(f"replies: {len(replies)} for {len(prompts)} prompts")
     if not 1 <= int(block_rows) <= MAX_BLOCK_ROWS:
@@ -122,15 +140,13 @@ def teacher_forced(target: Any, prompts: Sequence[Sequence[int]],
         cu_t = m.table(cu)
         logits, _ = target.forward(m.table(tok), m.table(pos), cu_t, m.table(lens), fin)
         target.commit(cu_t, m.table(qs))
-        red = _top2(logits, want)
+        red = reduce(logits, want)
         for b in range(B):
             if qs[b]:
                 parts[b].append([a[cu[b]:cu[b + 1]] for a in red])
         lens = lens + qs
         done += block_rows
-    empty = [np.zeros(0, np.int64)] * 2 + [np.zeros(0)] * 3
-    return [Scored(*(np.concatenate([p[j] for p in ps]) if ps else empty[j] for j in range(5)))
-            for ps in parts]
+    return parts
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

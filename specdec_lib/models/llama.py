@@ -641,36 +641,3 @@ class LlamaTarget:
         fin = m.table(np.zeros(B, np.uint8))
         logits, _ = self.prefill(tok, pos, cu, zeros, fin, row_counts=counts, logits=True)
         return m.host_rows(logits)
-
-
-    def score_stepwise(self, tokens, start):
-        """Logits [n - start, V] at positions start .. n-1 of ``tokens`` (host ints), as
-        decoding computes them: one prefill of tokens[:start] (start >= 1), then one verify
-        block of one row a position, each committed before the next. Row r equals
-        ``score(tokens)[start + r]`` up to what a decode step rounds that a prefill does not
-        (a 16-bit GDN state after every token; a cache's 8-bit rows): what the state
-        fidelity report compares. Uses slot 0's caches."""
-        m = self.m
-        n = len(tokens)
-        if not 1 <= start <= n:
-            raise ValueError(f"start: {start} outside 1..{n} (the prefill needs a row)")
-        if self.batch == 0 or n > self.max_len:
-            self.reset(max(self.batch, 1), n)
-        self.reset_slots(m.table(np.zeros(1, np.int32)))
-        B, i32 = self.batch, np.int32
-        fin = m.table(np.zeros(B, np.uint8))
-        self.prefill(m.table(np.asarray(tokens[:start], i32)), m.table(np.arange(start, dtype=i32)),
-                     m.table(np.asarray([0] + [start] * B, i32)), m.table(np.zeros(B, i32)), fin,
-                     row_counts=[start] + [0] * (B - 1))
-        self.commit(m.table(np.asarray([0] + [start] * B, i32)),
-                    m.table(np.asarray([start] + [0] * (B - 1), i32)))
-        cu = m.table(np.asarray([0] + [1] * B, i32))
-        one = m.table(np.asarray([1] + [0] * (B - 1), i32))
-        rows = []
-        for p in range(start, n):
-            logits, _ = self.forward(m.table(np.asarray([tokens[p]], i32)),
-                                     m.table(np.asarray([p], i32)), cu,
-                                     m.table(np.asarray([p] + [0] * (B - 1), i32)), fin)
-            self.commit(cu, one)
-            rows.append(m.host_rows(logits)[0])
-        return np.stack(rows) if rows else np.zeros((0, self.V), np.float32)

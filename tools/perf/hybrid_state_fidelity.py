@@ -1,8 +1,8 @@
 """How a 16-bit GDN state drifts from the float32 state over a long reply (issue 30's state
 fidelity bar): smollm2-hybrid (the shipped weights or --weights DIR) decodes --new tokens
 greedily from each prompt in float32 state (no stop: the reply runs on through EOS); then each
-state dtype's model reads that same sequence as decoding does (``score_stepwise``: one
-committed row a step, the state rounded after every token) and its logits are compared with
+state dtype's model reads that same sequence as decoding does (``kv_agreement.forced_logits``:
+one committed row a step, the state rounded after every token) and its logits are compared with
 the float32 state's, position by position: relative error ||a - b|| / ||a|| (mean and max per
 window of positions) and greedy agreement (argmax equal). Free-running too: each dtype decodes
 the prompt itself and the first position where its reply departs from float32's is reported.
@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from e2e_smollm2 import general_prompts  # noqa: E402
 
 from specdec_lib.models import load_smollm2_hybrid_target  # noqa: E402
+from specdec_lib.models.kv_agreement import forced_logits  # noqa: E402
 from specdec_lib.models.smollm2 import chat_prompt  # noqa: E402
 from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend  # noqa: E402
 
@@ -79,11 +80,10 @@ def main(argv=None):
     for i, msgs in enumerate(general_prompts(args.prompts)):
         prompt = chat_prompt(tok, msgs)
         reply = greedy(targets["float32"], prompt, args.new)
-        seq = prompt + reply
-        ref = targets["float32"].score_stepwise(seq, len(prompt))
+        ref = forced_logits(targets["float32"], prompt, reply)
         row = dict(prompt_tokens=len(prompt), reply_tokens=len(reply), dtypes={})
         for sd in dtypes[1:]:
-            got = targets[sd].score_stepwise(seq, len(prompt))
+            got = forced_logits(targets[sd], prompt, reply)
             own = greedy(targets[sd], prompt, args.new)
             diverge = next((j for j, (a, b) in enumerate(zip(reply, own)) if a != b), None)
             row["dtypes"][sd] = dict(teacher_forced=compare(ref, got, windows),
