@@ -240,6 +240,7 @@ def test_train_hybrid_help_without_torch():
     p = cli_without_torch("train-hybrid", "--help")
     assert p.returncode == 0, p.stderr
     assert "--pattern" in p.stdout and "--stage2-seconds" in p.stdout
+    assert "--text-tokens" in p.stdout and "--text-fraction" in p.stdout
     assert "train-hybrid" in cli_without_torch("--help").stdout
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(specdec_lib.__file__)))
     p = subprocess.run([sys.executable, "-c", "import sys, specdec_lib, specdec_lib.models, "
@@ -247,3 +248,46 @@ def test_train_hybrid_help_without_torch():
                         "assert 'torch' not in sys.modules"], capture_output=True, text=True,
                        timeout=60, env=env)
     assert p.returncode == 0, p.stderr
+
+
+@torch_needed
+def test_train_hybrid_cli_toy_text(tmp_path):
+    """--text-tokens: text windows mixed into the batches, recorded; the held-out rows
+    spread over the families; eval-hybrid's natural-text report in heldout.natural."""
+    from specdec_lib.train.data import save_data
+    from specdec_lib.train.hybrid import main
+    _toy_gguf(tmp_path / "toy.gguf")
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, 64, int(n)) for n in rng.integers(10, 40, 40)]
+    fams = ["a"] * 24 + ["x"] * 8 + ["y"] * 8
+    save_data(str(tmp_path / "d.npz"), seqs, [4] * 40, [0] * 24 + [1] * 16, families=fams)
+    txt = tmp_path / "t.txt"
+    txt.write_text("abc def ghi jkl mno pqr stu vwx yz\n" * 200)
+    argv = ["--out", str(tmp_path / "out"), "--gguf", str(tmp_path / "toy.gguf"),
+            "--data", str(tmp_path / "d.npz"), "--pattern", "GA", "--rank", "4",
+            "--seq-len", "32", "--batch-tokens", "256", "--stage1-steps", "3",
+            "--stage2-steps", "3", "--chunk-size", "8", "--device", "cpu", "--quiet",
+            "--text-tokens", "400", "--text-sources", "none", "--text-file", str(txt),
+            "--text-fraction", "0.25", "--eval-sequences", "4", "--eval-text-tokens", "256"]
+    assert main(argv) == 0
+    tr = json.loads((tmp_path / "out" / "config.json").read_text())["specdec_training"]
+    t = tr["text"]
+    assert t["tokens"] == 256 and t["windows"] == 8 and t["rows_per_batch"] == 2  # 8 rows
+    assert t["sources"]["files"]["files"] == 1 and t["text_tokens"] == 400
+    assert tr["heldout"]["families"] == {"x": 2, "y": 2}     # not the first 4 (all x)
+    nat = tr["heldout"]["natural"]
+    assert nat["overall"]["tokens"] > 0 and nat["sources"]
+    assert {s["source"] for s in nat["sources"]} <= set(__import__(
+        "specdec_lib.train.hybrid_eval", fromlist=["x"]).NATURAL_SOURCES)
+
+
+def test_mixed_batches_rows():
+    pytest.importorskip("torch")
+    import torch
+    from specdec_lib.train.hybrid import Batches, MixedBatches
+    rep = Batches([np.full(20, 5)] * 3, range(3), 16, 64, torch.device("cpu"), 0)
+    txt = Batches([np.full(16, 7)] * 3, range(3), 16, 64, torch.device("cpu"), 0)
+    m = MixedBatches(rep, txt, 0.5, 0)
+    tokens, mask = m.sample()
+    assert tokens.shape == (4, 16) and (tokens[:2] == 7).all() and (tokens[2:] == 5).all()
+    assert mask[:, :15].all() and not mask[:, 15].any()

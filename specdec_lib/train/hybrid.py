@@ -14,9 +14,17 @@ without it).
    step the gated norms are calibrated on the batch (``HybridModel.calibrate_norms``).
 3. Stage 2, end to end: KL(SmolLM2 || hybrid) of the next-token distributions over every
    valid position.
-4. Held-out report (base and hybrid perplexity, their ratio, KL, greedy agreement) of the
-   weights as shipped (deltas rounded to their dtype), saved as ``OUT/model.safetensors``
-   + ``OUT/config.json`` (the exact command, sha256, the report).
+   With ``--text-tokens N`` (``train.hybrid_text``): also N tokens of natural text never
+   scored by eval-hybrid (the stdlib's code and docs, package and system texts), plainly
+   tokenised in ``--seq-len`` windows, a quarter after the chat opening; a share
+   ``--text-fraction`` of every batch (both stages) is text windows, the rest replies.
+4. Held-out report (base and hybrid perplexity, their ratio, KL, greedy agreement, over
+   ``--eval-sequences`` held-out sequences spread evenly over the npz's held-out split, i.e.
+   over its families) of the weights as shipped (deltas rounded to their dtype), saved as
+   ``OUT/model.safetensors`` + ``OUT/config.json`` (the exact command, sha256, the report). With text training on
+   (or ``--eval-text-tokens`` given), also eval-hybrid's natural-text report (its
+   ``NATURAL_SOURCES``, ``--eval-text-tokens`` tokens, from a fresh state) as
+   ``heldout.natural``.
 
 Each stage runs for ``--stage1-seconds`` / ``--stage2-seconds`` or ``--stage1-steps`` /
 ``--stage2-steps``, whichever ends first (warm-up, then a cosine schedule over the budget).
@@ -58,7 +66,19 @@ def _parser():
     p.add_argument("--init", default=None, help="start from a saved hybrid (a directory); "
                    "its pattern, rank and heads are used")
     p.add_argument("--no-calibrate", action="store_true", help="keep the gated norms at 1")
-    p.add_argument("--eval-sequences", type=int, default=64, help="held-out sequences reported")
+    p.add_argument("--eval-sequences", type=int, default=64, help="held-out sequences "
+                   "reported (spread evenly over the held-out split)")
+    p.add_argument("--text-tokens", type=int, default=0, metavar="N", help="also train on N "
+                   "tokens of natural text (train.hybrid_text's sources, disjoint from "
+                   "eval-hybrid's; 0: replies only)")
+    p.add_argument("--text-fraction", type=float, default=0.5, help="with --text-tokens: the "
+                   "share of every batch that is text windows (the rest replies)")
+    p.add_argument("--text-sources", default=None, help="comma-separated text sources "
+                   "(default all: stdlib-code,stdlib-docs,package-texts,system-docs; 'none')")
+    p.add_argument("--text-file", action="append", default=[], metavar="FILE",
+                   help="a text file added to the training text (repeatable)")
+    p.add_argument("--eval-text-tokens", type=int, default=None, help="tokens of eval-hybrid's "
+                   "natural text reported at the end (default 8192 with --text-tokens, else 0)")
     p.add_argument("--device", default=None, help="training device (default cuda if any)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true")
@@ -66,15 +86,24 @@ def _parser():
 
 
 def main(argv=None):
-    run(parse_args(_parser(), argv), argv)
+    p = _parser()
+    args = parse_args(p, argv)
+    if args.text_tokens < 0 or not 0.0 < args.text_fraction < 1.0:
+        p.error("--text-tokens >= 0 and 0 < --text-fraction < 1")
+    if args.text_sources not in (None, "none"):
+        from .hybrid_text import TRAINING_SOURCES
+        bad = [s for s in args.text_sources.split(",") if s not in TRAINING_SOURCES]
+        if bad:
+            p.error(f"--text-sources: unknown {bad}; known: {', '.join(TRAINING_SOURCES)}")
+    run(args, argv)
     return 0
 
 
 def _data(args, config, weights, tok, stop_ids, log, timing):
-    """train-draft's data (the same npz, the same prompt mix): sequences, prompt lengths and
-    split (0 train, 1 held out)."""
+    """train-draft's data (the same npz, the same prompt mix): sequences, prompt lengths,
+    split (0 train, 1 held out) and families."""
     from .data import training_data
-    return training_data(args, config, weights, tok, stop_ids, log, timing)[:3]
+    return training_data(args, config, weights, tok, stop_ids, log, timing)[:4]
 
 
 class Batches:
@@ -93,15 +122,18 @@ class Batches:
         self.gen = torch.Generator(device="cpu").manual_seed(seed)
 
     def make(self, idx):
+        return self.pad([self.seqs[i] for i in idx], self.dev)
+
+    @staticmethod
+    def pad(picked, dev):
         import torch
-        picked = [self.seqs[i] for i in idx]
         N = max(len(s) for s in picked)
         tokens = torch.zeros((len(picked), N), dtype=torch.int64)
         lens = torch.tensor([len(s) for s in picked])
         for b, s in enumerate(picked):
             tokens[b, :len(s)] = torch.from_numpy(s)
         mask = torch.arange(N)[None] < (lens[:, None] - 1)
-        return tokens.to(self.dev), mask.to(self.dev)
+        return tokens.to(dev), mask.to(dev)
 
     def sample(self):
         import torch
@@ -111,6 +143,29 @@ class Batches:
         bsz = bsz or self.bsz
         for i in range(0, len(self.seqs), bsz):
             yield self.make(list(range(i, min(i + bsz, len(self.seqs)))))
+
+
+class MixedBatches:
+    """Batches of which a share ``fraction`` of the rows (at least one) are drawn from
+    ``text`` and the rest from ``replies`` (two ``Batches`` of the same seq_len and size),
+    padded into one batch."""
+
+    def __init__(self, replies, text, fraction, seed):
+        import torch
+        self.replies, self.text = replies, text
+        self.bsz = replies.bsz
+        self.n_text = min(self.bsz - 1, max(1, round(fraction * self.bsz))) \
+            if self.bsz > 1 else 1
+        self.dev = replies.dev
+        self.gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def sample(self):
+        import torch
+        nt = self.n_text
+        it = torch.randint(len(self.text.seqs), (nt,), generator=self.gen).tolist()
+        ir = torch.randint(len(self.replies.seqs), (self.bsz - nt,), generator=self.gen).tolist()
+        picked = [self.text.seqs[i] for i in it] + [self.replies.seqs[i] for i in ir]
+        return Batches.pad(picked, self.dev)
 
 
 def _autocast(device):
@@ -273,7 +328,9 @@ def run(args, argv=None):
     from ..models.smollm2_hybrid import (hybrid_config, load_hybrid_weights,
                                          save_hybrid_weights, shipped_bytes)
     from .data import base_identity, load_base
+    from .hybrid_eval import chat_context
     from .hybrid_model import HybridModel
+    from .hybrid_text import CHAT_SHARE, spread, text_windows
     torch.manual_seed(args.seed)
     log = print if not args.quiet else (lambda *a: None)
     t_all = time.perf_counter()
@@ -281,7 +338,7 @@ def run(args, argv=None):
     base_name, base_sha = base_identity(args, config)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     timing = {}
-    seqs, plens, split = _data(args, config, weights, tok, stop_ids, log, timing)
+    seqs, plens, split, fams = _data(args, config, weights, tok, stop_ids, log, timing)
     init, init_training = None, None
     if args.init:
         cfg0, init = load_hybrid_weights(args.init, base=config)
@@ -300,8 +357,36 @@ def run(args, argv=None):
     model = HybridModel(config, weights, cfg, device, dtype, seed=args.seed,
                         chunk_size=args.chunk_size, init=init)
     tr = [i for i, s in enumerate(split) if s == 0]
-    ho = [i for i, s in enumerate(split) if s == 1][:args.eval_sequences]
+    ho = spread([i for i, s in enumerate(split) if s == 1], args.eval_sequences)
+    held_fam = {}
+    for i in ho:
+        held_fam[fams[i]] = held_fam.get(fams[i], 0) + 1
     train_b = Batches(seqs, tr, args.seq_len, args.batch_tokens, device, args.seed)
+    text_rep = None
+    if args.text_tokens:
+        t0 = time.perf_counter()
+        names = None if args.text_sources is None else \
+            ([] if args.text_sources == "none" else args.text_sources.split(","))
+        try:
+            prefix = chat_context(tok)
+        except Exception as e:      # noqa: BLE001 - a GGUF without a chat template
+            prefix = []
+            log(f"text: no chat opening ({type(e).__name__}: {e}); all windows plain")
+        wins, text_rep = text_windows(tok, args.text_tokens, args.seq_len, names,
+                                      args.text_file, log, chat_prefix=prefix)
+        timing["text_s"] = round(time.perf_counter() - t0, 1)
+        if wins:
+            text_b = Batches(wins, range(len(wins)), args.seq_len, args.batch_tokens, device,
+                             args.seed)
+            train_b = MixedBatches(train_b, text_b, args.text_fraction, args.seed + 1)
+            text_rep = dict(sources=text_rep, windows=len(wins),
+                            tokens=sum(map(len, wins)), rows_per_batch=train_b.n_text,
+                            fraction=args.text_fraction, chat_share=1 / CHAT_SHARE)
+            log(f"text: {text_rep['tokens']} tokens in {len(wins)} windows, "
+                f"{train_b.n_text} of {train_b.bsz} rows a batch [{timing['text_s']} s]")
+        else:
+            log("text: no text windows found; training on the replies only")
+            text_rep = dict(sources=text_rep, windows=0, tokens=0)
     held_b = Batches(seqs, ho or tr[:args.eval_sequences], args.seq_len, args.batch_tokens,
                      device, args.seed)
     stats = {}
@@ -327,8 +412,13 @@ def run(args, argv=None):
     cfg = dict(cfg, specdec_training=dict(
         command=command, seed=args.seed, chunk_size=args.chunk_size, seq_len=args.seq_len,
         batch_tokens=args.batch_tokens, lr1=args.lr1, lr2=args.lr2,
-        sequences=len(tr), heldout_sequences=len(ho), python=sys.version.split()[0],
+        sequences=len(tr), heldout_sequences=len(ho), heldout_rows="spread evenly over the "
+        "held-out split", python=sys.version.split()[0],
         torch=torch.__version__, device=str(device), **stats, **timing))
+    if text_rep is not None:
+        cfg["specdec_training"]["text"] = dict(text_rep, text_tokens=args.text_tokens,
+                                               text_sources=args.text_sources or "all",
+                                               text_files=args.text_file)
     if init_training is not None:
         # a continued run records the whole chain: the command that made its --init, and so on
         cfg["specdec_training"]["init"] = init_training
@@ -340,7 +430,20 @@ def run(args, argv=None):
         for n, t in model.p.items():
             t.copy_(torch.from_numpy(np.asarray(shipped[n])).to(t.device))
     report = evaluate(model, held_b)
+    if held_fam:
+        report["families"] = held_fam
     log(f"held-out: {json.dumps(report)}")
+    n_text = args.eval_text_tokens if args.eval_text_tokens is not None else \
+        (8192 if args.text_tokens else 0)
+    if n_text:
+        from .hybrid_eval import NATURAL_SOURCES, natural_report
+        t0 = time.perf_counter()
+        nat, missing = natural_report(model, tok, list(NATURAL_SOURCES), n_text, args.seq_len,
+                                      8, log=log)
+        report["natural"] = dict(nat, missing_sources=missing, context="none",
+                                 seconds=round(time.perf_counter() - t0, 1))
+        if nat["overall"]:
+            log(f"held-out natural text (eval-hybrid's sources): {json.dumps(nat['overall'])}")
     cfg["specdec_training"]["heldout"] = report
     cfg["specdec_training"]["total_s"] = round(time.perf_counter() - t_all, 1)
     with open(os.path.join(args.out, "config.json"), "w") as fh:

@@ -242,6 +242,52 @@ def source_windows(text, tok, cap, window):
     return [w for w in wins if len(w) >= 2]
 
 
+def natural_report(model, tok, names, max_tokens, window, batch, prefix=(), extra_files=(),
+                   log=print):
+    """(report, missing): the natural-text scoring of ``names`` (of ``NATURAL_SOURCES``) and
+    ``extra_files``, ``max_tokens`` split evenly over the sources present, ``window``-token
+    windows each after ``prefix``: per source and pooled (token weighted) base / hybrid
+    perplexity, ratio, KL, greedy agreement; the sources not found here. Shared with
+    ``train-hybrid``'s held-out report."""
+    from .hybrid import sums_report
+    texts, missing = {}, []
+    for n in names:
+        what, get = NATURAL_SOURCES[n]
+        try:
+            text, files = get()
+        except Exception as e:      # noqa: BLE001 - unreadable here: skipped, reported
+            text, files = "", []
+            log(f"{n}: {type(e).__name__}: {e}")
+        if len(text) < 200:
+            missing.append(n)
+            continue
+        texts[n] = (what, text, files)
+    for f in extra_files:
+        texts[f"file:{os.path.basename(f)}"] = (f, _read(f), [f])
+    sources, total = [], {}
+    cap = max_tokens // max(1, len(texts))
+    for n, (what, text, files) in texts.items():
+        if cap < 2:
+            break
+        wins = source_windows(text, tok, cap, window)
+        if not wins:
+            missing.append(n)
+            continue
+        t0 = time.perf_counter()
+        s = score_windows(model, wins, batch, prefix)
+        total = {k: total.get(k, 0.0) + v for k, v in s.items()}
+        r = dict(source=n, what=what, files=[os.path.relpath(f, _stdlib())
+                                             if f.startswith(_stdlib()) else f for f in files],
+                 text_sha256=hashlib.sha256(text.encode()).hexdigest()[:16],
+                 windows=len(wins), **sums_report(s), seconds=round(time.perf_counter() - t0, 1))
+        sources.append(r)
+        log(f"{n}: {r['tokens']} tokens, ppl {r['base_ppl']} -> {r['hybrid_ppl']} "
+            f"(x{r['ppl_ratio']}), agreement {r['greedy_agreement']} [{r['seconds']} s]")
+    rep = dict(sources=sources, overall=sums_report(total) if total else None,
+               worst=max(sources, key=lambda r: r["ppl_ratio"])["source"] if sources else None)
+    return rep, missing
+
+
 def _load(args, log):
     """(config, weights, tokenizer, stop ids, hybrid config, hybrid tensors, weights dir)."""
     from ..models.smollm2_hybrid import check_base, load_hybrid_weights, shipped_weights
@@ -333,7 +379,7 @@ def run(args, argv=None):
     from ..models.llama_hybrid import LlamaHybridTarget
     from ..models.smollm2 import chat_prompt
     from ..orchestrator import make_backend
-    from .hybrid import Batches, evaluate, sums_report
+    from .hybrid import Batches, evaluate
     from .hybrid_model import HybridModel
     log = print if not args.quiet else (lambda *a: None)
     t_all = time.perf_counter()
@@ -352,50 +398,17 @@ def run(args, argv=None):
     # ---- natural text
     names = list(NATURAL_SOURCES) if args.sources is None else \
         ([] if args.sources == "none" else args.sources.split(","))
-    texts, missing = {}, []
-    for n in names:
-        what, get = NATURAL_SOURCES[n]
-        try:
-            text, files = get()
-        except Exception as e:      # noqa: BLE001 - unreadable here: skipped, reported
-            text, files = "", []
-            log(f"{n}: {type(e).__name__}: {e}")
-        if len(text) < 200:
-            missing.append(n)
-            continue
-        texts[n] = (what, text, files)
-    for f in args.text:
-        texts[f"file:{os.path.basename(f)}"] = (f, _read(f), [f])
-    rep["missing_sources"] = missing
     prefix = chat_context(tok) if args.context == "chat" else []
     rep["context"] = dict(kind=args.context, tokens=len(prefix))
-    sources, total = [], {}
-    cap = args.max_tokens // max(1, len(texts))
-    for n, (what, text, files) in texts.items():
-        if cap < 2:
-            break
-        wins = source_windows(text, tok, cap, args.window)
-        if not wins:
-            missing.append(n)
-            continue
-        t0 = time.perf_counter()
-        s = score_windows(model, wins, args.batch, prefix)
-        total = {k: total.get(k, 0.0) + v for k, v in s.items()}
-        r = dict(source=n, what=what, files=[os.path.relpath(f, _stdlib())
-                                             if f.startswith(_stdlib()) else f for f in files],
-                 text_sha256=hashlib.sha256(text.encode()).hexdigest()[:16],
-                 windows=len(wins), **sums_report(s), seconds=round(time.perf_counter() - t0, 1))
-        sources.append(r)
-        log(f"{n}: {r['tokens']} tokens, ppl {r['base_ppl']} -> {r['hybrid_ppl']} "
-            f"(x{r['ppl_ratio']}), agreement {r['greedy_agreement']} [{r['seconds']} s]")
-    rep["natural"] = dict(sources=sources, overall=sums_report(total) if total else None,
-                          worst=max(sources, key=lambda r: r["ppl_ratio"])["source"]
-                          if sources else None)
+    rep["natural"], rep["missing_sources"] = natural_report(
+        model, tok, names, args.max_tokens, args.window, args.batch, prefix=prefix,
+        extra_files=args.text, log=log)
     # ---- generated replies (the trainers' npz)
     if args.data:
         from .data import load_data
+        from .hybrid_text import spread
         seqs, _, split, _, _ = load_data(args.data)
-        ho = [i for i, s in enumerate(split) if s == 1][:args.eval_sequences]
+        ho = spread([i for i, s in enumerate(split) if s == 1], args.eval_sequences)
         b = Batches(seqs, ho, args.window, args.batch * args.window, device, 0)
         rep["generated"] = dict(data=args.data, sequences=len(ho),
                                 **evaluate(model, b, bsz=args.batch, layers=False))
