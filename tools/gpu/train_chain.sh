@@ -13,11 +13,13 @@
 #   san    carry .g1       memcheck over $SAN_TESTS in the patched copy if any     ~1 min
 #   prof   carry .g2       tools/gpu/profile.sh $PROF (CASE:KERNEL ...), same tree  ~2 min
 #   train  carry .g3       the GGUF; the data (train-draft --data-only, $PROMPTS prompts ->
-#                          /tmp/m/data.npz, ~180 s for 30k), then beside each other on the
-#                          GPU: the shipped hybrid's MTP head (train-draft --hybrid /tmp/hyb)
-#                          and the SmolLM2 heads ($HEADS_METHOD, default eagle3; none: skip;
-#                          HEADS_INIT=DIR continues a saved head where train-draft has --init)
-#                                                                                  ~9.5 min
+#                          /tmp/m/data.npz, ~180 s for 30k; kept while warm), then beside each
+#                          other on the GPU: HYBRID=continue (default: train-hybrid --init the
+#                          shipped or /tmp/hyb hybrid, stage 2 with $TEXT_TOKENS of natural
+#                          text) | fresh ($PATTERN, stage 1 too) | head (its MTP head,
+#                          train-draft --hybrid /tmp/hyb) | none; and the SmolLM2 heads
+#                          ($HEADS_METHOD, default eagle3; none: skip; HEADS_INIT=DIR continues
+#                          saved heads, e.g. specdec_lib/models/heads)             ~9.5 min
 #   e2e    (none)          e2e_smollm2 of the new heads (if trained) and the shipped ones (B=1
 #                          general / unseen / heldout sets, B=32, served 128/32, -k auto),
 #                          then autok_ab.py (fixed k=4 against auto at B=1, ABBA)    ~6.5 min
@@ -106,17 +108,29 @@ train)
   echo "data rc=$?"; tail -2 "$L/data.log"
   [ -f "$DATA" ] || { pack; exit 1; }
   left=$(( ${CALL_S:-580} - $(date +%s) + T0 ))
-  rm -rf /tmp/hyb && cp -r specdec_lib/models/hybrid/smollm2_hybrid /tmp/hyb
-  timeout "$left" python3 -m specdec_lib train-draft --hybrid /tmp/hyb --data "$DATA" \
-    --steps 3 --budget-seconds "$(( left - 20 ))" --train-seconds "${HYB_HEAD_S:-400}" 2>&1 | tr '\r' '\n' \
-    | grep -vE "it/s\]|s/it\]|^\s*$" > "$L/hybrid_head.log" &
+  if [ "${HYBRID:-continue}" = head ]; then     # the MTP head of the hybrid in /tmp/hyb (or shipped)
+    [ -d /tmp/hyb ] || cp -r specdec_lib/models/hybrid/smollm2_hybrid /tmp/hyb
+    timeout "$left" python3 -m specdec_lib train-draft --hybrid /tmp/hyb --data "$DATA" \
+      --steps 3 --budget-seconds "$(( left - 20 ))" --train-seconds "${HYB_HEAD_S:-400}" 2>&1 | tr '\r' '\n' \
+      | grep -vE "it/s\]|s/it\]|^\s*$" > "$L/hybrid.log" &
+  else                                          # the hybrid itself, with natural text
+    hinit=specdec_lib/models/hybrid/smollm2_hybrid; [ -d /tmp/hyb ] && hinit=/tmp/hyb
+    stage=(--stage1-steps 0 --stage1-seconds 0 --init "$hinit")
+    [ "${HYBRID:-continue}" = fresh ] && stage=(--pattern "${PATTERN:-GGGA}" --stage1-seconds "${STAGE1_S:-100}")
+    timeout "$left" python3 -m specdec_lib train-hybrid --out /tmp/hyb_new --data "$DATA" "${stage[@]}" \
+      --stage2-seconds "$(( left - ${HYB_RESERVE_S:-70} ))" --lr2 "${LR2:-3e-4}" --seq-len 512 \
+      --batch-tokens 16384 --text-tokens "${TEXT_TOKENS:-4000000}" --text-fraction 0.5 \
+      --eval-text-tokens 8192 2>&1 | tr '\r' '\n' | grep -vE "it/s\]|s/it\]|^\s*$" > "$L/hybrid.log" &
+  fi
   hyb=$!
   init=()
   [ -n "${HEADS_INIT:-}" ] && init=(--init "$HEADS_INIT")
   [ "${HEADS_METHOD:-eagle3}" = none ] || DATA=$DATA GGUF=$M/smol.gguf SKIP_BUILD=1 timeout "$left" \
     bash tools/gpu/gpu_train.sh /tmp/h --method "${HEADS_METHOD:-eagle3}" --steps 5 "${init[@]}" \
     --budget-seconds "${HEADS_S:-$(( left - 40 ))}" --train-seconds 400 | tail -3
-  wait $hyb; echo "hybrid head rc=$?"; tail -8 "$L/hybrid_head.log"
+  wait $hyb; echo "hybrid ($HYBRID) rc=$?"; tail -8 "$L/hybrid.log"
+  [ -f /tmp/hyb_new/model.safetensors ] && rm -rf /tmp/hyb && mv /tmp/hyb_new /tmp/hyb \
+    && mkdir -p "$OUT/hybrid" && cp /tmp/hyb/*.json /tmp/hyb/*.safetensors "$OUT/hybrid/"
   cp /tmp/h/train.log "$L/" 2>/dev/null
   for m in mtp eagle3; do
     [ -d /tmp/h/smollm2_$m ] && mkdir -p "$OUT/smollm2_$m" && cp /tmp/h/smollm2_$m/* "$OUT/smollm2_$m/"
