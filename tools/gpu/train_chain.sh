@@ -23,6 +23,8 @@
 #   e2e    (none)          e2e_smollm2 of the new heads (if trained) and the shipped ones (B=1
 #                          general / unseen / heldout sets, B=32, served 128/32, -k auto),
 #                          then autok_ab.py (fixed k=4 against auto at B=1, ABBA)    ~6.5 min
+#   kv8    (none)          SmolLM2 per 8-bit cache: e2e --kv-agreement fp8_e4m3,int8 (32
+#                          general prompts) and --long-context 8192 for each    ~5 min
 #   hybrid (none)          the hybrid with its new head: e2e --hybrid (B=1 general, served) in
 #                          f32 state, the demo in bf16 / f16 state and on forced compute_75
 #                          (f16 math + f16 state) and compute_80, the state fidelity over
@@ -154,6 +156,18 @@ e2e)
     --prompts 16 --new 128 --reps 2 --json "$L/autok_ab.json" > "$L/autok_ab.log" 2>&1
   echo "autok_ab rc=$?"; tail -6 "$L/autok_ab.log"
   pack ;;
+kv8)
+  cd "$CLEAN" || exit 1
+  gguf_env
+  timeout "${KVA_S:-150}" python3 tools/perf/e2e_smollm2.py --kv-agreement fp8_e4m3,int8 --per-set 32 \
+    --new 128 --drafts mtp --json "$L/kv_agreement.json" > "$L/kv_agreement.log" 2>&1
+  echo "kv agreement rc=$?"; tail -12 "$L/kv_agreement.log"
+  for kv in fp8_e4m3 int8; do
+    timeout "${LONG_S:-100}" python3 tools/perf/e2e_smollm2.py --long-context 8192 --kv-dtype $kv \
+      --drafts mtp --long-batch 1 --new32 256 --json "$L/long_$kv.json" > "$L/long_$kv.log" 2>&1
+    echo "long context $kv rc=$?"; tail -4 "$L/long_$kv.log"
+  done
+  pack ;;
 hybrid)
   cd "$CLEAN" || exit 1
   gguf_env
@@ -178,5 +192,5 @@ hybrid)
     --new 1000 --json "$L/fidelity.json" > "$L/fidelity.log" 2>&1
   echo "state fidelity rc=$?"; tail -3 "$L/fidelity.log"
   pack ;;
-*) echo "unknown step $STEP (build, san, prof, train, e2e, hybrid)"; exit 2 ;;
+*) echo "unknown step $STEP (build, san, prof, train, e2e, kv8, hybrid)"; exit 2 ;;
 esac
