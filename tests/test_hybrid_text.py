@@ -6,7 +6,8 @@ import os
 import pytest
 
 from specdec_lib.train import hybrid_eval, hybrid_text
-from specdec_lib.train.hybrid_text import TRAINING_SOURCES, source_files, spread, text_windows
+from specdec_lib.train.hybrid import spread
+from specdec_lib.train.hybrid_text import TRAINING_SOURCES, source_files, text_windows
 
 
 class _Tok:                  # one token per character (ids < 64)

@@ -254,12 +254,29 @@ def train_stage(name, model, batches, loss_fn, params, lr, seconds, steps, log, 
     return it, first_l, last_l
 
 
+def spread(rows, k):
+    """``k`` of ``rows`` spread evenly over it (all of them when k >= len): deterministic;
+    the npz's held-out split lists its families one after another, so its first k rows are
+    one family."""
+    rows = list(rows)
+    if k >= len(rows):
+        return rows
+    return [rows[(i * len(rows)) // k] for i in range(k)]
+
+
+def heldout_rows(split, k):
+    """The held-out report's ``k`` rows of an npz's ``split`` (1 = held out), spread over
+    its families (``spread``): train-hybrid's and eval-hybrid --data's."""
+    return spread([i for i, s in enumerate(split) if s == 1], k)
+
+
 def next_token_sums(model, tokens, mask):
     """Sums over the positions ``mask`` marks (those whose next token is known) of one
     batch: base and hybrid next-token NLL, KL(base || hybrid), greedy agreement (the
     hybrid's argmax equals the base model's) and the count, plus the base model's
     hidden-state taps (for the layer NMSE). Under no_grad and the device's autocast."""
-    F = _F()
+    import torch
+    F = torch.nn.functional
     h_t, taps = model.teacher(tokens)
     h_s = model.forward(tokens)
     nxt = tokens[:, 1:]
@@ -273,11 +290,6 @@ def next_token_sums(model, tokens, mask):
                 agree=(lt.argmax(-1) == ls.argmax(-1)).sum().item(),
                 n=mk.sum().item())
     return sums, taps
-
-
-def _F():
-    import torch
-    return torch.nn.functional
 
 
 def sums_report(s):
@@ -330,7 +342,7 @@ def run(args, argv=None):
     from .data import base_identity, load_base
     from .hybrid_eval import chat_context
     from .hybrid_model import HybridModel
-    from .hybrid_text import CHAT_SHARE, spread, text_windows
+    from .hybrid_text import CHAT_SHARE, text_windows
     torch.manual_seed(args.seed)
     log = print if not args.quiet else (lambda *a: None)
     t_all = time.perf_counter()
@@ -357,7 +369,7 @@ def run(args, argv=None):
     model = HybridModel(config, weights, cfg, device, dtype, seed=args.seed,
                         chunk_size=args.chunk_size, init=init)
     tr = [i for i, s in enumerate(split) if s == 0]
-    ho = spread([i for i, s in enumerate(split) if s == 1], args.eval_sequences)
+    ho = heldout_rows(split, args.eval_sequences)
     held_fam = {}
     for i in ho:
         held_fam[fams[i]] = held_fam.get(fams[i], 0) + 1

@@ -249,7 +249,7 @@ def natural_report(model, tok, names, max_tokens, window, batch, prefix=(), extr
     windows each after ``prefix``: per source and pooled (token weighted) base / hybrid
     perplexity, ratio, KL, greedy agreement; the sources not found here. Shared with
     ``train-hybrid``'s held-out report."""
-    from .hybrid import sums_report
+    from .hybrid import add_sums, sums_report
     texts, missing = {}, []
     for n in names:
         what, get = NATURAL_SOURCES[n]
@@ -275,7 +275,7 @@ def natural_report(model, tok, names, max_tokens, window, batch, prefix=(), extr
             continue
         t0 = time.perf_counter()
         s = score_windows(model, wins, batch, prefix)
-        total = {k: total.get(k, 0.0) + v for k, v in s.items()}
+        total = add_sums(total, s)
         r = dict(source=n, what=what, files=[os.path.relpath(f, _stdlib())
                                              if f.startswith(_stdlib()) else f for f in files],
                  text_sha256=hashlib.sha256(text.encode()).hexdigest()[:16],
@@ -363,18 +363,11 @@ def teacher_forced(model, prompt, reply):
             -float(lt.gather(-1, want[:, None]).sum()), -float(ls.gather(-1, want[:, None]).sum()))
 
 
-def first_divergence(a, b):
-    """The first index where token lists ``a`` and ``b`` differ (None: identical)."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def run(args, argv=None):
     """Load, score the natural text (and --data), decode the prompts; the report (a dict),
     written to --json / --md."""
     import torch
+    from ..models.kv_agreement import first_divergence
     from ..models.llama import LlamaTarget
     from ..models.llama_hybrid import LlamaHybridTarget
     from ..models.smollm2 import chat_prompt
@@ -406,9 +399,9 @@ def run(args, argv=None):
     # ---- generated replies (the trainers' npz)
     if args.data:
         from .data import load_data
-        from .hybrid_text import spread
+        from .hybrid import heldout_rows
         seqs, _, split, _, _ = load_data(args.data)
-        ho = spread([i for i, s in enumerate(split) if s == 1], args.eval_sequences)
+        ho = heldout_rows(split, args.eval_sequences)
         b = Batches(seqs, ho, args.window, args.batch * args.window, device, 0)
         rep["generated"] = dict(data=args.data, sequences=len(ho),
                                 **evaluate(model, b, bsz=args.batch, layers=False))

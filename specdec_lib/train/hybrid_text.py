@@ -254,16 +254,6 @@ def text_windows(tok, total_tokens, seq_len, names=None, extra_files=(), log=pri
     return windows, report
 
 
-def spread(rows, k):
-    """``k`` of ``rows`` spread evenly over it (all of them when k >= len): deterministic;
-    the npz's held-out split lists its families one after another, so its first k rows are
-    one family."""
-    rows = list(rows)
-    if k >= len(rows):
-        return rows
-    return [rows[(i * len(rows)) // k] for i in range(k)]
-
-
 def available_tokens(tok, names=None, log=print, chars_per_token=None):
     """{source: (files, characters, tokens or estimated tokens)}: what the sources hold
     (estimated from characters when ``chars_per_token`` is given)."""

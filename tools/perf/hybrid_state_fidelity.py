@@ -29,15 +29,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from e2e_smollm2 import general_prompts  # noqa: E402
 
 from specdec_lib.models import load_smollm2_hybrid_target  # noqa: E402
-from specdec_lib.models.kv_agreement import forced_logits  # noqa: E402
+from specdec_lib.models.kv_agreement import first_divergence, forced_logits  # noqa: E402
 from specdec_lib.models.smollm2 import chat_prompt  # noqa: E402
-from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend  # noqa: E402
+from specdec_lib.orchestrator import make_backend  # noqa: E402
+from specdec_lib.train import hybrid_eval  # noqa: E402
 
 
 def greedy(target, prompt, n_new):
-    dec = SpeculativeDecoder(target, None, num_speculative_tokens=0, backend=target.be,
-                             max_len=len(prompt) + n_new + 1)
-    return dec.generate([Request(prompt=prompt, max_new_tokens=n_new)])[0].tokens
+    """Target-only greedy reply of ``n_new`` tokens (no stop id: it runs on through EOS)."""
+    return hybrid_eval.greedy(target, target.be, [prompt], n_new, ())[0]
 
 
 def compare(ref, got, windows):
@@ -85,7 +85,7 @@ def main(argv=None):
         for sd in dtypes[1:]:
             got = forced_logits(targets[sd], prompt, reply)
             own = greedy(targets[sd], prompt, args.new)
-            diverge = next((j for j, (a, b) in enumerate(zip(reply, own)) if a != b), None)
+            diverge = first_divergence(reply, own)
             row["dtypes"][sd] = dict(teacher_forced=compare(ref, got, windows),
                                      free_running_first_divergence=diverge)
             c = row["dtypes"][sd]["teacher_forced"]["all"]
