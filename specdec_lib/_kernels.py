@@ -116,8 +116,9 @@ register(KernelModule(
     kernels={f"gdn_{op}{mma}_{lay}_d{d}_{t}": ("GdnCommitParams" if op == "commit" else "GdnVerifyParams")
              for op in ("verify", "commit", "verify_fused") for lay in ("kv", "vk") for d in (64, 128)
              for t in ("f32", "f16", "bf16")
-             # _mma: 16-bit states with tensor-core dots (gdn.cu gdn_verify_mma_impl)
-             for mma in (("", "_mma") if t != "f32" else ("",))},
+             # _mma: 16-bit states with tensor-core dots (gdn.cu gdn_verify_mma_impl); _small: the
+             # CUDA-core kernels' small-batch form (gdn.cu small_prologue, ops/gdn.py _small_batch)
+             for mma in (("", "_mma", "_small") if t != "f32" else ("", "_small"))},
 ))
 
 register(KernelModule(

@@ -369,6 +369,24 @@ from conftest import needs_gpu, poison, rel_err  # noqa: E402
 SDT_FAMILIES = [("f32", "cuda"), ("f16", "cuda"), ("bf16", "cuda"), ("f16", "mma"), ("bf16", "mma")]
 
 
+@pytest.fixture(autouse=True)
+def _default_shape(request):
+    """The tests of this file run the default launch shape (ops.gdn.TUNING["small_heads"] = 0:
+    their batches are small enough for the small-batch path, which has its own tests below, bit
+    for bit against this one) unless they ask for the dispatch as shipped (keep_small_heads)."""
+    from specdec_lib.ops import gdn as gdn_ops
+    old = gdn_ops.TUNING["small_heads"]
+    gdn_ops.TUNING["small_heads"] = None if "keep_small_heads" in request.fixturenames else 0
+    yield
+    gdn_ops.TUNING["small_heads"] = old
+
+
+@pytest.fixture
+def keep_small_heads():
+    """The shipped small-batch threshold (TUNING["small_heads"] None); a test may change it."""
+    yield
+
+
 @pytest.fixture
 def family(request):
     """Selects the gdn kernel family for the test (indirect parametrisation; default "cuda")."""
@@ -992,3 +1010,169 @@ def test_gdn_good_input_passes_the_contract(path, rng):
     assert not np.array_equal(after, before)
     call_op(path, "gdn_flush", [args[n] for n in _GF_ORDER])
     assert not np.array_equal(_np(path, args["state"]), after)
+
+
+# ------------------------------------------------------------------ small-batch path
+# ops.gdn._small_batch: a launch over B * Hv <= TUNING["small_heads"] (default 64) (sequence,
+# value head) pairs runs the gdn_*_small_* kernels (CUDA-core family: 8 columns per warp, 4 or 8
+# warps a CTA, the state slice prefetched into L2 before the PDL wait) or the _mma kernels with
+# 4 or 8 warps. Outputs, journals and states must be the same bits as the default shape's.
+
+def test_gdn_small_batch_dispatch(keep_small_heads):
+    """The threshold and the small-batch launch shape (no GPU needed)."""
+    from specdec_lib import _kernels
+    from specdec_lib.ops import gdn as gdn_ops
+    small = gdn_ops._small_batch
+    assert small(1, 32) and small(2, 32) and small(1, 64) and small(64, 1)
+    assert not small(3, 32) and not small(2, 64) and not small(65, 1) and not small(64, 32)
+    try:
+        gdn_ops.TUNING["small_heads"] = 0
+        assert not small(1, 1)
+        gdn_ops.TUNING["small_heads"] = 96
+        assert small(3, 32) and not small(4, 32)
+    finally:
+        gdn_ops.TUNING["small_heads"] = None
+    shape = gdn_ops._small_shape
+    assert shape(128, 8, 1) == (4, 4) and shape(128, 8, 4) == (4, 4)   # one warp per block row
+    assert shape(128, 8, 5) == (8, 2) and shape(64, 8, 8) == (8, 1)
+    assert shape(16, 8, 4) == (2, 1) and shape(48, 8, 4) == (2, 3)     # as many as Dv allows
+    assert shape(128, 16, 4) == (4, 2)                                 # the _mma kernels' 16
+    try:
+        gdn_ops.TUNING["warps"] = 2
+        assert shape(128, 8, 4) == (2, 8)
+    finally:
+        gdn_ops.TUNING["warps"] = None
+    kernels = _kernels.MODULES["gdn"].kernels
+    for op in ("verify", "commit", "verify_fused"):
+        for t in ("f32", "f16", "bf16"):
+            for lay in ("kv", "vk"):
+                for d in (64, 128):
+                    assert f"gdn_{op}_small_{lay}_d{d}_{t}" in kernels
+    assert not any("_small" in k and "_mma" in k for k in kernels)
+
+
+# B = 1 / 2 at Hv = 32 (B * Hv = 32 / 64: the small-batch path by default); (4, 3): rows of
+# unequal length; (8, 6): blocks longer than 4 rows (8 warps a CTA) and a padding row.
+SMALL_BATCHES = [(1,), (4,), (4, 3), (8, 6)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("q_lens", SMALL_BATCHES, ids=lambda q: "q" + "-".join(map(str, q)))
+@pytest.mark.parametrize("D", [128, 64])
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+@pytest.mark.parametrize("sdt,family", SDT_FAMILIES, indirect=["family"])
+def test_gdn_gpu_small_batch_equals_default_shape(rng, keep_small_heads, sdt, family, layout, D, q_lens):
+    """Hk = 16, Hv = 32 (the issue's shape at D = 128), one or two sequences: a verify + commit
+    round, and two fused rounds (the second with the first's accepted rows pending) + gdn_flush,
+    each on the small-batch path and on the default shape from the same pool and inputs, every
+    output, journal and status poisoned first: all of them and every slot of both pools bit for
+    bit equal across the two shapes; the fused kernel with nothing pending == gdn_verify; the
+    outputs and states against the float64 reference; padding rows zero, other slots untouched."""
+    from specdec_lib import ops
+    from specdec_lib.ops import gdn as gdn_ops
+    sdt = STATE_DTYPES[sdt]
+    Hk, Hv, B = 16, 32, len(q_lens)
+    assert gdn_ops._small_batch(B, Hv)
+    slots = B + 2
+    state0 = make_state(rng, slots, Hv, D, D, sdt, layout)
+    slot_ids = rng.permutation(slots)[:B].astype(np.int32)
+    if q_lens == (8, 6):
+        slot_ids[1] = -1                                   # padding row
+    blocks = [make_block(rng, q_lens, Hk, Hv, D, D, np.uint16, True, unit_k=False) for _ in range(2)]
+    cu_q = blocks[0][0]
+    T = int(cu_q[-1])
+    W = gdn_journal_width(Hk, Hv, D, D)
+    accs = [np.array([rng.integers(1, q + 1) for q in q_lens], np.int32) for _ in range(2)]
+    none = np.zeros(B, np.int32)
+
+    def verify(state, blk, **kw):
+        _, x, gat = blk
+        o, j, s = poison((T, Hv, D), "float32"), poison((T, W), "float32"), poison((B,), "int32")
+        ops.gdn_verify(**{n: dev(a) for n, a in {**x, **gat}.items()}, state=state,
+                       slot_ids=dev(slot_ids), cu_q=dev(cu_q), out=o, journal=j, qk_l2norm=True,
+                       layout=layout, status=s, **kw)
+        return o, j, s
+
+    def run(small_heads):
+        gdn_ops.TUNING["small_heads"] = small_heads
+        try:
+            d_u, d_f = dev(state0), dev(state0)
+            o, j, s = verify(d_u, blocks[0])
+            sc = poison((B,), "int32")
+            ops.gdn_commit(d_u, dev(slot_ids), dev(cu_q), dev(accs[0]), j, layout=layout, status=sc)
+            o1, j1, s1 = verify(d_f, blocks[0], pending_journal=poison((1, W), "float32"),
+                                pending_row0=dev(none), pending_len=dev(none))
+            o2, j2, s2 = verify(d_f, blocks[1], pending_journal=j1, pending_row0=dev(cu_q[:-1]),
+                                pending_len=dev(accs[0]))
+            sf = poison((B,), "int32")
+            ops.gdn_flush(d_f, dev(slot_ids), j2, dev(cu_q[:-1]), dev(accs[1]), layout=layout, status=sf)
+            arrays = [a.to_numpy() for a in (o, j, o1, j1, o2, j2)]
+            for st in (s, sc, s1, s2, sf):
+                assert not st.to_numpy().any()
+            return arrays, host(d_u, state0), host(d_f, state0)
+        finally:
+            gdn_ops.TUNING["small_heads"] = None
+
+    small, default = run(None), run(0)
+    for a, b in zip(small[0], default[0]):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    for a, b in zip(small[1:], default[1:]):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    (o, j, o1, j1, o2, j2), got_u, got_f = small
+    np.testing.assert_array_equal(o.view(np.uint32), o1.view(np.uint32))
+    np.testing.assert_array_equal(j.view(np.uint32), j1.view(np.uint32))
+    # the float64 reference: round 1 verify + commit, round 2 verify + commit (= the flush)
+    exp = state0.copy()
+    outs = []
+    for blk, acc, d_j in ((blocks[0], accs[0], j), (blocks[1], accs[1], j2)):
+        _, x, gat = blk
+        out = empty_out(T, Hv, D)
+        gdn_verify(**x, **gat, state=exp.copy(), slot_ids=slot_ids, cu_q=cu_q, out=out,
+                   journal=empty_journal(T, Hk, Hv, D, D), qk_l2norm=True, layout=layout)
+        outs.append(out)
+        gdn_commit(exp, slot_ids, cu_q, acc, d_j, layout=layout)
+        if len(outs) == 1:
+            e = rel_err(f64(got_u), f64(exp))
+            assert e < tol(sdt) / 4, f"state after verify + commit: rel err {e}"
+    for got, want in ((o, outs[0]), (o2, outs[1])):
+        e = rel_err(got, want)
+        assert e < tol(sdt, np.uint16), f"out rel err {e}"
+    e = rel_err(f64(got_f), f64(exp))
+    assert e < tol(sdt) / 4, f"state after two fused rounds + flush: rel err {e}"
+    for b in range(B):
+        if slot_ids[b] < 0:
+            r = slice(cu_q[b], cu_q[b + 1])
+            assert not o[r].any() and not o2[r].any(), "padding rows must be zero"
+    untouched = np.setdiff1d(np.arange(slots), slot_ids)
+    for got in (got_u, got_f):
+        np.testing.assert_array_equal(got[untouched].view(np.uint8), state0[untouched].view(np.uint8))
+
+
+@needs_gpu
+@pytest.mark.parametrize("B", [2, 3])
+def test_gdn_gpu_small_batch_threshold(rng, keep_small_heads, monkeypatch, B):
+    """At Hv = 32 the shipped threshold (B * Hv <= 64) launches B = 2 on the small-batch kernels
+    and B = 3 on the default ones (the launched names are recorded); either way the outputs
+    (poisoned) and the committed state against the float64 reference."""
+    from specdec_lib import ops
+    from specdec_lib.ops import gdn as gdn_ops
+    names = []
+    real = gdn_ops.runtime.kernel
+    monkeypatch.setattr(gdn_ops.runtime, "kernel", lambda mod, name, d: names.append(name) or real(mod, name, d))
+    Hk, Hv, D = 16, 32, 128
+    cu_q, x, gat = make_block(rng, (4,) * B, Hk, Hv, D, D, np.uint16, True, unit_k=False)
+    c = dict(cu_q=cu_q, x=x, gat=gat, state=make_state(rng, B + 1, Hv, D, D, np.float32, "kv"),
+             slot_ids=rng.permutation(B + 1)[:B].astype(np.int32), Hk=Hk, Hv=Hv, Dk=D, Dv=D,
+             T=int(cu_q[-1]))
+    got, out, d_j, j = _verify_vs_reference(c, "kv", True)
+    assert rel_err(got, out) < tol(np.float32, np.uint16)
+    assert rel_err(d_j.to_numpy(), j) < 1e-5
+    d_state = dev(c["state"])
+    acc = np.full(B, 3, np.int32)
+    ops.gdn_commit(d_state, dev(c["slot_ids"]), dev(c["cu_q"]), dev(acc), d_j, layout="kv")
+    exp = c["state"].copy()
+    gdn_commit(exp, c["slot_ids"], c["cu_q"], acc, d_j.to_numpy(), layout="kv")
+    assert rel_err(f64(host(d_state, exp)), f64(exp)) < tol(np.float32) / 4
+    v = "_small" if B * Hv <= 64 else ""
+    assert names == [f"gdn_verify{v}_kv_d128_f32", f"gdn_commit{v}_kv_d128_f32"]
+

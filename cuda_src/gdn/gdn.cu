@@ -579,9 +579,11 @@ struct NoStage {};
 template <bool B, class T, class F> struct Pick { using type = T; };
 template <class T, class F> struct Pick<false, T, F> { using type = F; };
 
-template <typename TS, int DK, bool VK, bool FUSED = false>
+// CJX: columns per thread (default verify_cj; the small-batch kernels pass 4: every column's sums
+// are the same FMA chain and butterfly tree for any CJ, so outputs and states are the same bits).
+template <typename TS, int DK, bool VK, bool FUSED = false, int CJX = verify_cj<TS, DK>()>
 __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
-  using Tile = VerifyTile<TS, DK, VK>;
+  using Tile = StateTile<TS, DK, VK, CJX>;
   constexpr int RI = Tile::RI, CJ = Tile::CJ;
   __shared__ __align__(16) RowStage<DK> st;
   __shared__ __align__(16) typename Pick<FUSED, JournalStage<DK>, NoStage>::type js;
@@ -939,7 +941,8 @@ __device__ __forceinline__ CommitRows commit_rows(const GdnCommitParams& p, cons
 
 // One CTA's commit of its state slice, for either tile family (defined below, after MmaTile's
 // staging): gdn_commit_impl is its CUDA-core instance, gdn_commit_mma_impl its tensor-core one.
-template <typename TS, int DK, bool VK, bool MMA>
+// CJX: the CUDA-core tile's columns per thread (default commit_cj; the small-batch kernels: 4).
+template <typename TS, int DK, bool VK, bool MMA, int CJX = commit_cj<TS, DK, VK>()>
 __device__ __forceinline__ void gdn_commit_slice(const GdnCommitParams& p);
 
 template <typename TS, int DK, bool VK>
@@ -1204,9 +1207,9 @@ __device__ __forceinline__ void gdn_verify_mma_impl(const GdnVerifyParams& p) {
 // thread's columns SPAN apart) or, MMA, the tensor-core MmaTile (a warp's columns as one mma
 // tile, whose replay also reads the stage's zero rows). Only the column bookkeeping and the
 // replay differ; the prologue, the staging and the L2 prefetch of the next slice are shared.
-template <typename TS, int DK, bool VK, bool MMA>
+template <typename TS, int DK, bool VK, bool MMA, int CJX>
 __device__ __forceinline__ void gdn_commit_slice(const GdnCommitParams& p) {
-  using Tile = std::conditional_t<MMA, MmaTile<TS, DK, VK>, CommitTile<TS, DK, VK>>;
+  using Tile = std::conditional_t<MMA, MmaTile<TS, DK, VK>, StateTile<TS, DK, VK, CJX>>;
   using Stage = std::conditional_t<MMA, MmaJournalStage<DK>, JournalStage<DK>>;
   constexpr int WC = Tile::WARP_COLS;
   __shared__ __align__(16) Stage js;
@@ -1269,6 +1272,45 @@ __device__ __forceinline__ void gdn_commit_mma_dispatch(const GdnCommitParams& p
 #endif
 }
 
+// ------------------------------------------------------------------------ small batches
+//
+// gdn_{verify,commit,verify_fused}_small_*: the CUDA-core kernels above for launches that do not
+// fill the GPU (ops/gdn.py _small_batch: B * Hv <= TUNING["small_heads"]; at B = 1, Hv = 32 the
+// default shape is 256 one-warp CTAs, each a serial latency chain). Nothing in the math differs;
+//  * 4 columns per thread (8 per warp, kSmallCj) for every state: a row step's FMA/shuffle chain
+//    per warp is about half as long (f32 Dk 128 verify: 2 x 32 + 32 + 32 FMA-pipe instructions and
+//    10 shuffles per row instead of 2 x 64 + 64 + 64 and 16). Each column's S^T k / S^T q is the
+//    same FMA chain over the same rows and the same butterfly tree for any CJ (StateTile), and the
+//    delta and the rounded update are per column / element, so outputs, journals and states are
+//    bit-identical to the default kernels' (a pool may mix both, round by round);
+//  * the host launches them with 4 warps (8 for blocks longer than 4 rows): stage_chunk gives each
+//    warp one block row, so the rows' loads and norm / gate reductions run side by side instead of
+//    one after the other in a one-warp CTA;
+//  * on sm_90, before griddepcontrol.wait (the previous launch may still be running): the CTA's own
+//    state slice is prefetched into L2 (prefetch_slice_l2). Only a prefetch: the state may be
+//    written by that very launch (a gdn_commit or fused verify on the same pool), and L2 is where
+//    global memory is coherent, so a prefetch can never make a later load stale; register loads of
+//    the state before the wait could. The slot id is read L2-only (ld.global.cg) so that no line of
+//    slot_ids fetched before the wait is left in L1 for the reads after it; a stale id only
+//    prefetches the wrong slice (bounds-checked: an address inside the pool).
+constexpr int kSmallCj = 4;
+constexpr int kSmallWarpCols = 2 * kSmallCj;
+
+template <typename TS, int DK, bool VK, typename P>
+__device__ __forceinline__ void small_prologue(const P& p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t x = blockIdx.x, ns = uint32_t(p.num_slices), hv = uint32_t(p.num_v_heads);
+  const uint32_t bh = x / ns, b = bh / hv;
+  NextSlice n;
+  n.z = x - bh * ns;
+  n.h = bh - b * hv;
+  const int slot = __ldcg(p.slot_ids + b);
+  n.slot = slot >= 0 && slot < p.num_slots ? slot : -1;
+  prefetch_slice_l2<TS, DK, VK>(p, n, int(blockDim.x >> 5) * kSmallWarpCols);
+#endif
+  specdec::pdl_begin();
+}
+
 }  // namespace
 
 // Kernel names: gdn_{verify,commit,verify_fused}_{kv,vk}_d{64,128}_{f32,f16,bf16} (state layout, Dk,
@@ -1325,3 +1367,32 @@ SPECDEC_GDN_LAYOUTS(float, f32, 64, 1)
 SPECDEC_GDN_LAYOUTS(float, f32, 128, 2)
 SPECDEC_GDN_DIMS(__half, f16, 1)
 SPECDEC_GDN_DIMS(bf16_t, bf16, 1)
+
+// The small-batch kernels (see small_prologue), every CUDA-core state / layout / Dk: one CTA per SM
+// or two at the sizes they are launched for, so no register cap.
+#define SPECDEC_GDN_SMALL_KERNELS(TS, TNAME, DK, VK, LNAME)                                        \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                                     \
+      gdn_verify_small_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                        \
+    small_prologue<TS, DK, VK>(p);                                                                \
+    gdn_verify_impl<TS, DK, VK, false, kSmallCj>(p);                                              \
+  }                                                                                               \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                                     \
+      gdn_commit_small_##LNAME##_d##DK##_##TNAME(const GdnCommitParams p) {                        \
+    small_prologue<TS, DK, VK>(p);                                                                \
+    gdn_commit_slice<TS, DK, VK, false, kSmallCj>(p);                                             \
+  }                                                                                               \
+  extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                                     \
+      gdn_verify_fused_small_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                  \
+    small_prologue<TS, DK, VK>(p);                                                                \
+    gdn_verify_impl<TS, DK, VK, true, kSmallCj>(p);                                               \
+  }
+
+#define SPECDEC_GDN_SMALL_ALL(TS, TNAME)                     \
+  SPECDEC_GDN_SMALL_KERNELS(TS, TNAME, 64, false, kv)        \
+  SPECDEC_GDN_SMALL_KERNELS(TS, TNAME, 64, true, vk)         \
+  SPECDEC_GDN_SMALL_KERNELS(TS, TNAME, 128, false, kv)       \
+  SPECDEC_GDN_SMALL_KERNELS(TS, TNAME, 128, true, vk)
+
+SPECDEC_GDN_SMALL_ALL(float, f32)
+SPECDEC_GDN_SMALL_ALL(__half, f16)
+SPECDEC_GDN_SMALL_ALL(bf16_t, bf16)

@@ -33,8 +33,40 @@ _MAX_WARPS = 8
 # cores (fused 108 / 106 us bf16 / f16 vs 154), vk states on the CUDA cores (fused 108 / 105 us
 # vs 128 / 125). Verify, commit and flush must use one family for a pool: the two differ in the last
 # bits of the sums (each is bit-exact against its own one-row decoding). f32 states: no effect.
-TUNING = {"warps": None, "l2_prefetch": None, "mma16": None}
+# small_heads: a launch of at most this many (sequence, value head) pairs, B * Hv, takes the
+# small-batch shape (_small_batch; gdn.cu "small batches"); None = _SMALL_HEADS, 0 = never. There
+# the CUDA-core family runs its gdn_*_small_* kernels (8 columns per warp, the state slice
+# prefetched into L2 before the PDL wait) with 4 warps a CTA (8 for blocks longer than 4 rows), so
+# that the block rows are staged side by side; the tensor-core family keeps its kernels with the
+# same warp counts. Outputs and states are bit-identical to the default shape's (the same
+# per-column sums), so batches of any size may share a pool.
+TUNING = {"warps": None, "l2_prefetch": None, "mma16": None, "small_heads": None}
 _OCCUPANCY = {}
+# B * Hv up to which the small-batch shape is used: 64 is B <= 2 at Hv = 32, 128-256 CTAs of 4
+# warps on the H200's 132 SMs; the default shape there is 256-512 one-warp CTAs (B = 1: 8.4 us a
+# fused round, 6 us a verify). Not measured above B = 1 (B = 8 fills the GPU either way).
+_SMALL_HEADS = 64
+_SMALL_WARP_COLS = 8    # gdn.cu kSmallWarpCols (2 x kSmallCj)
+
+
+def _small_batch(B, Hv):
+    """Whether a launch over B sequences x Hv value heads takes the small-batch shape."""
+    n = TUNING["small_heads"]
+    return B * Hv <= (_SMALL_HEADS if n is None else n)
+
+
+def _small_shape(Dv, warp_cols, rows_per_seq):
+    """(warps per CTA, slices per head) of the small-batch shape: one warp per block row (4, or 8
+    for longer blocks; fewer where Dv has fewer columns), TUNING["warps"] where it fits."""
+    cands = [w for w in (8, 4, 2, 1) if Dv % (w * warp_cols) == 0 and w * warp_cols <= 128]
+    if not cands:
+        raise ValueError(f"state: head_v_dim Dv={Dv} must be a multiple of {warp_cols}")
+    if TUNING["warps"] in cands:
+        w = TUNING["warps"]
+    else:
+        want = 8 if rows_per_seq > 4 else 4
+        w = next(c for c in cands if c <= want)
+    return w, Dv // (w * warp_cols)
 
 
 def _use_mma16(state_dtype, layout):
@@ -103,15 +135,23 @@ def _launch_shape(B, Hv, Dv, state_dtype, device, warp_cols):
     return w, Dv // (w * warp_cols)
 
 
-def _gdn_launch(op, layout, st, Dk, Dv, Hv, B, dev, warp_cols):
+def _gdn_launch(op, layout, st, Dk, Dv, Hv, B, dev, warp_cols, rows):
     """(kernel, grid, block, slices, prefetch distance) of gdn kernel ``op`` ("verify",
-    "commit", "verify_fused") for this state and batch."""
-    warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev, warp_cols)
+    "commit", "verify_fused") for this state and batch; ``rows``: the block (or pending
+    journal) rows of the launch, for the small-batch shape's warp count. The one place where
+    the small-batch path is chosen (_small_batch)."""
+    mma = _use_mma16(st.dtype, layout)
+    if _small_batch(B, Hv):
+        wc = warp_cols if mma else _SMALL_WARP_COLS
+        warps, slices = _small_shape(Dv, wc, -(-rows // B))
+        variant = "_mma" if mma else "_small"
+    else:
+        warps, slices = _launch_shape(B, Hv, Dv, st.dtype, dev, warp_cols)
+        variant = "_mma" if mma else ""
     grid = B * Hv * slices
     if grid >= 2**31:   # grid.x
         raise ValueError(f"slot_ids: {B} sequences x {Hv} heads x {slices} slices exceed one launch")
-    mma = "_mma" if _use_mma16(st.dtype, layout) else ""
-    kern = runtime.kernel("gdn", f"gdn_{op}{mma}_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
+    kern = runtime.kernel("gdn", f"gdn_{op}{variant}_{layout}_d{Dk}_{_STATE_NAME[st.dtype]}", dev)
     ahead = _prefetch_ahead(kern, 32 * warps, dev, grid, st.dtype, op == "verify_fused")
     return kern, grid, 32 * warps, slices, ahead
 
@@ -186,7 +226,7 @@ def gdn_verify(q: ArrayLike, k: ArrayLike, v: ArrayLike, state: ArrayLike, slot_
     gate_strides = [g0.strides[0], g1.strides[0]]
     kern, grid, block, slices, ahead = _gdn_launch(
         "verify_fused" if fused_mode else "verify", layout, st, Dk, Dv, Hv, B, dev,
-        _warp_cols(st.dtype, Dk, verify=True))
+        _warp_cols(st.dtype, Dk, verify=True), max(T, pj.shape[0] if fused_mode else 0))
     pending = (pj.ptr, pr.ptr, pn.ptr, pj.strides[0], pj.shape[0]) if fused_mode else (0, 0, 0, 0, 0)
     from .. import _gdn
     _gdn.launch_gdn_verify(
@@ -220,7 +260,7 @@ def gdn_flush(state: ArrayLike, slot_ids: ArrayLike, pending_journal: ArrayLike,
     if B == 0:
         return state
     kern, grid, block, slices, ahead = _gdn_launch("verify_fused", layout, st, Dk, Dv, Hv, B, dev,
-                                                   _warp_cols(st.dtype, Dk, verify=True))
+                                                   _warp_cols(st.dtype, Dk, verify=True), pj.shape[0])
     from .. import _gdn
     # the fused verify with no block (cu_q NULL): only the pending rows are replayed
     _gdn.launch_gdn_verify(
@@ -254,7 +294,7 @@ def gdn_commit(state: ArrayLike, slot_ids: ArrayLike, cu_q: ArrayLike, accept_le
     if B == 0 or (T == 0 and status is None):
         return state
     kern, grid, block, slices, ahead = _gdn_launch(
-        "commit", layout, st, Dk, Dv, Hv, B, dev, _warp_cols(st.dtype, Dk, verify=False, layout=layout))
+        "commit", layout, st, Dk, Dv, Hv, B, dev, _warp_cols(st.dtype, Dk, verify=False, layout=layout), T)
     from .. import _gdn
     _gdn.launch_gdn_commit(kern, grid, block, stream_h, st.ptr, sl.ptr, cq.ptr,
                            al.ptr, ja.ptr, sa.ptr, st.strides[0], ja.strides[0], T, B, Hk, Hv,
