@@ -581,7 +581,12 @@ template <class T, class F> struct Pick<false, T, F> { using type = F; };
 
 // CJX: columns per thread (default verify_cj; the small-batch kernels pass 4: every column's sums
 // are the same FMA chain and butterfly tree for any CJ, so outputs and states are the same bits).
-template <typename TS, int DK, bool VK, bool FUSED = false, int CJX = verify_cj<TS, DK>()>
+// DOTALL (the small-batch kernels): each row's S^T k and S^T q as dot_all's per-column butterflies
+// (every lane gets all CJ totals, bit-identical to reduce_scatter's) and every lane computing the
+// CJ deltas, instead of reduce_scatter + one delta per lane + all_gather: 2 shuffle levels less on
+// a row's dependent chain (of 6) for 2 x 11 more shuffles, which a latency-bound launch can
+// afford; the fused replay likewise (replay_journal without SCATTER, as gdn_commit).
+template <typename TS, int DK, bool VK, bool FUSED = false, int CJX = verify_cj<TS, DK>(), bool DOTALL = false>
 __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   using Tile = StateTile<TS, DK, VK, CJX>;
   constexpr int RI = Tile::RI, CJ = Tile::CJ;
@@ -646,8 +651,8 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
   prefetch_slice_l2<TS, DK, VK>(p, next, slice_cols);
   if constexpr (FUSED) {
     if (vr.pend_n > 0) {   // uniform over the CTA (its barriers)
-      replay_journal<TS, Tile, DK, true>(tile, pj, js, pos.h, hk, col_base, slice_cols, Dv, vr.pend_row0,
-                                         vr.pend_n, col - col_base);
+      replay_journal<TS, Tile, DK, !DOTALL>(tile, pj, js, pos.h, hk, col_base, slice_cols, Dv, vr.pend_row0,
+                                            vr.pend_n, col - col_base);
       tile.store_head(head, col, Dv);
     }
   }
@@ -662,6 +667,32 @@ __device__ __forceinline__ void gdn_verify_impl(const GdnVerifyParams& p) {
 
     for (int rr = 0; rr < nrows; ++rr) {
       const int64_t t = row0 + c0 + rr;
+      if constexpr (DOTALL) {
+        // lane lr < CJ writes column lr of its CJ (one lane per column, 8 adjacent columns a warp)
+        float kr[RI], delta[CJ], o = 0.f;
+        if (slot_ok) {
+          float qr[RI], sk[CJ], sq[CJ];
+          tile.gather(st.k[rr], kr);
+          tile.gather(st.q[rr], qr);
+          tile.dot_all(kr, sk);
+          tile.dot_all(qr, sq);
+          const float decay = st.decay[rr], beta = st.beta[rr], kq = st.kq[rr];
+#pragma unroll
+          for (int c = 0; c < CJ; ++c) {
+            delta[c] = delta_of(beta, st.v[rr][col - col_base + Tile::piece_off(c)], decay, sk[c]);
+            const float oc = fmaf(decay, sq[c], delta[c] * kq);   // as below: S_new^T q
+            if (c == tile.lr) o = oc;
+          }
+        }
+        int ocol = 0;
+#pragma unroll
+        for (int c = 0; c < CJ; ++c)
+          if (c == tile.lr) ocol = Tile::piece_off(c);
+        if (tile.lr < CJ)
+          store_dt(p.out, t * p.out_stride_t + pos.h * p.out_stride_h + (col + ocol), p.out_dtype, o);
+        if (slot_ok && c0 + rr + 1 < qlen) tile.template update<TS>(st.decay[rr], kr, delta);
+        continue;
+      }
       float o = 0.f, delta1 = 0.f;
       float kr[RI];
       if (slot_ok) {
@@ -1374,7 +1405,7 @@ SPECDEC_GDN_DIMS(bf16_t, bf16, 1)
   extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                                     \
       gdn_verify_small_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                        \
     small_prologue<TS, DK, VK>(p);                                                                \
-    gdn_verify_impl<TS, DK, VK, false, kSmallCj>(p);                                              \
+    gdn_verify_impl<TS, DK, VK, false, kSmallCj, true>(p);                                              \
   }                                                                                               \
   extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                                     \
       gdn_commit_small_##LNAME##_d##DK##_##TNAME(const GdnCommitParams p) {                        \
@@ -1384,7 +1415,7 @@ SPECDEC_GDN_DIMS(bf16_t, bf16, 1)
   extern "C" __global__ void __launch_bounds__(kMaxThreads, 1)                                     \
       gdn_verify_fused_small_##LNAME##_d##DK##_##TNAME(const GdnVerifyParams p) {                  \
     small_prologue<TS, DK, VK>(p);                                                                \
-    gdn_verify_impl<TS, DK, VK, true, kSmallCj>(p);                                               \
+    gdn_verify_impl<TS, DK, VK, true, kSmallCj, true>(p);                                               \
   }
 
 #define SPECDEC_GDN_SMALL_ALL(TS, TNAME)                     \
