@@ -7,7 +7,9 @@
               when ``import fla`` works (one pass writing the final state, and vLLM-style
               one call per block row writing a state each time). 16-bit states run on both
               kernel families (impl "specdec_lib" = CUDA cores, "specdec_lib mma" = the
-              tensor-core kernels, ops.gdn.TUNING["mma16"]), side by side.
+              tensor-core kernels, ops.gdn.TUNING["mma16"]), side by side. Shapes on the
+              small-batch path (ops.gdn._small_batch: B = 1 here) are also timed on the
+              default launch shape (rows "default shape", TUNING["small_heads"] = 0).
   gdn_sweep   (only when named) the transactional and the fused round over B in {1, 8, 32,
               64, 128, 256}, Hv in {32, 64} (Hk = Hv / 2), q in {2, 4, 8}, both layouts, all
               three state dtypes and both 16-bit families, each as a ratio to its 3-pass floor.
@@ -92,7 +94,9 @@ def bench_gdn_round(b: Bench):
                                         (64, 4, 16, 32, 128, "float16", "kv"),
                                         (64, 4, 16, 32, 128, "float16", "vk"),
                                         (1, 4, 16, 32, 128, "float32", "kv"),
-                                        (1, 4, 16, 32, 128, "bfloat16", "kv")):
+                                        (1, 4, 16, 32, 128, "float32", "vk"),
+                                        (1, 4, 16, 32, 128, "bfloat16", "kv"),
+                                        (1, 4, 16, 32, 128, "bfloat16", "vk")):
         for fam in _families(sdt):
             gdn_ops.TUNING["mma16"] = fam == "mma"
             try:
@@ -123,6 +127,17 @@ def _round_case(b: Bench, gdn_ops, B, q, Hk, Hv, D, sdt, layout, fam):
     ms_f = timer(fused)
     b.report("gdn_round", shape + " fused mode", 2 * pass_bytes, ms_f, impl=impl,
              vs_3_passes=round(ms_f / ideal_ms, 3), vs_2_passes=round(ms_f / ideal_ms * 1.5, 3))
+    if gdn_ops._small_batch(B, Hv):  # the small-batch path above; the default shape for comparison
+        gdn_ops.TUNING["small_heads"] = 0
+        try:
+            b.report("gdn_verify", shape + " default shape", pass_bytes, timer(verify), impl=impl)
+            b.report("gdn_commit", shape + f" accept={q} default shape", 2 * pass_bytes, timer(commit),
+                     impl=impl)
+            b.report("gdn_round", shape + " default shape", 3 * pass_bytes, timer(round_), impl=impl)
+            b.report("gdn_round", shape + " fused mode, default shape", 2 * pass_bytes, timer(fused),
+                     impl=impl)
+        finally:
+            gdn_ops.TUNING["small_heads"] = None
     if fam == "mma" or layout == "vk" and sdt != "float32":
         return                       # the sweeps below: as before (CUDA-core kernels)
     if B == 64 and sdt == "float32":
