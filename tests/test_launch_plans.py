@@ -306,6 +306,11 @@ _GDN = {
     "B2_bf16_kv_nomma_env": dict(B=2, q=(4, 4), Hk=2, Hv=4, Dk=128, Dv=256, dtype="bfloat16",
                                  sdt="bfloat16", layout="kv", slots=2,
                                  _env={"SPECDEC_GDN_MMA": "0"}),
+    # issue 31's batch-1 shape (the small-batch kernels) and B=3, just above their threshold
+    "B1_f32_kv_small": dict(B=1, q=(4, 4), Hk=16, Hv=32, Dk=128, Dv=128, dtype="bfloat16",
+                            sdt="float32", layout="kv", slots=2, gating="ab", l2=True),
+    "B3_f32_kv_above_small": dict(B=3, q=(4, 4), Hk=16, Hv=32, Dk=128, Dv=128, dtype="bfloat16",
+                                  sdt="float32", layout="kv", slots=3, gating="ab", l2=True),
 }
 
 
@@ -329,6 +334,8 @@ _GDN_FUSED = {
     "B6_f32_kv_strided_pending": dict(B=6, q=(1, 4), Hk=2, Hv=4, Dk=128, Dv=64,
                                       dtype="float32", sdt="float32", layout="kv", slots=6,
                                       strided=True),
+    "B1_f32_kv_small": dict(B=1, q=(4, 4), Hk=16, Hv=32, Dk=128, Dv=128, dtype="bfloat16",
+                            sdt="float32", layout="kv", slots=2, gating="ab"),
 }
 
 
@@ -368,6 +375,8 @@ _GDN_COMMIT = {
                            layout="vk", slots=64),
     "B8_f16_vk_d64": dict(B=8, q=(1, 3), Hk=4, Hv=8, Dk=64, Dv=64, sdt="float16",
                           layout="vk", slots=8, pad=(0, 5)),
+    "B1_f32_kv_small": dict(B=1, q=(4, 4), Hk=16, Hv=32, Dk=128, Dv=128, sdt="float32",
+                            layout="kv", slots=2),
 }
 
 
