@@ -251,7 +251,8 @@ def test_loader_refuses_missing_weights(tmp_path, monkeypatch):
 
 def test_shipped_weights_pass_their_checks():
     """The shipped smollm2-hybrid (no GGUF needed): read through the load checks against
-    SmolLM2's shapes, GGGA (23 GDN layers), within the 12 MB budget, built on SmolLM2's GGUF,
+    SmolLM2's shapes, half its layers GDN at least (the issue's floor; s19 ships 15 of 30),
+    within the 12 MB budget, built on SmolLM2's GGUF,
     and its file records the whole chain of training commands with each run's held-out
     report (its quality is eval-hybrid's to measure, not this test's)."""
     import os
@@ -260,7 +261,7 @@ def test_shipped_weights_pass_their_checks():
     base = SimpleNamespace(hidden_size=EXPECTED["hidden_size"], num_layers=30,
                            num_heads=EXPECTED["num_heads"], head_dim=EXPECTED["head_dim"])
     cfg, t = load_hybrid_weights(SHIPPED_DIR, base=base)
-    assert cfg["layer_pattern"].startswith("GGGA") and len(gdn_layers(cfg)) == 23
+    assert len(cfg["layer_pattern"]) == 30 and len(gdn_layers(cfg)) >= 15
     assert cfg["base_gguf_sha256"] == GGUF_SHA256
     assert os.path.getsize(os.path.join(SHIPPED_DIR, WEIGHTS_FILE)) <= 12e6
     tr, chain = cfg["specdec_training"], []

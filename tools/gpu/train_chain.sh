@@ -118,9 +118,11 @@ train)
   else                                          # the hybrid itself, with natural text
     hinit=specdec_lib/models/hybrid/smollm2_hybrid; [ -d /tmp/hyb ] && hinit=/tmp/hyb
     stage=(--stage1-steps 0 --stage1-seconds 0 --init "$hinit")
-    [ "${HYBRID:-continue}" = fresh ] && stage=(--pattern "${PATTERN:-GGGA}" --stage1-seconds "${STAGE1_S:-100}")
+    s1=0   # a fresh run's stage 1 comes out of stage 2's seconds (s19 lost a run to this)
+    [ "${HYBRID:-continue}" = fresh ] && s1=${STAGE1_S:-100} \
+      && stage=(--pattern "${PATTERN:-GGGAGGAAAAGAGGGAGAAAAGAAGGAAGG}" --stage1-seconds "$s1")
     timeout "$left" python3 -m specdec_lib train-hybrid --out /tmp/hyb_new --data "$DATA" "${stage[@]}" \
-      --stage2-seconds "$(( left - ${HYB_RESERVE_S:-70} ))" --lr2 "${LR2:-3e-4}" --seq-len 512 \
+      --stage2-seconds "$(( left - ${HYB_RESERVE_S:-90} - s1 ))" --lr2 "${LR2:-3e-4}" --seq-len 512 \
       --batch-tokens 16384 --text-tokens "${TEXT_TOKENS:-4000000}" --text-fraction 0.5 \
       --eval-text-tokens 8192 2>&1 | tr '\r' '\n' | grep -vE "it/s\]|s/it\]|^\s*$" > "$L/hybrid.log" &
   fi
