@@ -55,18 +55,22 @@ def _small_batch(B, Hv):
     return B * Hv <= (_SMALL_HEADS if n is None else n)
 
 
+def _warps_and_slices(Dv, warp_cols, pick, state_dtype=None):
+    """(warps per CTA, slices per head): TUNING["warps"] where it divides the head, else
+    ``pick(candidates)`` of the warp counts (8, 4, 2, 1: widest first) that do."""
+    cands = [w for w in (8, 4, 2, 1) if Dv % (w * warp_cols) == 0 and w * warp_cols <= 128]
+    if not cands:
+        what = f" for a {state_dtype} state" if state_dtype else ""
+        raise ValueError(f"state: head_v_dim Dv={Dv} must be a multiple of {warp_cols}{what}")
+    w = TUNING["warps"] if TUNING["warps"] in cands else pick(cands)
+    return w, Dv // (w * warp_cols)
+
+
 def _small_shape(Dv, warp_cols, rows_per_seq):
     """(warps per CTA, slices per head) of the small-batch shape: one warp per block row (4, or 8
     for longer blocks; fewer where Dv has fewer columns), TUNING["warps"] where it fits."""
-    cands = [w for w in (8, 4, 2, 1) if Dv % (w * warp_cols) == 0 and w * warp_cols <= 128]
-    if not cands:
-        raise ValueError(f"state: head_v_dim Dv={Dv} must be a multiple of {warp_cols}")
-    if TUNING["warps"] in cands:
-        w = TUNING["warps"]
-    else:
-        want = 8 if rows_per_seq > 4 else 4
-        w = next(c for c in cands if c <= want)
-    return w, Dv // (w * warp_cols)
+    want = 8 if rows_per_seq > 4 else 4
+    return _warps_and_slices(Dv, warp_cols, lambda cands: next(c for c in cands if c <= want))
 
 
 def _use_mma16(state_dtype, layout):
@@ -119,20 +123,11 @@ def _warp_cols(state_dtype, Dk, verify, layout="kv"):
 
 def _launch_shape(B, Hv, Dv, state_dtype, device, warp_cols):
     """(warps per CTA, slices per head): enough CTAs to fill the GPU, <= 8 warps."""
-    cands = [w for w in (8, 4, 2, 1) if Dv % (w * warp_cols) == 0 and w * warp_cols <= 128]
-    if not cands:
-        raise ValueError(f"state: head_v_dim Dv={Dv} must be a multiple of {warp_cols} for "
-                         f"a {state_dtype} state")
-    if TUNING["warps"] in cands:
-        w = TUNING["warps"]
-    else:
+    def widest_that_fills(cands):
         want = 4 * runtime.sm_count(device)          # CTAs for a few waves
-        w = cands[-1]
-        for c in cands:                               # widest CTA that still fills the GPU
-            if c <= 4 and B * Hv * (Dv // (c * warp_cols)) >= want:
-                w = c
-                break
-    return w, Dv // (w * warp_cols)
+        return next((c for c in cands if c <= 4 and B * Hv * (Dv // (c * warp_cols)) >= want),
+                    cands[-1])
+    return _warps_and_slices(Dv, warp_cols, widest_that_fills, state_dtype)
 
 
 def _gdn_launch(op, layout, st, Dk, Dv, Hv, B, dev, warp_cols, rows):
