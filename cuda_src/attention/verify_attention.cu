@@ -35,6 +35,7 @@
 //   the CTA's rows into NaN; a sequence whose cu_q range is invalid is left unwritten.
 #include <math.h>
 
+#include "common/cluster.cuh"
 #include "common/cp_async.cuh"
 #include "common/pdl.cuh"
 #include "common/dtype.cuh"
@@ -472,6 +473,430 @@ __device__ __forceinline__ void verify_attention_merge_body(const VerifyAttentio
 }
 
 
+// ======================================================================================
+// The sm_90 small-batch path (verify_attention_cluster_*): one launch, no workspace.
+//
+// A thread-block cluster of C = p.num_splits CTAs per (sequence, KV head, m-group), grid
+// (C * Hkv * m-groups, B, 1), clusters along x (blockIdx.x = head_cta * C + rank). Rank r
+// computes split r (keys [r * kv_chunk, ...), the last split of the sequence up to L + q),
+// exactly as a split CTA of the kernel above, then:
+// * its four warps' states are merged in shared memory (all D columns in one pass), giving
+//   per packed row a normalised partial output and its log2 LSE;
+// * the partial of column group c4 (4 columns) goes to CTA c4 % C of the cluster, the LSE of
+//   every row to CTAs 0..C-1, by st.async into a receive buffer that is not the ring (peers
+//   push while this CTA may still be computing), counted by the receiver's mbarrier;
+// * each CTA waits for its bytes, combines its column groups over the splits (the merge
+//   kernel's arithmetic) and writes `out` (and lse_out, CTA 0).
+// No global workspace, no counters, no second launch, and no MEMBAR.GPU: the only cluster
+// barrier is arrive.relaxed (after the mbarrier init) ... wait (before the first push).
+// Latency: the page table is read speculatively in the same round trip as cu_q / seq_lens
+// (its addresses depend only on b, the rank and host-known sizes), so the KV cp.async and Q
+// loads form the second and last dependent trip before the math.
+// The inner loop is a copy of verify_attention_body's: that kernel's PTX stays untouched.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+// A 4-byte read-only load issued here, -1 when `pred` is false (volatile: not moved).
+__device__ __forceinline__ int ldg_now(const int32_t* ptr, bool pred) {
+  int v;
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %2, 0;\n\tmov.b32 %0, -1;\n\t"
+               "@p ld.global.nc.b32 %0, [%1];\n\t}"
+               : "=r"(v) : "l"(ptr), "r"(static_cast<int>(pred)));
+  return v;
+}
+
+template <int D>
+struct ClusterTile {
+  static constexpr int kCols4 = D / 4;                      // 4-column groups of a row
+  static constexpr int kEpiStride = D + 8;                  // floats per epilogue row (== 8 mod 32)
+  static constexpr int kEpiBytes = kWarps * 16 * kEpiStride * 4 + 2 * kWarps * 16 * 4;
+  static constexpr int kRegion0 =
+      Tile<D>::kPipeBytes > kEpiBytes ? Tile<D>::kPipeBytes : kEpiBytes;   // ring, then epilogue
+  static_assert(kRegion0 % 16 == 0, "receive buffer must stay 16-byte aligned");
+};
+
+template <int D, typename Mma>
+__device__ __forceinline__ void verify_attention_cluster_body(const VerifyAttentionParams& p) {
+  using TL = Tile<D>;
+  using CT = ClusterTile<D>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int bad_input;
+  __shared__ __align__(8) uint64_t recv_bar;
+  __shared__ int tile_pages[kStages][TL::kKeys];
+
+  const int C = p.num_splits;                      // == the cluster size (host)
+  const int rank = static_cast<int>(cluster_rank());
+  const int head_cta = blockIdx.x / C;
+  const int b = blockIdx.y;
+  const int kvh = head_cta % p.num_kv_heads;
+  const int row_base = (head_cta / p.num_kv_heads) * p.warps_m * 16;
+  const int kv_begin = rank * p.kv_chunk;
+  const int32_t* pt_row = p.page_table + (int64_t)b * p.page_table_stride;
+  const bool fetches_ids = threadIdx.x < TL::kKeys;
+
+  // ---- trip 1: cu_q / seq_lens and the page ids of this CTA's first kStages tiles
+  // (in-table entries only: whether a key exists is known once L is), all issued before the
+  // first branch (volatile: NVVM would sink a plain load below the early exits that do not
+  // use it, making the page table a second dependent trip)
+  const int q0 = ldg_now(p.cu_q + b, true);
+  const int q1 = ldg_now(p.cu_q + b + 1, true);
+  const int L_raw = ldg_now(p.seq_lens + b, true);
+  int raw_page[kStages];
+#pragma unroll
+  for (int st = 0; st < kStages; ++st) {
+    const int pidx = (kv_begin + st * TL::kKeys + static_cast<int>(threadIdx.x)) >> p.page_size_log2;
+    raw_page[st] = ldg_now(pt_row + pidx, fetches_ids && pidx < p.max_pages);
+  }
+  if (threadIdx.x == 0) {
+    bad_input = 0;
+    mbar_init(&recv_bar, 1);
+    fence_mbar_init();
+  }
+  // seq_view's checks and split count. Every early exit below is uniform over the cluster
+  // (same b, same head group): no peer is left waiting or pushing to a CTA that has gone.
+  SeqView sv;
+  sv.q0 = q0;
+  sv.qn = q1 - q0;
+  if (q0 < 0 || sv.qn <= 0 || sv.qn > p.max_q || q1 > p.num_tokens) return;
+  sv.bad_len = L_raw < 0;
+  sv.L = sv.bad_len ? 0 : L_raw;
+  sv.num_splits = min(C, (sv.L + sv.qn + p.kv_chunk - 1) / p.kv_chunk);
+  const int group = p.group;
+  const int rows = sv.qn * group;
+  if (row_base >= rows) return;
+  const int R = p.warps_m * 16;                    // receive-buffer rows per source
+  const int own_max = (CT::kCols4 + C - 1) / C;    // column groups a CTA combines, at most
+  const uint32_t need = CT::kRegion0 + C * R * 4 + C * R * own_max * 16;
+  if (dynamic_smem_bytes() < need) return;         // launcher bug: leave out untouched
+  cluster_arrive_relaxed();                        // after the mbarrier init (fenced above)
+
+  float* const recv_lse = reinterpret_cast<float*>(smem + CT::kRegion0);   // [C][R]
+  float4* const recv_o = reinterpret_cast<float4*>(recv_lse + C * R);       // [C][R][own_max]
+  const int L = sv.L;
+  const int ns = sv.num_splits;
+  const bool active = rank < ns;
+  const int kv_end = rank == ns - 1 ? L + sv.qn : kv_begin + p.kv_chunk;
+  const int n_rows = min(rows - row_base, R);
+  const int own = (CT::kCols4 - rank + C - 1) / C;   // c4 = rank, rank + C, ... (C <= 16 <= kCols4)
+  if (threadIdx.x == 0)
+    mbar_arrive_expect_tx(&recv_bar, static_cast<uint32_t>(ns * n_rows * (16 * own + 4)));
+
+  int my_bad = sv.bad_len;
+  if (active && fetches_ids) {
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      const int key = kv_begin + st * TL::kKeys + static_cast<int>(threadIdx.x);
+      int page = -1;
+      if (key < kv_end) {
+        page = raw_page[st];
+        if (page < 0 || page >= p.num_pages) {
+          my_bad = 1;
+          page = -1;
+        }
+      }
+      tile_pages[st][threadIdx.x] = page;
+    }
+  }
+
+  const int span_mtiles = (min(rows - row_base, p.warps_m * 16) + 15) >> 4;
+  const int warps_m = span_mtiles == 1 ? 1 : span_mtiles == 2 ? 2 : 4;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps_n = kWarps / warps_m;
+  const int wm = warp / warps_n;
+  const int wn = warp - wm * warps_n;
+  const int g = lane >> 2;
+  const int t4 = lane & 3;
+  const int r_lo = row_base + wm * 16 + g;
+  const int r_hi = r_lo + 8;
+  const bool warp_has_rows = active && row_base + wm * 16 < rows;
+
+  // ---- trip 2 (with the KV copies below): Q fragments, held in registers (sm_90: 3 stages)
+  const uint16_t* qlo = nullptr;
+  const uint16_t* qhi = nullptr;
+  if (r_lo < rows) {
+    const int i = r_lo / group;
+    qlo = static_cast<const uint16_t*>(p.q) + (int64_t)(sv.q0 + i) * p.q_stride_t +
+          (int64_t)(kvh * group + r_lo - i * group) * p.q_stride_h;
+  }
+  if (r_hi < rows) {
+    const int i = r_hi / group;
+    qhi = static_cast<const uint16_t*>(p.q) + (int64_t)(sv.q0 + i) * p.q_stride_t +
+          (int64_t)(kvh * group + r_hi - i * group) * p.q_stride_h;
+  }
+  uint32_t qa[D / 16][4];
+  if (warp_has_rows) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int c = kk * 16 + 2 * t4;
+      qa[kk][0] = qlo ? ld_u32(qlo + c) : 0u;
+      qa[kk][1] = qhi ? ld_u32(qhi + c) : 0u;
+      qa[kk][2] = qlo ? ld_u32(qlo + c + 8) : 0u;
+      qa[kk][3] = qhi ? ld_u32(qhi + c + 8) : 0u;
+    }
+  }
+  const int lim_lo = min(L + r_lo / group, kv_end - 1);
+  const int lim_hi = min(L + r_hi / group, kv_end - 1);
+
+  const int ld_chunk = threadIdx.x % TL::kChunks;
+  const int ld_row0 = threadIdx.x / TL::kChunks;
+  const uint16_t* k_head = static_cast<const uint16_t*>(p.k_cache) + (int64_t)kvh * p.k_stride_h +
+                           ld_chunk * 8;
+  const uint16_t* v_head = static_cast<const uint16_t*>(p.v_cache) + (int64_t)kvh * p.v_stride_h +
+                           ld_chunk * 8;
+  const int slot_mask = (1 << p.page_size_log2) - 1;
+  uint16_t* const ring = reinterpret_cast<uint16_t*>(smem);
+
+  auto tile_page = [&](int tile, int row) -> int {   // tiles >= kStages (a long last split)
+    const int key = kv_begin + tile * TL::kKeys + row;
+    if (key >= kv_end) return -1;
+    const int pidx = key >> p.page_size_log2;
+    const int page = pidx < p.max_pages ? __ldg(pt_row + pidx) : -1;
+    if (page < 0 || page >= p.num_pages) {
+      bad_input = 1;
+      return -1;
+    }
+    return page;
+  };
+  auto load_tile = [&](int tile, int stage) {
+    const int key_tile = kv_begin + tile * TL::kKeys;
+    uint16_t* sk = ring + stage * TL::kStageElems;
+    uint16_t* sv_ = sk + TL::kKeys * D;
+#pragma unroll
+    for (int pass = 0; pass < TL::kPasses; ++pass) {
+      const int row = ld_row0 + pass * TL::kRowsPerPass;
+      const int page = tile_pages[stage][row];
+      const bool valid = page >= 0;
+      const int slot = (key_tile + row) & slot_mask;
+      const int soff = row * D + ((ld_chunk ^ (row & 7)) << 3);
+      const uint16_t* ksrc = valid ? k_head + (int64_t)page * p.k_stride_page + slot * p.k_stride_slot : k_head;
+      const uint16_t* vsrc = valid ? v_head + (int64_t)page * p.v_stride_page + slot * p.v_stride_slot : v_head;
+      cp_async_16(sk + soff, ksrc, valid);
+      cp_async_16(sv_ + soff, vsrc, valid);
+    }
+  };
+
+  float acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  const int swz = lane & 7;
+
+  auto compute_tile = [&](int tile, int stage) {   // verify_attention_body's compute_tile
+    if (!warp_has_rows) return;
+    const int key_tile = kv_begin + tile * TL::kKeys;
+    const uint16_t* sk = ring + stage * TL::kStageElems;
+    const uint16_t* sv_ = sk + TL::kKeys * D;
+    for (int sub = wn; sub < TL::kSubTiles; sub += warps_n) {
+      const int key0 = key_tile + sub * 16;
+      if (key0 >= kv_end) break;
+      float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      const int k_row = sub * 16 + ((lane >> 4) << 3) + (lane & 7);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t kb[4];
+        const int chunk = 2 * kk + ((lane >> 3) & 1);
+        ldmatrix_x4(kb, sk + k_row * D + ((chunk ^ swz) << 3));
+        Mma::mma(s[0], qa[kk], kb[0], kb[1]);
+        Mma::mma(s[1], qa[kk], kb[2], kb[3]);
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
+      if (key0 + 15 > L || key0 + 16 > kv_end) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = key0 + n * 8 + 2 * t4 + e;
+            if (key > lim_lo) s[n][e] = -INFINITY;
+            if (key > lim_hi) s[n][2 + e] = -INFINITY;
+          }
+      }
+      float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+      float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+      const float mn_lo = fmaxf(m_lo, mx_lo);
+      const float mn_hi = fmaxf(m_hi, mx_hi);
+      const float base_lo = mn_lo == -INFINITY ? 0.f : mn_lo;
+      const float base_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
+      const float alpha_lo = ex2(m_lo - base_lo);
+      const float alpha_hi = ex2(m_hi - base_hi);
+      m_lo = mn_lo;
+      m_hi = mn_hi;
+      float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        s[n][0] = ex2(s[n][0] - base_lo);
+        s[n][1] = ex2(s[n][1] - base_lo);
+        s[n][2] = ex2(s[n][2] - base_hi);
+        s[n][3] = ex2(s[n][3] - base_hi);
+        sum_lo += s[n][0] + s[n][1];
+        sum_hi += s[n][2] + s[n][3];
+      }
+      l_lo = l_lo * alpha_lo + sum_lo;
+      l_hi = l_hi * alpha_hi + sum_hi;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        acc[n][0] *= alpha_lo;
+        acc[n][1] *= alpha_lo;
+        acc[n][2] *= alpha_hi;
+        acc[n][3] *= alpha_hi;
+      }
+      const uint32_t pa[4] = {Mma::pack(s[0][0], s[0][1]), Mma::pack(s[0][2], s[0][3]),
+                              Mma::pack(s[1][0], s[1][1]), Mma::pack(s[1][2], s[1][3])};
+      const int v_row = sub * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+#pragma unroll
+      for (int dc = 0; dc < D / 8; dc += 2) {
+        uint32_t vb[4];
+        const int chunk = dc + (lane >> 4);
+        ldmatrix_x4_trans(vb, sv_ + v_row * D + ((chunk ^ swz) << 3));
+        Mma::mma(acc[dc], pa, vb[0], vb[1]);
+        Mma::mma(acc[dc + 1], pa, vb[2], vb[3]);
+      }
+    }
+  };
+
+  // ---- the split's KV tiles: the 3-stage ring of verify_attention_body, its first kStages
+  // page ids already fetched (the barrier also ORs the prologue's bad-page flags)
+  const bool bad0 = __syncthreads_or(my_bad) != 0;
+  if (active) {
+    const int num_tiles = (kv_end - kv_begin + TL::kKeys - 1) / TL::kKeys;
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (st < num_tiles) load_tile(st, st);
+      cp_async_commit();
+    }
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int ahead = tile + kStages;
+      const bool fetch = fetches_ids && ahead < num_tiles;
+      const int ahead_page = fetch ? tile_page(ahead, threadIdx.x) : -1;
+      cp_async_wait<kStages - 2>();
+      __syncthreads();
+      const int next = tile + kStages - 1;
+      if (next < num_tiles) load_tile(next, next % kStages);
+      cp_async_commit();
+      compute_tile(tile, tile % kStages);
+      if (fetch) tile_pages[ahead % kStages][threadIdx.x] = ahead_page;
+    }
+    cp_async_wait<0>();
+    __syncthreads();   // ring no longer read: the epilogue reuses it
+
+    // ---- merge the warps_n key slices of each m-tile, all D columns at once
+    float* epi_o = reinterpret_cast<float*>(smem);                  // [kWarps][16][kEpiStride]
+    float* epi_m = epi_o + kWarps * 16 * CT::kEpiStride;            // [kWarps][16]
+    float* epi_l = epi_m + kWarps * 16;                             // [kWarps][16]
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+    if (t4 == 0) {
+      epi_m[warp * 16 + g] = m_lo;
+      epi_m[warp * 16 + g + 8] = m_hi;
+      epi_l[warp * 16 + g] = l_lo;
+      epi_l[warp * 16 + g + 8] = l_hi;
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      float* dst = epi_o + (warp * 16 + g) * CT::kEpiStride + n * 8 + 2 * t4;
+      *reinterpret_cast<float2*>(dst) = make_float2(acc[n][0], acc[n][1]);
+      *reinterpret_cast<float2*>(dst + 8 * CT::kEpiStride) = make_float2(acc[n][2], acc[n][3]);
+    }
+    __syncthreads();
+    const bool bad = bad0 || bad_input != 0;
+    cluster_wait();   // every peer's mbarrier is initialised: pushes may start
+    for (int it = threadIdx.x; it < n_rows * CT::kCols4; it += kThreads) {
+      const int rl = it / CT::kCols4;
+      const int c4 = it - rl * CT::kCols4;
+      const int w0 = (rl >> 4) * warps_n;
+      const int r = rl & 15;
+      float M = -INFINITY;
+      for (int n = 0; n < warps_n; ++n) M = fmaxf(M, epi_m[(w0 + n) * 16 + r]);
+      const float base = M == -INFINITY ? 0.f : M;
+      float lsum = 0.f;
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int n = 0; n < warps_n; ++n) {
+        const int w = w0 + n;
+        const float f = ex2(epi_m[w * 16 + r] - base);
+        lsum += f * epi_l[w * 16 + r];
+        const float4 v = *reinterpret_cast<const float4*>(epi_o + (w * 16 + r) * CT::kEpiStride + c4 * 4);
+        o.x += f * v.x;
+        o.y += f * v.y;
+        o.z += f * v.z;
+        o.w += f * v.w;
+      }
+      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+      o.x *= inv;
+      o.y *= inv;
+      o.z *= inv;
+      o.w *= inv;
+      float lse2 = lsum > 0.f ? base + __log2f(lsum) : -INFINITY;
+      if (bad) {
+        o = make_float4(NAN, NAN, NAN, NAN);
+        lse2 = NAN;   // the combine turns the whole row (and its LSE) into NaN
+      }
+      const int dst = c4 % C;
+      const int j = c4 / C;
+      st_async_v4(cluster_map(recv_o + (rank * R + rl) * own_max + j, dst), o,
+                  cluster_map(&recv_bar, dst));
+      if (c4 < C)
+        st_async_f32(cluster_map(recv_lse + rank * R + rl, c4), lse2, cluster_map(&recv_bar, c4));
+    }
+  } else {
+    cluster_wait();   // (matches the arrive; an idle split pushes nothing)
+  }
+
+  // ---- receive: this CTA's column groups c4 = rank + j * C of every row, from ns splits
+  while (!mbar_try_wait(&recv_bar, 0)) {
+  }
+  for (int it = threadIdx.x; it < n_rows * own; it += kThreads) {
+    const int rl = it / own;
+    const int j = it - rl * own;
+    const int c4 = rank + j * C;
+    float M = -INFINITY;
+    bool nan = false;
+    for (int s = 0; s < ns; ++s) {
+      const float l = recv_lse[s * R + rl];
+      M = fmaxf(M, l);
+      nan |= l != l;
+    }
+    const float base = M == -INFINITY ? 0.f : M;
+    float lsum = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < ns; ++s) {
+      const float w = ex2(recv_lse[s * R + rl] - base);
+      const float4 v = recv_o[(s * R + rl) * own_max + j];
+      lsum += w;
+      o.x += w * v.x;
+      o.y += w * v.y;
+      o.z += w * v.z;
+      o.w += w * v.w;
+    }
+    const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+    o.x *= inv;
+    o.y *= inv;
+    o.z *= inv;
+    o.w *= inv;
+    float lse = lsum > 0.f ? (base + __log2f(lsum)) * kLn2 : -INFINITY;
+    if (nan) {
+      o = make_float4(NAN, NAN, NAN, NAN);
+      lse = NAN;
+    }
+    const int R_ = row_base + rl;
+    const int i = R_ / group;
+    const int64_t tok = sv.q0 + i;
+    const int head = kvh * group + (R_ - i * group);
+    uint16_t* dst = static_cast<uint16_t*>(p.out) + tok * p.out_stride_t + head * p.out_stride_h + c4 * 4;
+    *reinterpret_cast<uint2*>(dst) = make_uint2(Mma::pack(o.x, o.y), Mma::pack(o.z, o.w));
+    if (c4 == 0 && p.lse_out != nullptr) p.lse_out[tok * p.lse_stride_t + head * p.lse_stride_h] = lse;
+  }
+}
+#endif  // __CUDA_ARCH__ >= 900
+
+
 }  // namespace
 
 // bf16 needs sm_80 tensor cores: the compute_75 build keeps the symbols (every cubin has
@@ -500,3 +925,25 @@ extern "C" __global__ void __launch_bounds__(128)
   specdec::pdl_begin();
   verify_attention_merge_body<mma_bf16>(p);   // bf16 packing only: fine on every arch
 }
+
+// The sm_90 small-batch path: launched in clusters of p.num_splits CTAs along x (grid
+// (num_splits * Hkv * m-groups, B, 1)); the compute_75 / compute_80 builds keep the symbols
+// (one kernel table per cubin) but trap: the Python layer only plans it on sm_90 code.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define SPECDEC_VA_CLUSTER_BODY(D, MMA) verify_attention_cluster_body<D, MMA>(p)
+#else
+#define SPECDEC_VA_CLUSTER_BODY(D, MMA) __trap()
+#endif
+#define SPECDEC_VERIFY_ATTENTION_CLUSTER(D, TAG, MMA)                                           \
+  extern "C" __global__ void __launch_bounds__(VERIFY_ATTN_THREADS)                             \
+      verify_attention_cluster_d##D##_##TAG(const VerifyAttentionParams p) {                    \
+    specdec::pdl_begin();                                                                       \
+    SPECDEC_VA_CLUSTER_BODY(D, MMA);                                                            \
+  }
+
+SPECDEC_VERIFY_ATTENTION_CLUSTER(64, f16, mma_f16)
+SPECDEC_VERIFY_ATTENTION_CLUSTER(128, f16, mma_f16)
+SPECDEC_VERIFY_ATTENTION_CLUSTER(256, f16, mma_f16)
+SPECDEC_VERIFY_ATTENTION_CLUSTER(64, bf16, mma_bf16)
+SPECDEC_VERIFY_ATTENTION_CLUSTER(128, bf16, mma_bf16)
+SPECDEC_VERIFY_ATTENTION_CLUSTER(256, bf16, mma_bf16)

@@ -54,6 +54,55 @@ __device__ __forceinline__ unsigned long long ld_cluster_u64(uint32_t addr) {
   return v;
 }
 __device__ __forceinline__ float ld_cluster_f32(uint32_t addr) { return __uint_as_float(ld_cluster_u32(addr)); }
+
+// ---- one-way pushes into a peer's shared memory, counted by the peer's mbarrier (no fence)
+// barrier.cluster.arrive.release and fence.acq_rel.cluster both assemble to MEMBAR.ALL.GPU on
+// sm_90 (ptxas 13.0), which waits for every memory operation the thread has in flight. A
+// st.async instead completes on the receiver's mbarrier with its byte count (complete_tx):
+// the receiver's acquire wait on that mbarrier makes the data visible, and the sender needs
+// no fence at all. Pattern: the receiver initialises its mbarrier (mbar_init + fence_mbar_init)
+// and arms it with the bytes it will receive (mbar_arrive_expect_tx; pushes may land before
+// it: the tx-count may go negative within a phase); every CTA does cluster_arrive_relaxed()
+// after its init and cluster_wait() before its first push (so no push reaches an
+// uninitialised mbarrier); the receiver spins on mbar_try_wait(parity 0) and then reads its
+// buffer. A CTA may exit once it has received everything it expects: nothing else touches
+// its shared memory.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+               "r"(count) : "memory");
+}
+// Make this thread's mbarrier inits visible to the cluster's other CTAs (before their pushes).
+__device__ __forceinline__ void fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// One arrival on the local mbarrier that also expects `bytes` more transaction bytes.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+               "r"(bytes) : "memory");
+}
+// True once phase `parity` of the local mbarrier has completed (acquire, cluster scope: the
+// st.async data counted by it is visible to this thread).
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile("{\n\t.reg .pred p;\n\t"
+               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+               "selp.u32 %0, 1, 0, p;\n\t}"
+               : "=r"(ok) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "r"(parity) : "memory");
+  return ok != 0;
+}
+// 16 / 4 bytes into shared::cluster address `addr` (cluster_map), completing on the mbarrier
+// at shared::cluster address `bar` of the same CTA.
+__device__ __forceinline__ void st_async_v4(uint32_t addr, float4 v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+               ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];"
+               ::"r"(addr), "f"(v), "r"(bar) : "memory");
+}
 #endif
 
 }  // namespace specdec
