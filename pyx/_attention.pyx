@@ -2,7 +2,7 @@
 """Launchers of the attention family: pack the parameter block, launch. No validation
 here (specdec_lib.ops.attention does it before calling in)."""
 from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
-from specdec_lib._driver cimport Kernel, launch
+from specdec_lib._driver cimport Kernel, launch, launch_cluster_grid
 
 cdef extern from "attention/attention_params.h":
     ctypedef struct VerifyAttentionParams:
@@ -199,6 +199,25 @@ def launch_verify_attention(Kernel k, Kernel merge, unsigned int head_ctas, unsi
     launch(k, head_ctas, batch, num_splits, VERIFY_ATTN_THREADS, 1, 1, smem, stream, &p)
     if num_splits > 1:
         _launch_merge(merge, &p, head_dim, stream)
+
+
+def launch_verify_attention_cluster(Kernel k, unsigned int head_ctas, unsigned int smem,
+                                    size_t stream, ptrs, q_strides, k_strides, v_strides,
+                                    out_strides, lse_strides, int64_t page_table_stride,
+                                    float scale_log2, int num_tokens, int batch,
+                                    int num_qo_heads, int num_kv_heads, int head_dim,
+                                    int page_size_log2, int num_pages, int max_pages, int max_q,
+                                    int warps_m, int num_splits, int kv_chunk):
+    """sm_90 small-batch path (verify_attention_cluster_*): launch_verify_attention's
+    arguments (partial_o / partial_lse unused, 0) on grid (head_ctas * num_splits, batch, 1)
+    in clusters of num_splits CTAs along x; one launch, no merge."""
+    cdef VerifyAttentionParams p
+    _fill_verify_attention(&p, ptrs, q_strides, k_strides, v_strides, out_strides, lse_strides,
+                           page_table_stride, scale_log2, num_tokens, batch, num_qo_heads,
+                           num_kv_heads, page_size_log2, num_pages, max_pages, max_q, warps_m,
+                           num_splits, kv_chunk)
+    launch_cluster_grid(k, head_ctas * num_splits, batch, 1, VERIFY_ATTN_THREADS, smem, stream,
+                        &p, num_splits)
 
 
 def launch_verify_attention_kv8(Kernel k, Kernel merge, unsigned int head_ctas, unsigned int smem,

@@ -19,3 +19,6 @@ cdef int launch_after(Kernel k, unsigned int gx, unsigned int gy, unsigned int g
                       unsigned int smem, size_t stream, void* params, bint pdl) except -1
 cdef int launch_cluster(Kernel k, unsigned int gx, unsigned int bx, unsigned int smem,
                         size_t stream, void* params, unsigned int cluster_x) except -1
+cdef int launch_cluster_grid(Kernel k, unsigned int gx, unsigned int gy, unsigned int gz,
+                             unsigned int bx, unsigned int smem, size_t stream, void* params,
+                             unsigned int cluster_x) except -1

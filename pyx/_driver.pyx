@@ -373,6 +373,33 @@ cdef int launch_cluster(Kernel k, unsigned int gx, unsigned int bx, unsigned int
     return 0
 
 
+cdef int launch_cluster_grid(Kernel k, unsigned int gx, unsigned int gy, unsigned int gz,
+                             unsigned int bx, unsigned int smem, size_t stream, void* params,
+                             unsigned int cluster_x) except -1:
+    """Launch ``k`` on grid (gx, gy, gz) of ``bx``-thread CTAs in clusters of ``cluster_x``
+    CTAs along x (sm_90+), and, for a kernel loaded from sm_90 code (``k.pdl``), with
+    programmatic stream serialization as ``launch`` does (the kernel begins with pdl_begin())."""
+    cdef void* args[1]
+    cdef cydriver.CUresult err
+    cdef cydriver.CUlaunchConfig cfg
+    cdef cydriver.CUlaunchAttribute attrs[2]
+    args[0] = params
+    _cluster_config(&cfg, &attrs[0], gx, bx, smem, stream, cluster_x)
+    cfg.gridDimY = gy
+    cfg.gridDimZ = gz
+    if k.pdl:
+        memset(&attrs[1], 0, sizeof(attrs[1]))
+        attrs[1].id = cydriver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attrs[1].value.programmaticStreamSerializationAllowed = 1
+        cfg.numAttrs = 2
+    with nogil:
+        err = cydriver.cuLaunchKernelEx(&cfg, k.func, args, NULL)
+    if err != cydriver.CUDA_SUCCESS:
+        check(err, f"cuLaunchKernelEx({k.module}:{k.name}, grid=({gx},{gy},{gz}), block={bx}, "
+                   f"cluster={cluster_x}, smem={smem}, pdl={k.pdl})")
+    return 0
+
+
 # ------------------------------------------------------------------ memory, streams, events
 
 def mem_alloc(size_t nbytes):

@@ -83,7 +83,11 @@ register(KernelModule(
     params_header="attention/attention_params.h",
     kernels={**{f"verify_attention_d{d}_{t}": "VerifyAttentionParams"
                 for d in (64, 128, 256) for t in ("f16", "bf16")},
-             **{f"verify_attention_merge_{t}": "VerifyAttentionMergeParams" for t in ("f16", "bf16")}},
+             **{f"verify_attention_merge_{t}": "VerifyAttentionMergeParams" for t in ("f16", "bf16")},
+             # sm_90, small batch (issue 31): one launch, a cluster of KV splits per head group
+             # merged through distributed shared memory (compute_75 / 80: traps, never planned)
+             **{f"verify_attention_cluster_d{d}_{t}": "VerifyAttentionParams"
+                for d in (64, 128, 256) for t in ("f16", "bf16")}},
 ))
 
 # verify_attention over 8-bit caches (issue 32): its own translation unit so that the 16-bit

@@ -180,6 +180,76 @@ def test_verify_attention_plan():
     assert plan_verify_attention(1, 1, 1, 64, 1, 70, 132, 1).workspace_bytes(16, 4, 64) == 0
 
 
+def test_verify_attention_cluster_plan():
+    """The sm_90 one-launch path's plan (ops.attention.TUNING["cluster"]): where "auto" takes
+    it, its cluster size / tiles per CTA, and what keeps the split-KV plan."""
+    from specdec_lib.ops.attention import _CLUSTER_MAX_TILES, cluster_smem_bytes
+
+    def plan(B, Hkv, group, D, q, max_kv, mode="auto", **kw):
+        return plan_verify_attention(B, Hkv, group, D, q, max_kv, 132, kw.pop("n", None),
+                                     kw.pop("ri", False), mode, **kw)
+    # bench verify_attention_b1's shapes (L + q rounded to the page): one or two tiles a CTA
+    for (Hkv, group, D, max_kv), (c, chunk) in {
+            (8, 4, 128, 528): (9, 64),      # L=512 32/8: 9 tiles, one each
+            (3, 3, 64, 304): (5, 64),       # L=300 9/3
+            (2, 8, 256, 528): (9, 64),      # L=512 16/2 D=256: 17 tiles -> 9 CTAs of <= 2
+            (2, 8, 256, 1008): (16, 64),    # L=1000: 32 tiles, 16 x 2
+            }.items():
+        p = plan(1, Hkv, group, D, 4, max_kv)
+        tile = 32 if D == 256 else 64
+        n_tiles = -(-max_kv // tile)
+        assert p.cluster and p.num_splits * p.kv_chunk >= max_kv
+        assert p.kv_chunk // tile <= _CLUSTER_MAX_TILES and p.num_splits <= 16
+        assert p.num_splits == -(-n_tiles // (p.kv_chunk // tile))   # no idle CTA planned
+        assert p.workspace_bytes(4, Hkv * group, D) == 0
+        assert (p.num_splits, p.kv_chunk) == (c, chunk)
+    # just over the threshold (16 CTAs x 2 tiles): the split-KV plan, as with the path off
+    for D, keys in ((128, 2048), (256, 1024)):
+        assert plan(1, 8, 4, D, 4, keys).cluster
+        over = plan(1, 8, 4, D, 4, keys + 1)
+        assert not over.cluster and over == plan(1, 8, 4, D, 4, keys + 1, "off")
+        assert plan(1, 8, 4, D, 4, keys + 1, "force").cluster   # forced: any length
+    # the portable limit halves the cluster and doubles the tiles per CTA
+    p = plan(1, 8, 4, 128, 4, 1024, max_cluster=8)
+    assert p.cluster and (p.num_splits, p.kv_chunk) == (8, 128)
+    # a batch that fills the GPU without splits: not in auto; forced -> clusters of one CTA
+    assert not plan(64, 8, 4, 128, 4, 528).cluster
+    f = plan(64, 8, 4, 128, 4, 528, "force")
+    assert f.cluster and (f.num_splits, f.kv_chunk) == (1, 576)
+    # mid batch: fewer CTAs per cluster (2 per SM over the grid), <= 2 tiles each
+    p = plan(4, 8, 4, 128, 4, 528)
+    assert p.cluster and p.num_splits * 32 <= 2 * 132 and p.kv_chunk <= 128
+    assert not plan(8, 8, 4, 128, 4, 528).cluster     # 4 CTAs of 3 tiles: split plan
+    # 64 packed rows (q=16 x group 4): one m-group of 4 m-tiles, the rows ride along
+    p = plan(2, 4, 4, 128, 16, 1280)
+    assert p.cluster and (p.warps_m, p.m_groups) == (4, 1)
+    # row_invariant and a forced split count keep their plans and bits, mode or not
+    for kw in (dict(ri=True), dict(n=4), dict(n=1)):
+        for mode in ("auto", "force"):
+            a, b = plan(1, 8, 4, 128, 4, 528, mode, **kw), plan(1, 8, 4, 128, 4, 528, "off", **kw)
+            assert a == b and not a.cluster
+    # shared memory fits sm_90's 227 KiB (+ 1 KiB static) for every D, row count and size
+    for D in (64, 128, 256):
+        for wm in (1, 2, 4):
+            for c in range(1, 17):
+                assert cluster_smem_bytes(D, wm, c) + 1024 <= 227 * 1024, (D, wm, c)
+
+
+def test_verify_attention_cluster_mode(monkeypatch):
+    from specdec_lib.ops import attention as A
+    monkeypatch.setitem(A.TUNING, "cluster", None)
+    for env, want in (("", "auto"), ("auto", "auto"), ("1", "force"), ("0", "off")):
+        monkeypatch.setenv(A.CLUSTER_ENV, env)
+        assert A.cluster_mode() == want
+    monkeypatch.setenv(A.CLUSTER_ENV, "2")
+    with pytest.raises(ValueError, match=A.CLUSTER_ENV):
+        A.cluster_mode()
+    monkeypatch.setitem(A.TUNING, "cluster", False)
+    assert A.cluster_mode() == "off"
+    monkeypatch.setitem(A.TUNING, "cluster", True)
+    assert A.cluster_mode() == "force"
+
+
 def test_verify_attention_smem_fits_every_target():
     for D in (64, 128, 256):
         assert verify_attention_smem_bytes(D, 75) <= 64 * 1024
@@ -460,6 +530,173 @@ def test_verify_attention_gpu_bad_page_deep(rng, split):
     good = dict(c, page_table=c["page_table"][:1], seq_lens=c["seq_lens"][:1], cu_q=c["cu_q"][:2])
     exp_out, exp_lse = _run_ref(dict(good, q=c["q"][:3]))
     assert rel_err(out[:3], exp_out) <= TOL[dtype] and rel_err(lse[:3], exp_lse) <= LSE_TOL
+
+
+# ------------------------------------------------------------------ GPU: the sm_90 cluster path
+# (ops.attention.TUNING["cluster"]: True forces it wherever it can run; the plan it takes is
+# asserted, so a test never passes on the split path by accident)
+
+def _needs_cluster_family():
+    if _family() < 90:
+        pytest.skip("the cluster path runs on sm_90 code only")
+
+
+def _planned(c, **kw):
+    """The plan the op takes for case ``c`` (automatic split count) under the current
+    TUNING / environment: ops.attention.choose_plan, the op's own choice."""
+    from specdec_lib.ops import attention as A
+    T, Hq, D = c["q"].shape
+    Hkv = c["k_cache"].shape[2]
+    B, max_pages = c["page_table"].shape
+    max_kv = kw.get("max_kv_len", max_pages * c["k_cache"].shape[1])
+    return A.choose_plan(0, "f16", D, B, Hkv, Hq // Hkv, kw.get("max_q", min(T, 16)), max_kv)[0]
+
+
+# (D, group, Hkv, page_size, dtype): every D, GQA 1/3/4/8, both dtypes, pages 1..64
+CLUSTER_SHAPES = [
+    (64, 1, 2, 16, "float16"),
+    (64, 3, 3, 16, "bfloat16"),
+    (64, 8, 1, 1, "float16"),
+    (128, 4, 8, 16, "bfloat16"),
+    (128, 4, 2, 64, "float16"),
+    (128, 8, 1, 16, "float16"),
+    (128, 16, 1, 4, "bfloat16"),
+    (256, 1, 2, 16, "float16"),
+    (256, 8, 2, 16, "bfloat16"),
+    (256, 3, 1, 32, "float16"),
+]
+
+
+@needs_gpu
+@pytest.mark.parametrize("D,group,Hkv,page_size,dtype", CLUSTER_SHAPES,
+                         ids=[f"d{a}-g{b}-hkv{c}-p{d}-{e}" for a, b, c, d, e in CLUSTER_SHAPES])
+@pytest.mark.parametrize("ws", [False, True], ids=["no_ws", "ws"])
+def test_verify_attention_gpu_cluster(rng, monkeypatch, D, group, Hkv, page_size, dtype, ws):
+    """Forced cluster path against the float64 reference: ragged q 0..16 (q = 1 rows, an
+    empty sequence), L = 0, 1, page-1, page, page+1 and a few odd lengths, one row past
+    cu_q[B] that must stay poisoned; with and without a workspace (it needs none)."""
+    from specdec_lib.ops import attention as A
+    _needs_cluster_family()
+    ps = page_size
+    Ls = [0, 1, max(ps - 1, 2), ps, ps + 1, 37, 0, 200, 511]
+    qs = [1, 16, 3, 0, 7, 4, 1, 11, 4]
+    c = _case(rng, qs, Ls, Hq=group * Hkv, Hkv=Hkv, D=D, page_size=ps, dtype=dtype, extra_rows=1)
+    monkeypatch.setitem(A.TUNING, "cluster", True)
+    assert _planned(c).cluster
+    out, lse = _gpu_run(c, dtype, **(dict(workspace=_workspace(c)) if ws else {}))
+    _check(c, out, lse, dtype, f"cluster D={D} group={group} page={ps} {dtype}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("group,Hkv", [(1, 8), (3, 3), (4, 8), (8, 2)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_verify_attention_gpu_cluster_b1_auto(rng, monkeypatch, D, group, Hkv, dtype):
+    """Batch 1, q = 4, the automatic plan (no env, no TUNING): the cluster path from 2 KV
+    tiles up to the threshold (16 CTAs x 2 tiles), the direct path below and the split-KV
+    path just past it; every L on both sides against the reference."""
+    from specdec_lib.ops import attention as A
+    _needs_cluster_family()
+    monkeypatch.setitem(A.TUNING, "cluster", None)
+    monkeypatch.delenv(A.CLUSTER_ENV, raising=False)
+    tile = 32 if D == 256 else 64
+    wm = 1 if 4 * group <= 16 else 2
+    max_cluster = A._cluster_setup(0, "f16", D, wm)[1]   # 16, or 8 where 16 cannot be resident
+    limit = 16 * A._CLUSTER_MAX_TILES * tile
+    for L in (0, 1, 15, 16, 17, 60, 508, limit - 4, limit - 3):
+        c = _case(rng, [4], [L], Hq=group * Hkv, Hkv=Hkv, D=D, page_size=16, dtype=dtype)
+        # the plan sees max_kv_len = the page table's span (L + 4 rounded up to a page)
+        n_tiles = -(-c["page_table"].shape[1] * 16 // tile)
+        p = _planned(c)
+        assert p.cluster == (2 <= n_tiles <= max_cluster * A._CLUSTER_MAX_TILES), (L, n_tiles, p)
+        out, lse = _gpu_run(c, dtype, workspace=_workspace(c))
+        _check(c, out, lse, dtype, f"B=1 L={L} D={D} {group * Hkv}/{Hkv} {dtype} cluster={p.cluster}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("max_cluster", [16, 8, 3, 1])
+def test_verify_attention_gpu_cluster_sizes(rng, monkeypatch, max_cluster):
+    """Cluster sizes below 16 (so several tiles per CTA, ring reuse past 3 tiles) and
+    sequences longer than max_kv_len (the last split takes the rest, page ids fetched in the
+    loop), each D; against the reference."""
+    from specdec_lib.ops import attention as A
+    _needs_cluster_family()
+    monkeypatch.setitem(A.TUNING, "cluster", True)
+    monkeypatch.setattr(A, "_CLUSTER_MAX", max_cluster)
+    monkeypatch.setattr(A, "_CLUSTER_PORTABLE", min(8, max_cluster))
+    A._cluster_cache.clear()
+    try:
+        for D in (64, 128, 256):
+            c = _case(rng, qs=[4, 1, 16], Ls=[700, 0, 1300], Hq=8, Hkv=2, D=D, page_size=16,
+                      dtype="float16")
+            for kv in (None, 200):   # 200 < L + q: the last CTA runs past its chunk
+                kw = {} if kv is None else dict(max_kv_len=kv)
+                p = _planned(c, **kw)
+                assert p.cluster and p.num_splits <= max_cluster
+                out, lse = _gpu_run(c, "float16", **kw)
+                _check(c, out, lse, "float16", f"D={D} max_cluster={max_cluster} max_kv_len={kv}")
+    finally:
+        A._cluster_cache.clear()
+
+
+@needs_gpu
+def test_verify_attention_gpu_cluster_bad_input(rng, monkeypatch):
+    """A page id outside the pool (in the prologue's ids, and many tiles deep in a long last
+    split), and a negative L: those sequences' rows are NaN, the others right; nothing faults."""
+    from specdec_lib.ops import attention as A
+    _needs_cluster_family()
+    monkeypatch.setitem(A.TUNING, "cluster", True)
+    dtype = "float16"
+    c = _case(rng, qs=[3, 2, 4, 1], Ls=[30, 1200, 90, 50], Hq=8, Hkv=2, D=128, page_size=16,
+              dtype=dtype)
+    c["page_table"][0, 1] = c["k_cache"].shape[0] + 5   # keys 16..31: the first tile
+    c["page_table"][1, 50] = -7                         # keys 800..815
+    c["seq_lens"][3] = -1
+    for kw in ({}, dict(max_kv_len=128)):   # 128: 2 tiles planned, sequence 1 runs 19 tiles
+        assert _planned(c, **kw).cluster
+        out, lse = _gpu_run(c, dtype, check_indices=False, **kw)
+        assert np.isnan(out[:5]).all() and np.isnan(out[9:10]).all(), "bad rows must be NaN"
+        good = dict(c, page_table=c["page_table"][2:3], seq_lens=c["seq_lens"][2:3],
+                    cu_q=np.array([0, 4], np.int32))
+        exp_out, exp_lse = _run_ref(dict(good, q=c["q"][5:9]))
+        assert rel_err(out[5:9], exp_out) <= TOL[dtype] and rel_err(lse[5:9], exp_lse) <= LSE_TOL
+
+
+@needs_gpu
+@pytest.mark.parametrize("kw", [dict(row_invariant=True), dict(num_splits=3), dict(num_splits=1)],
+                         ids=["row_invariant", "splits3", "splits1"])
+def test_verify_attention_gpu_cluster_leaves_other_plans(rng, monkeypatch, kw):
+    """row_invariant=True and a forced split count never take the cluster path: the same
+    bits with the path forced on as off."""
+    from specdec_lib import DeviceArray
+    from specdec_lib.ops import attention as A
+    dtype = "bfloat16" if _family() >= 80 else "float16"
+    c = _case(rng, qs=[4, 1], Ls=[300, 20], Hq=8, Hkv=2, D=64, page_size=16, dtype=dtype)
+    ws = DeviceArray.empty((1 << 20,), "uint8")
+    got = []
+    for on in (False, True):
+        monkeypatch.setitem(A.TUNING, "cluster", on)
+        out, lse = _gpu_run(c, dtype, workspace=ws, **kw)
+        got.append((out, lse))
+    np.testing.assert_array_equal(got[0][0], got[1][0])
+    np.testing.assert_array_equal(got[0][1], got[1][1])
+    _check(c, *got[1], dtype, str(kw))
+
+
+@needs_gpu
+def test_verify_attention_gpu_cluster_matches_split_path(rng, monkeypatch):
+    """The same batch through the cluster path and the split-KV + merge path: both within
+    tolerance of the reference and of each other (they differ only in rounding order)."""
+    from specdec_lib.ops import attention as A
+    _needs_cluster_family()
+    dtype = "bfloat16"
+    c = _case(rng, qs=[4], Ls=[512], Hq=32, Hkv=8, D=128, page_size=16, dtype=dtype)
+    res = {}
+    for on in (False, True):
+        monkeypatch.setitem(A.TUNING, "cluster", on)
+        res[on] = _gpu_run(c, dtype, workspace=_workspace(c))
+        _check(c, *res[on], dtype, f"cluster={on}")
+    assert rel_err(res[True][0], res[False][0]) <= TOL[dtype]
 
 
 @needs_gpu

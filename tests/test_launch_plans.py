@@ -224,6 +224,23 @@ _VA = {
                           dtype="bfloat16", ps=16, max_pages=4096, ws=True),
     "B1_q1_no_ws": dict(B=1, q=(1, 1), L=(30000, 30000), Hq=8, Hkv=1, D=128, dtype="float16",
                         ps=256, max_pages=128),
+    # issue 31's one-launch path (sm_90: a cluster of KV splits per head group; A100: split-KV)
+    "B1_q4_L512_cluster_ws_lse": dict(B=1, q=(4, 4), L=(512, 512), Hq=32, Hkv=8, D=128,
+                                      dtype="bfloat16", ps=16, max_pages=33, ws=True, lse=True),
+    "B1_q4_L1000_d256_cluster_no_ws": dict(B=1, q=(4, 4), L=(1000, 1000), Hq=16, Hkv=2, D=256,
+                                           dtype="bfloat16", ps=16, max_pages=63),
+    "B1_q4_L512_cluster_off_env": dict(B=1, q=(4, 4), L=(512, 512), Hq=32, Hkv=8, D=128,
+                                       dtype="bfloat16", ps=16, max_pages=33, ws=True,
+                                       _env={"SPECDEC_VERIFY_ATTN_CLUSTER": "0"}),
+    "B64_cluster_forced_env": dict(B=64, q=(1, 5), L=(10, 500), Hq=32, Hkv=8, D=128,
+                                   dtype="float16", ps=16, max_pages=40, ws=True,
+                                   _env={"SPECDEC_VERIFY_ATTN_CLUSTER": "1"}),
+    "B1_L4096_cluster_forced_env": dict(B=1, q=(4, 4), L=(4092, 4092), Hq=9, Hkv=3, D=64,
+                                        dtype="float16", ps=16, max_pages=256, ws=True,
+                                        _env={"SPECDEC_VERIFY_ATTN_CLUSTER": "1"}),
+    "B1_cluster_forced_splits_env": dict(B=1, q=(4, 4), L=(512, 512), Hq=32, Hkv=8, D=128,
+                                         dtype="bfloat16", ps=16, max_pages=33, ws=True,
+                                         num_splits=3, _env={"SPECDEC_VERIFY_ATTN_CLUSTER": "1"}),
 }
 
 

@@ -110,13 +110,16 @@ SMALL_SHAPES = [   # (L, Hq, Hkv, D): Llama-3-8B-like, Qwen3-Next's attention, S
 
 @bench("verify_attention_b1", default=False)
 def bench_verify_attention_b1(b: Bench):
-    """verify_attention at B=1 q=4 (page 16, bf16), the planned split count and a sweep of
-    forced ones: the data for the small-batch split policy (graph replays, 20 calls)."""
+    """verify_attention at B=1 q=4 (page 16, bf16): the automatic plan, the split-KV plan
+    (+ merge launch) and the sm_90 cluster path (one launch) each forced, then a sweep of
+    forced split counts (split-KV): the data for the small-batch policy (graph replays, 20
+    calls). The cluster rows need sm_90 code (skipped on other families)."""
     from ..arrays import DeviceArray
     from ..ops import verify_attention, verify_attention_workspace_size
-    from ..ops.attention import plan_verify_attention
+    from ..ops import attention as A
     from .. import runtime
     B, q, ps = 1, 4, 16
+    cluster_ok = runtime.arch_family(b.device) >= 90
     for L, Hq, Hkv, D in SMALL_SHAPES:
         qd, pt, sl, cq, out, max_kv, num_pages = _paged_case(b, B, L, q, Hq, Hkv, D, ps)
         kc = _rand((num_pages, ps, Hkv, D), "bfloat16", b.device, 2)
@@ -124,20 +127,31 @@ def bench_verify_attention_b1(b: Bench):
         ws = DeviceArray.empty((max(verify_attention_workspace_size(
             q, Hq, Hkv, D, B, max_kv, max_q=q, num_splits=n, device=b.device)
             for n in (None, 64)),), "uint8", b.device)
-        planned = plan_verify_attention(B, Hkv, Hq // Hkv, D, q, max_kv,
-                                        runtime.sm_count(b.device)).num_splits
         kv_bytes = (L + q) * Hkv * D * 2 * 2
         shape = f"B=1 L={L} q={q} Hq={Hq} Hkv={Hkv} D={D} page={ps} bf16"
-        for splits in (None, 1, 2, 4, 8, 16, 32, 64):
-            if splits is not None and splits > -(-max_kv // 32):
-                continue
+        rows = [("auto", None, None), ("split", False, None)]
+        if cluster_ok:
+            rows.append(("cluster", True, None))
+        rows += [("forced", None, n) for n in (1, 2, 4, 8, 16, 32, 64) if n <= -(-max_kv // 32)]
+        saved = A.TUNING["cluster"]
+        for kind, tuning, splits in rows:
+            A.TUNING["cluster"] = tuning if kind != "auto" else saved
+            try:
+                label = f"forced {splits}"
+                if splits is None:
+                    plan = A.choose_plan(b.device, "bf16", D, B, Hkv, Hq // Hkv, q, max_kv)[0]
+                    what = (f"cluster {plan.num_splits} x {plan.kv_chunk // A._TILE_KEYS[D]} tiles"
+                            if plan.cluster else f"split-KV {plan.num_splits} + merge")
+                    label = {"auto": "planned: ", "split": "planned split-KV: ",
+                             "cluster": "cluster forced: "}[kind] + what
 
-            def run():
-                verify_attention(qd, kc, vc, pt, sl, cq, out, workspace=ws, num_splits=splits,
-                                 max_q=q, stream=b.stream)
-            ms = b.time_graph(run, per_graph=20)
-            b.report("verify_attention_b1", shape, kv_bytes, ms,
-                     splits=f"planned {planned}" if splits is None else f"forced {splits}")
+                def run():
+                    verify_attention(qd, kc, vc, pt, sl, cq, out, workspace=ws, num_splits=splits,
+                                     max_q=q, stream=b.stream)
+                ms = b.time_graph(run, per_graph=20)
+            finally:
+                A.TUNING["cluster"] = saved
+            b.report("verify_attention_b1", shape, kv_bytes, ms, splits=label)
 
 
 def _kv8_cache(fmt, num_pages, ps, Hkv, D, device, seed):

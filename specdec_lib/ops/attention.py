@@ -23,6 +23,7 @@ from ._types import ArrayLike, Stream
 
 # --- must agree with cuda_src/attention/attention_params.h and verify_attention.cu
 _THREADS = 128
+_WARPS = _THREADS // 32
 _EPILOGUE_SMEM = 4 * 16 * 72 * 4 + 2 * 4 * 16 * 4
 _TILE_KEYS = {64: 64, 128: 64, 256: 32}
 
@@ -32,6 +33,24 @@ _MAX_AUTO_SPLITS = 64           # the automatic plan's cap (B=1 L=4096 D=256: 64
 _CTAS_PER_SM = 2                # resident attention CTAs per SM the split count aims for
 
 _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}   # kernel name suffixes
+
+# The sm_90 small-batch path (verify_attention_cluster_*, issue 31): one launch, a
+# thread-block cluster of KV splits per (sequence, KV head, m-group), merged on chip.
+_CLUSTER_MAX = 16               # CTAs per cluster (non-portable; 8 where 16 cannot be resident)
+_CLUSTER_PORTABLE = 8
+# automatic plan: at most this many KV tiles per cluster CTA, i.e. L + q <= 16 * 2 tiles
+# (2048 keys at D <= 128, 1024 at D = 256). Every tile of a CTA is then in flight in the
+# prologue (3-stage ring) and the CTA's serial work is <= 2 tiles; the latency model
+# (docs/patches/README.md, verify-attention-cluster-b1) prices a third tile at ~0.35 us,
+# against a split-KV + merge path that costs >= 6 us at any L: raise it once measured.
+_CLUSTER_MAX_TILES = 2
+CLUSTER_ENV = "SPECDEC_VERIFY_ATTN_CLUSTER"
+# "cluster": None = $SPECDEC_VERIFY_ATTN_CLUSTER ("1" force wherever it can run, "0" off,
+# unset/"auto" the automatic plan); True / False force it on / off (tests, benchmarks).
+# It can run on sm_90 code, 16-bit caches, an automatic split count (num_splits=None) and
+# row_invariant=False; "auto" takes it where the split plan would have needed >= 2 splits
+# and the CTAs hold <= _CLUSTER_MAX_TILES tiles.
+TUNING = {"cluster": None}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -63,9 +82,10 @@ class VerifyAttentionPlan:
     num_splits: int     # KV splits (grid.z); 1 = no partial buffers, no merge
     kv_chunk: int       # keys per split, a multiple of the KV tile
     max_q: int          # block rows per sequence the grid covers
+    cluster: bool = False   # sm_90 one-launch path: num_splits = CTAs per cluster, no workspace
 
     def workspace_bytes(self, num_tokens: int, num_qo_heads: int, head_dim: int) -> int:
-        if self.num_splits <= 1:
+        if self.num_splits <= 1 or self.cluster:
             return 0
         rows = self.num_splits * num_tokens * num_qo_heads
         return _lse_offset(rows, head_dim) + rows * 4
@@ -75,9 +95,36 @@ def _lse_offset(rows: int, head_dim: int) -> int:
     return (rows * head_dim * 4 + 255) // 256 * 256
 
 
+def cluster_smem_bytes(head_dim: int, warps_m: int, cluster: int) -> int:
+    """Dynamic shared memory of one verify_attention_cluster CTA (sm_90): the 3-stage ring
+    (or the all-columns epilogue, whichever is larger), then the receive buffer: per source
+    CTA a log2 LSE and ceil(D/4 / cluster) float4 column groups per packed row (16 x warps_m)."""
+    ring = verify_attention_smem_bytes(head_dim, 90)
+    epi = _WARPS * 16 * (head_dim + 8) * 4 + 2 * _WARPS * 16 * 4
+    rows = 16 * warps_m
+    own = _cdiv(head_dim // 4, cluster)
+    return max(ring, epi) + cluster * rows * 4 + cluster * rows * own * 16
+
+
+def _cluster_plan(batch_size, num_kv_heads, warps_m, m_groups, head_dim, max_q, max_kv_len,
+                  sm_count, mode, max_cluster):
+    """The cluster path's plan (num_splits = cluster size, kv_chunk = tiles per CTA x tile),
+    or None where ``mode`` is "auto" and it does not apply (see TUNING)."""
+    tile = _TILE_KEYS[head_dim]
+    n_tiles = _cdiv(max(int(max_kv_len), 1), tile)
+    ctas = max(batch_size * num_kv_heads * m_groups, 1)
+    c = max(1, min(max_cluster, n_tiles, (_CTAS_PER_SM * sm_count) // ctas))
+    tpc = _cdiv(n_tiles, c)
+    c = _cdiv(n_tiles, tpc)
+    if mode == "auto" and (c < 2 or tpc > _CLUSTER_MAX_TILES):
+        return None
+    return VerifyAttentionPlan(warps_m, m_groups, c, tpc * tile, max_q, cluster=True)
+
+
 @functools.lru_cache(maxsize=512)
 def plan_verify_attention(batch_size, num_kv_heads, group, head_dim, max_q, max_kv_len,
-                          sm_count, num_splits=None, row_invariant=False) -> VerifyAttentionPlan:
+                          sm_count, num_splits=None, row_invariant=False, cluster="off",
+                          max_cluster=_CLUSTER_MAX) -> VerifyAttentionPlan:
     """The launch plan: pure function of host-known sizes (see the module docstring),
     cached per shape (a decode loop calls with the same sizes every round).
 
@@ -86,10 +133,18 @@ def plan_verify_attention(batch_size, num_kv_heads, group, head_dim, max_q, max_
     SM, keeping at least one KV tile per split; ``num_splits`` overrides.
     ``row_invariant``: one m-tile per CTA (the four warps split every KV tile, as for a
     q = 1 call) and the split count of a q = 1 call, so no row's arithmetic depends on q.
+    ``cluster`` ("off", "auto", "force"; the caller passes "off" unless sm_90 code and a
+    16-bit cache): the one-launch cluster plan (``plan.cluster``) of at most
+    ``max_cluster`` CTAs, for an automatic split count without ``row_invariant`` only.
     """
     n_mtiles = max(1, _cdiv(max_q * group, 16))
     warps_m = 1 if n_mtiles == 1 or row_invariant else 2 if n_mtiles == 2 else 4
     m_groups = _cdiv(n_mtiles, warps_m)
+    if cluster in ("auto", "force") and num_splits is None and not row_invariant:
+        cp = _cluster_plan(batch_size, num_kv_heads, warps_m, m_groups, head_dim, max_q,
+                           max_kv_len, sm_count, cluster, max_cluster)
+        if cp is not None:
+            return cp
     tile = _TILE_KEYS[head_dim]
     max_kv_len = max(int(max_kv_len), 1)
     if num_splits is None:
@@ -121,6 +176,69 @@ def verify_attention_workspace_size(num_tokens, num_qo_heads, num_kv_heads, head
                                  max_q, max_kv_len, runtime.sm_count(device), num_splits,
                                  bool(row_invariant))
     return plan.workspace_bytes(num_tokens, num_qo_heads, head_dim)
+
+
+def cluster_mode() -> str:
+    """The cluster path's switch: "off", "auto" or "force" (TUNING["cluster"], else
+    $SPECDEC_VERIFY_ATTN_CLUSTER)."""
+    on = TUNING["cluster"]
+    if on is not None:
+        return "force" if on else "off"
+    env = os.environ.get(CLUSTER_ENV, "").strip().lower()
+    if env in ("", "auto"):
+        return "auto"
+    if env in ("1", "on", "force"):
+        return "force"
+    if env in ("0", "off"):
+        return "off"
+    raise ValueError(f"{CLUSTER_ENV}={env!r}: expected 1, 0 or auto")
+
+
+_cluster_cache: dict = {}   # (device, dtype tag, D, warps_m) -> (kernel, max cluster size)
+
+
+def _cluster_setup(dev, tag, D, warps_m):
+    """The cluster kernel and the largest cluster it may use on ``dev``: 16 where the driver
+    can make a 16-CTA cluster resident with the largest receive buffer of these rows (a GPC
+    with fewer free SMs would refuse the launch), else the portable 8. Looked up once."""
+    key = (dev, tag, D, warps_m)
+    hit = _cluster_cache.get(key)
+    if hit is None:
+        kern = runtime.kernel("attention", f"verify_attention_cluster_d{D}_{tag}", dev)
+        smem = cluster_smem_bytes(D, warps_m, _CLUSTER_MAX)
+        kern.set_max_dynamic_smem(smem)
+        kern.allow_large_clusters()
+        fits = kern.max_active_clusters(_CLUSTER_MAX, _THREADS, smem, _CLUSTER_MAX) >= 1
+        hit = (kern, _CLUSTER_MAX if fits else _CLUSTER_PORTABLE)
+        _cluster_cache[key] = hit
+    return hit
+
+
+def choose_plan(dev, tag, head_dim, batch_size, num_kv_heads, group, max_q, max_kv_len,
+                num_splits=None, row_invariant=False, has_workspace=True, kv8=False):
+    """(plan, cluster kernel or None) that verify_attention takes for these sizes on device
+    ``dev`` (dtype tag "f16" / "bf16"): the cluster plan where cluster_mode() and the code
+    family allow it and plan_verify_attention picks it, else the split-KV plan (one split
+    without a workspace)."""
+    family = runtime.arch_family(dev)
+    sms = runtime.sm_count(dev)
+    mode = "off"
+    if family >= 90 and not kv8 and num_splits is None and not row_invariant:
+        mode = cluster_mode()
+    if mode != "off":
+        plan = plan_verify_attention(batch_size, num_kv_heads, group, head_dim, max_q, max_kv_len,
+                                     sms, None, False, mode, _CLUSTER_MAX)
+        if plan.cluster:   # only then is the cluster kernel looked up
+            kern, max_cluster = _cluster_setup(dev, tag, head_dim, plan.warps_m)
+            if plan.num_splits > max_cluster:
+                plan = plan_verify_attention(batch_size, num_kv_heads, group, head_dim, max_q,
+                                             max_kv_len, sms, None, False, mode, max_cluster)
+            if plan.cluster:
+                return plan, kern
+    if not has_workspace:
+        num_splits = 1
+    return plan_verify_attention(batch_size, num_kv_heads, group, head_dim, max_q, max_kv_len,
+                                 sms, num_splits, bool(row_invariant)), None
 
 
 def _debug_default():
@@ -180,7 +298,11 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
 
     ``workspace``: device buffer of at least ``verify_attention_workspace_size(...)``
     bytes for the split-KV partial results; without it the op runs unsplit (correct,
-    but a small batch at long context then uses few SMs). ``num_splits`` forces a split
+    but a small batch at long context then uses few SMs). On sm_90 code with a 16-bit
+    cache, a small batch at a short context (``TUNING["cluster"]``) takes a one-launch path
+    instead, with or without a workspace: the KV splits of each head are a thread-block
+    cluster whose CTAs merge on chip (no workspace, no merge launch; same results within
+    rounding). ``num_splits`` forces a split
     count, ``max_kv_len`` bounds L+q (default ``max_pages * page_size``; longer
     sequences are still right, their last split just does more work), ``max_q`` bounds
     the rows per sequence (default ``min(T, 16)``; a sequence with more is left
@@ -234,10 +356,8 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
         return out
 
     group = Hq // Hkv
-    if workspace is None:
-        num_splits = 1
-    plan = plan_verify_attention(B, Hkv, group, D, max_q, max_kv_len, sms, num_splits,
-                                 bool(row_invariant))
+    plan, ckern = choose_plan(dev, tag, D, B, Hkv, group, max_q, max_kv_len, num_splits,
+                              row_invariant, workspace is not None, fmt is not None)
     partial_o = partial_lse = 0
     if plan.num_splits > 1:
         need = plan.workspace_bytes(T, Hq, D)
@@ -269,6 +389,11 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
             (ks.ptr if ks is not None else 0, vs.ptr if vs is not None else 0,
              kp.ptr if kp is not None else 0, vp.ptr if vp is not None else 0),
             0 if ks is None or ks.shape[0] == 1 else 1)
+        return out
+    if plan.cluster:
+        csmem = cluster_smem_bytes(D, plan.warps_m, plan.num_splits)
+        ckern.set_max_dynamic_smem(csmem)
+        _attention.launch_verify_attention_cluster(ckern, *args[1:2], csmem, *args[3:])
         return out
     kern = runtime.kernel("attention", f"verify_attention_d{D}_{tag}", dev)   # makes dev current
     kern.set_max_dynamic_smem(smem)   # no-op unless static + dynamic exceeds the current limit
