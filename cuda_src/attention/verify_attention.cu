@@ -861,7 +861,8 @@ __device__ __forceinline__ void verify_attention_cluster_body(const VerifyAttent
     for (int s = 0; s < ns; ++s) {
       const float l = recv_lse[s * R + rl];
       M = fmaxf(M, l);
-      nan |= l != l;
+      nan |= (__float_as_uint(l) & 0x7fffffffu) > 0x7f800000u;   // a flagged split (bit test:
+                                                                  // immune to fast-math folding)
     }
     const float base = M == -INFINITY ? 0.f : M;
     float lsum = 0.f;
