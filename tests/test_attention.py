@@ -188,12 +188,13 @@ def test_verify_attention_cluster_plan():
     def plan(B, Hkv, group, D, q, max_kv, mode="auto", **kw):
         return plan_verify_attention(B, Hkv, group, D, q, max_kv, 132, kw.pop("n", None),
                                      kw.pop("ri", False), mode, **kw)
-    # bench verify_attention_b1's shapes (L + q rounded to the page): one or two tiles a CTA
+    # bench verify_attention_b1's shapes (L + q rounded to the page), and round_b1's table
     for (Hkv, group, D, max_kv), (c, chunk) in {
             (8, 4, 128, 528): (9, 64),      # L=512 32/8: 9 tiles, one each
             (3, 3, 64, 304): (5, 64),       # L=300 9/3
             (2, 8, 256, 528): (9, 64),      # L=512 16/2 D=256: 17 tiles -> 9 CTAs of <= 2
             (2, 8, 256, 1008): (16, 64),    # L=1000: 32 tiles, 16 x 2
+            (2, 8, 256, 2032): (16, 128),   # round_b1 (L=1000, table for 2032 keys): 16 x 4
             }.items():
         p = plan(1, Hkv, group, D, 4, max_kv)
         tile = 32 if D == 256 else 64
@@ -203,12 +204,15 @@ def test_verify_attention_cluster_plan():
         assert p.num_splits == -(-n_tiles // (p.kv_chunk // tile))   # no idle CTA planned
         assert p.workspace_bytes(4, Hkv * group, D) == 0
         assert (p.num_splits, p.kv_chunk) == (c, chunk)
-    # just over the threshold (16 CTAs x 2 tiles): the split-KV plan, as with the path off
-    for D, keys in ((128, 2048), (256, 1024)):
+    # just over the threshold (16 CTAs x _CLUSTER_MAX_TILES tiles): the split-KV plan, as off
+    for D in (64, 128, 256):
+        keys = 16 * _CLUSTER_MAX_TILES * (32 if D == 256 else 64)
         assert plan(1, 8, 4, D, 4, keys).cluster
         over = plan(1, 8, 4, D, 4, keys + 1)
         assert not over.cluster and over == plan(1, 8, 4, D, 4, keys + 1, "off")
         assert plan(1, 8, 4, D, 4, keys + 1, "force").cluster   # forced: any length
+    # a single tile needs no split: the direct path (one launch already)
+    assert not plan(1, 8, 4, 128, 4, 64).cluster and plan(1, 8, 4, 128, 4, 65).cluster
     # the portable limit halves the cluster and doubles the tiles per CTA
     p = plan(1, 8, 4, 128, 4, 1024, max_cluster=8)
     assert p.cluster and (p.num_splits, p.kv_chunk) == (8, 128)
@@ -216,10 +220,11 @@ def test_verify_attention_cluster_plan():
     assert not plan(64, 8, 4, 128, 4, 528).cluster
     f = plan(64, 8, 4, 128, 4, 528, "force")
     assert f.cluster and (f.num_splits, f.kv_chunk) == (1, 576)
-    # mid batch: fewer CTAs per cluster (2 per SM over the grid), <= 2 tiles each
+    # mid batch: fewer CTAs per cluster (2 per SM over the grid), <= 4 tiles each
     p = plan(4, 8, 4, 128, 4, 528)
     assert p.cluster and p.num_splits * 32 <= 2 * 132 and p.kv_chunk <= 128
-    assert not plan(8, 8, 4, 128, 4, 528).cluster     # 4 CTAs of 3 tiles: split plan
+    assert plan(8, 8, 4, 128, 4, 528).cluster          # 64 head CTAs x 4 CTAs of 3 tiles
+    assert not plan(16, 8, 4, 128, 4, 528).cluster     # 2 CTAs of 5 tiles: split plan
     # 64 packed rows (q=16 x group 4): one m-group of 4 m-tiles, the rows ride along
     p = plan(2, 4, 4, 128, 16, 1280)
     assert p.cluster and (p.warps_m, p.m_groups) == (4, 1)
@@ -233,6 +238,7 @@ def test_verify_attention_cluster_plan():
         for wm in (1, 2, 4):
             for c in range(1, 17):
                 assert cluster_smem_bytes(D, wm, c) + 1024 <= 227 * 1024, (D, wm, c)
+    assert cluster_smem_bytes(128, 1, 9) == 98304 + 9 * 16 * 4 + 9 * 16 * 4 * 16 + 4096
 
 
 def test_verify_attention_cluster_mode(monkeypatch):
@@ -616,9 +622,10 @@ def test_verify_attention_gpu_cluster_b1_auto(rng, monkeypatch, D, group, Hkv, d
 @needs_gpu
 @pytest.mark.parametrize("max_cluster", [16, 8, 3, 1])
 def test_verify_attention_gpu_cluster_sizes(rng, monkeypatch, max_cluster):
-    """Cluster sizes below 16 (so several tiles per CTA, ring reuse past 3 tiles) and
-    sequences longer than max_kv_len (the last split takes the rest, page ids fetched in the
-    loop), each D; against the reference."""
+    """Cluster sizes below 16 (so several tiles per CTA, ring reuse past 3 tiles, page ids
+    fetched in the loop), sequences longer than max_kv_len (the kernel splits the actual
+    length), page size 1 past the 1024 staged page-table entries (global reads), each D;
+    against the reference."""
     from specdec_lib.ops import attention as A
     _needs_cluster_family()
     monkeypatch.setitem(A.TUNING, "cluster", True)
@@ -626,10 +633,10 @@ def test_verify_attention_gpu_cluster_sizes(rng, monkeypatch, max_cluster):
     monkeypatch.setattr(A, "_CLUSTER_PORTABLE", min(8, max_cluster))
     A._cluster_cache.clear()
     try:
-        for D in (64, 128, 256):
-            c = _case(rng, qs=[4, 1, 16], Ls=[700, 0, 1300], Hq=8, Hkv=2, D=D, page_size=16,
+        for D, ps in ((64, 1), (128, 16), (256, 16)):
+            c = _case(rng, qs=[4, 1, 16], Ls=[700, 0, 1300], Hq=8, Hkv=2, D=D, page_size=ps,
                       dtype="float16")
-            for kv in (None, 200):   # 200 < L + q: the last CTA runs past its chunk
+            for kv in (None, 200):   # 200 < L + q: more tiles per CTA than planned
                 kw = {} if kv is None else dict(max_kv_len=kv)
                 p = _planned(c, **kw)
                 assert p.cluster and p.num_splits <= max_cluster
@@ -641,8 +648,8 @@ def test_verify_attention_gpu_cluster_sizes(rng, monkeypatch, max_cluster):
 
 @needs_gpu
 def test_verify_attention_gpu_cluster_bad_input(rng, monkeypatch):
-    """A page id outside the pool (in the prologue's ids, and many tiles deep in a long last
-    split), and a negative L: those sequences' rows are NaN, the others right; nothing faults."""
+    """A page id outside the pool (in the prologue's ids, and several tiles deep into a CTA's
+    range), and a negative L: those sequences' rows are NaN, the others right; no fault."""
     from specdec_lib.ops import attention as A
     _needs_cluster_family()
     monkeypatch.setitem(A.TUNING, "cluster", True)
@@ -650,9 +657,11 @@ def test_verify_attention_gpu_cluster_bad_input(rng, monkeypatch):
     c = _case(rng, qs=[3, 2, 4, 1], Ls=[30, 1200, 90, 50], Hq=8, Hkv=2, D=128, page_size=16,
               dtype=dtype)
     c["page_table"][0, 1] = c["k_cache"].shape[0] + 5   # keys 16..31: the first tile
-    c["page_table"][1, 50] = -7                         # keys 800..815
+    c["page_table"][1, 60] = -7                         # keys 960..975: tile 15 of 19
     c["seq_lens"][3] = -1
-    for kw in ({}, dict(max_kv_len=128)):   # 128: 2 tiles planned, sequence 1 runs 19 tiles
+    # default plan: 10 CTAs x 2 tiles (the bad ids in the prologue); max_kv_len=128: 2 CTAs,
+    # sequence 1's second CTA runs tiles 10..18 (tile 15 read in the loop)
+    for kw in ({}, dict(max_kv_len=128)):
         assert _planned(c, **kw).cluster
         out, lse = _gpu_run(c, dtype, check_indices=False, **kw)
         assert np.isnan(out[:5]).all() and np.isnan(out[9:10]).all(), "bad rows must be NaN"

@@ -14,6 +14,10 @@
 #define VERIFY_ATTN_THREADS 128
 #define VERIFY_ATTN_MAX_Q 16
 #define VERIFY_ATTN_EPILOGUE_SMEM (4 * 16 * 72 * 4 + 2 * 4 * 16 * 4)
+/* verify_attention_cluster_* (sm_90): page-table entries of the sequence staged in shared
+ * memory (more are read from global). Dynamic smem = max(ring, all-columns epilogue)
+ * + receive buffer + 4 * this (specdec_lib/ops/attention.py::cluster_smem_bytes). */
+#define VERIFY_ATTN_CLUSTER_PT_STAGE 1024
 
 typedef struct {
   const void* q;               /* [T, Hq, D] f16/bf16 */

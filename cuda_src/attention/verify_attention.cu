@@ -477,9 +477,10 @@ __device__ __forceinline__ void verify_attention_merge_body(const VerifyAttentio
 // The sm_90 small-batch path (verify_attention_cluster_*): one launch, no workspace.
 //
 // A thread-block cluster of C = p.num_splits CTAs per (sequence, KV head, m-group), grid
-// (C * Hkv * m-groups, B, 1), clusters along x (blockIdx.x = head_cta * C + rank). Rank r
-// computes split r (keys [r * kv_chunk, ...), the last split of the sequence up to L + q),
-// exactly as a split CTA of the kernel above, then:
+// (C * Hkv * m-groups, B, 1), clusters along x (blockIdx.x = head_cta * C + rank). The
+// sequence's actual L + q keys (not the host's bound max_kv_len: a page table sized for
+// growth would otherwise leave CTAs idle) go ceil(tiles / C) whole KV tiles per CTA; rank r
+// computes its keys as a split CTA of the kernel above (same inner loop), then:
 // * its four warps' states are merged in shared memory (all D columns in one pass), giving
 //   per packed row a normalised partial output and its log2 LSE;
 // * the partial of column group c4 (4 columns) goes to CTA c4 % C of the cluster, the LSE of
@@ -489,10 +490,10 @@ __device__ __forceinline__ void verify_attention_merge_body(const VerifyAttentio
 //   kernel's arithmetic) and writes `out` (and lse_out, CTA 0).
 // No global workspace, no counters, no second launch, and no MEMBAR.GPU: the only cluster
 // barrier is arrive.relaxed (after the mbarrier init) ... wait (before the first push).
-// Latency: the page table is read speculatively in the same round trip as cu_q / seq_lens
-// (its addresses depend only on b, the rank and host-known sizes), so the KV cp.async and Q
-// loads form the second and last dependent trip before the math.
+// Latency: cu_q / seq_lens and the page-table prefix (staged to shared memory) are one
+// round trip, so the KV cp.async and Q loads are the second and last before the math.
 // The inner loop is a copy of verify_attention_body's: that kernel's PTX stays untouched.
+// p.kv_chunk is the host's plan (tiles per CTA at max_kv_len), informative only here.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // A 4-byte read-only load issued here, -1 when `pred` is false (volatile: not moved).
@@ -511,6 +512,8 @@ struct ClusterTile {
   static constexpr int kEpiBytes = kWarps * 16 * kEpiStride * 4 + 2 * kWarps * 16 * 4;
   static constexpr int kRegion0 =
       Tile<D>::kPipeBytes > kEpiBytes ? Tile<D>::kPipeBytes : kEpiBytes;   // ring, then epilogue
+  static constexpr int kPtStage = VERIFY_ATTN_CLUSTER_PT_STAGE;   // page-table entries staged
+  static_assert(kPtStage % kThreads == 0, "page-table stage: whole passes of the CTA");
   static_assert(kRegion0 % 16 == 0, "receive buffer must stay 16-byte aligned");
 };
 
@@ -529,72 +532,86 @@ __device__ __forceinline__ void verify_attention_cluster_body(const VerifyAttent
   const int b = blockIdx.y;
   const int kvh = head_cta % p.num_kv_heads;
   const int row_base = (head_cta / p.num_kv_heads) * p.warps_m * 16;
-  const int kv_begin = rank * p.kv_chunk;
   const int32_t* pt_row = p.page_table + (int64_t)b * p.page_table_stride;
   const bool fetches_ids = threadIdx.x < TL::kKeys;
+  const int R = p.warps_m * 16;                    // receive-buffer rows per source
+  const int own_max = (CT::kCols4 + C - 1) / C;    // column groups a CTA combines, at most
+  const int recv_bytes = C * R * 4 + C * R * own_max * 16;
+  const uint32_t need = CT::kRegion0 + recv_bytes + CT::kPtStage * 4;
+  if (dynamic_smem_bytes() < need) return;         // launcher bug (uniform): out untouched
+  float* const recv_lse = reinterpret_cast<float*>(smem + CT::kRegion0);   // [C][R]
+  float4* const recv_o = reinterpret_cast<float4*>(recv_lse + C * R);       // [C][R][own_max]
+  int* const pt_stage = reinterpret_cast<int*>(smem + CT::kRegion0 + recv_bytes);
 
-  // ---- trip 1: cu_q / seq_lens and the page ids of this CTA's first kStages tiles
-  // (in-table entries only: whether a key exists is known once L is), all issued before the
-  // first branch (volatile: NVVM would sink a plain load below the early exits that do not
-  // use it, making the page table a second dependent trip)
+  // ---- trip 1: cu_q / seq_lens, and the sequence's first P page-table entries staged into
+  // shared memory (4-byte cp.async: no registers), all issued before the first branch
+  // (volatile loads: NVVM sinks plain ones below the exits that do not use them). Which keys
+  // this CTA owns depends on L (the actual length is split over the cluster, not the
+  // host's bound), so the table prefix is staged whole; ids past it are read from global.
   const int q0 = ldg_now(p.cu_q + b, true);
   const int q1 = ldg_now(p.cu_q + b + 1, true);
   const int L_raw = ldg_now(p.seq_lens + b, true);
-  int raw_page[kStages];
+  const int P = min(p.max_pages, CT::kPtStage);
 #pragma unroll
-  for (int st = 0; st < kStages; ++st) {
-    const int pidx = (kv_begin + st * TL::kKeys + static_cast<int>(threadIdx.x)) >> p.page_size_log2;
-    raw_page[st] = ldg_now(pt_row + pidx, fetches_ids && pidx < p.max_pages);
+  for (int k = 0; k < CT::kPtStage / kThreads; ++k) {
+    const int e = static_cast<int>(threadIdx.x) + k * kThreads;
+    if (e < P) cp_async_4(pt_stage + e, pt_row + e);
   }
+  cp_async_commit();
   if (threadIdx.x == 0) {
     bad_input = 0;
     mbar_init(&recv_bar, 1);
     fence_mbar_init();
   }
-  // seq_view's checks and split count. Every early exit below is uniform over the cluster
-  // (same b, same head group): no peer is left waiting or pushing to a CTA that has gone.
+  // seq_view's checks. Every early exit is uniform over the cluster (same b, same head
+  // group): no peer is left waiting or pushing to a CTA that has gone.
   SeqView sv;
   sv.q0 = q0;
   sv.qn = q1 - q0;
-  if (q0 < 0 || sv.qn <= 0 || sv.qn > p.max_q || q1 > p.num_tokens) return;
-  sv.bad_len = L_raw < 0;
-  sv.L = sv.bad_len ? 0 : L_raw;
-  sv.num_splits = min(C, (sv.L + sv.qn + p.kv_chunk - 1) / p.kv_chunk);
   const int group = p.group;
   const int rows = sv.qn * group;
-  if (row_base >= rows) return;
-  const int R = p.warps_m * 16;                    // receive-buffer rows per source
-  const int own_max = (CT::kCols4 + C - 1) / C;    // column groups a CTA combines, at most
-  const uint32_t need = CT::kRegion0 + C * R * 4 + C * R * own_max * 16;
-  if (dynamic_smem_bytes() < need) return;         // launcher bug: leave out untouched
+  if (q0 < 0 || sv.qn <= 0 || sv.qn > p.max_q || q1 > p.num_tokens || row_base >= rows) {
+    cp_async_wait<0>();   // no copy into this CTA's shared memory outlives it
+    return;
+  }
+  sv.bad_len = L_raw < 0;
+  sv.L = sv.bad_len ? 0 : L_raw;
   cluster_arrive_relaxed();                        // after the mbarrier init (fenced above)
 
-  float* const recv_lse = reinterpret_cast<float*>(smem + CT::kRegion0);   // [C][R]
-  float4* const recv_o = reinterpret_cast<float4*>(recv_lse + C * R);       // [C][R][own_max]
+  // The actual L + q keys over the C CTAs: ceil(tiles / C) whole tiles each, ns CTAs busy.
   const int L = sv.L;
-  const int ns = sv.num_splits;
+  const int n_ctx = L + sv.qn;
+  const int n_tiles = (n_ctx + TL::kKeys - 1) / TL::kKeys;
+  const int tpc = (n_tiles + C - 1) / C;
+  const int chunk = tpc * TL::kKeys;
+  const int ns = (n_tiles + tpc - 1) / tpc;
   const bool active = rank < ns;
-  const int kv_end = rank == ns - 1 ? L + sv.qn : kv_begin + p.kv_chunk;
+  const int kv_begin = rank * chunk;
+  const int kv_end = rank == ns - 1 ? n_ctx : kv_begin + chunk;
   const int n_rows = min(rows - row_base, R);
   const int own = (CT::kCols4 - rank + C - 1) / C;   // c4 = rank, rank + C, ... (C <= 16 <= kCols4)
   if (threadIdx.x == 0)
     mbar_arrive_expect_tx(&recv_bar, static_cast<uint32_t>(ns * n_rows * (16 * own + 4)));
 
-  int my_bad = sv.bad_len;
+  // Page id of key row `row` of tile `tile`: the staged copy below P, else a global read;
+  // -1 past the split (zero-filled row), or for an id outside the table / pool (`bad`).
+  auto tile_page = [&](int tile, int row, bool& bad) -> int {
+    const int key = kv_begin + tile * TL::kKeys + row;
+    if (key >= kv_end) return -1;
+    const int pidx = key >> p.page_size_log2;
+    const int page = pidx < P ? pt_stage[pidx] : pidx < p.max_pages ? __ldg(pt_row + pidx) : -1;
+    if (page < 0 || page >= p.num_pages) {
+      bad = true;
+      return -1;
+    }
+    return page;
+  };
+  cp_async_wait<0>();
+  __syncthreads();   // the staged page ids are visible
+  bool my_bad = sv.bad_len;
   if (active && fetches_ids) {
 #pragma unroll
-    for (int st = 0; st < kStages; ++st) {
-      const int key = kv_begin + st * TL::kKeys + static_cast<int>(threadIdx.x);
-      int page = -1;
-      if (key < kv_end) {
-        page = raw_page[st];
-        if (page < 0 || page >= p.num_pages) {
-          my_bad = 1;
-          page = -1;
-        }
-      }
-      tile_pages[st][threadIdx.x] = page;
-    }
+    for (int st = 0; st < kStages; ++st) tile_pages[st][threadIdx.x] = tile_page(st, threadIdx.x, my_bad);
   }
 
   const int span_mtiles = (min(rows - row_base, p.warps_m * 16) + 15) >> 4;
@@ -646,17 +663,6 @@ __device__ __forceinline__ void verify_attention_cluster_body(const VerifyAttent
   const int slot_mask = (1 << p.page_size_log2) - 1;
   uint16_t* const ring = reinterpret_cast<uint16_t*>(smem);
 
-  auto tile_page = [&](int tile, int row) -> int {   // tiles >= kStages (a long last split)
-    const int key = kv_begin + tile * TL::kKeys + row;
-    if (key >= kv_end) return -1;
-    const int pidx = key >> p.page_size_log2;
-    const int page = pidx < p.max_pages ? __ldg(pt_row + pidx) : -1;
-    if (page < 0 || page >= p.num_pages) {
-      bad_input = 1;
-      return -1;
-    }
-    return page;
-  };
   auto load_tile = [&](int tile, int stage) {
     const int key_tile = kv_begin + tile * TL::kKeys;
     uint16_t* sk = ring + stage * TL::kStageElems;
@@ -762,7 +768,7 @@ __device__ __forceinline__ void verify_attention_cluster_body(const VerifyAttent
 
   // ---- the split's KV tiles: the 3-stage ring of verify_attention_body, its first kStages
   // page ids already fetched (the barrier also ORs the prologue's bad-page flags)
-  const bool bad0 = __syncthreads_or(my_bad) != 0;
+  const bool bad0 = __syncthreads_or(my_bad) != 0;   // also: tile_pages visible
   if (active) {
     const int num_tiles = (kv_end - kv_begin + TL::kKeys - 1) / TL::kKeys;
 #pragma unroll
@@ -773,7 +779,8 @@ __device__ __forceinline__ void verify_attention_cluster_body(const VerifyAttent
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int ahead = tile + kStages;
       const bool fetch = fetches_ids && ahead < num_tiles;
-      const int ahead_page = fetch ? tile_page(ahead, threadIdx.x) : -1;
+      bool ahead_bad = false;
+      const int ahead_page = fetch ? tile_page(ahead, threadIdx.x, ahead_bad) : -1;
       cp_async_wait<kStages - 2>();
       __syncthreads();
       const int next = tile + kStages - 1;
@@ -781,6 +788,7 @@ __device__ __forceinline__ void verify_attention_cluster_body(const VerifyAttent
       cp_async_commit();
       compute_tile(tile, tile % kStages);
       if (fetch) tile_pages[ahead % kStages][threadIdx.x] = ahead_page;
+      if (ahead_bad) bad_input = 1;
     }
     cp_async_wait<0>();
     __syncthreads();   // ring no longer read: the epilogue reuses it

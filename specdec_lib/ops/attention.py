@@ -38,18 +38,21 @@ _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}   # kernel nam
 # thread-block cluster of KV splits per (sequence, KV head, m-group), merged on chip.
 _CLUSTER_MAX = 16               # CTAs per cluster (non-portable; 8 where 16 cannot be resident)
 _CLUSTER_PORTABLE = 8
-# automatic plan: at most this many KV tiles per cluster CTA, i.e. L + q <= 16 * 2 tiles
-# (2048 keys at D <= 128, 1024 at D = 256). Every tile of a CTA is then in flight in the
-# prologue (3-stage ring) and the CTA's serial work is <= 2 tiles; the latency model
-# (docs/patches/README.md, verify-attention-cluster-b1) prices a third tile at ~0.35 us,
-# against a split-KV + merge path that costs >= 6 us at any L: raise it once measured.
-_CLUSTER_MAX_TILES = 2
+# automatic plan: at most this many KV tiles per cluster CTA at max_kv_len, i.e. a page
+# table spanning <= 16 x 4 tiles (4096 keys at D <= 128, 2048 at D = 256). The kernel splits
+# the actual L + q over its CTAs, so a table sized for growth (bench round_b1: 2032 keys for
+# L = 1000) costs the tiles of L, not of the bound. The latency model (PERF_HISTORY
+# "verify_attention at batch 1: the cluster path") prices each tile past the first at
+# 0.5-1.6 us: 4 tiles ~5.5-9 us at worst, against a split-KV + merge path that measured
+# >= 14.6 us at those bounds (PERF.md s16). Revisit with the bench's forced-cluster rows.
+_CLUSTER_MAX_TILES = 4
+_CLUSTER_PT_STAGE = 1024        # VERIFY_ATTN_CLUSTER_PT_STAGE: page-table entries in smem
 CLUSTER_ENV = "SPECDEC_VERIFY_ATTN_CLUSTER"
 # "cluster": None = $SPECDEC_VERIFY_ATTN_CLUSTER ("1" force wherever it can run, "0" off,
 # unset/"auto" the automatic plan); True / False force it on / off (tests, benchmarks).
 # It can run on sm_90 code, 16-bit caches, an automatic split count (num_splits=None) and
 # row_invariant=False; "auto" takes it where the split plan would have needed >= 2 splits
-# and the CTAs hold <= _CLUSTER_MAX_TILES tiles.
+# and the CTAs hold <= _CLUSTER_MAX_TILES tiles at max_kv_len.
 TUNING = {"cluster": None}
 
 
@@ -97,13 +100,14 @@ def _lse_offset(rows: int, head_dim: int) -> int:
 
 def cluster_smem_bytes(head_dim: int, warps_m: int, cluster: int) -> int:
     """Dynamic shared memory of one verify_attention_cluster CTA (sm_90): the 3-stage ring
-    (or the all-columns epilogue, whichever is larger), then the receive buffer: per source
-    CTA a log2 LSE and ceil(D/4 / cluster) float4 column groups per packed row (16 x warps_m)."""
+    (or the all-columns epilogue, whichever is larger), the receive buffer (per source CTA a
+    log2 LSE and ceil(D/4 / cluster) float4 column groups per packed row, 16 x warps_m), and
+    the staged page-table prefix."""
     ring = verify_attention_smem_bytes(head_dim, 90)
     epi = _WARPS * 16 * (head_dim + 8) * 4 + 2 * _WARPS * 16 * 4
     rows = 16 * warps_m
     own = _cdiv(head_dim // 4, cluster)
-    return max(ring, epi) + cluster * rows * 4 + cluster * rows * own * 16
+    return max(ring, epi) + cluster * rows * 4 + cluster * rows * own * 16 + _CLUSTER_PT_STAGE * 4
 
 
 def _cluster_plan(batch_size, num_kv_heads, warps_m, m_groups, head_dim, max_q, max_kv_len,
@@ -169,7 +173,9 @@ def verify_attention_workspace_size(num_tokens, num_qo_heads, num_kv_heads, head
     the plan has a single split). Pass the same ``max_kv_len`` / ``max_q`` /
     ``num_splits`` to the op (``max_kv_len`` defaults there to ``max_pages *
     page_size``; ``max_q`` to ``min(num_tokens, 16)``; and ``row_invariant``). Allocate once
-    for the largest shapes a captured graph will see."""
+    for the largest shapes a captured graph will see. The size is the split-KV plan's even
+    where the op takes the sm_90 cluster path (which needs none), so one buffer serves both
+    settings of ``TUNING["cluster"]``."""
     if max_q is None:
         max_q = min(num_tokens, MAX_Q_PER_SEQ)
     plan = plan_verify_attention(batch_size, num_kv_heads, num_qo_heads // num_kv_heads, head_dim,
@@ -359,7 +365,7 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
     plan, ckern = choose_plan(dev, tag, D, B, Hkv, group, max_q, max_kv_len, num_splits,
                               row_invariant, workspace is not None, fmt is not None)
     partial_o = partial_lse = 0
-    if plan.num_splits > 1:
+    if plan.num_splits > 1 and not plan.cluster:   # the cluster path needs no workspace
         need = plan.workspace_bytes(T, Hq, D)
         have = ws.numel * ws.itemsize
         if have < need:
