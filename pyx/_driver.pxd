@@ -22,3 +22,6 @@ cdef int launch_cluster(Kernel k, unsigned int gx, unsigned int bx, unsigned int
 cdef int launch_cluster_grid(Kernel k, unsigned int gx, unsigned int gy, unsigned int gz,
                              unsigned int bx, unsigned int smem, size_t stream, void* params,
                              unsigned int cluster_x) except -1
+cdef int launch_cluster_after(Kernel k, unsigned int gx, unsigned int bx, unsigned int smem,
+                              size_t stream, void* params, unsigned int cluster_x,
+                              bint pdl) except -1

@@ -400,6 +400,17 @@ cdef int launch_cluster_grid(Kernel k, unsigned int gx, unsigned int gy, unsigne
     return 0
 
 
+cdef int launch_cluster_after(Kernel k, unsigned int gx, unsigned int bx, unsigned int smem,
+                              size_t stream, void* params, unsigned int cluster_x,
+                              bint pdl) except -1:
+    """``launch_cluster`` with, when ``pdl`` (sm_90 code that begins with griddepcontrol.wait:
+    cuda_src/common/pdl.cuh), programmatic stream serialization as well (``launch_cluster_grid``
+    on a one-row grid): the cluster launch is scheduled while the previous launch drains."""
+    if not pdl:
+        return launch_cluster(k, gx, bx, smem, stream, params, cluster_x)
+    return launch_cluster_grid(k, gx, 1, 1, bx, smem, stream, params, cluster_x)
+
+
 # ------------------------------------------------------------------ memory, streams, events
 
 def mem_alloc(size_t nbytes):

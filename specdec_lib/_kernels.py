@@ -142,7 +142,10 @@ register(KernelModule(
              **{f"spec_sample_hist_{t}": "SpecSampleParams" for t in ("f16", "bf16")},
              # sm_90, 16-bit logits, one-hot drafts: one cluster per row + the block chain
              **{f"spec_sample_rows_{t}": "SpecSampleParams" for t in ("f16", "bf16")},
-             "spec_sample_chain": "SpecSampleParams"},
+             "spec_sample_chain": "SpecSampleParams",
+             # sm_90, small calls (one wave of clusters): the rows layout, shorter chain
+             **{f"spec_sample_small_{t}": "SpecSampleParams" for t in ("f16", "bf16")},
+             "spec_sample_chain_pre": "SpecSampleParams"},
 ))
 
 register(KernelModule(

@@ -52,6 +52,7 @@
 #include "sampling/sample_hist.cuh"
 #include "sampling/sample_finish.cuh"
 #include "sampling/sample_rows.cuh"
+#include "sampling/sample_small.cuh"
 
 
 #define SPEC_SAMPLE_KERNELS(NAME, T)                                                          \
@@ -82,3 +83,15 @@ SPEC_SAMPLE_ROWS_KERNEL(bf16, bf16_t)
 
 extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_CHAIN_THREADS)
 spec_sample_chain(const SpecSampleParams p) { chain_kernel(p); }
+
+// sm_90, 16-bit logits, one-hot drafts, one wave of clusters: the rows layout with a shorter
+// chain of dependent steps (sample_small.cuh) + the chain with its inputs read before the wait
+#define SPEC_SAMPLE_SMALL_KERNEL(NAME, T)                                                     \
+  extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_ROWS_THREADS, 1)                  \
+  spec_sample_small_##NAME(const SpecSampleParams p) { small_kernel<T>(p); }
+
+SPEC_SAMPLE_SMALL_KERNEL(f16, __half)
+SPEC_SAMPLE_SMALL_KERNEL(bf16, bf16_t)
+
+extern "C" __global__ void __launch_bounds__(SPEC_SAMPLE_CHAIN_THREADS)
+spec_sample_chain_pre(const SpecSampleParams p) { chain_pre_kernel(p); }

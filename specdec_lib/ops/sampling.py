@@ -31,9 +31,15 @@ _ROWS_MAX_TILES = 32        # SPEC_SAMPLE_ROWS_MAX_TILES: tiles one CTA of a row
 _ROWS_MAX_CLUSTER = 16      # SPEC_SAMPLE_ROWS_MAX_CLUSTER: CTAs per row, at most
 _ROWS_CLUSTER = 8           # CTAs per row by default (the portable cluster size)
 _ROWS_MAX_T = 64            # automatic path: rows for calls with at most this many logit rows
-PATH_ENV = "SPECDEC_SPEC_SAMPLE_PATH"   # auto (default) | rows | tiles: which kernels run
+PATH_ENV = "SPECDEC_SPEC_SAMPLE_PATH"   # auto (default) | small | rows | tiles: which kernels run
 PDL_ENV = runtime.PDL_ENV   # "0": every launch the plain way (A/B timing)
 CLUSTER_ENV = "SPECDEC_SPEC_SAMPLE_CLUSTER"   # rows path: CTAs per row (1..16; tuning runs)
+# The small path (spec_sample_small_* + spec_sample_chain_pre: the rows layout with a shorter
+# chain of dependent steps, sm_90): "small" False keeps the automatic choice off it (the
+# environment switch still forces it); "small_cluster" the most CTAs per row it uses (1..16;
+# fewer when T x that would not fit one CTA per SM); "small_smem_min" a floor on its dynamic
+# shared memory per CTA (e.g. 120_000: one CTA per SM, for placement experiments).
+TUNING = {"small": True, "small_cluster": 16, "small_smem_min": 0}
 
 
 def spec_sample_workspace_size(num_rows: int, vocab: int) -> int:
@@ -184,19 +190,47 @@ def rows_unsupported(dtype: str, one_hot: bool, vocab: int, device: int = 0):
     return None
 
 
+def small_plan(num_rows: int, num_tiles: int, sm_count: int, cluster: int | None = None):
+    """(tiles per CTA, CTAs per row, dynamic shared memory bytes) of the small path, or None
+    when its grid (T x CTAs per row) would not fit one CTA per SM: the row split over
+    TUNING["small_cluster"] CTAs (default 16, a non-portable cluster size), halved until
+    T x that fits ``sm_count`` SMs, at least the 8 the portable size gives (rows_plan then
+    widens it for V above 8 x 32 tiles). V=151936 on 132 SMs: T=4 -> 5 tiles x 15 CTAs
+    (60 CTAs, 21,576 B); T=16 -> 10 tiles x 8 CTAs (128 CTAs)."""
+    want = int(TUNING["small_cluster"] if cluster is None else cluster)
+    if not 1 <= want <= _ROWS_MAX_CLUSTER:
+        raise ValueError(f"TUNING['small_cluster']={want}: expected 1..{_ROWS_MAX_CLUSTER}")
+    while want > 8 and num_rows * want > sm_count:
+        want //= 2
+    tpc, cl, smem = rows_plan(num_tiles, want)
+    if num_rows * cl > sm_count:
+        return None
+    return tpc, cl, max(smem, int(TUNING["small_smem_min"]))
+
+
 def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0, num_rows: int = 1) -> str:
-    """Which kernels ``spec_sample`` runs: "rows" (one launch that keeps each row on chip in
-    a thread-block cluster, + the chain launch) or "tiles" (tiles -> threshold or hist ->
-    finish). Automatic: rows where it can run (``rows_unsupported``) and the call has at
-    most _ROWS_MAX_T logit rows (one wave of clusters: B=1 top-p 23 us vs 34 on the tiles
-    path), else tiles. SPECDEC_SPEC_SAMPLE_PATH=tiles forces the tiles path; =rows takes the
-    rows path at any batch size wherever it can run (tests, benchmarks)."""
+    """Which kernels ``spec_sample`` runs: "small" (the rows layout with a shorter chain of
+    dependent steps: one data exchange per row without filters, the level-2 race split over
+    the cluster; + a chain launch that reads its inputs before it waits), "rows" (one launch
+    that keeps each row on chip in a thread-block cluster, + the chain launch) or "tiles"
+    (tiles -> threshold or hist -> finish). Automatic: small where the rows path can run
+    (``rows_unsupported``) and T x CTAs per row fits one CTA per SM (``small_plan``: T <= 8
+    with 16-CTA clusters, T <= 16 with 8 on 132 SMs; TUNING["small"] turns this off), else
+    rows up to _ROWS_MAX_T logit rows (one wave of clusters: B=1 top-p 23 us vs 34 on the
+    tiles path), else tiles. SPECDEC_SPEC_SAMPLE_PATH=tiles forces the tiles path; =rows
+    the rows path and =small the small path at any batch size wherever they can run (tests,
+    benchmarks; small then falls back to rows where its grid does not fit one wave)."""
     want = os.environ.get(PATH_ENV, "auto").strip().lower() or "auto"
-    if want not in ("auto", "rows", "tiles"):
-        raise ValueError(f"{PATH_ENV}={want!r}: expected auto, rows or tiles")
-    if want == "tiles":
+    if want not in ("auto", "small", "rows", "tiles"):
+        raise ValueError(f"{PATH_ENV}={want!r}: expected auto, small, rows or tiles")
+    if want == "tiles" or rows_unsupported(dtype, one_hot, vocab, device) is not None:
         return "tiles"
-    if rows_unsupported(dtype, one_hot, vocab, device) is None and (want == "rows" or num_rows <= _ROWS_MAX_T):
+    if want == "rows":
+        return "rows"
+    fits = small_plan(num_rows, -(-int(vocab) // TILE), runtime.sm_count(device)) is not None
+    if fits and (want == "small" or TUNING["small"]):
+        return "small"
+    if want == "small" or num_rows <= _ROWS_MAX_T:
         return "rows"
     return "tiles"
 
@@ -241,9 +275,10 @@ def spec_sample(logits: ArrayLike, cu_q: ArrayLike, draft_ids: ArrayLike,
     Philox keying are those of ``specdec_lib.reference.sampling``; the same inputs give the
     same tokens on every run, stream and GPU.
 
-    Kernels (``sample_path``): on sm_90 code, 16-bit logits with one-hot drafts and at most
-    64 logit rows take the rows path (one thread-block cluster per row keeps the row in
-    shared memory through every step; + a chain launch); every other call the tiles path
+    Kernels (``sample_path``): on sm_90 code, 16-bit logits with one-hot drafts, calls whose
+    rows fit one wave of clusters (T <= 8 with 16 CTAs per row, T <= 16 with 8 on 132 SMs)
+    take the small path and up to 64 logit rows the rows path (one thread-block cluster per
+    row keeps the row in shared memory through every step; + a chain launch); every other call the tiles path
     (tiles -> threshold (f32) or hist (16-bit) -> finish). The same rules on every path (sums in other orders: a draw on a float32 rounding
     boundary may differ between the paths).
 
@@ -293,6 +328,17 @@ def spec_sample(logits: ArrayLike, cu_q: ArrayLike, draft_ids: ArrayLike,
     from .. import _sampling
     path = sample_path(lg.dtype, draft_probs is None, V, dev, T)
     name = _KERNEL_DTYPES[lg.dtype]
+    if path == "small":
+        tpc, cluster, smem = small_plan(T, num_tiles, runtime.sm_count(dev))
+        _sampling.launch_spec_sample_small(
+            runtime.kernel("sampling", f"spec_sample_small_{name}", dev),
+            runtime.kernel("sampling", "spec_sample_chain_pre", dev), stream_h,
+            lg.ptr, cq.ptr, di.ptr, tp.ptr, tk.ptr, pp.ptr, mp.ptr, sd.ptr, st.ptr,
+            na.ptr, em.ptr, ss.ptr, lp.ptr, ws.ptr, lg.strides[0], em.strides[0],
+            lp.strides[0] if accepted_logprobs is not None else 0,
+            T, B, V, num_tiles, tpc, cluster, smem, W, filters is None or bool(filters),
+            use_pdl(dev))
+        return num_accepted, emitted, status
     if path == "rows":
         tpc, cluster, smem = rows_plan(num_tiles)
         _sampling.launch_spec_sample_rows(
