@@ -371,23 +371,24 @@ def test_spec_sample_validation_errors(rng):
 SENTINEL = 0x7F7F7F7F
 
 
-# Every GPU test runs on the two kernel paths of spec_sample: "rows" (the one-pass cluster
-# path spec_sample_rows, at any batch size, wherever it can run: sm_90 code, 16-bit logits,
-# one-hot drafts; other inputs take the tiles path) and "tiles" (tiles -> hist / threshold ->
-# finish).
+# Every GPU test runs on the three kernel paths of spec_sample: "small" (spec_sample_small,
+# sm_90, 16-bit logits, one-hot drafts, calls whose T x CTAs per row fit one wave; larger
+# calls then take the rows path), "rows" (the one-pass cluster path spec_sample_rows, at any
+# batch size, wherever it can run: sm_90 code, 16-bit logits, one-hot drafts; other inputs
+# take the tiles path) and "tiles" (tiles -> hist / threshold -> finish).
 def pytest_generate_tests(metafunc):
     if "spec_sample_path" in metafunc.fixturenames and metafunc.definition.get_closest_marker("gpu"):
-        metafunc.parametrize("spec_sample_path", ["rows", "tiles"], indirect=True)
+        metafunc.parametrize("spec_sample_path", ["small", "rows", "tiles"], indirect=True)
 
 
 @pytest.fixture(autouse=True)
 def spec_sample_path(request, monkeypatch):
-    """"rows" forces that path wherever it can run (so large and small batches test it),
-    "tiles" the other; CPU tests see none."""
+    """"small" / "rows" force that path wherever it can run (so large and small batches test
+    it), "tiles" the other; CPU tests see none."""
     from specdec_lib.ops.sampling import PATH_ENV
     path = getattr(request, "param", None)
     monkeypatch.delenv(PATH_ENV, raising=False)
-    if path == "rows":
+    if path in ("rows", "small"):
         from specdec_lib import runtime
         if runtime.gpu_unavailable_reason() is None and runtime.arch_family(0) < 90:
             pytest.skip("below sm_90 code only the tiles path runs")
@@ -1079,7 +1080,7 @@ def test_spec_sample_gpu_threshold_exact(dtype, pad, rng):
     off = B * (-(-V // TILE)) * 20
     tau_gpu = raw[off:off + 8 * B].view(np.uint32).reshape(B, 2)[:, 0].astype(np.uint64)
     from specdec_lib.ops.sampling import sample_path
-    if sample_path(dtype, True, V, 0, B) == "rows":   # SpecSampleRowOut [T] (32 B), its field tau
+    if sample_path(dtype, True, V, 0, B) in ("rows", "small"):   # SpecSampleRowOut [T] (32 B), its field tau
         off = -(-(off + 8 * B) // 16) * 16
         tau_gpu = raw[off:off + 32 * B].view(np.uint32).reshape(B, 8)[:, 7].astype(np.uint64)
     for b, (temp, top_k, top_p, kind) in enumerate(cases):
@@ -1151,6 +1152,32 @@ def test_sample_path_rules_without_a_gpu(monkeypatch):
     monkeypatch.setenv(CLUSTER_ENV, "17")
     with pytest.raises(ValueError, match=CLUSTER_ENV):
         rows_plan(75)
+
+
+def test_small_path_plan_without_a_gpu(monkeypatch):
+    """The small path's split: 16 CTAs per row (15 at V=151936: 5 tiles each) while T x 16
+    fits one CTA per SM, then 8, then none (the rows path); the switches are validated."""
+    from specdec_lib.ops import sampling as ops
+    assert ops.small_plan(4, 75, 132) == (5, 15, 5 * 4096 + 274 * 4)
+    assert ops.small_plan(8, 75, 132)[:2] == (5, 15)
+    assert ops.small_plan(16, 75, 132)[:2] == (10, 8)
+    assert ops.small_plan(17, 75, 132) is None and ops.small_plan(64, 75, 132) is None
+    assert ops.small_plan(4, 1, 132)[:2] == (1, 1)
+    assert ops.small_plan(4, 3, 132)[:2] == (1, 3)
+    assert ops.small_plan(4, 75, 132, cluster=3)[:2] == (25, 3)
+    for nt in (1, 2, 3, 9, 75, 128, 256):
+        for cl in (1, 2, 3, 5, 8, 15, 16):
+            plan = ops.small_plan(2, nt, 132, cluster=cl)
+            tpc, c, smem = plan
+            assert tpc <= 32 and (c - 1) * tpc < nt <= c * tpc and 2 * c <= 132
+    monkeypatch.setitem(ops.TUNING, "small_smem_min", 120_000)
+    assert ops.small_plan(4, 75, 132)[2] == 120_000
+    monkeypatch.setitem(ops.TUNING, "small_cluster", 0)
+    with pytest.raises(ValueError, match="small_cluster"):
+        ops.small_plan(4, 75, 132)
+    monkeypatch.setenv(ops.PATH_ENV, "small")
+    assert ops.sample_path("float32", True, 151936, 0, 4) == "tiles"
+    assert ops.sample_path("bfloat16", False, 151936, 0, 4) == "tiles"
 
 
 def test_spec_sample_pdl_rule(monkeypatch):
@@ -1374,3 +1401,143 @@ def test_spec_sample_contract_constants_agree():
     from specdec_lib.contract import sampling as contract
     from specdec_lib.ops import sampling as op
     assert contract.TILE == ref.TILE == op.TILE and contract.MAX_VOCAB == 2**21
+
+
+# ------------------------------------------------------------------ the small path
+# spec_sample_small_* runs every GPU test above too (the "small" parametrisation). These
+# check what is its own: rows without filters summed and raced in each CTA's own frame, the
+# level-2 race split over the cluster (cluster sizes that do not divide a tile, V below one
+# tile), the one-exchange exits (invalid, accepted), and tokens equal to the rows path's.
+
+_SMALL_CASES = [   # (temperature, top_k, top_p, min_p)
+    (0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 0, 0.9, 0.0), (1.0, 50, 0.9, 0.0),
+    (1.2, 0, 1.0, 0.05), (0.9, 20, 0.8, 0.01), (1.0, 1, 1.0, 0.0), (1.0, 0, 0.0, 0.0)]
+
+
+def _only_small(path):
+    if path != "small":
+        pytest.skip("the small path's own test (it sets the paths it compares)")
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("V", [1000, 5003, 151936])
+@pytest.mark.parametrize("cluster", [16, 3])
+def test_spec_sample_gpu_small_matches_rows_and_reference(dtype, V, cluster, spec_sample_path,
+                                                         monkeypatch, rng):
+    """Every filter mix at B=2 (q = 4, 3: T = 7, one wave): the small path's tokens equal the
+    rows path's at the same split (rows with filters and greedy rows sum and race exactly as
+    the rows kernel does; rows without filters in each CTA's frame: a draw on a rounding
+    boundary may differ, at most one here), its statuses the reference's, every sampled token
+    inside the reference's kept set, and the reference's tokens in nearly every draw."""
+    _only_small(spec_sample_path)
+    from specdec_lib import runtime
+    from specdec_lib.ops import sampling as ops
+    monkeypatch.setitem(ops.TUNING, "small_cluster", cluster)
+    cl = ops.small_plan(7, -(-V // TILE), runtime.sm_count(0))[1]
+    q_lens = [4, 3]
+    cu_q = np.array([0, 4, 7], np.int32)
+    host, seen = to_dtype(rng.standard_normal((7, V)) * 3, dtype)
+    drafts = half_top_drafts(rng, seen, cu_q, V)
+    plain_diff = same_ref = total = bad = 0
+    for case in _SMALL_CASES:
+        temp, top_k, top_p, min_p = case
+        for stp in range(4):
+            params = make_params(2, temp, top_k, top_p, min_p, seed=seeds(2, 5 + stp), step=stp)
+            monkeypatch.setenv(ops.PATH_ENV, "small")
+            n, em, st, lp = gpu_run(cu_q, host, dtype, drafts, params, 5, logprobs=True)
+            monkeypatch.setenv(ops.PATH_ENV, "rows")
+            monkeypatch.setenv(ops.CLUSTER_ENV, str(cl))   # the same split: the same sums
+            rn_, rem_, rst_, rlp_ = gpu_run(cu_q, host, dtype, drafts, params, 5, logprobs=True)
+            monkeypatch.delenv(ops.CLUSTER_ENV)
+            np.testing.assert_array_equal(st, rst_)
+            if temp > 0 and top_k == 0 and top_p >= 1 and min_p == 0:
+                plain_diff += int(((n != rn_) | (em != rem_).any(1)).sum())
+            else:
+                np.testing.assert_array_equal(n, rn_, err_msg=f"case {case} step {stp}")
+                np.testing.assert_array_equal(em, rem_, err_msg=f"case {case} step {stp}")
+            ok = (em >= 0) & (em == rem_)
+            np.testing.assert_allclose(lp[ok], rlp_[ok], rtol=1e-4, atol=1e-4)
+            rn, rem, rst = run_ref(cu_q, seen, drafts, params, W=5)
+            np.testing.assert_array_equal(st, rst)
+            same_ref += int(((n == rn) & (em == rem).all(1)).sum())
+            total += 2
+            if temp > 0:
+                bad += _kept_check(cu_q, seen, params, n, em, st)
+    assert plain_diff <= 1, f"{plain_diff} unfiltered draws differ from the rows path"
+    assert bad == 0, f"{bad} sampled tokens outside the reference's kept set"
+    assert same_ref >= total - 3, f"{total - same_ref} of {total} draws differ from the reference"
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("filt", [(0, 1.0, 0.0), (0, 0.9, 0.0), (0, 1.0, 0.05)])
+def test_spec_sample_gpu_small_status_rows(dtype, filt, spec_sample_path, rng):
+    """B=4, q=2, V=5003 (odd; 3 CTAs of one tile): a NaN row, a +inf row, a sampled row of
+    -inf only, a bad draft id; the one-exchange exits (no filter) and the max exchange's
+    (filters) flag them as the reference does; outputs poisoned first (gpu_run); greedy
+    twins of the same rows as well."""
+    _only_small(spec_sample_path)
+    V = 5003
+    top_k, top_p, min_p = filt
+    cu_q = np.arange(0, 10, 2).astype(np.int32)
+    x = rng.standard_normal((8, V)) * 2
+    x[0, 4100] = np.nan            # seq 0, its draft row, the last (tail) tile
+    x[3, 7] = np.inf               # seq 1, its bonus row
+    x[4] = -np.inf                 # seq 2, its draft row: nothing to sample
+    host, seen = to_dtype(x, dtype)
+    drafts = np.array([int(np.nanargmax(seen[2 * b])) for b in range(4)], np.int32)
+    drafts[3] = -4                 # seq 3: a bad id (rejected, the correction sampled)
+    for temp in (1.0, 0.0):
+        params = make_params(4, temp, top_k, top_p, min_p)
+        n, em, st, lp = gpu_run(cu_q, host, dtype, drafts, params, 3, logprobs=True)
+        rn, rem, rst = run_ref(cu_q, seen, drafts, params, W=3)
+        np.testing.assert_array_equal(st, rst)
+        np.testing.assert_array_equal(n, rn)
+        np.testing.assert_array_equal(em, rem)
+        if temp > 0:
+            assert list(st) == [ref.STATUS_NONFINITE, ref.STATUS_NONFINITE, ref.STATUS_EMPTY,
+                                ref.STATUS_BAD_DRAFT]
+
+
+@needs_gpu
+@pytest.mark.parametrize("case", ["plain", "filters", "min_p"])
+def test_spec_sample_gpu_small_chi_square(case, spec_sample_path, rng):
+    """The small path's distribution: V=5003 bf16 with 40 live tokens spread over its 3 tiles
+    (3 CTAs, one tile each: the tile race crosses CTAs, level 2 reads the winning tile from
+    its owner), B=4 q=2 per call, 4000 calls: the first token against the filtered target,
+    the acceptance rate against sum min(p, onehot(x))."""
+    _only_small(spec_sample_path)
+    from specdec_lib import DeviceArray
+    from specdec_lib.ops import spec_sample as op, spec_sample_workspace_size
+    V, B, calls = 5003, 4, 4000
+    live = np.sort(rng.choice(V, 40, replace=False))
+    row = np.full(V, -np.inf)
+    row[live] = rng.standard_normal(40) * 1.5
+    block, seen = to_dtype(np.stack([row, np.roll(row, 7)]), "bfloat16")
+    temp, top_k, top_p, min_p = {"plain": (0.9, 0, 1.0, 0.0), "filters": (0.9, 20, 0.8, 0.01),
+                                 "min_p": (1.1, 0, 1.0, 0.05)}[case]
+    p0 = filtered_probs(seen[0], temp, top_k, top_p, min_p)
+    x = int(np.argsort(p0)[-2])
+    cu_q = np.arange(0, 2 * B + 1, 2).astype(np.int32)
+    dev = lambda a, dt=None: DeviceArray.from_numpy(a, dtype=dt)
+    params = make_params(B, temp, top_k, top_p, min_p, seed=seeds(B, 11))
+    lg = dev(np.tile(block, (B, 1)), "bfloat16")
+    args = [dev(cu_q), dev(np.full(B, x, np.int32))] + \
+        [dev(params[k]) for k in ("temperature", "top_k", "top_p", "min_p", "seed")]
+    step = dev(np.zeros(B, np.int64))
+    ws = DeviceArray.empty((spec_sample_workspace_size(2 * B, V),), "uint8")
+    na, em, st = dev(np.zeros(B, np.int32)), dev(np.zeros((B, 2), np.int32)), dev(np.zeros(B, np.int32))
+    firsts, accepted = [], 0
+    for c in range(calls):
+        step.copy_from_numpy(np.full(B, c, np.int64))
+        op(lg, *args, step, na, em, st, workspace=ws, check_indices=False)
+        e, n, s = em.to_numpy(), na.to_numpy(), st.to_numpy()
+        assert (s == 0).all()
+        firsts.append(e[:, 0])
+        accepted += int((n == 1).sum())
+    firsts = np.concatenate(firsts)
+    assert chi_square_z(np.bincount(firsts, minlength=V), p0) < 4.5
+    N = B * calls
+    acc = p0[x]
+    assert abs(accepted / N - acc) < 5 * math.sqrt(acc * (1 - acc) / N)
