@@ -9,7 +9,9 @@
 //    frame; after one cluster barrier every CTA merges (max, flags, sums rescaled by
 //    exp2(mref_c - m), keys shifted by mref_c - m, best tiles). The rows kernel needs three
 //    (max; kept sums; race). Rows with filters keep the max exchange (min-p and the histogram
-//    need the row max), then the cut (the rows kernel's code), then sums and race in one.
+//    need the row max; a top-p-only row's base, the row mass, is summed in each CTA's frame
+//    and merged in it too: the rows kernel spends an exp per token in the histogram pass and
+//    an exchange on it), then the cut (the rows kernel's code), then sums and race in one.
 //  - The data-independent draws (the accept uniform, each tile's noise) run while the slice is
 //    in flight; the tile race runs in warp 0 (lane t = local tile t, <= 32 tiles): no barrier.
 //  - Level 2 (the token race in the winning tile, ~150 instructions per token: Philox, log) is
@@ -21,8 +23,9 @@
 //  - Launched with programmatic serialization (the rows kernel is not), so it is scheduled
 //    while the previous launch drains; its shared-memory setup runs before the wait.
 // Same random numbers as the other paths (Philox keyed as the reference); the sums of rows
-// without filters are formed in another frame (rounding: a draw on a float32 rounding boundary
-// may differ from the rows path); rows with filters sum exactly as the rows kernel does.
+// without filters and the top-p base are formed in another frame (rounding: a draw or a cut
+// on a float32 rounding boundary may differ from the rows path); the kept sums and the race of
+// rows with filters are the rows kernel's, bit for bit.
 #pragma once
 #include "sampling/sample_rows.cuh"
 
@@ -46,7 +49,7 @@ struct SmallRec {
   float mref;         // frame of z and of the tile keys (s2 of raw_max, or the row's m)
   float z;            // kept mass of this CTA's tiles, the one-hot draft left out (frame mref)
   float zg;           // greedy logprobs: sum exp2(l * log2e - mref) over non-NaN tokens
-  float zrow;         // top-p base: this CTA's row mass (frame m)
+  float zrow;         // top-p base: this CTA's row mass (frame mloc: s2 of raw_max)
   KeyArg best_r, best_p;   // tile race, keys log2(w) - noise in frame mref
   int any;
   KeyArg tok[kRowWarps];   // level 2: each warp's winner in this CTA's part of the tile
@@ -61,6 +64,7 @@ struct SmallAll {     // the merged record: the same bits in every CTA of the cl
   float raw_max;
   uint32_t flags;
   float z;            // kept mass of the row (draft left out), frame m
+  float zrow;         // top-p base: the row mass, frame m (rows with top-p alone)
   KeyArg best;        // the winning tile (residual race, or p's when the residual is empty)
   int any;
 };
@@ -268,19 +272,56 @@ __device__ void small_kernel(const SpecSampleParams& p) {
   float M = Mc, m = 0.f, mref;
   uint32_t flags = flc;
 
+  // top-p without top-k: the base is the row mass. Summed here in this CTA's frame (like the
+  // sums of rows without filters) and merged in exchange 1, instead of an exp per token in
+  // the histogram pass and an exchange of its own (the rows kernel's way).
+  const bool need_z = cut_on && sp.p_on && !sp.k_on && sp.top_p > 0.f;
   if (plain) {
     mref = __fmul_rn(Mc, scale);   // this CTA's frame
   } else {
+    const float mloc = __fmul_rn(Mc, scale);
+    if (need_z) {
+      float z = 0.f;
+      if (Mc > -INFINITY) {
+        for (int c = warp; c < nchunks; c += kRowWarps)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            float f[kN];
+            unpack16(chunk_vec(c, j), f, static_cast<const T*>(nullptr));
+#pragma unroll
+            for (int e = 0; e < kN; ++e) z += exp2f(fmaf(f[e], scale, -mloc));
+          }
+      }
+      z = warp_sum(z);
+      if (lane == 0) sh_f[kRowWarps + warp] = z;
+      __syncthreads();
+    }
     // ---- exchange 1: the row max (min-p and the histogram are relative to it)
-    if (threadIdx.x == 0) { rec.raw_max = Mc; rec.flags = flc; }
+    if (threadIdx.x == 0) {
+      rec.raw_max = Mc; rec.flags = flc;
+      if (need_z) {
+        rec.mref = mloc;
+        float z = sh_f[kRowWarps];
+        for (int w = 1; w < kRowWarps; ++w) z += sh_f[kRowWarps + w];
+        rec.zrow = z;
+      }
+    }
     cluster_sync();
     if (warp == 0) {
       float mx = lane < C ? ld_cluster_f32(cluster_map(&rec.raw_max, lane)) : -INFINITY;
       uint32_t f = lane < C ? ld_cluster_u32(cluster_map(&rec.flags, lane)) : 0u;
+      float ml = -INFINITY, zl = 0.f;
+      if (need_z && lane < C) {
+        ml = ld_cluster_f32(cluster_map(&rec.mref, lane));
+        zl = ld_cluster_f32(cluster_map(&rec.zrow, lane));
+      }
       mx = warp_max(mx);
 #pragma unroll
       for (int d = 16; d > 0; d >>= 1) f |= __shfl_xor_sync(kAll, f, d);
-      if (lane == 0) { all.raw_max = mx; all.flags = f; }
+      float v = need_z && lane < C ? scaled_sum(ml, zl, __fmul_rn(mx, scale)) : 0.f;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) v += __shfl_down_sync(kAll, v, d);
+      if (lane == 0) { all.raw_max = mx; all.flags = f; all.zrow = v; }
     }
     __syncthreads();
     M = all.raw_max;
@@ -380,23 +421,8 @@ __device__ void small_kernel(const SpecSampleParams& p) {
       }
       return z;
     };
-    float z_row = 0.f;
-    const bool need_z = sp.p_on && !sp.k_on && sp.top_p > 0.f;
-    const float z = need_z ? count_pass(yes(), no(), 0u) : count_pass(no(), no(), 0u);
-    if (need_z) {   // the row mass, cluster-wide (fixed orders)
-      const float zb = block_sum<kRowThreads>(z, sh_f);
-      if (threadIdx.x == 0) rec.zrow = zb;
-      cluster_sync();
-      if (warp == 0) {
-        float v = lane < C ? ld_cluster_f32(cluster_map(&rec.zrow, lane)) : 0.f;
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1) v += __shfl_down_sync(kAll, v, d);
-        if (lane == 0) sh_f[0] = v;
-      }
-      __syncthreads();
-      z_row = sh_f[0];
-      __syncthreads();
-    }
+    const float z_row = need_z ? all.zrow : 0.f;   // merged in exchange 1
+    count_pass(no(), no(), 0u);
     uint32_t cur_w0 = 0u;
     const int plo = rank * P, phi = min(kRowBins, plo + P);
     auto reduce_bins = [&]() {
