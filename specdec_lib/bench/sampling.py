@@ -116,7 +116,8 @@ def bench_spec_sample(b: Bench):
             _torch_peer(b, B, k, V)
         del run   # its inputs and workspace
     # the same shapes through the tiles -> hist -> finish launches (what sm_75 / sm_80 run;
-    # on sm_90 the default for 16-bit logits, one-hot drafts and <= 64 rows is the rows path)
+    # on sm_90 the default for 16-bit logits, one-hot drafts is the small path for calls that
+    # fit one wave of clusters, then the rows path up to 64 rows)
     from .. import runtime
     from .._sampling import ROWS_THREADS
     from ..ops.sampling import CLUSTER_ENV, PATH_ENV, TILE, rows_plan, rows_unsupported
@@ -144,10 +145,26 @@ def bench_spec_sample(b: Bench):
                 (1, 0.0, 0.9, None, "sampled, top-p 0.9", 0)):
             _timed(b, B, k, V, greedy_frac, top_p, filters, top_k, label,
                    impl="specdec_lib(tiles path)")
+    # the small path against the rows path at B=1 (the automatic choice there is small), its
+    # CTAs per row and a one-CTA-per-SM placement (ops.sampling.TUNING)
+    from ..ops import sampling as ops
+    for B, top_p, top_k, label in ((1, 1.0, 0, "sampled, no filter"), (1, 0.9, 0, "sampled, top-p 0.9"),
+                                   (1, 0.9, 50, "sampled, top-k 50 + top-p 0.9")):
+        with _env(**{PATH_ENV: "rows"}):
+            _timed(b, B, k, V, 0.0, top_p, None, top_k, label, impl="specdec_lib(rows path)")
+        for cl, smem_min in ((8, 0), (16, 120_000)):
+            old = dict(ops.TUNING)
+            ops.TUNING.update(small_cluster=cl, small_smem_min=smem_min)
+            try:
+                with _env(**{PATH_ENV: "small"}):
+                    _timed(b, B, k, V, 0.0, top_p, None, top_k, label,
+                           impl=f"specdec_lib(small, {cl} CTAs/row{', 1 CTA/SM' if smem_min else ''})")
+            finally:
+                ops.TUNING.update(old)
     # where the paths cross over (the automatic choice: ops.sampling.sample_path)
     for B in (4, 8, 16, 32):
         for top_p, label in ((1.0, "half greedy, no filter"), (0.9, "half greedy, top-p 0.9")):
-            for path in ("rows", "tiles"):
+            for path in ("small", "rows", "tiles"):
                 with _env(**{PATH_ENV: path}):
                     _timed(b, B, k, V, 0.5, top_p, None, 0, label, impl=f"specdec_lib({path} path)")
 
