@@ -21,7 +21,8 @@
 //    travels with its key: no global load for its log-probability.
 //  - Greedy rows: each CTA's lowest id of its own max, merged in the one exchange.
 //  - Launched with programmatic serialization (the rows kernel is not), so it is scheduled
-//    while the previous launch drains; its shared-memory setup runs before the wait.
+//    while the previous launch drains; its shared-memory setup runs before the wait. The exit
+//    barrier's arrive is relaxed (lifetime only: no GPU-scope fence after the record store).
 // Same random numbers as the other paths (Philox keyed as the reference); the sums of rows
 // without filters and the top-p base are formed in another frame (rounding: a draw or a cut
 // on a float32 rounding boundary may differ from the rows path); the kept sums and the race of
@@ -34,6 +35,14 @@ using namespace specdec;
 namespace {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+// The exit barrier's arrive: a CTA may leave once every peer has stopped reading its shared
+// memory. Only lifetime is at stake (a peer's reads of this CTA have returned before that
+// peer arrives: their values were consumed), so the arrive is relaxed: no MEMBAR.ALL.GPU,
+// which after CTA 0's record store would wait for the store to reach L2.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
 
 __device__ __forceinline__ uint32_t ld_cluster_u16(uint32_t addr) {
   unsigned short v;
@@ -161,7 +170,7 @@ __device__ void small_kernel(const SpecSampleParams& p) {
     o.lp_draft = lp_draft; o.lp_token = lp_token; o.tau = tau;
     *out = o;
   };
-  auto leave = [&]() { cluster_arrive(); cluster_wait(); };   // peers may read until they arrive
+  auto leave = [&]() { cluster_arrive_relaxed(); cluster_wait(); };   // peers may read until they arrive
 
   // ---- A: this CTA's raw max (packed, NaN ignored) and NaN / +inf flags; one block barrier
   float Mc;
