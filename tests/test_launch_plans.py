@@ -495,7 +495,14 @@ _SS = {
                               _env={"SPECDEC_SPEC_SAMPLE_PATH": "tiles"}),
     "B4_f16_pdl_off": dict(B=4, k=3, V=50000, dtype="float16", _env={"SPECDEC_PDL": "0"}),
     "B2_bf16_cluster16_env": dict(B=2, k=4, V=300000, dtype="bfloat16",
-                                  _env={"SPECDEC_SPEC_SAMPLE_CLUSTER": "16"}),
+                                  _env={"SPECDEC_SPEC_SAMPLE_CLUSTER": "16",
+                                        "SPECDEC_SPEC_SAMPLE_PATH": "rows"}),
+    # B=1 on the rows path (the automatic choice there is the small path)
+    "B1_k3_bf16_rows_env": dict(B=1, k=3, V=151936, dtype="bfloat16",
+                                _env={"SPECDEC_SPEC_SAMPLE_PATH": "rows"}),
+    # the small path forced where it does not fit one wave: the rows path
+    "B16_bf16_small_env_too_big": dict(B=16, k=3, V=151936, dtype="bfloat16",
+                                       _env={"SPECDEC_SPEC_SAMPLE_PATH": "small"}),
     "B16_f16_draft_probs": dict(B=16, k=(0, 5), V=32000, dtype="float16", probs=True,
                                 logprobs=True),
     "B8_bf16_d2t": dict(B=8, k=(1, 4), V=128256, dtype="bfloat16", probs=True, Vd=32000),

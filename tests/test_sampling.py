@@ -1427,8 +1427,10 @@ def test_spec_sample_gpu_small_matches_rows_and_reference(dtype, V, cluster, spe
                                                          monkeypatch, rng):
     """Every filter mix at B=2 (q = 4, 3: T = 7, one wave): the small path's tokens equal the
     rows path's at the same split (rows with filters and greedy rows sum and race exactly as
-    the rows kernel does; rows without filters in each CTA's frame: a draw on a rounding
-    boundary may differ, at most one here), its statuses the reference's, every sampled token
+    the rows kernel does -- a top-p-only row's base is summed in each CTA's frame, so its cut
+    could move only if a cumulative mass sat within a float32 rounding of the target; rows
+    without filters in each CTA's frame: a draw on a rounding boundary may differ, at most
+    one here), its statuses the reference's, every sampled token
     inside the reference's kept set, and the reference's tokens in nearly every draw."""
     _only_small(spec_sample_path)
     from specdec_lib import runtime
