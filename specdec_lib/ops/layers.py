@@ -23,6 +23,7 @@ __all__ = ["linear", "rms_norm", "rope", "rope_cos_sin_cache", "silu_mul"]
 _THREADS = 256                # rope, silu_mul (kThreads)
 _NORM_MAX_THREADS = 512       # rms_norm (kNormMaxThreads: 128 registers a thread)
 _GRID_PER_SM = 16             # rope, silu_mul: grid-stride past this many CTAs per SM
+_SMALL_ITEMS = 16384          # silu_mul: below this many 16-byte units, one element a thread
 _INT32_MAX = 2**31 - 1
 _LINEAR_ROWS = 16             # linear: rows per chunk (kRows); gridDim.y strides over chunks
 _LINEAR_THREADS = 128         # linear: blockDim (kThreads: 4 warps of two columns each)
@@ -43,10 +44,17 @@ def _threads_for(units, cap):
     return int(min(cap, max(32, -(-units // (_UNROLL * 32)) * 32)))
 
 
+_NORM_UNITS = 1               # rms_norm: 16-byte units per thread that blockDim is sized for
+
+
 def _norm_threads(H, itemsize):
     """rms_norm's blockDim for width H: from H alone (row invariance); linear's fused norm
-    reproduces the sum order it implies."""
-    return _threads_for(-(-H // (16 // itemsize)), _NORM_MAX_THREADS)
+    reproduces the sum order it implies. One 16-byte unit a thread up to the cap: at batch 1
+    a row is latency, and ncu (s19, round_b1's T=4 rows of H=2048 bf16) counted ~1,280
+    dependent instructions a warp with 4 units a thread (64 threads, 6.9 cycles an
+    instruction: the whole kernel); one unit a thread cuts each warp's chain about 4x."""
+    units = -(-H // (16 // itemsize))
+    return int(min(_NORM_MAX_THREADS, max(32, -(-units // (_NORM_UNITS * 32)) * 32)))
 
 
 def _flat_grid(items, device):
@@ -149,6 +157,10 @@ def silu_mul(x: ArrayLike, out: ArrayLike, *, stream: Stream = None) -> ArrayLik
     E = xa.itemsize
     V = 16 // E
     vectorize = I % V == 0 and (xa.ptr | o.ptr | _row_bytes(xa) | _row_bytes(o)) % 16 == 0
+    # few items (batch 1): one element a thread instead of V spreads the silu chain (an
+    # accurate exp per element) over V times the threads; the bits are the same either way
+    if vectorize and T * (I // V) < _SMALL_ITEMS:
+        vectorize = False
     items = T * (I // V if vectorize else I)
     kern = runtime.kernel("layers", f"silu_mul_{_SHORT[xa.dtype]}", dev)
     from .. import _layers
