@@ -216,10 +216,12 @@ def test_verify_attention_cluster_plan():
     # the portable limit halves the cluster and doubles the tiles per CTA
     p = plan(1, 8, 4, 128, 4, 1024, max_cluster=8)
     assert p.cluster and (p.num_splits, p.kv_chunk) == (8, 128)
-    # a batch that fills the GPU without splits: not in auto; forced -> clusters of one CTA
+    # a batch that fills the GPU without splits: not in auto, nor forced (a cluster of one
+    # CTA is never launched: memcheck refuses its st.async), nor with max_cluster 1
     assert not plan(64, 8, 4, 128, 4, 528).cluster
     f = plan(64, 8, 4, 128, 4, 528, "force")
-    assert f.cluster and (f.num_splits, f.kv_chunk) == (1, 576)
+    assert not f.cluster and f == plan(64, 8, 4, 128, 4, 528, "off")
+    assert not plan(1, 8, 4, 128, 4, 528, "force", max_cluster=1).cluster
     # mid batch: fewer CTAs per cluster (2 per SM over the grid), <= 4 tiles each
     p = plan(4, 8, 4, 128, 4, 528)
     assert p.cluster and p.num_splits * 32 <= 2 * 132 and p.kv_chunk <= 128
@@ -620,7 +622,7 @@ def test_verify_attention_gpu_cluster_b1_auto(rng, monkeypatch, D, group, Hkv, d
 
 
 @needs_gpu
-@pytest.mark.parametrize("max_cluster", [16, 8, 3, 1])
+@pytest.mark.parametrize("max_cluster", [16, 8, 3, 2])
 def test_verify_attention_gpu_cluster_sizes(rng, monkeypatch, max_cluster):
     """Cluster sizes below 16 (so several tiles per CTA, ring reuse past 3 tiles, page ids
     fetched in the loop), sequences longer than max_kv_len (the kernel splits the actual

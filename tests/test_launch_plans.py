@@ -232,6 +232,7 @@ _VA = {
     "B1_q4_L512_cluster_off_env": dict(B=1, q=(4, 4), L=(512, 512), Hq=32, Hkv=8, D=128,
                                        dtype="bfloat16", ps=16, max_pages=33, ws=True,
                                        _env={"SPECDEC_VERIFY_ATTN_CLUSTER": "0"}),
+    # forced at a batch that fills the GPU: a cluster would be one CTA -> the split-KV kernel
     "B64_cluster_forced_env": dict(B=64, q=(1, 5), L=(10, 500), Hq=32, Hkv=8, D=128,
                                    dtype="float16", ps=16, max_pages=40, ws=True,
                                    _env={"SPECDEC_VERIFY_ATTN_CLUSTER": "1"}),

@@ -1155,12 +1155,18 @@ def test_sample_path_rules_without_a_gpu(monkeypatch):
 
 
 def test_small_path_plan_without_a_gpu(monkeypatch):
-    """The small path's split: 16 CTAs per row (15 at V=151936: 5 tiles each) while T x 16
-    fits one CTA per SM, then 8, then none (the rows path); the switches are validated."""
+    """The small path's split: 8 CTAs per row by default (10 tiles each at V=151936) while
+    T x 8 fits one CTA per SM, then none (the rows path); with small_cluster 16, 16 CTAs (15
+    at V=151936: 5 tiles each) while T x 16 fits, then 8; the switches are validated."""
     from specdec_lib.ops import sampling as ops
-    assert ops.small_plan(4, 75, 132) == (5, 15, 5 * 4096 + 274 * 4)
-    assert ops.small_plan(8, 75, 132)[:2] == (5, 15)
+    assert ops.TUNING["small_cluster"] == 8
+    assert ops.small_plan(4, 75, 132) == (10, 8, 10 * 4096 + 512 * 4)
     assert ops.small_plan(16, 75, 132)[:2] == (10, 8)
+    with monkeypatch.context() as m:
+        m.setitem(ops.TUNING, "small_cluster", 16)
+        assert ops.small_plan(4, 75, 132) == (5, 15, 5 * 4096 + 274 * 4)
+        assert ops.small_plan(8, 75, 132)[:2] == (5, 15)
+        assert ops.small_plan(16, 75, 132)[:2] == (10, 8)
     assert ops.small_plan(17, 75, 132) is None and ops.small_plan(64, 75, 132) is None
     assert ops.small_plan(4, 1, 132)[:2] == (1, 1)
     assert ops.small_plan(4, 3, 132)[:2] == (1, 3)

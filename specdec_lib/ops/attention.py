@@ -120,7 +120,9 @@ def _cluster_plan(batch_size, num_kv_heads, warps_m, m_groups, head_dim, max_q, 
     c = max(1, min(max_cluster, n_tiles, (_CTAS_PER_SM * sm_count) // ctas))
     tpc = _cdiv(n_tiles, c)
     c = _cdiv(n_tiles, tpc)
-    if mode == "auto" and (c < 2 or tpc > _CLUSTER_MAX_TILES):
+    # c = 1 (one KV tile, a full GPU, or max_cluster 1) takes the split-KV path even when
+    # forced: compute-sanitizer's memcheck refuses st.async into a one-CTA cluster (s20)
+    if c < 2 or (mode == "auto" and tpc > _CLUSTER_MAX_TILES):
         return None
     return VerifyAttentionPlan(warps_m, m_groups, c, tpc * tile, max_q, cluster=True)
 

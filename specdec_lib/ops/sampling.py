@@ -39,7 +39,9 @@ CLUSTER_ENV = "SPECDEC_SPEC_SAMPLE_CLUSTER"   # rows path: CTAs per row (1..16; 
 # environment switch still forces it); "small_cluster" the most CTAs per row it uses (1..16;
 # fewer when T x that would not fit one CTA per SM); "small_smem_min" a floor on its dynamic
 # shared memory per CTA (e.g. 120_000: one CTA per SM, for placement experiments).
-TUNING = {"small": True, "small_cluster": 16, "small_smem_min": 0}
+# small_cluster 8: s20's H200 bench at B=1 k=3 V=151936 bf16 timed 8 CTAs a row against 16 at
+# 12.7 / 14.0 us (no filter), 20.5 / 21.8 (top-p 0.9), 22.9 / 23.8 (top-k 50 + top-p; one run).
+TUNING = {"small": True, "small_cluster": 8, "small_smem_min": 0}
 
 
 def spec_sample_workspace_size(num_rows: int, vocab: int) -> int:
@@ -193,10 +195,10 @@ def rows_unsupported(dtype: str, one_hot: bool, vocab: int, device: int = 0):
 def small_plan(num_rows: int, num_tiles: int, sm_count: int, cluster: int | None = None):
     """(tiles per CTA, CTAs per row, dynamic shared memory bytes) of the small path, or None
     when its grid (T x CTAs per row) would not fit one CTA per SM: the row split over
-    TUNING["small_cluster"] CTAs (default 16, a non-portable cluster size), halved until
-    T x that fits ``sm_count`` SMs, at least the 8 the portable size gives (rows_plan then
-    widens it for V above 8 x 32 tiles). V=151936 on 132 SMs: T=4 -> 5 tiles x 15 CTAs
-    (60 CTAs, 21,576 B); T=16 -> 10 tiles x 8 CTAs (128 CTAs)."""
+    TUNING["small_cluster"] CTAs (default 8, the portable cluster size; up to 16), halved
+    until T x that fits ``sm_count`` SMs, at least 8 (rows_plan then widens it for V above
+    8 x 32 tiles). V=151936 on 132 SMs: T=4 -> 10 tiles x 8 CTAs (32 CTAs); T=16 -> 10 tiles
+    x 8 CTAs (128 CTAs); with small_cluster 16, T=4 -> 5 tiles x 15 CTAs (60 CTAs)."""
     want = int(TUNING["small_cluster"] if cluster is None else cluster)
     if not 1 <= want <= _ROWS_MAX_CLUSTER:
         raise ValueError(f"TUNING['small_cluster']={want}: expected 1..{_ROWS_MAX_CLUSTER}")
@@ -214,8 +216,8 @@ def sample_path(dtype: str, one_hot: bool, vocab: int, device: int = 0, num_rows
     the cluster; + a chain launch that reads its inputs before it waits), "rows" (one launch
     that keeps each row on chip in a thread-block cluster, + the chain launch) or "tiles"
     (tiles -> threshold or hist -> finish). Automatic: small where the rows path can run
-    (``rows_unsupported``) and T x CTAs per row fits one CTA per SM (``small_plan``: T <= 8
-    with 16-CTA clusters, T <= 16 with 8 on 132 SMs; TUNING["small"] turns this off), else
+    (``rows_unsupported``) and T x CTAs per row fits one CTA per SM (``small_plan``: T <= 16
+    with 8-CTA clusters on 132 SMs; TUNING["small"] turns this off), else
     rows up to _ROWS_MAX_T logit rows (one wave of clusters: B=1 top-p 23 us vs 34 on the
     tiles path), else tiles. SPECDEC_SPEC_SAMPLE_PATH=tiles forces the tiles path; =rows
     the rows path and =small the small path at any batch size wherever they can run (tests,
