@@ -274,6 +274,43 @@ def test_shipped_weights_pass_their_checks():
     assert cfg["specdec_training"]["data_command"].startswith("python -m specdec_lib train-draft")
 
 
+def test_shipped_hybrid_head():
+    """The hybrid's MTP head ships where train-draft --hybrid writes it (beside the weights,
+    hybrid_head's default), trained for exactly these weights (their sha256), with the
+    commands that made it and its held-out report; its tensors are the MTP layout at the
+    hybrid's sizes and the file stays small (the tree travels to the GPU whole)."""
+    import json
+    import os
+    from safetensors import safe_open
+    from specdec_lib.models.heads import head_method, hybrid_head
+    from specdec_lib.models.smollm2 import EXPECTED
+    from specdec_lib.models.smollm2_hybrid import SHIPPED_DIR
+    base = SimpleNamespace(hidden_size=EXPECTED["hidden_size"], num_layers=30,
+                           num_heads=EXPECTED["num_heads"], head_dim=EXPECTED["head_dim"])
+    hcfg, _ = load_hybrid_weights(SHIPPED_DIR, base=base)
+    path = hybrid_head(SHIPPED_DIR)
+    with open(os.path.join(path, "config.json")) as fh:
+        cfg = json.load(fh)
+    assert head_method(cfg) == "mtp" and cfg["hidden_size"] == EXPECTED["hidden_size"]
+    assert cfg["target_hybrid_weights_sha256"] == hcfg["weights_sha256"]
+    tr = cfg["specdec_training"]
+    assert tr["command"].startswith("python -m specdec_lib train-draft --hybrid ")
+    assert tr["data_command"].startswith("python -m specdec_lib train-draft ")
+    assert "--data-only" in tr["data_command"]
+    held = tr["heldout"]
+    assert held["anchors"] > 10000 and 0.5 < held["chain_acceptance"][0] <= 1.0
+    assert set(tr["heldout_families"] if "heldout_families" in tr else held["heldout_families"])
+    f = os.path.join(path, "model.safetensors")
+    assert os.path.getsize(f) <= 12e6
+    H = EXPECTED["hidden_size"]
+    with safe_open(f, "np") as st:
+        shapes = {k: tuple(st.get_slice(k).get_shape()) for k in st.keys()}
+    n = cfg["num_hidden_layers"]       # the MTP layer sits after the hybrid's 30
+    assert n == 30 and shapes[f"model.layers.{n}.eh_proj.weight"] == (H, 2 * H)
+    assert shapes[f"model.layers.{n}.mlp.gate_proj.weight"] == (cfg["intermediate_size"], H)
+    assert all(H in s for s in shapes.values())
+
+
 def test_demo_refuses_without_weights(tmp_path, capsys):
     from specdec_lib.demo import main
     assert main(["--model", "smollm2-hybrid", "--no-progress", "--backend", "reference",
