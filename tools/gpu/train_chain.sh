@@ -28,7 +28,8 @@
 #   hybrid (none)          the hybrid with its new head: e2e --hybrid (B=1 general, served) in
 #                          f32 state, the demo in bf16 / f16 state and on forced compute_75
 #                          (f16 math + f16 state) and compute_80, the state fidelity over
-#                          1000 tokens (tools/perf/hybrid_state_fidelity.py)        ~7 min
+#                          1000 tokens (tools/perf/hybrid_state_fidelity.py)        ~7 min;
+#                          HYB_E2E="--auto 4" (or "" for the profile), HYB_DEMOS=0 (e2e only)
 #
 #   tools/gpu/train_chain.sh STEP "$OUT"
 #
@@ -175,10 +176,13 @@ hybrid)
   gguf_env
   [ -d /tmp/hyb ] || cp -r specdec_lib/models/hybrid/smollm2_hybrid /tmp/hyb
   drafts=ngram; [ -d /tmp/hyb/smollm2_hybrid_mtp ] && drafts=ngram,mtp
+  # HYB_E2E: e2e options in place of the defaults' last ones (e.g. "--auto 4" for -k auto rows,
+  # "" to keep the round / prefill profile); HYB_DEMOS=0: the e2e alone (no demos, no fidelity)
   timeout "${E2E_S:-200}" python3 tools/perf/e2e_smollm2.py --hybrid /tmp/hyb --drafts $drafts \
-    --sets general,unseen --per-set 32 --new 128 --new32 128 --stop-at-eos --b32 32 --serve 128 \
-    --no-profile --json "$L/e2e_hybrid.json" > "$L/e2e_hybrid.log" 2>&1
+    --sets "${HYB_SETS:-general,unseen}" --per-set 32 --new 128 --new32 128 --stop-at-eos --b32 32 \
+    --serve 128 ${HYB_E2E---no-profile} --json "$L/e2e_hybrid.json" > "$L/e2e_hybrid.log" 2>&1
   echo "e2e hybrid rc=$?"; grep -E "tok/s, target-only" "$L/e2e_hybrid.log" | head -20
+  [ "${HYB_DEMOS:-1}" = 0 ] && { pack; exit 0; }
   for sd in bfloat16 float16; do
     timeout 60 python3 -m specdec_lib demo --model smollm2-hybrid --weights /tmp/hyb \
       --state-dtype $sd --no-progress > "$L/demo_$sd.log" 2>&1
