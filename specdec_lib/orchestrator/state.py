@@ -165,35 +165,97 @@ def fresh(parts: Parts, shape: Shape) -> CallState:
                      _epochs(parts))
 
 
+# per-slot scalars an admission writes, in the order of the staging array
+_I32_FIELDS = ("max_new", "top_k", "seq_lens", "out_lens", "last_token", "prompt_lens")
+_F32_FIELDS = ("temperature", "top_p", "min_p")
+
+
+def _stage(buf: SimpleNamespace, carry, admitted: Sequence[tuple[int, Request]]):
+    """Every per-slot value an admission writes, for the ``n`` admitted slots, on the host in
+    one int32 array of words (``host``), and ``fields``: name -> (offset, words, dtype name,
+    shape) of each block in it. Blocks of 8-byte values start at even words (so the device
+    copy's views of them are aligned); other dtypes are the same bytes read as that dtype
+    (float32 parameters, the uint8 ``finished``, the carry's zero rows)."""
+    n = len(admitted)
+    S, (NS, M), P, O = (buf.stop_ids.shape[1], buf.stop_seqs.shape[1:], buf.prompt.shape[1],
+                        buf.out_tokens.shape[1])
+    H, csize = carry.shape[1], int(carry.itemsize)
+    blocks = [("index", 2 * n, "int64", (n,)), ("seed", 2 * n, "int64", (n,)),
+              ("stop_ids", n * S, "int32", (n, S)),
+              ("stop_seqs", n * NS * M, "int32", (n, NS, M)), ("prompt", n * P, "int32", (n, P)),
+              ("out_tokens", n * O, "int32", (n, O))]
+    blocks += [(f, n, "int32", (n,)) for f in _I32_FIELDS]
+    blocks += [(f, n, "float32", (n,)) for f in _F32_FIELDS]
+    blocks += [("finished", -(-n // 4), "uint8", (n,)),
+               ("carry", -(-n * H * csize // 4), "carry", (n, H))]
+    fields, off = {}, 0
+    for name, words, dt, shape in blocks:
+        fields[name] = (off, words, dt, shape)
+        off += words
+    host = np.zeros(off, np.int32)
+
+    def view(name):                       # (the carry's block stays zero words)
+        o, words, dt, shape = fields[name]
+        return host[o:o + words].view(np.dtype(dt))[:int(np.prod(shape))].reshape(shape)
+    view("index")[:] = [b for b, _ in admitted]
+    view("seed")[:] = [r.seed for _, r in admitted]
+    ids, seqs, prompt = view("stop_ids"), view("stop_seqs"), view("prompt")
+    ids[:] = -1
+    seqs[:] = -1
+    view("out_tokens")[:] = -1
+    for i, (_, r) in enumerate(admitted):
+        ids[i, :len(r.stop_token_ids)] = r.stop_token_ids
+        for j, sq in enumerate(r.stop_sequences):
+            if len(sq):
+                seqs[i, j, M - len(sq):] = sq
+        prompt[i, :len(r.prompt)] = r.prompt
+    per = dict(max_new=[r.max_new_tokens for _, r in admitted],
+               top_k=[r.top_k for _, r in admitted], seq_lens=0, out_lens=0,
+               last_token=[r.prompt[-1] for _, r in admitted],
+               prompt_lens=[len(r.prompt) for _, r in admitted],
+               temperature=[r.temperature for _, r in admitted],
+               top_p=[r.top_p for _, r in admitted], min_p=[r.min_p for _, r in admitted])
+    for name, v in per.items():
+        view(name)[:] = v
+    # finished (0) and the carry's rows (zero bits in every dtype) are the zeros already there
+    return host, fields
+
+
 def admit(parts: Parts, st: CallState, admitted: Sequence[tuple[int, Request]]) -> None:
     """Put requests into free slots: per-slot parameters, fresh recurrent state, a zero
-    carry, and running status. ``admitted`` is [(slot, Request)]."""
+    carry, and running status. ``admitted`` is [(slot, Request)], slots distinct.
+
+    Every value is staged on the host (``_stage``) and goes to the device in one copy; then
+    one write a buffer for all the admitted slots (a slice where they are a run of
+    consecutive slots, else the device index of them), and ``target.reset_slots`` gets that
+    index (int64). No python scalar is written through a device index (torch would copy it to
+    the device first, and wait)."""
     xp, buf = parts.be.xp, st.buf
-    slots = [b for b, _ in admitted]
+    slots = [int(b) for b, _ in admitted]
     reset = getattr(parts.target, "reset_slots", None)
     if reset is None and any(st.used[b] for b in slots):
         raise TypeError("target: reusing a slot needs target.reset_slots(slot_ids)")
+    if not admitted:
+        return
+    host, fields = _stage(buf, st.carry, admitted)
+    dev = xp.asarray(host)                # the admission's one host->device copy
+    dtypes = dict(int32=xp.int32, int64=xp.int64, float32=xp.float32, uint8=xp.uint8,
+                  carry=st.carry.dtype)
+
+    def part(name):
+        o, words, dt, shape = fields[name]
+        n = 1
+        for x in shape:
+            n *= x
+        return dev[o:o + words].view(dtypes[dt])[:n].reshape(shape)
+    index = part("index")
     if reset is not None:
-        reset(xp.asarray(np.asarray(slots, np.int32)))
-    M = buf.stop_seqs.shape[2]
-    for b, r in admitted:
+        reset(index)
+    b0, n = slots[0], len(slots)
+    rows = slice(b0, b0 + n) if slots == list(range(b0, b0 + n)) else index
+    for name in ("stop_ids", "stop_seqs", "prompt", "out_tokens", "seed", "finished",
+                 *_I32_FIELDS, *_F32_FIELDS):
+        getattr(buf, name)[rows] = part(name)
+    st.carry[rows] = part("carry")
+    for b in slots:
         st.used[b] = True
-        ids = np.full(buf.stop_ids.shape[1], -1, np.int32)
-        ids[:len(r.stop_token_ids)] = r.stop_token_ids
-        seqs = np.full(buf.stop_seqs.shape[1:], -1, np.int32)
-        for j, sq in enumerate(r.stop_sequences):
-            if len(sq):
-                seqs[j, M - len(sq):] = sq
-        buf.stop_ids[b] = xp.asarray(ids)
-        buf.stop_seqs[b] = xp.asarray(seqs)
-        prompt = np.zeros(buf.prompt.shape[1], np.int32)
-        prompt[:len(r.prompt)] = r.prompt
-        buf.prompt[b] = xp.asarray(prompt)
-        buf.prompt_lens[b] = len(r.prompt)
-        for name, v in (("max_new", r.max_new_tokens), ("temperature", r.temperature),
-                        ("top_k", r.top_k), ("top_p", r.top_p), ("min_p", r.min_p),
-                        ("seed", r.seed), ("seq_lens", 0), ("out_lens", 0),
-                        ("last_token", r.prompt[-1]), ("finished", 0)):
-            getattr(buf, name)[b] = v
-        buf.out_tokens[b] = -1
-        st.carry[b] = 0

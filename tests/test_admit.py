@@ -1,0 +1,167 @@
+"""orchestrator.state.admit (one staged host->device copy, one write a buffer for all the
+admitted slots) leaves every buffer, the carry, the target's recurrent state and the slots'
+``used`` marks bit for bit as the per-slot admission it replaced (``_admit_per_slot``, kept
+here as the oracle): on the reference backend (numpy) and on torch tensors of the CPU, over
+admissions of 1, 3 (a run of slots and scattered ones) and every slot, slot reuse, stop ids
+and sequences, varied sampling parameters; buffers are poisoned first."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from specdec_lib.orchestrator import Request, reference_backend
+from specdec_lib.orchestrator.state import CallState, Parts, admit, call_shape, make_buffers
+
+
+def _admit_per_slot(parts, st, admitted):
+    """The admission before s20 (a copy or a fill a field, slot by slot)."""
+    xp, buf = parts.be.xp, st.buf
+    slots = [b for b, _ in admitted]
+    reset = getattr(parts.target, "reset_slots", None)
+    if reset is None and any(st.used[b] for b in slots):
+        raise TypeError("target: reusing a slot needs target.reset_slots(slot_ids)")
+    if reset is not None:
+        reset(xp.asarray(np.asarray(slots, np.int32)))
+    M = buf.stop_seqs.shape[2]
+    for b, r in admitted:
+        st.used[b] = True
+        ids = np.full(buf.stop_ids.shape[1], -1, np.int32)
+        ids[:len(r.stop_token_ids)] = r.stop_token_ids
+        seqs = np.full(buf.stop_seqs.shape[1:], -1, np.int32)
+        for j, sq in enumerate(r.stop_sequences):
+            if len(sq):
+                seqs[j, M - len(sq):] = sq
+        buf.stop_ids[b] = xp.asarray(ids)
+        buf.stop_seqs[b] = xp.asarray(seqs)
+        prompt = np.zeros(buf.prompt.shape[1], np.int32)
+        prompt[:len(r.prompt)] = r.prompt
+        buf.prompt[b] = xp.asarray(prompt)
+        buf.prompt_lens[b] = len(r.prompt)
+        for name, v in (("max_new", r.max_new_tokens), ("temperature", r.temperature),
+                        ("top_k", r.top_k), ("top_p", r.top_p), ("min_p", r.min_p),
+                        ("seed", r.seed), ("seq_lens", 0), ("out_lens", 0),
+                        ("last_token", r.prompt[-1]), ("finished", 0)):
+            getattr(buf, name)[b] = v
+        buf.out_tokens[b] = -1
+        st.carry[b] = 0
+
+
+class _Target:
+    """A recurrent state per slot, cleared by ``reset_slots`` (the slots it was given are
+    recorded as host ints)."""
+    hidden_size = 24
+
+    def __init__(self, xp, B, torch=None):
+        self.xp, self.torch = xp, torch
+        self.state = xp.ones((B, 3, 5), dtype=xp.float32)
+        self.calls = []
+
+    def reset_slots(self, slot_ids):
+        ids = slot_ids.numpy() if self.torch is not None else np.asarray(slot_ids)
+        self.calls.append([int(i) for i in ids])
+        self.state[slot_ids] = 0
+
+
+def _backends():
+    out = [("reference", reference_backend(), None)]
+    try:
+        import torch
+    except ImportError:
+        return out
+    from specdec_lib.orchestrator.backends import _TorchArrays
+    out.append(("torch-cpu", SimpleNamespace(name="torch", xp=_TorchArrays(torch, torch.device("cpu"))),
+                torch))
+    return out
+
+
+def _bytes(a, torch):
+    if torch is not None:
+        a = a.contiguous().view(torch.uint8).numpy()
+    return np.ascontiguousarray(a).view(np.uint8).copy()
+
+
+def _state(be, torch, reqs, slots, k, carry_dtype, max_len=None):
+    xp = be.xp
+    shape = call_shape(reqs, slots, k, max_len, 1, 1, 3)
+    rng = np.random.default_rng(7)
+    buf = make_buffers(xp, shape, k)
+    for name, a in vars(buf).items():              # poison: admit must write what it owns
+        host = rng.integers(0, 256, _bytes(a, torch).size, dtype=np.uint8)
+        if torch is not None:
+            a.view(-1).view(torch.uint8).copy_(torch.from_numpy(host))
+        else:
+            a.reshape(-1).view(np.uint8)[:] = host
+    target = _Target(xp, slots, torch)
+    carry = xp.full((slots, target.hidden_size), 3.5, dtype=carry_dtype)
+    st = CallState(shape, buf, carry, carry_dtype, [0])
+    return Parts(be, target, None, k), st
+
+
+def _requests(n, seed):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        L = int(rng.integers(1, 12))
+        stops = [rng.integers(0, 50, int(rng.integers(1, 4))).tolist()
+                 for _ in range(int(rng.integers(0, 3)))] + ([[]] if i % 5 == 4 else [])
+        out.append(Request(
+            prompt=rng.integers(0, 50, L).tolist(), max_new_tokens=int(rng.integers(1, 9)),
+            temperature=[0.0, 0.7, 1.3, 1 / 3][i % 4], top_k=int(rng.integers(0, 40)),
+            top_p=[1.0, 0.9, 0.123456789][i % 3], min_p=[0.0, 0.05][i % 2],
+            seed=int(rng.integers(-2**62, 2**62)),
+            stop_token_ids=rng.integers(0, 50, int(rng.integers(0, 4))).tolist(),
+            stop_sequences=stops))
+    return out
+
+
+def _snapshot(parts, st, torch):
+    snap = {name: _bytes(a, torch) for name, a in sorted(vars(st.buf).items())}
+    snap["carry"] = _bytes(st.carry, torch)
+    snap["target.state"] = _bytes(parts.target.state, torch)
+    return snap, list(st.used), list(parts.target.calls)
+
+
+def _same(sn, so, where):
+    assert sn[1] == so[1] and sn[2] == so[2], where
+    assert list(sn[0]) == list(so[0])
+    for f in so[0]:
+        assert np.array_equal(sn[0][f], so[0][f]), (where, f)
+
+
+@pytest.mark.parametrize("name,be,torch", _backends(), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize("carry_dtype", ["float32", "16bit"])
+@pytest.mark.parametrize("k", [0, 3])
+def test_admit_matches_per_slot_admission(name, be, torch, carry_dtype, k):
+    B = 8
+    reqs = _requests(24, seed=3)
+    cd = getattr(be.xp, "bfloat16" if torch is not None else "float16") \
+        if carry_dtype == "16bit" else be.xp.float32
+    new = _state(be, torch, reqs, B, k, cd)
+    old = _state(be, torch, reqs, B, k, cd)
+    _same(_snapshot(*new, torch), _snapshot(*old, torch), "poisoned")
+    rounds = [[(2, reqs[0])],                                  # one slot
+              [(3, reqs[1]), (4, reqs[2]), (5, reqs[3])],      # a run of slots
+              [(7, reqs[4]), (0, reqs[5]), (6, reqs[6])],      # scattered
+              [(b, reqs[7 + b]) for b in range(B)],            # every slot (reused)
+              [(5, reqs[15])], [(1, reqs[16]), (3, reqs[17])],  # reuse, one and two
+              [(b, reqs[16 + b]) for b in (6, 2, 4, 0, 7, 1, 5, 3)]]   # every slot, shuffled
+    for i, adm in enumerate(rounds):
+        admit(new[0], new[1], adm)
+        _admit_per_slot(old[0], old[1], adm)
+        _same(_snapshot(*new, torch), _snapshot(*old, torch), i)
+        # touch the state between admissions (a round would): the next admission must reset it
+        for a in (new, old):
+            a[1].buf.seq_lens[...] = 5
+            a[1].carry[...] = 1.25
+            a[0].target.state[...] = 2.0
+
+
+def test_admit_reuse_without_reset_slots_refused():
+    be = reference_backend()
+    reqs = _requests(3, seed=1)
+    parts, st = _state(be, None, reqs, 4, 0, np.float32)
+    parts = Parts(be, SimpleNamespace(hidden_size=24), None, 0)
+    admit(parts, st, [(1, reqs[0])])
+    with pytest.raises(TypeError, match="reset_slots"):
+        admit(parts, st, [(0, reqs[1]), (1, reqs[2])])
+    assert st.used == [False, True, False, False]
