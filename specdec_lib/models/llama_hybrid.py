@@ -148,20 +148,31 @@ class LlamaHybridTarget(LlamaTarget):
         else:
             sdt = getattr(m.torch, self.state_dtype)
         self.slot_ids = m.table(np.arange(batch, dtype=np.int32))
-        for i in self.gdn_ids:
+        # every GDN layer's state (and conv state) is one slice of a single pool, so that
+        # reset_slots clears a slot in all of them with one write
+        G = len(self.gdn_ids)
+        self._state_pool = m.zeros((G, batch, d.hv, d.dk, d.dv), sdt)
+        self._conv_pool = m.zeros((G, batch, d.conv_dim, d.W - 1), m.f32)
+        for j, i in enumerate(self.gdn_ids):
             L = self.layers[i]
-            L["state"] = m.zeros((batch, d.hv, d.dk, d.dv), sdt)
-            L["conv_state"] = m.zeros((batch, d.conv_dim, d.W - 1), m.f32)
+            L["state"], L["conv_state"] = self._state_pool[j], self._conv_pool[j]
         self._records = []
 
     def reset_slots(self, slot_ids):
         """A new request takes these slots: its GDN and conv states start from zero (KV rows
-        past L = 0 are dead already)."""
-        idx = slot_ids if self.m.name == "numpy" else slot_ids.long()
-        for i in self.gdn_ids:
-            L = self.layers[i]
-            L["state"][idx] = 0
-            L["conv_state"][idx] = 0
+        past L = 0 are dead already). Two writes for every layer (the pools of ``reset``);
+        on torch ``index_fill_`` with the value as a kernel argument, nothing copied or
+        waited on (an int64 device index is used as it is)."""
+        if self.m.name == "numpy":
+            idx = np.asarray(slot_ids)
+            self._state_pool[:, idx] = 0
+            self._conv_pool[:, idx] = 0
+            return
+        torch = self.m.torch
+        idx = slot_ids if isinstance(slot_ids, torch.Tensor) else self.m.table(np.asarray(slot_ids))
+        idx = idx.to(self.m.dev, torch.int64)        # (itself when already an int64 there)
+        self._state_pool.index_fill_(1, idx, 0)
+        self._conv_pool.index_fill_(1, idx, 0)
 
     def commit(self, cu_q, accept_len):
         """Advance every GDN layer's state and conv state over the first accept_len[b] rows
