@@ -165,3 +165,45 @@ def test_admit_reuse_without_reset_slots_refused():
     with pytest.raises(TypeError, match="reset_slots"):
         admit(parts, st, [(0, reqs[1]), (1, reqs[2])])
     assert st.used == [False, True, False, False]
+
+
+def test_hybrid_reset_slots_torch_branch_on_cpu():
+    """LlamaHybridTarget.reset_slots on torch (two index_fill_ over the layers' pools), run
+    on CPU tensors: the slots named by an int32 or int64 tensor or a host array are zero in
+    every layer, the others untouched."""
+    torch = pytest.importorskip("torch")
+    from specdec_lib.models.llama_hybrid import LlamaHybridTarget
+    m = SimpleNamespace(name="torch", torch=torch, dev=torch.device("cpu"),
+                        table=lambda a: torch.as_tensor(np.asarray(a)))
+    g = torch.Generator().manual_seed(0)
+    me = SimpleNamespace(m=m, _state_pool=torch.randn(3, 6, 2, 4, 4, generator=g).bfloat16(),
+                         _conv_pool=torch.randn(3, 6, 5, 3, generator=g))
+    want_s, want_c = me._state_pool.clone(), me._conv_pool.clone()
+    for ids in (torch.tensor([1, 4], dtype=torch.int32), torch.tensor([5], dtype=torch.int64),
+                np.array([0, 2], np.int32)):
+        LlamaHybridTarget.reset_slots(me, ids)
+        for j in range(3):                   # the per-layer writes it replaced
+            want_s[j][torch.as_tensor(np.asarray(ids)).long()] = 0
+            want_c[j][torch.as_tensor(np.asarray(ids)).long()] = 0
+        assert torch.equal(me._state_pool.view(torch.int16), want_s.view(torch.int16))
+        assert torch.equal(me._conv_pool, want_c)
+    assert bool((me._state_pool[:, 3] != 0).any())
+
+
+def test_serve_counts_admissions(tmp_path):
+    """Metrics: admit's host time is counted apart (and inside prefill_s), with the number of
+    admissions (round boundaries that admitted) and of requests admitted."""
+    from specdec_lib.models import (TinyHybridTarget, TinyMTPDraft, load_demo_checkpoint,
+                                    make_demo_checkpoint)
+    from specdec_lib.orchestrator import SpeculativeDecoder
+    make_demo_checkpoint(str(tmp_path))
+    cfg, tensors, dw = load_demo_checkpoint(str(tmp_path))
+    be = reference_backend()
+    dec = SpeculativeDecoder(TinyHybridTarget(cfg, tensors, be), TinyMTPDraft(cfg, dw, tensors, be),
+                             num_speculative_tokens=2, backend=be)
+    reqs = [Request(prompt=p, max_new_tokens=4)
+            for p in ([1, 2, 3], [4], [5, 6], [7, 8, 9, 10], [11, 12])]
+    dec.serve(reqs, slots=2, arrivals=[0, 0, 0, 3, 50])
+    m = dec.metrics
+    assert m.admitted == 5 and 3 <= m.admissions <= 5
+    assert 0 < m.admit_s <= m.prefill_s

@@ -57,7 +57,11 @@ class Metrics:
     launched_rounds: int = 0
     graph_captured: bool = False
     capture_s: float = 0.0           # time spent recording the round graph (not decoding)
-    prefill_s: float = 0.0           # host time of the prefill passes (their GPU work overlaps)
+    prefill_s: float = 0.0           # host time of admissions and prefill passes (admit_s
+    #                                  included; the passes' GPU work overlaps)
+    admit_s: float = 0.0             # of prefill_s: host time of admit (buffers, reset_slots)
+    admissions: int = 0              # round boundaries that admitted requests (admit calls)
+    admitted: int = 0                # requests admitted
 
     position_rows: list[int] = field(default_factory=list)   # [j]: rows with draft j proposed
     k_rounds: dict = field(default_factory=dict)             # k -> rounds that verified k

@@ -94,6 +94,9 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
         if admitted:
             tp = time.perf_counter()
             admit(p, st, admitted)
+            m.admit_s += time.perf_counter() - tp
+            m.admissions += 1
+            m.admitted += len(admitted)
             prefill(p, st, admitted, policy, can_capture, m)
             m.prefill_s += time.perf_counter() - tp
             spec.admit([b for b, _ in admitted])

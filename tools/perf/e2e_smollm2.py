@@ -124,6 +124,9 @@ def summary(m):
                 per_position_acceptance=[round(x, 3) for x in m.per_position_acceptance],
                 host_us_per_round=round(m.host_us_per_round, 1),
                 prefill_s=round(m.prefill_s, 4),
+                # of prefill_s: admit's host time (buffers, reset_slots), over how many
+                # admissions of how many requests
+                admit_s=round(m.admit_s, 4), admissions=m.admissions, admitted=m.admitted,
                 **({"k_rounds": dict(sorted(m.k_rounds.items()))} if m.policy == "auto" else {}))
 
 
