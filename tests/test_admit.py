@@ -129,13 +129,13 @@ def _same(sn, so, where):
 
 
 @pytest.mark.parametrize("name,be,torch", _backends(), ids=lambda x: x if isinstance(x, str) else "")
-@pytest.mark.parametrize("carry_dtype", ["float32", "16bit"])
+@pytest.mark.parametrize("carry_dtype", ["float32", "16bit", "float64"])
 @pytest.mark.parametrize("k", [0, 3])
 def test_admit_matches_per_slot_admission(name, be, torch, carry_dtype, k):
     B = 8
     reqs = _requests(24, seed=3)
     cd = getattr(be.xp, "bfloat16" if torch is not None else "float16") \
-        if carry_dtype == "16bit" else be.xp.float32
+        if carry_dtype == "16bit" else getattr(be.xp, carry_dtype)
     new = _state(be, torch, reqs, B, k, cd)
     old = _state(be, torch, reqs, B, k, cd)
     _same(_snapshot(*new, torch), _snapshot(*old, torch), "poisoned")

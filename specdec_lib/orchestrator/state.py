@@ -173,9 +173,10 @@ _F32_FIELDS = ("temperature", "top_p", "min_p")
 def _stage(buf: SimpleNamespace, carry, admitted: Sequence[tuple[int, Request]]):
     """Every per-slot value an admission writes, for the ``n`` admitted slots, on the host in
     one int32 array of words (``host``), and ``fields``: name -> (offset, words, dtype name,
-    shape) of each block in it. Blocks of 8-byte values start at even words (so the device
-    copy's views of them are aligned); other dtypes are the same bytes read as that dtype
-    (float32 parameters, the uint8 ``finished``, the carry's zero rows)."""
+    shape) of each block in it. Every block starts on a 16-byte boundary (so the device
+    copy's views of it are aligned, 8-byte values included); dtypes other than int32 are the
+    same bytes read as that dtype (int64 seeds and slot index, float32 parameters, the uint8
+    ``finished``, the carry's zero rows)."""
     n = len(admitted)
     S, (NS, M), P, O = (buf.stop_ids.shape[1], buf.stop_seqs.shape[1:], buf.prompt.shape[1],
                         buf.out_tokens.shape[1])
@@ -191,7 +192,7 @@ def _stage(buf: SimpleNamespace, carry, admitted: Sequence[tuple[int, Request]])
     fields, off = {}, 0
     for name, words, dt, shape in blocks:
         fields[name] = (off, words, dt, shape)
-        off += words
+        off += -(-words // 4) * 4             # every block 16-byte aligned
     host = np.zeros(off, np.int32)
 
     def view(name):                       # (the carry's block stays zero words)
