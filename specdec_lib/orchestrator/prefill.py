@@ -78,8 +78,8 @@ def prefill(p: Parts, st: CallState, admitted: Sequence[tuple[int, Request]],
     long = [(b, r) for b, r in admitted if len(r.prompt) >= 2]
     if not policy.use_buckets(p.target, can_capture, len(long)):
         return _batched(p, st, admitted)
-    for b, r in long:
-        _bucketed(p, st, b, r, policy, can_capture, metrics)
+    for (b, r), src in zip(long, _stage_buckets(p, st, long, policy)):
+        _bucketed(p, st, b, r, src, policy, can_capture, metrics)
     if len(long) < len(admitted):
         _batched(p, st, [(b, r) for b, r in admitted if len(r.prompt) < 2])
 
@@ -97,14 +97,40 @@ def _bucket_fields(a, nb: int, B: int) -> SimpleNamespace:
                            valid=a[v:v + B], slot=a[v + B:])
 
 
-def _bucketed(p: Parts, st: CallState, b: int, r: Request, policy: PrefillPolicy,
+def _stage_buckets(p: Parts, st: CallState, long: Sequence[tuple[int, Request]],
+                   policy: PrefillPolicy) -> list:
+    """The input array of each prompt's bucket (``_bucket_fields``), staged on the host side
+    by side and copied to the device at once: one host->device copy (which waits for the
+    stream) for all the prompts, so the copy into each bucket's buffer is device to device
+    and the host need not wait for one prompt's pass to end before enqueueing the next."""
+    if not long:
+        return []
+    B, L = st.shape.slots, st.shape.max_len
+    sizes = [_bucket_size(policy.bucket(len(r.prompt) - 1, L), B) for _, r in long]
+    ends = np.cumsum([0] + sizes)
+    stage = np.zeros(int(ends[-1]), np.int32)
+    for (b, r), o, size in zip(long, ends, sizes):
+        n = len(r.prompt) - 1
+        nb = policy.bucket(n, L)
+        host = _bucket_fields(stage[o:o + size], nb, B)
+        host.tokens[:n] = r.prompt[:-1]
+        host.next[:n] = r.prompt[1:]
+        host.cu_q[b + 1:] = nb                          # slot b holds all nb rows
+        host.valid[b] = n
+        host.slot[0] = b
+    dev = p.be.xp.asarray(stage)
+    return [dev[int(o):int(o) + size] for o, size in zip(ends, sizes)]
+
+
+def _bucketed(p: Parts, st: CallState, b: int, r: Request, src, policy: PrefillPolicy,
               can_capture: bool, metrics: Metrics) -> None:
     """Prefill request ``r`` alone into slot ``b``, its n = len(prompt) - 1 rows padded
     to the bucket's nb rows (token 0 at positions n..nb-1: their K/V land past the
     committed length, dead rows that later appends overwrite, and the causal attention
     keeps them out of the real rows). The pass reads only device buffers of the bucket
     (tokens, the draft's next tokens, cu_q and the valid counts that name slot ``b``),
-    so with graphs it is recorded on its bucket's first use and replayed after."""
+    so with graphs it is recorded on its bucket's first use and replayed after. ``src``:
+    the bucket's input array on the device (``_stage_buckets``)."""
     xp, B = p.be.xp, st.shape.slots
     n = len(r.prompt) - 1
     nb = policy.bucket(n, st.shape.max_len)
@@ -113,13 +139,7 @@ def _bucketed(p: Parts, st: CallState, b: int, r: Request, policy: PrefillPolicy
         pb = st.prefills[nb] = _bucket_fields(xp.zeros(_bucket_size(nb, B), dtype=xp.int32),
                                               nb, B)
         pb.positions, pb.replay = xp.arange(nb, dtype=xp.int32), None
-    host = _bucket_fields(np.zeros(_bucket_size(nb, B), np.int32), nb, B)
-    host.tokens[:n] = r.prompt[:-1]
-    host.next[:n] = r.prompt[1:]
-    host.cu_q[b + 1:] = nb                              # slot b holds all nb rows
-    host.valid[b] = n
-    host.slot[0] = b
-    pb.all[...] = xp.asarray(host.all)                  # one copy for every field
+    pb.all[...] = src                                   # one copy for every field
 
     def bucket_pass():
         _bucket_pass(p, st, pb, nb)
