@@ -207,3 +207,27 @@ def test_serve_counts_admissions(tmp_path):
     m = dec.metrics
     assert m.admitted == 5 and 3 <= m.admissions <= 5
     assert 0 < m.admit_s <= m.prefill_s
+
+
+@pytest.mark.parametrize("name,be,torch", _backends(), ids=lambda x: x if isinstance(x, str) else "")
+def test_tiny_hybrid_reset_slots(name, be, torch):
+    """TinyHybridTarget.reset_slots writes a device zero (no python scalar through a device
+    index): the named slots of every linear-attention layer are zero, the rest untouched."""
+    from specdec_lib.models import TinyHybridTarget
+    xp = be.xp
+    rng = np.random.default_rng(0)
+    layers = [dict(kind=k) for k in ("linear_attention", "full_attention", "linear_attention")]
+    for L in layers:
+        if L["kind"] == "linear_attention":
+            L["state"] = xp.asarray(rng.standard_normal((5, 2, 3, 3)).astype(np.float32))
+            L["conv_state"] = xp.asarray(rng.standard_normal((5, 4, 3)).astype(np.float32))
+    want = [{k: (np.array(L[k].numpy() if torch is not None else L[k])) for k in L if k != "kind"}
+            for L in layers]
+    me = SimpleNamespace(layers=layers, _zero=xp.zeros((), dtype=xp.float32))
+    idx = xp.asarray(np.array([3, 0], np.int64))
+    TinyHybridTarget.reset_slots(me, idx)
+    for L, w in zip(layers, want):
+        for k, a in w.items():
+            a[[3, 0]] = 0
+            got = L[k].numpy() if torch is not None else L[k]
+            assert np.array_equal(got, a), k

@@ -223,6 +223,7 @@ class TinyHybridTarget:
         self.slot_ids = xp.arange(B, dtype=xp.int32)
         self.page_table = xp.arange(B * self.max_pages, dtype=xp.int32).reshape(B, self.max_pages)
         kv_dtype = self.be.kv_dtype
+        self._zero = xp.zeros((), dtype=xp.float32)      # what reset_slots writes
         for L in self.layers:
             if L["kind"] == "linear_attention":
                 L["state"] = xp.zeros((B, self.hv, self.dk, self.dv), dtype=xp.float32)
@@ -234,11 +235,13 @@ class TinyHybridTarget:
 
     def reset_slots(self, slot_ids):
         """Fresh recurrent state for the given slots (a new request takes the slot). KV
-        pages need nothing: rows past the committed length (0 after a reset) are dead."""
+        pages need nothing: rows past the committed length (0 after a reset) are dead. The
+        zero written is a device array (a python 0 through a device index would be copied
+        to the device, and waited for, on every write under torch)."""
         for L in self.layers:
             if L["kind"] == "linear_attention":
-                L["state"][slot_ids] = 0
-                L["conv_state"][slot_ids] = 0
+                L["state"][slot_ids] = self._zero
+                L["conv_state"][slot_ids] = self._zero
 
     def _rope(self, x, positions):
         xp = self.xp
