@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from conftest import needs_gpu
 from specdec_lib.orchestrator import Request, reference_backend
 from specdec_lib.orchestrator.state import CallState, Parts, admit, call_shape, make_buffers
 
@@ -57,26 +58,30 @@ class _Target:
         self.calls = []
 
     def reset_slots(self, slot_ids):
-        ids = slot_ids.numpy() if self.torch is not None else np.asarray(slot_ids)
+        ids = slot_ids.cpu().numpy() if self.torch is not None else np.asarray(slot_ids)
         self.calls.append([int(i) for i in ids])
         self.state[slot_ids] = 0
 
 
 def _backends():
-    out = [("reference", reference_backend(), None)]
+    """(name, backend, torch or None): the reference backend; torch tensors on the CPU; and
+    on the GPU (torch's CUDA device: GPU runs only)."""
+    out = [pytest.param("reference", reference_backend(), None, id="reference")]
     try:
         import torch
     except ImportError:
         return out
     from specdec_lib.orchestrator.backends import _TorchArrays
-    out.append(("torch-cpu", SimpleNamespace(name="torch", xp=_TorchArrays(torch, torch.device("cpu"))),
-                torch))
+    for dev in ("cpu", "cuda"):
+        be = SimpleNamespace(name="torch", xp=_TorchArrays(torch, torch.device(dev)))
+        out.append(pytest.param(f"torch-{dev}", be, torch, id=f"torch-{dev}",
+                                marks=[needs_gpu] if dev == "cuda" else []))
     return out
 
 
 def _bytes(a, torch):
     if torch is not None:
-        a = a.contiguous().view(torch.uint8).numpy()
+        a = a.contiguous().view(torch.uint8).cpu().numpy()
     return np.ascontiguousarray(a).view(np.uint8).copy()
 
 
@@ -128,7 +133,7 @@ def _same(sn, so, where):
         assert np.array_equal(sn[0][f], so[0][f]), (where, f)
 
 
-@pytest.mark.parametrize("name,be,torch", _backends(), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize("name,be,torch", _backends())
 @pytest.mark.parametrize("carry_dtype", ["float32", "16bit", "float64"])
 @pytest.mark.parametrize("k", [0, 3])
 def test_admit_matches_per_slot_admission(name, be, torch, carry_dtype, k):
@@ -209,7 +214,7 @@ def test_serve_counts_admissions(tmp_path):
     assert 0 < m.admit_s <= m.prefill_s
 
 
-@pytest.mark.parametrize("name,be,torch", _backends(), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize("name,be,torch", _backends())
 def test_tiny_hybrid_reset_slots(name, be, torch):
     """TinyHybridTarget.reset_slots writes a device zero (no python scalar through a device
     index): the named slots of every linear-attention layer are zero, the rest untouched."""
@@ -221,13 +226,69 @@ def test_tiny_hybrid_reset_slots(name, be, torch):
         if L["kind"] == "linear_attention":
             L["state"] = xp.asarray(rng.standard_normal((5, 2, 3, 3)).astype(np.float32))
             L["conv_state"] = xp.asarray(rng.standard_normal((5, 4, 3)).astype(np.float32))
-    want = [{k: (np.array(L[k].numpy() if torch is not None else L[k])) for k in L if k != "kind"}
-            for L in layers]
+    host = (lambda a: a.cpu().numpy()) if torch is not None else np.array
+    want = [{k: np.array(host(L[k])) for k in L if k != "kind"} for L in layers]
     me = SimpleNamespace(layers=layers, _zero=xp.zeros((), dtype=xp.float32))
     idx = xp.asarray(np.array([3, 0], np.int64))
     TinyHybridTarget.reset_slots(me, idx)
     for L, w in zip(layers, want):
         for k, a in w.items():
             a[[3, 0]] = 0
-            got = L[k].numpy() if torch is not None else L[k]
-            assert np.array_equal(got, a), k
+            assert np.array_equal(host(L[k]), a), k
+
+
+class _FillTarget:
+    """A target whose reset_slots clears a device state with ``index_fill_`` (as the hybrid
+    does on torch)."""
+    hidden_size = 24
+
+    def __init__(self, torch, B):
+        self.state = torch.ones((B, 3, 5), device="cuda")
+
+    def reset_slots(self, slot_ids):
+        self.state.index_fill_(0, slot_ids.long(), 0)     # (itself when int64)
+
+
+def _syncs(torch, fn) -> int:
+    """Synchronising CUDA calls torch makes while ``fn()`` runs (its sync debug mode)."""
+    import warnings
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchronizing CUDA operation" in str(x.message) for x in w)
+
+
+@needs_gpu
+def test_admit_synchronises_once_on_cuda():
+    """On the GPU (torch) an admission makes one synchronising call, its host->device copy,
+    for one slot, a run, scattered slots and all of them; the hybrid's reset_slots none. (The
+    per-slot admission made at least 1 + 3 a request: its pageable copies.)"""
+    torch = pytest.importorskip("torch")
+    from specdec_lib.models.llama_hybrid import LlamaHybridTarget
+    from specdec_lib.orchestrator.backends import _TorchArrays
+    be = SimpleNamespace(name="torch", xp=_TorchArrays(torch, torch.device("cuda")))
+    B = 8
+    reqs = _requests(3 * B, seed=5)
+    _, st = _state(be, torch, reqs, B, 3, torch.bfloat16)
+    parts = Parts(be, _FillTarget(torch, B), None, 3)
+    batches = [[(2, reqs[0])], [(3, reqs[1]), (4, reqs[2]), (5, reqs[3])],
+               [(7, reqs[4]), (0, reqs[5]), (6, reqs[6])], [(b, reqs[8 + b]) for b in range(B)]]
+    for adm in batches:
+        assert _syncs(torch, lambda: admit(parts, st, adm)) == 1, [b for b, _ in adm]
+    for adm in batches[:2]:
+        old = _syncs(torch, lambda: _admit_per_slot(parts, st, adm))
+        assert old >= 1 + 3 * len(adm), old
+    dev = torch.device("cuda", torch.cuda.current_device())
+    me = SimpleNamespace(m=SimpleNamespace(name="torch", torch=torch, dev=dev),
+                         _state_pool=torch.ones((17, B, 2, 64, 64), dtype=torch.bfloat16,
+                                                device=dev),
+                         _conv_pool=torch.ones((17, B, 384, 3), device=dev))
+    idx = torch.tensor([1, 6], dtype=torch.int64, device=dev)
+    assert _syncs(torch, lambda: LlamaHybridTarget.reset_slots(me, idx)) == 0
+    assert float(me._state_pool[:, [1, 6]].abs().sum()) == 0
+    assert float(me._conv_pool[:, [0, 2, 3, 4, 5, 7]].sum()) == 17 * 6 * 384 * 3
