@@ -11,7 +11,8 @@ import pytest
 
 from conftest import needs_gpu
 from specdec_lib.orchestrator import Request, reference_backend
-from specdec_lib.orchestrator.state import CallState, Parts, admit, call_shape, make_buffers
+from specdec_lib.orchestrator.state import (CallState, Parts, admit, call_shape, make_buffers,
+                                            upload)
 
 
 def _admit_per_slot(parts, st, admitted):
@@ -292,3 +293,28 @@ def test_admit_synchronises_once_on_cuda():
     assert _syncs(torch, lambda: LlamaHybridTarget.reset_slots(me, idx)) == 0
     assert float(me._state_pool[:, [1, 6]].abs().sum()) == 0
     assert float(me._conv_pool[:, [0, 2, 3, 4, 5, 7]].sum()) == 17 * 6 * 384 * 3
+
+
+@pytest.mark.parametrize("name,be,torch", _backends())
+def test_upload_views(name, be, torch):
+    """upload: every array comes back with its values, dtype and shape (odd sizes, empty
+    ones, 8-byte values after odd-sized blocks, a block read as another dtype)."""
+    rng = np.random.default_rng(1)
+    xp = be.xp
+    half = np.float16 if torch is None else None
+    arrays = dict(a=rng.integers(-9, 9, 3).astype(np.int32), b=np.zeros((2, 0), np.int32),
+                  c=rng.integers(-2**62, 2**62, 5), d=np.arange(7, dtype=np.uint8),
+                  e=rng.standard_normal((3, 5)).astype(np.float32),
+                  f=np.array([2**40 + 3], np.int64),
+                  g=(np.full((2, 3), 0x3C00, np.uint16), half or xp.float16))
+    got = upload(xp, arrays)
+    assert list(got) == list(arrays)
+    for k, v in arrays.items():
+        a = v[0] if isinstance(v, tuple) else v
+        out = got[k].cpu().numpy() if torch is not None else got[k]
+        assert tuple(out.shape) == a.shape, k
+        if k == "g":
+            assert (out == 1.0).all()
+        else:
+            assert out.dtype == a.dtype and np.array_equal(out, a), k
+    assert upload(xp, {}) == {}

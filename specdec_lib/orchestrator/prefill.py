@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .request import Metrics, Request
-from .state import MAX_BLOCK_ROWS, CallState, Parts
+from .state import MAX_BLOCK_ROWS, CallState, Parts, upload
 
 MODES = ("auto", "batched", "bucketed")
 # the default of PrefillPolicy.batched_from, tuned on the H200: a SmolLM2 bucket replay
@@ -196,40 +196,54 @@ def _batched(p: Parts, st: CallState, admitted: Sequence[tuple[int, Request]]) -
     if block_draft and whole is None:
         raise TypeError("draft: a head with its own cache needs target.prefill (one pass)")
     prompts = {b: list(r.prompt) for b, r in admitted}
-    proposal = None
+    # every pass planned on the host first, all its inputs (and the admitted rows) copied to
+    # the device at once: no copy between passes waits for the stream
+    plans, host = [], {}
     while any(done[b] < len(todo[b]) for b in range(B)):
         qs = [len(todo[b]) - done[b] if whole else min(MAX_BLOCK_ROWS, len(todo[b]) - done[b])
               for b in range(B)]
-        cu = np.concatenate([[0], np.cumsum(qs)]).astype(np.int32)
-        toks = np.concatenate([todo[b][done[b]:done[b] + qs[b]] for b in range(B)]).astype(np.int32)
+        i = len(plans)
+        host[f"cu_q{i}"] = np.concatenate([[0], np.cumsum(qs)]).astype(np.int32)
+        host[f"valid{i}"] = np.asarray(qs, np.int32)
+        host[f"tokens{i}"] = np.concatenate([todo[b][done[b]:done[b] + qs[b]]
+                                             for b in range(B)]).astype(np.int32)
         pos = np.concatenate([np.arange(done[b], done[b] + qs[b]) for b in range(B)]).astype(np.int32)
-        cu_q = xp.asarray(cu)
-        acc = xp.asarray(np.asarray(qs, np.int32))
+        host[f"positions{i}"] = pos
+        if p.uses_carry:            # the slots whose last prompt row is in this pass
+            host[f"carry_rows{i}"] = np.flatnonzero(np.asarray(
+                [done[b] + qs[b] == len(todo[b]) and qs[b] > 0 for b in range(B)])).astype(np.int64)
+        if block_draft:     # the draft's own prefill: each prompt row fed its next token
+            host[f"next{i}"] = np.concatenate([prompts[b][done[b] + 1:done[b] + qs[b] + 1]
+                                               if qs[b] else [] for b in range(B)]).astype(np.int32)
+            host[f"draft_positions{i}"] = pos.copy()
+        plans.append(qs)
+        done = [done[b] + qs[b] for b in range(B)]
+    if p.k:
+        host["rows"] = np.asarray([b for b, _ in admitted], np.int64)
+    dev = upload(xp, host)
+    proposal = None
+    for i, qs in enumerate(plans):
+        cu_q, acc = dev[f"cu_q{i}"], dev[f"valid{i}"]
         if whole:
-            logits, hidden = whole(xp.asarray(toks), xp.asarray(pos), cu_q, buf.seq_lens,
+            logits, hidden = whole(dev[f"tokens{i}"], dev[f"positions{i}"], cu_q, buf.seq_lens,
                                    buf.finished, row_counts=qs)
         else:
-            logits, hidden = p.target.forward(xp.asarray(toks), xp.asarray(pos), cu_q,
+            logits, hidden = p.target.forward(dev[f"tokens{i}"], dev[f"positions{i}"], cu_q,
                                               buf.seq_lens, buf.finished)
         p.target.commit(cu_q, acc)
         buf.seq_lens += acc
         if p.uses_carry:
             new_carry = xp.empty_like(carry)
             be.draft_carry(hidden, cu_q, acc, new_carry)
-            last = np.asarray([done[b] + qs[b] == len(todo[b]) and qs[b] > 0
-                               for b in range(B)])
-            rows = xp.asarray(np.flatnonzero(last))
+            rows = dev[f"carry_rows{i}"]
             carry[rows] = new_carry[rows]
-        if block_draft:     # the draft's own prefill: each prompt row fed its next token
-            nxt = np.concatenate([prompts[b][done[b] + 1:done[b] + qs[b] + 1]
-                                  if qs[b] else [] for b in range(B)])
+        if block_draft:
             proposal = p.draft.propose_block(SimpleNamespace(
-                hidden=hidden, tokens=xp.asarray(nxt.astype(np.int32)),
-                positions=xp.asarray(pos), cu_q=cu_q, valid=acc, seq_lens=buf.seq_lens,
-                finished=buf.finished, row_counts=qs), p.k)
-        done = [done[b] + qs[b] for b in range(B)]
+                hidden=hidden, tokens=dev[f"next{i}"], positions=dev[f"draft_positions{i}"],
+                cu_q=cu_q, valid=acc, seq_lens=buf.seq_lens, finished=buf.finished,
+                row_counts=qs), p.k)
     if p.k:
-        rows = xp.asarray(np.asarray([b for b, _ in admitted], np.int64))
+        rows = dev["rows"]
         if not block_draft:
             proposal = p.propose(buf, carry)
         elif proposal is None:      # one-token prompts only: nothing to prefill

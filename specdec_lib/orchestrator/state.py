@@ -165,72 +165,78 @@ def fresh(parts: Parts, shape: Shape) -> CallState:
                      _epochs(parts))
 
 
-# per-slot scalars an admission writes, in the order of the staging array
+def upload(xp, arrays: dict) -> dict:
+    """Several host arrays to the device in one host->device copy: ``arrays`` maps a name to
+    a numpy array (the device array gets the dtype of the same name on ``xp``), or to
+    (array, device dtype) of the same item size (the bytes read as that dtype). Returns name
+    -> the device array (a view of the one copy, every block 16-byte aligned, so views of
+    8-byte values are aligned too). One copy, so one wait where a copy from pageable host
+    memory waits for the stream (torch does), instead of one an array."""
+    if not arrays:
+        return {}
+    blocks, off = [], 0
+    for name, v in arrays.items():
+        a, dt = v if isinstance(v, tuple) else (v, None)
+        a = np.ascontiguousarray(a)
+        words = -(-a.nbytes // 4)
+        blocks.append((name, a, dt, off, words))
+        off += -(-words // 4) * 4
+    host = np.zeros(off, np.int32)
+    for name, a, dt, o, words in blocks:
+        host[o:o + words].view(np.uint8)[:a.nbytes] = a.reshape(-1).view(np.uint8)
+    dev = xp.asarray(host)
+    return {name: dev[o:o + words].view(getattr(xp, a.dtype.name) if dt is None else dt)
+            [:a.size].reshape(a.shape) for name, a, dt, o, words in blocks}
+
+
+# per-slot scalars an admission writes
 _I32_FIELDS = ("max_new", "top_k", "seq_lens", "out_lens", "last_token", "prompt_lens")
 _F32_FIELDS = ("temperature", "top_p", "min_p")
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def _stage(buf: SimpleNamespace, carry, admitted: Sequence[tuple[int, Request]]):
-    """Every per-slot value an admission writes, for the ``n`` admitted slots, on the host in
-    one int32 array of words (``host``), and ``fields``: name -> (offset, words, dtype name,
-    shape) of each block in it. Every block starts on a 16-byte boundary (so the device
-    copy's views of it are aligned, 8-byte values included); dtypes other than int32 are the
-    same bytes read as that dtype (int64 seeds and slot index, float32 parameters, the uint8
-    ``finished``, the carry's zero rows)."""
+def _stage(buf: SimpleNamespace, carry, admitted: Sequence[tuple[int, Request]]) -> dict:
+    """Every per-slot value an admission writes, for the ``n`` admitted slots, as host arrays
+    for ``upload``: name -> [n, ...] (the slots' int64 index, their buffers' rows, the
+    carry's zero rows in its dtype)."""
     n = len(admitted)
     S, (NS, M), P, O = (buf.stop_ids.shape[1], buf.stop_seqs.shape[1:], buf.prompt.shape[1],
                         buf.out_tokens.shape[1])
-    H, csize = carry.shape[1], int(carry.itemsize)
-    blocks = [("index", 2 * n, "int64", (n,)), ("seed", 2 * n, "int64", (n,)),
-              ("stop_ids", n * S, "int32", (n, S)),
-              ("stop_seqs", n * NS * M, "int32", (n, NS, M)), ("prompt", n * P, "int32", (n, P)),
-              ("out_tokens", n * O, "int32", (n, O))]
-    blocks += [(f, n, "int32", (n,)) for f in _I32_FIELDS]
-    blocks += [(f, n, "float32", (n,)) for f in _F32_FIELDS]
-    blocks += [("finished", -(-n // 4), "uint8", (n,)),
-               ("carry", -(-n * H * csize // 4), "carry", (n, H))]
-    fields, off = {}, 0
-    for name, words, dt, shape in blocks:
-        fields[name] = (off, words, dt, shape)
-        off += -(-words // 4) * 4             # every block 16-byte aligned
-    host = np.zeros(off, np.int32)
-
-    def view(name):                       # (the carry's block stays zero words)
-        o, words, dt, shape = fields[name]
-        return host[o:o + words].view(np.dtype(dt))[:int(np.prod(shape))].reshape(shape)
-    view("index")[:] = [b for b, _ in admitted]
-    view("seed")[:] = [r.seed for _, r in admitted]
-    ids, seqs, prompt = view("stop_ids"), view("stop_seqs"), view("prompt")
-    ids[:] = -1
-    seqs[:] = -1
-    view("out_tokens")[:] = -1
+    ids = np.full((n, S), -1, np.int32)
+    seqs = np.full((n, NS, M), -1, np.int32)
+    prompt = np.zeros((n, P), np.int32)
     for i, (_, r) in enumerate(admitted):
         ids[i, :len(r.stop_token_ids)] = r.stop_token_ids
         for j, sq in enumerate(r.stop_sequences):
             if len(sq):
                 seqs[i, j, M - len(sq):] = sq
         prompt[i, :len(r.prompt)] = r.prompt
-    per = dict(max_new=[r.max_new_tokens for _, r in admitted],
-               top_k=[r.top_k for _, r in admitted], seq_lens=0, out_lens=0,
-               last_token=[r.prompt[-1] for _, r in admitted],
-               prompt_lens=[len(r.prompt) for _, r in admitted],
-               temperature=[r.temperature for _, r in admitted],
-               top_p=[r.top_p for _, r in admitted], min_p=[r.min_p for _, r in admitted])
-    for name, v in per.items():
-        view(name)[:] = v
-    # finished (0) and the carry's rows (zero bits in every dtype) are the zeros already there
-    return host, fields
+    reqs = [r for _, r in admitted]
+
+    def col(values, dt):
+        return np.asarray(values, dt).reshape(n)
+    return dict(
+        index=col([b for b, _ in admitted], np.int64), seed=col([r.seed for r in reqs], np.int64),
+        stop_ids=ids, stop_seqs=seqs, prompt=prompt, out_tokens=np.full((n, O), -1, np.int32),
+        max_new=col([r.max_new_tokens for r in reqs], np.int32),
+        top_k=col([r.top_k for r in reqs], np.int32), seq_lens=np.zeros(n, np.int32),
+        out_lens=np.zeros(n, np.int32), last_token=col([r.prompt[-1] for r in reqs], np.int32),
+        prompt_lens=col([len(r.prompt) for r in reqs], np.int32),
+        temperature=col([r.temperature for r in reqs], np.float32),
+        top_p=col([r.top_p for r in reqs], np.float32),
+        min_p=col([r.min_p for r in reqs], np.float32), finished=np.zeros(n, np.uint8),
+        carry=(np.zeros((n, carry.shape[1]), _UINT[int(carry.itemsize)]), carry.dtype))
 
 
 def admit(parts: Parts, st: CallState, admitted: Sequence[tuple[int, Request]]) -> None:
     """Put requests into free slots: per-slot parameters, fresh recurrent state, a zero
     carry, and running status. ``admitted`` is [(slot, Request)], slots distinct.
 
-    Every value is staged on the host (``_stage``) and goes to the device in one copy; then
-    one write a buffer for all the admitted slots (a slice where they are a run of
-    consecutive slots, else the device index of them), and ``target.reset_slots`` gets that
-    index (int64). No python scalar is written through a device index (torch would copy it to
-    the device first, and wait)."""
+    Every value is staged on the host (``_stage``) and goes to the device in one copy
+    (``upload``); then one write a buffer for all the admitted slots (a slice where they are
+    a run of consecutive slots, else the device index of them), and ``target.reset_slots``
+    gets that index (int64). No python scalar is written to a device array: torch copies it
+    to the device first and waits (for an element, or through a device index)."""
     xp, buf = parts.be.xp, st.buf
     slots = [int(b) for b, _ in admitted]
     reset = getattr(parts.target, "reset_slots", None)
@@ -238,25 +244,15 @@ def admit(parts: Parts, st: CallState, admitted: Sequence[tuple[int, Request]]) 
         raise TypeError("target: reusing a slot needs target.reset_slots(slot_ids)")
     if not admitted:
         return
-    host, fields = _stage(buf, st.carry, admitted)
-    dev = xp.asarray(host)                # the admission's one host->device copy
-    dtypes = dict(int32=xp.int32, int64=xp.int64, float32=xp.float32, uint8=xp.uint8,
-                  carry=st.carry.dtype)
-
-    def part(name):
-        o, words, dt, shape = fields[name]
-        n = 1
-        for x in shape:
-            n *= x
-        return dev[o:o + words].view(dtypes[dt])[:n].reshape(shape)
-    index = part("index")
+    dev = upload(xp, _stage(buf, st.carry, admitted))    # the admission's one copy
+    index = dev["index"]
     if reset is not None:
         reset(index)
     b0, n = slots[0], len(slots)
     rows = slice(b0, b0 + n) if slots == list(range(b0, b0 + n)) else index
     for name in ("stop_ids", "stop_seqs", "prompt", "out_tokens", "seed", "finished",
                  *_I32_FIELDS, *_F32_FIELDS):
-        getattr(buf, name)[rows] = part(name)
-    st.carry[rows] = part("carry")
+        getattr(buf, name)[rows] = dev[name]
+    st.carry[rows] = dev["carry"]
     for b in slots:
         st.used[b] = True
