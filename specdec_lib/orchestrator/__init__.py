@@ -17,9 +17,9 @@ The host stack supplies two objects; every name below is what the decoder reads.
             ``pads_prefill = True``: prefill rows past a prompt only write dead cache rows, so
             prompts may be padded to length buckets (``prefill="bucketed"``, and ``"auto"``
             with graphs);
-            ``reset_slots(slot_ids)``: a new request takes these slots (clear their recurrent
-            state); without it reusing a slot raises TypeError, and no call reuses the
-            last one's state;
+            ``reset_slots(slot_ids)``: a new request takes these slots (``slot_ids``: an
+            int64 device array; clear their recurrent state); without it reusing a slot
+            raises TypeError, and no call reuses the last one's state;
             ``cache_epoch`` (int, bumped by every ``reset``): with ``reset_slots`` it lets a
             call reuse the last call's buffers and graphs while the caches are unchanged;
             ``hidden_dtype`` (default float32): the dtype of ``hidden`` and of the carry.
