@@ -99,27 +99,24 @@ def _bucket_fields(a, nb: int, B: int) -> SimpleNamespace:
 
 def _stage_buckets(p: Parts, st: CallState, long: Sequence[tuple[int, Request]],
                    policy: PrefillPolicy) -> list:
-    """The input array of each prompt's bucket (``_bucket_fields``), staged on the host side
-    by side and copied to the device at once: one host->device copy (which waits for the
+    """The input array of each prompt's bucket (``_bucket_fields``), staged on the host and
+    copied to the device at once (``upload``): one host->device copy (which waits for the
     stream) for all the prompts, so the copy into each bucket's buffer is device to device
     and the host need not wait for one prompt's pass to end before enqueueing the next."""
-    if not long:
-        return []
     B, L = st.shape.slots, st.shape.max_len
-    sizes = [_bucket_size(policy.bucket(len(r.prompt) - 1, L), B) for _, r in long]
-    ends = np.cumsum([0] + sizes)
-    stage = np.zeros(int(ends[-1]), np.int32)
-    for (b, r), o, size in zip(long, ends, sizes):
+    host = {}
+    for i, (b, r) in enumerate(long):
         n = len(r.prompt) - 1
         nb = policy.bucket(n, L)
-        host = _bucket_fields(stage[o:o + size], nb, B)
-        host.tokens[:n] = r.prompt[:-1]
-        host.next[:n] = r.prompt[1:]
-        host.cu_q[b + 1:] = nb                          # slot b holds all nb rows
-        host.valid[b] = n
-        host.slot[0] = b
-    dev = p.be.xp.asarray(stage)
-    return [dev[int(o):int(o) + size] for o, size in zip(ends, sizes)]
+        f = _bucket_fields(np.zeros(_bucket_size(nb, B), np.int32), nb, B)
+        f.tokens[:n] = r.prompt[:-1]
+        f.next[:n] = r.prompt[1:]
+        f.cu_q[b + 1:] = nb                             # slot b holds all nb rows
+        f.valid[b] = n
+        f.slot[0] = b
+        host[f"bucket{i}"] = f.all
+    dev = upload(p.be.xp, host)
+    return [dev[f"bucket{i}"] for i in range(len(long))]
 
 
 def _bucketed(p: Parts, st: CallState, b: int, r: Request, src, policy: PrefillPolicy,
