@@ -217,7 +217,7 @@ def launch_verify_attention_cluster(Kernel k, unsigned int head_ctas, unsigned i
                            num_kv_heads, page_size_log2, num_pages, max_pages, max_q, warps_m,
                            num_splits, kv_chunk)
     launch_cluster_grid(k, head_ctas * num_splits, batch, 1, VERIFY_ATTN_THREADS, smem, stream,
-                        &p, num_splits)
+                        &p, num_splits, True)
 
 
 def launch_verify_attention_kv8(Kernel k, Kernel merge, unsigned int head_ctas, unsigned int smem,

@@ -17,11 +17,6 @@ cdef int launch(Kernel k, unsigned int gx, unsigned int gy, unsigned int gz,
 cdef int launch_after(Kernel k, unsigned int gx, unsigned int gy, unsigned int gz,
                       unsigned int bx, unsigned int by, unsigned int bz,
                       unsigned int smem, size_t stream, void* params, bint pdl) except -1
-cdef int launch_cluster(Kernel k, unsigned int gx, unsigned int bx, unsigned int smem,
-                        size_t stream, void* params, unsigned int cluster_x) except -1
 cdef int launch_cluster_grid(Kernel k, unsigned int gx, unsigned int gy, unsigned int gz,
                              unsigned int bx, unsigned int smem, size_t stream, void* params,
-                             unsigned int cluster_x) except -1
-cdef int launch_cluster_after(Kernel k, unsigned int gx, unsigned int bx, unsigned int smem,
-                              size_t stream, void* params, unsigned int cluster_x,
-                              bint pdl) except -1
+                             unsigned int cluster_x, bint pdl) except -1

@@ -355,39 +355,24 @@ cdef int launch_after(Kernel k, unsigned int gx, unsigned int gy, unsigned int g
     return 0
 
 
-cdef int launch_cluster(Kernel k, unsigned int gx, unsigned int bx, unsigned int smem,
-                        size_t stream, void* params, unsigned int cluster_x) except -1:
-    """Launch ``k`` on a 1-D grid of ``gx`` CTAs in clusters of ``cluster_x`` (sm_90+:
-    cuLaunchKernelEx with the cluster-dimension attribute), one by-value parameter block."""
-    cdef void* args[1]
-    cdef cydriver.CUresult err
-    cdef cydriver.CUlaunchConfig cfg
-    cdef cydriver.CUlaunchAttribute attr
-    args[0] = params
-    _cluster_config(&cfg, &attr, gx, bx, smem, stream, cluster_x)
-    with nogil:
-        err = cydriver.cuLaunchKernelEx(&cfg, k.func, args, NULL)
-    if err != cydriver.CUDA_SUCCESS:
-        check(err, f"cuLaunchKernelEx({k.module}:{k.name}, grid={gx}, block={bx}, "
-                   f"cluster={cluster_x}, smem={smem})")
-    return 0
-
-
 cdef int launch_cluster_grid(Kernel k, unsigned int gx, unsigned int gy, unsigned int gz,
                              unsigned int bx, unsigned int smem, size_t stream, void* params,
-                             unsigned int cluster_x) except -1:
+                             unsigned int cluster_x, bint pdl) except -1:
     """Launch ``k`` on grid (gx, gy, gz) of ``bx``-thread CTAs in clusters of ``cluster_x``
-    CTAs along x (sm_90+), and, for a kernel loaded from sm_90 code (``k.pdl``), with
-    programmatic stream serialization as ``launch`` does (the kernel begins with pdl_begin())."""
+    CTAs along x (sm_90+: cuLaunchKernelEx with the cluster-dimension attribute), one
+    by-value parameter block; when ``pdl`` and the kernel was loaded from sm_90 code
+    (``k.pdl``: it begins with pdl_begin()), with programmatic stream serialization as
+    ``launch`` does, so it is scheduled while the previous launch drains."""
     cdef void* args[1]
     cdef cydriver.CUresult err
     cdef cydriver.CUlaunchConfig cfg
     cdef cydriver.CUlaunchAttribute attrs[2]
+    cdef bint serial = pdl and k.pdl
     args[0] = params
     _cluster_config(&cfg, &attrs[0], gx, bx, smem, stream, cluster_x)
     cfg.gridDimY = gy
     cfg.gridDimZ = gz
-    if k.pdl:
+    if serial:
         memset(&attrs[1], 0, sizeof(attrs[1]))
         attrs[1].id = cydriver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         attrs[1].value.programmaticStreamSerializationAllowed = 1
@@ -396,19 +381,8 @@ cdef int launch_cluster_grid(Kernel k, unsigned int gx, unsigned int gy, unsigne
         err = cydriver.cuLaunchKernelEx(&cfg, k.func, args, NULL)
     if err != cydriver.CUDA_SUCCESS:
         check(err, f"cuLaunchKernelEx({k.module}:{k.name}, grid=({gx},{gy},{gz}), block={bx}, "
-                   f"cluster={cluster_x}, smem={smem}, pdl={k.pdl})")
+                   f"cluster={cluster_x}, smem={smem}, pdl={serial})")
     return 0
-
-
-cdef int launch_cluster_after(Kernel k, unsigned int gx, unsigned int bx, unsigned int smem,
-                              size_t stream, void* params, unsigned int cluster_x,
-                              bint pdl) except -1:
-    """``launch_cluster`` with, when ``pdl`` (sm_90 code that begins with griddepcontrol.wait:
-    cuda_src/common/pdl.cuh), programmatic stream serialization as well (``launch_cluster_grid``
-    on a one-row grid): the cluster launch is scheduled while the previous launch drains."""
-    if not pdl:
-        return launch_cluster(k, gx, bx, smem, stream, params, cluster_x)
-    return launch_cluster_grid(k, gx, 1, 1, bx, smem, stream, params, cluster_x)
 
 
 # ------------------------------------------------------------------ memory, streams, events

@@ -3,7 +3,7 @@
 three kernels in order on the caller's stream. No validation here
 (specdec_lib.ops.sampling does it before calling in)."""
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
-from specdec_lib._driver cimport Kernel, launch, launch_after, launch_cluster_after
+from specdec_lib._driver cimport Kernel, launch, launch_after, launch_cluster_grid
 
 cdef extern from "sampling/sampling_params.h":
     int SPEC_SAMPLE_TILE
@@ -212,8 +212,8 @@ cdef int _launch_rows_layout(Kernel k_row, Kernel k_chain, size_t stream,
         _allow_smem(k_row, smem)
         if cluster > 8:
             k_row.allow_large_clusters()
-        launch_cluster_after(k_row, num_rows * cluster, SPEC_SAMPLE_ROWS_THREADS, smem, stream,
-                             &p, cluster, pdl_row)
+        launch_cluster_grid(k_row, num_rows * cluster, 1, 1, SPEC_SAMPLE_ROWS_THREADS, smem,
+                            stream, &p, cluster, pdl_row)
     cdef int per_cta = SPEC_SAMPLE_CHAIN_THREADS // 32   # one warp per sequence
     launch_after(k_chain, (batch + per_cta - 1) // per_cta, 1, 1,
                  SPEC_SAMPLE_CHAIN_THREADS, 1, 1, 0, stream, &p, pdl and num_rows > 0)
