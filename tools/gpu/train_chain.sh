@@ -29,7 +29,8 @@
 #                          f32 state, the demo in bf16 / f16 state and on forced compute_75
 #                          (f16 math + f16 state) and compute_80, the state fidelity over
 #                          1000 tokens (tools/perf/hybrid_state_fidelity.py)        ~7 min;
-#                          HYB_E2E="--auto 4" (or "" for the profile), HYB_DEMOS=0 (e2e only)
+#                          HYB_E2E="--auto 4" (or "" for the profile; "--serve-repeats 3":
+#                          three served ratios), HYB_DEMOS=0 (e2e only), HYB_SETS
 #
 #   tools/gpu/train_chain.sh STEP "$OUT"
 #

@@ -248,6 +248,10 @@ def main():
                    "comma-separated (default -k); prompt lookup always runs at -k")
     p.add_argument("--serve", type=int, default=0, metavar="N", help="also serve N mixed "
                    "requests through the mixed case's B slots (continuous batching)")
+    p.add_argument("--serve-repeats", type=int, default=1, metavar="R", help="serve the "
+                   "stream R times in all (the same warm decoders, target-only and each mode "
+                   "in turn; runs after the first are not rescored): R ratios, as the served "
+                   "ratio moves from run to run")
     p.add_argument("--row-invariant", action="store_true", help="decode GEMMs through the "
                    "library's linear (LlamaTarget row_invariant=True)")
     p.add_argument("--sets", default=None, help="B=1 prompt sets (default copy,open,heldout; "
@@ -380,12 +384,38 @@ def main():
         sreqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new32, **stops)
                  for t in (texts * (args.serve // len(texts) + 1))[:args.serve]]
 
+        decs = {}       # one warm decoder a mode, kept for --serve-repeats
+
         def served(target, draft, kk, be, reqs):
-            return decode(target, draft, kk, be, reqs, slots=B)
+            key = (None if draft is None else id(draft), kk)
+            if key not in decs:
+                decs[key] = decoder(target, draft, kk, be, reqs, B)
+            dec = decs[key]
+            dec.reset_metrics()
+            return dec.serve(reqs, slots=B), dec.metrics
         serve_k = [int(x) for x in args.serve_k.split(",")] if args.serve_k else mixed_k
-        case(f"serve {args.serve}/{B}", f"serve{args.serve}_slots{B}", sreqs, served,
-             [(n, k) for n in drafts if n == "ngram"] + [(n, kk) for kk in serve_k for n in heads]
-             + [(n, a) for a in auto for n in drafts])
+        skey = f"serve{args.serve}_slots{B}"
+        sruns = ([(n, k) for n in drafts if n == "ngram"] + [(n, kk) for kk in serve_k for n in heads]
+                 + [(n, a) for a in auto for n in drafts])
+        case(f"serve {args.serve}/{B}", skey, sreqs, served, sruns)
+        # the served ratio moves from run to run (target-only +-15%, s14): more runs of the
+        # same warm decoders, target-only and each mode in turn (ABAB), not rescored again
+        # (greedy: each is counted token-identical to target-only's run beside it)
+        for rep in range(1, args.serve_repeats):
+            base, mb = served(target, None, 0, be, sreqs)
+            row = dict(target_only=round(mb.tokens_per_s, 1))
+            for name, kk in sruns:
+                spec, ms = served(target, drafts[name], kk, be, sreqs)
+                row[f"{name}_k{kk}"] = dict(
+                    tokens_per_s=round(ms.tokens_per_s, 1),
+                    speedup=round(ms.tokens_per_s / max(mb.tokens_per_s, 1e-9), 3),
+                    prefill_s=round(ms.prefill_s, 4), admit_s=round(ms.admit_s, 4),
+                    identical_to_target_only=sum(x.tokens == y.tokens for x, y in zip(base, spec)))
+                print(f"serve {args.serve}/{B} repeat {rep}: {name} k={kk} "
+                      f"{ms.tokens_per_s:,.1f} tok/s, target-only {mb.tokens_per_s:,.1f} "
+                      f"({row[f'{name}_k{kk}']['speedup']:.2f}x)", flush=True)
+            report[skey].setdefault("repeats", []).append(row)
+            _dump(args, report)
     # the profiles (rounds, then prefills) last: a profiler session leaves the process slower
     # (s13: B=32 host enqueue per round 6 -> ~110 us after one), so nothing is timed after it
     if args.no_profile:
