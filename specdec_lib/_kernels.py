@@ -125,11 +125,30 @@ register(KernelModule(
              for mma in (("", "_mma", "_small") if t != "f32" else ("", "_small"))},
 ))
 
+# W = 4 forms of the conv kernels (issue 31: compile-time width and dtypes, bit-identical to the
+# generic conv1d_verify / conv1d_commit; conv.cu "W = 4, compile-time dtypes"). verify: (x, state,
+# journal) with weight, bias and out in x's dtype, the journal in the state's or in x's dtype;
+# commit: (journal, state). Which call takes which kernel: specdec_lib/ops/conv.py.
+CONV_DTYPES = ("f32", "f16", "bf16")
+CONV_W4_VERIFY = tuple((x, s, j) for x in CONV_DTYPES for s in CONV_DTYPES for j in dict.fromkeys((s, x)))
+CONV_W4_COMMIT = tuple((j, s) for j in CONV_DTYPES for s in CONV_DTYPES)
+
+
+def conv_w4_verify_kernel(x, s, j):
+    return f"conv1d_verify_w4_{x}_{s}_j{j}"
+
+
+def conv_w4_commit_kernel(j, s):
+    return f"conv1d_commit_w4_{j}_{s}"
+
+
 register(KernelModule(
     name="conv",
     source="cuda_src/conv/conv.cu",
     params_header="conv/conv_params.h",
-    kernels={"conv1d_verify": "ConvVerifyParams", "conv1d_commit": "ConvCommitParams"},
+    kernels={"conv1d_verify": "ConvVerifyParams", "conv1d_commit": "ConvCommitParams",
+             **{conv_w4_verify_kernel(*k): "ConvVerifyParams" for k in CONV_W4_VERIFY},
+             **{conv_w4_commit_kernel(*k): "ConvCommitParams" for k in CONV_W4_COMMIT}},
 ))
 
 register(KernelModule(

@@ -437,6 +437,16 @@ _CONV = {
                                    act=None, pad=(3,)),
     "B2_W2_strided_x": dict(B=2, q=(1, 2), dim=256, W=2, xdt="bfloat16", wdt="float32",
                             sdt="float32", slots=2, strided=True, check=False),
+    # the W = 4 kernels (ops.conv.verify_kernel): forced off, a weight dtype they do not cover,
+    # a journal in x's dtype
+    "B1_bf16_W4_generic_env": dict(B=1, q=(4, 4), dim=8192, W=4, xdt="bfloat16", wdt="bfloat16",
+                                   sdt="bfloat16", slots=2, bias=True, journal=True,
+                                   _env={"SPECDEC_CONV_GENERIC": "1"}),
+    "B1_W4_f32_weight_generic": dict(B=1, q=(4, 4), dim=8192, W=4, xdt="bfloat16",
+                                     wdt="float32", sdt="bfloat16", slots=2),
+    "B4_W4_f32_x_bf16state_f32_journal": dict(B=4, q=(1, 4), dim=300, W=4, xdt="float32",
+                                              wdt="float32", sdt="bfloat16", slots=5,
+                                              journal=True, jdt="float32"),
 }
 
 
@@ -458,13 +468,14 @@ def _conv_inputs(rec, B, q, dim, W, xdt, sdt, slots, seed, strided=False, status
 
 @many("conv1d_verify", _CONV)
 def _conv_verify(rec, B, q, dim, W, xdt, wdt, sdt, slots, bias=False, journal=False,
-                 status=False, torch_w=False, act="silu", pad=(), strided=False, check=True):
+                 status=False, torch_w=False, act="silu", pad=(), strided=False, check=True,
+                 jdt=None):
     _, T, x, cs, sl, cq, sa = _conv_inputs(rec, B, q, dim, W, xdt, sdt, slots, B + 70,
                                            strided, status, pad)
     w = rec.array("weight", (dim, 1, W) if torch_w else (dim, W), wdt)
     b = rec.array("bias", (dim,), wdt) if bias else None
     out = rec.array("out", (T, dim), xdt)
-    jn = rec.array("journal", (T, dim), sdt) if journal else None
+    jn = rec.array("journal", (T, dim), jdt or sdt) if journal else None
     return ops.conv1d_verify(x, w, cs, sl, cq, out, bias=b, activation=act, journal=jn,
                              status=sa, check_indices=check)
 
@@ -475,6 +486,8 @@ def _conv_verify(rec, B, q, dim, W, xdt, wdt, sdt, slots, bias=False, journal=Fa
                               slots=64, status=True),
     "B3_strided_W8": dict(B=3, q=(2, 3), dim=100, W=8, xdt="float16", sdt="float32", slots=3,
                           strided=True),
+    "B1_bf16_W4_generic_env": dict(B=1, q=(4, 4), dim=8192, W=4, xdt="bfloat16", sdt="bfloat16",
+                                   slots=2, _env={"SPECDEC_CONV_GENERIC": "1"}),
 })
 def _conv_commit(rec, B, q, dim, W, xdt, sdt, slots, status=False, strided=False):
     qs, T, x, cs, sl, cq, sa = _conv_inputs(rec, B, q, dim, W, xdt, sdt, slots, B + 80,

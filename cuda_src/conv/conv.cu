@@ -42,6 +42,8 @@ __device__ __forceinline__ uint32_t load_raw_rw(const void* p, int64_t i, int dt
   return static_cast<const unsigned short*>(p)[i];
 }
 
+__host__ __device__ constexpr int dt_size(int dt) { return dt == SPECDEC_DT_F32 ? 4 : 2; }
+
 __device__ __forceinline__ bool rows_valid(const int32_t* cu_q, int b, int num_rows, int& r0, int& r1) {
   r0 = __ldg(cu_q + b);
   r1 = __ldg(cu_q + b + 1);
@@ -164,6 +166,123 @@ __device__ void conv1d_commit_impl(const ConvCommitParams& p) {
     if (m < keep) store_dt(p.conv_state, sb + m, p.state_dtype, nw[m]);
 }
 
+
+// ---------------------------------------------------------------- W = 4, compile-time dtypes
+// The same kernels with W = 4 and the dtype codes as template constants (XD: x, weight, bias
+// and out; SD: the conv state; JD: the journal), chosen by ops/conv.py where a call matches
+// (_kernels.CONV_W4_*). The arithmetic is the generic kernels', op for op (the same helpers with
+// constant codes, the same fma order bias + w0 s0 + w1 s1 + w2 s2 + w3 x, the same SiLU and
+// rounding), so outputs, journals and states are bit-identical to conv1d_verify /
+// conv1d_commit's; what goes is the run-time dtype branches (each load, store and rounding was
+// a branch on a code), the window's 8-entry register shift and the per-row 64-bit index
+// products (row addresses advance by a stride instead). PDL as the generic kernels: wait first.
+template <int XD, int SD, int JD>
+__device__ __forceinline__ void conv1d_verify_w4_impl(const ConvVerifyParams& p) {
+  const int b = blockIdx.y;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  int row0, row1;
+  const bool rows_ok = rows_valid(p.cu_q, b, p.num_rows, row0, row1);
+  const int slot = __ldg(p.slot_ids + b);
+  const bool slot_ok = slot >= 0 && slot < p.num_slots;
+  if (p.status != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+    p.status[b] = (rows_ok ? 0 : SPECDEC_CONV_BAD_ROWS) | (slot >= p.num_slots ? SPECDEC_CONV_BAD_SLOT : 0);
+  if (!rows_ok || c >= p.dim) return;
+  // row row0's x / out / journal elements, then one stride a row (byte pointers: the row loop
+  // adds a stride instead of forming t * stride + c)
+  const int64_t xs = p.x_stride_t * dt_size(XD), os = p.out_stride_t * dt_size(XD);
+  const int64_t js = p.journal_stride_t * dt_size(JD);
+  const char* xp = static_cast<const char*>(p.x) + (row0 * p.x_stride_t + c) * dt_size(XD);
+  char* op = static_cast<char*>(p.out) + (row0 * p.out_stride_t + c) * dt_size(XD);
+  char* jp = static_cast<char*>(p.journal) + (row0 * p.journal_stride_t + c) * dt_size(JD);
+  // the first kXBatch rows' x before any store, with the bias, weights and state (the generic
+  // kernel's load order: one memory trip for all of them after the index loads)
+  uint32_t xraw[kXBatch];
+  auto load_x = [&](int t0) {
+    const char* q = xp;
+#pragma unroll
+    for (int k = 0; k < kXBatch; ++k) {
+      if (t0 + k < row1) xraw[k] = load_raw(q, 0, XD);
+      q += xs;
+    }
+  };
+  load_x(row0);
+  const uint32_t braw = p.bias != nullptr ? load_raw(p.bias, c, XD) : 0u;
+  float w0 = 0.f, w1 = 0.f, w2 = 0.f, w3 = 0.f, s0 = 0.f, s1 = 0.f, s2 = 0.f;
+  if (slot_ok) {
+    const int64_t wb = c * p.weight_stride_c;
+    const int64_t sb = slot * p.state_stride_slot + c * p.state_stride_c;
+    const uint32_t rw0 = load_raw(p.weight, wb, XD), rw1 = load_raw(p.weight, wb + 1, XD);
+    const uint32_t rw2 = load_raw(p.weight, wb + 2, XD), rw3 = load_raw(p.weight, wb + 3, XD);
+    const uint32_t rs0 = load_raw(p.conv_state, sb, SD), rs1 = load_raw(p.conv_state, sb + 1, SD);
+    const uint32_t rs2 = load_raw(p.conv_state, sb + 2, SD);
+    w0 = raw_to_float(rw0, XD);
+    w1 = raw_to_float(rw1, XD);
+    w2 = raw_to_float(rw2, XD);
+    w3 = raw_to_float(rw3, XD);
+    s0 = raw_to_float(rs0, SD);
+    s1 = raw_to_float(rs1, SD);
+    s2 = raw_to_float(rs2, SD);
+  }
+  const float bias = p.bias != nullptr ? raw_to_float(braw, XD) : 0.f;
+  for (int t0 = row0; t0 < row1; t0 += kXBatch) {
+    if (t0 != row0) load_x(t0);
+#pragma unroll
+    for (int k = 0; k < kXBatch; ++k) {
+      if (t0 + k >= row1) break;
+      const float x = raw_to_float(xraw[k], XD);
+      if (p.journal != nullptr) store_dt(jp, 0, JD, x);
+      float y = 0.f;
+      if (slot_ok) {
+        y = bias;
+        y = fmaf(w0, s0, y);
+        y = fmaf(w1, s1, y);
+        y = fmaf(w2, s2, y);
+        y = fmaf(w3, x, y);
+        if (p.silu) y = y / (1.f + __expf(-y));
+        s0 = s1;
+        s1 = s2;
+        s2 = round_dt(x, SD);   // as later rows see it
+      }
+      store_dt(op, 0, XD, y);
+      xp += xs;
+      op += os;
+      jp += js;
+    }
+  }
+}
+
+// conv1d_commit, W = 4 (3 state entries), compile-time journal / state dtypes
+template <int JD, int SD>
+__device__ __forceinline__ void conv1d_commit_w4_impl(const ConvCommitParams& p) {
+  constexpr int keep = 3;
+  const int b = blockIdx.y;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  int row0, row1;
+  const bool rows_ok = rows_valid(p.cu_q, b, p.num_rows, row0, row1);
+  const int slot = __ldg(p.slot_ids + b);
+  const int n = __ldg(p.accept_len + b);
+  const bool acc_ok = 0 <= n && n <= row1 - row0;
+  if (p.status != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+    p.status[b] = (rows_ok ? 0 : SPECDEC_CONV_BAD_ROWS) | (rows_ok && !acc_ok ? SPECDEC_CONV_BAD_ACCEPT : 0) |
+                  (slot >= p.num_slots ? SPECDEC_CONV_BAD_SLOT : 0);
+  if (!rows_ok || !acc_ok || n == 0 || slot < 0 || slot >= p.num_slots || c >= p.dim) return;
+  const int64_t sb = slot * p.state_stride_slot + c * p.state_stride_c;
+  // new state = (old state ++ accepted rows)[-3:]: entry m is old entry m + n (m + n < 3) or
+  // accepted row m + n - 3, i.e. journal row row0 + n - 3 + m; all loads before any store
+  const int64_t js = p.journal_stride_t;
+  const int64_t jb = (row0 + n - keep) * js + c;   // (m + n - keep >= 0 wherever it is read)
+  uint32_t raw[keep];
+#pragma unroll
+  for (int m = 0; m < keep; ++m)
+    raw[m] = m + n < keep ? load_raw_rw(p.conv_state, sb + m + n, SD) : load_raw(p.journal, jb + m * js, JD);
+  float nw[keep];
+#pragma unroll
+  for (int m = 0; m < keep; ++m)
+    nw[m] = m + n < keep ? raw_to_float(raw[m], SD) : round_dt(raw_to_float(raw[m], JD), SD);
+#pragma unroll
+  for (int m = 0; m < keep; ++m) store_dt(p.conv_state, sb + m, SD, nw[m]);
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads) conv1d_verify(const ConvVerifyParams p) {
@@ -175,3 +294,40 @@ extern "C" __global__ void __launch_bounds__(kThreads) conv1d_commit(const ConvC
   specdec::pdl_begin();
   conv1d_commit_impl(p);
 }
+
+// W = 4 forms: conv1d_verify_w4_<x>_<state>_j<journal>, conv1d_commit_w4_<journal>_<state>
+// (names and the dispatch rule: specdec_lib/_kernels.py conv_w4_kernels, ops/conv.py)
+#define SPECDEC_CONV_VERIFY_W4(XN, XD, SN, SD, JN, JD)                                           \
+  extern "C" __global__ void __launch_bounds__(kThreads)                                        \
+      conv1d_verify_w4_##XN##_##SN##_j##JN(const ConvVerifyParams p) {                          \
+    specdec::pdl_begin();                                                                       \
+    conv1d_verify_w4_impl<XD, SD, JD>(p);                                                       \
+  }
+#define SPECDEC_CONV_VERIFY_W4_X(XN, XD)                                                        \
+  SPECDEC_CONV_VERIFY_W4(XN, XD, f32, SPECDEC_DT_F32, f32, SPECDEC_DT_F32)                      \
+  SPECDEC_CONV_VERIFY_W4(XN, XD, f16, SPECDEC_DT_F16, f16, SPECDEC_DT_F16)                      \
+  SPECDEC_CONV_VERIFY_W4(XN, XD, bf16, SPECDEC_DT_BF16, bf16, SPECDEC_DT_BF16)
+// journal in the state's dtype (any x), or in x's where that differs from the state's
+SPECDEC_CONV_VERIFY_W4_X(f32, SPECDEC_DT_F32)
+SPECDEC_CONV_VERIFY_W4_X(f16, SPECDEC_DT_F16)
+SPECDEC_CONV_VERIFY_W4_X(bf16, SPECDEC_DT_BF16)
+SPECDEC_CONV_VERIFY_W4(f32, SPECDEC_DT_F32, f16, SPECDEC_DT_F16, f32, SPECDEC_DT_F32)
+SPECDEC_CONV_VERIFY_W4(f32, SPECDEC_DT_F32, bf16, SPECDEC_DT_BF16, f32, SPECDEC_DT_F32)
+SPECDEC_CONV_VERIFY_W4(f16, SPECDEC_DT_F16, f32, SPECDEC_DT_F32, f16, SPECDEC_DT_F16)
+SPECDEC_CONV_VERIFY_W4(f16, SPECDEC_DT_F16, bf16, SPECDEC_DT_BF16, f16, SPECDEC_DT_F16)
+SPECDEC_CONV_VERIFY_W4(bf16, SPECDEC_DT_BF16, f32, SPECDEC_DT_F32, bf16, SPECDEC_DT_BF16)
+SPECDEC_CONV_VERIFY_W4(bf16, SPECDEC_DT_BF16, f16, SPECDEC_DT_F16, bf16, SPECDEC_DT_BF16)
+
+#define SPECDEC_CONV_COMMIT_W4(JN, JD, SN, SD)                                                  \
+  extern "C" __global__ void __launch_bounds__(kThreads)                                        \
+      conv1d_commit_w4_##JN##_##SN(const ConvCommitParams p) {                                  \
+    specdec::pdl_begin();                                                                       \
+    conv1d_commit_w4_impl<JD, SD>(p);                                                           \
+  }
+#define SPECDEC_CONV_COMMIT_W4_J(JN, JD)                                                        \
+  SPECDEC_CONV_COMMIT_W4(JN, JD, f32, SPECDEC_DT_F32)                                           \
+  SPECDEC_CONV_COMMIT_W4(JN, JD, f16, SPECDEC_DT_F16)                                           \
+  SPECDEC_CONV_COMMIT_W4(JN, JD, bf16, SPECDEC_DT_BF16)
+SPECDEC_CONV_COMMIT_W4_J(f32, SPECDEC_DT_F32)
+SPECDEC_CONV_COMMIT_W4_J(f16, SPECDEC_DT_F16)
+SPECDEC_CONV_COMMIT_W4_J(bf16, SPECDEC_DT_BF16)

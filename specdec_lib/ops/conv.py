@@ -6,9 +6,10 @@ accepted rows into the state. Semantics: ``specdec_lib.reference.conv``.
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
-from .. import runtime
+from .. import _kernels, runtime
 from .._validate import as_stream
 from ..contract import conv as contract
 from ..contract import index_values
@@ -20,6 +21,44 @@ _THREADS = 256
 _MAX_BATCH = 65535            # sequences per call: the batch is gridDim.y
 
 __all__ = ["conv1d_verify", "conv1d_commit"]
+
+_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+GENERIC_ENV = "SPECDEC_CONV_GENERIC"
+# "w4": the W = 4 kernels (conv.cu "W = 4, compile-time dtypes": the generic kernels' arithmetic
+# with the width and dtype codes fixed at compile time, bit-identical outputs, journals and
+# states; s19 ncu at B=1 found the generic conv1d_verify ~800 instructions a warp, mostly the
+# run-time dtype and width branches) for every call they cover (verify_kernel / commit_kernel).
+# None = on unless $SPECDEC_CONV_GENERIC is set to anything but "0"; False / True force the
+# generic kernels / the W = 4 ones where they apply (benchmarks, tests).
+TUNING = {"w4": None}
+
+
+def _w4_on() -> bool:
+    on = TUNING["w4"]
+    if on is None:
+        return os.environ.get(GENERIC_ENV, "").strip() in ("", "0")
+    return bool(on)
+
+
+def verify_kernel(W: int, x: str, weight: str, bias: Optional[str], state: str, out: str,
+                  journal: Optional[str]) -> str:
+    """The kernel conv1d_verify launches for width W and these dtypes (numpy-style names; None
+    for an absent bias / journal): a W = 4 form where weight, bias and out share x's dtype and
+    the journal, if any, is in the state's or x's dtype (_kernels.CONV_W4_VERIFY); else the
+    generic conv1d_verify. Both give bit-identical results."""
+    if W == 4 and _w4_on() and weight == x and out == x and bias in (None, x):
+        key = (_SHORT[x], _SHORT[state], _SHORT[state if journal is None else journal])
+        if key in _kernels.CONV_W4_VERIFY:
+            return _kernels.conv_w4_verify_kernel(*key)
+    return "conv1d_verify"
+
+
+def commit_kernel(W: int, journal: str, state: str) -> str:
+    """The kernel conv1d_commit launches: its W = 4 form for any (journal, state) dtypes at
+    W = 4, else the generic conv1d_commit (bit-identical states)."""
+    if W == 4 and _w4_on():
+        return _kernels.conv_w4_commit_kernel(_SHORT[journal], _SHORT[state])
+    return "conv1d_commit"
 
 
 
@@ -58,7 +97,8 @@ def conv1d_verify(x: ArrayLike, weight: ArrayLike, conv_state: ArrayLike, slot_i
     j_st = ja.strides[0] if journal is not None else 0
     if B == 0 or ((T == 0 or dim == 0) and status is None):
         return out   # (with a status the kernel still runs: every status[b] gets written)
-    kern = runtime.kernel("conv", "conv1d_verify", dev)
+    kern = runtime.kernel("conv", verify_kernel(W, xa.dtype, wa.dtype, ba.dtype, cs.dtype, oa.dtype,
+                                                ja.dtype), dev)
     from .. import _conv
     _conv.launch_conv1d_verify(
         kern, max(1, (dim + _THREADS - 1) // _THREADS), B, _THREADS, stream_h, xa.ptr, wa.ptr, ba.ptr,
@@ -87,7 +127,7 @@ def conv1d_commit(conv_state: ArrayLike, slot_ids: ArrayLike, cu_q: ArrayLike,
     j_st = ja.strides[0]
     if B == 0 or ((T == 0 or dim == 0) and status is None):
         return conv_state
-    kern = runtime.kernel("conv", "conv1d_commit", dev)
+    kern = runtime.kernel("conv", commit_kernel(W, ja.dtype, cs.dtype), dev)
     from .. import _conv
     _conv.launch_conv1d_commit(kern, max(1, (dim + _THREADS - 1) // _THREADS), B, _THREADS, stream_h,
                                cs.ptr, sl.ptr, cq.ptr, al.ptr, ja.ptr, sa.ptr, j_st,
