@@ -63,8 +63,10 @@ def launch_conv1d_verify(Kernel kern, unsigned int grid_x, unsigned int grid_y, 
                          uintptr_t journal, uintptr_t status, int64_t x_stride_t,
                          int64_t out_stride_t, int64_t journal_stride_t, int64_t weight_stride_c,
                          int64_t state_stride_slot, int64_t state_stride_c, int num_rows,
-                         int batch, int dim, int width, int num_slots, bint silu, dtypes):
-    """dtypes: codes of (x, weight, bias, state, out, journal)."""
+                         int batch, int dim, int width, int num_slots, bint silu, dtypes,
+                         unsigned int grid_z=1):
+    """dtypes: codes of (x, weight, bias, state, out, journal); grid_z: the W = 4 kernels' row
+    lanes (1 for the generic conv1d_verify)."""
     cdef ConvVerifyParams p
     p.x = <const void*>x
     p.weight = <const void*>weight
@@ -89,7 +91,7 @@ def launch_conv1d_verify(Kernel kern, unsigned int grid_x, unsigned int grid_y, 
     p.silu = silu
     p.x_dtype, p.weight_dtype, p.bias_dtype = dtypes[0], dtypes[1], dtypes[2]
     p.state_dtype, p.out_dtype, p.journal_dtype = dtypes[3], dtypes[4], dtypes[5]
-    launch(kern, grid_x, grid_y, 1, block, 1, 1, 0, stream, &p)
+    launch(kern, grid_x, grid_y, grid_z, block, 1, 1, 0, stream, &p)
 
 
 def launch_conv1d_commit(Kernel kern, unsigned int grid_x, unsigned int grid_y, unsigned int block,

@@ -273,3 +273,205 @@ def test_conv1d_good_input_passes_the_contract(path, rng):
     call_op(path, "conv1d_commit", [args[n] for n in _CC_ORDER])
     after = np.asarray(args["conv_state"].float() if path == "torch" else args["conv_state"])
     assert not np.array_equal(before, after)
+
+
+# ---------------------------------------------------------------- the W = 4 kernels (issue 31)
+# ops.conv.verify_kernel / commit_kernel pick conv1d_verify_w4_* / conv1d_commit_w4_* at W = 4;
+# they must give the generic kernels' bytes exactly (outputs, journals, states, status).
+from specdec_lib import _kernels  # noqa: E402
+from specdec_lib.ops import conv as ops_conv  # noqa: E402
+
+_LONG = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+
+
+@pytest.fixture
+def conv_tuning():
+    old = dict(ops_conv.TUNING)
+    yield ops_conv.TUNING
+    ops_conv.TUNING.clear()
+    ops_conv.TUNING.update(old)
+
+
+def test_conv_w4_dispatch_rule(conv_tuning, monkeypatch):
+    monkeypatch.delenv(ops_conv.GENERIC_ENV, raising=False)
+    vk, ck = ops_conv.verify_kernel, ops_conv.commit_kernel
+    bf, f32, f16 = "bfloat16", "float32", "float16"
+    assert vk(4, bf, bf, None, bf, bf, None) == "conv1d_verify_w4_bf16_bf16_jbf16"
+    assert vk(4, bf, bf, bf, f32, bf, f32) == "conv1d_verify_w4_bf16_f32_jf32"
+    assert vk(4, bf, bf, bf, f32, bf, bf) == "conv1d_verify_w4_bf16_f32_jbf16"   # journal in x's
+    assert vk(4, f32, f32, None, bf, f32, None) == "conv1d_verify_w4_f32_bf16_jbf16"
+    # what the W = 4 forms do not cover: another width, weight / bias / out dtype != x's, a
+    # journal in neither x's nor the state's dtype
+    assert vk(3, bf, bf, None, bf, bf, None) == "conv1d_verify"
+    assert vk(8, f32, f32, None, f32, f32, None) == "conv1d_verify"
+    assert vk(4, bf, f32, None, bf, bf, None) == "conv1d_verify"
+    assert vk(4, bf, bf, f32, bf, bf, None) == "conv1d_verify"
+    assert vk(4, bf, bf, None, bf, f32, None) == "conv1d_verify"
+    assert vk(4, bf, bf, None, f32, bf, f16) == "conv1d_verify"
+    assert ck(4, f32, bf) == "conv1d_commit_w4_f32_bf16"
+    assert ck(2, f32, bf) == "conv1d_commit"
+    # every name the rule can return is in the kernel table
+    names = _kernels.MODULES["conv"].kernels
+    for x in _LONG.values():
+        for s in _LONG.values():
+            for j in (None, *_LONG.values()):
+                assert vk(4, x, x, x, s, x, j) in names
+                assert ck(4, x, s) in names
+    assert len(_kernels.CONV_W4_VERIFY) == 15 and len(_kernels.CONV_W4_COMMIT) == 9
+    # forced off: TUNING, then the environment
+    conv_tuning["w4"] = False
+    assert vk(4, bf, bf, None, bf, bf, None) == "conv1d_verify" and ck(4, bf, bf) == "conv1d_commit"
+    conv_tuning["w4"] = None
+    monkeypatch.setenv(ops_conv.GENERIC_ENV, "1")
+    assert vk(4, bf, bf, None, bf, bf, None) == "conv1d_verify" and ck(4, bf, bf) == "conv1d_commit"
+    monkeypatch.setenv(ops_conv.GENERIC_ENV, "0")
+    assert ck(4, bf, bf) == "conv1d_commit_w4_bf16_bf16"
+    conv_tuning["w4"] = True
+    monkeypatch.setenv(ops_conv.GENERIC_ENV, "1")
+    assert ck(4, bf, bf) == "conv1d_commit_w4_bf16_bf16"
+
+
+class _Arr:
+    def __init__(self, ptr, shape, strides, itemsize=2):
+        self.ptr, self.shape, self.strides, self.itemsize = ptr, shape, strides, itemsize
+
+
+def test_conv_w4_row_lanes_rule(conv_tuning):
+    lanes = ops_conv._row_lanes
+    x = _Arr(1 << 20, (4, 8192), (8192, 1))
+    out = _Arr(1 << 24, (4, 8192), (8192, 1))
+    none = _Arr(0, (), ())
+    assert lanes(1, 4, 32, 132, x, out, none) == 4       # round_b1: 128 CTAs on the H200
+    assert lanes(1, 4, 32, 108, x, out, none) == 2       # A100: 4 lanes would be 128 > 108
+    assert lanes(1, 1, 32, 132, x, out, none) == 1       # q = 1
+    assert lanes(1, 0, 32, 132, x, out, none) == 1       # T = 0
+    assert lanes(1, 16, 1, 132, x, out, none) == 8       # capped at 8
+    assert lanes(1, 3, 2, 132, x, out, none) == 2        # ceil(3 / 1) = 3 rows: 2 lanes
+    assert lanes(64, 256, 32, 132, x, out, none) == 1    # B = 64
+    assert lanes(4, 16, 32, 132, x, out, none) == 1      # 4 x 32 x 2 > 132
+    # out or the journal overlapping x: one lane whatever is asked
+    conv_tuning["lanes"] = 8
+    assert lanes(64, 256, 32, 132, x, out, none) == 8
+    assert lanes(1, 4, 32, 132, x, x, none) == 1
+    assert lanes(1, 4, 32, 132, x, out, _Arr(x.ptr + 2 * 8192 * 3, (4, 8192), (8192, 1))) == 1
+    assert lanes(1, 4, 32, 132, x, out, _Arr(x.ptr + 2 * 8192 * 4, (4, 8192), (8192, 1))) == 8
+    conv_tuning["lanes"] = 3
+    with pytest.raises(ValueError, match="lanes"):
+        lanes(1, 4, 32, 132, x, out, none)
+
+
+def _raw(d):
+    return np.ascontiguousarray(d.to_numpy()).view(np.uint8)
+
+
+def _both_paths(tuning, fn, lanes=None):
+    """fn() under the generic kernels, then under the W = 4 ones (``lanes`` row lanes)."""
+    tuning.update(w4=False, lanes=None)
+    a = fn()
+    tuning.update(w4=True, lanes=lanes)
+    b = fn()
+    return a, b
+
+
+# (q_lens, dim): T = 0, q = 1, B = 1 q = 4 at the GDN shape, ragged with a zero-row sequence,
+# odd dims (a partial CTA), one channel
+_W4_SHAPES = [([0], 64), ([1], 300), ([4], 8192), ([1, 4, 0, 3, 5], 8192 + 33), ([2, 7], 1),
+              ([9, 1, 16], 257)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("xs,ss,js", _kernels.CONV_W4_VERIFY)
+@pytest.mark.parametrize("shape", range(len(_W4_SHAPES)))
+@pytest.mark.parametrize("lanes", [None, 1, 2, 8])
+def test_conv1d_w4_equals_generic_gpu(rng, conv_tuning, xs, ss, js, shape, lanes):
+    from specdec_lib import ops
+    q_lens, dim = _W4_SHAPES[shape]
+    xdt, sdt, jdt = DT[xs], DT[ss], DT[js]
+    bias = shape % 2 == 0
+    act = None if shape == 3 else "silu"
+    c = case(rng, q_lens, dim, 4, xdt, sdt, bias=bias)
+    if len(q_lens) > 1:
+        c["slot_ids"][1] = -1                          # a padding row: outputs zero
+    B, T = len(q_lens), int(sum(q_lens))
+    d = {k: dev(c[k]) for k in ("x", "weight", "conv_state", "slot_ids", "cu_q")}
+    d_bias = dev(c["bias"]) if bias else None
+    acc = np.array([rng.integers(0, q + 1) for q in q_lens], np.int32)
+    acc[0] = q_lens[0]                                 # one sequence accepts its whole block
+
+    def run():
+        d_state = dev(c["conv_state"])
+        d_out = poison((T, dim), _LONG[xs])
+        d_j = poison((T, dim), _LONG[js])
+        d_status = poison((B,), "int32")
+        ops.conv1d_verify(d["x"], d["weight"], d_state, d["slot_ids"], d["cu_q"], d_out,
+                          bias=d_bias, activation=act, journal=d_j, status=d_status)
+        out_nj = poison((T, dim), _LONG[xs])           # no journal
+        ops.conv1d_verify(d["x"], d["weight"], d_state, d["slot_ids"], d["cu_q"], out_nj,
+                          bias=d_bias, activation=act)
+        before = _raw(d_state)
+        c_status = poison((B,), "int32")
+        ops.conv1d_commit(d_state, d["slot_ids"], d["cu_q"], dev(acc), d_j, status=c_status)
+        d_state2 = dev(c["conv_state"])                # commit straight from x
+        ops.conv1d_commit(d_state2, d["slot_ids"], d["cu_q"], dev(acc), d["x"])
+        return dict(out=_raw(d_out), journal=_raw(d_j), status=d_status.to_numpy(),
+                    out_nj=_raw(out_nj), state_after_verify=before, state=_raw(d_state),
+                    c_status=c_status.to_numpy(), state_from_x=_raw(d_state2))
+
+    gen, w4 = _both_paths(conv_tuning, run, lanes)
+    for k in gen:
+        np.testing.assert_array_equal(w4[k], gen[k], err_msg=k)
+    assert not gen["status"].any() and not gen["c_status"].any()
+    np.testing.assert_array_equal(gen["state_after_verify"], _raw(d["conv_state"]))
+
+
+@needs_gpu
+@pytest.mark.parametrize("xs,ss", [("bf16", "bf16"), ("f32", "bf16"), ("f16", "f32")])
+@pytest.mark.parametrize("alias", ["out", "journal"])
+def test_conv1d_w4_in_place_equals_generic_gpu(rng, conv_tuning, xs, ss, alias):
+    # out = x, or journal = x (x's dtype): one row lane whatever TUNING asks
+    # (ops.conv._row_lanes), and the generic kernel's bytes
+    from specdec_lib import ops
+    q_lens, dim = [4, 3], 8192
+    c = case(rng, q_lens, dim, 4, DT[xs], DT[ss])
+
+    def run():
+        x = dev(c["x"])
+        other = poison(c["x"].shape, _LONG[xs])
+        out, jn = (x, other) if alias == "out" else (other, x)
+        ops.conv1d_verify(x, dev(c["weight"]), dev(c["conv_state"]), dev(c["slot_ids"]),
+                          dev(c["cu_q"]), out, bias=dev(c["bias"]), journal=jn)
+        return _raw(x), _raw(other)
+
+    gen, w4 = _both_paths(conv_tuning, run, lanes=4)
+    np.testing.assert_array_equal(w4[0], gen[0])
+    np.testing.assert_array_equal(w4[1], gen[1])
+
+
+@needs_gpu
+@pytest.mark.parametrize("xs,ss,js", [("bf16", "bf16", "bf16"), ("f32", "f16", "f32"),
+                                      ("f16", "bf16", "bf16")])
+def test_conv1d_w4_against_reference_gpu(rng, conv_tuning, xs, ss, js):
+    # the W = 4 kernels against the float64 reference on their own (row lanes forced), outputs
+    # poisoned first
+    from specdec_lib import ops
+    conv_tuning.update(w4=True, lanes=4)
+    q_lens, dim = [4, 1, 6], 8192 + 7
+    xdt, sdt, jdt = DT[xs], DT[ss], DT[js]
+    c = case(rng, q_lens, dim, 4, xdt, sdt)
+    d_state = dev(c["conv_state"])
+    d_out = poison(c["out"].shape, _LONG[xs])
+    d_j = poison(c["x"].shape, _LONG[js])
+    ops.conv1d_verify(dev(c["x"]), dev(c["weight"]), d_state, dev(c["slot_ids"]), dev(c["cu_q"]),
+                      d_out, bias=dev(c["bias"]), journal=d_j)
+    exp = c["out"].copy()
+    j = nan_like(c["x"].shape, jdt)
+    conv1d_verify(c["x"], c["weight"], c["conv_state"].copy(), c["slot_ids"], c["cu_q"], exp,
+                  bias=c["bias"], journal=j)
+    e = rel_err(to_f64(host(d_out, exp)), to_f64(exp))
+    assert e < (1e-5 if xdt == np.float32 else 1e-2), f"out rel err {e}"
+    np.testing.assert_array_equal(host(d_j, j), j)
+    acc = np.array([4, 0, 5], np.int32)
+    ops.conv1d_commit(d_state, dev(c["slot_ids"]), dev(c["cu_q"]), dev(acc), d_j)
+    st = c["conv_state"].copy()
+    conv1d_commit(st, c["slot_ids"], c["cu_q"], acc, j)
+    np.testing.assert_array_equal(host(d_state, st), st)

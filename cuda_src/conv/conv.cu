@@ -28,6 +28,7 @@ constexpr int kMaxW = SPECDEC_CONV_MAX_WIDTH;
 // (out, journal) may alias x as far as the compiler knows, so with one load per row in the row
 // loop each row's x load waited behind the previous row's stores: one memory trip per row.
 constexpr int kXBatch = 8;
+constexpr int kXBatchW4 = 4;   // the W = 4 kernels' batch (conv1d_verify_w4_impl)
 
 __device__ __forceinline__ float round_dt(float x, int dt) {
   if (dt == SPECDEC_DT_F32) return x;
@@ -175,7 +176,9 @@ __device__ void conv1d_commit_impl(const ConvCommitParams& p) {
 // rounding), so outputs, journals and states are bit-identical to conv1d_verify /
 // conv1d_commit's; what goes is the run-time dtype branches (each load, store and rounding was
 // a branch on a code), the window's 8-entry register shift and the per-row 64-bit index
-// products (row addresses advance by a stride instead). PDL as the generic kernels: wait first.
+// products (row addresses advance by a stride instead). verify also splits a block's rows over
+// gridDim.z row lanes (small batches: one or two rows a thread instead of the whole block).
+// PDL as the generic kernels: wait first.
 template <int XD, int SD, int JD>
 __device__ __forceinline__ void conv1d_verify_w4_impl(const ConvVerifyParams& p) {
   const int b = blockIdx.y;
@@ -184,28 +187,40 @@ __device__ __forceinline__ void conv1d_verify_w4_impl(const ConvVerifyParams& p)
   const bool rows_ok = rows_valid(p.cu_q, b, p.num_rows, row0, row1);
   const int slot = __ldg(p.slot_ids + b);
   const bool slot_ok = slot >= 0 && slot < p.num_slots;
-  if (p.status != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+  if (p.status != nullptr && blockIdx.x == 0 && blockIdx.z == 0 && threadIdx.x == 0)
     p.status[b] = (rows_ok ? 0 : SPECDEC_CONV_BAD_ROWS) | (slot >= p.num_slots ? SPECDEC_CONV_BAD_SLOT : 0);
   if (!rows_ok || c >= p.dim) return;
-  // row row0's x / out / journal elements, then one stride a row (byte pointers: the row loop
-  // adds a stride instead of forming t * stride + c)
+  // Row lanes (gridDim.z, a power of two; ops/conv.py _row_lanes): lane z owns rows [r, r_end)
+  // of the sequence's block, ceil(q / lanes) rows a lane, and starts its window from the 3 inputs
+  // before r (the state's entries, or earlier block rows rounded to the state dtype, exactly what
+  // the sliding window would hold there). One lane (gridDim.z = 1): the generic kernel's walk.
+  const int lanes = gridDim.z;
+  const int per = (row1 - row0 + lanes - 1) >> (__ffs(lanes) - 1);
+  const int r = row0 + static_cast<int>(blockIdx.z) * per;
+  const int r_end = min(r + per, row1);
+  if (r >= r_end) return;
+  const int d = r - row0;           // block rows before this lane's first
+  // row r's x / out / journal elements, then one stride a row (byte pointers: the row loop adds
+  // a stride instead of forming t * stride + c)
   const int64_t xs = p.x_stride_t * dt_size(XD), os = p.out_stride_t * dt_size(XD);
   const int64_t js = p.journal_stride_t * dt_size(JD);
-  const char* xp = static_cast<const char*>(p.x) + (row0 * p.x_stride_t + c) * dt_size(XD);
-  char* op = static_cast<char*>(p.out) + (row0 * p.out_stride_t + c) * dt_size(XD);
-  char* jp = static_cast<char*>(p.journal) + (row0 * p.journal_stride_t + c) * dt_size(JD);
-  // the first kXBatch rows' x before any store, with the bias, weights and state (the generic
-  // kernel's load order: one memory trip for all of them after the index loads)
-  uint32_t xraw[kXBatch];
+  const char* xp = static_cast<const char*>(p.x) + (r * p.x_stride_t + c) * dt_size(XD);
+  char* op = static_cast<char*>(p.out) + (r * p.out_stride_t + c) * dt_size(XD);
+  char* jp = static_cast<char*>(p.journal) + (r * p.journal_stride_t + c) * dt_size(JD);
+  // the first kXBatchW4 rows' x before any store, with the bias, weights and window (the generic
+  // kernel's load order: one memory trip for all of them after the index loads; 4 rows, not 8:
+  // a lane holds 1-4 rows at the shapes this form is for, and each unused slot of the batch
+  // cost ~5 instructions of address and predicate)
+  uint32_t xraw[kXBatchW4];
   auto load_x = [&](int t0) {
     const char* q = xp;
 #pragma unroll
-    for (int k = 0; k < kXBatch; ++k) {
-      if (t0 + k < row1) xraw[k] = load_raw(q, 0, XD);
+    for (int k = 0; k < kXBatchW4; ++k) {
+      if (t0 + k < r_end) xraw[k] = load_raw(q, 0, XD);
       q += xs;
     }
   };
-  load_x(row0);
+  load_x(r);
   const uint32_t braw = p.bias != nullptr ? load_raw(p.bias, c, XD) : 0u;
   float w0 = 0.f, w1 = 0.f, w2 = 0.f, w3 = 0.f, s0 = 0.f, s1 = 0.f, s2 = 0.f;
   if (slot_ok) {
@@ -213,22 +228,30 @@ __device__ __forceinline__ void conv1d_verify_w4_impl(const ConvVerifyParams& p)
     const int64_t sb = slot * p.state_stride_slot + c * p.state_stride_c;
     const uint32_t rw0 = load_raw(p.weight, wb, XD), rw1 = load_raw(p.weight, wb + 1, XD);
     const uint32_t rw2 = load_raw(p.weight, wb + 2, XD), rw3 = load_raw(p.weight, wb + 3, XD);
-    const uint32_t rs0 = load_raw(p.conv_state, sb, SD), rs1 = load_raw(p.conv_state, sb + 1, SD);
-    const uint32_t rs2 = load_raw(p.conv_state, sb + 2, SD);
+    // window entry j (j = 0..2, oldest first) before row r: state entry j + d while j + d < 3,
+    // else block row r - 3 + j (x, rounded to the state dtype below)
+    uint32_t rs[3];
+#pragma unroll
+    for (int j = 0; j < 3; ++j)
+      rs[j] = j + d < 3 ? load_raw(p.conv_state, sb + j + d, SD) : load_raw(xp - (3 - j) * xs, 0, XD);
     w0 = raw_to_float(rw0, XD);
     w1 = raw_to_float(rw1, XD);
     w2 = raw_to_float(rw2, XD);
     w3 = raw_to_float(rw3, XD);
-    s0 = raw_to_float(rs0, SD);
-    s1 = raw_to_float(rs1, SD);
-    s2 = raw_to_float(rs2, SD);
+    float sw[3];
+#pragma unroll
+    for (int j = 0; j < 3; ++j)
+      sw[j] = j + d < 3 ? raw_to_float(rs[j], SD) : round_dt(raw_to_float(rs[j], XD), SD);
+    s0 = sw[0];
+    s1 = sw[1];
+    s2 = sw[2];
   }
   const float bias = p.bias != nullptr ? raw_to_float(braw, XD) : 0.f;
-  for (int t0 = row0; t0 < row1; t0 += kXBatch) {
-    if (t0 != row0) load_x(t0);
+  for (int t0 = r; t0 < r_end; t0 += kXBatchW4) {
+    if (t0 != r) load_x(t0);
 #pragma unroll
-    for (int k = 0; k < kXBatch; ++k) {
-      if (t0 + k >= row1) break;
+    for (int k = 0; k < kXBatchW4; ++k) {
+      if (t0 + k >= r_end) break;
       const float x = raw_to_float(xraw[k], XD);
       if (p.journal != nullptr) store_dt(jp, 0, JD, x);
       float y = 0.f;

@@ -30,7 +30,12 @@ GENERIC_ENV = "SPECDEC_CONV_GENERIC"
 # run-time dtype and width branches) for every call they cover (verify_kernel / commit_kernel).
 # None = on unless $SPECDEC_CONV_GENERIC is set to anything but "0"; False / True force the
 # generic kernels / the W = 4 ones where they apply (benchmarks, tests).
-TUNING = {"w4": None}
+# "lanes": the W = 4 verify kernel's row lanes (gridDim.z; 1, 2, 4 or 8): each lane walks
+# ceil(q / lanes) rows of every sequence from a window it rebuilds from the 3 inputs before its
+# first row, so that at small batches a thread's dependent chain is one or two rows instead of
+# the whole block (same values: bit-identical). None = _row_lanes's rule.
+TUNING = {"w4": None, "lanes": None}
+_MAX_LANES = 8
 
 
 def _w4_on() -> bool:
@@ -51,6 +56,40 @@ def verify_kernel(W: int, x: str, weight: str, bias: Optional[str], state: str, 
         if key in _kernels.CONV_W4_VERIFY:
             return _kernels.conv_w4_verify_kernel(*key)
     return "conv1d_verify"
+
+
+def _row_lanes(B: int, T: int, ctas: int, sms: int, x, out, journal) -> int:
+    """Row lanes of a W = 4 verify launch of ``ctas`` CTAs a sequence: doubled while each lane
+    still has a row at the mean block length ceil(T / B) and the grid stays within one CTA an
+    SM (B=1 q=4 dim 8192 on 132 SMs: 4 lanes, 128 CTAs; B >= 5 there: 1). 1 where out or the
+    journal overlaps x (a lane reads the x rows before its own, which another lane's stores
+    would have overwritten), and TUNING["lanes"] where set."""
+    if _overlap(x, out) or (journal.ptr and _overlap(x, journal)):
+        return 1
+    want = TUNING["lanes"]
+    if want is not None:
+        if want not in (1, 2, 4, 8):
+            raise ValueError(f"TUNING['lanes']={want}: expected 1, 2, 4 or 8")
+        return int(want)
+    mean_q = -(-T // B) if B else 0
+    lanes = 1
+    while 2 * lanes <= min(mean_q, _MAX_LANES) and 2 * lanes * ctas * B <= sms:
+        lanes *= 2
+    return lanes
+
+
+def _extent(a):
+    """[first, last) byte addresses of a 2-D view (strides in elements)."""
+    if not a.ptr or not all(a.shape):
+        return a.ptr, a.ptr
+    span = sum((n - 1) * abs(s) for n, s in zip(a.shape, a.strides)) + 1
+    return a.ptr, a.ptr + span * a.itemsize
+
+
+def _overlap(a, b) -> bool:
+    a0, a1 = _extent(a)
+    b0, b1 = _extent(b)
+    return a0 < b1 and b0 < a1
 
 
 def commit_kernel(W: int, journal: str, state: str) -> str:
@@ -97,15 +136,17 @@ def conv1d_verify(x: ArrayLike, weight: ArrayLike, conv_state: ArrayLike, slot_i
     j_st = ja.strides[0] if journal is not None else 0
     if B == 0 or ((T == 0 or dim == 0) and status is None):
         return out   # (with a status the kernel still runs: every status[b] gets written)
-    kern = runtime.kernel("conv", verify_kernel(W, xa.dtype, wa.dtype, ba.dtype, cs.dtype, oa.dtype,
-                                                ja.dtype), dev)
+    name = verify_kernel(W, xa.dtype, wa.dtype, ba.dtype, cs.dtype, oa.dtype, ja.dtype)
+    kern = runtime.kernel("conv", name, dev)
+    ctas = max(1, (dim + _THREADS - 1) // _THREADS)
+    lanes = 1 if name == "conv1d_verify" else _row_lanes(B, T, ctas, runtime.sm_count(dev), xa, oa, ja)
     from .. import _conv
     _conv.launch_conv1d_verify(
-        kern, max(1, (dim + _THREADS - 1) // _THREADS), B, _THREADS, stream_h, xa.ptr, wa.ptr, ba.ptr,
+        kern, ctas, B, _THREADS, stream_h, xa.ptr, wa.ptr, ba.ptr,
         cs.ptr, sl.ptr, cq.ptr, oa.ptr, ja.ptr, sa.ptr, x_st, o_st, j_st, wa.strides[0],
         cs.strides[0], cs.strides[1], T, B, dim, W, slots, activation == "silu",
         [_DT_CODE[xa.dtype], _DT_CODE[wa.dtype], _DT_CODE.get(ba.dtype, 0), _DT_CODE[cs.dtype],
-         _DT_CODE[oa.dtype], _DT_CODE.get(ja.dtype, 0)])
+         _DT_CODE[oa.dtype], _DT_CODE.get(ja.dtype, 0)], lanes)
     return out
 
 
