@@ -1,15 +1,24 @@
 """Benchmark of the conv family: ``conv1d`` (conv1d_verify + conv1d_commit of one round,
-dim 8192, W = 4, as a CUDA graph)."""
+dim 8192, W = 4, as a CUDA graph), then each op alone, with the kernel the call takes by
+default (W = 4: conv1d_verify_w4_* / conv1d_commit_w4_*, row lanes by ops.conv._row_lanes)
+against the generic kernels (ops.conv.TUNING["w4"] = False, what SPECDEC_CONV_GENERIC=1 does)
+and the W = 4 kernels with one row lane."""
 from __future__ import annotations
 
 import numpy as np
 
 from ._harness import Bench, _rand, bench
 
+# (impl label, ops.conv.TUNING for it)
+_PATHS = (("specdec_lib", {"w4": None, "lanes": None}),
+          ("specdec_lib(generic kernels)", {"w4": False, "lanes": None}),
+          ("specdec_lib(w4, 1 row lane)", {"w4": True, "lanes": 1}))
+
 
 @bench("conv1d")
 def bench_conv1d(b: Bench):
     from ..arrays import DeviceArray
+    from ..ops import conv as ops_conv
     from ..ops import conv1d_commit, conv1d_verify
     for B, q, dim, W in ((64, 4, 8192, 4), (1, 4, 8192, 4)):
         T = B * q
@@ -22,10 +31,30 @@ def bench_conv1d(b: Bench):
         slot_ids = DeviceArray.from_numpy(np.arange(B, dtype=np.int32), device=b.device)
         acc = DeviceArray.from_numpy(np.full(B, q, np.int32), device=b.device)
 
-        def round_():
+        def verify():
             conv1d_verify(x, w, st, slot_ids, cu_q, out, bias=bias, check_indices=False,
                           stream=b.stream)
+
+        def commit():
             conv1d_commit(st, slot_ids, cu_q, acc, x, check_indices=False, stream=b.stream)
+
+        def round_():
+            verify()
+            commit()
+        shape = f"B={B} q={q} dim={dim} W={W} bf16"
         nbytes = 2 * (2 * T * dim + 3 * B * dim * (W - 1) + dim * (W + 1))
-        b.report("conv1d", f"B={B} q={q} dim={dim} W={W} bf16 verify+commit", nbytes,
-                 b.time_graph(round_))
+        v_bytes = 2 * (2 * T * dim + B * dim * (W - 1) + dim * (W + 1))
+        c_bytes = 2 * (T * dim + 2 * B * dim * (W - 1))
+        old = dict(ops_conv.TUNING)
+        try:
+            for impl, tuning in _PATHS:
+                ops_conv.TUNING.update(tuning)
+                kern = ops_conv.verify_kernel(W, "bfloat16", "bfloat16", "bfloat16", "bfloat16",
+                                              "bfloat16", None)
+                b.report("conv1d", f"{shape} verify+commit", nbytes, b.time_graph(round_),
+                         impl=impl, kernel=kern)
+                b.report("conv1d", f"{shape} verify", v_bytes, b.time_graph(verify), impl=impl)
+                b.report("conv1d", f"{shape} commit", c_bytes, b.time_graph(commit), impl=impl)
+        finally:
+            ops_conv.TUNING.clear()
+            ops_conv.TUNING.update(old)
