@@ -200,6 +200,10 @@ __device__ __forceinline__ void conv1d_verify_w4_impl(const ConvVerifyParams& p)
   const int r_end = min(r + per, row1);
   if (r >= r_end) return;
   const int d = r - row0;           // block rows before this lane's first
+  // x's values are the state dtype's already (the same dtype, or a float32 state): rounding them
+  // to it is the identity for every non-NaN value (a NaN stays a NaN, and any fma with it gives
+  // the same canonical NaN), so the window takes them as they are
+  constexpr bool kExact = XD == SD || SD == SPECDEC_DT_F32;
   // row r's x / out / journal elements, then one stride a row (byte pointers: the row loop adds
   // a stride instead of forming t * stride + c)
   const int64_t xs = p.x_stride_t * dt_size(XD), os = p.out_stride_t * dt_size(XD);
@@ -241,7 +245,8 @@ __device__ __forceinline__ void conv1d_verify_w4_impl(const ConvVerifyParams& p)
     float sw[3];
 #pragma unroll
     for (int j = 0; j < 3; ++j)
-      sw[j] = j + d < 3 ? raw_to_float(rs[j], SD) : round_dt(raw_to_float(rs[j], XD), SD);
+      sw[j] = j + d < 3 ? raw_to_float(rs[j], SD)
+                        : kExact ? raw_to_float(rs[j], XD) : round_dt(raw_to_float(rs[j], XD), SD);
     s0 = sw[0];
     s1 = sw[1];
     s2 = sw[2];
@@ -264,7 +269,7 @@ __device__ __forceinline__ void conv1d_verify_w4_impl(const ConvVerifyParams& p)
         if (p.silu) y = y / (1.f + __expf(-y));
         s0 = s1;
         s1 = s2;
-        s2 = round_dt(x, SD);   // as later rows see it
+        s2 = kExact ? x : round_dt(x, SD);   // as later rows see it
       }
       store_dt(op, 0, XD, y);
       xp += xs;
@@ -298,10 +303,12 @@ __device__ __forceinline__ void conv1d_commit_w4_impl(const ConvCommitParams& p)
 #pragma unroll
   for (int m = 0; m < keep; ++m)
     raw[m] = m + n < keep ? load_raw_rw(p.conv_state, sb + m + n, SD) : load_raw(p.journal, jb + m * js, JD);
+  // (the generic kernel rounds a journal row to the state dtype before store_dt rounds it again;
+  // both roundings are round-to-nearest-even and idempotent, NaNs included, so one is the same)
   float nw[keep];
 #pragma unroll
   for (int m = 0; m < keep; ++m)
-    nw[m] = m + n < keep ? raw_to_float(raw[m], SD) : round_dt(raw_to_float(raw[m], JD), SD);
+    nw[m] = m + n < keep ? raw_to_float(raw[m], SD) : raw_to_float(raw[m], JD);
 #pragma unroll
   for (int m = 0; m < keep; ++m) store_dt(p.conv_state, sb + m, SD, nw[m]);
 }
