@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import e2e_smollm2 as e2e  # noqa: E402
 from specdec_lib.models import load_smollm2_target  # noqa: E402
+from specdec_lib.models.smollm2 import chat_prompt  # noqa: E402
 from specdec_lib.models.heads import smollm2_head  # noqa: E402
 from specdec_lib.models.llama_draft import LlamaDraftHead  # noqa: E402
 from specdec_lib.models.prompts import stdlib_prompts  # noqa: E402
@@ -159,7 +160,7 @@ def main():
     be = make_backend(args.backend)
     target, tok = load_smollm2_target(be, progress=False)
     draft = LlamaDraftHead.load(target, smollm2_head(args.draft), args.draft)
-    reqs = [Request(prompt=e2e.prompt_ids(tok, t), max_new_tokens=args.new)
+    reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new)
             for t in stdlib_prompts("heldout")[:args.prompts]]
     fixed, auto = args.k, f"auto{args.k}"
     report = dict(draft=args.draft, k=args.k, prompts=len(reqs), new=args.new, gc=args.gc, runs=[])
