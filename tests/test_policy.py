@@ -399,3 +399,37 @@ def test_choices_bounded(monkeypatch):
         plans.append(pol.before_round([True]))
         pol.after_round(np.asarray([r % 3]), [True])
     assert 10 <= len(pol.choices) <= 20 and pol.choices == plans[-len(pol.choices):]
+
+
+def test_calibration_sweeps_down_and_back_up():
+    """Measured costs: the sweep proposes k_max .. 0 and then 0 .. k_max, ``hold`` rounds
+    each, and a k's cost while calibrating is the plain mean of its samples (a round cost
+    that drifts linearly over the sweep gives every k the same mean drift)."""
+    K, hold, B = 2, 3, 1
+    pol = AutoK(K, hold=hold)
+    pol.start(B, True)
+    pol.admit([0])
+    props, t = [], 0
+    while not pol.calibrated(B) or pol.sweep:
+        p = pol.before_round([True])
+        props.append(p.propose)
+        t += 1
+        # a round costs 1 ms per k + 1 ms, plus a drift of 0.01 ms a round
+        pol.after_round(np.asarray([p.verify]), [True], 1e-3 * (1 + p.verify) + 1e-5 * t)
+    down = [k for k in range(K, -1, -1) for _ in range(hold)]
+    assert props == down + down[::-1]
+    # the samples of each k: the rounds that verified and proposed it (not a switch round;
+    # the first round verifies the prefill's k_max drafts)
+    for k in range(K + 1):
+        ts = [i + 1 for i in range(len(props))
+              if props[i] == k and (i == 0 or props[i - 1] == k)]
+        assert len(ts) >= 2 * (hold - 1)
+        want = np.mean([1e-3 * (1 + k) + 1e-5 * i for i in ts])
+        assert pol.measured[(B, k)] == pytest.approx(want, rel=1e-12)
+    # after calibration, the EMA takes over for the k that runs
+    p = pol.before_round([True])
+    assert pol._done and p.verify == p.propose == K      # every draft was accepted
+    old = pol.measured[(B, K)]
+    pol.after_round(np.asarray([K]), [True], 1.0)
+    from specdec_lib.orchestrator.policy import COST_EMA
+    assert pol.measured[(B, K)] == pytest.approx((1 - COST_EMA) * old + COST_EMA * 1.0)

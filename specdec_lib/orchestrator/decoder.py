@@ -105,13 +105,14 @@ class SpeculativeDecoder:
         serve ``requests`` over ``slots`` slots (default one each) up to ``max_calls`` times,
         until the policy has the cost of a round at every k for that slot count (each k's
         graph recorded on the way), then reset the metrics. The requests need enough new
-        tokens for about ``(k_max + 1) * hold`` rounds. Returns whether it is calibrated
-        (True at once for a fixed k or given costs)."""
+        tokens for about ``2 * (k_max + 1) * hold`` rounds (the sweep down and back up; a
+        sweep a call leaves unfinished goes on in the next). Returns whether it is
+        calibrated (True at once for a fixed k or given costs)."""
         reqs = check_requests(requests)
         slots = len(reqs) if slots is None else int(slots)
         done = getattr(self.spec, "calibrated", lambda B: True)
         for _ in range(max_calls if reqs else 0):
-            if done(slots):
+            if done(slots) and not getattr(self.spec, "sweep", None):   # the sweep ended too
                 break
             self.serve(reqs, slots=slots)
         self.reset_metrics()

@@ -36,11 +36,18 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   from the last round's read to this one's is the round's period (the host's work between
   rounds included: the GPU idles through it); a sample counts only for a round that verified
   and proposed the same k with whole blocks, ran no admission, and replayed a recorded graph
-  (or, without graphs, used a shape seen before). An EMA (``COST_EMA``) per (B, k). Until
-  every k has a sample at this B the policy *calibrates*: it proposes ``k_max, k_max - 1, ...,
-  0``, each for ``hold`` rounds (which also records each k's graph), then again over any k
-  still without a sample (``CALIBRATION_REFILLS`` times; a k never measured is extrapolated
-  from its neighbours); ``calibrated(B)`` says when every k has one.
+  (or, without graphs, used a shape seen before). Until every k has a sample at this B the
+  policy *calibrates*: it proposes ``k_max, k_max - 1, ..., 0``, each for ``hold`` rounds
+  (which also records each k's graph), then the same back up, ``0, 1, ..., k_max`` (the
+  graphs recorded: every round of it but a switch is a sample), so each k is timed early and
+  late in the sweep and a drift of the round's cost over it (contexts grow a few tokens a
+  round) cancels in the mean (a sweep a call leaves unfinished goes on in the next call over
+  as many slots); then again over any k still without a sample
+  (``CALIBRATION_REFILLS`` times; a k never measured is extrapolated from its neighbours);
+  ``calibrated(B)`` says when every k has one. While calibrating a (B, k)'s cost is the plain
+  mean of its samples; after, an EMA (``COST_EMA``) of the rounds that run it. (s21, the
+  hybrid at B=32: one down sweep of ``hold`` 4 gave two samples a k, and the policy chose k=4
+  where k=3 was 8% faster.)
 * Choice: the batch-wide k in 0..k_max maximising ``sum_i E_i(k) / cost(B, k)`` over the
   running requests (ties to the smaller k); k = 0 (target-only rounds, no draft pass) when
   that wins. After ``explore_every`` rounds in a row at k = 0 one round proposes k = 1, so
@@ -174,7 +181,8 @@ class AutoK:
         self.fixed_costs = costs
         self.prior_strength, self.decay = float(prior_strength), float(decay)
         self.explore_every, self.hold, self.ragged = int(explore_every), int(hold), bool(ragged)
-        self.measured: dict[tuple[int, int], float] = {}      # (B, k) -> EMA seconds
+        self.measured: dict[tuple[int, int], float] = {}      # (B, k) -> seconds
+        self._samples: dict[tuple[int, int], int] = {}        # (B, k) -> calibration samples
         K = self.k_max
         # pooled counts, [0] accepted and [1] tried per position (one array: one decay)
         self._pool = np.zeros((2, K))
@@ -194,6 +202,8 @@ class AutoK:
         """A call over ``slots`` slots begins; every slot's drafts come from the prefill
         (``k_max`` of them)."""
         B, K = int(slots), self.k_max
+        # the way back up of a sweep that the last call (same slots) left unfinished
+        pending = list(getattr(self, "sweep", [])) if getattr(self, "B", None) == B else []
         self.B, self.graphs = B, bool(graphs)
         # per request, [0] accepted and [1] tried per position (views: acc, tries)
         self._counts = np.zeros((2, B, K))
@@ -206,8 +216,11 @@ class AutoK:
         self.refills = CALIBRATION_REFILLS
         # calibrated(B) stays true once true (costs are only ever added): asked once then
         self._done = self.calibrated(B)
-        if not self._done:
-            self.sweep = [k for k in range(K, -1, -1) for _ in range(self.hold)]
+        if not self._done:      # down, then back up (see the module docstring)
+            down = [k for k in range(K, -1, -1) for _ in range(self.hold)]
+            self.sweep = down + down[::-1]
+        else:
+            self.sweep = pending
 
     def admit(self, slots: Sequence[int]) -> None:
         """New requests start from the pooled prior."""
@@ -267,8 +280,12 @@ class AutoK:
                 and plan.verify == plan.propose):
             key = (self.B, plan.verify)
             old = self.measured.get(key)
-            new = self.measured[key] = (seconds if old is None else
-                                        (1 - COST_EMA) * old + COST_EMA * seconds)
+            if old is None or not self._done:   # calibrating: the plain mean of the samples
+                n = self._samples[key] = self._samples.get(key, 0) + 1
+                new = seconds if old is None else old + (seconds - old) / n
+            else:
+                new = (1 - COST_EMA) * old + COST_EMA * seconds
+            self.measured[key] = new
             if self._done and self._costs is not None:
                 self._costs[plan.verify] = new  # every k measured: the rest stand
             else:
