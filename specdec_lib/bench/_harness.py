@@ -56,8 +56,10 @@ class Bench:
             drv.event_destroy(e1)
         return statistics.median(out)
 
-    def time_graph(self, fn, per_graph: int = 20, repeats: int = 7) -> float:
-        """Median ms of one ``fn()`` from replays of a graph holding ``per_graph`` calls."""
+    def capture_graph(self, fn, per_graph: int = 1):
+        """``(graph, exec)`` of ``per_graph`` calls of ``fn()`` captured on self.stream (fn is
+        called once uncaptured first: lazy loads, workspaces); the caller frees them with
+        ``drv.graph_destroy(graph, exec)``."""
         drv = self.drv
         fn()
         drv.stream_synchronize(self.stream)
@@ -67,6 +69,12 @@ class Bench:
                 fn()
         finally:
             g, ge = drv.graph_capture_end(self.stream)
+        return g, ge
+
+    def time_graph(self, fn, per_graph: int = 20, repeats: int = 7) -> float:
+        """Median ms of one ``fn()`` from replays of a graph holding ``per_graph`` calls."""
+        drv = self.drv
+        g, ge = self.capture_graph(fn, per_graph)
         try:
             return self.time(lambda: drv.graph_launch(ge, self.stream), iters=5,
                              repeats=repeats) / per_graph

@@ -338,15 +338,9 @@ def _b1_round(d):
     return x, steps
 
 
-@bench("round_b1")
-def bench_round_b1(b: Bench):
-    """One B=1 round of a Qwen3-Next-like hybrid (``_b1_round``), replayed as one CUDA graph;
-    each op alone (a graph of 20 calls of it: us per call, times its count in the round);
-    the launch floor beside it (a graph of one-element ``copy`` kernels)."""
-    from .. import ops
-    from ..arrays import DeviceArray
-    x, steps = _b1_round(b.device)
-    b.drv.stream_synchronize(0)
+def _b1_reset(b: Bench, x):
+    """``reset()``: waits for b.stream, then puts back what the round's replays advance
+    (seq_lens, out_lens, finished), so the next replays stay inside the page table."""
     L0 = np.array([_B1["L"]], np.int32)
 
     def reset():
@@ -354,14 +348,34 @@ def bench_round_b1(b: Bench):
         x["seq_lens"].copy_from_numpy(L0)
         x["out_lens"].copy_from_numpy(np.zeros(1, np.int32))
         x["finished"].copy_from_numpy(np.zeros(1, np.uint8))
+    return reset
 
+
+def _b1_label():
     c = _B1
-    label = (f"B=1 k={c['k']} {c['layers']} layers (3 GDN : 1 attn) H={c['H']} "
-             f"V={c['V']}")
+    return f"B=1 k={c['k']} {c['layers']} layers (3 GDN : 1 attn) H={c['H']} V={c['V']}"
+
+
+def _floor_copy(b: Bench):
+    """``fn()``: one one-element ``copy`` kernel on b.stream (the launch floor's kernel)."""
+    from .. import ops
+    from ..arrays import DeviceArray
     one_a = DeviceArray.empty((1,), "int32", b.device).fill_bytes(0)
     one_b = DeviceArray.empty((1,), "int32", b.device).fill_bytes(0)
     b.drv.stream_synchronize(0)
-    floor = b.time_graph(lambda: ops.copy(one_a, one_b, stream=b.stream), per_graph=100)
+    return lambda: ops.copy(one_a, one_b, stream=b.stream)
+
+
+@bench("round_b1")
+def bench_round_b1(b: Bench):
+    """One B=1 round of a Qwen3-Next-like hybrid (``_b1_round``), replayed as one CUDA graph;
+    each op alone (a graph of 20 calls of it: us per call, times its count in the round);
+    the launch floor beside it (a graph of one-element ``copy`` kernels)."""
+    x, steps = _b1_round(b.device)
+    b.drv.stream_synchronize(0)
+    reset = _b1_reset(b, x)
+    label = _b1_label()
+    floor = b.time_graph(_floor_copy(b), per_graph=100)
 
     def round_():
         for _, fn in steps:
