@@ -11,7 +11,12 @@
 #                          PATCHES="docs/patches/A.patch ...": tests and bench on a patched
 #                          copy (/tmp/patched), main built beside it and benched after it
 #   san    carry .g1       memcheck over $SAN_TESTS in the patched copy if any     ~1 min
-#   prof   carry .g2       tools/gpu/profile.sh $PROF (CASE:KERNEL ...), same tree  ~2 min
+#   prof   carry .g2       tools/gpu/profile.sh $PROF (CASE:KERNEL ...), same tree  ~2 min;
+#                          TIMELINE=1: then tools/perf/round_timeline.py (round_b1's GPU
+#                          timeline per launch, torch.profiler) with SPECDEC_PDL=1 and =0,
+#                          timeline_pdl1.{log,json} / timeline_pdl0.* in the step's folder
+#                          (~1 min; TIMELINE_ARGS, e.g. "--replays 50"); TIMELINE=only: the
+#                          timelines without the ncu profile
 #   train  carry .g3       the GGUF; the data (train-draft --data-only, $PROMPTS prompts ->
 #                          /tmp/m/data.npz, ~180 s for 30k; kept while warm), then beside each
 #                          other on the GPU: HYBRID=continue (default: train-hybrid --init the
@@ -97,10 +102,20 @@ san)
   pack ;;
 prof)
   cd "$(chk_tree)" || exit 1
-  # shellcheck disable=SC2086
-  timeout "${PROF_S:-150}" bash tools/gpu/profile.sh "$L/prof" ${PROF:-round_b1:rms_norm round_b1:gdn_verify} \
-    > "$L/prof.txt" 2>&1
-  rm -f "$L"/prof/*.ncu-rep; tail -5 "$L/prof.txt"
+  if [ "${TIMELINE:-}" != only ]; then
+    # shellcheck disable=SC2086
+    timeout "${PROF_S:-150}" bash tools/gpu/profile.sh "$L/prof" ${PROF:-round_b1:rms_norm round_b1:gdn_verify} \
+      > "$L/prof.txt" 2>&1
+    rm -f "$L"/prof/*.ncu-rep; tail -5 "$L/prof.txt"
+  fi
+  if [ -n "${TIMELINE:-}" ]; then
+    for pdl in 1 0; do
+      # shellcheck disable=SC2086
+      SPECDEC_PDL=$pdl PYTHONPATH=$SITE timeout "${TIMELINE_S:-120}" python3 tools/perf/round_timeline.py \
+        ${TIMELINE_ARGS:-} --json "$L/timeline_pdl$pdl.json" > "$L/timeline_pdl$pdl.log" 2>&1
+      echo "round_timeline SPECDEC_PDL=$pdl rc=$?"; head -32 "$L/timeline_pdl$pdl.log"
+    done
+  fi
   pack ;;
 train)
   cd "$CLEAN" || exit 1
