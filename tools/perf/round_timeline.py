@@ -397,7 +397,8 @@ def record(replays=20, warmup=5, device=0, trace_path=None):
 
 def record_with_events(replays=20, warmup=5, device=0):
     """The fallback where torch.profiler sees no kernel: the round captured with a CUDA event
-    recorded before its first step and after every step (event-record nodes in the graph),
+    recorded before its first step and after every step (``external=True``: event-record
+    nodes in the graph),
     replayed ``replays`` times, each replay waited for and read: ``(steps, [[ms of each
     step] per replay], meta)``. An event node between two launches replaces their
     programmatic (PDL) edge by a full one, so this times each op serialised: per-op costs,
@@ -413,10 +414,10 @@ def record_with_events(replays=20, warmup=5, device=0):
     evs = [drv.event_create() for _ in range(len(steps) + 1)]
 
     def round_():
-        drv.event_record(evs[0], st)
+        drv.event_record(evs[0], st, external=True)    # event-record nodes in the graph
         for (_, fn), e in zip(steps, evs[1:]):
             fn(st)
-            drv.event_record(e, st)
+            drv.event_record(e, st, external=True)
     reset()
     g, ge = b.capture_graph(round_)
     times = []
