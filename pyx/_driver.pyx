@@ -489,7 +489,8 @@ def event_destroy(uintptr_t e):
 def event_record(uintptr_t e, uintptr_t stream=0, bint external=False):
     """Records ``e`` on ``stream``. ``external=True`` on a capturing stream puts an
     event-record node in the graph (each replay records ``e``: timing inside a graph); a
-    plain record there only orders the capture, and ``e`` is never recorded."""
+    plain record there only orders the capture, and ``e`` is never recorded (the driver
+    refuses ``external`` on a stream that is not capturing)."""
     if external:
         check(cydriver.cuEventRecordWithFlags(<cydriver.CUevent>e, <cydriver.CUstream>stream,
                                               cydriver.CU_EVENT_RECORD_EXTERNAL),

@@ -414,10 +414,11 @@ def record_with_events(replays=20, warmup=5, device=0):
     evs = [drv.event_create() for _ in range(len(steps) + 1)]
 
     def round_():
-        drv.event_record(evs[0], st, external=True)    # event-record nodes in the graph
+        ext = drv.stream_is_capturing(st)   # event-record nodes in the graph (the flag is
+        drv.event_record(evs[0], st, external=ext)   # invalid outside a capture)
         for (_, fn), e in zip(steps, evs[1:]):
             fn(st)
-            drv.event_record(e, st, external=True)
+            drv.event_record(e, st, external=ext)
     reset()
     g, ge = b.capture_graph(round_)
     times = []
