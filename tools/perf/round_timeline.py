@@ -36,9 +36,11 @@ and its 319 step times read. It needs no torch, but an event node between two la
 their programmatic (PDL) edge into a full one: per-op costs with the overlaps taken away.
 
 SPECDEC_PDL is read from the environment (recorded in the JSON). Needs a CUDA GPU, the
-extension built in place and torch with CUDA (the H200 machine's torch); on the device
-through tools/gpu/train_chain.sh prof with TIMELINE=1 (both PDL settings). Without a GPU it
-says why and exits 0. The analysis (``analyse``) is a pure function over
+extension built in place and torch with CUDA (the H200 machine's torch). On the device, two
+calls on one warm machine: ``tools/gpu/train_chain.sh build "$OUT"`` (carry .whl .g0; with
+FAMILIES=native BENCH=none it is shortest), then ``TIMELINE=only tools/gpu/train_chain.sh
+prof "$OUT"``: both PDL settings, prof/timeline_pdl{1,0}.{log,json} in prof.tgz (TIMELINE=1:
+after the ncu profiles). Without a GPU it says why and exits 0. The analysis (``analyse``) is a pure function over
 ``(name, start_us, dur_us)`` tuples: tests/test_round_timeline.py.
 """
 from __future__ import annotations
