@@ -58,7 +58,16 @@ from specdec_lib.models.ngram import NgramDraft  # noqa: E402
 from specdec_lib.models.prompts import stdlib_prompts  # noqa: E402
 from specdec_lib.models.smollm2 import (COPY_PROMPTS, OPEN_PROMPTS, STOP_TOKEN_IDS,  # noqa: E402
                                         chat_prompt)
-from specdec_lib.orchestrator import AutoK, Request, SpeculativeDecoder, make_backend  # noqa: E402
+from specdec_lib.orchestrator import (  # noqa: E402
+    AutoK, PrefillPolicy, Request, SpeculativeDecoder, make_backend)
+
+PREFILL = PrefillPolicy()       # --prefill: every decoder's (one for all modes of a run)
+
+
+def prefill_policy(text):
+    """--prefill: ``auto``, ``batched``, ``bucketed`` or ``auto:N`` (batched from bursts of N)."""
+    mode, _, n = text.partition(":")
+    return PrefillPolicy(mode, batched_from=int(n)) if n else PrefillPolicy(mode)
 
 
 def spec_of(k):
@@ -78,7 +87,7 @@ def decoder(target, draft, k, be, reqs, slots=None):
     graph = be.name == "torch"
     spec, k_max = spec_of(k)
     dec = SpeculativeDecoder(target, draft, num_speculative_tokens=spec, backend=be,
-                             cuda_graph=graph,
+                             cuda_graph=graph, prefill=PREFILL,
                              max_len=SpeculativeDecoder.positions_needed(reqs, k_max))
     if graph:
         seen, warm = set(), []
@@ -252,6 +261,11 @@ def main():
                    "stream R times in all (the same warm decoders, each mode's runs back to "
                    "back; runs after the first are not rescored): R ratios, as the served "
                    "ratio moves from run to run")
+    p.add_argument("--prefill", default="auto", help="every decoder's prefill policy: auto "
+                   "(default: bursts of 16+ admissions batched and eager, others one bucket "
+                   "replay each), batched, bucketed, or auto:N (batched from bursts of N). "
+                   "s21: target-only's served requests finish in lockstep and burst; the 16 "
+                   "was tuned on SmolLM2, not the hybrid")
     p.add_argument("--row-invariant", action="store_true", help="decode GEMMs through the "
                    "library's linear (LlamaTarget row_invariant=True)")
     p.add_argument("--sets", default=None, help="B=1 prompt sets (default copy,open,heldout; "
@@ -297,6 +311,8 @@ def main():
                    "over its own replies should agree everywhere; ~128 eager calls per cache "
                    "dtype), up to 16 (fewer calls, GEMM bits of another shape)")
     args = p.parse_args()
+    global PREFILL
+    PREFILL = prefill_policy(args.prefill)
     be = make_backend(args.backend)
     if args.long_context:
         return long_context(args, be)
@@ -333,7 +349,7 @@ def main():
     if gpu:
         import torch
     report = {"device": torch.cuda.get_device_name() if gpu else "cpu", "k": k,
-              "drafts": list(drafts), "row_invariant": target.row_invariant,
+              "prefill": args.prefill, "drafts": list(drafts), "row_invariant": target.row_invariant,
               "kv_dtype": target.kv_dtype,
               "hybrid": args.hybrid and dict(weights=args.hybrid, state_dtype=args.state_dtype)}
     rows = []
