@@ -190,19 +190,22 @@ cdef void _allow_smem(Kernel k, unsigned int smem):
         k.set_max_dynamic_smem(smem)
 
 
-cdef int _launch_rows_layout(Kernel k_row, Kernel k_chain, size_t stream,
-                             uintptr_t logits, uintptr_t cu_q, uintptr_t draft_ids,
-                             uintptr_t temperature, uintptr_t top_k, uintptr_t top_p,
-                             uintptr_t min_p, uintptr_t seed, uintptr_t step,
-                             uintptr_t num_accepted, uintptr_t emitted, uintptr_t status,
-                             uintptr_t logprobs, uintptr_t workspace, int64_t logits_stride,
-                             int64_t emitted_stride, int64_t logprobs_stride, int num_rows,
-                             int batch, int vocab, int num_tiles, int tiles_per_cta, int cluster,
-                             unsigned int smem, int width, bint filters, bint pdl_row,
-                             bint pdl) except -1:
-    """The rows and small paths' launches: ``k_row`` on T x ``cluster`` CTAs in clusters
-    (with programmatic serialization when ``pdl_row``), then ``k_chain`` (one warp a
-    sequence, with it when ``pdl`` and a row launch went before)."""
+def launch_spec_sample_rows(Kernel k_row, Kernel k_chain, size_t stream,
+                            uintptr_t logits, uintptr_t cu_q, uintptr_t draft_ids,
+                            uintptr_t temperature, uintptr_t top_k, uintptr_t top_p, uintptr_t min_p,
+                            uintptr_t seed, uintptr_t step, uintptr_t num_accepted, uintptr_t emitted,
+                            uintptr_t status, uintptr_t logprobs, uintptr_t workspace,
+                            int64_t logits_stride, int64_t emitted_stride, int64_t logprobs_stride,
+                            int num_rows, int batch, int vocab, int num_tiles, int tiles_per_cta,
+                            int cluster, unsigned int smem, int width, bint filters=True,
+                            bint pdl=False, bint pdl_row=False):
+    """sm_90, 16-bit logits, the rows layout of the rows and small paths: ``k_row``
+    (spec_sample_rows_* / spec_sample_small_*: grid T x ``cluster`` CTAs in clusters of
+    ``cluster``, each holding ``tiles_per_cta`` tiles of its row in ``smem`` bytes of dynamic
+    shared memory; with programmatic stream serialization when ``pdl_row``: the small path)
+    -> ``k_chain`` (spec_sample_chain / spec_sample_chain_pre: one warp per sequence; ``pdl``:
+    launched with programmatic stream serialization, as in launch_spec_sample, when a row
+    launch went before)."""
     cdef SpecSampleParams p = _params(logits, cu_q, draft_ids, temperature, top_k, top_p, min_p,
                                       seed, step, 0, 0, num_accepted, emitted, status, logprobs,
                                       workspace, logits_stride, 0, emitted_stride, logprobs_stride,
@@ -217,44 +220,3 @@ cdef int _launch_rows_layout(Kernel k_row, Kernel k_chain, size_t stream,
     cdef int per_cta = SPEC_SAMPLE_CHAIN_THREADS // 32   # one warp per sequence
     launch_after(k_chain, (batch + per_cta - 1) // per_cta, 1, 1,
                  SPEC_SAMPLE_CHAIN_THREADS, 1, 1, 0, stream, &p, pdl and num_rows > 0)
-    return 0
-
-
-def launch_spec_sample_rows(Kernel k_rows, Kernel k_chain, size_t stream,
-                            uintptr_t logits, uintptr_t cu_q, uintptr_t draft_ids,
-                            uintptr_t temperature, uintptr_t top_k, uintptr_t top_p, uintptr_t min_p,
-                            uintptr_t seed, uintptr_t step, uintptr_t num_accepted, uintptr_t emitted,
-                            uintptr_t status, uintptr_t logprobs, uintptr_t workspace,
-                            int64_t logits_stride, int64_t emitted_stride, int64_t logprobs_stride,
-                            int num_rows, int batch, int vocab, int num_tiles, int tiles_per_cta,
-                            int cluster, unsigned int smem, int width, bint filters=True,
-                            bint pdl=False):
-    """sm_90, 16-bit logits, one-hot drafts: spec_sample_rows (grid T x cluster CTAs in
-    clusters of ``cluster``, each holding ``tiles_per_cta`` tiles of its row in ``smem`` bytes
-    of dynamic shared memory) -> spec_sample_chain (one warp per sequence; ``pdl``: launched
-    with programmatic stream serialization, as in launch_spec_sample)."""
-    _launch_rows_layout(k_rows, k_chain, stream, logits, cu_q, draft_ids, temperature, top_k,
-                        top_p, min_p, seed, step, num_accepted, emitted, status, logprobs,
-                        workspace, logits_stride, emitted_stride, logprobs_stride, num_rows,
-                        batch, vocab, num_tiles, tiles_per_cta, cluster, smem, width, filters,
-                        False, pdl)
-
-
-def launch_spec_sample_small(Kernel k_small, Kernel k_chain, size_t stream,
-                             uintptr_t logits, uintptr_t cu_q, uintptr_t draft_ids,
-                             uintptr_t temperature, uintptr_t top_k, uintptr_t top_p, uintptr_t min_p,
-                             uintptr_t seed, uintptr_t step, uintptr_t num_accepted, uintptr_t emitted,
-                             uintptr_t status, uintptr_t logprobs, uintptr_t workspace,
-                             int64_t logits_stride, int64_t emitted_stride, int64_t logprobs_stride,
-                             int num_rows, int batch, int vocab, int num_tiles, int tiles_per_cta,
-                             int cluster, unsigned int smem, int width, bint filters=True,
-                             bint pdl=False):
-    """sm_90, small calls: spec_sample_small (the rows layout: grid T x cluster CTAs in
-    clusters of ``cluster``, ``tiles_per_cta`` tiles each in ``smem`` bytes of dynamic shared
-    memory; with ``pdl`` it goes out with programmatic serialization too) ->
-    spec_sample_chain_pre (one warp per sequence, launched as in launch_spec_sample_rows)."""
-    _launch_rows_layout(k_small, k_chain, stream, logits, cu_q, draft_ids, temperature, top_k,
-                        top_p, min_p, seed, step, num_accepted, emitted, status, logprobs,
-                        workspace, logits_stride, emitted_stride, logprobs_stride, num_rows,
-                        batch, vocab, num_tiles, tiles_per_cta, cluster, smem, width, filters,
-                        pdl, pdl)

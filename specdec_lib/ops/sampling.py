@@ -331,19 +331,21 @@ def spec_sample(logits: ArrayLike, cu_q: ArrayLike, draft_ids: ArrayLike,
     path = sample_path(lg.dtype, draft_probs is None, V, dev, T)
     name = _KERNEL_DTYPES[lg.dtype]
     if path in ("small", "rows"):     # one cluster launch (+ the chain), as each plan says
-        if path == "small":
+        small = path == "small"
+        if small:
             tpc, cluster, smem = small_plan(T, num_tiles, runtime.sm_count(dev))
-            launch, chain = _sampling.launch_spec_sample_small, "spec_sample_chain_pre"
         else:
             tpc, cluster, smem = rows_plan(num_tiles)
-            launch, chain = _sampling.launch_spec_sample_rows, "spec_sample_chain"
-        launch(runtime.kernel("sampling", f"spec_sample_{path}_{name}", dev),
-               runtime.kernel("sampling", chain, dev), stream_h,
-               lg.ptr, cq.ptr, di.ptr, tp.ptr, tk.ptr, pp.ptr, mp.ptr, sd.ptr, st.ptr,
-               na.ptr, em.ptr, ss.ptr, lp.ptr, ws.ptr, lg.strides[0], em.strides[0],
-               lp.strides[0] if accepted_logprobs is not None else 0,
-               T, B, V, num_tiles, tpc, cluster, smem, W, filters is None or bool(filters),
-               use_pdl(dev))
+        pdl = use_pdl(dev)
+        _sampling.launch_spec_sample_rows(
+            runtime.kernel("sampling", f"spec_sample_{path}_{name}", dev),
+            runtime.kernel("sampling", "spec_sample_chain_pre" if small else "spec_sample_chain",
+                           dev), stream_h,
+            lg.ptr, cq.ptr, di.ptr, tp.ptr, tk.ptr, pp.ptr, mp.ptr, sd.ptr, st.ptr,
+            na.ptr, em.ptr, ss.ptr, lp.ptr, ws.ptr, lg.strides[0], em.strides[0],
+            lp.strides[0] if accepted_logprobs is not None else 0,
+            T, B, V, num_tiles, tpc, cluster, smem, W, filters is None or bool(filters),
+            pdl, pdl and small)    # the small kernel's own launch goes out with PDL too
         return num_accepted, emitted, status
     tiles_per_cta = _tiles_per_cta(T, num_tiles, runtime.sm_count(dev))
     ks = [runtime.kernel("sampling", f"spec_sample_{stage}_{name}", dev)
