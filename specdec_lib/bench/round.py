@@ -338,9 +338,12 @@ def _b1_round(d):
     return x, steps
 
 
-def _b1_reset(b: Bench, x):
-    """``reset()``: waits for b.stream, then puts back what the round's replays advance
-    (seq_lens, out_lens, finished), so the next replays stay inside the page table."""
+def _b1_setup(b: Bench):
+    """The round's ``steps`` (``_b1_round`` on b.device) and ``reset()``: it waits for
+    b.stream, then puts back what the round's replays advance (seq_lens, out_lens, finished),
+    so the next replays stay inside the page table."""
+    x, steps = _b1_round(b.device)
+    b.drv.stream_synchronize(0)
     L0 = np.array([_B1["L"]], np.int32)
 
     def reset():
@@ -348,7 +351,7 @@ def _b1_reset(b: Bench, x):
         x["seq_lens"].copy_from_numpy(L0)
         x["out_lens"].copy_from_numpy(np.zeros(1, np.int32))
         x["finished"].copy_from_numpy(np.zeros(1, np.uint8))
-    return reset
+    return steps, reset
 
 
 def _b1_label():
@@ -371,9 +374,7 @@ def bench_round_b1(b: Bench):
     """One B=1 round of a Qwen3-Next-like hybrid (``_b1_round``), replayed as one CUDA graph;
     each op alone (a graph of 20 calls of it: us per call, times its count in the round);
     the launch floor beside it (a graph of one-element ``copy`` kernels)."""
-    x, steps = _b1_round(b.device)
-    b.drv.stream_synchronize(0)
-    reset = _b1_reset(b, x)
+    steps, reset = _b1_setup(b)
     label = _b1_label()
     floor = b.time_graph(_floor_copy(b), per_graph=100)
 

@@ -331,19 +331,26 @@ def profiled_gpu_events(fn, sync, trace_path=None):
             return gpu_events_from_trace(json.load(fh))
 
 
+def _meta(device, replays, warmup, **extra):
+    """What a run's JSON says of where and how it ran (both recorders)."""
+    from specdec_lib import runtime
+    from specdec_lib.bench.round import _b1_label
+    return {"device": runtime.device_props(device)["name"], "label": _b1_label(),
+            "SPECDEC_PDL": os.environ.get(runtime.PDL_ENV),
+            "pdl_enabled": runtime.pdl_enabled(device), "replays": replays, "warmup": warmup,
+            **extra}
+
+
 def record(replays=20, warmup=5, device=0, trace_path=None):
     """Records the round and the floor, profiles them (module docstring); returns the
     raw material: events of the round's replays, of the floor's, each step's kernels, the
     steps, and the CUDA-event times."""
     import torch
-    from specdec_lib import runtime
     from specdec_lib.bench._harness import Bench
-    from specdec_lib.bench.round import _b1_label, _b1_reset, _b1_round, _floor_copy
+    from specdec_lib.bench.round import _b1_setup, _floor_copy
     b = Bench(device)
     drv, st = b.drv, b.stream
-    x, steps = _b1_round(b.device)
-    drv.stream_synchronize(0)
-    reset = _b1_reset(b, x)
+    steps, reset = _b1_setup(b)
     floor_fn = _floor_copy(b)
 
     def round_():
@@ -387,11 +394,8 @@ def record(replays=20, warmup=5, device=0, trace_path=None):
         drv.stream_synchronize(st)
         drv.graph_destroy(g, ge)
         drv.graph_destroy(gf, gfe)
-    meta = {"device": runtime.device_props(device)["name"],
-            "label": _b1_label(), "SPECDEC_PDL": os.environ.get(runtime.PDL_ENV),
-            "pdl_enabled": runtime.pdl_enabled(device), "torch": torch.__version__,
-            "replays": replays, "warmup": warmup,
-            "round_us_cuda_events": events_us, "floor_us_cuda_events": floor_us}
+    meta = _meta(device, replays, warmup, torch=torch.__version__,
+                 round_us_cuda_events=events_us, floor_us_cuda_events=floor_us)
     b.close()
     return {"meta": meta, "steps": [s for s, _ in steps], "round_events": round_ev,
             "floor_events": floor_ev, "per_step_events": per_step}
@@ -405,14 +409,11 @@ def record_with_events(replays=20, warmup=5, device=0):
     step] per replay], meta)``. An event node between two launches replaces their
     programmatic (PDL) edge by a full one, so this times each op serialised: per-op costs,
     not the overlaps."""
-    from specdec_lib import runtime
     from specdec_lib.bench._harness import Bench
-    from specdec_lib.bench.round import _b1_label, _b1_reset, _b1_round
+    from specdec_lib.bench.round import _b1_setup
     b = Bench(device)
     drv, st = b.drv, b.stream
-    x, steps = _b1_round(b.device)
-    drv.stream_synchronize(0)
-    reset = _b1_reset(b, x)
+    steps, reset = _b1_setup(b)
     evs = [drv.event_create() for _ in range(len(steps) + 1)]
 
     def round_():
@@ -438,9 +439,7 @@ def record_with_events(replays=20, warmup=5, device=0):
         drv.graph_destroy(g, ge)
         for e in evs:
             drv.event_destroy(e)
-    meta = {"device": runtime.device_props(device)["name"], "label": _b1_label(),
-            "SPECDEC_PDL": os.environ.get(runtime.PDL_ENV), "pdl_enabled": runtime.pdl_enabled(device),
-            "replays": replays, "warmup": warmup, "mode": "cuda events between steps"}
+    meta = _meta(device, replays, warmup, mode="cuda events between steps")
     b.close()
     return [s for s, _ in steps], times, meta
 
