@@ -192,6 +192,8 @@ class AutoK:
         self._hit_try = np.asarray([[0], [1]])      # + num_accepted: accepted / tried reach
         self._plans: dict[tuple[int, int], RoundPlan] = {}     # whole-block plans, shared
         self.choices: list[RoundPlan] = []
+        self.B: Optional[int] = None            # no call yet
+        self.sweep: list[int] = []              # the calibration's k's still to propose
         self.start(1, False)
 
     # ------------------------------------------------------------------ protocol
@@ -203,7 +205,7 @@ class AutoK:
         (``k_max`` of them)."""
         B, K = int(slots), self.k_max
         # the way back up of a sweep that the last call (same slots) left unfinished
-        pending = list(getattr(self, "sweep", [])) if getattr(self, "B", None) == B else []
+        pending = self.sweep if self.B == B else []
         self.B, self.graphs = B, bool(graphs)
         # per request, [0] accepted and [1] tried per position (views: acc, tries)
         self._counts = np.zeros((2, B, K))
@@ -212,7 +214,6 @@ class AutoK:
         self.ready: Optional[int] = None        # drafts the last round proposed (None: prefill)
         self.last: Optional[RoundPlan] = None
         self.zero_run = 0
-        self.sweep: list[int] = []
         self.refills = CALIBRATION_REFILLS
         # calibrated(B) stays true once true (costs are only ever added): asked once then
         self._done = self.calibrated(B)
