@@ -170,6 +170,14 @@ cdef void _config(cydriver.CUlaunchConfig* cfg, cydriver.CUlaunchAttribute* attr
     cfg.numAttrs = 1
 
 
+cdef void _pdl_attr(cydriver.CUlaunchAttribute* attr) noexcept:
+    """``attr`` = programmatic stream serialization (the launch may be scheduled while the
+    previous one on the stream drains: the kernel waits for it in pdl_begin())."""
+    memset(attr, 0, sizeof(attr[0]))
+    attr.id = cydriver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+
+
 cdef void _cluster_config(cydriver.CUlaunchConfig* cfg, cydriver.CUlaunchAttribute* attr,
                           unsigned int grid, unsigned int block, unsigned int smem, size_t stream,
                           unsigned int cluster) noexcept:
@@ -343,9 +351,7 @@ cdef int launch_after(Kernel k, unsigned int gx, unsigned int gy, unsigned int g
     cdef cydriver.CUlaunchConfig cfg
     cdef cydriver.CUlaunchAttribute attr
     args[0] = params
-    memset(&attr, 0, sizeof(attr))
-    attr.id = cydriver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value.programmaticStreamSerializationAllowed = 1
+    _pdl_attr(&attr)
     _config(&cfg, &attr, gx, gy, gz, bx, by, bz, smem, stream)
     with nogil:
         err = cydriver.cuLaunchKernelEx(&cfg, k.func, args, NULL)
@@ -373,9 +379,7 @@ cdef int launch_cluster_grid(Kernel k, unsigned int gx, unsigned int gy, unsigne
     cfg.gridDimY = gy
     cfg.gridDimZ = gz
     if serial:
-        memset(&attrs[1], 0, sizeof(attrs[1]))
-        attrs[1].id = cydriver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attrs[1].value.programmaticStreamSerializationAllowed = 1
+        _pdl_attr(&attrs[1])
         cfg.numAttrs = 2
     with nogil:
         err = cydriver.cuLaunchKernelEx(&cfg, k.func, args, NULL)
