@@ -349,8 +349,8 @@ def main():
     if gpu:
         import torch
     report = {"device": torch.cuda.get_device_name() if gpu else "cpu", "k": k,
-              "prefill": args.prefill, "drafts": list(drafts), "row_invariant": target.row_invariant,
-              "kv_dtype": target.kv_dtype,
+              "prefill": args.prefill, "drafts": list(drafts),
+              "row_invariant": target.row_invariant, "kv_dtype": target.kv_dtype,
               "hybrid": args.hybrid and dict(weights=args.hybrid, state_dtype=args.state_dtype)}
     rows = []
     stops = dict(stop_token_ids=STOP_TOKEN_IDS) if args.stop_at_eos else {}
@@ -415,11 +415,13 @@ def main():
                  + [(n, a) for a in auto for n in drafts])
         case(f"serve {args.serve}/{B}", skey, sreqs, served, sruns)
         # the served ratio moves from run to run (target-only +-15%, s14): more runs, each
-        # mode's back to back (AA..BB..): decoders of one target share its caches, so one
-        # that runs after another finds them reset and records its graphs again (s21's
-        # interleaved repeats were such cold runs: each mode's group starts with an untimed
-        # run); not rescored again (greedy: each run is
-        # counted token-identical to target-only's)
+        # mode's back to back (AA..BB..): decoders of one target share its caches, so one that
+        # runs after another finds them reset and records its graphs again (s21's interleaved
+        # repeats were such cold runs), hence an untimed run first in each mode's group. Not
+        # rescored again: each run is counted token-identical to target-only's (greedy)
+        def run_row(m):
+            return dict(tokens_per_s=round(m.tokens_per_s, 1), prefill_s=round(m.prefill_s, 4),
+                        admit_s=round(m.admit_s, 4), capture_s=round(m.capture_s, 4))
         if args.serve_repeats > 1:
             reps = [dict() for _ in range(args.serve_repeats - 1)]
             base_runs = []
@@ -427,23 +429,18 @@ def main():
             for row in reps:
                 base, mb = served(target, None, 0, be, sreqs)
                 base_runs.append(base)
-                row["target_only"] = dict(tokens_per_s=round(mb.tokens_per_s, 1),
-                                          prefill_s=round(mb.prefill_s, 4),
-                                          capture_s=round(mb.capture_s, 4))
+                row["target_only"] = run_row(mb)
             for name, kk in sruns:
                 served(target, drafts[name], kk, be, sreqs)      # untimed, as above
                 for rep, (row, base) in enumerate(zip(reps, base_runs), 1):
                     spec, ms = served(target, drafts[name], kk, be, sreqs)
                     to = row["target_only"]["tokens_per_s"]
-                    row[f"{name}_k{kk}"] = dict(
-                        tokens_per_s=round(ms.tokens_per_s, 1),
-                        speedup=round(ms.tokens_per_s / max(to, 1e-9), 3),
-                        prefill_s=round(ms.prefill_s, 4), admit_s=round(ms.admit_s, 4),
-                        capture_s=round(ms.capture_s, 4),
+                    r = row[f"{name}_k{kk}"] = dict(
+                        run_row(ms), speedup=round(ms.tokens_per_s / max(to, 1e-9), 3),
                         identical_to_target_only=sum(x.tokens == y.tokens for x, y in zip(base, spec)))
                     print(f"serve {args.serve}/{B} repeat {rep}: {name} k={kk} "
                           f"{ms.tokens_per_s:,.1f} tok/s, target-only {to:,.1f} "
-                          f"({row[f'{name}_k{kk}']['speedup']:.2f}x)", flush=True)
+                          f"({r['speedup']:.2f}x)", flush=True)
             report[skey]["repeats"] = reps
             _dump(args, report)
     # the profiles (rounds, then prefills) last: a profiler session leaves the process slower
