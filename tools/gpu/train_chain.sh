@@ -8,6 +8,7 @@
 #
 #   build  carry .whl .g0  copy the tree to /tmp/clean, build, every GPU test on $FAMILIES
 #                          (default the three), `bench $BENCH` (default round_b1)   ~7 min;
+#                          TESTS="expr": only those GPU tests (pytest -k);
 #                          PATCHES="docs/patches/A.patch ...": tests and bench on a patched
 #                          copy (/tmp/patched), main built beside it and benched after it
 #   san    carry .g1       memcheck over $SAN_TESTS in the patched copy if any     ~1 min
@@ -84,7 +85,7 @@ build)
   cd "$CHK" || exit 1
   TEST_TIMEOUT=${TEST_TIMEOUT:-300} timeout "${CHECK_S:-520}" bash tools/gpu/gpu_check.sh "$L/chk" --parallel \
     --families "${FAMILIES:-native 75 80}" --bench "${BENCH:-round_b1}" --bench80 copy \
-    > "$L/check.txt" 2>&1
+    ${TESTS:+--tests "$TESTS"} > "$L/check.txt" 2>&1
   tail -30 "$L/check.txt"
   wait
   if [ -n "${PATCHES:-}" ] && [ "${BENCH:-round_b1}" != none ]; then    # main, same run

@@ -314,6 +314,9 @@ def unavailable_reason():
         return f"torch does not import ({type(e).__name__}: {e})"
     if not torch.cuda.is_available():
         return f"torch {torch.__version__} has no CUDA device (torch.profiler's CUDA activity needs it)"
+    if runtime.arch_family(0) < 80:
+        # the round is bench round_b1's, in bf16: the sm_75 code path has no bf16 kernels
+        return "round_b1 runs in bfloat16, which needs the sm_80 or newer code path (this one is sm_75)"
     return None
 
 
