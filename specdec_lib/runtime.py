@@ -164,6 +164,27 @@ def pdl_enabled(device: int = 0) -> bool:
     return arch_family(device) >= 90 and os.environ.get(PDL_ENV, "1").strip() != "0"
 
 
+# Kernels launched the plain way even where PDL is on: a comma list of kernel-name prefixes in
+# $SPECDEC_PDL_OFF (empty: none), else PDL_OFF_DEFAULT. A kernel whose CTAs, placed early
+# beside its predecessor's, finish later than a plain launch would (the round timeline's
+# per-op advance with PDL on against off) goes here.
+PDL_OFF_ENV = "SPECDEC_PDL_OFF"
+PDL_OFF_DEFAULT: tuple[str, ...] = ()
+
+
+def pdl_off_prefixes() -> tuple[str, ...]:
+    """The kernel-name prefixes launched without PDL ($SPECDEC_PDL_OFF, else the default)."""
+    env = os.environ.get(PDL_OFF_ENV)
+    if env is None:
+        return PDL_OFF_DEFAULT
+    return tuple(s.strip() for s in env.split(",") if s.strip())
+
+
+def kernel_pdl(symbol: str, device: int = 0) -> bool:
+    """Whether kernel ``symbol`` goes out with programmatic serialization on ``device``."""
+    return pdl_enabled(device) and not symbol.startswith(pdl_off_prefixes())
+
+
 def kernel(module: str, symbol: str, device: int = 0) -> Any:
     """The loaded kernel ``symbol`` of ``module`` on ``device`` (cached; context made current)."""
     (_DRIVER or driver()).ensure_context(device)
@@ -173,7 +194,7 @@ def kernel(module: str, symbol: str, device: int = 0) -> Any:
             if symbol not in _kernels.MODULES[module].kernels:
                 raise KeyError(f"kernel {symbol!r} is not in the table of module {module!r}")
             k = _load(module, device)[0].get_kernel(symbol)
-            k.pdl = pdl_enabled(device)
+            k.pdl = kernel_pdl(symbol, device)
             _kernel_cache[(device, module, symbol)] = k
     return k
 

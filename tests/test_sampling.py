@@ -1199,6 +1199,31 @@ def test_spec_sample_pdl_rule(monkeypatch):
     assert use_pdl(0) is False
 
 
+def test_kernel_pdl_off_list(monkeypatch):
+    """$SPECDEC_PDL_OFF (kernel-name prefixes, comma-separated) launches those kernels the
+    plain way where PDL is on; unset, the default list; SPECDEC_PDL=0 and sm_75 / sm_80 code
+    keep every kernel plain."""
+    from specdec_lib import runtime
+    monkeypatch.delenv(runtime.PDL_ENV, raising=False)
+    monkeypatch.setenv("SPECDEC_FORCE_ARCH", "90")
+    monkeypatch.delenv(runtime.PDL_OFF_ENV, raising=False)
+    assert runtime.pdl_off_prefixes() == runtime.PDL_OFF_DEFAULT
+    for sym in ("rms_norm_bf16_wbf16", "gdn_verify_fused_kv_d128_bf16"):
+        assert runtime.kernel_pdl(sym) is not sym.startswith(runtime.PDL_OFF_DEFAULT)
+    monkeypatch.setenv(runtime.PDL_OFF_ENV, " gdn_verify , verify_attention_cluster,")
+    assert runtime.pdl_off_prefixes() == ("gdn_verify", "verify_attention_cluster")
+    assert runtime.kernel_pdl("gdn_verify_fused_kv_d128_bf16") is False
+    assert runtime.kernel_pdl("verify_attention_cluster_d256_bf16") is False
+    assert runtime.kernel_pdl("gdn_commit_kv_d128_bf16") is True
+    monkeypatch.setenv(runtime.PDL_OFF_ENV, "")
+    assert runtime.pdl_off_prefixes() == () and runtime.kernel_pdl("gdn_verify_x") is True
+    monkeypatch.setenv("SPECDEC_FORCE_ARCH", "80")
+    assert runtime.kernel_pdl("rms_norm_bf16_wbf16") is False
+    monkeypatch.setenv("SPECDEC_FORCE_ARCH", "90")
+    monkeypatch.setenv(runtime.PDL_ENV, "0")
+    assert runtime.kernel_pdl("rms_norm_bf16_wbf16") is False
+
+
 # ================================================================== seed / step across rounds
 def _bonus_round(logits, seed, step):
     """One round of q=1 blocks (bonus rows only: every request samples one token from its

@@ -355,8 +355,11 @@ def _b1_setup(b: Bench):
 
 
 def _b1_label():
+    from .. import runtime
     c = _B1
-    return f"B=1 k={c['k']} {c['layers']} layers (3 GDN : 1 attn) H={c['H']} V={c['V']}"
+    off = runtime.pdl_off_prefixes()   # the label names an A/B's plain-launch set
+    return (f"B=1 k={c['k']} {c['layers']} layers (3 GDN : 1 attn) H={c['H']} V={c['V']}"
+            + (f" PDL off: {','.join(off)}" if off else ""))
 
 
 def _floor_copy(b: Bench):
