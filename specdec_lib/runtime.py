@@ -165,11 +165,14 @@ def pdl_enabled(device: int = 0) -> bool:
 
 
 # Kernels launched the plain way even where PDL is on: a comma list of kernel-name prefixes in
-# $SPECDEC_PDL_OFF (empty: none), else PDL_OFF_DEFAULT. A kernel whose CTAs, placed early
-# beside its predecessor's, finish later than a plain launch would (the round timeline's
-# per-op advance with PDL on against off) goes here.
+# $SPECDEC_PDL_OFF (empty: none), else PDL_OFF_DEFAULT; read at kernel load. A kernel whose
+# CTAs, placed early beside its predecessor's, finish later than a plain launch would (the
+# round timeline's per-op advance with PDL on against off) goes here. gdn_verify: 6.27 us a
+# launch in round_b1 early, 4.96 plain; the round 946.0 -> 913.6 us (H200, s22; plain
+# gdn_verify + verify_attention 917.3, + conv1d_verify 920.2). Alone in a graph of its own
+# calls it loses the overlap (3.47 -> 4.24 us a call): the round is what a model runs.
 PDL_OFF_ENV = "SPECDEC_PDL_OFF"
-PDL_OFF_DEFAULT: tuple[str, ...] = ()
+PDL_OFF_DEFAULT: tuple[str, ...] = ("gdn_verify",)
 
 
 def pdl_off_prefixes() -> tuple[str, ...]:

@@ -230,6 +230,15 @@ def test_verify_attention_cluster_plan():
     # 64 packed rows (q=16 x group 4): one m-group of 4 m-tiles, the rows ride along
     p = plan(2, 4, 4, 128, 16, 1280)
     assert p.cluster and (p.warps_m, p.m_groups) == (4, 1)
+    # m_split: one m-tile a CTA while the grid holds <= one CTA an SM (round_b1: 2 x 2 x 16)
+    p = plan(1, 2, 8, 256, 4, 2032, m_split=True)
+    assert p.cluster and (p.warps_m, p.m_groups, p.num_splits) == (1, 2, 16)
+    assert plan(1, 2, 8, 256, 4, 2032) == plan(1, 2, 8, 256, 4, 2032, m_split=False)
+    p = plan(1, 2, 4, 128, 16, 1280, m_split=True)             # 2 heads x 4 m-tiles x 10
+    assert (p.warps_m, p.m_groups, p.num_splits) == (1, 4, 10)
+    big = plan(2, 4, 4, 128, 16, 1280, m_split=True)           # 32 head CTAs x 7 > 132
+    assert big == plan(2, 4, 4, 128, 16, 1280) and big.warps_m == 4
+    assert plan(1, 8, 4, 128, 4, 528, m_split=True) == plan(1, 8, 4, 128, 4, 528)  # one m-tile
     # row_invariant and a forced split count keep their plans and bits, mode or not
     for kw in (dict(ri=True), dict(n=4), dict(n=1)):
         for mode in ("auto", "force"):
@@ -619,6 +628,26 @@ def test_verify_attention_gpu_cluster_b1_auto(rng, monkeypatch, D, group, Hkv, d
         assert p.cluster == (2 <= n_tiles <= max_cluster * A._CLUSTER_MAX_TILES), (L, n_tiles, p)
         out, lse = _gpu_run(c, dtype, workspace=_workspace(c))
         _check(c, out, lse, dtype, f"B=1 L={L} D={D} {group * Hkv}/{Hkv} {dtype} cluster={p.cluster}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("q,group,Hkv", [(4, 8, 2), (4, 4, 8), (16, 4, 2), (5, 7, 1)])
+def test_verify_attention_gpu_cluster_m_split(rng, monkeypatch, D, q, group, Hkv):
+    """TUNING["cluster_m_split"]: one m-tile per cluster CTA (warps_m 1, m_groups = m-tiles)
+    where the grid stays within one CTA an SM; ragged last m-tile (5 x 7 = 35 rows), L on
+    both sides of a page and of a tile, against the reference."""
+    from specdec_lib.ops import attention as A
+    _needs_cluster_family()
+    monkeypatch.setitem(A.TUNING, "cluster", True)
+    monkeypatch.setitem(A.TUNING, "cluster_m_split", True)
+    for L in (1, 17, 100, 1000):
+        c = _case(rng, [q], [L], Hq=group * Hkv, Hkv=Hkv, D=D, page_size=16, dtype="bfloat16")
+        p = _planned(c)
+        mt = -(-q * group // 16)
+        assert p.cluster and (p.warps_m, p.m_groups) == ((1, mt) if mt > 1 else (1, 1)), p
+        out, lse = _gpu_run(c, "bfloat16", workspace=_workspace(c))
+        _check(c, out, lse, "bfloat16", f"m-split B=1 q={q} L={L} D={D} {group * Hkv}/{Hkv}")
 
 
 @needs_gpu

@@ -132,10 +132,13 @@ def bench_verify_attention_b1(b: Bench):
         rows = [("auto", None, None), ("split", False, None)]
         if cluster_ok:
             rows.append(("cluster", True, None))
+            if q * (Hq // Hkv) > 16:   # more than one m-tile: one a CTA (TUNING "cluster_m_split")
+                rows.append(("m-split", True, None))
         rows += [("forced", None, n) for n in (1, 2, 4, 8, 16, 32, 64) if n <= -(-max_kv // 32)]
-        saved = A.TUNING["cluster"]
+        saved, saved_m = A.TUNING["cluster"], A.TUNING["cluster_m_split"]
         for kind, tuning, splits in rows:
             A.TUNING["cluster"] = tuning if kind != "auto" else saved
+            A.TUNING["cluster_m_split"] = True if kind == "m-split" else saved_m
             try:
                 label = f"forced {splits}"
                 if splits is None:
@@ -143,14 +146,17 @@ def bench_verify_attention_b1(b: Bench):
                     what = (f"cluster {plan.num_splits} x {plan.kv_chunk // A._TILE_KEYS[D]} tiles"
                             if plan.cluster else f"split-KV {plan.num_splits} + merge")
                     label = {"auto": "planned: ", "split": "planned split-KV: ",
-                             "cluster": "cluster forced: "}[kind] + what
+                             "cluster": "cluster forced: ",
+                             "m-split": "cluster m-split forced: "}[kind] + what
+                    if plan.cluster:
+                        label += f" ({Hkv * plan.m_groups * plan.num_splits} CTAs)"
 
                 def run():
                     verify_attention(qd, kc, vc, pt, sl, cq, out, workspace=ws, num_splits=splits,
                                      max_q=q, stream=b.stream)
                 ms = b.time_graph(run, per_graph=20)
             finally:
-                A.TUNING["cluster"] = saved
+                A.TUNING["cluster"], A.TUNING["cluster_m_split"] = saved, saved_m
             b.report("verify_attention_b1", shape, kv_bytes, ms, splits=label)
 
 

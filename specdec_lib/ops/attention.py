@@ -53,7 +53,11 @@ CLUSTER_ENV = "SPECDEC_VERIFY_ATTN_CLUSTER"
 # It can run on sm_90 code, 16-bit caches, an automatic split count (num_splits=None) and
 # row_invariant=False; "auto" takes it where the split plan would have needed >= 2 splits
 # and the CTAs hold <= _CLUSTER_MAX_TILES tiles at max_kv_len.
-TUNING = {"cluster": None}
+# "cluster_m_split": the cluster plan puts each 16-row m-tile in its own CTA (warps_m 1,
+# m_groups = m-tiles) where the grid stays within one CTA an SM, instead of up to 4 m-tiles a
+# CTA: more SMs for a small grid (round_b1's 16/2 D=256 layer: 32 -> 64 CTAs), each with half
+# the epilogue. False (the default) until measured against it (bench verify_attention_b1).
+TUNING = {"cluster": None, "cluster_m_split": False}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -130,7 +134,7 @@ def _cluster_plan(batch_size, num_kv_heads, warps_m, m_groups, head_dim, max_q, 
 @functools.lru_cache(maxsize=512)
 def plan_verify_attention(batch_size, num_kv_heads, group, head_dim, max_q, max_kv_len,
                           sm_count, num_splits=None, row_invariant=False, cluster="off",
-                          max_cluster=_CLUSTER_MAX) -> VerifyAttentionPlan:
+                          max_cluster=_CLUSTER_MAX, m_split=False) -> VerifyAttentionPlan:
     """The launch plan: pure function of host-known sizes (see the module docstring),
     cached per shape (a decode loop calls with the same sizes every round).
 
@@ -141,14 +145,22 @@ def plan_verify_attention(batch_size, num_kv_heads, group, head_dim, max_q, max_
     q = 1 call) and the split count of a q = 1 call, so no row's arithmetic depends on q.
     ``cluster`` ("off", "auto", "force"; the caller passes "off" unless sm_90 code and a
     16-bit cache): the one-launch cluster plan (``plan.cluster``) of at most
-    ``max_cluster`` CTAs, for an automatic split count without ``row_invariant`` only.
+    ``max_cluster`` CTAs, for an automatic split count without ``row_invariant`` only;
+    ``m_split``: one m-tile per cluster CTA where the grid then holds <= one CTA an SM.
     """
     n_mtiles = max(1, _cdiv(max_q * group, 16))
     warps_m = 1 if n_mtiles == 1 or row_invariant else 2 if n_mtiles == 2 else 4
     m_groups = _cdiv(n_mtiles, warps_m)
     if cluster in ("auto", "force") and num_splits is None and not row_invariant:
-        cp = _cluster_plan(batch_size, num_kv_heads, warps_m, m_groups, head_dim, max_q,
-                           max_kv_len, sm_count, cluster, max_cluster)
+        cp = None
+        if m_split and n_mtiles > 1:
+            cp = _cluster_plan(batch_size, num_kv_heads, 1, n_mtiles, head_dim, max_q,
+                               max_kv_len, sm_count, cluster, max_cluster)
+            if cp is not None and batch_size * num_kv_heads * n_mtiles * cp.num_splits > sm_count:
+                cp = None
+        if cp is None:
+            cp = _cluster_plan(batch_size, num_kv_heads, warps_m, m_groups, head_dim, max_q,
+                               max_kv_len, sm_count, cluster, max_cluster)
         if cp is not None:
             return cp
     tile = _TILE_KEYS[head_dim]
@@ -234,13 +246,17 @@ def choose_plan(dev, tag, head_dim, batch_size, num_kv_heads, group, max_q, max_
     if family >= 90 and not kv8 and num_splits is None and not row_invariant:
         mode = cluster_mode()
     if mode != "off":
+        m_split = bool(TUNING["cluster_m_split"])
         plan = plan_verify_attention(batch_size, num_kv_heads, group, head_dim, max_q, max_kv_len,
-                                     sms, None, False, mode, _CLUSTER_MAX)
+                                     sms, None, False, mode, _CLUSTER_MAX, m_split)
         if plan.cluster:   # only then is the cluster kernel looked up
             kern, max_cluster = _cluster_setup(dev, tag, head_dim, plan.warps_m)
             if plan.num_splits > max_cluster:
                 plan = plan_verify_attention(batch_size, num_kv_heads, group, head_dim, max_q,
-                                             max_kv_len, sms, None, False, mode, max_cluster)
+                                             max_kv_len, sms, None, False, mode, max_cluster,
+                                             m_split)
+                if plan.cluster:   # (its warps_m sizes the kernel's smem limit)
+                    kern = _cluster_setup(dev, tag, head_dim, plan.warps_m)[0]
             if plan.cluster:
                 return plan, kern
     if not has_workspace:
