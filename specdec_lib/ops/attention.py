@@ -55,9 +55,10 @@ CLUSTER_ENV = "SPECDEC_VERIFY_ATTN_CLUSTER"
 # and the CTAs hold <= _CLUSTER_MAX_TILES tiles at max_kv_len.
 # "cluster_m_split": the cluster plan puts each 16-row m-tile in its own CTA (warps_m 1,
 # m_groups = m-tiles) where the grid stays within one CTA an SM, instead of up to 4 m-tiles a
-# CTA: more SMs for a small grid (round_b1's 16/2 D=256 layer: 32 -> 64 CTAs), each with half
-# the epilogue. False (the default) until measured against it (bench verify_attention_b1).
-TUNING = {"cluster": None, "cluster_m_split": False}
+# CTA: more SMs for a small grid, each with a share of the rows' epilogue. H200, s22, B=1 q=4
+# 16/2 D=256: L=512 13.01 -> 10.91 us, L=1000 12.79 -> 11.16 (32 -> 64 CTAs), round_b1 915.6
+# -> 895.1 us. False: up to 4 m-tiles a CTA, as before.
+TUNING = {"cluster": None, "cluster_m_split": True}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -215,6 +216,7 @@ def cluster_mode() -> str:
 
 
 _cluster_cache: dict = {}   # (device, dtype tag, D, warps_m) -> (kernel, max cluster size)
+_cluster_smem_limit: dict = {}   # (device, dtype tag, D) -> the largest smem limit set
 
 
 def _cluster_setup(dev, tag, D, warps_m):
@@ -226,7 +228,11 @@ def _cluster_setup(dev, tag, D, warps_m):
     if hit is None:
         kern = runtime.kernel("attention", f"verify_attention_cluster_d{D}_{tag}", dev)
         smem = cluster_smem_bytes(D, warps_m, _CLUSTER_MAX)
-        kern.set_max_dynamic_smem(smem)
+        # one kernel serves every warps_m: its smem limit only grows (a later, smaller row
+        # count must not lower it under an earlier plan's launches)
+        limit = max(smem, _cluster_smem_limit.get((dev, tag, D), 0))
+        _cluster_smem_limit[(dev, tag, D)] = limit
+        kern.set_max_dynamic_smem(limit)
         kern.allow_large_clusters()
         fits = kern.max_active_clusters(_CLUSTER_MAX, _THREADS, smem, _CLUSTER_MAX) >= 1
         hit = (kern, _CLUSTER_MAX if fits else _CLUSTER_PORTABLE)
