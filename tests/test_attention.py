@@ -630,33 +630,6 @@ def test_verify_attention_gpu_cluster_b1_auto(rng, monkeypatch, D, group, Hkv, d
         _check(c, out, lse, dtype, f"B=1 L={L} D={D} {group * Hkv}/{Hkv} {dtype} cluster={p.cluster}")
 
 
-def test_cluster_smem_limit_only_grows(monkeypatch):
-    """One cluster kernel serves every warps_m (m-split plans use 1, others up to 4): setting
-    it up for fewer rows after more must not lower its smem limit under the larger plan."""
-    from specdec_lib.ops import attention as A
-    from specdec_lib import runtime
-
-    class FakeKernel:
-        limits = []
-
-        def set_max_dynamic_smem(self, n):
-            self.limits.append(n)
-
-        def allow_large_clusters(self):
-            pass
-
-        def max_active_clusters(self, *a):
-            return 1
-    k = FakeKernel()
-    monkeypatch.setattr(runtime, "kernel", lambda *a, **kw: k)
-    monkeypatch.setattr(A, "_cluster_cache", {})
-    monkeypatch.setattr(A, "_cluster_smem_limit", {})
-    for wm in (4, 1, 2):
-        assert A._cluster_setup(0, "bf16", 256, wm) == (k, A._CLUSTER_MAX)
-    big = A.cluster_smem_bytes(256, 4, A._CLUSTER_MAX)
-    assert k.limits == [big, big, big] and A.cluster_smem_bytes(256, 1, A._CLUSTER_MAX) < big
-
-
 @needs_gpu
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("q,group,Hkv", [(4, 8, 2), (4, 4, 8), (16, 4, 2), (5, 7, 1)])

@@ -216,7 +216,6 @@ def cluster_mode() -> str:
 
 
 _cluster_cache: dict = {}   # (device, dtype tag, D, warps_m) -> (kernel, max cluster size)
-_cluster_smem_limit: dict = {}   # (device, dtype tag, D) -> the largest smem limit set
 
 
 def _cluster_setup(dev, tag, D, warps_m):
@@ -228,11 +227,7 @@ def _cluster_setup(dev, tag, D, warps_m):
     if hit is None:
         kern = runtime.kernel("attention", f"verify_attention_cluster_d{D}_{tag}", dev)
         smem = cluster_smem_bytes(D, warps_m, _CLUSTER_MAX)
-        # one kernel serves every warps_m: its smem limit only grows (a later, smaller row
-        # count must not lower it under an earlier plan's launches)
-        limit = max(smem, _cluster_smem_limit.get((dev, tag, D), 0))
-        _cluster_smem_limit[(dev, tag, D)] = limit
-        kern.set_max_dynamic_smem(limit)
+        kern.set_max_dynamic_smem(smem)
         kern.allow_large_clusters()
         fits = kern.max_active_clusters(_CLUSTER_MAX, _THREADS, smem, _CLUSTER_MAX) >= 1
         hit = (kern, _CLUSTER_MAX if fits else _CLUSTER_PORTABLE)
@@ -261,8 +256,6 @@ def choose_plan(dev, tag, head_dim, batch_size, num_kv_heads, group, max_q, max_
                 plan = plan_verify_attention(batch_size, num_kv_heads, group, head_dim, max_q,
                                              max_kv_len, sms, None, False, mode, max_cluster,
                                              m_split)
-                if plan.cluster:   # (its warps_m sizes the kernel's smem limit)
-                    kern = _cluster_setup(dev, tag, head_dim, plan.warps_m)[0]
             if plan.cluster:
                 return plan, kern
     if not has_workspace:
