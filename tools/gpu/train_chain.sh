@@ -25,7 +25,8 @@
 #                          text) | fresh ($PATTERN, stage 1 too) | head (its MTP head,
 #                          train-draft --hybrid /tmp/hyb) | none; and the SmolLM2 heads
 #                          ($HEADS_METHOD, default eagle3; none: skip; HEADS_INIT=DIR continues
-#                          saved heads, e.g. specdec_lib/models/heads)             ~9.5 min
+#                          saved heads, e.g. specdec_lib/models/heads; HEADS_ARGS: more
+#                          train-draft options, e.g. "--draft-vocab-from data")    ~9.5 min
 #   e2e    (none)          e2e_smollm2 of the new heads (if trained) and the shipped ones (B=1
 #                          general / unseen / heldout sets, B=32, served 128/32, -k auto),
 #                          then autok_ab.py (fixed k=4 against auto at B=1, ABBA)    ~6.5 min
@@ -149,7 +150,7 @@ train)
   [ -n "${HEADS_INIT:-}" ] && init=(--init "$HEADS_INIT")
   [ "${HEADS_METHOD:-eagle3}" = none ] || DATA=$DATA GGUF=$M/smol.gguf SKIP_BUILD=1 timeout "$left" \
     bash tools/gpu/gpu_train.sh /tmp/h --method "${HEADS_METHOD:-eagle3}" --steps 5 "${init[@]}" \
-    --budget-seconds "${HEADS_S:-$(( left - 40 ))}" --train-seconds 400 | tail -3
+    --budget-seconds "${HEADS_S:-$(( left - 40 ))}" --train-seconds 400 ${HEADS_ARGS:-} | tail -3
   wait $hyb; echo "hybrid ($HYBRID) rc=$?"; tail -8 "$L/hybrid.log"
   [ -f /tmp/hyb_new/model.safetensors ] && rm -rf /tmp/hyb && mv /tmp/hyb_new /tmp/hyb \
     && mkdir -p "$OUT/hybrid" && cp /tmp/hyb/*.json /tmp/hyb/*.safetensors "$OUT/hybrid/"
