@@ -196,3 +196,56 @@ def test_continue_in_place(toy, tmp_path):
         assert cfg["specdec_training"]["init_sha256"] == sha[m]
         assert cfg["specdec_training"]["init"] == before[m][0]["specdec_training"]
         assert not _same_tensors(t, before[m][1])
+
+
+def test_remap_vocab_keeps_trained_rows_and_starts_new_ones_from_the_target():
+    """``DraftHead.remap_vocab``: tokens of both vocabularies keep their (trained) rows, new
+    tokens take the target's lm_head rows, the id maps follow, and lm_head stays a leaf the
+    optimizer can take."""
+    import torch
+    from types import SimpleNamespace
+    from specdec_lib.train.head import DraftHead
+    h = DraftHead.__new__(DraftHead)
+    h.T, h.p = SimpleNamespace(lm_head=torch.randn(64, 8), c=SimpleNamespace(vocab_size=64)), {}
+    h.set_vocab(torch.tensor([2, 5, 9, 11]))
+    with torch.no_grad():
+        h.p["lm_head"] += torch.randn(4, 8)            # "trained": no longer the target's
+    old = h.p["lm_head"].detach().clone()
+    assert h.remap_vocab(torch.tensor([5, 7, 11, 20])) == 2
+    new = h.p["lm_head"]
+    assert new.is_leaf and new.requires_grad
+    assert torch.equal(new[0], old[1]) and torch.equal(new[2], old[3])
+    assert torch.equal(new[1], h.T.lm_head[7]) and torch.equal(new[3], h.T.lm_head[20])
+    assert h.to_draft[[5, 7, 11, 20]].tolist() == [0, 1, 2, 3]
+    assert h.to_draft[[2, 9]].tolist() == [-1, -1]
+
+
+def test_draft_vocab_from_data_rechooses_the_vocabulary(toy, tmp_path):
+    """--init A's EAGLE3 head on other data (tokens 3..35 only) with --draft-vocab-from data
+    and 0 updates: the vocabulary is re-chosen (every id now in 3..35, size kept), rows of
+    tokens A had are A's; the default (init) keeps A's vocabulary on the same data."""
+    import torch
+    from specdec_lib.train.cli import main
+    from specdec_lib.train.data import save_data
+    d, A = toy[0], toy[3]
+    rng = np.random.default_rng(5)
+    save_data(str(tmp_path / "e.npz"), [rng.integers(3, 36, 20) for _ in range(30)],
+              [5] * 30, [0] * 24 + [1] * 6)
+    argv = ["--init", str(A / "smollm2_eagle3"), "--method", "eagle3", "--max-iters", "0",
+            "--data", str(tmp_path / "e.npz")]
+    assert main(_argv(toy, "E", *argv, "--draft-vocab-from", "data")) == 0
+    assert main(_argv(toy, "F", *argv)) == 0
+    (_, ta), (ce, te), (_, tf) = (_head(p) for p in (A / "smollm2_eagle3",
+                                                     d / "E" / "smollm2_eagle3",
+                                                     d / "F" / "smollm2_eagle3"))
+    ids = lambda t: (t["d2t"] + torch.arange(len(t["d2t"]))).tolist()  # noqa: E731
+    assert ids(tf) == ids(ta) and ce["draft_vocab_size"] == 32
+    assert ids(te) != ids(ta) and len(ids(te)) == 32
+    old = {t: r for r, t in enumerate(ids(ta))}
+    for r, t in enumerate(ids(te)):
+        if t in old:
+            assert torch.equal(te["lm_head.weight"][r], ta["lm_head.weight"][old[t]]), t
+
+
+def test_draft_vocab_from_refuses_other_values(toy, capsys):
+    _refused(capsys, _argv(toy, "G", "--draft-vocab-from", "target"), "--draft-vocab-from")

@@ -42,6 +42,10 @@ def _parser():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--draft-vocab", type=int, default=None, help="EAGLE3 draft vocabulary "
                    "(default 2816; with --init the init head's)")
+    p.add_argument("--draft-vocab-from", choices=("init", "data"), default="init",
+                   help="with --init, an EAGLE3 head's draft vocabulary: the init's (default) "
+                   "or re-chosen from this data (same size; rows it had stay trained, new "
+                   "ones start as the target's lm_head rows)")
     p.add_argument("--eagle-intermediate", type=int, default=None, help="default 512; with "
                    "--init the init head's")
     p.add_argument("--mtp-intermediate", type=int, default=None, help="default: the target's; "

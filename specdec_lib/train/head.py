@@ -58,6 +58,18 @@ class DraftHead:
                                    device=t2d_ids.device)
         self.to_draft[t2d_ids] = torch.arange(len(t2d_ids), device=t2d_ids.device)
 
+    def remap_vocab(self, t2d_ids):
+        """EAGLE3: a new draft vocabulary for a loaded head (``--draft-vocab-from data``):
+        tokens it already had keep their trained lm_head rows, new ones start as the
+        target's (as ``set_vocab``). How many were kept."""
+        old_rows, old_map = self.p["lm_head"].detach(), self.to_draft
+        self.set_vocab(t2d_ids)
+        prev = old_map[t2d_ids]
+        kept = prev >= 0
+        with torch.no_grad():
+            self.p["lm_head"][kept] = old_rows[prev[kept]]
+        return int(kept.sum().item())
+
     def params(self):
         return list(self.p.values())
 

@@ -36,14 +36,18 @@ def train_head(method, args, cfg, model, data, device, log, init=None):
         rows = tr.to(arg.device)
         valid = torch.arange(arg.shape[1], device=arg.device)[None] < lens[rows][:, None]
         counts = torch.bincount(arg[rows][valid], minlength=model.c.vocab_size)
-        if init is None:
-            ids = counts.argsort(descending=True)[:cfg["draft_vocab_size"]]
-            head.set_vocab(ids.sort().values)
+        revocab = init is not None and getattr(args, "draft_vocab_from", "init") == "data"
+        how = f" (--init {init}'s)" if init is not None else ""
+        if init is None or revocab:
+            ids = counts.argsort(descending=True)[:cfg["draft_vocab_size"]].sort().values
+            if revocab:
+                how = (f" (re-chosen from the data; {head.remap_vocab(ids.to(head.d_ids.device))}"
+                       f" kept from --init {init})")
+            else:
+                head.set_vocab(ids)
         ids = head.d_ids.to(counts.device)
         cover = counts[ids].sum().item() / max(1, counts.sum().item())
-        log(f"eagle3: draft vocabulary {len(ids)} tokens"
-            + (f" (--init {init}'s)" if init is not None else "")
-            + f" covers {cover:.3f} of the targets")
+        log(f"eagle3: draft vocabulary {len(ids)} tokens{how} covers {cover:.3f} of the targets")
     feat = hid if method == "mtp" else aux
     opt = torch.optim.AdamW(head.params(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     N = tokens.shape[1]
