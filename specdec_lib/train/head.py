@@ -63,6 +63,7 @@ class DraftHead:
         tokens it already had keep their trained lm_head rows, new ones start as the
         target's (as ``set_vocab``). How many were kept."""
         old_rows, old_map = self.p["lm_head"].detach(), self.to_draft
+        t2d_ids = t2d_ids.to(old_map.device)
         self.set_vocab(t2d_ids)
         prev = old_map[t2d_ids]
         kept = prev >= 0

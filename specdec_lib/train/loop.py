@@ -36,15 +36,15 @@ def train_head(method, args, cfg, model, data, device, log, init=None):
         rows = tr.to(arg.device)
         valid = torch.arange(arg.shape[1], device=arg.device)[None] < lens[rows][:, None]
         counts = torch.bincount(arg[rows][valid], minlength=model.c.vocab_size)
-        revocab = init is not None and getattr(args, "draft_vocab_from", "init") == "data"
-        how = f" (--init {init}'s)" if init is not None else ""
-        if init is None or revocab:
+        if init is None or args.draft_vocab_from == "data":
             ids = counts.argsort(descending=True)[:cfg["draft_vocab_size"]].sort().values
-            if revocab:
-                how = (f" (re-chosen from the data; {head.remap_vocab(ids.to(head.d_ids.device))}"
-                       f" kept from --init {init})")
-            else:
-                head.set_vocab(ids)
+        if init is None:
+            head.set_vocab(ids)
+            how = ""
+        elif args.draft_vocab_from == "data":
+            how = f" (re-chosen from the data; {head.remap_vocab(ids)} kept from --init {init})"
+        else:
+            how = f" (--init {init}'s)"
         ids = head.d_ids.to(counts.device)
         cover = counts[ids].sum().item() / max(1, counts.sum().item())
         log(f"eagle3: draft vocabulary {len(ids)} tokens{how} covers {cover:.3f} of the targets")
