@@ -524,6 +524,7 @@ def load_draft_weights(method: str, path: str | os.PathLike,
         with open(cfg_path) as fh:
             config = json.load(fh)
     spec = weight_spec(method, config)
+    check_weights_digest(path, config)
     found = open_safetensors(path)
     validate_draft_tensors(spec, {k: (v.dtype, v.shape) for k, v in found.items()})
     mine = {k: v for k, v in found.items() if _in_namespace(k, spec)}
@@ -531,6 +532,23 @@ def load_draft_weights(method: str, path: str | os.PathLike,
     log.info("draft weights %s: %s layout, %d tensors (+%d shared with the target) validated",
              os.fspath(path), spec.layout, len(mine), len(shared))
     return DraftWeights(spec, mine, shared)
+
+
+def check_weights_digest(path: str | os.PathLike, config: dict) -> None:
+    """A single-file checkpoint whose config records ``weights_size`` / ``weights_sha256``
+    (``models.heads.save_head`` writes both) must match them: DraftWeightError naming the
+    file otherwise (an altered or truncated download), before any tensor is read."""
+    want = config.get("weights_sha256")
+    f = os.path.join(path, "model.safetensors") if os.path.isdir(path) else os.fspath(path)
+    if want is None or not os.path.isfile(f) or f.endswith(".json"):
+        return
+    from .models.gguf_llama import sha256_of
+    size = os.path.getsize(f)
+    if "weights_size" in config and size != config["weights_size"]:
+        raise DraftWeightError(f"{f}: size {size:,} bytes, config says {config['weights_size']:,}")
+    digest = sha256_of(f)
+    if digest != want:
+        raise DraftWeightError(f"{f}: sha256 {digest}, config says {want} (altered file)")
 
 
 def validate_draft_tensors(spec: DraftWeightSpec, found: dict[str, tuple[str, Any]]) -> None:

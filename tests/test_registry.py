@@ -220,3 +220,34 @@ def test_demo_checkpoint_roundtrip(tmp_path):
     assert draft.spec.layout == "qwen3_next_mtp"
     assert "model.embed_tokens.weight" in draft and "lm_head.weight" in draft
     assert draft["mtp.fc.weight"].shape == (cfg["hidden_size"], 2 * cfg["hidden_size"])
+
+
+def test_recorded_digest_checked_at_load(tmp_path, rng):
+    """save_head records the file's size and sha256; a flipped byte or a truncated file is
+    refused naming the file, before any tensor is read; without a record nothing is checked."""
+    from specdec_lib.models.heads import save_head
+    spec = weight_spec("eagle3", EAGLE3_CFG)
+    path = save_head(str(tmp_path / "h"), _tensors(spec, rng), EAGLE3_CFG)
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    f = tmp_path / "h" / "model.safetensors"
+    assert cfg["weights_size"] == f.stat().st_size and len(cfg["weights_sha256"]) == 64
+    load_draft_weights("eagle3", path)
+    raw = bytearray(f.read_bytes())
+    raw[-1] ^= 1                                   # inside a tensor: the header still parses
+    f.write_bytes(bytes(raw))
+    with pytest.raises(DraftWeightError, match=r"model.safetensors: sha256 .* \(altered file\)"):
+        load_draft_weights("eagle3", path)
+    f.write_bytes(bytes(raw[:-8]))
+    with pytest.raises(DraftWeightError, match="size .* config says"):
+        load_draft_weights("eagle3", path)
+    f.write_bytes(bytes(raw))
+    del cfg["weights_sha256"], cfg["weights_size"]
+    load_draft_weights("eagle3", path, cfg)        # an unrecorded checkpoint: not checked
+
+
+def test_shipped_heads_record_their_digest():
+    from specdec_lib.models.heads import SMOLLM2_HEADS, smollm2_head
+    for m in SMOLLM2_HEADS:
+        cfg = json.loads(open(os.path.join(smollm2_head(m), "config.json")).read())
+        assert len(cfg["weights_sha256"]) == 64, m
+        load_draft_weights(m, smollm2_head(m))

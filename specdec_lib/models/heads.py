@@ -94,13 +94,17 @@ def random_head_tensors(method, config, *, seed=0, scale=0.02):
 
 def save_head(path, tensors, config):
     """Write ``path``/model.safetensors (numpy arrays, or torch tensors through
-    safetensors.torch) and ``path``/config.json."""
+    safetensors.torch) and ``path``/config.json, which records the file's size and sha256
+    (checked at load: ``registry.check_weights_digest``)."""
     os.makedirs(path, exist_ok=True)
     if tensors and not isinstance(next(iter(tensors.values())), np.ndarray):
         from safetensors.torch import save_file
     else:
         from safetensors.numpy import save_file
-    save_file(tensors, os.path.join(path, "model.safetensors"))
+    f = os.path.join(path, "model.safetensors")
+    save_file(tensors, f)
+    from .gguf_llama import sha256_of
+    config = dict(config, weights_size=os.path.getsize(f), weights_sha256=sha256_of(f))
     with open(os.path.join(path, "config.json"), "w") as fh:
         json.dump(config, fh, indent=1, sort_keys=True)
     return path

@@ -38,12 +38,13 @@ tensor or the check (``HybridWeightsError``).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import struct
 
 import numpy as np
+
+from .gguf_llama import sha256_of
 
 __all__ = ["HybridWeightsError", "DEFAULT_PATTERN", "expand_pattern", "hybrid_config",
            "gdn_layers", "tensor_spec", "shipped_bytes", "base_projections",
@@ -175,14 +176,6 @@ def base_projections(cfg, weights, i):
                 o=np.asarray(weights[p + "o_proj.weight"], np.float32))
 
 
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def save_hybrid_weights(path, tensors, cfg):
     """Write ``path``/model.safetensors from float32 numpy arrays (deltas rounded to the
     config's delta dtype) and ``path``/config.json with the file's size and sha256.
@@ -205,7 +198,7 @@ def save_hybrid_weights(path, tensors, cfg):
                                          f"expected {list(shape)}")
             fh.write((f32_to_bf16_bits(a) if dt == "bfloat16" else a).astype(
                 np.uint16 if dt == "bfloat16" else "<f4").tobytes())
-    cfg = dict(cfg, weights_size=os.path.getsize(f), weights_sha256=_sha256(f))
+    cfg = dict(cfg, weights_size=os.path.getsize(f), weights_sha256=sha256_of(f))
     with open(os.path.join(path, "config.json"), "w") as fh:
         json.dump(cfg, fh, indent=1, sort_keys=True)
     return cfg
@@ -271,7 +264,7 @@ def load_hybrid_weights(path, *, base=None):
                                      "(truncated)")
     if size != cfg["weights_size"]:
         raise HybridWeightsError(f"{f}: size {size:,} bytes, config says {cfg['weights_size']:,}")
-    digest = _sha256(f)
+    digest = sha256_of(f)
     if digest != cfg["weights_sha256"]:
         raise HybridWeightsError(f"{f}: sha256 {digest}, config says {cfg['weights_sha256']} "
                                  "(altered file)")

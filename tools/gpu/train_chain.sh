@@ -129,7 +129,10 @@ train)
   echo "data rc=$?"; tail -2 "$L/data.log"
   [ -f "$DATA" ] || { pack; exit 1; }
   left=$(( ${CALL_S:-580} - $(date +%s) + T0 ))
-  if [ "${HYBRID:-continue}" = head ]; then     # the MTP head of the hybrid in /tmp/hyb (or shipped)
+  hyb=
+  if [ "${HYBRID:-continue}" = none ]; then     # the SmolLM2 heads alone (s25: "none" used to
+    :                                           # fall through to continue, sharing the GPU)
+  elif [ "${HYBRID:-continue}" = head ]; then   # the MTP head of the hybrid in /tmp/hyb (or shipped)
     [ -d /tmp/hyb ] || cp -r specdec_lib/models/hybrid/smollm2_hybrid /tmp/hyb
     timeout "$left" python3 -m specdec_lib train-draft --hybrid /tmp/hyb --data "$DATA" \
       --steps 3 --budget-seconds "$(( left - 20 ))" --train-seconds "${HYB_HEAD_S:-400}" 2>&1 | tr '\r' '\n' \
@@ -145,13 +148,13 @@ train)
       --batch-tokens 16384 --text-tokens "${TEXT_TOKENS:-4000000}" --text-fraction 0.5 \
       --eval-text-tokens 8192 2>&1 | tr '\r' '\n' | grep -vE "it/s\]|s/it\]|^\s*$" > "$L/hybrid.log" &
   fi
-  hyb=$!
+  [ "${HYBRID:-continue}" = none ] || hyb=$!
   init=()
   [ -n "${HEADS_INIT:-}" ] && init=(--init "$HEADS_INIT")
   [ "${HEADS_METHOD:-eagle3}" = none ] || DATA=$DATA GGUF=$M/smol.gguf SKIP_BUILD=1 timeout "$left" \
     bash tools/gpu/gpu_train.sh /tmp/h --method "${HEADS_METHOD:-eagle3}" --steps 5 "${init[@]}" \
     --budget-seconds "${HEADS_S:-$(( left - 40 ))}" --train-seconds 400 ${HEADS_ARGS:-} | tail -3
-  wait $hyb; echo "hybrid ($HYBRID) rc=$?"; tail -8 "$L/hybrid.log"
+  [ -n "$hyb" ] && { wait "$hyb"; echo "hybrid ($HYBRID) rc=$?"; tail -8 "$L/hybrid.log"; }
   [ -f /tmp/hyb_new/model.safetensors ] && rm -rf /tmp/hyb && mv /tmp/hyb_new /tmp/hyb \
     && mkdir -p "$OUT/hybrid" && cp /tmp/hyb/*.json /tmp/hyb/*.safetensors "$OUT/hybrid/"
   cp /tmp/h/train.log "$L/" 2>/dev/null
