@@ -27,7 +27,8 @@
 #                          ($HEADS_METHOD, default eagle3; none: skip; HEADS_INIT=DIR continues
 #                          saved heads, e.g. specdec_lib/models/heads; HEADS_ARGS: more
 #                          train-draft options, e.g. "--draft-vocab-from data")    ~9.5 min
-#   e2e    (none)          e2e_smollm2 of the new heads (if trained) and the shipped ones (B=1
+#   e2e    (none)          e2e_smollm2 of the new heads (if trained; HEADS_DIR=DIR: those in
+#                          DIR, e.g. specdec_lib/models/heads) and the shipped ones (B=1
 #                          general / unseen / heldout sets, B=32, served 128/32, -k auto),
 #                          then autok_ab.py (fixed k=4 against auto at B=1, ABBA)    ~6.5 min
 #   kv8    (none)          SmolLM2 per 8-bit cache: e2e --kv-agreement fp8_e4m3,int8 (32
@@ -167,13 +168,14 @@ e2e)
   cd "$CLEAN" || exit 1
   gguf_env
   e2e="python3 tools/perf/e2e_smollm2.py --per-set 32 --new 128 --new32 128 --stop-at-eos --no-profile"
-  if ls -d /tmp/h/smollm2_* > /dev/null 2>&1; then
-    drafts=$(ls -d /tmp/h/smollm2_* | sed 's|.*/smollm2_||' | paste -sd,)
-    timeout "${E2E_S:-200}" $e2e --heads-dir /tmp/h --drafts "$drafts" --sets general,unseen,heldout \
+  hd=${HEADS_DIR:-/tmp/h}     # HEADS_DIR=specdec_lib/models/heads: the full run on the shipped ones
+  if ls -d "$hd"/smollm2_* > /dev/null 2>&1; then
+    drafts=$(ls -d "$hd"/smollm2_* | sed 's|.*/smollm2_||' | paste -sd,)
+    timeout "${E2E_S:-200}" $e2e --heads-dir "$hd" --drafts "$drafts" --sets general,unseen,heldout \
       --head-k 4 --auto 4 --b32 32 --serve 128 --json "$L/e2e.json" > "$L/e2e.log" 2>&1
-    echo "e2e new heads rc=$?"; grep -E "tok/s, target-only" "$L/e2e.log" | head -40
+    echo "e2e heads of $hd rc=$?"; grep -E "tok/s, target-only" "$L/e2e.log" | head -40
   fi
-  timeout "${SHIPPED_S:-110}" $e2e --drafts mtp,eagle3 --sets general,unseen --head-k 4 --b32 0 \
+  [ "${SHIPPED_S:-110}" -gt 0 ] && timeout "${SHIPPED_S:-110}" $e2e --drafts mtp,eagle3 --sets general,unseen --head-k 4 --b32 0 \
     --json "$L/e2e_shipped.json" > "$L/e2e_shipped.log" 2>&1
   echo "e2e shipped rc=$?"; grep -E "tok/s, target-only" "$L/e2e_shipped.log" | head -20
   [ "${AB_S:-90}" -gt 0 ] && timeout "${AB_S:-90}" python3 tools/perf/autok_ab.py --draft mtp -k 4 \
