@@ -542,13 +542,8 @@ def check_weights_digest(path: str | os.PathLike, config: dict) -> None:
     f = os.path.join(path, "model.safetensors") if os.path.isdir(path) else os.fspath(path)
     if want is None or not os.path.isfile(f) or f.endswith(".json"):
         return
-    from .models.gguf_llama import sha256_of
-    size = os.path.getsize(f)
-    if "weights_size" in config and size != config["weights_size"]:
-        raise DraftWeightError(f"{f}: size {size:,} bytes, config says {config['weights_size']:,}")
-    digest = sha256_of(f)
-    if digest != want:
-        raise DraftWeightError(f"{f}: sha256 {digest}, config says {want} (altered file)")
+    from .models.gguf_llama import check_recorded_digest
+    check_recorded_digest(f, config.get("weights_size"), want, DraftWeightError)
 
 
 def validate_draft_tensors(spec: DraftWeightSpec, found: dict[str, tuple[str, Any]]) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["LlamaConfig", "GGUFError", "GGUFTokenizer", "read_gguf_llama", "read_config",
-           "expected_tensors", "sha256_of"]
+           "expected_tensors", "sha256_of", "check_recorded_digest"]
 
 log = logging.getLogger(__name__)
 _MODEL_EXTRA = 'pip install "specdec_lib[model]"'
@@ -69,6 +69,18 @@ def sha256_of(path, chunk=1 << 22):
         for block in iter(lambda: fh.read(chunk), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def check_recorded_digest(path, size, sha256, error):
+    """Raise ``error`` naming ``path`` when its size or sha256 is not what a config records
+    (``None``: that one not checked); the size first, which costs no read."""
+    got = os.path.getsize(path)
+    if size is not None and got != size:
+        raise error(f"{path}: size {got:,} bytes, config says {size:,}")
+    if sha256 is not None:
+        digest = sha256_of(path)
+        if digest != sha256:
+            raise error(f"{path}: sha256 {digest}, config says {sha256} (altered file)")
 
 
 def _field(reader, key, default=None):

@@ -14,6 +14,8 @@ import os
 
 import numpy as np
 
+from .gguf_llama import sha256_of
+
 HEADS_DIR = os.path.join(os.path.dirname(__file__), "heads")
 SMOLLM2_HEADS = {"mtp": "smollm2_mtp", "eagle3": "smollm2_eagle3"}
 HYBRID_HEAD = "smollm2_hybrid_mtp"      # train-draft --hybrid DIR's default, inside DIR
@@ -103,7 +105,6 @@ def save_head(path, tensors, config):
         from safetensors.numpy import save_file
     f = os.path.join(path, "model.safetensors")
     save_file(tensors, f)
-    from .gguf_llama import sha256_of
     config = dict(config, weights_size=os.path.getsize(f), weights_sha256=sha256_of(f))
     with open(os.path.join(path, "config.json"), "w") as fh:
         json.dump(config, fh, indent=1, sort_keys=True)

@@ -44,7 +44,7 @@ import struct
 
 import numpy as np
 
-from .gguf_llama import sha256_of
+from .gguf_llama import check_recorded_digest, sha256_of
 
 __all__ = ["HybridWeightsError", "DEFAULT_PATTERN", "expand_pattern", "hybrid_config",
            "gdn_layers", "tensor_spec", "shipped_bytes", "base_projections",
@@ -262,12 +262,7 @@ def load_hybrid_weights(path, *, base=None):
         if t._data_start + t._end > size or t._end - t._begin != int(np.prod(shape)) * _ST[dt][1]:
             raise HybridWeightsError(f"{f}: tensor {name} lies beyond the file's {size:,} bytes "
                                      "(truncated)")
-    if size != cfg["weights_size"]:
-        raise HybridWeightsError(f"{f}: size {size:,} bytes, config says {cfg['weights_size']:,}")
-    digest = sha256_of(f)
-    if digest != cfg["weights_sha256"]:
-        raise HybridWeightsError(f"{f}: sha256 {digest}, config says {cfg['weights_sha256']} "
-                                 "(altered file)")
+    check_recorded_digest(f, cfg["weights_size"], cfg["weights_sha256"], HybridWeightsError)
     out = {name: np.array(found[name].float32()) for name in spec}
     for name, a in out.items():
         if not np.isfinite(a).all():
