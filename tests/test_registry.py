@@ -246,8 +246,9 @@ def test_recorded_digest_checked_at_load(tmp_path, rng):
 
 
 def test_shipped_heads_record_their_digest():
-    from specdec_lib.models.heads import SMOLLM2_HEADS, smollm2_head
-    for m in SMOLLM2_HEADS:
-        cfg = json.loads(open(os.path.join(smollm2_head(m), "config.json")).read())
-        assert len(cfg["weights_sha256"]) == 64, m
-        load_draft_weights(m, smollm2_head(m))
+    from specdec_lib.models.heads import SMOLLM2_HEADS, hybrid_head, smollm2_head
+    from specdec_lib.models.smollm2_hybrid import SHIPPED_DIR
+    for m, d in [(m, smollm2_head(m)) for m in SMOLLM2_HEADS] + [("mtp", hybrid_head(SHIPPED_DIR))]:
+        cfg = json.loads(open(os.path.join(d, "config.json")).read())
+        assert len(cfg["weights_sha256"]) == 64, d
+        load_draft_weights(m, d)
