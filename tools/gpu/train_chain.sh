@@ -138,6 +138,7 @@ train)
     timeout "$left" python3 -m specdec_lib train-draft --hybrid /tmp/hyb --data "$DATA" \
       --steps 3 --budget-seconds "$(( left - 20 ))" --train-seconds "${HYB_HEAD_S:-400}" 2>&1 | tr '\r' '\n' \
       | grep -vE "it/s\]|s/it\]|^\s*$" > "$L/hybrid.log" &
+    hyb=$!
   else                                          # the hybrid itself, with natural text
     hinit=specdec_lib/models/hybrid/smollm2_hybrid; [ -d /tmp/hyb ] && hinit=/tmp/hyb
     stage=(--stage1-steps 0 --stage1-seconds 0 --init "$hinit")
@@ -148,8 +149,8 @@ train)
       --stage2-seconds "$(( left - ${HYB_RESERVE_S:-90} - s1 ))" --lr2 "${LR2:-3e-4}" --seq-len 512 \
       --batch-tokens 16384 --text-tokens "${TEXT_TOKENS:-4000000}" --text-fraction 0.5 \
       --eval-text-tokens 8192 2>&1 | tr '\r' '\n' | grep -vE "it/s\]|s/it\]|^\s*$" > "$L/hybrid.log" &
+    hyb=$!
   fi
-  [ "${HYBRID:-continue}" = none ] || hyb=$!
   init=()
   [ -n "${HEADS_INIT:-}" ] && init=(--init "$HEADS_INIT")
   [ "${HEADS_METHOD:-eagle3}" = none ] || DATA=$DATA GGUF=$M/smol.gguf SKIP_BUILD=1 timeout "$left" \
