@@ -29,8 +29,10 @@
 #                          train-draft options, e.g. "--draft-vocab-from data")    ~9.5 min
 #   e2e    (none)          e2e_smollm2 of the new heads (if trained; HEADS_DIR=DIR: those in
 #                          DIR, e.g. specdec_lib/models/heads) and the shipped ones (B=1
-#                          general / unseen / heldout sets, B=32, served 128/32, -k auto),
-#                          then autok_ab.py (fixed k=4 against auto at B=1, ABBA)    ~6.5 min
+#                          general / unseen / heldout sets, B=32, served 128/32, -k auto;
+#                          OLD_HEADS=/abs/DIR: B=1 on the heads in DIR instead of the
+#                          shipped, SHIPPED_S its seconds, 0: none), then autok_ab.py
+#                          (fixed k=4 against auto at B=1, ABBA)                    ~6.5 min
 #   kv8    (none)          SmolLM2 per 8-bit cache: e2e --kv-agreement fp8_e4m3,int8 (32
 #                          general prompts) and --long-context 8192 for each    ~5 min
 #   hybrid (none)          the hybrid with its new head: e2e --hybrid (B=1 general, served) in
@@ -176,9 +178,14 @@ e2e)
       --head-k 4 --auto 4 --b32 32 --serve 128 --json "$L/e2e.json" > "$L/e2e.log" 2>&1
     echo "e2e heads of $hd rc=$?"; grep -E "tok/s, target-only" "$L/e2e.log" | head -40
   fi
-  [ "${SHIPPED_S:-110}" -gt 0 ] && timeout "${SHIPPED_S:-110}" $e2e --drafts mtp,eagle3 --sets general,unseen --head-k 4 --b32 0 \
-    --json "$L/e2e_shipped.json" > "$L/e2e_shipped.log" 2>&1
-  echo "e2e shipped rc=$?"; grep -E "tok/s, target-only" "$L/e2e_shipped.log" | head -20
+  # the short B=1 run on the shipped heads, or with OLD_HEADS=DIR (absolute: this step runs in
+  # $CLEAN) on the heads in DIR, e.g. a head being replaced, for a same-run A/B
+  ref=(--drafts mtp,eagle3 --sets general,unseen) tag=shipped
+  [ -n "${OLD_HEADS:-}" ] && tag=old && ref=(--heads-dir "$OLD_HEADS" --sets general,unseen,heldout \
+    --drafts "$(ls -d "$OLD_HEADS"/smollm2_* | sed 's|.*/smollm2_||' | paste -sd,)")
+  [ "${SHIPPED_S:-110}" -gt 0 ] && timeout "${SHIPPED_S:-110}" $e2e "${ref[@]}" --head-k 4 --b32 0 \
+    --json "$L/e2e_$tag.json" > "$L/e2e_$tag.log" 2>&1
+  echo "e2e $tag rc=$?"; grep -E "tok/s, target-only" "$L/e2e_$tag.log" | head -20
   [ "${AB_S:-90}" -gt 0 ] && timeout "${AB_S:-90}" python3 tools/perf/autok_ab.py --draft mtp -k 4 \
     --prompts 16 --new 128 --reps 2 --json "$L/autok_ab.json" > "$L/autok_ab.log" 2>&1
   echo "autok_ab rc=$?"; tail -6 "$L/autok_ab.log"
