@@ -205,6 +205,32 @@ def test_measured_costs_calibrate_each_k(demo, baseline):
     assert [p.propose for p in dec.spec.choices[:9]] == [2, 2, 2, 1, 1, 1, 0, 0, 0]
 
 
+def test_calibrate_runs_past_stops(demo, baseline):
+    """A warm-up request whose stop comes at once (the second token it emits) still gives
+    every k its cost: calibrate drops the stops (the replies are discarded),
+    keeps the stop buffers' widths (the timed call reuses its state), restores the decoder's
+    and forgets the acceptance it saw (the cost table stays)."""
+    reqs, want = baseline
+    stop = Request(prompt=reqs[1].prompt, max_new_tokens=24, stop_token_ids=[want[1][1]],
+                   stop_sequences=[want[1][:3] + [0] * 3])
+    dec = _decoder(demo, AutoK(2, hold=3))
+    assert dec.calibrate([stop])
+    assert {k for B, k in dec.spec.measured} == {0, 1, 2} and dec.spec.sweep == []
+    assert not dec.spec.pool_tries.any() and dec.metrics.rounds == 0
+    assert (dec.max_stop_ids, dec.max_stop_sequences, dec.max_stop_length) == (4, 2, 4)
+    state = dec._state
+    assert state.shape.stop_length == 6       # the stop sequence's 6 tokens, not the default 4
+    [res] = dec.generate([stop])
+    assert res.tokens == want[1][:2] and res.finish_reason == "stop_id"
+    assert dec._state.shape == state.shape      # so a target that keeps its caches reuses
+    # the warm-up's buffers and graphs (this tiny one does not: a fresh state, same shape)
+    # without the stops dropped it gets two rounds a call: nowhere near three k's
+    raw = _decoder(demo, AutoK(2, hold=3))
+    for _ in range(4):
+        raw.serve([stop], slots=1)
+    assert not raw.spec.calibrated(1)
+
+
 # ----------------------------------------------------------------------- bad input
 
 def test_bad_input_refused(demo):

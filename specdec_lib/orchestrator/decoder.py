@@ -2,6 +2,7 @@
 call's device state, the prefill policy and the serving loop together."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from .backends import Backend, make_backend
@@ -106,15 +107,33 @@ class SpeculativeDecoder:
         until the policy has the cost of a round at every k for that slot count (each k's
         graph recorded on the way), then reset the metrics. The requests need enough new
         tokens for about ``2 * (k_max + 1) * hold`` rounds (the sweep down and back up; a
-        sweep a call leaves unfinished goes on in the next). Returns whether it is
-        calibrated (True at once for a fixed k or given costs)."""
+        sweep a call leaves unfinished goes on in the next); they run without their stop ids
+        and sequences (the replies are discarded), and the acceptance the policy saw on them
+        is forgotten after (``forget_acceptance``: it was not the requests' own text). Returns
+        whether it is calibrated (True at once for a fixed k or given costs)."""
         reqs = check_requests(requests)
         slots = len(reqs) if slots is None else int(slots)
         done = getattr(self.spec, "calibrated", lambda B: True)
-        for _ in range(max_calls if reqs else 0):
-            if done(slots) and not getattr(self.spec, "sweep", None):   # the sweep ended too
-                break
-            self.serve(reqs, slots=slots)
+        # A warm-up's replies are thrown away, so they run without their stops: each takes its
+        # max_new_tokens, and a short reply cannot end the sweep early (s26: B=1 calibrated on
+        # one request whose EOS came first left k's unmeasured). The stop buffers keep the
+        # requests' widths, so the call's shape, buffers and graphs are the timed calls'.
+        widths = (self.max_stop_ids, self.max_stop_sequences, self.max_stop_length)
+        self.max_stop_ids = max([widths[0]] + [len(r.stop_token_ids) for r in reqs])
+        self.max_stop_sequences = max([widths[1]] + [len(r.stop_sequences) for r in reqs])
+        self.max_stop_length = max([widths[2]] + [len(s) for r in reqs for s in r.stop_sequences])
+        runs = [replace(r, stop_token_ids=(), stop_sequences=()) for r in reqs]
+        try:
+            for _ in range(max_calls if runs else 0):
+                if done(slots) and not getattr(self.spec, "sweep", None):   # the sweep ended too
+                    break
+                self.serve(runs, slots=slots)
+        finally:
+            self.max_stop_ids, self.max_stop_sequences, self.max_stop_length = widths
+        # what the drafts accepted on text past the stops is not the requests': costs only
+        forget = getattr(self.spec, "forget_acceptance", None)
+        if forget is not None:
+            forget()
         self.reset_metrics()
         return bool(done(slots))
 

@@ -292,6 +292,12 @@ class AutoK:
             else:
                 self._costs = None
 
+    def forget_acceptance(self) -> None:
+        """Drop every acceptance count, pooled and per request (the cost table stays): after
+        a warm-up on text that is not the requests' (``SpeculativeDecoder.calibrate``)."""
+        self._pool[...] = 0.0
+        self._counts[...] = 0.0
+
     # ------------------------------------------------------------------ model
     def calibrated(self, slots: int) -> bool:
         """Whether every k has a cost at ``slots`` slots (given, or measured)."""
