@@ -188,22 +188,21 @@ __device__ __forceinline__ KeyArg block_argmax(KeyArg v, KeyArg* sh) {
   return r;
 }
 
-template <int kThreads>
-__device__ __forceinline__ float block_sum(float v, float* sh) {
+// Sum of a float or double over the CTA, in every thread, the same bits in every thread and
+// run: a butterfly within each warp (lane 0's bits are a shfl_down tree's), then the warps'
+// totals in warp order. sh: kThreads / 32 values; free again on return (three barriers).
+template <int kThreads, typename T>
+__device__ __forceinline__ T block_sum(T v, T* sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-  for (int d = 16; d > 0; d >>= 1) v += __shfl_down_sync(0xffffffffu, v, d);
+  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
   __syncthreads();
   if (lane == 0) sh[warp] = v;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) v += sh[w];
-    sh[0] = v;
-  }
+  T all = sh[0];
+  for (int w = 1; w < kThreads / 32; ++w) all += sh[w];
   __syncthreads();
-  const float r = sh[0];
-  __syncthreads();
-  return r;
+  return all;
 }
 
 __device__ __forceinline__ SpecSampleTile* ws_tiles(const SpecSampleParams& p) {

@@ -58,21 +58,6 @@ __device__ __forceinline__ uint32_t max_key16(float f, const __half*) {
   return ord16x2(__half_as_ushort(__float2half_rn(f))) & 0xffffu;
 }
 
-// Sum of a double over the CTA (fixed order: deterministic), in every thread.
-template <int kThreads>
-__device__ __forceinline__ double block_dsum(double v, double* sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
-  __syncthreads();
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  double all = 0.0;
-  for (int w = 0; w < kThreads / 32; ++w) all += sh[w];
-  __syncthreads();
-  return all;
-}
-
 // Smallest bin j < limit with sum_{i <= j} v(i) >= target (-1: none), in every thread, over
 // values each thread holds in registers (v[i] = bin t * kPer + i: computed once, not per
 // search; r7's profile put a third of the launch's stalls in the resolve). Double sums in a
@@ -353,7 +338,7 @@ __device__ void hist_kernel(const SpecSampleParams& p) {
 #pragma unroll
         for (int i = 0; i < kPer; ++i)
           part += (static_cast<int>(threadIdx.x) * kPer + i <= cut) ? static_cast<double>(wgt[i]) : 0.0;
-        base = block_dsum<kThreads>(part, sh_d);
+        base = block_sum<kThreads>(part, sh_d);
       }
       jp = first_crossing_regs<kThreads>(wgt, static_cast<double>(sp.top_p) * base,
                                          sp.k_on ? cut + 1 : kHistBins, sh_d, &sh_out);

@@ -476,8 +476,8 @@ __device__ void small_kernel(const SpecSampleParams& p) {
           if (need_m) sm += static_cast<double>(bin_mass(j));
           if (c) nz = j;
         }
-        sc = block_dsum<kRowThreads>(sc, sh_d);
-        if (need_m) sm = block_dsum<kRowThreads>(sm, sh_d);
+        sc = block_sum<kRowThreads>(sc, sh_d);
+        if (need_m) sm = block_sum<kRowThreads>(sm, sh_d);
         nz = block_max<kRowThreads>(nz, sh_i);
         if (threadIdx.x == 0) { rec.pc = sc; rec.pm = sm; rec.pnz = nz; }
         cluster_sync();
@@ -515,7 +515,7 @@ __device__ void small_kernel(const SpecSampleParams& p) {
           if (want_mass) {
             double part_m = 0.0;
             for (int j = plo + threadIdx.x; j <= plo + jl; j += kRowThreads) part_m += static_cast<double>(bin_mass(j));
-            mt = before_m + block_dsum<kRowThreads>(part_m, sh_d);
+            mt = before_m + block_sum<kRowThreads>(part_m, sh_d);
           }
           if (threadIdx.x == 0) { rec.cut = static_cast<int>(w0) + plo + jl; rec.mt = mt; }
         }
