@@ -8,9 +8,10 @@ backend with a fake ``capture`` (``round_trace.TracingBackend``) and ``serve``'s
 a fixed step per read (``round_trace.fake_clock``: every clean round of any k measures the same
 time, so the calibrated ``AutoK`` keeps to k_max). Per call: the same events before the first
 round (admission, prefill), per round exactly ``before_round``, one replay of the
-(k, k) graph, the two reads (``num_accepted``, ``finished``) and ``after_round`` (the last
-round adds the output reads), and one stream synchronisation after the last: no host->device
-copy, no capture, no other graph, no sweep at another k inside the timed calls.
+(k, k) graph, ``after_round`` for the round before (learnt while this one runs; none in the
+first round) and the two reads (``num_accepted``, ``finished``) (the last round adds the
+output reads), then the last round's ``after_round`` and one stream synchronisation: no
+host->device copy, no capture, no other graph, no sweep at another k inside the timed calls.
 """
 import numpy as np
 import pytest
@@ -85,19 +86,24 @@ def _check_same_calls(out, reqs):
     assert dec_a.metrics.capture_s == 0 and not dec_a.spec.sweep
     assert all(p.key == (K, K, None) for p in dec_a.spec.choices[-dec_a.metrics.rounds:])
     assert len(fixed) == len(auto) == len(reqs)
-    plain = [("policy", "before_round"), ("replay", (K, K, None)), ("to_host", (1,)),
-             ("to_host", (1,)), ("policy", "after_round")]
+    # the policy learns from a round while the next one runs: after the next replay (the
+    # first round has nothing to learn from yet; the last round's lesson comes after the loop)
+    first = [("policy", "before_round"), ("replay", (K, K, None)), ("to_host", (1,)),
+             ("to_host", (1,))]
+    plain = first[:2] + [("policy", "after_round")] + first[2:]
     for (s_f, r_f, t_f), (s_a, r_a, t_a) in zip(fixed, auto):
         assert _backend(s_f) == _backend(s_a)                 # admission, prefill
         assert len(r_f) == len(r_a)
         for i, (a, b) in enumerate(zip(r_f, r_a)):
             assert _backend(a) == _backend(b), i
             ev = [e[:2] for e in b]
+            want = first if i == 0 else plain
             if i < len(r_a) - 1:
-                assert ev == plain, (i, b)
+                assert ev == want, (i, b)
             else:           # the request finished: its outputs are read
-                assert ev[:5] == plain and {e[0] for e in ev[5:]} == {"to_host"}, b
-        assert [e[:2] for e in t_f] == [e[:2] for e in t_a] == [("sync", "stream")]
+                assert ev[:len(want)] == want and {e[0] for e in ev[len(want):]} == {"to_host"}, b
+        assert [e[:2] for e in t_f] == [e[:2] for e in t_a] == [("policy", "after_round"),
+                                                                ("sync", "stream")]
         assert not any(e[0] in ("capture", "sync", "asarray") for r in r_a for e in r)
 
 

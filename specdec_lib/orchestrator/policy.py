@@ -1,7 +1,9 @@
 """Speculation policies: how many drafts each round verifies and how many it proposes.
 
 A policy answers two questions at every round boundary (``serve`` asks them):
-``before_round(busy) -> RoundPlan`` and ``after_round(num_accepted, busy, seconds)``.
+``before_round(busy) -> RoundPlan`` and ``after_round(num_accepted, busy, seconds)`` (for
+the oldest round not yet told: ``serve`` tells a round while the next one runs), and may
+have ``prepare(busy)`` (called while a round runs: ready the next choice).
 
 ``RoundPlan(verify, propose, num_draft)``: the round verifies ``verify`` drafts per slot (its
 block is ``verify + 1`` rows a slot; ``num_draft``, when not None, gives each slot fewer:
@@ -45,7 +47,9 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   as many slots); then again over any k still without a sample
   (``CALIBRATION_REFILLS`` times; a k never measured is extrapolated from its neighbours);
   ``calibrated(B)`` says when every k has one. While calibrating a (B, k)'s cost is the plain
-  mean of its samples; after, an EMA (``COST_EMA``) of the rounds that run it. (s21, the
+  mean of its samples within ``OUTLIER`` x their median; after, an EMA (``COST_EMA``) of the
+  rounds that run it, a sample above ``OUTLIER`` x the cost dropped (a GC pause or any host
+  stall would otherwise price a k out for good: only the k that runs is measured again). (s21, the
   hybrid at B=32: one down sweep of ``hold`` 4 gave two samples a k, and the policy chose k=4
   where k=3 was 8% faster.)
 * Choice: the batch-wide k in 0..k_max maximising ``sum_i E_i(k) / cost(B, k)`` over the
@@ -60,10 +64,13 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   ``P_i(j) = prod_{m<=j} a[i, m]`` pays its row: ``P_i(j) * cost(B, k) >= row_cost *
   sum_i E_i(k)``, with ``row_cost = (cost(B, k) - cost(B, 0)) / (B k)`` (a row's share of
   what speculating adds); idle slots verify nothing.
-* Host cost: ``before_round`` and ``after_round`` run between the round's read of
-  ``num_accepted`` and the next launch, the GPU idle all the while, so each is a handful of
-  numpy calls on the [2, B, k_max] counts (about 16 us a round together at B = 1 on a slow
-  Xeon; ``tools/perf/autok_ab.py`` measures it); with graphs a round of ``AutoK`` makes the same
+* Host cost: ``serve`` tells the policy a round's result (``after_round``) just after it
+  launched the next round, and then calls ``prepare(busy)``, which readies the next choice,
+  so both run while the GPU works; between a round's read and the next launch only
+  ``before_round`` runs, a lookup where the running slots did not change (s27: 3 us a round,
+  against 41-76 us when all of it ran there with the GPU idle, 3-6% of a B=1 round). A
+  choice therefore sees the history up to the round before last (an admission learns the
+  last round first: it resets slots). With graphs a round of ``AutoK`` makes the same
   backend calls (copies, reads, replays) as one of ``FixedK`` at its k
   (``tests/test_round_calls.py``).
 * Everything is a function of the accepted history and the cost table: the same history and
@@ -78,6 +85,7 @@ only its acceptance can dip, which the estimates then measure.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -86,6 +94,8 @@ import numpy as np
 from .state import MAX_BLOCK_ROWS
 
 COST_EMA = 0.2          # weight of a new round-time sample in the cost table
+OUTLIER = 1.5           # a round-time sample above this x the k's cost is dropped (a GC
+                        # pause, a host hiccup: one in a mean of 2-5 samples moved it 20-50%)
 POOL_DECAY = 0.995      # decay of the pooled (all requests) acceptance counts per round
 CALIBRATION_REFILLS = 2  # sweeps over the k's still unmeasured after the first
 CHAIN = 2.0             # pseudo-rounds tying a position's pooled estimate to the one before
@@ -182,7 +192,7 @@ class AutoK:
         self.prior_strength, self.decay = float(prior_strength), float(decay)
         self.explore_every, self.hold, self.ragged = int(explore_every), int(hold), bool(ragged)
         self.measured: dict[tuple[int, int], float] = {}      # (B, k) -> seconds
-        self._samples: dict[tuple[int, int], int] = {}        # (B, k) -> calibration samples
+        self._samples: dict[tuple[int, int], list] = {}       # (B, k) -> calibration samples
         K = self.k_max
         # pooled counts, [0] accepted and [1] tried per position (one array: one decay)
         self._pool = np.zeros((2, K))
@@ -213,6 +223,10 @@ class AutoK:
         self._costs: Optional[list] = None
         self.ready: Optional[int] = None        # drafts the last round proposed (None: prefill)
         self.last: Optional[RoundPlan] = None
+        # plans handed out whose round is not learned yet (serve learns from a round while
+        # the next one runs), oldest first; and the choice prepare() readied, by busy mask
+        self._inflight: deque = deque()
+        self._prepared: Optional[tuple] = None
         self.zero_run = 0
         self.refills = CALIBRATION_REFILLS
         # calibrated(B) stays true once true (costs are only ever added): asked once then
@@ -227,6 +241,14 @@ class AutoK:
         """New requests start from the pooled prior."""
         for b in slots:
             self.acc[b] = self.tries[b] = 0.0
+        self._prepared = None
+
+    def prepare(self, busy) -> None:
+        """Ready the next round's choice for these running slots (``serve`` calls it while
+        the GPU runs a round, so ``before_round`` is a lookup when the slots stay the same);
+        the same choice ``before_round`` would make from the same history."""
+        busy = np.asarray(busy, bool)
+        self._prepared = None if self.sweep else (busy.tobytes(), self._best(busy))
 
     def before_round(self, busy) -> RoundPlan:
         busy = np.asarray(busy, bool)
@@ -240,7 +262,9 @@ class AutoK:
         if calibrating:
             propose = self.sweep.pop(0)
         else:
-            propose = self._best(busy)
+            ready = self._prepared
+            propose = ready[1] if ready is not None and ready[0] == busy.tobytes() \
+                else self._best(busy)
             if propose == 0 and self.explore_every and self.zero_run >= self.explore_every:
                 propose = 1
         self.zero_run = self.zero_run + 1 if propose == 0 else 0
@@ -255,17 +279,20 @@ class AutoK:
         else:
             plan = RoundPlan(verify, propose, num_draft)
         self.ready, self.last = propose, plan
+        self._inflight.append(plan)
         self.choices.append(plan)
         if len(self.choices) > 2 * CHOICES_KEPT:        # bounded: a server runs forever
             del self.choices[:-CHOICES_KEPT]
         return plan
 
     def after_round(self, num_accepted, busy, seconds: Optional[float] = None) -> None:
-        """Learn from the round just run: ``num_accepted`` [slots] (host; read only where
-        ``busy``) and, for a clean sample, its wall time ``seconds``."""
-        plan = self.last
-        if plan is None:
+        """Learn from the oldest round not learned yet (the one just run, or the one before it
+        when ``serve`` learns while the next runs): ``num_accepted`` [slots] (host; read only
+        where ``busy``) and, for a clean sample, its wall time ``seconds``."""
+        if not self._inflight:
             return
+        plan = self._inflight.popleft()
+        self._prepared = None
         n = np.asarray(num_accepted)
         busy = np.asarray(busy, bool)
         self._counts *= self.decay              # acc, tries
@@ -281,9 +308,15 @@ class AutoK:
                 and plan.verify == plan.propose):
             key = (self.B, plan.verify)
             old = self.measured.get(key)
-            if old is None or not self._done:   # calibrating: the plain mean of the samples
-                n = self._samples[key] = self._samples.get(key, 0) + 1
-                new = seconds if old is None else old + (seconds - old) / n
+            if old is None or not self._done:
+                # calibrating: the plain mean of the samples within OUTLIER x their median
+                xs = self._samples.setdefault(key, [])
+                xs.append(seconds)
+                mid = sorted(xs)[len(xs) // 2]
+                kept = [x for x in xs if x <= OUTLIER * mid]
+                new = sum(kept) / len(kept)
+            elif seconds > OUTLIER * old:
+                return                          # an outlier: not this k's cost
             else:
                 new = (1 - COST_EMA) * old + COST_EMA * seconds
             self.measured[key] = new

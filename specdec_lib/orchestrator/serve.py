@@ -85,12 +85,23 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
     first_round = True
     seen: set = set()           # plans run eagerly in this call (their shapes compiled)
     last_end: Optional[float] = None
+    # The policy learns from a round while the GPU runs the next one: its after_round is
+    # deferred to just after the next launch (before an admission, which resets the slots it
+    # learns about), and prepare(busy) then readies the next choice, so the host's work between
+    # a round's read and the next launch is a lookup (AutoK's numpy work was 41-76 us a round
+    # there, the GPU idle: 3-6% of a B=1 round). A choice thus sees the history up to the round
+    # before last: still accepted history only.
+    learn: Optional[tuple] = None         # (num_accepted copy, busy, seconds) not yet told
+    prepare = getattr(spec, "prepare", None)
     while sched.pending():
         admitted = [(b, reqs[i]) for b, i in sched.admit(now)]
         busy = sched.busy()
         if not any(busy):                  # nobody running: skip to the next arrival
             now = sched.next_arrival()
             continue
+        if admitted and learn is not None:
+            spec.after_round(*learn)
+            learn = None
         if admitted:
             tp = time.perf_counter()
             admit(p, st, admitted)
@@ -121,6 +132,11 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
             m.launch_s += time.perf_counter() - tl
             m.launched_rounds += 1
         first_round = False
+        if learn is not None:             # the last round's lesson, the GPU busy meanwhile
+            spec.after_round(*learn)
+            learn = None
+            if prepare is not None:
+                prepare(busy_np)
         if can_capture and replay is None:
             # the plan's first round ran eagerly (cupy kernels compiled, pools and the sampling
             # workspace allocated); every later round of it replays its graph
@@ -136,7 +152,7 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
         n = n_all[busy_np]
         m.count_round(n, plan.verify, None if plan.num_draft is None else
                       np.asarray(plan.num_draft)[busy_np])
-        spec.after_round(n_all, busy_np, seconds)
+        learn = (np.array(n_all), busy_np, seconds)    # (a copy: the host buffer is reused)
         done = [b for b in range(B) if busy[b] and fin[b] != 0]
         if done:
             out_tokens, out_lens = be.to_host(buf.out_tokens), be.to_host(buf.out_lens)
@@ -152,6 +168,8 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
             progress(emitted + sum(int(live[b]) for b in range(B) if sched.owner[b] is not None),
                      total)
         now += 1
+    if learn is not None:
+        spec.after_round(*learn)
     be.synchronize()
     m.wall_s += time.perf_counter() - t0
     m.emitted += emitted

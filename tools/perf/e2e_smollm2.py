@@ -110,10 +110,20 @@ def decoder(target, draft, k, be, reqs, slots=None):
     return dec
 
 
+def with_costs(dec):
+    """The decoder's metrics, with an ``AutoK``'s round-cost table (us, per slot count and k,
+    as it stood after the timed run) attached for the report."""
+    m = dec.metrics
+    if getattr(dec.spec, "measured", None):
+        m.round_costs_us = {f"B{b}_k{kk}": round(s * 1e6, 1)
+                            for (b, kk), s in sorted(dec.spec.measured.items())}
+    return m
+
+
 def decode(target, draft, k, be, reqs, slots=None):
     """Warm-up of the same shapes, then one timed run; returns (results, metrics)."""
     dec = decoder(target, draft, k, be, reqs, slots or len(reqs))
-    return dec.serve(reqs, slots=slots or len(reqs)), dec.metrics
+    return dec.serve(reqs, slots=slots or len(reqs)), with_costs(dec)
 
 
 def one_at_a_time(target, draft, k, be, reqs):
@@ -122,7 +132,7 @@ def one_at_a_time(target, draft, k, be, reqs):
     out = []
     for r in reqs:
         out += dec.generate([r])
-    return out, dec.metrics
+    return out, with_costs(dec)
 
 
 def summary(m):
@@ -136,7 +146,8 @@ def summary(m):
                 # of prefill_s: admit's host time (buffers, reset_slots), over how many
                 # admissions of how many requests
                 admit_s=round(m.admit_s, 4), admissions=m.admissions, admitted=m.admitted,
-                **({"k_rounds": dict(sorted(m.k_rounds.items()))} if m.policy == "auto" else {}))
+                **({"k_rounds": dict(sorted(m.k_rounds.items()))} if m.policy == "auto" else {}),
+                **({"round_costs_us": m.round_costs_us} if hasattr(m, "round_costs_us") else {}))
 
 
 def prefill_profile(target, draft, k, be, reqs, replays=10):
@@ -408,7 +419,7 @@ def main():
                 decs[key] = decoder(target, draft, kk, be, reqs, B)
             dec = decs[key]
             dec.reset_metrics()
-            return dec.serve(reqs, slots=B), dec.metrics
+            return dec.serve(reqs, slots=B), with_costs(dec)
         serve_k = [int(x) for x in args.serve_k.split(",")] if args.serve_k else mixed_k
         skey = f"serve{args.serve}_slots{B}"
         sruns = ([(n, k) for n in drafts if n == "ngram"] + [(n, kk) for kk in serve_k for n in heads]
