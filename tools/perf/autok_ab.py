@@ -11,7 +11,8 @@ rounds (as e2e_smollm2 counts them), and where a round's period goes:
   period      median / p90 / max / sum of the time from one round's end to the next's
               (``on_round``), prefill rounds left out
   device      median / sum of each round replay's GPU time (CUDA events around it; torch)
-  policy      host us a round in before_round + after_round (the GPU idles through it)
+  policy      host us a round in before_round (the GPU idles through it); policy_overlap:
+              in after_round + prepare (run while the next round is on the GPU, since s27)
   launch      host us a round in the replay call (metrics.host_us_per_round)
   gc          collections and their time inside the timed calls (gc.callbacks)
   graphs      captures inside the timed calls, replays per graph key, the plan each call's
@@ -58,19 +59,20 @@ def run(target, draft, k, be, reqs, gc_mode):
     dec = e2e.decoder(target, draft, k, be, reqs)
     spec = dec.spec
     pc = time.perf_counter
-    policy_s = [0.0]
-    real = {n: getattr(spec, n) for n in ("before_round", "after_round")}
+    policy_s = [0.0, 0.0]       # before_round; after_round + prepare (overlapped)
+    real = {n: getattr(spec, n) for n in ("before_round", "after_round", "prepare")
+            if hasattr(spec, n)}
 
-    def timed(fn):
+    def timed(fn, i):
         def call(*a, **kw):
             t0 = pc()
             try:
                 return fn(*a, **kw)
             finally:
-                policy_s[0] += pc() - t0
+                policy_s[i] += pc() - t0
         return call
     for n, fn in real.items():
-        object.__setattr__(spec, n, timed(fn))
+        object.__setattr__(spec, n, timed(fn, 0 if n == "before_round" else 1))
     torch = None
     if be.name == "torch":
         import torch
@@ -137,6 +139,7 @@ def run(target, draft, k, be, reqs, gc_mode):
         k_rounds=dict(sorted(m.k_rounds.items())), capture_s=round(m.capture_s, 4),
         period_us=_stats(periods), device_us=_stats(device),
         policy_us_per_round=round(1e6 * policy_s[0] / max(m.rounds, 1), 1),
+        policy_overlap_us_per_round=round(1e6 * policy_s[1] / max(m.rounds, 1), 1),
         launch_us_per_round=round(m.host_us_per_round, 1),
         gc=dict(collections=[sum(g == i for g, _ in gcs) for i in range(3)],
                 ms=round(1e3 * sum(t for _, t in gcs), 2)),
