@@ -31,7 +31,8 @@
 #                          DIR, e.g. specdec_lib/models/heads) and the shipped ones (B=1
 #                          general / unseen / heldout sets, B=32, served 128/32, -k auto;
 #                          OLD_HEADS=/abs/DIR: B=1 on the heads in DIR instead of the
-#                          shipped, SHIPPED_S its seconds, 0: none), then autok_ab.py
+#                          shipped, SHIPPED_S its seconds, 0: none; B32_REPEATS timed runs of
+#                          B=32 mixed a mode, median kept, default 3), then autok_ab.py
 #                          (fixed k=4 against auto at B=1, ABBA)                    ~6.5 min
 #   kv8    (none)          SmolLM2 per 8-bit cache: e2e --kv-agreement fp8_e4m3,int8 (32
 #                          general prompts) and --long-context 8192 for each    ~5 min
@@ -175,7 +176,8 @@ e2e)
   if ls -d "$hd"/smollm2_* > /dev/null 2>&1; then
     drafts=$(ls -d "$hd"/smollm2_* | sed 's|.*/smollm2_||' | paste -sd,)
     timeout "${E2E_S:-200}" $e2e --heads-dir "$hd" --drafts "$drafts" --sets general,unseen,heldout \
-      --head-k 4 --auto 4 --b32 32 --serve 128 --json "$L/e2e.json" > "$L/e2e.log" 2>&1
+      --head-k 4 --auto 4 --b32 32 --batch-repeats "${B32_REPEATS:-3}" --serve 128 \
+      --json "$L/e2e.json" > "$L/e2e.log" 2>&1
     echo "e2e heads of $hd rc=$?"; grep -E "tok/s, target-only" "$L/e2e.log" | head -40
   fi
   # the short B=1 run on the shipped heads, or with OLD_HEADS=DIR (absolute: this step runs in
