@@ -32,8 +32,9 @@
 #                          general / unseen / heldout sets, B=32, served 128/32, -k auto;
 #                          OLD_HEADS=/abs/DIR: B=1 on the heads in DIR instead of the
 #                          shipped, SHIPPED_S its seconds, 0: none; B32_REPEATS timed runs of
-#                          B=32 mixed a mode, median kept, default 3), then autok_ab.py
-#                          (fixed k=4 against auto at B=1, ABBA)                    ~6.5 min
+#                          the mixed batches a mode, median kept, default 3; BATCHES: more
+#                          mixed batch sizes, default 4,16,64; E2E_S 360), then autok_ab.py
+#                          (fixed k=4 against auto at B=1, ABBA)                    ~8 min
 #   kv8    (none)          SmolLM2 per 8-bit cache: e2e --kv-agreement fp8_e4m3,int8 (32
 #                          general prompts) and --long-context 8192 for each    ~5 min
 #   hybrid (none)          the hybrid with its new head: e2e --hybrid (B=1 general, served) in
@@ -175,8 +176,9 @@ e2e)
   hd=${HEADS_DIR:-/tmp/h}     # HEADS_DIR=specdec_lib/models/heads: the full run on the shipped ones
   if ls -d "$hd"/smollm2_* > /dev/null 2>&1; then
     drafts=$(ls -d "$hd"/smollm2_* | sed 's|.*/smollm2_||' | paste -sd,)
-    timeout "${E2E_S:-200}" $e2e --heads-dir "$hd" --drafts "$drafts" --sets general,unseen,heldout \
-      --head-k 4 --auto 4 --b32 32 --batch-repeats "${B32_REPEATS:-3}" --serve 128 \
+    timeout "${E2E_S:-360}" $e2e --heads-dir "$hd" --drafts "$drafts" --sets general,unseen,heldout \
+      --head-k 4 --auto 4 --b32 32 --batches "${BATCHES:-4,16,64}" \
+      --batch-repeats "${B32_REPEATS:-3}" --serve 128 \
       --json "$L/e2e.json" > "$L/e2e.log" 2>&1
     echo "e2e heads of $hd rc=$?"; grep -E "tok/s, target-only" "$L/e2e.log" | head -40
   fi

@@ -10,7 +10,8 @@ Runs, each with the round captured as one CUDA graph (warm-up and capture outsid
     heads; k=3, and the heads again at --head-k), tokens/s, acceptance per position, mean
     accepted length; generation runs through EOS (no stop ids) for a fixed token count
     unless --stop-at-eos;
-  * B=32 mixed prompts (--b32 B): target-only and each draft (at each --mixed-k);
+  * B=32 mixed prompts (--b32 B; --batches B,B: more sizes): target-only and each draft (at
+    each --mixed-k);
   * --serve N: N mixed requests served through the mixed case's B slots;
   * --auto K_MAX: each draft also with num_speculative_tokens="auto" in every case above
     (its round costs measured and graphs recorded in the warm-up, outside the timing);
@@ -284,6 +285,9 @@ def main():
                    "comma-separated (default -k); prompt lookup always runs at -k")
     p.add_argument("--serve", type=int, default=0, metavar="N", help="also serve N mixed "
                    "requests through the mixed case's B slots (continuous batching)")
+    p.add_argument("--batches", default=None, metavar="B,B", help="more batch sizes of the "
+                   "mixed case after --b32's (e.g. 4,16,64: auto against the fixed k at every "
+                   "batch), each its own b<B>_mixed entry")
     p.add_argument("--batch-repeats", type=int, default=1, metavar="R", help="timed runs of "
                    "the B=32 mixed case per mode on its warm decoder, the median kept (each "
                    "lasts ~0.2 s at 128 new tokens)")
@@ -422,11 +426,15 @@ def main():
     if B == 0:
         _print(rows, report)
         return _dump(args, report)
-    texts = (pool["heldout"][8:8 + B // 2] + COPY_PROMPTS + OPEN_PROMPTS) * (B // 16 + 1)
-    reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new32, **stops)
-            for t in texts[:B]]
-    case(f"B={B} mixed", f"b{B}_mixed", reqs, decode,
-         [(n, kk) for kk in mixed_k for n in drafts] + [(n, a) for a in auto for n in drafts])
+    def mixed_texts(B):
+        """B prompts: half held-out docstrings, then copy-heavy and open-ended ones, cycled."""
+        return ((pool["heldout"][8:8 + B // 2] + COPY_PROMPTS + OPEN_PROMPTS) * (B // 16 + 1))[:B]
+    texts = mixed_texts(B)
+    mixed_runs = [(n, kk) for kk in mixed_k for n in drafts] + [(n, a) for a in auto for n in drafts]
+    for BB in [B] + [int(x) for x in (args.batches or "").split(",") if x and int(x) != B]:
+        reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new32, **stops)
+                for t in mixed_texts(BB)]
+        case(f"B={BB} mixed", f"b{BB}_mixed", reqs, decode, mixed_runs)
     if args.serve:      # continuous batching: a stream of requests through B slots
         sreqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new32, **stops)
                  for t in (texts * (args.serve // len(texts) + 1))[:args.serve]]
