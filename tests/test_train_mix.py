@@ -38,10 +38,48 @@ def test_mix_heldout_families_never_in_training():
     assert mix_items(3000, 16, seed=5) == items and mix_items(3000, 16, seed=6) != items
 
 
+# version 1 of the mix, pinned: the shipped heads' recorded commands regenerate their data from
+# it (the families that read the stdlib left out: they follow the Python version)
+_V1_FAMILIES = ["question", "explain", "creative", "code", "math", "advice", "translation", "chat"]
+_V1_SHA256 = "96c94e479fc501a9e88a0d2e0295130433e7919d44953c3a67d7e1fa5f1eb583"
+
+
+def test_mix_version_1_unchanged():
+    import hashlib
+    got = json.dumps(pm.prompt_mix(2000, seed=0, families=_V1_FAMILIES))
+    assert hashlib.sha256(got.encode()).hexdigest() == _V1_SHA256
+    assert pm.prompt_mix(300, seed=2) == pm.prompt_mix(300, seed=2, version=1)
+
+
+def test_mix_version_2_grows_advice_and_code_only():
+    for f in pm.FAMILIES:
+        a, b = pm.family_size(f, 1), pm.family_size(f, 2)
+        if f in ("advice", "code"):
+            assert b >= 3 * a, (f, a, b)
+        else:
+            assert a == b and pm.prompt_mix(40, seed=1, families=[f], version=2) == \
+                pm.prompt_mix(40, seed=1, families=[f]), f
+    every = pm.prompt_mix(None, families=["advice", "code"], version=2)
+    texts = [it["messages"][-1]["content"] for it in every]
+    assert len(set(texts)) == len(texts) == pm.family_size("advice", 2) + pm.family_size("code", 2)
+    assert any("TypeScript" in t for t in texts) and any("Levenshtein" in t for t in texts)
+    # v1's prompts are all in v2 (grown, not replaced)
+    v1 = {it["messages"][-1]["content"] for it in pm.prompt_mix(None, families=["advice", "code"])}
+    assert v1 <= set(texts)
+    with pytest.raises(ValueError, match="version"):
+        pm.prompt_mix(3, version=3)
+    items = mix_items(3000, 16, seed=5, version=2)
+    train = {repr(m) for f, m, sp in items if sp == 0}
+    assert not train & {repr(m) for f, m, sp in items if sp == 1}
+    c = collections.Counter(f for f, _, sp in items if sp == 0)
+    assert c["advice"] > 250 and c["code"] > 250
+
+
 def test_sampled_fraction_and_stdlib_args_checked():
     from specdec_lib.train.cli import _parser
     a = _parser().parse_args(["--out", "x"])
     assert a.prompts_from == "mix" and a.sampled_fraction == 0.0
+    assert _parser().parse_args(["--out", "x", "--prompts-from", "mix2"]).prompts_from == "mix2"
     from specdec_lib.train.cli import main
     for bad in (["--sampled-fraction", "1.5"], ["--prompts", "-1"], ["--prompts-from", "web"]):
         with pytest.raises(SystemExit):

@@ -44,11 +44,14 @@ def mix_families():
     return [f for f in FAMILIES if f not in HELDOUT_FAMILIES] + [DOCSTRING], list(HELDOUT_FAMILIES)
 
 
-def mix_items(n_train, per_family, seed):
+MIX_VERSION = {"mix": 1, "mix2": 2}      # --prompts-from -> prompt_mix version
+
+
+def mix_items(n_train, per_family, seed, version=1):
     """The mix as message lists: ``(family, messages, split)``.
 
     Training (split 0): ``n_train`` prompts spread evenly over the training families (the
-    prompt mix's, less HELDOUT_FAMILIES, and the stdlib docstrings under all six
+    prompt mix's (of ``version``), less HELDOUT_FAMILIES, and the stdlib docstrings under all six
     instructions), seeded.  Report (split 1): ``per_family`` prompts of every family,
     disjoint from training: for a training family the first ``per_family`` of its seeded
     draw, for the docstrings the held-out modules' first ones (the stdlib report's set), for
@@ -60,7 +63,7 @@ def mix_items(n_train, per_family, seed):
     train_f, held_f = mix_families()
     doc_pool = stdlib_prompts("train", None, 6)
     doc_held = stdlib_prompts("heldout", per_family)
-    sizes = {f: max(0, (len(doc_pool) if f == DOCSTRING else family_size(f) - per_family))
+    sizes = {f: max(0, (len(doc_pool) if f == DOCSTRING else family_size(f, version) - per_family))
              for f in train_f}
     want = shares(n_train, sizes)
     # held-out docstrings (all of them, not only the report's) never reach training
@@ -72,11 +75,12 @@ def mix_items(n_train, per_family, seed):
             train += [(f, [{"role": "user", "content": doc_pool[i]}]) for i in pick]
             report += [(f, [{"role": "user", "content": p}]) for p in doc_held]
             continue
-        items = prompt_mix(per_family + want[f], seed=seed, families=[f])
+        items = prompt_mix(per_family + want[f], seed=seed, families=[f], version=version)
         report += [(f, it["messages"]) for it in items[:per_family]]
         train += [(f, it["messages"]) for it in items[per_family:]]
     for f in held_f:
-        report += [(f, it["messages"]) for it in prompt_mix(per_family, seed=seed, families=[f])]
+        report += [(f, it["messages"])
+                   for it in prompt_mix(per_family, seed=seed, families=[f], version=version)]
     seen = {repr(m) for _, m in report}
     out = [(f, m, 1) for f, m in report]
     for f, m in train:
@@ -88,12 +92,13 @@ def mix_items(n_train, per_family, seed):
 
 
 def mix_set(args, tok):
-    """``--prompts-from mix``: ``mix_items`` chat-templated; ``--sampled-fraction`` of the
+    """``--prompts-from mix`` / ``mix2``: ``mix_items`` (of that version) chat-templated; ``--sampled-fraction`` of the
     training replies (a seeded choice) sampled at SAMPLED_TEMPERATURE, the rest (and every
     report reply: the report walks greedy decodes) greedy."""
     from ..models.smollm2 import chat_prompt
     n = args.prompts if args.prompts is not None else 12000
-    items = mix_items(n, args.heldout, args.seed)
+    items = mix_items(n, args.heldout, args.seed,
+                      MIX_VERSION[getattr(args, "prompts_from", "mix")])
     train = [i for i, (_, _, sp) in enumerate(items) if sp == 0]
     k = round(args.sampled_fraction * len(train))
     hot = set(random.Random(f"{args.seed}:sampled").sample(train, k))
@@ -190,7 +195,7 @@ def training_data(args, config, weights, tok, stop_ids, log, timing):
         log(f"data: {len(out[0])} sequences from {args.data}")
         return out
     t0 = time.perf_counter()
-    ps = (mix_set if args.prompts_from == "mix" else stdlib_set)(args, tok)
+    ps = (mix_set if args.prompts_from in MIX_VERSION else stdlib_set)(args, tok)
     outs = generate(args, config, weights, tok, ps.prompts, stop_ids, ps.temps)
     seqs = [list(p) + list(o) for p, o in zip(ps.prompts, outs)]
     plens = [len(p) for p in ps.prompts]

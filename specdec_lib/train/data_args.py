@@ -7,9 +7,10 @@ from __future__ import annotations
 def add_data_arguments(p):
     p.add_argument("--data", default=None, help="npz of generated sequences: read if it "
                    "exists, else written after generation")
-    p.add_argument("--prompts-from", choices=("mix", "stdlib"), default="mix",
+    p.add_argument("--prompts-from", choices=("mix", "mix2", "stdlib"), default="mix",
                    help="mix: the prompt mix (specdec_lib.train.prompt_mix: 9 task families "
                    "trained on + stdlib docstrings; translation and multi-turn chat held out); "
+                   "mix2: its version 2 (advice and code grown, s27); "
                    "stdlib: standard-library docstrings only (the data of the heads before the mix)")
     p.add_argument("--prompts", type=int, default=None, help="training prompts (mix: spread "
                    "evenly over the training families, default 12000; stdlib: default all)")

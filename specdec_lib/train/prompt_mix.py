@@ -403,20 +403,25 @@ def _creative(i):
 
 
 _GEN_LANGS = tuple(lang for lang in _LANGS if lang not in ("SQL", "bash"))
-_N_GEN = len(_CODE_TEMPLATES) * len(_GEN_LANGS) * len(_CODE_TASKS)
 _N_SQL = len(_SQL_TEMPLATES) * len(_SQL_TASKS)
 
 
-def _code(i):
-    if i < _N_GEN:
-        k, L, t = _radix(i, len(_CODE_TEMPLATES), len(_GEN_LANGS), len(_CODE_TASKS))
-        return _user(_CODE_TEMPLATES[k].format(L=_GEN_LANGS[L], t=_CODE_TASKS[t]))
-    i -= _N_GEN
-    if i < _N_SQL:
-        k, t = _radix(i, len(_SQL_TEMPLATES), len(_SQL_TASKS))
-        return _user(_SQL_TEMPLATES[k].format(t=_SQL_TASKS[t]))
-    k, t = _radix(i - _N_SQL, len(_BASH_TEMPLATES), len(_BASH_TASKS))
-    return _user(_BASH_TEMPLATES[k].format(t=_BASH_TASKS[t]))
+def _code_family(langs, tasks):
+    """(size, build) of the code prompts: functions in ``langs`` for ``tasks``, then the SQL
+    and bash ones."""
+    n_gen = len(_CODE_TEMPLATES) * len(langs) * len(tasks)
+
+    def build(i):
+        if i < n_gen:
+            k, L, t = _radix(i, len(_CODE_TEMPLATES), len(langs), len(tasks))
+            return _user(_CODE_TEMPLATES[k].format(L=langs[L], t=tasks[t]))
+        i -= n_gen
+        if i < _N_SQL:
+            k, t = _radix(i, len(_SQL_TEMPLATES), len(_SQL_TASKS))
+            return _user(_SQL_TEMPLATES[k].format(t=_SQL_TASKS[t]))
+        k, t = _radix(i - _N_SQL, len(_BASH_TEMPLATES), len(_BASH_TASKS))
+        return _user(_BASH_TEMPLATES[k].format(t=_BASH_TASKS[t]))
+    return (lambda: n_gen + _N_SQL + len(_BASH_TEMPLATES) * len(_BASH_TASKS)), build
 
 
 def _math(i):
@@ -456,10 +461,13 @@ def _math(i):
                                 " Give the final answer on its own line.")))
 
 
-def _advice(i):
-    k, s, c = _radix(i, len(_ADVICE_TEMPLATES), len(_SITUATIONS), len(_COUNTS))
-    s_noun, s_ger = _SITUATIONS[s]
-    return _user(_ADVICE_TEMPLATES[k].format(k=_COUNTS[c], s=s_noun, g=s_ger))
+def _advice_family(templates, situations, counts=_COUNTS):
+    """(size, build) of the advice prompts over these templates, situations and counts."""
+    def build(i):
+        k, s, c = _radix(i, len(templates), len(situations), len(counts))
+        s_noun, s_ger = situations[s]
+        return _user(templates[k].format(k=counts[c], s=s_noun, g=s_ger))
+    return (lambda: len(templates) * len(situations) * len(counts)), build
 
 
 def _translation(i):
@@ -529,10 +537,10 @@ _FAMILY_TABLE = {
                 * (len(_CONCEPTS) - 1), _explain),
     "creative": (lambda: len(_CREATIVE_TEMPLATES) * len(_FORMS) * len(_SUBJECTS) * len(_STYLES),
                  _creative),
-    "code": (lambda: _N_GEN + _N_SQL + len(_BASH_TEMPLATES) * len(_BASH_TASKS), _code),
+    "code": _code_family(_GEN_LANGS, _CODE_TASKS),
     "code_review": (_review_size, _review),
     "math": (lambda: 8 * 97 * 20, _math),     # generated numbers: ~1-2% repeat
-    "advice": (lambda: len(_ADVICE_TEMPLATES) * len(_SITUATIONS) * len(_COUNTS), _advice),
+    "advice": _advice_family(_ADVICE_TEMPLATES, _SITUATIONS),
     "rewrite": _doc_family(_REWRITE_TEMPLATES),
     "summarise": _doc_family(_SUMMARY_TEMPLATES),
     "translation": (lambda: len(_TRANSLATE_TEMPLATES) * len(_TARGET_LANGS) * len(_SENT_SUBJ)
@@ -540,13 +548,80 @@ _FAMILY_TABLE = {
     "chat": (lambda: _N_CHAT_SHORT * len(_FOLLOWUPS), _chat),
 }
 
+# Version 2 of the mix (``--prompts-from mix2``, s27): the two families that training used up
+# (advice 720 prompts, code 1,325, against 3.5k-28k for the others; s25's 30k draw took every
+# one, so the e2e "general" set had none of either left) grown: more situations, advice
+# templates and counts, more languages and tasks (a 30k draw leaves ~1.7k of each unused).
+# Every other family is version 1's, prompt for prompt, and version 1 stays as it was (the
+# shipped heads' recorded commands reproduce their data).
+_ADVICE_TEMPLATES_V2 = _ADVICE_TEMPLATES + (
+    "How do I get better at {s}? Give {k} concrete steps.",
+    "My friend is {g}. What {k} pieces of advice would you give them?",
+    "What should I avoid when {g}? List {k} things.",
+    "I want help with {s}. Give me {k} suggestions.",
+)
+_SITUATIONS_V2 = _SITUATIONS + (
+    ("a long flight", "flying long-haul"), ("a job change", "changing careers at forty"),
+    ("learning to code", "learning to program"), ("a tidy home", "decluttering a home"),
+    ("a new baby", "preparing for a new baby"), ("running a book club", "running a book club"),
+    ("a small business", "starting a small business"), ("a budget", "making a monthly budget"),
+    ("a difficult conversation", "having a difficult conversation with a colleague"),
+    ("a hiking trip", "planning a day hike"), ("learning to draw", "learning to draw"),
+    ("a remote team", "managing a remote team"), ("retirement", "planning for retirement"),
+    ("a dinner party", "hosting a dinner party"), ("a home office", "setting up a home office"),
+    ("a language exchange", "practising a language with a partner"),
+    ("a gym routine", "starting to go to the gym"), ("a lost wallet", "dealing with a lost wallet"),
+    ("a first date", "going on a first date"), ("a school project", "helping a child with a school project"),
+    ("a job rejection", "coping with a job rejection"), ("a garage sale", "organising a garage sale"),
+    ("an online course", "taking an online course"), ("a volunteer project", "volunteering locally"),
+    ("a new manager role", "becoming a manager for the first time"),
+    ("a cycling commute", "cycling to work"), ("a noisy neighbour", "dealing with a noisy neighbour"),
+    ("a photography hobby", "taking better photos with a phone"),
+    ("a meditation habit", "starting to meditate"), ("a science fair", "preparing for a science fair"),
+    ("an open-source contribution", "contributing to an open-source project"),
+    ("a trip abroad", "travelling abroad for the first time"), ("a pet cat", "adopting a cat"),
+    ("a podcast", "starting a podcast"), ("a kitchen garden", "growing herbs on a windowsill"),
+    ("a marathon recovery", "recovering after a marathon"), ("a tax return", "filing a tax return"),
+    ("a house move with kids", "moving house with small children"),
+    ("a presentation", "preparing slides for a presentation"), ("a chess habit", "getting better at chess"),
+)
+_COUNTS_V2 = _COUNTS + ("four", "six", "eight")
+_LANGS_V2 = _GEN_LANGS + ("TypeScript", "Java", "C++", "C#", "Ruby", "Kotlin")
+_CODE_TASKS_V2 = _CODE_TASKS + (
+    "checks whether a year is a leap year", "converts a string to title case",
+    "finds the intersection of two lists", "counts the lines of a file",
+    "implements a queue with two stacks", "returns the n most frequent words of a text",
+    "checks whether a number is a perfect square", "computes the Levenshtein distance",
+    "groups a list of words by their first letter", "removes the whitespace from a string",
+    "computes the number of days between two dates", "finds the longest word in a sentence",
+    "implements insertion sort", "converts a dictionary to a JSON string",
+    "checks whether a list is sorted", "computes the area of a circle from its radius",
+    "splits a list into chunks of size n", "finds the missing number in 1..n",
+    "implements a linked list with insert and delete", "computes the power set of a set",
+    "converts hours and minutes to minutes", "finds the first non-repeating character",
+    "validates a phone number", "computes the running total of a list",
+    "implements a simple calculator for + - * /", "shuffles a list in place",
+    "counts the occurrences of a substring", "checks whether a string has unique characters",
+    "merges two dictionaries", "reverses the words of a sentence",
+)
+_FAMILY_TABLE_V2 = dict(_FAMILY_TABLE, code=_code_family(_LANGS_V2, _CODE_TASKS_V2),
+                        advice=_advice_family(_ADVICE_TEMPLATES_V2, _SITUATIONS_V2, _COUNTS_V2))
+MIX_VERSIONS = {1: _FAMILY_TABLE, 2: _FAMILY_TABLE_V2}
+
 FAMILIES = tuple(_FAMILY_TABLE)
 HELDOUT_FAMILIES = ("translation", "chat")
 
 
-def family_size(family: str) -> int:
-    """How many prompts ``family`` has (the stdlib families: for this Python)."""
-    return _FAMILY_TABLE[family][0]()
+def _table(version):
+    if version not in MIX_VERSIONS:
+        raise ValueError(f"version: {version!r}; the mix has versions {sorted(MIX_VERSIONS)}")
+    return MIX_VERSIONS[version]
+
+
+def family_size(family: str, version: int = 1) -> int:
+    """How many prompts ``family`` has in that version of the mix (the stdlib families: for
+    this Python)."""
+    return _table(version)[family][0]()
 
 
 def shares(n, sizes):
@@ -566,19 +641,20 @@ def shares(n, sizes):
     return want
 
 
-def prompt_mix(n=None, *, seed=0, families=None):
+def prompt_mix(n=None, *, seed=0, families=None, version=1):
     """``n`` prompts spread evenly over ``families`` (default all of FAMILIES), each family's
     share drawn without repetition from its prompts in a ``seed``-shuffled order (a family
     smaller than its share gives all it has); the families interleaved round-robin.
     ``n=None``: every prompt of those families (large: the template families alone have
-    hundreds of thousands)."""
+    hundreds of thousands). ``version``: which mix (``MIX_VERSIONS``; 2 grows advice and code)."""
+    table = _table(version)
     fams = FAMILIES if families is None else tuple(families)
-    unknown = [f for f in fams if f not in _FAMILY_TABLE]
+    unknown = [f for f in fams if f not in table]
     if unknown:
         raise ValueError(f"unknown families {unknown}; known: {FAMILIES}")
     if n is not None and n < 0:
         raise ValueError(f"n must be >= 0, not {n}")
-    sizes = {f: family_size(f) for f in fams}
+    sizes = {f: family_size(f, version) for f in fams}
     want = dict(sizes) if n is None else shares(n, sizes)
     picks = {}
     for f in fams:
@@ -587,7 +663,7 @@ def prompt_mix(n=None, *, seed=0, families=None):
         picks[f] = r.sample(range(sizes[f]), k) if k < sizes[f] else list(range(sizes[f]))
         if k == sizes[f]:
             r.shuffle(picks[f])
-    out, build = [], {f: _FAMILY_TABLE[f][1] for f in fams}
+    out, build = [], {f: table[f][1] for f in fams}
     for j in range(max(want.values(), default=0)):
         for f in fams:
             if j < want[f]:

@@ -18,7 +18,8 @@
 #                          timeline_pdl1.{log,json} / timeline_pdl0.* in the step's folder
 #                          (~1 min; TIMELINE_ARGS, e.g. "--replays 50"); TIMELINE=only: the
 #                          timelines without the ncu profile
-#   train  carry .g3       the GGUF; the data (train-draft --data-only, $PROMPTS prompts ->
+#   train  carry .g3       the GGUF; the data (train-draft --data-only, $PROMPTS prompts of
+#                          $PROMPTS_FROM, default mix; mix2: advice and code grown ->
 #                          /tmp/m/data.npz, ~180 s for 30k; kept while warm), then beside each
 #                          other on the GPU: HYBRID=continue (default: train-hybrid --init the
 #                          shipped or /tmp/hyb hybrid, stage 2 with $TEXT_TOKENS of natural
@@ -129,7 +130,7 @@ train)
   gguf_env
   DATA=$M/data.npz
   [ -f "$DATA" ] || timeout "${GEN_S:-240}" python3 -m specdec_lib train-draft --out /tmp/h --data "$DATA" \
-    --data-only --prompts "${PROMPTS:-30000}" --heldout 64 --sampled-fraction 0.25 \
+    --data-only --prompts "${PROMPTS:-30000}" --prompts-from "${PROMPTS_FROM:-mix}" --heldout 64 --sampled-fraction 0.25 \
     --gen-batch 512 --gen-tokens 256 --quiet > "$L/data.log" 2>&1
   echo "data rc=$?"; tail -2 "$L/data.log"
   [ -f "$DATA" ] || { pack; exit 1; }
@@ -159,6 +160,7 @@ train)
   [ -n "${HEADS_INIT:-}" ] && init=(--init "$HEADS_INIT")
   [ "${HEADS_METHOD:-eagle3}" = none ] || DATA=$DATA GGUF=$M/smol.gguf SKIP_BUILD=1 timeout "$left" \
     bash tools/gpu/gpu_train.sh /tmp/h --method "${HEADS_METHOD:-eagle3}" --steps 5 "${init[@]}" \
+    --prompts-from "${PROMPTS_FROM:-mix}" \
     --budget-seconds "${HEADS_S:-$(( left - 40 ))}" --train-seconds 400 ${HEADS_ARGS:-} | tail -3
   [ -n "$hyb" ] && { wait "$hyb"; echo "hybrid ($HYBRID) rc=$?"; tail -8 "$L/hybrid.log"; }
   [ -f /tmp/hyb_new/model.safetensors ] && rm -rf /tmp/hyb && mv /tmp/hyb_new /tmp/hyb \
@@ -173,6 +175,7 @@ e2e)
   cd "$CLEAN" || exit 1
   gguf_env
   e2e="python3 tools/perf/e2e_smollm2.py --per-set 32 --new 128 --new32 128 --stop-at-eos --no-profile"
+  e2e="$e2e --general-mix ${GENERAL_MIX:-1}"   # 2: the general set with advice and code
   hd=${HEADS_DIR:-/tmp/h}     # HEADS_DIR=specdec_lib/models/heads: the full run on the shipped ones
   if ls -d "$hd"/smollm2_* > /dev/null 2>&1; then
     drafts=$(ls -d "$hd"/smollm2_* | sed 's|.*/smollm2_||' | paste -sd,)

@@ -216,16 +216,22 @@ def unseen_prompts(n, seed=1):
     return out[:n]
 
 
-def general_prompts(n, seed=1, trained=TRAINED_PROMPTS):
-    """``n`` new prompts of every family of the mix, round-robin (message lists): a draw of
-    its own, less every prompt of the heads' training set and report (``mix_items`` of their
-    command), so none was trained on; a family with none left (the small ones, used up by
-    training) is skipped. The held-out families are in it; the docstrings are the
-    ``heldout`` set's."""
+GENERAL_MIX = 1     # --general-mix: the mix version the general set is drawn from
+
+
+def general_prompts(n, seed=1, trained=TRAINED_PROMPTS, version=None):
+    """``n`` new prompts of every family of the mix (``version``, default GENERAL_MIX),
+    round-robin (message lists): a draw of its own, less every prompt of the training set and
+    report of a ``trained``-prompt run (``mix_items`` of the heads' command) of this version
+    and every one before it, so none was trained on by heads of any of them; a family with
+    none left (version 1's advice and code, used up by training) is skipped. The held-out
+    families are in it; the docstrings are the ``heldout`` set's."""
     from specdec_lib.train.data import mix_items
     from specdec_lib.train.prompt_mix import FAMILIES, prompt_mix
-    seen = {repr(m) for _, m, _ in mix_items(trained, 64, 0)}
-    per = {f: [it["messages"] for it in prompt_mix(n + 64, seed=seed, families=[f])
+    version = GENERAL_MIX if version is None else version
+    seen = {repr(m) for v in range(1, version + 1) for _, m, _ in mix_items(trained, 64, 0, v)}
+    per = {f: [it["messages"] for it in prompt_mix(n + 64, seed=seed, families=[f],
+                                                   version=version)
                if repr(it["messages"]) not in seen][:n] for f in FAMILIES}
     out = []
     for j in range(n):
@@ -285,6 +291,9 @@ def main():
                    "comma-separated (default -k); prompt lookup always runs at -k")
     p.add_argument("--serve", type=int, default=0, metavar="N", help="also serve N mixed "
                    "requests through the mixed case's B slots (continuous batching)")
+    p.add_argument("--general-mix", type=int, choices=(1, 2), default=1, help="the prompt-mix "
+                   "version the general set is drawn from (1: s26-s27's set; 2: with advice and "
+                   "code, none trained on by heads of version 1 or 2)")
     p.add_argument("--batches", default=None, metavar="B,B", help="more batch sizes of the "
                    "mixed case after --b32's (e.g. 4,16,64: auto against the fixed k at every "
                    "batch), each its own b<B>_mixed entry")
@@ -345,9 +354,10 @@ def main():
                    "over its own replies should agree everywhere; ~128 eager calls per cache "
                    "dtype), up to 16 (fewer calls, GEMM bits of another shape)")
     args = p.parse_args()
-    global PREFILL, BATCH_REPEATS
+    global PREFILL, BATCH_REPEATS, GENERAL_MIX
     PREFILL = prefill_policy(args.prefill)
     BATCH_REPEATS = args.batch_repeats
+    GENERAL_MIX = args.general_mix
     be = make_backend(args.backend)
     if args.long_context:
         return long_context(args, be)
