@@ -10,7 +10,8 @@ from .prefill import PrefillPolicy
 from .request import Metrics, Request, RequestLike, Result, check_requests
 from .policy import make_policy
 from .serve import serve as _serve
-from .state import CallState, Parts, call_shape, fresh, positions_needed, reuse
+from .state import (CallState, Parts, call_shape, fresh, positions_needed, reuse,
+                    stop_widths)
 
 
 class SpeculativeDecoder:
@@ -119,9 +120,8 @@ class SpeculativeDecoder:
         # one request whose EOS came first left k's unmeasured). The stop buffers keep the
         # requests' widths, so the call's shape, buffers and graphs are the timed calls'.
         widths = (self.max_stop_ids, self.max_stop_sequences, self.max_stop_length)
-        self.max_stop_ids = max([widths[0]] + [len(r.stop_token_ids) for r in reqs])
-        self.max_stop_sequences = max([widths[1]] + [len(r.stop_sequences) for r in reqs])
-        self.max_stop_length = max([widths[2]] + [len(s) for r in reqs for s in r.stop_sequences])
+        self.max_stop_ids, self.max_stop_sequences, self.max_stop_length = \
+            stop_widths(reqs, *widths)
         runs = [replace(r, stop_token_ids=(), stop_sequences=()) for r in reqs]
         try:
             for _ in range(max_calls if runs else 0):

@@ -222,7 +222,6 @@ class AutoK:
         self.acc, self.tries = self._counts[0], self._counts[1]
         self._costs: Optional[list] = None
         self.ready: Optional[int] = None        # drafts the last round proposed (None: prefill)
-        self.last: Optional[RoundPlan] = None
         # plans handed out whose round is not learned yet (serve learns from a round while
         # the next one runs), oldest first; and the choice prepare() readied, by busy mask
         self._inflight: deque = deque()
@@ -278,7 +277,7 @@ class AutoK:
                 plan = self._plans[(verify, propose)] = RoundPlan(verify, propose)
         else:
             plan = RoundPlan(verify, propose, num_draft)
-        self.ready, self.last = propose, plan
+        self.ready = propose
         self._inflight.append(plan)
         self.choices.append(plan)
         if len(self.choices) > 2 * CHOICES_KEPT:        # bounded: a server runs forever

@@ -67,6 +67,15 @@ def positions_needed(reqs: Sequence[Request], k: int) -> int:
     return max(len(r.prompt) + r.max_new_tokens for r in reqs) + k + 1
 
 
+def stop_widths(reqs: Sequence[Request], max_stop_ids: int, max_stop_sequences: int,
+                max_stop_length: int) -> tuple[int, int, int]:
+    """(stop ids, stop sequences, stop length) a call's buffers hold: the least widths,
+    widened to the widest request."""
+    return (max([max_stop_ids] + [len(r.stop_token_ids) for r in reqs]),
+            max([max_stop_sequences] + [len(r.stop_sequences) for r in reqs]),
+            max([max_stop_length] + [len(s) for r in reqs for s in r.stop_sequences]))
+
+
 def call_shape(reqs: Sequence[Request], slots: int, k: int, max_len: Optional[int],
                max_stop_ids: int, max_stop_sequences: int, max_stop_length: int) -> Shape:
     """The ``Shape`` of a call; equal shapes let a call reuse the last one's state. With a
@@ -77,9 +86,7 @@ def call_shape(reqs: Sequence[Request], slots: int, k: int, max_len: Optional[in
         if need[i] > max_len:
             raise ValueError(f"requests[{i}]: prompt + max_new_tokens + k + 1 = {need[i]} "
                              f"positions exceed max_len={max_len}")
-    S = max([max_stop_ids] + [len(r.stop_token_ids) for r in reqs])
-    NS = max([max_stop_sequences] + [len(r.stop_sequences) for r in reqs])
-    M = max([max_stop_length] + [len(s) for r in reqs for s in r.stop_sequences])
+    S, NS, M = stop_widths(reqs, max_stop_ids, max_stop_sequences, max_stop_length)
     out_w = max_len or max(r.max_new_tokens for r in reqs)
     prompt_w = max_len or max(len(r.prompt) for r in reqs)
     # known for the whole call (so one captured graph fits every round): when no

@@ -298,7 +298,7 @@ def main():
                    "mixed case after --b32's (e.g. 4,16,64: auto against the fixed k at every "
                    "batch), each its own b<B>_mixed entry")
     p.add_argument("--batch-repeats", type=int, default=1, metavar="R", help="timed runs of "
-                   "the B=32 mixed case per mode on its warm decoder, the median kept (each "
+                   "each mixed batch case per mode on its warm decoder, the median kept (each "
                    "lasts ~0.2 s at 128 new tokens)")
     p.add_argument("--serve-repeats", type=int, default=1, metavar="R", help="serve the "
                    "stream R times in all (the same warm decoders, each mode's runs back to "
