@@ -175,7 +175,7 @@ e2e)
   cd "$CLEAN" || exit 1
   gguf_env
   e2e="python3 tools/perf/e2e_smollm2.py --per-set 32 --new 128 --new32 128 --stop-at-eos --no-profile"
-  e2e="$e2e --general-mix ${GENERAL_MIX:-1}"   # 2: the general set with advice and code
+  e2e="$e2e --general-mix ${GENERAL_MIX:-2}"   # 1: s26-s27's general set
   hd=${HEADS_DIR:-/tmp/h}     # HEADS_DIR=specdec_lib/models/heads: the full run on the shipped ones
   if ls -d "$hd"/smollm2_* > /dev/null 2>&1; then
     drafts=$(ls -d "$hd"/smollm2_* | sed 's|.*/smollm2_||' | paste -sd,)

@@ -216,7 +216,8 @@ def unseen_prompts(n, seed=1):
     return out[:n]
 
 
-GENERAL_MIX = 1     # --general-mix: the mix version the general set is drawn from
+GENERAL_MIX = 2     # --general-mix: the mix version the general set is drawn from (2 since
+                    # s28: the shipped EAGLE3 head trained on version 2's prompts)
 
 
 def general_prompts(n, seed=1, trained=TRAINED_PROMPTS, version=None):
@@ -291,9 +292,10 @@ def main():
                    "comma-separated (default -k); prompt lookup always runs at -k")
     p.add_argument("--serve", type=int, default=0, metavar="N", help="also serve N mixed "
                    "requests through the mixed case's B slots (continuous batching)")
-    p.add_argument("--general-mix", type=int, choices=(1, 2), default=1, help="the prompt-mix "
-                   "version the general set is drawn from (1: s26-s27's set; 2: with advice and "
-                   "code, none trained on by heads of version 1 or 2)")
+    p.add_argument("--general-mix", type=int, choices=(1, 2), default=2, help="the prompt-mix "
+                   "version the general set is drawn from (2, the default since s28: with advice "
+                   "and code, none trained on by heads of version 1 or 2; 1: s26-s27's set, "
+                   "which version 2's training may have read)")
     p.add_argument("--batches", default=None, metavar="B,B", help="more batch sizes of the "
                    "mixed case after --b32's (e.g. 4,16,64: auto against the fixed k at every "
                    "batch), each its own b<B>_mixed entry")
