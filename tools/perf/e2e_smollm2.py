@@ -276,6 +276,7 @@ def round_profile(target, draft, k, be, prompts, rounds=20):
 
 
 def main():
+    global PREFILL, BATCH_REPEATS, GENERAL_MIX     # set from the options below
     p = argparse.ArgumentParser()
     p.add_argument("--gguf", default=None)
     p.add_argument("--new", type=int, default=256)
@@ -292,10 +293,10 @@ def main():
                    "comma-separated (default -k); prompt lookup always runs at -k")
     p.add_argument("--serve", type=int, default=0, metavar="N", help="also serve N mixed "
                    "requests through the mixed case's B slots (continuous batching)")
-    p.add_argument("--general-mix", type=int, choices=(1, 2), default=2, help="the prompt-mix "
-                   "version the general set is drawn from (2, the default since s28: with advice "
-                   "and code, none trained on by heads of version 1 or 2; 1: s26-s27's set, "
-                   "which version 2's training may have read)")
+    p.add_argument("--general-mix", type=int, choices=(1, 2), default=GENERAL_MIX, help="the "
+                   "prompt-mix version the general set is drawn from (2, the default since s28: "
+                   "with advice and code, none trained on by heads of version 1 or 2; 1: "
+                   "s26-s27's set, which version 2's training may have read)")
     p.add_argument("--batches", default=None, metavar="B,B", help="more batch sizes of the "
                    "mixed case after --b32's (e.g. 4,16,64: auto against the fixed k at every "
                    "batch), each its own b<B>_mixed entry")
@@ -356,7 +357,6 @@ def main():
                    "over its own replies should agree everywhere; ~128 eager calls per cache "
                    "dtype), up to 16 (fewer calls, GEMM bits of another shape)")
     args = p.parse_args()
-    global PREFILL, BATCH_REPEATS, GENERAL_MIX
     PREFILL = prefill_policy(args.prefill)
     BATCH_REPEATS = args.batch_repeats
     GENERAL_MIX = args.general_mix
