@@ -2,9 +2,10 @@
 
 ``TracingBackend()`` is the reference backend with every call the orchestrator can make
 logged: device->host reads (``to_host``), host->device conversions (``xp.asarray``), the ops,
-synchronisations, and a fake ``capture`` (so the decoder runs with ``cuda_graph=True`` on the
+synchronisations, a fake ``capture`` (so the decoder runs with ``cuda_graph=True`` on the
 CPU: a capture records nothing and returns a replay that reruns the function, its calls
-logged as one ``replay``). ``trace_calls(dec, reqs)`` serves each request alone (B=1, one
+logged as one ``replay``) and a fake ``timer`` (its events logged; every interval
+``GPU_SECONDS``). ``trace_calls(dec, reqs)`` serves each request alone (B=1, one
 call each, as ``tools/perf/e2e_smollm2.py``'s ``one_at_a_time``) and returns the results and,
 per call, the events before the first round, those of each round and those after the last,
 every event a
@@ -24,6 +25,7 @@ from types import SimpleNamespace
 from specdec_lib.orchestrator import backends as _backends
 
 _OWN = ("specdec_lib/orchestrator/", "specdec_lib\\orchestrator\\")
+GPU_SECONDS = 5e-4      # what every fake timer measures
 
 
 def _site() -> str:
@@ -70,6 +72,7 @@ class TracingBackend(SimpleNamespace):
         self.synchronize = self._wrap("sync", "stream", ref.synchronize)
         self.device_synchronize = self._wrap("sync", "device", ref.device_synchronize)
         self.capture = self._capture
+        self.timer = self._timer
 
     def _log(self, kind, what):
         if not self._quiet:
@@ -88,6 +91,11 @@ class TracingBackend(SimpleNamespace):
             yield
         finally:
             self._quiet -= 1
+
+    def _timer(self):
+        return SimpleNamespace(start=lambda: self._log("timer", "start"),
+                               stop=lambda: self._log("timer", "stop"),
+                               seconds=lambda: GPU_SECONDS)
 
     def _capture(self, fn):
         self._log("capture", None)

@@ -431,8 +431,9 @@ def test_choices_bounded(monkeypatch):
 
 def test_calibration_sweeps_down_and_back_up():
     """Measured costs: the sweep proposes k_max .. 0 and then 0 .. k_max, ``hold`` rounds
-    each, and a k's cost while calibrating is the plain mean of its samples (a round cost
-    that drifts linearly over the sweep gives every k the same mean drift)."""
+    each, and a k's cost is the median of its samples (in ``serve`` the first round admits,
+    so every k has ``hold - 1`` samples each way and a round cost that drifts linearly over
+    the sweep gives every k the same drift; here round 1 is a sample too)."""
     K, hold, B = 2, 3, 1
     pol = AutoK(K, hold=hold)
     pol.start(B, True)
@@ -452,25 +453,64 @@ def test_calibration_sweeps_down_and_back_up():
         ts = [i + 1 for i in range(len(props))
               if props[i] == k and (i == 0 or props[i - 1] == k)]
         assert len(ts) >= 2 * (hold - 1)
-        want = np.mean([1e-3 * (1 + k) + 1e-5 * i for i in ts])
+        want = np.median([1e-3 * (1 + k) + 1e-5 * i for i in ts])
         assert pol.measured[(B, k)] == pytest.approx(want, rel=1e-12)
-    # after calibration, the EMA takes over for the k that runs; a sample above OUTLIER x
-    # the cost (a GC pause, say) is dropped
-    from specdec_lib.orchestrator.policy import COST_EMA, OUTLIER
+    # after calibration the k that runs goes on being sampled: its cost is the median of
+    # its last SAMPLES_KEPT samples, so it follows a lasting change and not one stall
+    from specdec_lib.orchestrator.policy import SAMPLES_KEPT
     p = pol.before_round([True])
     assert pol._done and p.verify == p.propose == K      # every draft was accepted
-    old = pol.measured[(B, K)]
-    pol.after_round(np.asarray([K]), [True], 1.2 * old)
-    assert pol.measured[(B, K)] == pytest.approx((1 - COST_EMA) * old + COST_EMA * 1.2 * old)
-    old = pol.measured[(B, K)]
-    pol.before_round([True])
-    pol.after_round(np.asarray([K]), [True], 1.01 * OUTLIER * old)
-    assert pol.measured[(B, K)] == old
+    old, top = pol.measured[(B, K)], max(pol._samples[(B, K)])
+    pol.after_round(np.asarray([K]), [True], 50 * old)                  # a stall
+    assert old < pol.measured[(B, K)] <= top        # the next sample in order, not the stall
+    for _ in range(SAMPLES_KEPT):
+        pol.before_round([True])
+        pol.after_round(np.asarray([K]), [True], 1.2 * old)
+    assert pol.measured[(B, K)] == pytest.approx(1.2 * old, rel=1e-12)
+
+
+def test_cost_is_gpu_time_plus_the_median_host_share():
+    """With the replays' GPU times (``gpu_seconds``), a k's cost is its median GPU time plus
+    the median over every k of (period - GPU time): a stall in a period (host) moves no k
+    against another."""
+    K, hold, B = 2, 4, 1
+    pol = AutoK(K, hold=hold)
+    pol.start(B, True)
+    pol.admit([0])
+    r = 0
+    while not pol.calibrated(B) or pol.sweep:
+        p = pol.before_round([True])
+        r += 1
+        gpu = 1e-3 * (1 + 0.2 * p.verify)
+        host = 3e-5 + (5e-3 if r % 5 == 0 else 0.0)        # a host stall every 5th round
+        pol.after_round(np.asarray([p.verify]), [True], gpu + host, gpu)
+    for k in range(K + 1):
+        assert pol.measured[(B, k)] == pytest.approx(1e-3 * (1 + 0.2 * k) + 3e-5, rel=1e-9)
+
+
+def test_costs_fitted_nondecreasing_in_k():
+    """A round at k + 1 does k's work and more: medians out of order are pooled (weighted by
+    their sample counts) into one cost, never a cheaper k + 1."""
+    from specdec_lib.orchestrator.policy import _nondecreasing
+    assert _nondecreasing([1, 3, 2, 4], [1, 1, 1, 1]) == [1, 2.5, 2.5, 4]
+    assert _nondecreasing([1, 3, 2, 1], [1, 1, 2, 1]) == pytest.approx([1, 2, 2, 2])
+    assert _nondecreasing([5, 4, 3], [1, 1, 1]) == [4, 4, 4]
+    K, B = 3, 1
+    pol = AutoK(K, hold=2)
+    pol.start(B, True)
+    pol.admit([0])
+    table = {0: 1.0e-3, 1: 1.3e-3, 2: 1.5e-3, 3: 1.4e-3}       # k = 3 measured below k = 2
+    while not pol.calibrated(B) or pol.sweep:
+        p = pol.before_round([True])
+        pol.after_round(np.asarray([p.verify]), [True], table[p.verify], table[p.verify])
+    got = [pol.measured[(B, k)] for k in range(K + 1)]
+    assert got == sorted(got) and got[2] == got[3]
+    assert got[0] == pytest.approx(1.0e-3) and got[1] == pytest.approx(1.3e-3)
+    assert got[2] == pytest.approx(1.45e-3, rel=0.05)
 
 
 def test_calibration_drops_outliers():
-    """While calibrating, a k's cost is the mean of its samples within OUTLIER x their
-    median: one stall among them does not move it."""
+    """A k's cost is the median of its samples: one stall among them does not move it."""
     K, hold, B = 1, 4, 1
     pol = AutoK(K, hold=hold)
     pol.start(B, True)

@@ -5,8 +5,10 @@ A backend is a namespace: ``name``; ``xp`` (numpy-style constructors: numpy, cup
 (``row_linear`` = ``ops.linear``; on cuda ``linear`` is the host models' float64 GEMM);
 ``kv_dtype``, ``gdn_journal_width``; ``to_host(a)`` (numpy), ``synchronize()`` (the round's
 stream), ``device_synchronize()``, ``stream_scope()`` (a context the decoder runs in: cupy's
-current stream on cuda) and ``capture(fn) -> replay`` (a CUDA graph of ``fn``'s work; None on
-the reference backend). ``make_backend(name)`` builds one; cupy and torch are imported only
+current stream on cuda), ``capture(fn) -> replay`` (a CUDA graph of ``fn``'s work) and
+``timer()`` (``start()`` / ``stop()`` record an event on the stream, ``seconds()`` the GPU
+time between them once ``stop``'s has completed); the last two are None on the reference
+backend. ``make_backend(name)`` builds one; cupy and torch are imported only
 by their backends.
 """
 from __future__ import annotations
@@ -45,7 +47,7 @@ def reference_backend() -> Backend:
                          gdn_journal_width=gdn.gdn_journal_width,
                          to_host=np.asarray, synchronize=lambda: None,
                          device_synchronize=lambda: None,
-                         stream_scope=contextlib.nullcontext, capture=None)
+                         stream_scope=contextlib.nullcontext, capture=None, timer=None)
     for name, op in _BACKEND_OPS:
         setattr(ns, name, next(getattr(m, op) for m in mods if hasattr(m, op)))
     return ns
@@ -122,6 +124,13 @@ def cuda_backend(device: int = 0) -> Backend:
             graph.launch(stream)
         return replay
     ns.capture = capture
+
+    def timer():
+        """Two events on the stream: the GPU time between ``start()`` and ``stop()``."""
+        e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+        return SimpleNamespace(start=lambda: e0.record(stream), stop=lambda: e1.record(stream),
+                               seconds=lambda: 1e-3 * cupy.cuda.get_elapsed_time(e0, e1))
+    ns.timer = timer
     ns.linear = _f64_linear(cupy, device)
     return ns
 
@@ -225,6 +234,14 @@ def torch_backend(device: int = 0) -> Backend:
             graph.replay()
         return replay
     ns.capture = capture
+
+    def timer():
+        """Two events on torch's current stream: the GPU time between ``start()`` and
+        ``stop()``."""
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        return SimpleNamespace(start=e0.record, stop=e1.record,
+                               seconds=lambda: 1e-3 * e0.elapsed_time(e1))
+    ns.timer = timer
     return ns
 
 

@@ -2,7 +2,8 @@
 
 A policy answers two questions at every round boundary (``serve`` asks them):
 ``before_round(busy) -> RoundPlan`` and ``after_round(num_accepted, busy, seconds)`` (for
-the oldest round not yet told: ``serve`` tells a round while the next one runs), and may
+the oldest round not yet told: ``serve`` tells a round while the next one runs; a policy
+whose ``gpu_timed`` is true is also given ``gpu_seconds``, its replay's GPU time), and may
 have ``prepare(busy)`` (called while a round runs: ready the next choice).
 
 ``RoundPlan(verify, propose, num_draft)``: the round verifies ``verify`` drafts per slot (its
@@ -33,25 +34,30 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
 * Tokens a round yields: ``E_i(k) = 1 + sum_{j=1..k} prod_{m<=j} a[i, m]``.
 * Cost of a round, ``cost(B, k)`` seconds at B slots (idle slots are computed too, so B is
   the call's slot count): from ``costs=`` (a dict ``{k: s}`` or ``{(B, k): s}``, or a callable
-  ``(B, k) -> s``: reproducible choices, or numbers measured offline), else measured: the
-  host already waits for every round (it reads ``finished`` / ``num_accepted``), so the time
-  from the last round's read to this one's is the round's period (the host's work between
-  rounds included: the GPU idles through it); a sample counts only for a round that verified
-  and proposed the same k with whole blocks, ran no admission, and replayed a recorded graph
-  (or, without graphs, used a shape seen before). Until every k has a sample at this B the
-  policy *calibrates*: it proposes ``k_max, k_max - 1, ..., 0``, each for ``hold`` rounds
-  (which also records each k's graph), then the same back up, ``0, 1, ..., k_max`` (the
-  graphs recorded: every round of it but a switch is a sample), so each k is timed early and
-  late in the sweep and a drift of the round's cost over it (contexts grow a few tokens a
-  round) cancels in the mean (a sweep a call leaves unfinished goes on in the next call over
-  as many slots); then again over any k still without a sample
+  ``(B, k) -> s``: reproducible choices, or numbers measured offline), else measured on
+  clean rounds: a round that verified and proposed the same k with whole blocks, ran no
+  admission, and replayed a recorded graph (or, without graphs, used a shape seen before).
+  A clean round gives two numbers: its period (the host already waits for every round: it
+  reads ``finished`` / ``num_accepted``, so the time from the last round's read to this
+  one's; the host's work between rounds, the GPU idle, included) and, on a GPU backend, the
+  GPU time of its replay (two events around it: ``gpu_seconds``). The GPU time is what
+  depends on k; the rest of the period (reads, launch, host) does not, and it is what a
+  host stall lengthens (s28: a GC pause or a descheduled thread in 6 samples a k moved the
+  table 10-15%, k = 4 priced below k = 3), so ``cost(B, k)`` is the median GPU time of k's
+  last ``SAMPLES_KEPT`` samples plus the median host share of the period over every k's
+  (where no GPU time is given, the median period). The medians are then fitted
+  nondecreasing in k (weighted pool-adjacent-violators): a round at k + 1 does all of k's
+  work and more, so a table where it is cheaper is noise. Samples keep coming from the k
+  that runs, so the table follows the contexts as they grow. Until every k has a sample at
+  this B the policy *calibrates*: it proposes ``k_max, k_max - 1, ..., 0``, each for
+  ``hold`` rounds (which also records each k's graph), then the same back up, ``0, 1, ...,
+  k_max`` (the graphs recorded: every round of it but a switch is a sample), so each k is
+  timed early and late in the sweep and a drift of the round's cost over it (contexts grow a
+  few tokens a round) cancels in the median (a sweep a call leaves unfinished goes on in the
+  next call over as many slots); then again over any k still without a sample
   (``CALIBRATION_REFILLS`` times; a k never measured is extrapolated from its neighbours);
-  ``calibrated(B)`` says when every k has one. While calibrating a (B, k)'s cost is the plain
-  mean of its samples within ``OUTLIER`` x their median; after, an EMA (``COST_EMA``) of the
-  rounds that run it, a sample above ``OUTLIER`` x the cost dropped (a GC pause or any host
-  stall would otherwise price a k out for good: only the k that runs is measured again). (s21, the
-  hybrid at B=32: one down sweep of ``hold`` 4 gave two samples a k, and the policy chose k=4
-  where k=3 was 8% faster.)
+  ``calibrated(B)`` says when every k has one. (s21, the hybrid at B=32: one down sweep of
+  ``hold`` 4 gave two samples a k, and the policy chose k=4 where k=3 was 8% faster.)
 * Choice: the batch-wide k in 0..k_max maximising ``sum_i E_i(k) / cost(B, k)`` over the
   running requests (ties to the smaller k); k = 0 (target-only rounds, no draft pass) when
   that wins. After ``explore_every`` rounds in a row at k = 0 one round proposes k = 1, so
@@ -71,8 +77,8 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   against 41-76 us when all of it ran there with the GPU idle, 3-6% of a B=1 round). A
   choice therefore sees the history up to the round before last (an admission learns the
   last round first: it resets slots). With graphs a round of ``AutoK`` makes the same
-  backend calls (copies, reads, replays) as one of ``FixedK`` at its k
-  (``tests/test_round_calls.py``).
+  backend calls (copies, reads, replays) as one of ``FixedK`` at its k, plus the two timing
+  events around a clean round's replay (``tests/test_round_calls.py``).
 * Everything is a function of the accepted history and the cost table: the same history and
   table give the same choices (``choices`` keeps the plans of the last ``CHOICES_KEPT``
   rounds or more: a server runs for ever). ``k_rounds`` in the
@@ -93,9 +99,7 @@ import numpy as np
 
 from .state import MAX_BLOCK_ROWS
 
-COST_EMA = 0.2          # weight of a new round-time sample in the cost table
-OUTLIER = 1.5           # a round-time sample above this x the k's cost is dropped (a GC
-                        # pause, a host hiccup: one in a mean of 2-5 samples moved it 20-50%)
+SAMPLES_KEPT = 32       # a (B, k)'s cost: the median of its last this many clean samples
 POOL_DECAY = 0.995      # decay of the pooled (all requests) acceptance counts per round
 CALIBRATION_REFILLS = 2  # sweeps over the k's still unmeasured after the first
 CHAIN = 2.0             # pseudo-rounds tying a position's pooled estimate to the one before
@@ -156,7 +160,8 @@ class FixedK:
     def before_round(self, busy) -> RoundPlan:
         return self._plan
 
-    def after_round(self, num_accepted, busy, seconds: Optional[float] = None) -> None:
+    def after_round(self, num_accepted, busy, seconds: Optional[float] = None,
+                    gpu_seconds: Optional[float] = None) -> None:
         """Nothing to learn from ``num_accepted`` (host int32 [slots])."""
 
 
@@ -191,8 +196,11 @@ class AutoK:
         self.fixed_costs = costs
         self.prior_strength, self.decay = float(prior_strength), float(decay)
         self.explore_every, self.hold, self.ragged = int(explore_every), int(hold), bool(ragged)
-        self.measured: dict[tuple[int, int], float] = {}      # (B, k) -> seconds
-        self._samples: dict[tuple[int, int], list] = {}       # (B, k) -> calibration samples
+        self.measured: dict[tuple[int, int], float] = {}      # (B, k) -> seconds (fitted)
+        self._samples: dict[tuple[int, int], deque] = {}      # (B, k) -> recent GPU times
+        self._host: dict[int, deque] = {}                     # B -> recent host shares
+        # serve times each clean round's replay on the GPU for a policy that says so
+        self.gpu_timed = costs is None
         K = self.k_max
         # pooled counts, [0] accepted and [1] tried per position (one array: one decay)
         self._pool = np.zeros((2, K))
@@ -284,10 +292,12 @@ class AutoK:
             del self.choices[:-CHOICES_KEPT]
         return plan
 
-    def after_round(self, num_accepted, busy, seconds: Optional[float] = None) -> None:
+    def after_round(self, num_accepted, busy, seconds: Optional[float] = None,
+                    gpu_seconds: Optional[float] = None) -> None:
         """Learn from the oldest round not learned yet (the one just run, or the one before it
         when ``serve`` learns while the next runs): ``num_accepted`` [slots] (host; read only
-        where ``busy``) and, for a clean sample, its wall time ``seconds``."""
+        where ``busy``) and, for a clean sample, its period ``seconds`` and (GPU backends)
+        the GPU time of its replay ``gpu_seconds``."""
         if not self._inflight:
             return
         plan = self._inflight.popleft()
@@ -305,24 +315,25 @@ class AutoK:
         self._pool += rows.sum(axis=1)
         if (seconds is not None and self.fixed_costs is None and plan.num_draft is None
                 and plan.verify == plan.propose):
-            key = (self.B, plan.verify)
-            old = self.measured.get(key)
-            if old is None or not self._done:
-                # calibrating: the plain mean of the samples within OUTLIER x their median
-                xs = self._samples.setdefault(key, [])
-                xs.append(seconds)
-                mid = sorted(xs)[len(xs) // 2]
-                kept = [x for x in xs if x <= OUTLIER * mid]
-                new = sum(kept) / len(kept)
-            elif seconds > OUTLIER * old:
-                return                          # an outlier: not this k's cost
-            else:
-                new = (1 - COST_EMA) * old + COST_EMA * seconds
-            self.measured[key] = new
-            if self._done and self._costs is not None:
-                self._costs[plan.verify] = new  # every k measured: the rest stand
-            else:
-                self._costs = None
+            self._sample(plan.verify, seconds, gpu_seconds)
+
+    def _sample(self, k: int, seconds: float, gpu_seconds: Optional[float]) -> None:
+        """One clean round at k: its GPU time (else its period) joins k's window, the
+        period's host share the slot count's; the table at B is fitted again."""
+        B = self.B
+        x = seconds
+        if gpu_seconds is not None:
+            x = gpu_seconds
+            self._host.setdefault(B, deque(maxlen=2 * SAMPLES_KEPT)).append(
+                max(seconds - gpu_seconds, 0.0))
+        self._samples.setdefault((B, k), deque(maxlen=SAMPLES_KEPT)).append(x)
+        ks = sorted(kk for bb, kk in self._samples if bb == B)
+        host = _median(self._host[B]) if B in self._host else 0.0
+        fit = _nondecreasing([_median(self._samples[(B, kk)]) for kk in ks],
+                             [len(self._samples[(B, kk)]) for kk in ks])
+        for kk, c in zip(ks, fit):
+            self.measured[(B, kk)] = c + host
+        self._costs = None
 
     def forget_acceptance(self) -> None:
         """Drop every acceptance count, pooled and per request (the cost table stays): after
@@ -399,6 +410,26 @@ class AutoK:
         keep = (P * c >= row * E).sum(axis=1)
         q = tuple(int(keep[b]) if busy[b] else 0 for b in range(self.B))
         return None if q == (k,) * self.B else q
+
+
+def _median(xs) -> float:
+    """The median (the mean of the middle two of an even count: a linear drift over a sweep
+    down and back up gives every k the same)."""
+    v = sorted(xs)
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
+def _nondecreasing(ys: Sequence[float], ws: Sequence[float]) -> list:
+    """The weighted least-squares nondecreasing fit of ``ys`` (pool adjacent violators)."""
+    blocks: list = []               # [mean, weight, count]
+    for y, w in zip(ys, ws):
+        blocks.append([float(y), float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            y2, w2, n2 = blocks.pop()
+            y1, w1, n1 = blocks[-1]
+            blocks[-1] = [(y1 * w1 + y2 * w2) / (w1 + w2), w1 + w2, n1 + n2]
+    return [y for y, _, n in blocks for _ in range(n)]
 
 
 def make_policy(num_speculative_tokens: Any):

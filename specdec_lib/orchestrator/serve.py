@@ -91,8 +91,23 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
     # a round's read and the next launch is a lookup (AutoK's numpy work was 41-76 us a round
     # there, the GPU idle: 3-6% of a B=1 round). A choice thus sees the history up to the round
     # before last: still accepted history only.
-    learn: Optional[tuple] = None         # (num_accepted copy, busy, seconds) not yet told
+    learn: Optional[tuple] = None   # (num_accepted copy, busy, seconds, timer) not yet told
     prepare = getattr(spec, "prepare", None)
+    # A policy that prices rounds by their GPU time (AutoK measuring costs) has each clean
+    # round's replay timed by two events (a host stall lengthens a round's period, not its
+    # GPU time); two timers alternate, since a round's is read (when it is told) after the
+    # next round's are recorded
+    timers = [be.timer(), be.timer()] \
+        if getattr(spec, "gpu_timed", False) and getattr(be, "timer", None) else None
+    flip = 0
+
+    def tell(lesson):
+        n_acc, was_busy, seconds, timer = lesson
+        if timers is None:
+            spec.after_round(n_acc, was_busy, seconds)
+        else:
+            spec.after_round(n_acc, was_busy, seconds,
+                             None if timer is None else timer.seconds())
     while sched.pending():
         admitted = [(b, reqs[i]) for b, i in sched.admit(now)]
         busy = sched.busy()
@@ -100,7 +115,7 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
             now = sched.next_arrival()
             continue
         if admitted and learn is not None:
-            spec.after_round(*learn)
+            tell(learn)
             learn = None
         if admitted:
             tp = time.perf_counter()
@@ -122,18 +137,24 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
             st.replays[key] = record(plan)
         replay = st.replays.get(key)
         clean = not admitted and (replay is not None or (not can_capture and key in seen))
+        timer = None
+        if timers is not None and clean:
+            timer, flip = timers[flip], flip ^ 1
+            timer.start()
         tl = time.perf_counter()
         if replay is not None:
             replay()
         else:
             run_round(p, st, plan)
             seen.add(key)
+        if timer is not None:
+            timer.stop()
         if not first_round:   # steady state only: the first round compiles and allocates
             m.launch_s += time.perf_counter() - tl
             m.launched_rounds += 1
         first_round = False
         if learn is not None:             # the last round's lesson, the GPU busy meanwhile
-            spec.after_round(*learn)
+            tell(learn)
             learn = None
             if prepare is not None:
                 prepare(busy_np)
@@ -152,7 +173,8 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
         n = n_all[busy_np]
         m.count_round(n, plan.verify, None if plan.num_draft is None else
                       np.asarray(plan.num_draft)[busy_np])
-        learn = (np.array(n_all), busy_np, seconds)    # (a copy: the host buffer is reused)
+        learn = (np.array(n_all), busy_np, seconds,     # (a copy: the host buffer is reused)
+                 timer if seconds is not None else None)
         done = [b for b in range(B) if busy[b] and fin[b] != 0]
         if done:
             out_tokens, out_lens = be.to_host(buf.out_tokens), be.to_host(buf.out_lens)
@@ -169,7 +191,7 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
                      total)
         now += 1
     if learn is not None:
-        spec.after_round(*learn)
+        tell(learn)
     be.synchronize()
     m.wall_s += time.perf_counter() - t0
     m.emitted += emitted

@@ -27,7 +27,8 @@
 # Fewer prompts buy training time (1,000 prompts ~ 5 s of generation); --gen-tokens 256 keeps
 # the reply lengths of the shipped heads' data. The stdlib data of the shipped heads:
 # --prompts-from stdlib --variants 6 --gen-batch 512 --budget-seconds 465 --train-seconds 175
-# --steps 5 (or DATA=tools/gpu/train_data/smollm2_stdlib_replies.npz to reuse that set).
+# --steps 5 (or DATA=FILE to reuse that set: git show
+# ec998bd:tools/gpu/train_data/smollm2_stdlib_replies.npz > FILE; out of the tree since s29).
 set -u -o pipefail
 OUT=${1:?usage: tools/gpu/gpu_train.sh OUTDIR [options]}
 shift

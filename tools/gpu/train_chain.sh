@@ -33,7 +33,7 @@
 #                          general / unseen / heldout sets, B=32, served 128/32, -k auto;
 #                          OLD_HEADS=/abs/DIR: B=1 on the heads in DIR instead of the
 #                          shipped, SHIPPED_S its seconds, 0: none; B32_REPEATS timed runs of
-#                          the mixed batches a mode, median kept, default 3; BATCHES: more
+#                          the mixed batches a mode, median kept, default 5; BATCHES: more
 #                          mixed batch sizes, default 4,16,64; E2E_S 360), then autok_ab.py
 #                          (fixed k=4 against auto at B=1, ABBA)                    ~8 min
 #   kv8    (none)          SmolLM2 per 8-bit cache: e2e --kv-agreement fp8_e4m3,int8 (32
@@ -181,7 +181,7 @@ e2e)
     drafts=$(ls -d "$hd"/smollm2_* | sed 's|.*/smollm2_||' | paste -sd,)
     timeout "${E2E_S:-360}" $e2e --heads-dir "$hd" --drafts "$drafts" --sets general,unseen,heldout \
       --head-k 4 --auto 4 --b32 32 --batches "${BATCHES:-4,16,64}" \
-      --batch-repeats "${B32_REPEATS:-3}" --serve 128 \
+      --batch-repeats "${B32_REPEATS:-5}" --serve 128 \
       --json "$L/e2e.json" > "$L/e2e.log" 2>&1
     echo "e2e heads of $hd rc=$?"; grep -E "tok/s, target-only" "$L/e2e.log" | head -40
   fi
