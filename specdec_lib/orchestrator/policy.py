@@ -62,7 +62,10 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   running requests (ties to the smaller k); k = 0 (target-only rounds, no draft pass) when
   that wins. After ``explore_every`` rounds in a row at k = 0 one round proposes k = 1, so
   the estimates can recover when the text becomes predictable (a draft that is always wrong
-  pays that one round in ``explore_every``).
+  pays that one round in ``explore_every``). With graphs k moves one step a round (to the
+  best k's side of the last round's): the calibration sweep recorded every (k, k) and
+  (k, k +- 1) graph, and a jump would record a new one inside a timed call, with its first
+  replay's upload (s29: B=1 rounds of auto ~100 us slower than the fixed k it chose).
 * Per request: a fixed-shape round (a recorded graph) computes ``B * (k + 1)`` rows whatever
   the slots hold, so a draft left out saves nothing and loses its expected tokens: with
   graphs every slot verifies k. Without graphs rows are cheaper when fewer (``cu_q`` is
@@ -274,6 +277,8 @@ class AutoK:
                 else self._best(busy)
             if propose == 0 and self.explore_every and self.zero_run >= self.explore_every:
                 propose = 1
+            if self.ready is not None and self.graphs:      # one step a round
+                propose = min(max(propose, self.ready - 1), self.ready + 1)
         self.zero_run = self.zero_run + 1 if propose == 0 else 0
         verify = propose if self.ready is None else self.ready
         num_draft = None

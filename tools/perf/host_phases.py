@@ -1,0 +1,125 @@
+"""Where a B=1 round's period goes on the host: per mode (target-only, a fixed k, auto), the
+mean per round of the GPU time (events around each replay), the replay call, the two reads,
+the policy's calls, and the rest of the period (serve's own bookkeeping), over N requests
+decoded one at a time as e2e_smollm2's B=1 sets are.
+
+    python tools/perf/host_phases.py [--prompts 16] [--new 128] [--draft eagle3] [-k 4]
+"""
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+import numpy as np  # noqa: E402
+
+import e2e_smollm2 as e2e  # noqa: E402
+from specdec_lib.models.smollm2 import STOP_TOKEN_IDS, chat_prompt  # noqa: E402
+from specdec_lib.orchestrator import Request  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--new", type=int, default=128)
+    p.add_argument("--draft", default="eagle3")
+    p.add_argument("-k", type=int, default=4)
+    p.add_argument("--batch", type=int, default=1, help="B > 1: the prompts in one serve "
+                   "call over B slots (--prompts B), 3 runs")
+    p.add_argument("--no-gc", action="store_true", help="gc.disable() while timing")
+    args = p.parse_args()
+    if args.batch > 1:
+        args.prompts = args.batch
+    be = e2e.make_backend("torch")
+    target, tok = e2e.load_smollm2_target(be, progress=False)
+    draft = e2e.LlamaDraftHead.load(target, e2e.smollm2_head(args.draft), args.draft)
+    texts = e2e.pool_of(args.prompts)["general"][:args.prompts]
+    reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new,
+                    stop_token_ids=STOP_TOKEN_IDS) for t in texts]
+    for name, d, k in (("target_only", None, 0), (f"k{args.k}", draft, args.k),
+                       (f"auto{args.k}", draft, f"auto{args.k}")):
+        dec = e2e.decoder(target, d, k, be, reqs, args.batch if args.batch > 1 else None)
+        acc = {"read": 0.0, "replay": 0.0, "policy_before": 0.0, "policy_after": 0.0,
+               "gap": 0.0}
+        orig_to_host = be.to_host
+
+        mark = {"read_end": None}
+
+        def to_host(a, _o=orig_to_host):
+            t = time.perf_counter()
+            r = _o(a)
+            mark["read_end"] = time.perf_counter()
+            acc["read"] += mark["read_end"] - t
+            return r
+        be.to_host = to_host
+        spec = dec.spec
+        saved = {}
+        for meth, key in (("before_round", "policy_before"), ("after_round", "policy_after"),
+                          ("prepare", "policy_after")):
+            f = getattr(spec, meth, None)
+            if f is None:
+                continue
+            saved[meth] = f
+
+            def wrap(*a, _f=f, _k=key, **kw):
+                t = time.perf_counter()
+                r = _f(*a, **kw)
+                acc[_k] += time.perf_counter() - t
+                return r
+            object.__setattr__(spec, meth, wrap)
+        st = dec._state
+        for key_, rep in list(st.replays.items()):
+            def wrep(_r=rep):
+                t = time.perf_counter()
+                if mark["read_end"] is not None:        # the host's critical path
+                    acc["gap"] += t - mark["read_end"]
+                    mark["read_end"] = None
+                _r()
+                acc["replay"] += time.perf_counter() - t
+            st.replays[key_] = wrep
+        gpu = []
+        ev = []
+        import torch
+        orig = dict(st.replays)
+        for key_, rep in orig.items():
+            def trep(_r=rep):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                _r()
+                e1.record()
+                ev.append((e0, e1))
+            st.replays[key_] = trep
+        dec.reset_metrics()
+        import gc
+        if args.no_gc:
+            gc.disable()
+        t0 = time.perf_counter()
+        if args.batch > 1:
+            for _ in range(3):
+                mark["read_end"] = None
+                dec.serve(reqs, slots=args.batch)
+        else:
+            for r in reqs:
+                mark["read_end"] = None
+                dec.generate([r])
+        wall = time.perf_counter() - t0 - dec.metrics.capture_s
+        gc.enable()
+        torch.cuda.synchronize()
+        gpu = sum(a.elapsed_time(b) for a, b in ev) * 1e-3
+        m = dec.metrics
+        n = m.rounds
+        be.to_host = orig_to_host
+        for meth in saved:
+            object.__delattr__(spec, meth)
+        us = {k_: round(v / n * 1e6, 1) for k_, v in acc.items()}
+        pre = m.prefill_s
+        print(f"{name:12s} rounds {n:5d} wall/round {1e6 * (wall - pre) / n:7.1f} us "
+              f"gpu {1e6 * gpu / max(len(ev), 1):7.1f} (replays {len(ev)}) "
+              + " ".join(f"{k_} {v}" for k_, v in us.items())
+              + f" tok/s {m.tokens_per_s:.1f} captures_s {m.capture_s:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
