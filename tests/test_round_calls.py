@@ -8,8 +8,7 @@ backend with a fake ``capture`` (``round_trace.TracingBackend``) and ``serve``'s
 a fixed step per read (``round_trace.fake_clock``: every clean round of any k measures the same
 time, so the calibrated ``AutoK`` keeps to k_max). Per call: the same events before the first
 round (admission, prefill), per round exactly ``before_round``, one replay of the
-(k, k) graph (auto's between the two events of a timer, in every round but the first, which
-admits), ``after_round`` for the round before (learnt while this one runs; none in the
+(k, k) graph (no timer: a calibrated auto times no round), ``after_round`` for the round before (learnt while this one runs; none in the
 first round) and the two reads (``num_accepted``, ``finished``) (the last round adds the
 output reads), then the last round's ``after_round`` and one stream synchronisation: no
 host->device copy, no capture, no other graph, no sweep at another k inside the timed calls.
@@ -76,8 +75,7 @@ def _traces(make_models, reqs, calib, be=None):
 
 
 def _backend(events):
-    """The backend calls of ``events`` but the timer's (only a measuring policy times)."""
-    return [e for e in events if e[0] not in ("policy", "timer")]
+    return [e for e in events if e[0] != "policy"]
 
 
 def _check_same_calls(out, reqs):
@@ -93,17 +91,15 @@ def _check_same_calls(out, reqs):
     first = [("policy", "before_round"), ("replay", (K, K, None)), ("to_host", (1,)),
              ("to_host", (1,))]
     plain = first[:2] + [("policy", "after_round")] + first[2:]
-    # auto times each clean round's replay (every round but the first, which admits)
-    timed = first[:1] + [("timer", "start"), first[1], ("timer", "stop"),
-                         ("policy", "after_round")] + first[2:]
     for (s_f, r_f, t_f), (s_a, r_a, t_a) in zip(fixed, auto):
         assert _backend(s_f) == _backend(s_a)                 # admission, prefill
         assert len(r_f) == len(r_a)
         for i, (a, b) in enumerate(zip(r_f, r_a)):
             assert _backend(a) == _backend(b), i
-            assert not any(e[0] == "timer" for e in a)        # a fixed k times nothing
+            # a fixed k times nothing, nor does a calibrated auto
+            assert not any(e[0] == "timer" for e in a + b)
             ev = [e[:2] for e in b]
-            want = first if i == 0 else timed
+            want = first if i == 0 else plain
             if i < len(r_a) - 1:
                 assert ev == want, (i, b)
             else:           # the request finished: its outputs are read

@@ -3,7 +3,8 @@
 A policy answers two questions at every round boundary (``serve`` asks them):
 ``before_round(busy) -> RoundPlan`` and ``after_round(num_accepted, busy, seconds)`` (for
 the oldest round not yet told: ``serve`` tells a round while the next one runs; a policy
-whose ``gpu_timed`` is true is also given ``gpu_seconds``, its replay's GPU time), and may
+whose ``measuring`` is true (read every round) is also given ``gpu_seconds``, its replay's
+GPU time, and the round timed for it), and may
 have ``prepare(busy)`` (called while a round runs: ready the next choice).
 
 ``RoundPlan(verify, propose, num_draft)``: the round verifies ``verify`` drafts per slot (its
@@ -47,8 +48,11 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   last ``SAMPLES_KEPT`` samples plus the median host share of the period over every k's
   (where no GPU time is given, the median period). The medians are then fitted
   nondecreasing in k (weighted pool-adjacent-violators): a round at k + 1 does all of k's
-  work and more, so a table where it is cheaper is noise. Samples keep coming from the k
-  that runs, so the table follows the contexts as they grow. Until every k has a sample at
+  work and more, so a table where it is cheaper is noise. Once calibrated the table stays
+  (and no round is timed): later samples would come only from the k that runs, in batches
+  whose slots drain as requests finish, and an idle slot's rows are cheaper than a running
+  one's (s29: such samples priced k = 4 below the calibration's k = 3 at B = 32 and 64, and
+  auto ran k = 4 where k = 3 was faster). Until every k has a sample at
   this B the policy *calibrates*: it proposes ``k_max, k_max - 1, ..., 0``, each for
   ``hold`` rounds (which also records each k's graph), then the same back up, ``0, 1, ...,
   k_max`` (the graphs recorded: every round of it but a switch is a sample), so each k is
@@ -80,8 +84,8 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   against 41-76 us when all of it ran there with the GPU idle, 3-6% of a B=1 round). A
   choice therefore sees the history up to the round before last (an admission learns the
   last round first: it resets slots). With graphs a round of ``AutoK`` makes the same
-  backend calls (copies, reads, replays) as one of ``FixedK`` at its k, plus the two timing
-  events around a clean round's replay (``tests/test_round_calls.py``).
+  backend calls (copies, reads, replays) as one of ``FixedK`` at its k once calibrated (while
+  calibrating, two timing events around a clean round's replay) (``tests/test_round_calls.py``).
 * Everything is a function of the accepted history and the cost table: the same history and
   table give the same choices (``choices`` keeps the plans of the last ``CHOICES_KEPT``
   rounds or more: a server runs for ever). ``k_rounds`` in the
@@ -202,8 +206,6 @@ class AutoK:
         self.measured: dict[tuple[int, int], float] = {}      # (B, k) -> seconds (fitted)
         self._samples: dict[tuple[int, int], deque] = {}      # (B, k) -> recent GPU times
         self._host: dict[int, deque] = {}                     # B -> recent host shares
-        # serve times each clean round's replay on the GPU for a policy that says so
-        self.gpu_timed = costs is None
         K = self.k_max
         # pooled counts, [0] accepted and [1] tried per position (one array: one decay)
         self._pool = np.zeros((2, K))
@@ -218,6 +220,12 @@ class AutoK:
         self.start(1, False)
 
     # ------------------------------------------------------------------ protocol
+    @property
+    def measuring(self) -> bool:
+        """Whether the round of the plan just handed out is a cost sample if clean (``serve``
+        times its replay on the GPU then): costs measured, and calibrating at this slot count."""
+        return self._measure
+
     def check(self, draft: Any) -> None:
         _check_draft(draft, self.k_max, "num_speculative_tokens='auto'")
 
@@ -237,6 +245,7 @@ class AutoK:
         # the next one runs), oldest first; and the choice prepare() readied, by busy mask
         self._inflight: deque = deque()
         self._prepared: Optional[tuple] = None
+        self._measure = False
         self.zero_run = 0
         self.refills = CALIBRATION_REFILLS
         # calibrated(B) stays true once true (costs are only ever added): asked once then
@@ -291,7 +300,8 @@ class AutoK:
         else:
             plan = RoundPlan(verify, propose, num_draft)
         self.ready = propose
-        self._inflight.append(plan)
+        self._measure = self.fixed_costs is None and (calibrating or not self._done)
+        self._inflight.append((plan, self._measure))       # (a cost sample if clean?)
         self.choices.append(plan)
         if len(self.choices) > 2 * CHOICES_KEPT:        # bounded: a server runs forever
             del self.choices[:-CHOICES_KEPT]
@@ -305,7 +315,7 @@ class AutoK:
         the GPU time of its replay ``gpu_seconds``."""
         if not self._inflight:
             return
-        plan = self._inflight.popleft()
+        plan, sampled = self._inflight.popleft()
         self._prepared = None
         n = np.asarray(num_accepted)
         busy = np.asarray(busy, bool)
@@ -318,8 +328,8 @@ class AutoK:
         rows = self._reach[np.maximum(reach, 0, out=reach)]      # [2, B, K] of 0 / 1
         self._counts += rows
         self._pool += rows.sum(axis=1)
-        if (seconds is not None and self.fixed_costs is None and plan.num_draft is None
-                and plan.verify == plan.propose):
+        if (seconds is not None and self.fixed_costs is None and sampled
+                and plan.num_draft is None and plan.verify == plan.propose):
             self._sample(plan.verify, seconds, gpu_seconds)
 
     def _sample(self, k: int, seconds: float, gpu_seconds: Optional[float]) -> None:

@@ -93,12 +93,12 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
     # before last: still accepted history only.
     learn: Optional[tuple] = None   # (num_accepted copy, busy, seconds, timer) not yet told
     prepare = getattr(spec, "prepare", None)
-    # A policy that prices rounds by their GPU time (AutoK measuring costs) has each clean
+    # A policy that measures round costs (AutoK calibrating: ``measuring``) has a clean
     # round's replay timed by two events (a host stall lengthens a round's period, not its
     # GPU time); two timers alternate, since a round's is read (when it is told) after the
     # next round's are recorded
     timers = [be.timer(), be.timer()] \
-        if getattr(spec, "gpu_timed", False) and getattr(be, "timer", None) else None
+        if hasattr(spec, "measuring") and getattr(be, "timer", None) else None
     flip = 0
 
     def tell(lesson):
@@ -138,7 +138,7 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
         replay = st.replays.get(key)
         clean = not admitted and (replay is not None or (not can_capture and key in seen))
         timer = None
-        if timers is not None and clean:
+        if timers is not None and clean and spec.measuring:
             timer, flip = timers[flip], flip ^ 1
             timer.start()
         tl = time.perf_counter()
