@@ -520,3 +520,29 @@ def test_calibration_drops_outliers():
     assert pol.measured[(B, 1)] == pytest.approx(2e-3, rel=1e-12)
     assert pol.measured[(B, 0)] == pytest.approx(1e-3, rel=1e-12)
     assert max(pol._samples[(B, 1)]) > 0.02
+
+
+def test_prepared_choice_when_slots_finish():
+    """``prepare`` readies the choice for the running slots and each slot's P_i(j); when
+    some slots finish before the next round, ``before_round`` sums the readied rows of those
+    still running: the same k, bit for bit the same sums, as computing it afresh."""
+    rng = np.random.default_rng(7)
+    B, K = 6, 4
+    costs = {k: 1e-3 * (1 + 0.08 * k) for k in range(K + 1)}
+    for trial in range(20):
+        pol = AutoK(K, costs=costs)
+        pol.start(B, True)
+        pol.admit(range(B))
+        busy = np.ones(B, bool)
+        for _ in range(int(rng.integers(1, 12))):
+            p = pol.before_round(busy)
+            q = p.verify
+            pol.after_round(np.minimum(rng.integers(-1, K + 1, B), q).astype(np.int32), busy)
+        pol.prepare(busy)
+        later = busy & (rng.random(B) < 0.6)
+        later[int(rng.integers(B))] = True
+        fresh = pol._best(later)
+        assert pol.expected_tokens(later, pol._prepared[2]) == pol.expected_tokens(later)
+        ready = pol.ready
+        got = pol.before_round(later).propose
+        assert got == min(max(fresh, ready - 1), ready + 1)

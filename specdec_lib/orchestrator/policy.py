@@ -264,10 +264,16 @@ class AutoK:
 
     def prepare(self, busy) -> None:
         """Ready the next round's choice for these running slots (``serve`` calls it while
-        the GPU runs a round, so ``before_round`` is a lookup when the slots stay the same);
-        the same choice ``before_round`` would make from the same history."""
+        the GPU runs a round, so ``before_round`` is a lookup when the slots stay the same,
+        and a sum over the running slots' rows of the readied per-request table when some
+        finished meanwhile); the same choice ``before_round`` would make from the same
+        history."""
         busy = np.asarray(busy, bool)
-        self._prepared = None if self.sweep else (busy.tobytes(), self._best(busy))
+        if self.sweep:
+            self._prepared = None
+            return
+        P = self.acceptance().cumprod(axis=1)       # [slots, K]: P_i(j), every slot
+        self._prepared = (busy.tobytes(), self._best(busy, P), P)
 
     def before_round(self, busy) -> RoundPlan:
         busy = np.asarray(busy, bool)
@@ -282,8 +288,10 @@ class AutoK:
             propose = self.sweep.pop(0)
         else:
             ready = self._prepared
-            propose = ready[1] if ready is not None and ready[0] == busy.tobytes() \
-                else self._best(busy)
+            if ready is None:
+                propose = self._best(busy)
+            else:       # the acceptance is the readied one: only the running slots differ
+                propose = ready[1] if ready[0] == busy.tobytes() else self._best(busy, ready[2])
             if propose == 0 and self.explore_every and self.zero_run >= self.explore_every:
                 propose = 1
             if self.ready is not None and self.graphs:      # one step a round
@@ -396,10 +404,13 @@ class AutoK:
         a = (self.acc + s * prior) / (self.tries + s)
         return a if slots is None else a[slots]
 
-    def expected_tokens(self, busy) -> list:
-        """sum over the running requests of E_i(k), k = 0..k_max."""
+    def expected_tokens(self, busy, P_all: Optional[np.ndarray] = None) -> list:
+        """sum over the running requests of E_i(k), k = 0..k_max (``P_all``: the per-slot
+        ``cumprod`` of ``acceptance()``, when already made; the rows of the running slots are
+        the same numbers either way)."""
         busy = np.asarray(busy, bool)
-        P = np.add.reduce(self.acceptance(busy).cumprod(axis=1), axis=0).tolist()   # [K]
+        rows = self.acceptance(busy).cumprod(axis=1) if P_all is None else P_all[busy]
+        P = np.add.reduce(rows, axis=0).tolist()        # [K]
         E = [float(np.count_nonzero(busy))]
         for x in P:
             E.append(E[-1] + x)
@@ -411,8 +422,8 @@ class AutoK:
             self._costs = [self.cost(self.B, k) for k in range(self.k_max + 1)]
         return self._costs
 
-    def _best(self, busy) -> int:
-        E, c = self.expected_tokens(busy), self.costs()
+    def _best(self, busy, P_all: Optional[np.ndarray] = None) -> int:
+        E, c = self.expected_tokens(busy, P_all), self.costs()
         score = [e / ck for e, ck in zip(E, c)]
         return score.index(max(score))          # first maximum: ties to the smaller k
 
