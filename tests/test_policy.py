@@ -465,21 +465,31 @@ def test_calibration_sweeps_down_and_back_up():
     assert pol.measured == table
 
 
+def _calibrated(K, hold, times):
+    """An AutoK(K) at one slot calibrated on rounds whose after_round times are
+    ``times(round, k)`` ((seconds,) or (seconds, gpu_seconds)); every draft accepted."""
+    pol = AutoK(K, hold=hold)
+    pol.start(1, True)
+    pol.admit([0])
+    r = 0
+    while not pol.calibrated(1) or pol.sweep:
+        p = pol.before_round([True])
+        r += 1
+        pol.after_round(np.asarray([p.verify]), [True], *times(r, p.verify))
+    return pol
+
+
 def test_cost_is_gpu_time_plus_the_median_host_share():
     """With the replays' GPU times (``gpu_seconds``), a k's cost is its median GPU time plus
     the median over every k of (period - GPU time): a stall in a period (host) moves no k
     against another."""
-    K, hold, B = 2, 4, 1
-    pol = AutoK(K, hold=hold)
-    pol.start(B, True)
-    pol.admit([0])
-    r = 0
-    while not pol.calibrated(B) or pol.sweep:
-        p = pol.before_round([True])
-        r += 1
-        gpu = 1e-3 * (1 + 0.2 * p.verify)
+    K, B = 2, 1
+
+    def times(r, k):
+        gpu = 1e-3 * (1 + 0.2 * k)
         host = 3e-5 + (5e-3 if r % 5 == 0 else 0.0)        # a host stall every 5th round
-        pol.after_round(np.asarray([p.verify]), [True], gpu + host, gpu)
+        return gpu + host, gpu
+    pol = _calibrated(K, 4, times)
     for k in range(K + 1):
         assert pol.measured[(B, k)] == pytest.approx(1e-3 * (1 + 0.2 * k) + 3e-5, rel=1e-9)
 
@@ -492,13 +502,8 @@ def test_costs_fitted_nondecreasing_in_k():
     assert _nondecreasing([1, 3, 2, 1], [1, 1, 2, 1]) == pytest.approx([1, 2, 2, 2])
     assert _nondecreasing([5, 4, 3], [1, 1, 1]) == [4, 4, 4]
     K, B = 3, 1
-    pol = AutoK(K, hold=2)
-    pol.start(B, True)
-    pol.admit([0])
     table = {0: 1.0e-3, 1: 1.3e-3, 2: 1.5e-3, 3: 1.4e-3}       # k = 3 measured below k = 2
-    while not pol.calibrated(B) or pol.sweep:
-        p = pol.before_round([True])
-        pol.after_round(np.asarray([p.verify]), [True], table[p.verify], table[p.verify])
+    pol = _calibrated(K, 2, lambda r, k: (table[k], table[k]))
     got = [pol.measured[(B, k)] for k in range(K + 1)]
     assert got == sorted(got) and got[2] == got[3]
     assert got[0] == pytest.approx(1.0e-3) and got[1] == pytest.approx(1.3e-3)
@@ -507,16 +512,9 @@ def test_costs_fitted_nondecreasing_in_k():
 
 def test_calibration_drops_outliers():
     """A k's cost is the median of its samples: one stall among them does not move it."""
-    K, hold, B = 1, 4, 1
-    pol = AutoK(K, hold=hold)
-    pol.start(B, True)
-    pol.admit([0])
-    r = 0
-    while not pol.calibrated(B) or pol.sweep:
-        p = pol.before_round([True])
-        r += 1
-        stall = 0.02 if r == 3 else 0.0        # the second sample of k=1 (round 1's is one)
-        pol.after_round(np.asarray([p.verify]), [True], 1e-3 * (1 + p.verify) + stall)
+    K, B = 1, 1
+    # the second sample of k=1 (round 1's is one) stalls
+    pol = _calibrated(K, 4, lambda r, k: (1e-3 * (1 + k) + (0.02 if r == 3 else 0.0),))
     assert pol.measured[(B, 1)] == pytest.approx(2e-3, rel=1e-12)
     assert pol.measured[(B, 0)] == pytest.approx(1e-3, rel=1e-12)
     assert max(pol._samples[(B, 1)]) > 0.02
