@@ -43,8 +43,8 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   one's; the host's work between rounds, the GPU idle, included) and, on a GPU backend, the
   GPU time of its replay (two events around it: ``gpu_seconds``). The GPU time is what
   depends on k; the rest of the period (reads, launch, host) does not, and it is what a
-  host stall lengthens (s28: a GC pause or a descheduled thread in 6 samples a k moved the
-  table 10-15%, k = 4 priced below k = 3), so ``cost(B, k)`` is the median GPU time of k's
+  host stall lengthens (s28: a k's mean period moved 10-15% between runs), so
+  ``cost(B, k)`` is the median GPU time of k's
   last ``SAMPLES_KEPT`` samples plus the median host share of the period over every k's
   (where no GPU time is given, the median period). The medians are then fitted
   nondecreasing in k (weighted pool-adjacent-violators): a round at k + 1 does all of k's
@@ -69,7 +69,7 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   pays that one round in ``explore_every``). With graphs k moves one step a round (to the
   best k's side of the last round's): the calibration sweep recorded every (k, k) and
   (k, k +- 1) graph, and a jump would record a new one inside a timed call, with its first
-  replay's upload (s29: B=1 rounds of auto ~100 us slower than the fixed k it chose).
+  replay's upload (s29: auto's B=1 calls recorded graphs while timed).
 * Per request: a fixed-shape round (a recorded graph) computes ``B * (k + 1)`` rows whatever
   the slots hold, so a draft left out saves nothing and loses its expected tokens: with
   graphs every slot verifies k. Without graphs rows are cheaper when fewer (``cu_q`` is
