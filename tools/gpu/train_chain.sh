@@ -36,6 +36,9 @@
 #                          the mixed batches a mode, median kept, default 5; BATCHES: more
 #                          mixed batch sizes, default 4,16,64; E2E_S 360), then autok_ab.py
 #                          (fixed k=4 against auto at B=1, ABBA)                    ~8 min
+#   phases (none)          tools/perf/host_phases.py ($PH_ARGS, default "--prompts 12"; e.g.
+#                          "--batch 32") in /tmp/clean and, after build with PATCHES, in
+#                          /tmp/patched: a round's host time by phase against its GPU time
 #   kv8    (none)          SmolLM2 per 8-bit cache: e2e --kv-agreement fp8_e4m3,int8 (32
 #                          general prompts) and --long-context 8192 for each    ~5 min
 #   hybrid (none)          the hybrid with its new head: e2e --hybrid (B=1 general, served) in
@@ -197,6 +200,16 @@ e2e)
     --prompts 16 --new 128 --reps 2 --json "$L/autok_ab.json" > "$L/autok_ab.log" 2>&1
   echo "autok_ab rc=$?"; tail -6 "$L/autok_ab.log"
   pack ;;
+phases)
+  cd "$CLEAN" || exit 1
+  gguf_env
+  for t in "$CLEAN" /tmp/patched; do
+    [ -d "$t" ] || continue
+    (cd "$t" && timeout "${PH_S:-120}" python3 tools/perf/host_phases.py ${PH_ARGS:---prompts 12} \
+       > "$L/phases_$(basename "$t").txt" 2>&1)
+    echo "== $t"; grep -E "rounds" "$L/phases_$(basename "$t").txt"
+  done
+  pack ;;
 kv8)
   cd "$CLEAN" || exit 1
   gguf_env
@@ -236,5 +249,5 @@ hybrid)
     --new 1000 --json "$L/fidelity.json" > "$L/fidelity.log" 2>&1
   echo "state fidelity rc=$?"; tail -3 "$L/fidelity.log"
   pack ;;
-*) echo "unknown step $STEP (build, san, prof, train, e2e, kv8, hybrid)"; exit 2 ;;
+*) echo "unknown step $STEP (build, san, prof, train, e2e, phases, kv8, hybrid)"; exit 2 ;;
 esac
