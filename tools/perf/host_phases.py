@@ -118,7 +118,9 @@ def main():
         print(f"{name:12s} rounds {n:5d} wall/round {1e6 * (wall - pre) / n:7.1f} us "
               f"gpu {1e6 * gpu / max(len(ev), 1):7.1f} (replays {len(ev)}) "
               + " ".join(f"{k_} {v}" for k_, v in us.items())
-              + f" tok/s {m.tokens_per_s:.1f} captures_s {m.capture_s:.3f}", flush=True)
+              + f" tok/s {m.tokens_per_s:.1f} captures_s {m.capture_s:.3f} prefill_s "
+            f"{m.prefill_s:.4f} admit_s {m.admit_s:.4f} admissions {m.admissions} "
+            f"k_rounds {dict(sorted(m.k_rounds.items()))}", flush=True)
 
 
 if __name__ == "__main__":
