@@ -336,7 +336,7 @@ class AutoK:
         rows = self._reach[np.maximum(reach, 0, out=reach)]      # [2, B, K] of 0 / 1
         self._counts += rows
         self._pool += rows.sum(axis=1)
-        if (seconds is not None and self.fixed_costs is None and sampled
+        if (seconds is not None and sampled         # (sampled: costs measured, calibrating)
                 and plan.num_draft is None and plan.verify == plan.propose):
             self._sample(plan.verify, seconds, gpu_seconds)
 

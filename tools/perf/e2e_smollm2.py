@@ -144,7 +144,13 @@ def decode(target, draft, k, be, reqs, slots=None):
         dec.reset_metrics()
         out = dec.serve(reqs, slots=slots or len(reqs))
         runs.append((with_costs(dec), out))
-    runs.sort(key=lambda r: r[0].tokens_per_s)
+    return median_run(runs)
+
+
+def median_run(runs):
+    """(results, metrics) of the run with the median tokens/s of ``runs`` [(metrics,
+    results)]; the metrics carry every run's tokens/s (``repeat_tokens_per_s``) if several."""
+    runs = sorted(runs, key=lambda r: r[0].tokens_per_s)
     m, out = runs[len(runs) // 2]
     if len(runs) > 1:
         m.repeat_tokens_per_s = [round(r[0].tokens_per_s, 1) for r in runs]
@@ -169,13 +175,7 @@ def interleaved(target, be, reqs, slots, modes):
             dec.reset_metrics()
             out = dec.serve(reqs, slots=slots)
             runs[key].append((with_costs(dec), out))
-    picked = {}
-    for key, rs in runs.items():
-        rs.sort(key=lambda r: r[0].tokens_per_s)
-        m, out = rs[len(rs) // 2]
-        m.repeat_tokens_per_s = [round(r[0].tokens_per_s, 1) for r in rs]
-        picked[key] = (out, m)
-    return picked
+    return {key: median_run(rs) for key, rs in runs.items()}
 
 
 def one_at_a_time(target, draft, k, be, reqs):
