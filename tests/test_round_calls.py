@@ -9,7 +9,7 @@ a fixed step per read (``round_trace.fake_clock``: every clean round of any k me
 time, so the calibrated ``AutoK`` keeps to k_max). Per call: the same events before the first
 round (admission, prefill), per round exactly ``before_round``, one replay of the
 (k, k) graph (no timer: a calibrated auto times no round), ``after_round`` for the round before (learnt while this one runs; none in the
-first round) and the two reads (``num_accepted``, ``finished``) (the last round adds the
+first round) and the one read of ``control`` (``num_accepted`` and ``finished``) (the last round adds the
 output reads), then the last round's ``after_round`` and one stream synchronisation: no
 host->device copy, no capture, no other graph, no sweep at another k inside the timed calls.
 """
@@ -88,8 +88,7 @@ def _check_same_calls(out, reqs):
     assert len(fixed) == len(auto) == len(reqs)
     # the policy learns from a round while the next one runs: after the next replay (the
     # first round has nothing to learn from yet; the last round's lesson comes after the loop)
-    first = [("policy", "before_round"), ("replay", (K, K, None)), ("to_host", (1,)),
-             ("to_host", (1,))]
+    first = [("policy", "before_round"), ("replay", (K, K, None)), ("to_host", (2,))]
     plain = first[:2] + [("policy", "after_round")] + first[2:]
     for (s_f, r_f, t_f), (s_a, r_a, t_a) in zip(fixed, auto):
         assert _backend(s_f) == _backend(s_a)                 # admission, prefill

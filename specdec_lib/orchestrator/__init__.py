@@ -49,8 +49,8 @@ and the round needs no host value (graph-capturable); finished rows are computed
 never committed. k comes from the speculation policy (``policy``): ``num_speculative_tokens``
 an int (``FixedK``), ``"auto"`` (``AutoK``: chosen every round from the running acceptance
 and the measured cost of a round) or a policy object; a round verifies the drafts the last
-one proposed and proposes the next round's, one recorded graph per (verify, propose). After the round the host reads ``finished`` and ``num_accepted`` (two
-small copies) to know whether to stop and for the metrics. With ``cuda_graph=True`` the
+one proposed and proposes the next round's, one recorded graph per (verify, propose). After the round the host reads ``finished`` and ``num_accepted`` (one
+small copy: one buffer, ``control``) to know whether to stop and for the metrics. With ``cuda_graph=True`` the
 first round runs eagerly and is then captured once as a CUDA graph (cupy math, library
 kernels, draft pass); every later round is one graph launch, its inputs (lengths, steps,
 seeds, tokens) living in device buffers that the graph reads.

@@ -2,8 +2,8 @@
 
 ``Scheduler`` owns the queues (waiting requests, free slots, which request holds which
 slot); ``serve`` runs rounds until every request has finished: admissions and their prefill
-at a round boundary, the round (eager, or replayed as one recorded graph), then two small
-device->host reads (``num_accepted``, ``finished``) for control and metrics. The speculation
+at a round boundary, the round (eager, or replayed as one recorded graph), then one small
+device->host read (``buf.control``: ``num_accepted`` and ``finished``) for control and metrics. The speculation
 policy picks every round's plan (``policy``); one recorded graph per plan.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .prefill import PrefillPolicy, prefill
 from .request import Metrics, Request, Result
 from .policy import RoundPlan
 from .round import emitted_rows, run_round
-from .state import FINISH_REASONS, CallState, Parts, admit
+from .state import FINISH_REASONS, CallState, Parts, admit, split_control
 
 
 class Scheduler:
@@ -162,9 +162,8 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
             # the plan's first round ran eagerly (cupy kernels compiled, pools and the sampling
             # workspace allocated); every later round of it replays its graph
             st.replays[key] = record(plan)
-        # --- end of the round: two small device->host reads for control and metrics
-        n_all = be.to_host(buf.num_accepted)
-        fin = be.to_host(buf.finished)
+        # --- end of the round: one small device->host read for control and metrics
+        n_all, fin = split_control(be.to_host(buf.control), B)     # one copy
         # the round's period: from the last round's end to this one's (the host's work
         # between rounds, GPU idle time, included), for a round whose shape was warm
         t_end = time.perf_counter()

@@ -106,20 +106,31 @@ def make_buffers(xp, shape: Shape, k: int) -> SimpleNamespace:
              top_k=xp.zeros(B, dtype=i32), top_p=xp.ones(B, dtype=xp.float32),
              min_p=xp.zeros(B, dtype=xp.float32), seed=xp.zeros(B, dtype=xp.int64),
              step=xp.zeros(B, dtype=xp.int64), seq_lens=xp.zeros(B, dtype=i32),
-             finished=xp.full(B, SLOT_IDLE, dtype=xp.uint8),
+
              out_tokens=xp.full((B, shape.out_width), -1, dtype=i32),
              out_lens=xp.zeros(B, dtype=i32), last_token=xp.zeros(B, dtype=i32),
              # drafts per slot in the next block (policy.RoundPlan; serve writes them)
              num_draft=xp.full(B, K, dtype=i32), draft_tokens=xp.zeros((B, K), dtype=i32),
              cu_q=xp.zeros(B + 1, dtype=i32), block_tokens=xp.zeros(B * (K + 1), dtype=i32),
              positions=xp.zeros(B * (K + 1), dtype=i32),
-             draft_ids=xp.zeros(max(B * K, 1), dtype=i32), num_accepted=xp.zeros(B, dtype=i32),
+             draft_ids=xp.zeros(max(B * K, 1), dtype=i32),
              emitted=xp.full((B, K + 1), -1, dtype=i32), status=xp.zeros(B, dtype=i32),
              accept_len=xp.zeros(B, dtype=i32),
              # the context prompt-lookup drafts search: prompt ++ out_tokens[:out_lens]
              prompt=xp.zeros((B, shape.prompt_width), dtype=i32),
              prompt_lens=xp.zeros(B, dtype=i32))
+    # what the host reads after every round, one buffer so it is one copy: num_accepted
+    # (int32 [B]) then finished (uint8 [B], in the int32 words after it), typed views
+    h["control"] = control = xp.zeros(B + (B + 3) // 4, dtype=i32)
+    h["num_accepted"] = control[:B]
+    h["finished"] = control[B:].view(xp.uint8)[:B]
+    h["finished"][...] = SLOT_IDLE
     return SimpleNamespace(**h)
+
+
+def split_control(control, slots: int):
+    """(num_accepted, finished) of a host copy of ``buf.control``."""
+    return control[:slots], control[slots:].view(np.uint8)[:slots]
 
 
 class CallState:
