@@ -85,13 +85,14 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
     first_round = True
     seen: set = set()           # plans run eagerly in this call (their shapes compiled)
     last_end: Optional[float] = None
-    # The policy learns from a round while the GPU runs the next one: its after_round is
-    # deferred to just after the next launch (before an admission, which resets the slots it
-    # learns about), and prepare(busy) then readies the next choice, so the host's work between
-    # a round's read and the next launch is a lookup (AutoK's numpy work was 41-76 us a round
+    # The policy learns from a round (and the metrics count it) while the GPU runs the next
+    # one: its after_round is deferred to just after the next launch (before an admission,
+    # which resets the slots it learns about), and prepare(busy) then readies the next choice,
+    # so the host's work between a round's read and the next launch is a lookup (AutoK's numpy work was 41-76 us a round
     # there, the GPU idle: 3-6% of a B=1 round). A choice thus sees the history up to the round
     # before last: still accepted history only.
-    learn: Optional[tuple] = None   # (num_accepted copy, busy, seconds, timer) not yet told
+    # (num_accepted copy, busy, seconds, timer, the metrics' counts) not yet told
+    learn: Optional[tuple] = None
     prepare = getattr(spec, "prepare", None)
     # A policy that measures round costs (AutoK calibrating: ``measuring``) has a clean
     # round's replay timed by two events (a host stall lengthens a round's period, not its
@@ -102,7 +103,8 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
     flip = 0
 
     def tell(lesson):
-        n_acc, was_busy, seconds, timer = lesson
+        n_acc, was_busy, seconds, timer, counted = lesson
+        m.count_round(*counted)        # the metrics too, off the host's critical path
         if timers is None:
             spec.after_round(n_acc, was_busy, seconds)
         else:
@@ -169,11 +171,10 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
         t_end = time.perf_counter()
         seconds = t_end - last_end if clean and last_end is not None else None
         last_end = t_end
-        n = n_all[busy_np]
-        m.count_round(n, plan.verify, None if plan.num_draft is None else
-                      np.asarray(plan.num_draft)[busy_np])
-        learn = (np.array(n_all), busy_np, seconds,     # (a copy: the host buffer is reused)
-                 timer if seconds is not None else None)
+        n_all = np.array(n_all)            # (a copy: the host buffer is reused)
+        counted = (n_all[busy_np], plan.verify,
+                   None if plan.num_draft is None else np.asarray(plan.num_draft)[busy_np])
+        learn = (n_all, busy_np, seconds, timer if seconds is not None else None, counted)
         done = [b for b in range(B) if busy[b] and fin[b] != 0]
         if done:
             out_tokens, out_lens = be.to_host(buf.out_tokens), be.to_host(buf.out_lens)
