@@ -544,3 +544,28 @@ def test_prepared_choice_when_slots_finish():
         ready = pol.ready
         got = pol.before_round(later).propose
         assert got == min(max(fresh, ready - 1), ready + 1)
+
+
+def test_drain_chooses_for_the_slowest_request():
+    """With no request waiting (``budget(..., waiting=0)``) the call ends with its slowest
+    request: a long request whose drafts never land keeps k at 0 though a short one would
+    gain from drafts; while requests wait, the batch's rate of tokens decides (k > 0); the
+    budgets left follow the tokens each round emitted."""
+    costs = {0: 1.0, 1: 1.3, 2: 1.6, 3: 1.9, 4: 2.2}
+    picks = {}
+    for drain, waiting in ((True, 0), (True, 3), (False, 0)):
+        pol = AutoK(4, costs=costs, drain=drain, ragged=False)
+        pol.start(2, graphs=False)
+        pol.admit([0, 1])
+        pol.budget([0, 1], [400, 2000], waiting)
+        busy = np.ones(2, bool)
+        emitted = np.zeros(2)
+        for _ in range(16):
+            v = pol.before_round(busy).verify
+            n = np.asarray([v, 0], np.int32)        # slot 0 lands every draft, slot 1 none
+            pol.after_round(n, busy)
+            emitted += n + 1
+        np.testing.assert_array_equal(pol._left, [400, 2000] - emitted)
+        picks[drain, waiting] = pol.before_round(busy).propose
+    assert picks[True, 0] == 0
+    assert picks[True, 3] == picks[False, 0] > 0

@@ -5,7 +5,9 @@ A policy answers two questions at every round boundary (``serve`` asks them):
 the oldest round not yet told: ``serve`` tells a round while the next one runs; a policy
 whose ``measuring`` is true (read every round) is also given ``gpu_seconds``, its replay's
 GPU time, and the round timed for it), and may
-have ``prepare(busy)`` (called while a round runs: ready the next choice).
+have ``prepare(busy)`` (called while a round runs: ready the next choice) and
+``budget(slots, max_new, waiting)`` (called at each admission: the new requests' token
+budgets, and how many requests wait for a slot).
 
 ``RoundPlan(verify, propose, num_draft)``: the round verifies ``verify`` drafts per slot (its
 block is ``verify + 1`` rows a slot; ``num_draft``, when not None, gives each slot fewer:
@@ -23,11 +25,14 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
 * Acceptance, per request and per draft position. ``a[i, j]`` estimates P(draft j + 1 of
   request i accepted | drafts 1..j were): a running mean over the request's rounds that
   proposed it (counts decayed by ``decay`` per round, so a request's drift is tracked),
-  shrunk toward a pooled prior of ``prior_strength`` pseudo-rounds: the same per-position
-  mean over every request so far (decayed by ``POOL_DECAY``), each position's shrunk toward
-  the position before it (``CHAIN`` pseudo-rounds; the first toward a neutral 0.5), so a
-  position never tried yet is expected to do as well as the last one tried (else a k once
-  chosen could never grow: its next position would stay at 0.5 for want of trying). A round
+  shrunk toward a prior of ``prior_strength`` pseudo-rounds: the same per-position mean
+  over every request so far (the pool, decayed by ``POOL_DECAY``), each position's shrunk
+  toward the position before it (``CHAIN`` pseudo-rounds; the first toward a neutral 0.5), so
+  a position never tried yet is expected to do as well as the last one tried (else a k once
+  chosen could never grow: its next position would stay at 0.5 for want of trying); past the
+  first position the pool's value is scaled by the request's own estimate at the position
+  before over the pool's there (a request whose first drafts land less than most is
+  expected to land less later too: its late positions are the ones tried least). A round
   updates only from ``num_accepted`` (accepted history): never
   the round's logits, so sampled output keeps the target's distribution (a k chosen from the
   past changes which random numbers verify a block, not their law) and greedy output is
@@ -64,7 +69,14 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   ``hold`` 4 gave two samples a k, and the policy chose k=4 where k=3 was 8% faster.)
 * Choice: the batch-wide k in 0..k_max maximising ``sum_i E_i(k) / cost(B, k)`` over the
   running requests (ties to the smaller k); k = 0 (target-only rounds, no draft pass) when
-  that wins. After ``explore_every`` rounds in a row at k = 0 one round proposes k = 1, so
+  that wins. That is the rate of tokens while requests wait for a slot (a finished slot is
+  refilled). When none waits (``budget``: a fixed batch, or a server's queue run dry), the
+  call's time is its last request's: the choice then minimises the time the slowest one
+  needs, ``cost(B, k) * max_i R_i / E_i(k)`` (``R_i``: request i's token budget left), since
+  a round costs the same for every slot of a recorded graph whatever the others need. (s29,
+  32 everyday prompts at B=32: k=4 lifted the mean accepted length 8% over k=3 and ran *more*
+  rounds, 89 against 87, each dearer: the batch ends with its slowest request, whose drafts
+  land least.) After ``explore_every`` rounds in a row at k = 0 one round proposes k = 1, so
   the estimates can recover when the text becomes predictable (a draft that is always wrong
   pays that one round in ``explore_every``). With graphs k moves one step a round (to the
   best k's side of the last round's): the calibration sweep recorded every (k, k) and
@@ -186,12 +198,13 @@ class AutoK:
     explore_every   rounds in a row at k = 0 before one round tries k = 1 (0: never)
     hold            rounds per k while calibrating (measured costs only)
     ragged          per-request draft counts on rounds without graphs
+    drain           when no request waits (``budget``), k for the slowest request to finish
     """
     name = "auto"
 
     def __init__(self, k_max: int = 4, *, costs: Costs = None, prior_strength: float = 4.0,
                  decay: float = 0.9, explore_every: int = 32, hold: int = 4,
-                 ragged: bool = True):
+                 ragged: bool = True, drain: bool = True):
         if isinstance(k_max, bool) or not isinstance(k_max, (int, np.integer)) \
                 or not 1 <= int(k_max) < MAX_BLOCK_ROWS:
             raise ValueError(f"k_max: {k_max!r} outside 1..{MAX_BLOCK_ROWS - 1} "
@@ -203,6 +216,7 @@ class AutoK:
         self.fixed_costs = costs
         self.prior_strength, self.decay = float(prior_strength), float(decay)
         self.explore_every, self.hold, self.ragged = int(explore_every), int(hold), bool(ragged)
+        self.drain = bool(drain)
         self.measured: dict[tuple[int, int], float] = {}      # (B, k) -> seconds (fitted)
         self._samples: dict[tuple[int, int], deque] = {}      # (B, k) -> recent GPU times
         self._host: dict[int, deque] = {}                     # B -> recent host shares
@@ -239,6 +253,10 @@ class AutoK:
         # per request, [0] accepted and [1] tried per position (views: acc, tries)
         self._counts = np.zeros((2, B, K))
         self.acc, self.tries = self._counts[0], self._counts[1]
+        # tokens each slot may still emit (``budget``; told a round late) and whether any
+        # request waits for a slot (False: the call drains, see the module docstring)
+        self._left = np.ones(B)
+        self._draining = False
         self._costs: Optional[list] = None
         self.ready: Optional[int] = None        # drafts the last round proposed (None: prefill)
         # plans handed out whose round is not learned yet (serve learns from a round while
@@ -260,6 +278,15 @@ class AutoK:
         """New requests start from the pooled prior."""
         for b in slots:
             self.acc[b] = self.tries[b] = 0.0
+        self._prepared = None
+
+    def budget(self, slots: Sequence[int], max_new: Sequence[int], waiting: int) -> None:
+        """The token budgets (``max_new_tokens``) of the requests just admitted to ``slots``,
+        and how many requests wait for a slot after them (0: no slot will be refilled, so the
+        call's time is its slowest request's; ``serve`` tells it at every admission)."""
+        for b, n in zip(slots, max_new):
+            self._left[b] = float(n)
+        self._draining = self.drain and int(waiting) == 0
         self._prepared = None
 
     def prepare(self, busy) -> None:
@@ -336,6 +363,7 @@ class AutoK:
         rows = self._reach[np.maximum(reach, 0, out=reach)]      # [2, B, K] of 0 / 1
         self._counts += rows
         self._pool += rows.sum(axis=1)
+        self._left -= (n + 1) * busy            # tokens the round emitted, where running
         if (seconds is not None and sampled         # (sampled: costs measured, calibrating)
                 and plan.num_draft is None and plan.verify == plan.propose):
             self._sample(plan.verify, seconds, gpu_seconds)
@@ -399,10 +427,18 @@ class AutoK:
         for pa, pt in zip(*self._pool.tolist()):
             prev = (pa + CHAIN * prev) / (pt + CHAIN)   # shrunk toward the position before
             prior.append(prev)
-        prior = np.asarray(prior)
         s = self.prior_strength
-        a = (self.acc + s * prior) / (self.tries + s)
-        return a if slots is None else a[slots]
+        acc, tries = (self.acc, self.tries) if slots is None else (self.acc[slots],
+                                                                  self.tries[slots])
+        a = np.empty_like(acc)
+        a[:, 0] = (acc[:, 0] + s * prior[0]) / (tries[:, 0] + s)
+        for j in range(1, self.k_max):
+            # the request's prior at j: the pool's, scaled as the request's own estimate at
+            # j - 1 stands to the pool's there (a request whose early drafts land less than
+            # most lands less later too; its late positions are tried least)
+            pj = np.minimum(a[:, j - 1] * (prior[j] / prior[j - 1]), 1.0)
+            a[:, j] = (acc[:, j] + s * pj) / (tries[:, j] + s)
+        return a
 
     def expected_tokens(self, busy, P_all: Optional[np.ndarray] = None) -> list:
         """sum over the running requests of E_i(k), k = 0..k_max (``P_all``: the per-slot
@@ -423,9 +459,25 @@ class AutoK:
         return self._costs
 
     def _best(self, busy, P_all: Optional[np.ndarray] = None) -> int:
-        E, c = self.expected_tokens(busy, P_all), self.costs()
-        score = [e / ck for e, ck in zip(E, c)]
+        busy = np.asarray(busy, bool)
+        c = self.costs()
+        if self._draining and np.count_nonzero(busy) > 1:
+            score = [r / ck for r, ck in zip(self._slowest_rate(busy, P_all), c)]
+        else:
+            score = [e / ck for e, ck in zip(self.expected_tokens(busy, P_all), c)]
         return score.index(max(score))          # first maximum: ties to the smaller k
+
+    def _slowest_rate(self, busy, P_all: Optional[np.ndarray] = None) -> list:
+        """min over the running requests of E_i(k) / R_i, k = 0..k_max: the rounds the
+        slowest of them needs to spend its budget left R_i (at least a token) are
+        1 / this (``P_all`` as in ``expected_tokens``)."""
+        rows = self.acceptance(busy).cumprod(axis=1) if P_all is None else P_all[busy]
+        E = np.empty((rows.shape[0], self.k_max + 1))
+        E[:, 0] = 0.0
+        np.cumsum(rows, axis=1, out=E[:, 1:])
+        E += 1.0
+        E /= np.maximum(self._left[busy], 1.0)[:, None]
+        return E.min(axis=0).tolist()
 
     def _trim(self, busy, k: int) -> tuple:
         """Per-slot drafts <= k where a draft's expected tokens pay its row (no graphs)."""

@@ -4,7 +4,9 @@
 slot); ``serve`` runs rounds until every request has finished: admissions and their prefill
 at a round boundary, the round (eager, or replayed as one recorded graph), then one small
 device->host read (``buf.control``: ``num_accepted`` and ``finished``) for control and metrics. The speculation
-policy picks every round's plan (``policy``); one recorded graph per plan.
+policy picks every round's plan (``policy``); one recorded graph per plan. A policy with
+``budget`` is told, at each admission, the admitted requests' token budgets and how many
+requests still wait (none: the call now ends with its slowest request).
 """
 from __future__ import annotations
 
@@ -94,6 +96,7 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
     # (num_accepted copy, busy, seconds, timer, the metrics' counts) not yet told
     learn: Optional[tuple] = None
     prepare = getattr(spec, "prepare", None)
+    budget = getattr(spec, "budget", None)
     # A policy that measures round costs (AutoK calibrating: ``measuring``) has a clean
     # round's replay timed by two events (a host stall lengthens a round's period, not its
     # GPU time); two timers alternate, since a round's is read (when it is told) after the
@@ -128,6 +131,9 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
             prefill(p, st, admitted, policy, can_capture, m)
             m.prefill_s += time.perf_counter() - tp
             spec.admit([b for b, _ in admitted])
+            if budget is not None:      # (a policy that chooses k for the slowest request)
+                budget([b for b, _ in admitted], [r.max_new_tokens for _, r in admitted],
+                       len(sched.waiting))
         sched.stats["max_busy"] = max(sched.stats["max_busy"], sum(busy))
         busy_np = np.asarray(busy)
         plan = spec.before_round(busy_np)
