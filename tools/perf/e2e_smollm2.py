@@ -77,8 +77,9 @@ def spec_of(k):
     """(num_speculative_tokens, k_max) of a run's k: an int, or ``"autoN"`` (``AutoK(N)``,
     its costs measured by ``SpeculativeDecoder.calibrate`` in the warm-up)."""
     if isinstance(k, str) and k.startswith("auto"):
-        n = int(k[4:] or 4)
-        return AutoK(n), n
+        body = k[4:]           # "autoNnodrain": AutoK(N, drain=False), the rate objective only
+        n = int(body.removesuffix("nodrain") or 4)
+        return AutoK(n, drain=not body.endswith("nodrain")), n
     return k, k
 
 
@@ -372,6 +373,8 @@ def main():
     p.add_argument("--auto", type=int, default=0, metavar="K_MAX", help="also run every draft "
                    "with num_speculative_tokens='auto' (AutoK(K_MAX)) in every case (B=1 sets, "
                    "the mixed batch, the served stream)")
+    p.add_argument("--auto-nodrain", action="store_true", help="with --auto: also AutoK(K_MAX, "
+                   "drain=False) (its batch-wide rate objective even when no request waits)")
     p.add_argument("--mixed-k", default=None, help="k of the drafts in the mixed batch and "
                    "the served stream, comma-separated (default -k): the fixed k's that auto "
                    "is compared with")
@@ -464,7 +467,8 @@ def main():
             _dump(args, report)     # what a timeout leaves behind
 
     heads = [n for n in drafts if n != "ngram"]
-    auto = [f"auto{args.auto}"] if args.auto else []
+    auto = ([f"auto{args.auto}"] + ([f"auto{args.auto}nodrain"] if args.auto_nodrain else [])
+            if args.auto else [])
     b1_runs = [(n, k) for n in drafts] + ([(n, args.head_k) for n in heads] if args.head_k else []) \
         + [(n, a) for a in auto for n in drafts]
     mixed_k = [int(x) for x in args.mixed_k.split(",")] if args.mixed_k else [k]
