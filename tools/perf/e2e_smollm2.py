@@ -176,6 +176,9 @@ def interleaved(target, be, reqs, slots, modes):
             dec.reset_metrics()
             out = dec.serve(reqs, slots=slots)
             runs[key].append((with_costs(dec), out))
+            # detached: the next untimed run must not count into this run's metrics (s30:
+            # every stored run but the last also held its next warm run's rounds)
+            dec.reset_metrics()
     return {key: median_run(rs) for key, rs in runs.items()}
 
 
@@ -199,6 +202,7 @@ def summary(m):
                 # of prefill_s: admit's host time (buffers, reset_slots), over how many
                 # admissions of how many requests
                 admit_s=round(m.admit_s, 4), admissions=m.admissions, admitted=m.admitted,
+                capture_s=round(m.capture_s, 4),      # graphs recorded in the run (not timed)
                 **({"k_rounds": dict(sorted(m.k_rounds.items()))} if m.policy == "auto" else {}),
                 **({k: getattr(m, k) for k in ("round_costs_us", "round_gpu_us", "round_host_us")
                     if hasattr(m, k)}),

@@ -29,6 +29,7 @@ def main():
     p.add_argument("--batch", type=int, default=1, help="B > 1: the prompts in one serve "
                    "call over B slots (--prompts B), 3 runs")
     p.add_argument("--no-gc", action="store_true", help="gc.disable() while timing")
+    p.add_argument("--nodrain", action="store_true", help="also AutoK(k, drain=False)")
     args = p.parse_args()
     if args.batch > 1:
         args.prompts = args.batch
@@ -38,8 +39,11 @@ def main():
     texts = e2e.pool_of(args.prompts)["general"][:args.prompts]
     reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new,
                     stop_token_ids=STOP_TOKEN_IDS) for t in texts]
-    for name, d, k in (("target_only", None, 0), (f"k{args.k}", draft, args.k),
-                       (f"auto{args.k}", draft, f"auto{args.k}")):
+    modes = [("target_only", None, 0), (f"k{args.k}", draft, args.k),
+             (f"auto{args.k}", draft, f"auto{args.k}")]
+    if args.nodrain:
+        modes.append((f"auto{args.k}nodrain", draft, f"auto{args.k}nodrain"))
+    for name, d, k in modes:
         dec = e2e.decoder(target, d, k, be, reqs, args.batch if args.batch > 1 else None)
         acc = {"read": 0.0, "replay": 0.0, "policy_before": 0.0, "policy_after": 0.0,
                "gap": 0.0}
@@ -84,12 +88,12 @@ def main():
         import torch
         orig = dict(st.replays)
         for key_, rep in orig.items():
-            def trep(_r=rep):
+            def trep(_r=rep, _key=key_):
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
                 _r()
                 e1.record()
-                ev.append((e0, e1))
+                ev.append((e0, e1, _key))
             st.replays[key_] = trep
         dec.reset_metrics()
         import gc
@@ -107,7 +111,10 @@ def main():
         wall = time.perf_counter() - t0 - dec.metrics.capture_s
         gc.enable()
         torch.cuda.synchronize()
-        gpu = sum(a.elapsed_time(b) for a, b in ev) * 1e-3
+        gpu = sum(a.elapsed_time(b) for a, b, _ in ev) * 1e-3
+        per_key: dict = {}          # the GPU time of each plan's replays, beside auto's table
+        for a, b, key_ in ev:
+            per_key.setdefault(key_, []).append(a.elapsed_time(b) * 1e3)
         m = dec.metrics
         n = m.rounds
         be.to_host = orig_to_host
@@ -121,6 +128,11 @@ def main():
               + f" tok/s {m.tokens_per_s:.1f} captures_s {m.capture_s:.3f} prefill_s "
             f"{m.prefill_s:.4f} admit_s {m.admit_s:.4f} admissions {m.admissions} "
             f"k_rounds {dict(sorted(m.k_rounds.items()))}", flush=True)
+        for key_, xs in sorted(per_key.items(), key=lambda kv: -len(kv[1]))[:6]:
+            print(f"    plan {str(key_)[:60]:60s} replays {len(xs):4d} gpu median "
+                  f"{sorted(xs)[len(xs) // 2]:7.1f} us")
+        if getattr(spec, "measured", None):
+            print("    table (us):", {kk: round(v * 1e6, 1) for kk, v in sorted(spec.measured.items())})
 
 
 if __name__ == "__main__":
