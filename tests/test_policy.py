@@ -569,3 +569,64 @@ def test_drain_chooses_for_the_slowest_request():
         picks[drain, waiting] = pol.before_round(busy).propose
     assert picks[True, 0] == 0
     assert picks[True, 3] == picks[False, 0] > 0
+
+
+def test_live_costs_correct_a_calibration_that_underprices_k():
+    """Calibrated at one slot on replays that price each extra draft at 5% of a round where
+    decoding rounds cost 50% more a draft (s30: the warm-up's table against the decodes at
+    B=32): the probes price the k's the choice moves through from the periods of decoding
+    rounds, and the choice walks down to the k that is best at the true costs (k=1 at an
+    acceptance of 0.6), where a policy kept on the table (``probe_every=0``) stays high.
+    Live costs are medians of decoding periods; without live samples the table is the
+    calibration's."""
+    K, B = 4, 1
+    true = [1e-3 * (1 + 0.5 * k) for k in range(K + 1)]
+    table = [1e-3 * (1 + 0.05 * k) for k in range(K + 1)]
+    last = {}
+    for probe in (24, 0):
+        pol = _calibrated(K, 2, lambda r, k: (table[k],))
+        assert [pol.cost(B, k) for k in range(K + 1)] == pytest.approx(table)
+        pol.probe_every = probe
+        pol._interval = probe
+        rng = np.random.default_rng(3)
+        busy = np.ones(B, bool)
+        props = []
+        for _ in range(600):
+            p = pol.before_round(busy)
+            props.append(p.propose)
+            n = 0
+            while n < p.verify and rng.random() < 0.6:
+                n += 1
+            cost = 0.5 * (true[p.verify] + true[p.propose])
+            pol.after_round(np.asarray([n]), busy, cost)
+        last[probe] = props[-200:]
+        if probe:
+            for k in {p for p in props if props.count(p) > 2}:
+                assert pol.cost(B, k) == pytest.approx(true[k], rel=1e-9), k
+    assert max(set(last[24]), key=last[24].count) == 1
+    assert last[24].count(1) > 0.8 * len(last[24])
+    assert 1 not in last[0] and max(set(last[0]), key=last[0].count) >= 3
+
+
+def test_live_samples_need_every_slot_busy():
+    """A round with an idle slot is no live sample (its rows are cheaper), nor is a round of
+    given costs; a round with every slot busy is."""
+    pol = AutoK(2)
+    pol.measured.update({(2, k): 1e-3 for k in range(3)})      # calibrated at 2 slots
+    pol.start(2, True)
+    pol.admit([0, 1])
+    for busy in ([True, False], [True, True]):
+        before = {key: len(v) for key, v in pol._live.items()}
+        p = pol.before_round(np.asarray(busy))
+        pol.after_round(np.asarray([p.verify, 0]), np.asarray(busy), 5e-3)
+        p = pol.before_round(np.asarray(busy))
+        pol.after_round(np.asarray([p.verify, 0]), np.asarray(busy), 5e-3)
+        grew = {key: len(v) - before.get(key, 0) for key, v in pol._live.items()}
+        assert sum(grew.values()) == (0 if not all(busy) else 2), (busy, grew)
+    given = AutoK(2, costs={0: 1.0, 1: 1.1, 2: 1.2})
+    given.start(1, True)
+    given.admit([0])
+    for _ in range(40):
+        p = given.before_round(np.ones(1, bool))
+        given.after_round(np.asarray([p.verify]), np.ones(1, bool), 9.0)
+    assert not given._live and given.cost(1, 2) == 1.2

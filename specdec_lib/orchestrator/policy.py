@@ -123,6 +123,10 @@ POOL_DECAY = 0.995      # decay of the pooled (all requests) acceptance counts p
 CALIBRATION_REFILLS = 2  # sweeps over the k's still unmeasured after the first
 CHAIN = 2.0             # pseudo-rounds tying a position's pooled estimate to the one before
 CHOICES_KEPT = 1 << 16  # AutoK.choices keeps at least the last this many rounds' plans
+LIVE_KEPT = 16          # a k's live cost: the median of its last this many full rounds' periods
+LIVE_MIN = 2            # live samples of a k before they replace its calibrated cost
+PROBE_LEN = 3           # rounds a probe proposes its k (a switch, then clean rounds)
+PROBE_BACKOFF = 8       # a probe that changes nothing doubles the interval, up to this many x
 
 
 @dataclass(frozen=True)
@@ -199,27 +203,39 @@ class AutoK:
     hold            rounds per k while calibrating (measured costs only)
     ragged          per-request draft counts on rounds without graphs
     drain           when no request waits (``budget``), k for the slowest request to finish
+    probe_every     measured costs: rounds at one k before a neighbouring k is tried for a
+                    few rounds, so every k the choice moves between is priced by decoding
+                    rounds (live costs); 0: the calibrated table only
     """
     name = "auto"
 
     def __init__(self, k_max: int = 4, *, costs: Costs = None, prior_strength: float = 4.0,
                  decay: float = 0.9, explore_every: int = 32, hold: int = 4,
-                 ragged: bool = True, drain: bool = True):
+                 ragged: bool = True, drain: bool = True, probe_every: int = 24):
         if isinstance(k_max, bool) or not isinstance(k_max, (int, np.integer)) \
                 or not 1 <= int(k_max) < MAX_BLOCK_ROWS:
             raise ValueError(f"k_max: {k_max!r} outside 1..{MAX_BLOCK_ROWS - 1} "
                              "(num_speculative_tokens='auto')")
-        if not 0 < decay <= 1 or prior_strength <= 0 or hold < 2 or explore_every < 0:
+        if not 0 < decay <= 1 or prior_strength <= 0 or hold < 2 or explore_every < 0 \
+                or probe_every < 0:
             raise ValueError("AutoK: needs 0 < decay <= 1, prior_strength > 0, hold >= 2, "
-                             "explore_every >= 0")
+                             "explore_every >= 0, probe_every >= 0")
         self.k_max = int(k_max)
         self.fixed_costs = costs
         self.prior_strength, self.decay = float(prior_strength), float(decay)
         self.explore_every, self.hold, self.ragged = int(explore_every), int(hold), bool(ragged)
         self.drain = bool(drain)
+        self.probe_every = int(probe_every)
         self.measured: dict[tuple[int, int], float] = {}      # (B, k) -> seconds (fitted)
         self._samples: dict[tuple[int, int], deque] = {}      # (B, k) -> recent GPU times
         self._host: dict[int, deque] = {}                     # B -> recent host shares
+        # live costs: (B, k) -> the periods of recent decoding rounds at k, every slot busy;
+        # and the round count of each (B, k)'s last one (which neighbour a probe tries)
+        self._live: dict[tuple[int, int], deque] = {}
+        self._live_at: dict[tuple[int, int], int] = {}
+        self._tables: dict[int, list] = {}                    # B -> cost(B, k), k = 0..k_max
+        self._rounds = 0
+        self._interval = self.probe_every
         K = self.k_max
         # pooled counts, [0] accepted and [1] tried per position (one array: one decay)
         self._pool = np.zeros((2, K))
@@ -265,6 +281,10 @@ class AutoK:
         self._prepared: Optional[tuple] = None
         self._measure = False
         self.zero_run = 0
+        # a probe: the k's it still proposes, and the k it left (see before_round)
+        self._probe: list = []
+        self._probe_from: Optional[int] = None
+        self._steady = 0
         self.refills = CALIBRATION_REFILLS
         # calibrated(B) stays true once true (costs are only ever added): asked once then
         self._done = self.calibrated(B)
@@ -323,6 +343,7 @@ class AutoK:
                 propose = 1
             if self.ready is not None and self.graphs:      # one step a round
                 propose = min(max(propose, self.ready - 1), self.ready + 1)
+            propose = self._probed(propose, busy)
         self.zero_run = self.zero_run + 1 if propose == 0 else 0
         verify = propose if self.ready is None else self.ready
         num_draft = None
@@ -335,8 +356,13 @@ class AutoK:
         else:
             plan = RoundPlan(verify, propose, num_draft)
         self.ready = propose
+        self._rounds += 1
         self._measure = self.fixed_costs is None and (calibrating or not self._done)
-        self._inflight.append((plan, self._measure))       # (a cost sample if clean?)
+        # a cost sample if clean: "cal" (calibrating: GPU time and host share) or "live"
+        # (calibrated: the period of a decoding round with every slot busy, see _probed)
+        kind = "cal" if self._measure else (
+            "live" if self.fixed_costs is None and self.probe_every and busy.all() else None)
+        self._inflight.append((plan, kind))
         self.choices.append(plan)
         if len(self.choices) > 2 * CHOICES_KEPT:        # bounded: a server runs forever
             del self.choices[:-CHOICES_KEPT]
@@ -364,9 +390,55 @@ class AutoK:
         self._counts += rows
         self._pool += rows.sum(axis=1)
         self._left -= (n + 1) * busy            # tokens the round emitted, where running
-        if (seconds is not None and sampled         # (sampled: costs measured, calibrating)
+        if (seconds is not None and sampled
                 and plan.num_draft is None and plan.verify == plan.propose):
-            self._sample(plan.verify, seconds, gpu_seconds)
+            if sampled == "cal":
+                self._sample(plan.verify, seconds, gpu_seconds)
+            else:
+                self._live_sample(plan.verify, seconds)
+
+    def _probed(self, propose: int, busy) -> int:
+        """The k to propose once calibrated, live costs on: ``propose`` (the choice), or a
+        probe's. After ``probe_every`` rounds at one k with every slot busy (only those
+        rounds price a k: an idle slot's rows are cheaper), a probe proposes the neighbouring
+        k (one step: its graph is recorded) whose live cost is oldest for ``PROBE_LEN``
+        rounds: a switch round, then clean rounds whose periods price it. (s30: the
+        calibration's replays priced k=3 at B=32 7% above k=0 where decoding rounds cost
+        35% more; a table alone kept auto at k=3 while k=1 was 9% faster.) A probe after
+        which the choice returns to where it was doubles the interval (up to
+        ``PROBE_BACKOFF`` x); one after which it moves resets it."""
+        if self.fixed_costs is not None or not self.probe_every or not self._done:
+            return propose
+        if self._probe:
+            return self._probe.pop(0)
+        if self._probe_from is not None:        # the first choice after a probe
+            self._interval = (min(2 * self._interval, PROBE_BACKOFF * self.probe_every)
+                              if propose == self._probe_from else self.probe_every)
+            self._probe_from = None
+        cur = self.ready
+        if cur is None or propose != cur or not busy.all():
+            self._steady = 0
+            return propose
+        self._steady += 1
+        B = self.B
+        near = [k for k in (cur - 1, cur + 1) if 0 <= k <= self.k_max]
+        k = min(near, key=lambda kk: (self._live_at.get((B, kk), -1), kk))
+        # a neighbour never priced live (or the running k itself) is probed after ``hold``
+        # rounds: a fixed batch keeps every slot busy only until its first request ends
+        unpriced = any(len(self._live.get((B, kk), ())) < LIVE_MIN for kk in (k, cur))
+        if self._steady < (min(self.hold, self._interval) if unpriced else self._interval):
+            return propose
+        self._probe = [k] * (PROBE_LEN - 1)
+        self._probe_from, self._steady = cur, 0
+        return k
+
+    def _live_sample(self, k: int, seconds: float) -> None:
+        """One decoding round's period at k, every slot busy."""
+        key = (self.B, k)
+        self._live.setdefault(key, deque(maxlen=LIVE_KEPT)).append(seconds)
+        self._live_at[key] = self._rounds
+        self._tables.pop(self.B, None)
+        self._costs = None
 
     def _sample(self, k: int, seconds: float, gpu_seconds: Optional[float]) -> None:
         """One clean round at k: its GPU time (else its period) joins k's window, the
@@ -384,6 +456,7 @@ class AutoK:
                              [len(self._samples[(B, kk)]) for kk in ks])
         for kk, c in zip(ks, fit):
             self.measured[(B, kk)] = c + host
+        self._tables.pop(B, None)
         self._costs = None
 
     def forget_acceptance(self) -> None:
@@ -402,11 +475,38 @@ class AutoK:
         """Seconds of a round at ``slots`` slots and k drafts."""
         c = self.fixed_costs
         if c is None:
-            got = self.measured.get((int(slots), int(k)))
-            return self._extrapolated(int(slots), int(k)) if got is None else got
+            B = int(slots)
+            table = self._tables.get(B)
+            if table is None:
+                table = self._tables[B] = self._table(B)
+            return table[int(k)]
         if callable(c):
             return float(c(int(slots), int(k)))
         return float(c[(int(slots), int(k))] if (int(slots), int(k)) in c else c[int(k)])
+
+    def _table(self, B: int) -> list:
+        """cost(B, k), k = 0..k_max, from measurements: a k with ``LIVE_MIN`` live samples
+        costs their median; any other its calibrated cost moved by the gap between live and
+        calibrated cost at the nearest k that has live samples (what the calibration
+        misses, a host share or the GPU's state while decoding, is mostly the same at every
+        k); then fitted nondecreasing in k, a live cost weighted by its sample count."""
+        K = self.k_max
+        cal = [self.measured.get((B, k)) for k in range(K + 1)]
+        cal = [self._extrapolated(B, k) if c is None else c for k, c in enumerate(cal)]
+        live = {k: _median(self._live[(B, k)]) for k in range(K + 1)
+                if len(self._live.get((B, k), ())) >= LIVE_MIN}
+        if not live:
+            return cal
+        est, w = [], []
+        for k in range(K + 1):
+            if k in live:
+                est.append(live[k])
+                w.append(float(len(self._live[(B, k)])))
+            else:
+                ref = min(live, key=lambda kk: (abs(kk - k), kk))
+                est.append(cal[k] + live[ref] - cal[ref])
+                w.append(1.0)
+        return _nondecreasing(est, w)
 
     def _extrapolated(self, B: int, k: int) -> float:
         """A k without a sample (calibration gave up: no clean round): the straight line

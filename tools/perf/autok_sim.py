@@ -5,8 +5,12 @@ ones before it did) and a token budget; a round at (verify v, propose p) costs
 (cost[v] + cost[p]) / 2 of the given table (one graph per pair; the verify half and the
 draft half). A fixed batch runs until its slowest request ends; ``--stream N`` refills freed
 slots from N requests. Prints each policy's time over target-only's (speed-up) per trial set.
+``--table`` gives the auto policies a calibrated table that is not the true cost (as the
+warm-up's replays priced the decoding rounds, s30): the "live" ones then learn the true
+costs from the periods of the rounds they run (``probe_every``), the others keep the table.
 
   python tools/perf/autok_sim.py --costs 1230,1343,1424,1424,1460 --slots 32 --trials 40
+  python tools/perf/autok_sim.py --costs 1083,1232,1350,1462,1560 --table 1203,1317,1399,1399,1433
 """
 import argparse
 
@@ -15,8 +19,9 @@ import numpy as np
 from specdec_lib.orchestrator import AutoK, FixedK
 
 
-def run(policy, ps, budgets, slots, costs, rng) -> float:
-    """Simulated time (cost units) for ``policy`` to emit every request's budget."""
+def run(policy, ps, budgets, slots, costs, rng, noise=0.03) -> float:
+    """Simulated time (cost units) for ``policy`` to emit every request's budget (a round's
+    period, told to the policy, is its cost times 1 + ``noise`` x a standard normal)."""
     n_req = len(ps)
     policy.start(slots, graphs=True)
     owner = [-1] * slots
@@ -41,7 +46,8 @@ def run(policy, ps, budgets, slots, costs, rng) -> float:
         busy = np.asarray([o >= 0 for o in owner])
         plan = policy.before_round(busy)
         v = plan.verify
-        total += 0.5 * (costs[v] + costs[plan.propose])
+        cost = 0.5 * (costs[v] + costs[plan.propose])
+        total += cost
         acc = np.zeros(slots, np.int32)
         for b in np.flatnonzero(busy):
             p = ps[owner[b]]
@@ -49,7 +55,7 @@ def run(policy, ps, budgets, slots, costs, rng) -> float:
             while n < v and rng.random() < p:
                 n += 1
             acc[b] = n
-        policy.after_round(acc, busy)
+        policy.after_round(acc, busy, cost * (1.0 + noise * rng.standard_normal()))
         left -= (acc + 1) * busy
         for b in np.flatnonzero(busy & (left <= 0)):
             owner[b] = -1
@@ -61,6 +67,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--costs", default="1230,1343,1424,1424,1460",
                     help="a round's cost at k = 0, 1, ... (any unit; k_max = count - 1)")
+    ap.add_argument("--table", default=None, help="the auto policies' calibrated costs "
+                    "(default: the true ones)")
     ap.add_argument("--slots", type=int, default=32)
     ap.add_argument("--stream", type=int, default=0, help="requests through the slots (0: one batch)")
     ap.add_argument("--trials", type=int, default=40)
@@ -75,9 +83,21 @@ def main():
     lo, hi = (int(x) for x in args.budget.split(","))
     n_req = args.stream or args.slots
     policies = {f"k{k}": (lambda k=k: FixedK(k)) for k in range(K + 1)}
-    policies["auto"] = lambda: AutoK(K, costs=dict(enumerate(costs)), drain=False)
-    policies["auto-drain"] = lambda: AutoK(K, costs=dict(enumerate(costs)))
+    table = [float(c) for c in args.table.split(",")] if args.table else costs
+
+    def calibrated(**kw):
+        """An AutoK whose calibration measured ``table`` at this slot count."""
+        pol = AutoK(K, **kw)
+        pol.measured.update({(args.slots, k): c for k, c in enumerate(table)})
+        return pol
+    for drain in (False, True):
+        name = "auto" + ("-drain" if drain else "")
+        policies[name] = lambda d=drain: calibrated(drain=d, probe_every=0)
+        policies[name + "-live"] = lambda d=drain: calibrated(drain=d)
     times = {name: [] for name in policies}
+    # one policy object per name for every trial, as a server keeps its decoder's: what it
+    # learns of the costs carries from one batch to the next (acceptance is reset per request)
+    policies = {name: (lambda p=make(): p) for name, make in policies.items()}
     for t in range(args.trials):
         rng = np.random.default_rng([args.seed, t])
         ps = rng.beta(a, b, n_req)

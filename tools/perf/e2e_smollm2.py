@@ -77,9 +77,14 @@ def spec_of(k):
     """(num_speculative_tokens, k_max) of a run's k: an int, or ``"autoN"`` (``AutoK(N)``,
     its costs measured by ``SpeculativeDecoder.calibrate`` in the warm-up)."""
     if isinstance(k, str) and k.startswith("auto"):
-        body = k[4:]           # "autoNnodrain": AutoK(N, drain=False), the rate objective only
-        n = int(body.removesuffix("nodrain") or 4)
-        return AutoK(n, drain=not body.endswith("nodrain")), n
+        # "autoN" + "nodrain" (AutoK(N, drain=False): the rate objective only) and/or
+        # "table" (probe_every=0: the calibrated table only, no live costs)
+        body, kw = k[4:], {}
+        for tag, arg in (("table", ("probe_every", 0)), ("nodrain", ("drain", False))):
+            if body.endswith(tag):
+                body, kw[arg[0]] = body.removesuffix(tag), arg[1]
+        n = int(body or 4)
+        return AutoK(n, **kw), n
     return k, k
 
 
@@ -127,6 +132,11 @@ def with_costs(dec):
                           for (b, kk), xs in sorted(dec.spec._samples.items())}
         m.round_host_us = {f"B{b}": round(_median(xs) * 1e6, 1)
                            for b, xs in sorted(dec.spec._host.items())}
+        # live costs: each k's median period of decoding rounds, every slot busy, and count
+        m.round_live_us = {f"B{b}_k{kk}": [round(_median(xs) * 1e6, 1), len(xs)]
+                           for (b, kk), xs in sorted(dec.spec._live.items())}
+        m.round_table_us = {f"B{b}_k{kk}": round(dec.spec.cost(b, kk) * 1e6, 1)
+                            for (b, kk) in sorted(dec.spec.measured)}
     return m
 
 
@@ -204,7 +214,8 @@ def summary(m):
                 admit_s=round(m.admit_s, 4), admissions=m.admissions, admitted=m.admitted,
                 capture_s=round(m.capture_s, 4),      # graphs recorded in the run (not timed)
                 **({"k_rounds": dict(sorted(m.k_rounds.items()))} if m.policy == "auto" else {}),
-                **({k: getattr(m, k) for k in ("round_costs_us", "round_gpu_us", "round_host_us")
+                **({k: getattr(m, k) for k in ("round_costs_us", "round_gpu_us", "round_host_us",
+                                                    "round_live_us", "round_table_us")
                     if hasattr(m, k)}),
                 **({"repeat_tokens_per_s": m.repeat_tokens_per_s}
                    if hasattr(m, "repeat_tokens_per_s") else {}))
@@ -379,6 +390,8 @@ def main():
                    "the mixed batch, the served stream)")
     p.add_argument("--auto-nodrain", action="store_true", help="with --auto: also AutoK(K_MAX, "
                    "drain=False) (its batch-wide rate objective even when no request waits)")
+    p.add_argument("--auto-table", action="store_true", help="with --auto: also AutoK(K_MAX, "
+                   "probe_every=0) (the calibrated table alone, no live costs: s29-s30's auto)")
     p.add_argument("--mixed-k", default=None, help="k of the drafts in the mixed batch and "
                    "the served stream, comma-separated (default -k): the fixed k's that auto "
                    "is compared with")
@@ -472,7 +485,7 @@ def main():
 
     heads = [n for n in drafts if n != "ngram"]
     auto = ([f"auto{args.auto}"] + ([f"auto{args.auto}nodrain"] if args.auto_nodrain else [])
-            if args.auto else [])
+            + ([f"auto{args.auto}table"] if args.auto_table else []) if args.auto else [])
     b1_runs = [(n, k) for n in drafts] + ([(n, args.head_k) for n in heads] if args.head_k else []) \
         + [(n, a) for a in auto for n in drafts]
     mixed_k = [int(x) for x in args.mixed_k.split(",")] if args.mixed_k else [k]

@@ -30,6 +30,7 @@ def main():
                    "call over B slots (--prompts B), 3 runs")
     p.add_argument("--no-gc", action="store_true", help="gc.disable() while timing")
     p.add_argument("--nodrain", action="store_true", help="also AutoK(k, drain=False)")
+    p.add_argument("--also-k", default="", help="more fixed k's, comma-separated (e.g. 1)")
     args = p.parse_args()
     if args.batch > 1:
         args.prompts = args.batch
@@ -39,8 +40,9 @@ def main():
     texts = e2e.pool_of(args.prompts)["general"][:args.prompts]
     reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new,
                     stop_token_ids=STOP_TOKEN_IDS) for t in texts]
-    modes = [("target_only", None, 0), (f"k{args.k}", draft, args.k),
-             (f"auto{args.k}", draft, f"auto{args.k}")]
+    modes = [("target_only", None, 0)] + [
+        (f"k{kk}", draft, kk) for kk in [int(x) for x in args.also_k.split(",") if x] + [args.k]
+    ] + [(f"auto{args.k}", draft, f"auto{args.k}")]
     if args.nodrain:
         modes.append((f"auto{args.k}nodrain", draft, f"auto{args.k}nodrain"))
     for name, d, k in modes:
@@ -132,7 +134,10 @@ def main():
             print(f"    plan {str(key_)[:60]:60s} replays {len(xs):4d} gpu median "
                   f"{sorted(xs)[len(xs) // 2]:7.1f} us")
         if getattr(spec, "measured", None):
-            print("    table (us):", {kk: round(v * 1e6, 1) for kk, v in sorted(spec.measured.items())})
+            print("    calibrated (us):", {kk: round(v * 1e6, 1) for kk, v in sorted(spec.measured.items())})
+            print("    live (us, n):", {kk: (round(e2e._median(v) * 1e6, 1), len(v))
+                                        for kk, v in sorted(spec._live.items())})
+            print("    cost (us):", {kk: round(spec.cost(*kk) * 1e6, 1) for kk in sorted(spec.measured)})
 
 
 if __name__ == "__main__":
