@@ -53,11 +53,18 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   last ``SAMPLES_KEPT`` samples plus the median host share of the period over every k's
   (where no GPU time is given, the median period). The medians are then fitted
   nondecreasing in k (weighted pool-adjacent-violators): a round at k + 1 does all of k's
-  work and more, so a table where it is cheaper is noise. Once calibrated the table stays
-  (and no round is timed): later samples would come only from the k that runs, in batches
-  whose slots drain as requests finish, and an idle slot's rows are cheaper than a running
-  one's (s29: such samples priced k = 4 below the calibration's k = 3 at B = 32 and 64, and
-  auto ran k = 4 where k = 3 was faster). Until every k has a sample at
+  work and more, so a table where it is cheaper is noise. Once calibrated no round is
+  timed on the GPU, and decoding prices the k's (*live costs*, ``probe_every`` > 0): a clean
+  round with every slot busy (an idle slot's rows are cheaper: s29's samples from draining
+  batches priced k = 4 below k = 3) and the same verify count as the round before gives its
+  period; a k's cost is the median of its last ``LIVE_KEPT`` periods, a k without any its
+  calibrated cost moved by the live-minus-calibrated gap at the nearest k that has them,
+  fitted nondecreasing. Since the choice alone would only ever price the k that runs, after
+  ``probe_every`` rounds at one k (``hold`` while it or the neighbour has no live cost) a
+  probe proposes the neighbouring k whose live cost is oldest for ``PROBE_LEN`` rounds; a
+  probe after which the choice returns doubles the interval (to ``PROBE_BACKOFF`` x). (s30,
+  H200, B=32: the calibration priced k = 3 16% above k = 0, decoding rounds 35%, and auto
+  kept k = 3 where k = 1 was 9% faster.) Until every k has a sample at
   this B the policy *calibrates*: it proposes ``k_max, k_max - 1, ..., 0``, each for
   ``hold`` rounds (which also records each k's graph), then the same back up, ``0, 1, ...,
   k_max`` (the graphs recorded: every round of it but a switch is a sample), so each k is
@@ -97,7 +104,8 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   choice therefore sees the history up to the round before last (an admission learns the
   last round first: it resets slots). With graphs a round of ``AutoK`` makes the same
   backend calls (copies, reads, replays) as one of ``FixedK`` at its k once calibrated (while
-  calibrating, two timing events around a clean round's replay) (``tests/test_round_calls.py``).
+  calibrating, two timing events around a clean round's replay; a probe replays the
+  neighbouring k's recorded graph and copies num_draft) (``tests/test_round_calls.py``).
 * Everything is a function of the accepted history and the cost table: the same history and
   table give the same choices (``choices`` keeps the plans of the last ``CHOICES_KEPT``
   rounds or more: a server runs for ever). ``k_rounds`` in the
@@ -124,8 +132,8 @@ CALIBRATION_REFILLS = 2  # sweeps over the k's still unmeasured after the first
 CHAIN = 2.0             # pseudo-rounds tying a position's pooled estimate to the one before
 CHOICES_KEPT = 1 << 16  # AutoK.choices keeps at least the last this many rounds' plans
 LIVE_KEPT = 16          # a k's live cost: the median of its last this many full rounds' periods
-LIVE_MIN = 2            # live samples of a k before they replace its calibrated cost
-PROBE_LEN = 3           # rounds a probe proposes its k (a switch, then clean rounds)
+LIVE_MIN = 1            # live samples of a k before they replace its calibrated cost
+PROBE_LEN = 3           # rounds a probe proposes its k (a switch, a new verify count, a sample)
 PROBE_BACKOFF = 8       # a probe that changes nothing doubles the interval, up to this many x
 
 
@@ -285,6 +293,7 @@ class AutoK:
         self._probe: list = []
         self._probe_from: Optional[int] = None
         self._steady = 0
+        self._last_verify: Optional[int] = None
         self.refills = CALIBRATION_REFILLS
         # calibrated(B) stays true once true (costs are only ever added): asked once then
         self._done = self.calibrated(B)
@@ -360,8 +369,12 @@ class AutoK:
         self._measure = self.fixed_costs is None and (calibrating or not self._done)
         # a cost sample if clean: "cal" (calibrating: GPU time and host share) or "live"
         # (calibrated: the period of a decoding round with every slot busy, see _probed)
+        # (not the first round of a new verify count: serve copies num_draft to the device in
+        # it, a cost of the switch, not of the k)
         kind = "cal" if self._measure else (
-            "live" if self.fixed_costs is None and self.probe_every and busy.all() else None)
+            "live" if self.fixed_costs is None and self.probe_every and busy.all()
+            and verify == self._last_verify else None)
+        self._last_verify = verify
         self._inflight.append((plan, kind))
         self.choices.append(plan)
         if len(self.choices) > 2 * CHOICES_KEPT:        # bounded: a server runs forever
