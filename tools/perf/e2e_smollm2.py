@@ -43,6 +43,7 @@ tokens, free-running divergences, speculative == target-only per cache dtype:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -184,6 +185,7 @@ def interleaved(target, be, reqs, slots, modes):
             dec = decs[key]
             dec.serve(reqs, slots=slots)                 # untimed: warm again
             dec.reset_metrics()
+            gc.collect()        # no collection debt of the runs before (s30: B=16 bimodal)
             out = dec.serve(reqs, slots=slots)
             runs[key].append((with_costs(dec), out))
             # detached: the next untimed run must not count into this run's metrics (s30:

@@ -31,6 +31,12 @@ def main():
     p.add_argument("--no-gc", action="store_true", help="gc.disable() while timing")
     p.add_argument("--nodrain", action="store_true", help="also AutoK(k, drain=False)")
     p.add_argument("--also-k", default="", help="more fixed k's, comma-separated (e.g. 1)")
+    p.add_argument("--modes", default=None, help="the modes in this order instead, comma-"
+                   "separated: target_only, kN, autoN[nodrain][table] (e.g. a mode twice: "
+                   "drift)")
+    p.add_argument("--replay-probe", type=int, default=0, metavar="N", help="after each "
+                   "mode's timed runs, its most used graphs replayed N times in a row each "
+                   "and N times alternating (the GPU time of a graph alone and after another)")
     args = p.parse_args()
     if args.batch > 1:
         args.prompts = args.batch
@@ -45,6 +51,10 @@ def main():
     ] + [(f"auto{args.k}", draft, f"auto{args.k}")]
     if args.nodrain:
         modes.append((f"auto{args.k}nodrain", draft, f"auto{args.k}nodrain"))
+    if args.modes:
+        modes = [(m, None, 0) if m == "target_only" else
+                 (m, draft, int(m[1:]) if m.startswith("k") else m)
+                 for m in args.modes.split(",")]
     for name, d, k in modes:
         dec = e2e.decoder(target, d, k, be, reqs, args.batch if args.batch > 1 else None)
         acc = {"read": 0.0, "replay": 0.0, "policy_before": 0.0, "policy_after": 0.0,
@@ -76,6 +86,7 @@ def main():
                 return r
             object.__setattr__(spec, meth, wrap)
         st = dec._state
+        raw = dict(st.replays)
         for key_, rep in list(st.replays.items()):
             def wrep(_r=rep):
                 t = time.perf_counter()
@@ -133,11 +144,42 @@ def main():
         for key_, xs in sorted(per_key.items(), key=lambda kv: -len(kv[1]))[:6]:
             print(f"    plan {str(key_)[:60]:60s} replays {len(xs):4d} gpu median "
                   f"{sorted(xs)[len(xs) // 2]:7.1f} us")
+        if args.replay_probe:
+            replay_probe(raw, per_key, args.replay_probe)
+        smi = os.popen("nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu "
+                       "--format=csv,noheader 2>/dev/null").read().strip()
+        print(f"    gpu state: {smi}")
         if getattr(spec, "measured", None):
             print("    calibrated (us):", {kk: round(v * 1e6, 1) for kk, v in sorted(spec.measured.items())})
             print("    live (us, n):", {kk: (round(e2e._median(v) * 1e6, 1), len(v))
                                         for kk, v in sorted(spec._live.items())})
             print("    cost (us):", {kk: round(spec.cost(*kk) * 1e6, 1) for kk in sorted(spec.measured)})
+
+
+def replay_probe(raw, per_key, n):
+    """GPU time (median us) of a decoder's two most replayed graphs: each ``n`` times in a
+    row, then ``n`` times alternating (after its call every slot is finished: the rounds
+    compute and commit nothing)."""
+    import torch
+    keys = [k for k, _ in sorted(per_key.items(), key=lambda kv: -len(kv[1]))[:2]]
+
+    def timed(seq):
+        ev = []
+        for key in seq:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            raw[key]()
+            e1.record()
+            ev.append((key, e0, e1))
+        torch.cuda.synchronize()
+        out: dict = {}
+        for key, e0, e1 in ev:
+            out.setdefault(key, []).append(e0.elapsed_time(e1) * 1e3)
+        return {key: round(float(np.median(v)), 1) for key, v in out.items()}
+    for key in keys:
+        print(f"    replay {key} x{n} in a row: {timed([key] * n)[key]} us")
+    if len(keys) == 2:
+        print(f"    alternating {keys[0]} / {keys[1]}: {timed(keys * n)}")
 
 
 if __name__ == "__main__":
