@@ -180,6 +180,25 @@ def replay_probe(raw, per_key, n):
         print(f"    replay {key} x{n} in a row: {timed([key] * n)[key]} us")
     if len(keys) == 2:
         print(f"    alternating {keys[0]} / {keys[1]}: {timed(keys * n)}")
+    want = [k for k in keys if k[:2] == (3, 3)] or keys[:1]
+    if os.environ.get("REPLAY_PROFILE") and want:
+        # the kernels of one graph: count and the GPU time by name over 5 replays
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                raw[want[0]]()
+            torch.cuda.synchronize()
+        by: dict = {}
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                t = by.setdefault(e.name[:70], [0, 0.0])
+                t[0] += 1
+                t[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        tot = sum(v[1] for v in by.values()) / 5
+        print(f"    profile {want[0]}: {sum(v[0] for v in by.values()) / 5:.0f} kernels a replay, "
+              f"{tot:.1f} us of kernels")
+        for name, (c, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:30]:
+            print(f"      {c / 5:5.1f}x {t / 5:8.1f} us  {name}")
 
 
 if __name__ == "__main__":
