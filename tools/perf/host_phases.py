@@ -52,10 +52,13 @@ def main():
     if args.nodrain:
         modes.append((f"auto{args.k}nodrain", draft, f"auto{args.k}nodrain"))
     if args.modes:
+        # a mode ending in "gather": the round's index gather of emitted (SLICE_UNIFORM off)
         modes = [(m, None, 0) if m == "target_only" else
-                 (m, draft, int(m[1:]) if m.startswith("k") else m)
+                 (m, draft, int(m[1:]) if m.startswith("k") else m.removesuffix("gather"))
                  for m in args.modes.split(",")]
+    from specdec_lib.orchestrator import round as round_mod
     for name, d, k in modes:
+        round_mod.SLICE_UNIFORM = not name.endswith("gather")
         dec = e2e.decoder(target, d, k, be, reqs, args.batch if args.batch > 1 else None)
         acc = {"read": 0.0, "replay": 0.0, "policy_before": 0.0, "policy_after": 0.0,
                "gap": 0.0}
@@ -177,7 +180,13 @@ def replay_probe(raw, per_key, n):
             out.setdefault(key, []).append(e0.elapsed_time(e1) * 1e3)
         return {key: round(float(np.median(v)), 1) for key, v in out.items()}
     for key in keys:
-        print(f"    replay {key} x{n} in a row: {timed([key] * n)[key]} us")
+        t0 = time.perf_counter()
+        for _ in range(n):
+            raw[key]()
+        host = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+        print(f"    replay {key} x{n} in a row: {timed([key] * n)[key]} us (launch alone "
+              f"{host:.1f} us on the host)")
     if len(keys) == 2:
         print(f"    alternating {keys[0]} / {keys[1]}: {timed(keys * n)}")
     want = [k for k in keys if k[:2] == (3, 3)] or keys[:1]
@@ -189,6 +198,17 @@ def replay_probe(raw, per_key, n):
                 raw[want[0]]()
             torch.cuda.synchronize()
         by: dict = {}
+        spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                       if e.device_type.name == "CUDA")
+        idle = overlap = 0.0
+        for (s0, e0), (s1, _) in zip(spans, spans[1:]):
+            d = s1 - e0
+            if 0 < d < 50:
+                idle += d           # the GPU idle between two kernels of a replay
+            elif d < 0:
+                overlap -= d        # a kernel starting before the last ended (PDL)
+        print(f"    timeline: idle between kernels {idle / 5:.1f} us a replay, "
+              f"overlap {overlap / 5:.1f} us")
         for e in prof.events():
             if e.device_type.name == "CUDA":
                 t = by.setdefault(e.name[:70], [0, 0.0])
