@@ -167,3 +167,26 @@ def test_auto_at_k_max_makes_the_fixed_k_calls_smollm2(method):
     finally:
         target.capture_aux(())
     _check_same_calls(out, reqs)
+
+
+def test_calibrated_auto_records_its_plans_before_decoding(demo):
+    """A calibrated AutoK (given costs) records every plan it may switch to (each (k, k)
+    and (k, k +- 1)) before a call's first round, so a call that moves k records nothing
+    inside its rounds; a FixedK records its one plan at the first round, as before."""
+    cfg, tensors, dw = demo
+    reqs = _requests(40)
+    be = TracingBackend()
+    target, draft = _ReusedTarget(cfg, tensors, be), TinyMTPDraft(cfg, dw, tensors, be)
+    costs = {k: 1.0 + 0.1 * k for k in range(K + 1)}
+    dec = SpeculativeDecoder(target, draft, num_speculative_tokens=AutoK(K, costs=costs),
+                             backend=be, cuda_graph=True, capture_first=True,
+                             max_len=SpeculativeDecoder.positions_needed(reqs, K))
+    be.events.clear()
+    dec.serve(reqs[:2], slots=2)
+    kinds = [e[0] for e in be.events]
+    first = kinds.index("replay")
+    assert "capture" not in kinds[first:]
+    want = {(v, p, None) for v in range(K + 1) for p in (v - 1, v, v + 1) if 0 <= p <= K}
+    assert want <= set(dec._state.replays)
+    assert kinds[:first].count("capture") >= len(want)
+    assert len(set(dec.spec.choices)) > 1            # k moved: every plan was there

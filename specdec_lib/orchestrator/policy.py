@@ -7,7 +7,8 @@ whose ``measuring`` is true (read every round) is also given ``gpu_seconds``, it
 GPU time, and the round timed for it), and may
 have ``prepare(busy)`` (called while a round runs: ready the next choice) and
 ``budget(slots, max_new, waiting)`` (called at each admission: the new requests' token
-budgets, and how many requests wait for a slot).
+budgets, and how many requests wait for a slot) and ``graph_plans()`` (the plans whose
+graphs ``serve`` records before a call's first round, where it records graphs).
 
 ``RoundPlan(verify, propose, num_draft)``: the round verifies ``verify`` drafts per slot (its
 block is ``verify + 1`` rows a slot; ``num_draft``, when not None, gives each slot fewer:
@@ -185,6 +186,11 @@ class FixedK:
     def start(self, slots: int, graphs: bool) -> None:
         """A call begins (nothing to reset)."""
 
+    def graph_plans(self) -> list:
+        """Plans to record before a call's first round: none (its one plan is recorded
+        there)."""
+        return []
+
     def admit(self, slots: Sequence[int]) -> None:
         """New requests in ``slots`` (nothing to learn)."""
 
@@ -303,6 +309,23 @@ class AutoK:
         else:
             self.sweep = pending
 
+    def graph_plans(self) -> list:
+        """The plans a call may run once calibrated (recorded before its first round, so no
+        graph is recorded inside a decoding call: s30, a capture mid-run of a B=64 batch
+        took 16 ms of a 170 ms call): k moves one step a round, so every (k, k) and
+        (k, k +- 1). None while calibrating (the sweep records its own)."""
+        if not self.graphs or not self._done:
+            return []
+        K = self.k_max
+        return [self._plan(v, p) for v in range(K + 1) for p in (v - 1, v, v + 1)
+                if 0 <= p <= K]
+
+    def _plan(self, verify: int, propose: int) -> RoundPlan:
+        plan = self._plans.get((verify, propose))
+        if plan is None:
+            plan = self._plans[(verify, propose)] = RoundPlan(verify, propose)
+        return plan
+
     def admit(self, slots: Sequence[int]) -> None:
         """New requests start from the pooled prior."""
         for b in slots:
@@ -359,9 +382,7 @@ class AutoK:
         if self.ragged and not self.graphs and verify > 0 and not calibrating:
             num_draft = self._trim(busy, verify)
         if num_draft is None:           # (plans are immutable: one object per shape)
-            plan = self._plans.get((verify, propose))
-            if plan is None:
-                plan = self._plans[(verify, propose)] = RoundPlan(verify, propose)
+            plan = self._plan(verify, propose)
         else:
             plan = RoundPlan(verify, propose, num_draft)
         self.ready = propose

@@ -83,6 +83,14 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
         m.capture_s += time.perf_counter() - tc
         m.graph_captured = True
         return graph
+    if can_capture and capture_first:
+        # every plan the policy may switch to, recorded before decoding starts (a graph
+        # recorded mid-call stalls every running request for its capture and first upload)
+        for plan in getattr(spec, "graph_plans", lambda: ())():
+            if plan.key not in st.replays:
+                if p.block_draft and plan.propose:
+                    emitted_rows(p, st, plan)
+                st.replays[plan.key] = record(plan)
     t0 = time.perf_counter()
     first_round = True
     seen: set = set()           # plans run eagerly in this call (their shapes compiled)
