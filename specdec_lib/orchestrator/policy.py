@@ -63,9 +63,9 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   fitted nondecreasing. Since the choice alone would only ever price the k that runs, after
   ``probe_every`` rounds at one k (``hold`` while it or the neighbour has no live cost) a
   probe proposes the neighbouring k whose live cost is oldest for ``PROBE_LEN`` rounds; a
-  probe after which the choice returns doubles the interval (to ``PROBE_BACKOFF`` x). (s30,
-  H200, B=32: the calibration priced k = 3 16% above k = 0, decoding rounds 35%, and auto
-  kept k = 3 where k = 1 was 9% faster.) Until every k has a sample at
+  probe after which the choice returns doubles the interval (to ``PROBE_BACKOFF`` x). (s31,
+  H200, B=32: the calibration priced k = 3 10% above k = 0, decoding rounds cost 27% more;
+  the table alone kept auto at k = 3, 0.91x, where k = 1 ran 1.10x and auto live 1.09x.) Until every k has a sample at
   this B the policy *calibrates*: it proposes ``k_max, k_max - 1, ..., 0``, each for
   ``hold`` rounds (which also records each k's graph), then the same back up, ``0, 1, ...,
   k_max`` (the graphs recorded: every round of it but a switch is a sample), so each k is
@@ -311,7 +311,7 @@ class AutoK:
 
     def graph_plans(self) -> list:
         """The plans a call may run once calibrated (recorded before its first round, so no
-        graph is recorded inside a decoding call: s30, a capture mid-run of a B=64 batch
+        graph is recorded inside a decoding call: s31, a capture mid-run of a B=64 batch
         took 16 ms of a 170 ms call): k moves one step a round, so every (k, k) and
         (k, k +- 1). None while calibrating (the sweep records its own)."""
         if not self.graphs or not self._done:
@@ -436,9 +436,8 @@ class AutoK:
         probe's. After ``probe_every`` rounds at one k with every slot busy (only those
         rounds price a k: an idle slot's rows are cheaper), a probe proposes the neighbouring
         k (one step: its graph is recorded) whose live cost is oldest for ``PROBE_LEN``
-        rounds: a switch round, then clean rounds whose periods price it. (s30: the
-        calibration's replays priced k=3 at B=32 7% above k=0 where decoding rounds cost
-        35% more; a table alone kept auto at k=3 while k=1 was 9% faster.) A probe after
+        rounds: a switch round, then clean rounds whose periods price it (the module
+        docstring has why: s31's calibrated table mispriced the k's). A probe after
         which the choice returns to where it was doubles the interval (up to
         ``PROBE_BACKOFF`` x); one after which it moves resets it."""
         if self.fixed_costs is not None or not self.probe_every or not self._done:

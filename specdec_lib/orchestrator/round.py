@@ -21,8 +21,9 @@ from .state import CallState, Parts
 __all__ = ["block_rows", "emitted_rows", "run_round"]
 
 # whole blocks narrower than ``emitted`` (k < k_max): its first verify + 1 columns copied
-# (one contiguous copy) instead of the index gather (s30 H200, B=16: a k_max = 4 decoder's
-# (3, 3) graph replayed in 1320 us against 1183-1190 for k_max = 3; under test)
+# (one contiguous copy) instead of the index gather (s31 H200, B=16: a k_max = 4 decoder's
+# (3, 3) graph replayed alone in 1320 us with the gather, 182 us of it idle between kernels,
+# against 1181 us with the copy and 1187 for a k_max = 3 decoder's)
 SLICE_UNIFORM = True
 
 
