@@ -19,9 +19,10 @@ import numpy as np
 from specdec_lib.orchestrator import AutoK, FixedK
 
 
-def run(policy, ps, budgets, slots, costs, rng, noise=0.03) -> float:
+def run(policy, ps, budgets, slots, costs, rng, noise=0.03, stall=(0.0, 0.0)) -> float:
     """Simulated time (cost units) for ``policy`` to emit every request's budget (a round's
-    period, told to the policy, is its cost times 1 + ``noise`` x a standard normal)."""
+    period, told to the policy, is its cost times 1 + ``noise`` x a standard normal, plus,
+    with probability ``stall[0]``, ``stall[1]`` of its cost: a host stall)."""
     n_req = len(ps)
     policy.start(slots, graphs=True)
     owner = [-1] * slots
@@ -55,7 +56,8 @@ def run(policy, ps, budgets, slots, costs, rng, noise=0.03) -> float:
             while n < v and rng.random() < p:
                 n += 1
             acc[b] = n
-        policy.after_round(acc, busy, cost * (1.0 + noise * rng.standard_normal()))
+        jitter = noise * rng.standard_normal() + (stall[1] if rng.random() < stall[0] else 0.0)
+        policy.after_round(acc, busy, cost * (1.0 + jitter))
         left -= (acc + 1) * busy
         for b in np.flatnonzero(busy & (left <= 0)):
             owner[b] = -1
@@ -70,6 +72,9 @@ def main():
     ap.add_argument("--table", default=None, help="the auto policies' calibrated costs "
                     "(default: the true ones)")
     ap.add_argument("--slots", type=int, default=32)
+    ap.add_argument("--noise", type=float, default=0.03, help="a period's relative jitter")
+    ap.add_argument("--stall", default="0,0", help="P,F: a period is F longer with "
+                    "probability P (host stalls)")
     ap.add_argument("--stream", type=int, default=0, help="requests through the slots (0: one batch)")
     ap.add_argument("--trials", type=int, default=40)
     ap.add_argument("--beta", default="2.5,1.5", help="Beta(a, b) of a request's acceptance")
@@ -104,7 +109,8 @@ def main():
         budgets = np.where(rng.random(n_req) < 0.5, hi, rng.integers(lo, hi + 1, n_req))
         for name, make in policies.items():
             times[name].append(run(make(), ps, budgets, args.slots, costs,
-                                   np.random.default_rng([args.seed, t, 1])))
+                                   np.random.default_rng([args.seed, t, 1]), args.noise,
+                                   tuple(float(x) for x in args.stall.split(","))))
     base = np.sum(times["k0"])
     for name, ts in times.items():
         print(f"{name:>10}  speed-up {base / np.sum(ts):.3f}")
