@@ -12,6 +12,8 @@ round (admission, prefill), per round exactly ``before_round``, one replay of th
 first round) and the one read of ``control`` (``num_accepted`` and ``finished``) (the last round adds the
 output reads), then the last round's ``after_round`` and one stream synchronisation: no
 host->device copy, no capture, no other graph, no sweep at another k inside the timed calls.
+(AutoK's live-cost probes, which replay the neighbouring k's graph, do not come in these calls:
+the warm-up probed k_max - 1 and doubled the interval past the calls' length.)
 """
 import numpy as np
 import pytest
