@@ -410,7 +410,7 @@ class AutoK:
         the GPU time of its replay ``gpu_seconds``."""
         if not self._inflight:
             return
-        plan, sampled = self._inflight.popleft()
+        plan, kind = self._inflight.popleft()
         self._prepared = None
         n = np.asarray(num_accepted)
         busy = np.asarray(busy, bool)
@@ -424,9 +424,9 @@ class AutoK:
         self._counts += rows
         self._pool += rows.sum(axis=1)
         self._left -= (n + 1) * busy            # tokens the round emitted, where running
-        if (seconds is not None and sampled
+        if (seconds is not None and kind
                 and plan.num_draft is None and plan.verify == plan.propose):
-            if sampled == "cal":
+            if kind == "cal":
                 self._sample(plan.verify, seconds, gpu_seconds)
             else:
                 self._live_sample(plan.verify, seconds)
@@ -453,13 +453,15 @@ class AutoK:
             self._steady = 0
             return propose
         self._steady += 1
+        if self._steady < min(self.hold, self._interval):     # (before_round's hot path)
+            return propose
         B = self.B
         near = [k for k in (cur - 1, cur + 1) if 0 <= k <= self.k_max]
         k = min(near, key=lambda kk: (self._live_at.get((B, kk), -1), kk))
         # a neighbour never priced live (or the running k itself) is probed after ``hold``
         # rounds: a fixed batch keeps every slot busy only until its first request ends
         unpriced = any(len(self._live.get((B, kk), ())) < LIVE_MIN for kk in (k, cur))
-        if self._steady < (min(self.hold, self._interval) if unpriced else self._interval):
+        if not unpriced and self._steady < self._interval:
             return propose
         self._probe = [k] * (PROBE_LEN - 1)
         self._probe_from, self._steady = cur, 0

@@ -20,12 +20,6 @@ from .state import CallState, Parts
 
 __all__ = ["block_rows", "emitted_rows", "run_round"]
 
-# whole blocks narrower than ``emitted`` (k < k_max): its first verify + 1 columns copied
-# (one contiguous copy) instead of the index gather (s31 H200, B=16: a k_max = 4 decoder's
-# (3, 3) graph replayed alone in 1320 us with the gather, 182 us of it idle between kernels,
-# against 1181 us with the copy and 1187 for a k_max = 3 decoder's)
-SLICE_UNIFORM = True
-
 
 def block_rows(plan: RoundPlan, B: int) -> list[int]:
     """Rows of each slot's block in a round of ``plan``."""
@@ -36,9 +30,14 @@ def block_rows(plan: RoundPlan, B: int) -> list[int]:
 
 def emitted_rows(p: Parts, st: CallState, plan: RoundPlan):
     """The gather that feeds every block row the token emitted after it (row j of slot b:
-    ``emitted[b, j]``) when blocks are narrower than ``emitted`` (k_max + 1); None when they
-    are as wide (a plain reshape). Made on the host before the round runs (or is recorded)
-    and kept per plan, so the recorded round only reads a device buffer."""
+    ``emitted[b, j]``) when a ragged plan's blocks are narrower than ``emitted`` (k_max + 1);
+    None for whole blocks (``run_round`` takes ``emitted``'s first verify + 1 columns: s31
+    H200, B=16, a k_max = 4 decoder's (3, 3) graph replayed alone in 1320 us with the gather,
+    182 us of it idle between kernels, against 1181 us with the columns' copy) and for blocks
+    as wide. Made on the host before the round runs (or is recorded) and kept per plan, so
+    the recorded round only reads a device buffer."""
+    if plan.num_draft is None:
+        return None
     W, B = st.buf.emitted.shape[1], st.shape.slots
     rows = block_rows(plan, B)
     if all(q == W for q in rows):
@@ -81,14 +80,15 @@ def run_round(p: Parts, st: CallState, plan: RoundPlan = None) -> None:
         # every block row is fed the token emitted after it (row j of sequence b:
         # emitted[b, j]; -1 past the accepted ones, a zero embedding: dead rows)
         idx = emitted_rows(p, st, plan)
-        if idx is None:
-            tokens = buf.emitted.reshape(-1)
-        elif plan.num_draft is None and SLICE_UNIFORM:     # every block verify + 1 rows
-            # (+ 0: a new C-contiguous array in numpy, cupy and torch alike, one elementwise
-            # kernel; a reshape of the slice is a strided view where verify is 0)
+        if idx is not None:
+            tokens = buf.emitted.reshape(-1)[idx]
+        elif plan.num_draft is None and plan.verify + 1 < buf.emitted.shape[1]:
+            # whole blocks narrower than emitted (+ 0: a new C-contiguous array in numpy,
+            # cupy and torch alike, one elementwise kernel; a reshape of the slice is a
+            # strided view where verify is 0)
             tokens = (buf.emitted[:, :plan.verify + 1] + 0).reshape(-1)
         else:
-            tokens = buf.emitted.reshape(-1)[idx]
+            tokens = buf.emitted.reshape(-1)
         proposal = p.draft.propose_block(SimpleNamespace(
             hidden=hidden, tokens=tokens, positions=positions,
             cu_q=buf.cu_q, valid=buf.accept_len, seq_lens=buf.seq_lens,

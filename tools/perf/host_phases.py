@@ -52,13 +52,10 @@ def main():
     if args.nodrain:
         modes.append((f"auto{args.k}nodrain", draft, f"auto{args.k}nodrain"))
     if args.modes:
-        # a mode ending in "gather": the round's index gather of emitted (SLICE_UNIFORM off)
         modes = [(m, None, 0) if m == "target_only" else
-                 (m, draft, int(m[1:]) if m.startswith("k") else m.removesuffix("gather"))
+                 (m, draft, int(m[1:]) if m.startswith("k") else m)
                  for m in args.modes.split(",")]
-    from specdec_lib.orchestrator import round as round_mod
     for name, d, k in modes:
-        round_mod.SLICE_UNIFORM = not name.endswith("gather")
         dec = e2e.decoder(target, d, k, be, reqs, args.batch if args.batch > 1 else None)
         acc = {"read": 0.0, "replay": 0.0, "policy_before": 0.0, "policy_after": 0.0,
                "gap": 0.0}
@@ -189,9 +186,10 @@ def replay_probe(raw, per_key, n):
               f"{host:.1f} us on the host)")
     if len(keys) == 2:
         print(f"    alternating {keys[0]} / {keys[1]}: {timed(keys * n)}")
-    want = [k for k in keys if k[:2] == (3, 3)] or keys[:1]
+    want = keys[:1]
     if os.environ.get("REPLAY_PROFILE") and want:
-        # the kernels of one graph: count and the GPU time by name over 5 replays
+        # the kernels of the most replayed graph: count and GPU time by name over 5 replays
+        # (profile last: after torch.profiler every graph launch took ~210 us on the host)
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
