@@ -145,6 +145,34 @@ def test_tiny_llama_row_invariant_block_equals_one_row_steps(rng, backend, monke
     np.testing.assert_array_equal(block, steps)
 
 
+@pytest.mark.parametrize("taps", [(), (0, 1)])
+def test_tiny_llama_fused_decode_equals_unfused_layers(rng, taps):
+    """The row-invariant decode runs each norm in the prologue of the linear behind it and
+    silu_mul in gate_up's epilogue (``LlamaTarget._run_fused``): on the reference backend
+    (float64) its logits, final hidden and EAGLE3 aux taps equal the layer-by-layer pass's
+    (``row_invariant=False``, the same weights) to rounding, through the paged caches."""
+    seed = int(rng.integers(1 << 30))
+    outs = []
+    for ri in (False, True):
+        t = _tiny_target(np.random.default_rng(seed), row_invariant=ri, nq=6, nkv=2)
+        if taps:
+            t.capture_aux(taps)
+        t.reset(1, 16)
+        r = np.random.default_rng(seed + 1)
+        tok = r.integers(0, 50, 8).astype(np.int32)
+        fin = np.zeros(1, np.uint8)
+        t.prefill(tok[:3], np.arange(3, dtype=np.int32), np.array([0, 3], np.int32),
+                  np.zeros(1, np.int32), fin, row_counts=[3])
+        lg, hid = t.forward(tok[3:], np.arange(3, 8, dtype=np.int32), np.array([0, 5], np.int32),
+                            np.array([3], np.int32), fin)
+        assert hid.shape == (5, t.hidden_size)
+        outs.append((np.asarray(lg), np.asarray(hid)))
+    (lg0, h0), (lg1, h1) = outs
+    assert np.isfinite(lg1).all() and np.isfinite(h1).all()
+    np.testing.assert_allclose(lg1, lg0, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(h1, h0, rtol=1e-9, atol=1e-9)
+
+
 def _serve_tiny(t, prefill, *, k=3, cuda_graph=False, max_len=None, dec=None, seed=0):
     """Six requests (one-token to 30-token prompts: buckets 16 and 32, a one-token prompt on
     the batched path) through two slots, arriving in three waves, with prompt lookup."""

@@ -389,12 +389,17 @@ __device__ __forceinline__ void linear(const LinearParams& p) {
   for (int c = 0; c < kCols; ++c)
     wrow[c] = static_cast<const T*>(p.weight) + (ok[c] ? col[c] : 0) * static_cast<int64_t>(K);
 
+  // The first chunk's weights are requested before the PDL wait: no launch writes a weight,
+  // so they may stream in while the predecessor drains (at decode sizes the weights are
+  // nearly all the bytes). Everything else is read after the wait (pdl.cuh).
+  Unit<T> wv[kCols][kLaneUnits];              // in flight during the wait and the staging
+  load_weights<T>(wv, wrow, ok, 0, min(units, kSlabUnits), K, vec_w);
+  pdl_begin();
   bool first = true;
   for (int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRows; row0 < p.rows;
        row0 += static_cast<int64_t>(gridDim.y) * kRows) {
     const int mc = static_cast<int>(min(static_cast<int64_t>(kRows), p.rows - row0));
-    Unit<T> wv[kCols][kLaneUnits];            // issued first: in flight during the staging
-    load_weights<T>(wv, wrow, ok, 0, min(units, kSlabUnits), K, vec_w);
+    if (!first) load_weights<T>(wv, wrow, ok, 0, min(units, kSlabUnits), K, vec_w);
 
     for (int64_t s0 = 0; s0 < units; s0 += kSlabUnits) {
       const int su = static_cast<int>(min(static_cast<int64_t>(kSlabUnits), units - s0));
@@ -471,7 +476,7 @@ __device__ __forceinline__ void linear(const LinearParams& p) {
 }  // namespace
 
 #define SPECDEC_LINEAR(NAME, T, W)                                                          \
-  extern "C" __global__ void __launch_bounds__(kThreads, 3) linear_##NAME(const LinearParams p) { specdec::pdl_begin(); \
+  extern "C" __global__ void __launch_bounds__(kThreads, 3) linear_##NAME(const LinearParams p) {        \
     linear<T, W>(p);                                                                        \
   }
 SPECDEC_LINEAR(f16_wf16, __half, __half)

@@ -11,7 +11,7 @@ from ._harness import Bench, _rand, bench
 
 # (name, N, K) of SmolLM2-135M (H = 576, 9 + 2x3 heads of 64, MLP 1536)
 SMOLLM2 = (("qkv", 1728, 576), ("o", 576, 576), ("gate_up", 3072, 576), ("down", 576, 1536))
-ROWS = (4, 16, 64, 128)
+ROWS = (1, 4, 16, 64, 128)
 _E = 2   # bfloat16
 
 
@@ -62,7 +62,7 @@ def _bench_fused(b: Bench, peer):
     from ..ops import linear, rms_norm, silu_mul
     d, st = b.device, b.stream
     H, eps = 576, 1e-5
-    for M in (4, 16):
+    for M in (1, 4, 16):
         for name, N, K, silu in (("qkv", 1728, H, False), ("gate_up", 3072, H, True)):
             I = N // 2
             W = I if silu else N

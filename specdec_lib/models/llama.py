@@ -563,6 +563,9 @@ class LlamaTarget:
                 m.read_int8(v_cache, rows, q8["v_params"]))
 
     def _run(self, tokens, positions, cu_q, seq_lens, finished, attend, want_logits=True):
+        if self.m.row_invariant and type(self).layer is LlamaTarget.layer:
+            return self._run_fused(tokens, positions, cu_q, seq_lens, finished, attend,
+                                   want_logits)
         be, m = self.be, self.m
         T = tokens.shape[0]
         H, nq, D = self.H, self.nq, self.D
@@ -582,6 +585,48 @@ class LlamaTarget:
                        record=record)
         if record:
             self._scales_pending = False
+        logits = m.gemm(h, self.lm_head) if want_logits else None
+        return logits, (h if aux is None else aux)
+
+    def _run_fused(self, tokens, positions, cu_q, seq_lens, finished, attend, want_logits):
+        """``_run`` of a row-invariant decode: each norm (with its residual add) runs in the
+        prologue of the ``linear`` behind it and silu_mul in gate_up's epilogue, so a layer
+        is six launches (qkv, rope_append_kv, attention, o, gate_up, down), not nine; the same
+        layer math (``llama_layer.decoder_layer``), row-invariant as the unfused one (silu
+        reads gate_up's float32 sums, not their 16-bit rounding). linear's residual_out must
+        not be one of its inputs, so the residual stream alternates between two buffers."""
+        be, m = self.be, self.m
+        T = tokens.shape[0]
+        H, nq, nkv, D, eps = self.H, self.nq, self.nkv, self.D, self.eps
+        record = self._scales_pending and T > 0
+        x = self.embed[tokens]                                   # the stream entering layer 0
+        xs = (m.empty((T, H)), m.empty((T, H)))
+        qkv = m.empty((T, (nq + 2 * nkv) * D))
+        o = m.empty((T, nq, D), m.kv)
+        mix, act = m.empty((T, H)), m.empty((T, self.I))
+        aux = m.empty((T, self.hidden_size)) if self.aux_taps else None
+        a, resid = x, None              # layer i's stream is a + resid (a alone at layer 0)
+        for i, L in enumerate(self.layers):
+            xi = x if resid is None else xs[0]
+            fuse = {} if resid is None else dict(residual=resid, residual_out=xi)
+            be.row_linear(a, L["qkv"], qkv, norm_weight=L["ln1"], eps=eps, **fuse)
+            if i in self.aux_taps:                               # EAGLE3: layer i-1's output
+                be.capture_hidden(xi, aux, self.aux_taps.index(i))
+            q = qkv[:, :nq * D].reshape(T, nq, D)
+            k = qkv[:, nq * D:(nq + nkv) * D].reshape(T, nkv, D)
+            v = qkv[:, (nq + nkv) * D:].reshape(T, nkv, D)
+            self.block_attention(attend, self.kv[i], self.page_table, positions, seq_lens, cu_q,
+                                 finished, o, self.kv_quant[i], record)(q, k, v)
+            be.row_linear(o.reshape(T, nq * D), L["o"], mix)
+            be.row_linear(mix, L["gate_up"], act, norm_weight=L["ln2"], eps=eps, residual=xi,
+                          residual_out=xs[1], epilogue="silu_mul")
+            be.row_linear(act, L["down"], mix)
+            a, resid = mix, xs[1]
+        if record:
+            self._scales_pending = False
+        h = m.empty((T, H))
+        be.rms_norm(a, self.final_norm, h, eps=eps, **({} if resid is None else
+                                                        dict(residual=resid, residual_out=xs[0])))
         logits = m.gemm(h, self.lm_head) if want_logits else None
         return logits, (h if aux is None else aux)
 

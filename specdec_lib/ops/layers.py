@@ -177,8 +177,9 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     """out = h @ weight.T for a few rows (decode / verify, M <= 16 is the fast case), with
     rms_norm fused in front and silu_mul behind when asked; a row's bits depend only on that
     row (and the weights, N, K): never on M, the other rows, or the pointers' alignment.
-    (Session 11: its GPU tests ran only in part on the H200, none failing, and it is not timed
-    yet: docs/NOTES.md. Nothing in the library calls it.)
+    ``LlamaTarget(row_invariant=True)`` decodes through it, norms and silu_mul fused. It serves
+    row invariance, not speed: on the H200 at M = 1-4 it takes ~1.5x cuBLAS's time
+    (docs/PERF.md, s32).
 
     x [M, K] float16/bfloat16, last dimension contiguous (row stride free); weight [N, K]
     x's dtype, contiguous (nn.Linear layout); out [M, N] x's dtype (row stride free).
