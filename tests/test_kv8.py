@@ -295,9 +295,20 @@ def _src_host(x, dtype):
 @needs_gpu
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("D,Hkv,page", [(128, 8, 16), (64, 2, 1), (256, 1, 64), (40, 3, 4)])
-def test_append_kv_8bit_gpu_bytes_equal_reference(rng, fmt, dtype, D, Hkv, page):
+@pytest.mark.parametrize("D,Hkv,page", [(128, 8, 16), (64, 2, 1), (256, 1, 64), (40, 3, 4),
+                                        (128, 16, 16), (64, 12, 8)])
+@pytest.mark.parametrize("launch", [None, (1, 4), (2, 3)], ids=["auto", "w1r4", "w2r3"])
+def test_append_kv_8bit_gpu_bytes_equal_reference(rng, fmt, dtype, D, Hkv, page, launch,
+                                                   monkeypatch):
+    """Every launch shape (warps per token, tokens per CTA) writes the reference's bytes:
+    the default takes one token a CTA at this size, the forced ones several, and Hkv=16 / 12
+    take more than one of the kernel's load groups a token."""
+    import importlib
     from specdec_lib import ops
+    if launch is not None:
+        tun = importlib.import_module("specdec_lib.ops.copy").TUNING
+        monkeypatch.setitem(tun, "append_kv8_warps", launch[0])
+        monkeypatch.setitem(tun, "append_kv8_rows", launch[1])
     qs, Ls = [1, 4, 16, 3], [0, page - 1, 37, 200]
     B = len(qs)
     cu = np.concatenate([[0], np.cumsum(qs)]).astype(np.int32)

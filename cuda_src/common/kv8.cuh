@@ -139,6 +139,18 @@ __device__ __forceinline__ uint8_t e4m3_encode(float x) {
 #endif
 }
 
+// Two codes (lo in the low byte), the bits of two e4m3_encode calls: one conversion on
+// compute_90.
+__device__ __forceinline__ uint16_t e4m3x2_encode(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return static_cast<uint16_t>(e4m3_encode_sw(lo) | (e4m3_encode_sw(hi) << 8));
+#endif
+}
+
 // Exact decode to float32 (0x7F / 0xFF -> NaN). Integer code except one exact multiply of
 // a small integer by 2^-9 for subnormals (never a float32 subnormal: safe under ftz).
 SPECDEC_HD float e4m3_decode_f32(uint32_t b) {

@@ -46,10 +46,25 @@ __device__ __forceinline__ void kv8_write_row(const float (&x)[NC][V], const int
 #pragma unroll
     for (int j = 0; j < NC; ++j) {
       if (chunk[j] < 0) continue;
-      uint8_t b[V];
+      if constexpr (V == 4 || V == 8) {   // codes two at a time, stored as 4-byte words
+        uint32_t w[V / 4];
 #pragma unroll
-      for (int i = 0; i < V; ++i) b[i] = kv8::e4m3_encode(kv8::mul_rn(x[j][i], inv));
-      kv8_store_bytes<V>(dst + chunk[j] * V, b);
+        for (int i = 0; i < V / 4; ++i) {
+          const float* e = &x[j][4 * i];
+          w[i] = kv8::e4m3x2_encode(kv8::mul_rn(e[0], inv), kv8::mul_rn(e[1], inv)) |
+                 static_cast<uint32_t>(kv8::e4m3x2_encode(kv8::mul_rn(e[2], inv),
+                                                           kv8::mul_rn(e[3], inv))) << 16;
+        }
+        if constexpr (V == 8)
+          *reinterpret_cast<uint2*>(dst + chunk[j] * V) = make_uint2(w[0], w[1]);
+        else
+          *reinterpret_cast<uint32_t*>(dst + chunk[j] * V) = w[0];
+      } else {
+        uint8_t b[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i) b[i] = kv8::e4m3_encode(kv8::mul_rn(x[j][i], inv));
+        kv8_store_bytes<V>(dst + chunk[j] * V, b);
+      }
     }
   } else {
     float mn = __int_as_float(0x7fffffff), mx = mn;   // NaN: ignored by min/max

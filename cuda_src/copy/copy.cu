@@ -153,9 +153,13 @@ SPECDEC_COPY_KERNELS(8)
 // chunks of V (16-byte vectors when the launcher found the rows aligned, else V = 1 and
 // W = 32), quantised in registers (common/kv8_row.cuh: fp8 with the head's scale, int8 with
 // the row's own min / max reduced over its W lanes) and stored as V-byte codes; int8 rows
-// also store their (scale, zero) pair. A CTA row of blockDim.x threads owns one token
-// (blockDim.y tokens per CTA); the index chain is append_kv's (kv_append_target, skipped
-// rows untouched).
+// also store their (scale, zero) pair. A CTA row of blockDim.x threads (one warp by
+// default) owns one token, blockDim.y tokens per CTA, and a warp issues the loads of G
+// passes (8 where a lane holds one chunk of a row: all 16 rows of Hkv=8 D=128 bf16) before
+// its first store: like append_kv, the
+// time goes to each token's chain of dependent index loads (kv_append_target, skipped rows
+// untouched), so many tokens must be in flight per SM (s34: a 256-thread CTA per token
+// with one load a lane ran 34% of copy).
 #include "common/kv8_row.cuh"
 #include "common/pack.cuh"
 
@@ -167,48 +171,57 @@ __device__ __forceinline__ void append_kv8(const AppendKV8Params& q) {
   // chunk slots per lane: W < 32 only takes rows of <= W chunks (the dispatch below)
   constexpr int NC = W < 32 ? 1 : (256 / V + 31) / 32;   // D <= 256
   constexpr int R = 32 / W;                      // rows a warp holds at once
+  constexpr int G = NC == 1 ? kRowUnroll : 2;    // warp passes loaded before the first store
   const int lane = (threadIdx.x & 31) % W;       // lane within the row
   const int sub = (threadIdx.x & 31) / W;        // the warp's row slot
   const int warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
   const int nchunks = p.head_dim / V;
+  const int rows = 2 * p.num_heads;              // (K | V, head) rows of a token
   for (int t = blockIdx.x * blockDim.y + threadIdx.y; t < p.num_rows; t += gridDim.x * blockDim.y) {
     int32_t page;
     int64_t slot;
     if (!kv_append_target(p.cu_q, p.seq_lens, p.finished, p.page_table, p.page_table_stride,
                           p.batch, p.page_size, p.num_pages, p.max_pages, t, page, slot))
       continue;
-    for (int u0 = warp * R; u0 < 2 * p.num_heads; u0 += warps * R) {   // warp-uniform
-      const int u = u0 + sub;
-      const bool has_row = R == 1 || u < 2 * p.num_heads;   // else: this slot idles, lanes still shuffle
-      const int kv = u >= p.num_heads;
-      const int h = u - kv * p.num_heads;
-      const T* src = static_cast<const T*>(kv ? p.v_src : p.k_src) + t * p.src_stride_t[kv] +
-                     h * p.src_stride_h[kv];
-      float x[NC][V];
-      int chunk[NC];
+    for (int u0 = warp * R * G; u0 < rows; u0 += warps * R * G) {   // warp-uniform
+      Pack<T, V> raw[G][NC];
+      int chunk[G][NC];
 #pragma unroll
-      for (int j = 0; j < NC; ++j) {
-        const int c = lane + W * j;
-        chunk[j] = has_row && c < nchunks ? c : -1;
-        if (chunk[j] >= 0) {
-          const Pack<T, V> v = load_pack<T, V>(src + c * V);
+      for (int g = 0; g < G; ++g) {
+        const int u = u0 + g * R + sub;
+        const int kv = u >= p.num_heads;
+        const T* src = static_cast<const T*>(kv ? p.v_src : p.k_src) + t * p.src_stride_t[kv] +
+                       (u - kv * p.num_heads) * p.src_stride_h[kv];
 #pragma unroll
-          for (int i = 0; i < V; ++i) x[j][i] = to_float(v.e[i]);
-        } else {
-#pragma unroll
-          for (int i = 0; i < V; ++i) x[j][i] = 0.f;
+        for (int j = 0; j < NC; ++j) {
+          const int c = lane + W * j;
+          chunk[g][j] = u < rows && c < nchunks ? c : -1;
+          if (chunk[g][j] >= 0) raw[g][j] = load_pack<T, V>(src + c * V);
         }
       }
-      uint8_t* dst = static_cast<uint8_t*>(kv ? p.v_cache : p.k_cache) +
-                     page * p.cache_stride_page[kv] + slot * p.cache_stride_slot[kv] +
-                     h * p.cache_stride_h[kv];
-      const float* sc = kv ? q.v_scale : q.k_scale;
-      float* prm = kv ? q.v_params : q.k_params;
-      const int64_t prow = ((static_cast<int64_t>(page) * p.page_size + slot) * p.num_heads + h) * 2;
-      kv8_write_row<FMT, NC, V, W>(x, chunk, dst,
-                                   FMT == KV8_FP8 && has_row ? __ldg(sc + h * q.scale_stride) : 0.f,
-                                   FMT == KV8_INT8 && has_row ? prm + prow : nullptr);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (u0 + g * R >= rows) continue;         // warp-uniform: every lane calls the write
+        const int u = u0 + g * R + sub;
+        const bool has_row = u < rows;            // else: this slot idles, lanes still shuffle
+        const int kv = u >= p.num_heads;
+        const int h = u - kv * p.num_heads;
+        float x[NC][V];
+#pragma unroll
+        for (int j = 0; j < NC; ++j)
+#pragma unroll
+          for (int i = 0; i < V; ++i) x[j][i] = chunk[g][j] >= 0 ? to_float(raw[g][j].e[i]) : 0.f;
+        uint8_t* dst = static_cast<uint8_t*>(kv ? p.v_cache : p.k_cache) +
+                       page * p.cache_stride_page[kv] + slot * p.cache_stride_slot[kv] +
+                       h * p.cache_stride_h[kv];
+        const float* sc = kv ? q.v_scale : q.k_scale;
+        float* prm = kv ? q.v_params : q.k_params;
+        const int64_t prow = ((static_cast<int64_t>(page) * p.page_size + slot) * p.num_heads + h) * 2;
+        kv8_write_row<FMT, NC, V, W>(x, chunk[g], dst,
+                                     FMT == KV8_FP8 && has_row ? __ldg(sc + h * q.scale_stride) : 0.f,
+                                     FMT == KV8_INT8 && has_row ? prm + prow : nullptr);
+      }
     }
   }
 }

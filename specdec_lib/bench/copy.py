@@ -97,4 +97,15 @@ def _bench_append_kv8(b: Bench):
             ms = b.time(run, iters=10) if large else b.time_graph(run)
             b.report("append_kv", f"B={B} q={q} Hkv={hkv} D={D} page={page} bf16 -> {fmt}",
                      nbytes, ms, host_us=round(b.host_us(run), 1))
+            if large:   # launch-shape sweep: warps per token x tokens per CTA
+                import importlib
+                _c = importlib.import_module("specdec_lib.ops.copy")
+                for warps, rows in ((1, 8), (1, 4), (1, 2), (2, 4)):
+                    _c.TUNING.update(append_kv8_warps=warps, append_kv8_rows=rows)
+                    try:
+                        ms = b.time(run, iters=10)
+                    finally:
+                        _c.TUNING.update(append_kv8_warps=None, append_kv8_rows=None)
+                    b.report("append_kv", f"B={B} q={q} page={page} -> {fmt} sweep", nbytes, ms,
+                             warps=warps, rows=rows)
             del kc, vc, kw
