@@ -53,7 +53,7 @@ def main():
         modes.append((f"auto{args.k}nodrain", draft, f"auto{args.k}nodrain"))
     if args.modes:
         modes = [(m, None, 0) if m == "target_only" else
-                 (m, draft, int(m[1:]) if m.startswith("k") else m)
+                 (m, draft, int(m[1:]) if m.startswith("k") and m[1:].isdigit() else m)
                  for m in args.modes.split(",")]
     for name, d, k in modes:
         dec = e2e.decoder(target, d, k, be, reqs, args.batch if args.batch > 1 else None)
