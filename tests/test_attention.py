@@ -126,6 +126,19 @@ def test_verify_attention_reference_leaves_unowned_rows(rng):
     assert np.isnan(out[2:]).all() and np.isnan(lse[2:]).all()
 
 
+def test_verify_attention_reference_max_q_bounds_rows(rng):
+    """Rows of a sequence past max_q are left unwritten (as the CUDA op leaves them); the
+    rows inside are those of the default bound."""
+    c = _case(rng, qs=[4, 1, 3], Ls=[5, 0, 9])
+    full, full_lse = _run_ref(c)
+    out, lse = _run_ref(c, max_q=2)
+    for b, (t0, t1) in enumerate(zip(c["cu_q"][:-1], c["cu_q"][1:])):
+        k = min(t1 - t0, 2)
+        np.testing.assert_array_equal(out[t0:t0 + k], full[t0:t0 + k], err_msg=f"seq {b}")
+        np.testing.assert_array_equal(lse[t0:t0 + k], full_lse[t0:t0 + k])
+        assert np.isnan(out[t0 + k:t1]).all() and np.isnan(lse[t0 + k:t1]).all(), f"seq {b}"
+
+
 @pytest.mark.parametrize("change,exc,match", [
     (dict(q=np.zeros((3, 5, 64))), ValueError, "query heads"),
     (dict(q=np.zeros((3, 4, 96))), ValueError, "head dim 96"),
@@ -432,6 +445,31 @@ def test_verify_attention_gpu_split_counts(rng):
         got = from_host_storage(out.to_numpy(), dtype)
         e_out, e_lse = rel_err(got, exp_out), rel_err(lse.to_numpy(), exp_lse)
         assert e_out <= TOL[dtype] and e_lse <= LSE_TOL, f"num_splits={n}: {e_out=} {e_lse=}"
+
+
+@needs_gpu
+@pytest.mark.parametrize("group,Hkv,q,dtype", [(3, 3, 4, "bfloat16"), (8, 2, 2, "float16"),
+                                               (4, 1, 5, "float16")])
+@pytest.mark.parametrize("ws", [False, True], ids=["direct", "workspace"])
+def test_verify_attention_gpu_tight_max_q(rng, group, Hkv, q, dtype, ws):
+    """A batch of short uniform blocks (a decode round at batch) with max_q = the block
+    rows, the bound the orchestrator passes (a smaller m-tile plan than min(T, 16)); and
+    max_q below the blocks: each sequence's rows past it stay unwritten."""
+    if dtype == "bfloat16" and _family() < 80:
+        pytest.skip("bf16 needs the sm_80 path")
+    B = 24
+    Ls = list(rng.integers(0, 700, B))
+    Ls[:3] = [0, 1, 63]
+    c = _case(rng, [q] * B, Ls, Hq=group * Hkv, Hkv=Hkv, D=64, page_size=16, dtype=dtype,
+              extra_rows=1)
+    kw = dict(workspace=_workspace(c)) if ws else {}
+    _check(c, *_gpu_run(c, dtype, max_q=q, **kw), dtype, f"max_q={q}")
+    out, lse = _gpu_run(c, dtype, max_q=q - 1, **kw)
+    exp_out, _ = _run_ref(c, max_q=q - 1)
+    owned = np.isfinite(exp_out).all(axis=(1, 2))
+    assert owned.sum() == B * (q - 1)
+    assert np.isnan(out[~owned]).all() and np.isnan(lse[~owned]).all(), "wrote rows past max_q"
+    assert rel_err(out[owned], exp_out[owned]) <= TOL[dtype]
 
 
 @needs_gpu

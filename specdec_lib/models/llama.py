@@ -387,6 +387,7 @@ class LlamaTarget:
     # prefill rows past a prompt (pads) only write dead cache rows: the decoder may pad a
     # prompt to a length bucket and replay one recorded prefill per bucket
     pads_prefill = True
+    takes_max_q = True       # forward(..., max_q=): the round's longest block
     no_kv_layers = ()        # layers without a KV cache (a hybrid's GDN layers)
 
     def __init__(self, config, weights, backend, *, page_size=16, max_position=None,
@@ -508,17 +509,23 @@ class LlamaTarget:
         """No recurrent state: accepted KV rows are already in place, the rest are dead."""
 
     # ------------------------------------------------------------------ passes
-    def forward(self, tokens, positions, cu_q, seq_lens, finished):
+    def forward(self, tokens, positions, cu_q, seq_lens, finished, max_q=None):
         """A verify block: tokens/positions [T], cu_q [B+1], seq_lens [B] committed, finished
-        [B] (their K/V rows are not appended). Returns (logits [T, V], hidden [T, H])."""
+        [B] (their K/V rows are not appended); ``max_q`` (host int, optional): no block has
+        more rows. Returns (logits [T, V], hidden [T, H])."""
         return self._run(tokens, positions, cu_q, seq_lens, finished,
-                         self.paged_attention(self.page_table, seq_lens, cu_q))
+                         self.paged_attention(self.page_table, seq_lens, cu_q, max_q))
 
-    def paged_attention(self, page_table, seq_lens, cu_q):
-        """The attention of a verify block: over the paged cache (``verify_attention``)."""
+    def paged_attention(self, page_table, seq_lens, cu_q, max_q=None):
+        """The attention of a verify block: over the paged cache (``verify_attention``).
+        ``max_q`` bounds each block's rows (default min(T, 16)): the plan packs that many
+        rows per sequence into its m-tiles, so a batch of 4-row blocks planned for 16 rows
+        leaves three of each CTA's four warps without rows."""
         be = self.be
 
         kw = dict(row_invariant=True) if self.row_invariant else {}
+        if max_q is not None:
+            kw["max_q"] = int(max_q)
 
         def attend(q, k, v, k_cache, v_cache, out, q8, where):
             be.verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, **kw,

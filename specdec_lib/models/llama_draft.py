@@ -145,7 +145,8 @@ class LlamaDraftHead:
         if block.row_counts is not None:
             attend = t.prefill_attention(block.row_counts)
         else:
-            attend = t.paged_attention(self.page_table, base, block.cu_q)
+            attend = t.paged_attention(self.page_table, base, block.cu_q,
+                                       getattr(block, "max_q", None))
         x, xn = self._step(block.hidden, block.tokens, block.positions, block.cu_q, base,
                            block.finished, attend)
         g, gn = m.empty((B, t.H)), m.empty((B, t.H))
@@ -158,7 +159,7 @@ class LlamaDraftHead:
             lens_all = block.seq_lens[None, :] + self.ar[:k - 1, None]
         for j in range(1, k):
             lens = lens_all[j - 1]
-            attend = t.paged_attention(self.page_table, lens, cu1)
+            attend = t.paged_attention(self.page_table, lens, cu1, 1)
             g, gn = self._step(g, out[j - 1], lens, cu1, lens, block.finished, attend)
             self._token(gn, out[j])
         return out.T

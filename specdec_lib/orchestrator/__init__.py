@@ -22,7 +22,9 @@ The host stack supplies two objects; every name below is what the decoder reads.
             raises TypeError, and no call reuses the last one's state;
             ``cache_epoch`` (int, bumped by every ``reset``): with ``reset_slots`` it lets a
             call reuse the last call's buffers and graphs while the caches are unchanged;
-            ``hidden_dtype`` (default float32): the dtype of ``hidden`` and of the carry.
+            ``hidden_dtype`` (default float32): the dtype of ``hidden`` and of the carry;
+            ``takes_max_q = True``: called ``forward(..., max_q=n)`` in rounds, n (host int)
+            the most rows any slot's block has (verify_attention's ``max_q``).
 ``draft``   ``propose(carry [B, H], last_token [B], k) -> draft tokens [B, k]``; may be
             None when ``num_speculative_tokens == 0`` (target-only decoding). Optional:
             ``max_draft_tokens`` (int): the most tokens it can propose a round (a k or
@@ -35,7 +37,8 @@ The host stack supplies two objects; every name below is what the decoder reads.
             ``propose_block(block, k) -> [B, k]`` instead of ``propose`` after every target pass
             (rounds and prefills); ``block`` has hidden [R, H], tokens [R] (the token after each
             row), positions [R], cu_q [B+1], valid [B] (rows committed), seq_lens [B], finished
-            [B], row_counts (host ints on a prefill, else None);
+            [B], row_counts (host ints on a prefill, else None), max_q (host int: no
+            block has more rows; on a round);
             ``reset(batch, max_len)`` and ``cache_epoch``: as the target's, for a draft with
             caches.
 

@@ -57,12 +57,14 @@ def run_round(p: Parts, st: CallState, plan: RoundPlan = None) -> None:
     plan = plan or RoundPlan(p.k, p.k)
     kp = plan.propose
     B = carry.shape[0]
-    T = sum(block_rows(plan, B))
+    rows = block_rows(plan, B)
+    T, max_q = sum(rows), max(rows, default=1)
     be.seq_build_block(buf.last_token, buf.draft_tokens, buf.num_draft, buf.seq_lens,
                        buf.cu_q, buf.block_tokens, buf.positions, buf.draft_ids)
     positions = buf.positions[:T]
+    bound = dict(max_q=max_q) if p.takes_max_q else {}
     logits, hidden = p.target.forward(buf.block_tokens[:T], positions, buf.cu_q,
-                                      buf.seq_lens, buf.finished)
+                                      buf.seq_lens, buf.finished, **bound)
     buf.step[...] = buf.seq_lens                  # Philox step: advances every round
     be.spec_sample(logits, buf.cu_q, buf.draft_ids[:T - B], buf.temperature, buf.top_k,
                    buf.top_p, buf.min_p, buf.seed, buf.step, buf.num_accepted,
@@ -92,7 +94,7 @@ def run_round(p: Parts, st: CallState, plan: RoundPlan = None) -> None:
         proposal = p.draft.propose_block(SimpleNamespace(
             hidden=hidden, tokens=tokens, positions=positions,
             cu_q=buf.cu_q, valid=buf.accept_len, seq_lens=buf.seq_lens,
-            finished=buf.finished, row_counts=None), kp)
+            finished=buf.finished, row_counts=None, max_q=max_q), kp)
     else:
         proposal = p.propose(buf, carry, kp)
     if kp == p.k:

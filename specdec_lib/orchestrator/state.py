@@ -32,6 +32,8 @@ class Parts:
         # proposes from it: not a head that reads the block, not prompt lookup, not k = 0
         self.uses_carry = (k > 0 and not self.block_draft
                            and not getattr(draft, "uses_context", False))
+        # a target told the round's longest block plans its attention for it
+        self.takes_max_q = bool(getattr(target, "takes_max_q", False))
 
     def propose(self, buf: SimpleNamespace, carry, k: Optional[int] = None) -> Any:
         """draft.propose of ``k`` (default k_max) tokens on the carry (and, for a draft that

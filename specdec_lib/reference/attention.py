@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from ..contract import checked
+from ..contract.attention import MAX_Q_PER_SEQ
 
 
 def dequantize_cache(cache, k_scale=None, k_params=None):
@@ -42,7 +43,7 @@ def dequantize_cache(cache, k_scale=None, k_params=None):
 @checked("verify_attention")
 def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale=None,
                      lse_out=None, *, workspace=None, num_splits=None, max_kv_len=None,
-                     row_invariant=False, stream=None, k_scale=None, v_scale=None,
+                     max_q=None, row_invariant=False, stream=None, k_scale=None, v_scale=None,
                      k_params=None, v_params=None):
     """Paged block-verification attention (see the module docstring); float64 math.
 
@@ -51,7 +52,8 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
     ``seq_lens [B]``, ``cu_q [B+1]``; writes ``out [T, Hq, D]`` (cast to its dtype) and
     ``lse_out [T, Hq]`` when given. ``workspace``/``num_splits``/``max_kv_len``/
     ``row_invariant``/``stream`` exist for signature parity with the CUDA op and are ignored
-    (every row is computed on its own here). The argument contract
+    (every row is computed on its own here); as there, a sequence's rows past ``max_q``
+    (default min(T, 16)) are left unwritten. The argument contract
     (``specdec_lib.contract.attention.verify_attention``: dtypes by kind, shapes, strides,
     index values) runs first. Returns ``out``.
 
@@ -68,6 +70,7 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     group = Hq // Hkv
+    max_q = min(T, MAX_Q_PER_SEQ) if max_q is None else int(max_q)
     for b in range(B):
         L = int(seq_lens[b])
         t0, t1 = int(cu_q[b]), int(cu_q[b + 1])
@@ -79,7 +82,7 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
         slots = keys % ps
         K = np.asarray(k_cache[pages, slots], dtype=np.float64).transpose(1, 0, 2)  # [Hkv, n_ctx, D]
         V = np.asarray(v_cache[pages, slots], dtype=np.float64).transpose(1, 0, 2)
-        for i in range(t1 - t0):
+        for i in range(min(t1 - t0, max_q)):
             t = t0 + i
             n_vis = L + i + 1
             qt = np.asarray(q[t], dtype=np.float64).reshape(Hkv, group, D)   # head h = kh*group + g
