@@ -52,8 +52,8 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
     ``seq_lens [B]``, ``cu_q [B+1]``; writes ``out [T, Hq, D]`` (cast to its dtype) and
     ``lse_out [T, Hq]`` when given. ``workspace``/``num_splits``/``max_kv_len``/
     ``row_invariant``/``stream`` exist for signature parity with the CUDA op and are ignored
-    (every row is computed on its own here); as there, a sequence's rows past ``max_q``
-    (default min(T, 16)) are left unwritten. The argument contract
+    (every row is computed on its own here); as there, a sequence whose block has more
+    rows than ``max_q`` (default min(T, 16)) is left unwritten. The argument contract
     (``specdec_lib.contract.attention.verify_attention``: dtypes by kind, shapes, strides,
     index values) runs first. Returns ``out``.
 
@@ -75,14 +75,14 @@ def verify_attention(q, k_cache, v_cache, page_table, seq_lens, cu_q, out, scale
         L = int(seq_lens[b])
         t0, t1 = int(cu_q[b]), int(cu_q[b + 1])
         n_ctx = L + (t1 - t0)
-        if t1 == t0:
+        if t1 == t0 or t1 - t0 > max_q:   # as the kernels: a longer block is left unwritten
             continue
         keys = np.arange(n_ctx)
         pages = np.asarray(page_table[b], dtype=np.int64)[keys // ps]
         slots = keys % ps
         K = np.asarray(k_cache[pages, slots], dtype=np.float64).transpose(1, 0, 2)  # [Hkv, n_ctx, D]
         V = np.asarray(v_cache[pages, slots], dtype=np.float64).transpose(1, 0, 2)
-        for i in range(min(t1 - t0, max_q)):
+        for i in range(t1 - t0):
             t = t0 + i
             n_vis = L + i + 1
             qt = np.asarray(q[t], dtype=np.float64).reshape(Hkv, group, D)   # head h = kh*group + g
