@@ -96,6 +96,13 @@ def bench_verify_attention(b: Bench):
         b.report("verify_attention", shape, kv_bytes, ms, splits=plan.num_splits,
                  host_us=round(b.host_us(run), 1))
         del kc, vc
+        if ps == 16 and B > 1:   # the same with head-major pages (beside the 8-bit rows')
+            kc = _HeadMajorPages(_rand((num_pages, Hkv, ps, D), "bfloat16", b.device, 2), "<V2")
+            vc = _HeadMajorPages(_rand((num_pages, Hkv, ps, D), "bfloat16", b.device, 3), "<V2")
+            ms = b.time_graph(run, per_graph=10)
+            b.report("verify_attention", shape + " head-major", kv_bytes, ms,
+                     splits=plan.num_splits)
+            del kc, vc
         if ps == 16:   # the peer reads contiguous K/V: page size does not apply
             _torch_sdpa(b, B, L, q, Hq, Hkv, D, kv_bytes, shape)
     _bench_verify_attention_kv8(b)
@@ -160,18 +167,38 @@ def bench_verify_attention_b1(b: Bench):
             b.report("verify_attention_b1", shape, kv_bytes, ms, splits=label)
 
 
-def _kv8_cache(fmt, num_pages, ps, Hkv, D, device, seed):
-    """A random 8-bit cache (fp8 codes without NaN; int8 codes) and its scales / params."""
+class _HeadMajorPages:
+    """A cache stored head-major within each page ([num_pages, Hkv, page_size, D], FlashInfer's
+    "HND") seen as the ops' [num_pages, page_size, Hkv, D] through strides (CUDA Array
+    Interface): a KV head's rows of a page are one contiguous run instead of D-sized pieces
+    Hkv * D apart."""
+
+    def __init__(self, base, typestr):
+        n, h, ps, d = base.shape
+        e = base.itemsize
+        self.base = base
+        self.__cuda_array_interface__ = {"shape": (n, ps, h, d), "typestr": typestr,
+                                         "strides": (h * ps * d * e, d * e, ps * d * e, e),
+                                         "data": (base.ptr, False), "version": 3}
+
+
+def _kv8_cache(fmt, num_pages, ps, Hkv, D, device, seed, head_major=False):
+    """A random 8-bit cache (fp8 codes without NaN; int8 codes) and its scales / params;
+    ``head_major``: the codes stored [num_pages, Hkv, ps, D] (_HeadMajorPages)."""
     from ..arrays import DeviceArray
     rng = np.random.default_rng(seed)
+    shape = (num_pages, Hkv, ps, D) if head_major else (num_pages, ps, Hkv, D)
     if fmt == "fp8":
-        c = (rng.integers(0, 256, (num_pages, ps, Hkv, D), dtype=np.uint8) & 0xF7).astype(np.uint8)
+        c = (rng.integers(0, 256, shape, dtype=np.uint8) & 0xF7).astype(np.uint8)
         extra = np.full((Hkv,), 0.05, np.float32)
     else:
-        c = rng.integers(-128, 128, (num_pages, ps, Hkv, D), dtype=np.int8)
+        c = rng.integers(-128, 128, shape, dtype=np.int8)
         extra = np.stack([np.full((num_pages, ps, Hkv), 0.01, np.float32),
                           np.full((num_pages, ps, Hkv), -1.0, np.float32)], axis=-1)
-    return DeviceArray.from_numpy(c, device=device), DeviceArray.from_numpy(extra, device=device)
+    cache = DeviceArray.from_numpy(c, device=device)
+    if head_major:
+        cache = _HeadMajorPages(cache, "|u1" if fmt == "fp8" else "|i1")
+    return cache, DeviceArray.from_numpy(extra, device=device)
 
 
 def _bench_verify_attention_kv8(b: Bench):
@@ -189,18 +216,31 @@ def _bench_verify_attention_kv8(b: Bench):
         lse = DeviceArray.empty((T, Hq), "float32", b.device)
         nbytes = verify_attention_workspace_size(T, Hq, Hkv, D, B, max_kv, device=b.device)
         ws = DeviceArray.empty((max(nbytes, 1),), "uint8", b.device)
-        for fmt in ("fp8", "int8"):
-            kc, kx = _kv8_cache(fmt, num_pages, ps, Hkv, D, b.device, 2)
-            vc, vx = _kv8_cache(fmt, num_pages, ps, Hkv, D, b.device, 3)
+        # B > 1 also with head-major pages: the same kernel, each head's page rows contiguous
+        for fmt, hm in [(f, hm) for hm in ((False, True) if B > 1 else (False,))
+                        for f in ("fp8", "int8")]:
+            kc, kx = _kv8_cache(fmt, num_pages, ps, Hkv, D, b.device, 2, hm)
+            vc, vx = _kv8_cache(fmt, num_pages, ps, Hkv, D, b.device, 3, hm)
             kw = (dict(k_scale=kx, v_scale=vx) if fmt == "fp8" else dict(k_params=kx, v_params=vx))
-
-            def run():
-                verify_attention(qd, kc, vc, pt, sl, cq, out, lse_out=lse, workspace=ws,
-                                 stream=b.stream, **kw)
             kv_bytes = B * (L + q) * Hkv * (D * 2 + (16 if fmt == "int8" else 0))
-            shape = f"B={B} L={L} q={q} Hq={Hq} Hkv={Hkv} D={D} page={ps} bf16 q, {fmt} cache"
-            ms = b.time_graph(run, per_graph=10)
-            b.report("verify_attention", shape, kv_bytes, ms, host_us=round(b.host_us(run), 1))
+            shape = (f"B={B} L={L} q={q} Hq={Hq} Hkv={Hkv} D={D} page={ps} bf16 q, {fmt} cache"
+                     + (" head-major" if hm else ""))
+            # B=1: the automatic split count and forced ones beside it (the plan aims at two
+            # CTAs an SM; the 8-bit kernel fits four at D <= 128)
+            for ns in (None,) if B > 1 else (None, 64, 128):
+                wsn = ws
+                if ns is not None:
+                    n = verify_attention_workspace_size(T, Hq, Hkv, D, B, max_kv, num_splits=ns,
+                                                        device=b.device)
+                    wsn = DeviceArray.empty((max(n, 1),), "uint8", b.device)
+
+                def run():
+                    verify_attention(qd, kc, vc, pt, sl, cq, out, lse_out=lse, workspace=wsn,
+                                     stream=b.stream, num_splits=ns, **kw)
+                ms = b.time_graph(run, per_graph=10)
+                extra = {} if ns is None else {"splits": ns}
+                b.report("verify_attention", shape, kv_bytes, ms, host_us=round(b.host_us(run), 1),
+                         **extra)
             del kc, vc, kx, vx
 
 

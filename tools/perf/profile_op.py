@@ -15,6 +15,8 @@ Cases (the shapes of docs/PERF.md's tables):
   sample_b1_topp spec_sample B=1, sampled, top-p 0.9 (the rows path on sm_90)
   round_b1       one B=1 Qwen3-Next-like round of library ops (bench round_b1), eager
   bench_NAME     the whole registered benchmark NAME (verify_attention, append_kv)
+  kv8_fp8        verify_attention over an fp8 cache, B=64 L=4096 q=4 32/8 D=128 page 16
+  kv8_fp8_head_major  the same cache stored head-major within each page
   sample_topp_rows  sample_topp through the rows path (SPECDEC_SPEC_SAMPLE_PATH=rows; the
                  automatic choice at B=64 is the tiles path)
 
@@ -70,6 +72,22 @@ def _round_b1(iters):
     b.close()
 
 
+def _kv8(fmt, head_major, iters):
+    """verify_attention over an 8-bit cache at the bench's B=64 L=4096 q=4 32/8 D=128 row."""
+    from specdec_lib.bench import Bench
+    from specdec_lib.bench.attention import _kv8_cache, _paged_case
+    from specdec_lib.ops import verify_attention
+    b = Bench(0)
+    B, L, q, Hq, Hkv, D, ps = 64, 4096, 4, 32, 8, 128, 16
+    qd, pt, sl, cq, out, _, num_pages = _paged_case(b, B, L, q, Hq, Hkv, D, ps)
+    kc, kx = _kv8_cache(fmt, num_pages, ps, Hkv, D, b.device, 2, head_major)
+    vc, vx = _kv8_cache(fmt, num_pages, ps, Hkv, D, b.device, 3, head_major)
+    kw = dict(k_scale=kx, v_scale=vx) if fmt == "fp8" else dict(k_params=kx, v_params=vx)
+    for _ in range(iters):
+        verify_attention(qd, kc, vc, pt, sl, cq, out, stream=b.stream, **kw)
+    b.close()
+
+
 def _bench(name):
     """A registered benchmark run whole (its timing loops are launches like any other):
     pick the launch with ncu's -k / --launch-skip."""
@@ -86,6 +104,8 @@ CASES = {
     "round_b1": _round_b1,
     "bench_verify_attention": _bench("verify_attention"),
     "bench_append_kv": _bench("append_kv"),
+    "kv8_fp8": lambda n: _kv8("fp8", False, n),
+    "kv8_fp8_head_major": lambda n: _kv8("fp8", True, n),
     "gdn": lambda n: _gdn("float32", n),
     "gdn_bf16": lambda n: _gdn("bfloat16", n),
     "gdn_fused": lambda n: _gdn("float32", n, fused_mode=True),
