@@ -226,7 +226,7 @@ def _bench_verify_attention_kv8(b: Bench):
             shape = (f"B={B} L={L} q={q} Hq={Hq} Hkv={Hkv} D={D} page={ps} bf16 q, {fmt} cache"
                      + (" head-major" if hm else ""))
             # B=1: the automatic split count and forced ones beside it (the plan aims at two
-            # CTAs an SM; the 8-bit kernel fits four at D <= 128)
+            # CTAs an SM; the 8-bit kernel fits three at D = 128)
             for ns in (None,) if B > 1 else (None, 64, 128):
                 wsn = ws
                 if ns is not None:
