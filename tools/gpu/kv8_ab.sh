@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# A/B of kernel patches to one module in one device call (s36, for the 8-bit verify kernel):
+# main is built in full (SPECDEC_ARCHS=90: sm_90 cubins + the compute_75/80/90 PTX), each
+# patch is applied to a copy of that built tree where only $MODULE is rebuilt, then
+# `bench $BENCH` runs in every tree (twice, in opposite orders, while time allows), the last
+# patch's tree runs the GPU tests of $TESTS natively and on forced compute_75 / compute_80,
+# and main runs $MAIN_TESTS (optional) beside them.
+#
+#   tools/gpu/kv8_ab.sh OUT PATCH...     PATCH: a path in the tree (e.g. an ignored, carried
+#                                        folder: `carry: [".whl"]`)
+#   MODULE (verify_attention_kv8)  BENCH (verify_attention)  TESTS ("tests/test_kv8.py
+#   tests/test_attention.py")  MAIN_TESTS (pytest -k expression on main, -m gpu; empty: none)
+set -u -o pipefail
+OUT=${1:?usage: tools/gpu/kv8_ab.sh OUT PATCH...}
+shift
+MODULE=${MODULE:-verify_attention_kv8} BENCH=${BENCH:-verify_attention}
+TESTS=${TESTS:-tests/test_kv8.py tests/test_attention.py} MAIN_TESTS=${MAIN_TESTS:-}
+T0=$(date +%s) ROOT=$(pwd) HDR=/tmp/specdec_hdr AB=/tmp/ab
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4 OPENBLAS_NUM_THREADS=4
+mkdir -p "$OUT"
+el() { echo "$(( $(date +%s) - T0 ))s"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $HDR \
+  .whl/nvidia_cuda_runtime*.whl .whl/nvidia_cuda_profiler_api*.whl
+rm -rf $AB && mkdir -p $AB/main
+tar --exclude='./.g[0-9]' -cf - . | tar -xf - -C $AB/main
+(cd $AB/main && PYTHONPATH=$HDR SPECDEC_ARCHS=90 python3 setup.py build_ext --inplace) > "$OUT/build_main.log" 2>&1
+echo "main build rc=$? at $(el)"
+trees=(main)
+i=0
+for pf in "$@"; do
+  i=$((i + 1)); v=p$i
+  cp -r $AB/main $AB/$v
+  (cd $AB/$v && patch -p1 -s --forward < "$ROOT/$pf") || { echo "patch $pf failed"; continue; }
+  (cd $AB/$v && PYTHONPATH=$HDR SPECDEC_ARCHS=90 python3 -c \
+    "from build_backend.cubins import build_kernels; build_kernels(only={'$MODULE'})" \
+    > "$OUT/build_$v.log" 2>&1; echo "$v = $pf: build rc=$?")
+  trees+=("$v")
+done
+echo "builds done at $(el)"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/nvidia-smi.txt" 2>&1
+bench_in() {   # $1 tree, $2 round
+  (cd $AB/$1 && timeout 150 python3 -m specdec_lib bench $BENCH --json "$OUT/bench_$1_$2.json" \
+     > "$OUT/bench_$1_$2.log" 2>&1)
+  echo "bench $1 round $2 rc=$? at $(el)"
+  grep -E "specdec_lib .*page=16" "$OUT/bench_$1_$2.log" | grep -vE "head-major|splits=(64|128)" \
+    | sed -E 's/ +/ /g; s/verify_attention specdec_lib //' | head -10
+}
+for v in "${trees[@]}"; do bench_in "$v" 1; done
+last=${trees[-1]}
+run_t() {   # $1 label, $2 tree, $3 selection args..., env before
+  local label=$1 tree=$2; shift 2
+  (cd $AB/$tree && timeout 280 env "$@" > "$OUT/tests_$label.log" 2>&1)
+  echo "tests $label: $(tail -1 "$OUT/tests_$label.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/tests_$label.log" | head -10
+}
+# shellcheck disable=SC2086
+{
+  run_t "${last}_native" "$last" python3 -m pytest $TESTS -q -rfE -p no:cacheprovider -m gpu &
+  run_t "${last}_ptx75" "$last" SPECDEC_FORCE_ARCH=75 python3 -m pytest $TESTS -q -rfE -p no:cacheprovider -m gpu &
+  run_t "${last}_ptx80" "$last" SPECDEC_FORCE_ARCH=80 python3 -m pytest $TESTS -q -rfE -p no:cacheprovider -m gpu &
+  [ -n "$MAIN_TESTS" ] && run_t main_selected main python3 -m pytest tests -q -rfE -p no:cacheprovider -m gpu -k "$MAIN_TESTS" &
+  wait
+}
+echo "tests done at $(el)"
+left=$(( ${CALL_S:-560} - $(date +%s) + T0 ))
+for ((j = ${#trees[@]} - 1; j >= 0; j--)); do   # the second round, in the opposite order
+  [ "$left" -gt 60 ] || break
+  bench_in "${trees[$j]}" 2
+  left=$(( ${CALL_S:-560} - $(date +%s) + T0 ))
+done
+echo "done at $(el)"
