@@ -8,11 +8,11 @@ from specdec_lib import bench, runtime
 def test_bench_families_register_in_order():
     bench._load_families()
     assert list(bench._BENCHES) == ["copy", "append_kv", "verify_attention", "verify_attention_b1",
-                                    "rope_append_kv",
+                                    "verify_attention_kv8", "rope_append_kv",
                                     "gdn_round", "gdn_sweep", "conv1d", "draft_combine", "linear",
                                     "round_host", "round_b1", "spec_sample"]
-    # a bare `bench` skips the long sweeps
-    assert bench._OPTIONAL == {"gdn_sweep", "verify_attention_b1"}
+    # a bare `bench` skips the long sweeps (and the 8-bit rows' duplicate)
+    assert bench._OPTIONAL == {"gdn_sweep", "verify_attention_b1", "verify_attention_kv8"}
 
 
 def test_bench_without_gpu_says_why(capsys):

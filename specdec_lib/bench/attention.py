@@ -226,8 +226,11 @@ def _bench_verify_attention_kv8(b: Bench):
             shape = (f"B={B} L={L} q={q} Hq={Hq} Hkv={Hkv} D={D} page={ps} bf16 q, {fmt} cache"
                      + (" head-major" if hm else ""))
             # B=1: the automatic split count and forced ones beside it (the plan aims at two
-            # CTAs an SM; the 8-bit kernel fits three at D = 128)
-            for ns in (None,) if B > 1 else (None, 64, 128):
+            # CTAs an SM; the 8-bit kernel fits three at D = 128). B > 1 (NHD pages): also
+            # max_q = q, the bound the orchestrator passes (a plan of fewer m-tiles a CTA)
+            runs = ([(None, None)] + ([(None, q)] if not hm else []) if B > 1
+                    else [(None, None), (64, None), (128, None)])
+            for ns, mq in runs:
                 wsn = ws
                 if ns is not None:
                     n = verify_attention_workspace_size(T, Hq, Hkv, D, B, max_kv, num_splits=ns,
@@ -236,12 +239,18 @@ def _bench_verify_attention_kv8(b: Bench):
 
                 def run():
                     verify_attention(qd, kc, vc, pt, sl, cq, out, lse_out=lse, workspace=wsn,
-                                     stream=b.stream, num_splits=ns, **kw)
+                                     stream=b.stream, num_splits=ns, max_q=mq, **kw)
                 ms = b.time_graph(run, per_graph=10)
-                extra = {} if ns is None else {"splits": ns}
+                extra = {k: v for k, v in (("splits", ns), ("max_q", mq)) if v is not None}
                 b.report("verify_attention", shape, kv_bytes, ms, host_us=round(b.host_us(run), 1),
                          **extra)
             del kc, vc, kx, vx
+
+
+@bench("verify_attention_kv8", default=False)
+def bench_verify_attention_kv8(b: Bench):
+    """The 8-bit rows of ``bench verify_attention`` alone (kernel A/B runs)."""
+    _bench_verify_attention_kv8(b)
 
 
 class _HeadView:

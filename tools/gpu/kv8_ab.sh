@@ -6,7 +6,7 @@
 # patch's tree runs the GPU tests of $TESTS natively and on forced compute_75 / compute_80,
 # and main runs $MAIN_TESTS (optional) beside them.
 #
-#   tools/gpu/kv8_ab.sh OUT PATCH...     PATCH: a path in the tree (e.g. an ignored, carried
+#   tools/gpu/kv8_ab.sh OUT PATCH...     (logs come back as OUT/ab_logs.tgz) PATCH: a path in the tree (e.g. an ignored, carried
 #                                        folder: `carry: [".whl"]`)
 #   MODULE (verify_attention_kv8)  BENCH (verify_attention)  TESTS ("tests/test_kv8.py
 #   tests/test_attention.py")  MAIN_TESTS (pytest -k expression on main, -m gpu; empty: none)
@@ -69,3 +69,5 @@ for ((j = ${#trees[@]} - 1; j >= 0; j--)); do   # the second round, in the oppos
   left=$(( ${CALL_S:-560} - $(date +%s) + T0 ))
 done
 echo "done at $(el)"
+# what comes back: one archive (a call returns few files)
+(cd "$OUT" && tar -czf ../ab_logs.tgz . && rm -rf ./* && mv ../ab_logs.tgz .)
