@@ -126,6 +126,24 @@ def test_verify_attention_reference_leaves_unowned_rows(rng):
     assert np.isnan(out[2:]).all() and np.isnan(lse[2:]).all()
 
 
+def test_verify_attention_workspace_covers_smaller_max_q(monkeypatch):
+    """The helper's size covers every max_q up to the one given (s36: a buffer sized for the
+    default min(T, 16) was too small for a call with max_q = 2, whose plan has fewer m-tiles
+    a CTA and so more KV splits)."""
+    from specdec_lib import runtime
+    from specdec_lib.ops import verify_attention_workspace_size
+    from specdec_lib.ops.attention import plan_verify_attention
+    monkeypatch.setitem(runtime._device_cache, 0, dict(name="fake", cc=(9, 0), sm_count=132,
+                                                       l2_bytes=50 << 20, smem_optin=232448))
+    T, Hq, Hkv, D, B, kv = 36, 16, 2, 64, 24, 720
+    need = {mq: plan_verify_attention(B, Hkv, Hq // Hkv, D, mq, kv, 132).workspace_bytes(T, Hq, D)
+            for mq in range(1, 17)}
+    assert need[2] > need[16] > 0
+    assert verify_attention_workspace_size(T, Hq, Hkv, D, B, kv) == max(need.values())
+    assert verify_attention_workspace_size(T, Hq, Hkv, D, B, kv, max_q=4) == max(
+        need[m] for m in range(1, 5))
+
+
 def test_verify_attention_reference_max_q_bounds_rows(rng):
     """A sequence whose block has more rows than max_q is left unwritten, whole (as the CUDA
     op leaves it: its CTAs return); the other sequences get the rows of the default bound."""

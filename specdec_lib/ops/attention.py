@@ -185,18 +185,22 @@ def verify_attention_workspace_size(num_tokens, num_qo_heads, num_kv_heads, head
                                     max_kv_len, *, max_q=None, num_splits=None, row_invariant=False,
                                     device=0) -> int:
     """Bytes of the ``workspace`` that ``verify_attention`` needs for these sizes (0 when
-    the plan has a single split). Pass the same ``max_kv_len`` / ``max_q`` /
-    ``num_splits`` to the op (``max_kv_len`` defaults there to ``max_pages *
-    page_size``; ``max_q`` to ``min(num_tokens, 16)``; and ``row_invariant``). Allocate once
+    the plan has a single split). Pass the same ``max_kv_len`` / ``num_splits`` /
+    ``row_invariant`` to the op and a ``max_q`` no larger (``max_kv_len`` defaults there to
+    ``max_pages * page_size``; ``max_q`` to ``min(num_tokens, 16)``). Allocate once
     for the largest shapes a captured graph will see. The size is the split-KV plan's even
     where the op takes the sm_90 cluster path (which needs none), so one buffer serves both
-    settings of ``TUNING["cluster"]``."""
+    settings of ``TUNING["cluster"]``. It covers every ``max_q`` up to the one given: a
+    smaller bound plans fewer m-tiles a CTA and so may split the KV more (a decode loop
+    passing each round's longest block, as the orchestrator does, needs one buffer)."""
     if max_q is None:
         max_q = min(num_tokens, MAX_Q_PER_SEQ)
-    plan = plan_verify_attention(batch_size, num_kv_heads, num_qo_heads // num_kv_heads, head_dim,
-                                 max_q, max_kv_len, runtime.sm_count(device), num_splits,
-                                 bool(row_invariant))
-    return plan.workspace_bytes(num_tokens, num_qo_heads, head_dim)
+    sms = runtime.sm_count(device)
+    return max(plan_verify_attention(batch_size, num_kv_heads, num_qo_heads // num_kv_heads,
+                                     head_dim, mq, max_kv_len, sms, num_splits,
+                                     bool(row_invariant)).workspace_bytes(num_tokens, num_qo_heads,
+                                                                          head_dim)
+               for mq in range(1, max(int(max_q), 1) + 1))
 
 
 def cluster_mode() -> str:
