@@ -153,15 +153,7 @@ __device__ __forceinline__ void verify_attention_body(const VerifyAttentionParam
   // Page id of key row `row` of tile `tile`, or -1 when the row lies past the split (its
   // smem row is zero-filled) or its page is outside the table / pool (flags the CTA).
   auto tile_page = [&](int tile, int row) -> int {
-    const int key = kv_begin + tile * TL::kKeys + row;
-    if (key >= kv_end) return -1;
-    const int pidx = key >> p.page_size_log2;
-    const int page = pidx < p.max_pages ? __ldg(pt_row + pidx) : -1;
-    if (page < 0 || page >= p.num_pages) {
-      bad_input = 1;
-      return -1;
-    }
-    return page;
+    return kv_page(p, pt_row, kv_begin + tile * TL::kKeys + row, kv_end, bad_input);
   };
   // Multi-stage builds look the page ids up one tile before the tile's copies are issued
   // (thread r < kKeys fetches row r during the previous tile's compute and parks it in this

@@ -60,3 +60,35 @@ __device__ __forceinline__ bool seq_view(const int32_t* cu_q, const int32_t* seq
 // bf16 needs sm_80 tensor cores: the compute_75 build keeps the symbols but they trap
 template <typename Mma>
 constexpr bool kRunsHere = kHasBf16Mma || !Mma::kIsBf16;
+
+// Where key `key` lives in the paged caches. kv_page: its page, or -1 when the key lies at
+// or past kv_end (its smem row is zero-filled) or its page is outside the table / pool (then
+// `bad` is set: the CTA writes NaN rows). kv_row: the element offsets of its K and V rows from
+// the caches' bases (page * stride_page + slot * stride_slot; the head's offset is the
+// caller's), {-1, -1} for page -1. One thread works this out per key row of a tile and parks
+// it in shared memory, so the 8-16 threads copying that row's 16-byte chunks each add one
+// offset instead of repeating the page-table read and the 64-bit page arithmetic (s35: that
+// arithmetic was ~40% of the 8-bit kernel's instructions).
+struct KVRow {
+  int64_t k, v;
+};
+
+template <typename Flag>
+__device__ __forceinline__ int kv_page(const VerifyAttentionParams& p, const int32_t* pt_row,
+                                       int key, int kv_end, Flag& bad) {
+  if (key >= kv_end) return -1;
+  const int pidx = key >> p.page_size_log2;
+  const int page = pidx < p.max_pages ? __ldg(pt_row + pidx) : -1;
+  if (page < 0 || page >= p.num_pages) {
+    bad = 1;
+    return -1;
+  }
+  return page;
+}
+
+__device__ __forceinline__ KVRow kv_row(const VerifyAttentionParams& p, int page, int key) {
+  if (page < 0) return KVRow{-1, -1};
+  const int64_t slot = key & ((1 << p.page_size_log2) - 1);
+  return KVRow{page * p.k_stride_page + slot * p.k_stride_slot,
+               page * p.v_stride_page + slot * p.v_stride_slot};
+}

@@ -30,6 +30,17 @@
 //   rounded to that dtype first), then the 16-bit kernel's P . V. (The reference attends the
 //   float32 values; the 16-bit roundings are the 16-bit kernel's own input rounding, a little
 //   larger; within its tolerance.)
+// * Occupancy (s35): fp8 at D <= 128 on sm_80+ runs four CTAs an SM (128 registers): a B=64
+//   grid of 512 CTAs runs as one wave on 132 SMs rather than 1.29 (the last 0.29 alone). At
+//   D = 128 that needs Q in shared memory (ldmatrix'ed per k-step) instead of 32 registers;
+//   fp8 leaves out int8's params ring, which keeps four fp8 CTAs within an SM's 228 KB when
+//   the plan has one m-tile a CTA (max_q * group <= 16: the orchestrator's max_q, its
+//   longest block; the default min(T, 16) plans four m-tiles' Q space: three CTAs). H100
+//   s36, B=64 L=4096 q=4 with max_q = 4: 264.1 -> 211.9 us (67% -> 84% of copy).
+//   Each key row's cache offsets are worked out once per tile (kv_row) and parked in a ring
+//   beside the page ids' old place, not recomputed by each of the row's 8 copying threads.
+//   (Parking whole addresses plus a valid flag instead cut the load path's instructions a
+//   further ~20% but ran 6% slower on the H100: s36, PERF.md.)
 // Split-KV, the merge kernel (verify_attention_merge_<dtype> of the attention module: the
 // partials have the same layout) and row_invariant plans are the 16-bit kernel's.
 #include <math.h>
@@ -50,7 +61,7 @@ namespace {
 
 #include "attention/verify_attention_common.cuh"
 
-template <int D>
+template <int D, int FMT>
 struct Tile {
   static constexpr int kKeys = D <= 128 ? 64 : 32;              // keys per KV tile
   static constexpr int kSubTiles = kKeys / 16;                  // 16-key MMA steps per tile
@@ -59,10 +70,22 @@ struct Tile {
   static constexpr int kPasses8 = kKeys / kRowsPerPass8;
   static constexpr int kStageBytes8 = 2 * kKeys * D;            // K then V, 8-bit
   static constexpr int kRingBytes8 = kStages * kStageBytes8;
-  static constexpr int kParamBytes = kStages * 2 * kKeys * 8;   // int8 (scale, zero) ring
-  static constexpr int kAllBytes = kRingBytes8 + kParamBytes;
-  static constexpr int kSmemBytes =
-      kAllBytes > VERIFY_ATTN_EPILOGUE_SMEM ? kAllBytes : VERIFY_ATTN_EPILOGUE_SMEM;
+  // int8 (scale, zero) ring
+  static constexpr int kParamBytes = FMT == KV8_INT8 ? kStages * 2 * kKeys * 8 : 0;
+  // Q as float16 A fragments in shared memory rather than registers where that lets four CTAs
+  // share an SM (D = 128, multi-stage builds: 32 registers a thread; s35): per CTA m-tile
+  // 16 rows x D halves, after the rings
+  // fp8 only: int8's params ring would keep it at three CTAs anyway (H100 s35: int8 with Q in
+  // shared memory and 128 registers ran 286 -> 311 us at B=64)
+  static constexpr bool kQSmem = FMT == KV8_FP8 && D == 128 && kStages > 1;
+  static constexpr int kQOff = kRingBytes8 + kParamBytes;
+  static constexpr int kQBytesPerMTile = kQSmem ? 16 * D * 2 : 0;
+  // dynamic smem for a plan of warps_m m-tiles (ops/attention.py::verify_attention_kv8_smem_bytes)
+  __device__ static constexpr int smem_bytes(int warps_m) {
+    return kQOff + warps_m * kQBytesPerMTile > VERIFY_ATTN_EPILOGUE_SMEM
+               ? kQOff + warps_m * kQBytesPerMTile
+               : VERIFY_ATTN_EPILOGUE_SMEM;
+  }
   static_assert(kKeys % kRowsPerPass8 == 0, "tile rows must split evenly over the copy passes");
 };
 
@@ -106,7 +129,7 @@ __device__ __forceinline__ float exp2i(int e) { return __uint_as_float(static_ca
 template <int D, typename Mma, int FMT>
 __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionKV8Params& P) {
   const VerifyAttentionParams& p = P.base;
-  using TL = Tile<D>;
+  using TL = Tile<D, FMT>;
   // Q . K in float16 always; P . V in float16 for fp8, in q's dtype for int8 (whose V values
   // c * s + z need q's range)
   using PV = typename PickMma<FMT == KV8_FP8, Mma>::type;
@@ -128,7 +151,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
   const int group = p.group;
   const int rows = sv.qn * group;
   if (row_base >= rows || split >= sv.num_splits) return;
-  if (dynamic_smem_bytes() < static_cast<uint32_t>(TL::kSmemBytes)) return;   // launcher bug: leave out untouched
+  if (dynamic_smem_bytes() < static_cast<uint32_t>(TL::smem_bytes(p.warps_m))) return;   // launcher bug: leave out untouched
   const int L = sv.L;
   const int kv_begin = split * p.kv_chunk;
   const int kv_end = split == sv.num_splits - 1 ? L + sv.qn : kv_begin + p.kv_chunk;
@@ -246,6 +269,27 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
     qsum_hi += __shfl_xor_sync(0xffffffffu, qsum_hi, 1);
     qsum_hi += __shfl_xor_sync(0xffffffffu, qsum_hi, 2);
   }
+  // Q in shared memory (TL::kQSmem): warp wn == 0 of each m-tile parks its fragments in
+  // ldmatrix order (16-byte chunk 2kk holds k-pairs 0-3 of k-step kk, 2kk+1 pairs 4-7, XOR
+  // swizzled by row & 7 like the tiles); compute_tile ldmatrix_x4es them per k-step. Visible
+  // after the barrier that precedes the main loop.
+  unsigned char* const sq = smem + TL::kQOff + wm * TL::kQBytesPerMTile;
+  auto q_off = [](int row, int chunk) { return row * (D * 2) + ((chunk ^ (row & 7)) << 4); };
+  if constexpr (TL::kQSmem) {
+    if (wn == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        *reinterpret_cast<uint32_t*>(sq + q_off(g, 2 * kk) + 4 * t4) = qa[kk][0];
+        *reinterpret_cast<uint32_t*>(sq + q_off(g + 8, 2 * kk) + 4 * t4) = qa[kk][1];
+        *reinterpret_cast<uint32_t*>(sq + q_off(g, 2 * kk + 1) + 4 * t4) = qa[kk][2];
+        *reinterpret_cast<uint32_t*>(sq + q_off(g + 8, 2 * kk + 1) + 4 * t4) = qa[kk][3];
+      }
+    }
+  }
+  // ldmatrix_x4 row addresses of the Q fragments: lanes 8m..8m+7 give matrix m's rows
+  // (m = 0: rows 0-7 chunk 2kk, 1: rows 8-15 chunk 2kk, 2 / 3: the same of chunk 2kk + 1)
+  const int q_lrow = (lane & 7) + (((lane >> 3) & 1) << 3);
+  const int q_lhi = lane >> 4;
   // Last key each of the thread's two rows may see inside this split.
   const int lim_lo = min(L + r_lo / group, kv_end - 1);
   const int lim_hi = min(L + r_hi / group, kv_end - 1);
@@ -268,48 +312,54 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
   const float sc_lo = p.scale_log2 * k_sc * qinv_lo;   // raw Q . K -> log2-domain score
   const float sc_hi = p.scale_log2 * k_sc * qinv_hi;
 
-  // Page id of key row `row` of tile `tile`, or -1 when the row lies past the split (its
-  // smem row is zero-filled) or its page is outside the table / pool (flags the CTA).
-  auto tile_page = [&](int tile, int row) -> int {
-    const int key = kv_begin + tile * TL::kKeys + row;
-    if (key >= kv_end) return -1;
-    const int pidx = key >> p.page_size_log2;
-    const int page = pidx < p.max_pages ? __ldg(pt_row + pidx) : -1;
-    if (page < 0 || page >= p.num_pages) {
-      bad_input = 1;
-      return -1;
-    }
-    return page;
+  // Where key row `row` of tile `tile` lives (kv_row) and, for int8, the float index of its
+  // (scale, zero) pair: ((page * page_size + slot) * Hkv + kvh) * 2, -1 past the split.
+  struct Row8 {
+    KVRow kv;
+    int64_t prm;
   };
-  // Multi-stage builds look the page ids up one tile before the tile's copies are issued
-  // (thread r < kKeys fetches row r during the previous tile's compute and parks it in this
-  // ring, slot = tile % kStages), so no page-table load sits between a barrier and the
-  // cp.async it feeds. The single-stage (sm_75) build reads the table inline.
-  __shared__ int tile_pages[kStages > 1 ? kStages : 1][TL::kKeys];
+  auto tile_row = [&](int tile, int row) -> Row8 {
+    const int key = kv_begin + tile * TL::kKeys + row;
+    const int page = kv_page(p, pt_row, key, kv_end, bad_input);
+    Row8 r{kv_row(p, page, key), -1};
+    if constexpr (FMT == KV8_INT8) {
+      if (page >= 0)
+        r.prm = ((((int64_t)page << p.page_size_log2) + (key & slot_mask)) * p.num_kv_heads + prm_head) * 2;
+    }
+    return r;
+  };
+  // Multi-stage builds work the rows out one tile before the tile's copies are issued
+  // (thread r < kKeys does row r during the previous tile's compute and parks it in these
+  // rings, slot = tile % kStages), so no page-table load sits between a barrier and the
+  // cp.async it feeds. The single-stage (sm_75) build works them out inline.
+  constexpr int kRing = kStages > 1 ? kStages : 1;
+  __shared__ KVRow tile_kv[kRing][TL::kKeys];
+  __shared__ int64_t tile_prm[FMT == KV8_INT8 ? kRing : 1][FMT == KV8_INT8 ? TL::kKeys : 1];
+  auto park_row = [&](int stage, int row, const Row8& r) {
+    tile_kv[stage][row] = r.kv;
+    if constexpr (FMT == KV8_INT8) tile_prm[stage][row] = r.prm;
+  };
 
   auto load_tile = [&](int tile, int stage) {
-    const int key_tile = kv_begin + tile * TL::kKeys;
     uint8_t* sk = ring8 + stage * TL::kStageBytes8;
     uint8_t* sv_ = sk + TL::kKeys * D;
 #pragma unroll
     for (int pass = 0; pass < TL::kPasses8; ++pass) {
       const int row = ld_row0 + pass * TL::kRowsPerPass8;
-      int page;
+      Row8 r;
       if constexpr (kStages > 1) {
-        page = tile_pages[stage][row];
+        r.kv = tile_kv[stage][row];
       } else {
-        page = tile_page(tile, row);
+        r = tile_row(tile, row);
       }
-      const bool valid = page >= 0;
-      const int slot = (key_tile + row) & slot_mask;
+      const bool valid = r.kv.k >= 0;
       const int soff = kv8_off<D>(row, ld_chunk);
-      const uint8_t* ksrc = valid ? k_head + (int64_t)page * p.k_stride_page + slot * p.k_stride_slot : k_head;
-      const uint8_t* vsrc = valid ? v_head + (int64_t)page * p.v_stride_page + slot * p.v_stride_slot : v_head;
-      cp_async_16(sk + soff, ksrc, valid);
-      cp_async_16(sv_ + soff, vsrc, valid);
+      cp_async_16(sk + soff, k_head + (valid ? r.kv.k : 0), valid);
+      cp_async_16(sv_ + soff, v_head + (valid ? r.kv.v : 0), valid);
       if constexpr (FMT == KV8_INT8) {
         if (ld_chunk == 0) {
-          const int64_t pi = valid ? ((((int64_t)page << p.page_size_log2) + slot) * p.num_kv_heads + prm_head) * 2 : 0;
+          if constexpr (kStages > 1) r.prm = tile_prm[stage][row];
+          const int64_t pi = valid ? r.prm : 0;
           float2* pr = prm + (stage * 2) * TL::kKeys + row;
           cp_async_8(pr, P.k_params + pi, valid);
           cp_async_8(pr + TL::kKeys, P.v_params + pi, valid);
@@ -345,7 +395,9 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           uint32_t a[4];
-          if constexpr (kQInRegs) {
+          if constexpr (TL::kQSmem) {
+            ldmatrix_x4(a, sq + q_off(q_lrow, 2 * (kc + h) + q_lhi));
+          } else if constexpr (kQInRegs) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) a[j] = qa[kc + h][j];
           } else {
@@ -495,7 +547,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
     if (fetches_ids) {
 #pragma unroll
       for (int st = 0; st < kStages; ++st)
-        if (st < num_tiles) tile_pages[st][threadIdx.x] = tile_page(st, threadIdx.x);
+        if (st < num_tiles) park_row(st, threadIdx.x, tile_row(st, threadIdx.x));
     }
     __syncthreads();
 #pragma unroll
@@ -508,14 +560,15 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
       // tile `tile`, whose copies were issued two iterations ago
       const int ahead = tile + kStages;
       const bool fetch = fetches_ids && ahead < num_tiles;
-      const int ahead_page = fetch ? tile_page(ahead, threadIdx.x) : -1;
+      Row8 ahead_row;
+      if (fetch) ahead_row = tile_row(ahead, threadIdx.x);
       cp_async_wait<kStages - 2>();
       __syncthreads();   // tile `tile` and the ids of tile+kStages-1 visible; stage (tile-1) % kStages free
       const int next = tile + kStages - 1;
       if (next < num_tiles) load_tile(next, next % kStages);
       cp_async_commit();
       compute_tile(tile, tile % kStages);
-      if (fetch) tile_pages[ahead % kStages][threadIdx.x] = ahead_page;
+      if (fetch) park_row(ahead % kStages, threadIdx.x, ahead_row);
     }
     cp_async_wait<0>();
   }
@@ -606,8 +659,10 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
 
 }  // namespace
 
+// D <= 128, sm_80+: fp8 four CTAs an SM (128 registers; D = 128 keeps Q in shared memory to get
+// there), int8 three (its params ring leaves no room for a fourth)
 #define SPECDEC_VERIFY_ATTENTION_KV8(D, TAG, MMA, FNAME, FMT)                                   \
-  extern "C" __global__ void __launch_bounds__(VERIFY_ATTN_THREADS)                             \
+  extern "C" __global__ void __launch_bounds__(VERIFY_ATTN_THREADS, D > 128 || kStages == 1 ? 1 : FMT == KV8_FP8 ? 4 : 3)\
       verify_attention_kv8_d##D##_##TAG##_##FNAME(const VerifyAttentionKV8Params p) { specdec::pdl_begin();           \
     if constexpr (kRunsHere<MMA>) verify_attention_kv8_body<D, MMA, FMT>(p); else __trap();   \
   }

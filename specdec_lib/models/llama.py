@@ -367,12 +367,12 @@ def kv_dtype_unsupported(backend, kv_dtype, head_dim):
         if name == "fp8_e4m3" and not hasattr(torch, "float8_e4m3fn"):
             return f"torch {torch.__version__} has no float8_e4m3fn"
         from .. import runtime
-        from ..ops.attention import _STATIC_SMEM, verify_attention_kv8_smem_bytes
+        from ..ops.attention import _STATIC_SMEM_KV8, verify_attention_kv8_smem_bytes
         dev = backend.device.index or 0
         family = runtime.arch_family(dev)
         for module in ("copy", "verify_attention_kv8"):
             runtime.choose_image(module, dev)
-        need = verify_attention_kv8_smem_bytes(head_dim, family) + _STATIC_SMEM
+        need = verify_attention_kv8_smem_bytes(head_dim, family) + _STATIC_SMEM_KV8
         optin = runtime.device_props(dev)["smem_optin"]
         if need > optin:
             return (f"verify attention over an 8-bit cache of head dim {head_dim} needs {need} "
