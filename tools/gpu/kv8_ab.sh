@@ -9,7 +9,9 @@
 #   tools/gpu/kv8_ab.sh OUT PATCH...     (logs come back as OUT/ab_logs.tgz) PATCH: a path in the tree (e.g. an ignored, carried
 #                                        folder: `carry: [".whl"]`)
 #   MODULE (verify_attention_kv8)  BENCH (verify_attention)  TESTS ("tests/test_kv8.py
-#   tests/test_attention.py")  MAIN_TESTS (pytest -k expression on main, -m gpu; empty: none)
+#   tests/test_attention.py")  TESTS_ON (trees that run TESTS: "main p1 ..."; default the
+#   last)  MAIN_TESTS (pytest -k expression on main, -m gpu; empty: none)  MAIN_BENCH (bench
+#   names run once in main after the tests)
 set -u -o pipefail
 OUT=${1:?usage: tools/gpu/kv8_ab.sh OUT PATCH...}
 shift
@@ -55,12 +57,20 @@ run_t() {   # $1 label, $2 tree, $3 selection args..., env before
 }
 # shellcheck disable=SC2086
 {
-  run_t "${last}_native" "$last" python3 -m pytest $TESTS -q -rfE -p no:cacheprovider -m gpu &
-  run_t "${last}_ptx75" "$last" SPECDEC_FORCE_ARCH=75 python3 -m pytest $TESTS -q -rfE -p no:cacheprovider -m gpu &
-  run_t "${last}_ptx80" "$last" SPECDEC_FORCE_ARCH=80 python3 -m pytest $TESTS -q -rfE -p no:cacheprovider -m gpu &
+  for t in ${TESTS_ON:-$last}; do
+    run_t "${t}_native" "$t" python3 -m pytest $TESTS -q -rfE -p no:cacheprovider -m gpu &
+    run_t "${t}_ptx75" "$t" SPECDEC_FORCE_ARCH=75 python3 -m pytest $TESTS -q -rfE -p no:cacheprovider -m gpu &
+    run_t "${t}_ptx80" "$t" SPECDEC_FORCE_ARCH=80 python3 -m pytest $TESTS -q -rfE -p no:cacheprovider -m gpu &
+  done
   [ -n "$MAIN_TESTS" ] && run_t main_selected main python3 -m pytest tests -q -rfE -p no:cacheprovider -m gpu -k "$MAIN_TESTS" &
   wait
 }
+if [ -n "${MAIN_BENCH:-}" ]; then   # once, in main (e.g. the full verify_attention rows)
+  (cd $AB/main && timeout 150 python3 -m specdec_lib bench $MAIN_BENCH --json "$OUT/bench_main_full.json" \
+     > "$OUT/bench_main_full.log" 2>&1)
+  echo "bench main ($MAIN_BENCH) rc=$? at $(el)"
+  grep -E "page=16" "$OUT/bench_main_full.log" | sed -E 's/ +/ /g' | head -24
+fi
 echo "tests done at $(el)"
 left=$(( ${CALL_S:-560} - $(date +%s) + T0 ))
 for ((j = ${#trees[@]} - 1; j >= 0; j--)); do   # the second round, in the opposite order
