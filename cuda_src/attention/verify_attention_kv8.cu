@@ -135,7 +135,8 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
   using PV = typename PickMma<FMT == KV8_FP8, Mma>::type;
   // fp8 software decode pairs K bytes (0, 2) / (1, 3): q's columns follow (see kv8_frag.cuh)
   constexpr bool kQStrided = FMT == KV8_FP8 && kv8::kKStrided;
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(256) unsigned char smem[];   // 256: see kXorAddr
+  constexpr bool kXorAddr = D >= 128;   // ldmatrix addresses by XOR (below, at xsw)
   __shared__ int bad_input;
 
   // grid (Hkv * m-groups, B, splits): the KV heads of one sequence are consecutive CTAs, so
@@ -152,6 +153,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
   const int rows = sv.qn * group;
   if (row_base >= rows || split >= sv.num_splits) return;
   if (dynamic_smem_bytes() < static_cast<uint32_t>(TL::smem_bytes(p.warps_m))) return;   // launcher bug: leave out untouched
+  if (kXorAddr && (smem_addr(smem) & 255u)) return;   // (never seen: __align__ places it)
   const int L = sv.L;
   const int kv_begin = split * p.kv_chunk;
   const int kv_end = split == sv.num_splits - 1 ? L + sv.qn : kv_begin + p.kv_chunk;
@@ -290,6 +292,13 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
   // (m = 0: rows 0-7 chunk 2kk, 1: rows 8-15 chunk 2kk, 2 / 3: the same of chunk 2kk + 1)
   const int q_lrow = (lane & 7) + (((lane >> 3) & 1) << 3);
   const int q_lhi = lane >> 4;
+  // ldmatrix addresses by one XOR (D >= 128, s36): every row a lane addresses (K, V tile rows
+  // or Q rows) has row & 7 = lane & 7, so chunk c = c_even + m (m = 0 / 1) of a row sits at
+  // (row_addr + ((m ^ lane) & 1) * 16 | c_even * 16) ^ xsw, xsw = (lane & 6) * 16, wherever
+  // the row's address has bits 4-7 clear (256-byte aligned rings and Q block; rows of 128 /
+  // 256 bytes): one LOP3 an address instead of the swizzle worked out again each sub-tile.
+  const uint32_t xsw = static_cast<uint32_t>(lane & 6) << 4;
+  const uint32_t q_row = smem_addr(sq) + q_lrow * (D * 2) + (((q_lhi ^ lane) & 1) << 4);
   // Last key each of the thread's two rows may see inside this split.
   const int lim_lo = min(L + r_lo / group, kv_end - 1);
   const int lim_hi = min(L + r_hi / group, kv_end - 1);
@@ -386,17 +395,23 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
       // ldmatrix rows: lanes 8m..8m+7 address matrix m = (keys 0-7 | 8-15) x (chunk c | c+1)
       const int mrow = sub * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
       const int mchunk = lane >> 4;
+      const uint32_t k_row = smem_addr(sk) + mrow * D + (((mchunk ^ lane) & 1) << 4);
+      const uint32_t v_row = k_row + TL::kKeys * D;
       // S = Q K^T for 16 rows x 16 keys (two n-tiles of 8 keys)
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
       for (int kc = 0; kc < D / 16; kc += 2) {
         uint32_t w[4];
-        ldmatrix_x4(w, sk + kv8_off<D>(mrow, kc + mchunk));
+        if constexpr (kXorAddr) {
+          ldmatrix_x4_at(w, (k_row | (kc << 4)) ^ xsw);
+        } else {
+          ldmatrix_x4(w, sk + kv8_off<D>(mrow, kc + mchunk));
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           uint32_t a[4];
           if constexpr (TL::kQSmem) {
-            ldmatrix_x4(a, sq + q_off(q_lrow, 2 * (kc + h) + q_lhi));
+            ldmatrix_x4_at(a, (q_row | ((2 * (kc + h)) << 4)) ^ xsw);
           } else if constexpr (kQInRegs) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) a[j] = qa[kc + h][j];
@@ -501,7 +516,11 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
 #pragma unroll
       for (int vc = 0; vc < D / 16; vc += 2) {
         uint32_t w[4];
-        ldmatrix_x4_trans(w, sv_ + kv8_off<D>(mrow, vc + mchunk));
+        if constexpr (kXorAddr) {
+          ldmatrix_x4_trans_at(w, (v_row | (vc << 4)) ^ xsw);
+        } else {
+          ldmatrix_x4_trans(w, sv_ + kv8_off<D>(mrow, vc + mchunk));
+        }
         // w[2h]: keys 2t, 2t+1 of chunk vc + h; w[2h + 1]: keys 2t+8, 2t+9
 #pragma unroll
         for (int h = 0; h < 2; ++h) {

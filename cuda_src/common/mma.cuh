@@ -25,17 +25,25 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 
 // Four 8x8 b16 matrices; lanes 8m..8m+7 give the 8 row addresses (16 bytes each) of
 // matrix m, and r[m] receives element pair [lane/4][2*(lane%4)..+1] of matrix m.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
+// (the _at forms take the row's shared-memory address itself, for kernels that work the
+// addresses out as integers)
+__device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t row_addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(smem_row)));
+               : "r"(row_addr));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
+  ldmatrix_x4_at(r, smem_addr(smem_row));
 }
 
 // Same with each matrix transposed: r[m] receives elements [2*(lane%4)..+1][lane/4].
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_row) {
+__device__ __forceinline__ void ldmatrix_x4_trans_at(uint32_t (&r)[4], uint32_t row_addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(smem_row)));
+               : "r"(row_addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_row) {
+  ldmatrix_x4_trans_at(r, smem_addr(smem_row));
 }
 
 __device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* smem_row) {
