@@ -66,7 +66,7 @@ struct Tile {
 template <int D, typename Mma>
 __device__ __forceinline__ void verify_attention_body(const VerifyAttentionParams& p) {
   using TL = Tile<D>;
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(512) unsigned char smem[];   // rows at multiples of their size: swz_chunk
   __shared__ int bad_input;
 
   // grid (Hkv * m-groups, B, splits): the KV heads of one sequence are consecutive CTAs, so
@@ -83,6 +83,7 @@ __device__ __forceinline__ void verify_attention_body(const VerifyAttentionParam
   const int rows = sv.qn * group;
   if (row_base >= rows || split >= sv.num_splits) return;
   if (dynamic_smem_bytes() < static_cast<uint32_t>(TL::kSmemBytes)) return;   // launcher bug: leave out untouched
+  if (smem_addr(smem) & (2 * D - 1)) return;   // (never seen: __align__ places it; swz_chunk needs it)
   const int L = sv.L;
   const int kv_begin = split * p.kv_chunk;
   const int kv_end = split == sv.num_splits - 1 ? L + sv.qn : kv_begin + p.kv_chunk;
@@ -189,7 +190,8 @@ __device__ __forceinline__ void verify_attention_body(const VerifyAttentionParam
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
-  const int swz = lane & 7;   // every ldmatrix row address below has (row & 7) == (lane & 7)
+  // ldmatrix rows by XOR (swz_chunk): every row address below has (row & 7) == (lane & 7)
+  const uint32_t xsw = swz_xor(lane);
 
   auto compute_tile = [&](int tile, int stage) {
     if (!warp_has_rows) return;
@@ -202,11 +204,15 @@ __device__ __forceinline__ void verify_attention_body(const VerifyAttentionParam
       // S = Q K^T for 16 rows x 16 keys (two n-tiles of 8 keys)
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
       const int k_row = sub * 16 + ((lane >> 4) << 3) + (lane & 7);
+      const uint32_t k_addr = swz_row(smem_addr(sk + k_row * D), (lane >> 3) & 1, lane);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t kb[4];
-        const int chunk = 2 * kk + ((lane >> 3) & 1);
-        ldmatrix_x4(kb, sk + k_row * D + ((chunk ^ swz) << 3));
+        if constexpr (kStages > 1) {
+          ldmatrix_x4_at(kb, swz_chunk(k_addr, 2 * kk, xsw));
+        } else {   // sm_75 (96 registers): the XOR form spills there
+          ldmatrix_x4(kb, sk + k_row * D + (((2 * kk + ((lane >> 3) & 1)) ^ (lane & 7)) << 3));
+        }
         if constexpr (kQInRegs) {
           Mma::mma(s[0], qa[kk], kb[0], kb[1]);
           Mma::mma(s[1], qa[kk], kb[2], kb[3]);
@@ -268,11 +274,15 @@ __device__ __forceinline__ void verify_attention_body(const VerifyAttentionParam
       const uint32_t pa[4] = {Mma::pack(s[0][0], s[0][1]), Mma::pack(s[0][2], s[0][3]),
                               Mma::pack(s[1][0], s[1][1]), Mma::pack(s[1][2], s[1][3])};
       const int v_row = sub * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+      const uint32_t v_addr = swz_row(smem_addr(sv_ + v_row * D), lane >> 4, lane);
 #pragma unroll
       for (int dc = 0; dc < D / 8; dc += 2) {
         uint32_t vb[4];
-        const int chunk = dc + (lane >> 4);
-        ldmatrix_x4_trans(vb, sv_ + v_row * D + ((chunk ^ swz) << 3));
+        if constexpr (kStages > 1) {
+          ldmatrix_x4_trans_at(vb, swz_chunk(v_addr, dc, xsw));
+        } else {
+          ldmatrix_x4_trans(vb, sv_ + v_row * D + (((dc + (lane >> 4)) ^ (lane & 7)) << 3));
+        }
         Mma::mma(acc[dc], pa, vb[0], vb[1]);
         Mma::mma(acc[dc + 1], pa, vb[2], vb[3]);
       }
@@ -513,7 +523,7 @@ template <int D, typename Mma>
 __device__ __forceinline__ void verify_attention_cluster_body(const VerifyAttentionParams& p) {
   using TL = Tile<D>;
   using CT = ClusterTile<D>;
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(512) unsigned char smem[];   // rows at multiples of their size: swz_chunk
   __shared__ int bad_input;
   __shared__ __align__(8) uint64_t recv_bar;
   __shared__ int tile_pages[kStages][TL::kKeys];
@@ -531,6 +541,7 @@ __device__ __forceinline__ void verify_attention_cluster_body(const VerifyAttent
   const int recv_bytes = C * R * 4 + C * R * own_max * 16;
   const uint32_t need = CT::kRegion0 + recv_bytes + CT::kPtStage * 4;
   if (dynamic_smem_bytes() < need) return;         // launcher bug (uniform): out untouched
+  if (smem_addr(smem) & (2 * D - 1)) return;       // (never seen: __align__; swz_chunk needs it)
   float* const recv_lse = reinterpret_cast<float*>(smem + CT::kRegion0);   // [C][R]
   float4* const recv_o = reinterpret_cast<float4*>(recv_lse + C * R);       // [C][R][own_max]
   int* const pt_stage = reinterpret_cast<int*>(smem + CT::kRegion0 + recv_bytes);
@@ -677,7 +688,7 @@ __device__ __forceinline__ void verify_attention_cluster_body(const VerifyAttent
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
-  const int swz = lane & 7;
+  const uint32_t xsw = swz_xor(lane);   // as verify_attention_body's
 
   auto compute_tile = [&](int tile, int stage) {   // verify_attention_body's compute_tile
     if (!warp_has_rows) return;
@@ -689,11 +700,11 @@ __device__ __forceinline__ void verify_attention_cluster_body(const VerifyAttent
       if (key0 >= kv_end) break;
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
       const int k_row = sub * 16 + ((lane >> 4) << 3) + (lane & 7);
+      const uint32_t k_addr = swz_row(smem_addr(sk + k_row * D), (lane >> 3) & 1, lane);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t kb[4];
-        const int chunk = 2 * kk + ((lane >> 3) & 1);
-        ldmatrix_x4(kb, sk + k_row * D + ((chunk ^ swz) << 3));
+        ldmatrix_x4_at(kb, swz_chunk(k_addr, 2 * kk, xsw));
         Mma::mma(s[0], qa[kk], kb[0], kb[1]);
         Mma::mma(s[1], qa[kk], kb[2], kb[3]);
       }
@@ -747,11 +758,11 @@ __device__ __forceinline__ void verify_attention_cluster_body(const VerifyAttent
       const uint32_t pa[4] = {Mma::pack(s[0][0], s[0][1]), Mma::pack(s[0][2], s[0][3]),
                               Mma::pack(s[1][0], s[1][1]), Mma::pack(s[1][2], s[1][3])};
       const int v_row = sub * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+      const uint32_t v_addr = swz_row(smem_addr(sv_ + v_row * D), lane >> 4, lane);
 #pragma unroll
       for (int dc = 0; dc < D / 8; dc += 2) {
         uint32_t vb[4];
-        const int chunk = dc + (lane >> 4);
-        ldmatrix_x4_trans(vb, sv_ + v_row * D + ((chunk ^ swz) << 3));
+        ldmatrix_x4_trans_at(vb, swz_chunk(v_addr, dc, xsw));
         Mma::mma(acc[dc], pa, vb[0], vb[1]);
         Mma::mma(acc[dc + 1], pa, vb[2], vb[3]);
       }

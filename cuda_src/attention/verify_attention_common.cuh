@@ -92,3 +92,20 @@ __device__ __forceinline__ KVRow kv_row(const VerifyAttentionParams& p, int page
   return KVRow{page * p.k_stride_page + slot * p.k_stride_slot,
                page * p.v_stride_page + slot * p.v_stride_slot};
 }
+
+// ldmatrix row addresses by XOR (s36). The tiles are XOR-swizzled on 16-byte chunks (chunk c
+// of row r sits at chunk c ^ (r & 7)), and every row a lane hands to ldmatrix has r & 7 ==
+// lane & 7, so chunk c = c_even + b (b = 0 / 1) of a row is at
+// swz_chunk(swz_row(row_addr, b, lane), c_even, swz_xor(lane)): one LOP3 an address instead of
+// the swizzle worked out again each 16-key step. Exact where row_addr's bits 4 up to the
+// chunk field's top are clear: rows of 128 bytes or more, each at a multiple of its size
+// (the caller aligns its rings and checks).
+__device__ __forceinline__ uint32_t swz_row(uint32_t row_addr, int b, int lane) {
+  return row_addr + (((b ^ lane) & 1) << 4);
+}
+__device__ __forceinline__ uint32_t swz_xor(int lane) {
+  return static_cast<uint32_t>(lane & 6) << 4;
+}
+__device__ __forceinline__ uint32_t swz_chunk(uint32_t row, int c_even, uint32_t xsw) {
+  return (row | (static_cast<uint32_t>(c_even) << 4)) ^ xsw;
+}

@@ -292,13 +292,10 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
   // (m = 0: rows 0-7 chunk 2kk, 1: rows 8-15 chunk 2kk, 2 / 3: the same of chunk 2kk + 1)
   const int q_lrow = (lane & 7) + (((lane >> 3) & 1) << 3);
   const int q_lhi = lane >> 4;
-  // ldmatrix addresses by one XOR (D >= 128, s36): every row a lane addresses (K, V tile rows
-  // or Q rows) has row & 7 = lane & 7, so chunk c = c_even + m (m = 0 / 1) of a row sits at
-  // (row_addr + ((m ^ lane) & 1) * 16 | c_even * 16) ^ xsw, xsw = (lane & 6) * 16, wherever
-  // the row's address has bits 4-7 clear (256-byte aligned rings and Q block; rows of 128 /
-  // 256 bytes): one LOP3 an address instead of the swizzle worked out again each sub-tile.
-  const uint32_t xsw = static_cast<uint32_t>(lane & 6) << 4;
-  const uint32_t q_row = smem_addr(sq) + q_lrow * (D * 2) + (((q_lhi ^ lane) & 1) << 4);
+  // ldmatrix addresses by one XOR (D >= 128: swz_chunk in verify_attention_common.cuh; K, V
+  // and Q rows of 128 / 256 bytes in 256-byte aligned rings and Q block)
+  const uint32_t xsw = swz_xor(lane);
+  const uint32_t q_row = swz_row(smem_addr(sq) + q_lrow * (D * 2), q_lhi, lane);
   // Last key each of the thread's two rows may see inside this split.
   const int lim_lo = min(L + r_lo / group, kv_end - 1);
   const int lim_hi = min(L + r_hi / group, kv_end - 1);
@@ -395,7 +392,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
       // ldmatrix rows: lanes 8m..8m+7 address matrix m = (keys 0-7 | 8-15) x (chunk c | c+1)
       const int mrow = sub * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
       const int mchunk = lane >> 4;
-      const uint32_t k_row = smem_addr(sk) + mrow * D + (((mchunk ^ lane) & 1) << 4);
+      const uint32_t k_row = swz_row(smem_addr(sk) + mrow * D, mchunk, lane);
       const uint32_t v_row = k_row + TL::kKeys * D;
       // S = Q K^T for 16 rows x 16 keys (two n-tiles of 8 keys)
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -403,7 +400,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
       for (int kc = 0; kc < D / 16; kc += 2) {
         uint32_t w[4];
         if constexpr (kXorAddr) {
-          ldmatrix_x4_at(w, (k_row | (kc << 4)) ^ xsw);
+          ldmatrix_x4_at(w, swz_chunk(k_row, kc, xsw));
         } else {
           ldmatrix_x4(w, sk + kv8_off<D>(mrow, kc + mchunk));
         }
@@ -411,7 +408,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
         for (int h = 0; h < 2; ++h) {
           uint32_t a[4];
           if constexpr (TL::kQSmem) {
-            ldmatrix_x4_at(a, (q_row | ((2 * (kc + h)) << 4)) ^ xsw);
+            ldmatrix_x4_at(a, swz_chunk(q_row, 2 * (kc + h), xsw));
           } else if constexpr (kQInRegs) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) a[j] = qa[kc + h][j];
@@ -517,7 +514,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
       for (int vc = 0; vc < D / 16; vc += 2) {
         uint32_t w[4];
         if constexpr (kXorAddr) {
-          ldmatrix_x4_trans_at(w, (v_row | (vc << 4)) ^ xsw);
+          ldmatrix_x4_trans_at(w, swz_chunk(v_row, vc, xsw));
         } else {
           ldmatrix_x4_trans(w, sv_ + kv8_off<D>(mrow, vc + mchunk));
         }
