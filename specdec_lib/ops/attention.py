@@ -345,11 +345,11 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
     the rows per sequence (default ``min(T, 16)``; a sequence with more is left
     unwritten; pass the longest block, as the orchestrator does: the plan then packs
     fewer m-tiles a CTA, and an fp8 cache at D = 128 runs four CTAs an SM, 1.25x faster at
-    B=64 q=4 on an H100). ``row_invariant=True`` gives every row the bits it has in a one-row (q = 1)
-    call at any block size: by default a block of more than 16 packed rows (q x group)
-    shares each CTA's four warps between m-tiles, which changes how a row's keys are split
-    between the warps and so its last bits; this plan keeps one m-tile per CTA (more CTAs,
-    each reading the KV tiles: slower at large batches). ``check_indices`` (default: env
+    B=64 q=4 on an H100). ``row_invariant=True`` gives every row the bits it has in a
+    one-row (q = 1) call at any block size: by default a block of more than 16 packed rows
+    (q x group) shares each CTA's four warps between m-tiles, which changes how a row's keys
+    are split between the warps and so its last bits; this plan keeps one m-tile per CTA
+    (more CTAs, each reading the KV tiles: slower at large batches). ``check_indices`` (default: env
     ``SPECDEC_DEBUG``) copies cu_q / seq_lens / page_table to the host and raises
     ValueError on bad offsets, a page table too narrow for L+q, or page ids outside the
     pool; without it the kernel never faults on such input but writes NaN for the affected
@@ -411,6 +411,8 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
         partial_lse = ws.ptr + _lse_offset(plan.num_splits * T * Hq, D)
 
     from .. import _attention
+    if fmt is not None:   # the plan's own Q space (fp8, D = 128: warps_m m-tiles)
+        smem = verify_attention_kv8_smem_bytes(D, family, fmt, plan.warps_m)
     # the launch arguments both launchers take (the 8-bit one adds the scales after them)
     args = (merge, Hkv * plan.m_groups, smem, stream_h,
             (qa.ptr, kc.ptr, vc.ptr, pt.ptr, sl.ptr, cq.ptr, oa.ptr, la.ptr, partial_o, partial_lse),
@@ -422,8 +424,6 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
             plan.kv_chunk)
     if fmt is not None:
         kern = runtime.kernel("verify_attention_kv8", f"verify_attention_kv8_d{D}_{tag}_{fmt}", dev)
-        smem = verify_attention_kv8_smem_bytes(D, family, fmt, plan.warps_m)
-        args = args[:2] + (smem,) + args[3:]
         kern.set_max_dynamic_smem(smem)
         _attention.launch_verify_attention_kv8(
             kern, *args,

@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# A/B of kernel patches to one module in one device call (s36, for the 8-bit verify kernel):
-# main is built in full (SPECDEC_ARCHS=90: sm_90 cubins + the compute_75/80/90 PTX), each
-# patch is applied to a copy of that built tree where only $MODULE is rebuilt, then
-# `bench $BENCH` runs in every tree (twice, in opposite orders, while time allows), the last
-# patch's tree runs the GPU tests of $TESTS natively and on forced compute_75 / compute_80,
-# and main runs $MAIN_TESTS (optional) beside them.
+# A/B of kernel patches to one module in one device call (s36, for the verify kernels): main
+# is built in full (SPECDEC_ARCHS=90: sm_90 cubins + the compute_75/80/90 PTX), each patch is
+# applied to a copy of that built tree where only $MODULE is rebuilt, then `bench $BENCH` runs
+# in every tree (twice, in opposite orders, while time allows); the trees of $TESTS_ON run the
+# GPU tests of $TESTS natively and on forced compute_75 / compute_80, main runs $MAIN_TESTS
+# beside them and $MAIN_BENCH once after them. Logs come back as OUT/ab_logs.tgz.
 #
-#   tools/gpu/kv8_ab.sh OUT PATCH...     (logs come back as OUT/ab_logs.tgz) PATCH: a path in the tree (e.g. an ignored, carried
-#                                        folder: `carry: [".whl"]`)
+#   tools/gpu/kv8_ab.sh OUT PATCH...     PATCH: a path in the tree (e.g. in an ignored,
+#                                        carried folder: `carry: [".whl"]`)
 #   MODULE (verify_attention_kv8)  BENCH (verify_attention)  TESTS ("tests/test_kv8.py
-#   tests/test_attention.py")  TESTS_ON (trees that run TESTS: "main p1 ..."; default the
-#   last)  MAIN_TESTS (pytest -k expression on main, -m gpu; empty: none)  MAIN_BENCH (bench
-#   names run once in main after the tests)
+#   tests/test_attention.py")  TESTS_ON (trees: "main p1 ..."; default the last)  MAIN_TESTS
+#   (pytest -k expression on main, -m gpu; empty: none)  MAIN_BENCH (bench names; empty: none)
 set -u -o pipefail
 OUT=${1:?usage: tools/gpu/kv8_ab.sh OUT PATCH...}
 shift
@@ -65,13 +64,13 @@ run_t() {   # $1 label, $2 tree, $3 selection args..., env before
   [ -n "$MAIN_TESTS" ] && run_t main_selected main python3 -m pytest tests -q -rfE -p no:cacheprovider -m gpu -k "$MAIN_TESTS" &
   wait
 }
+echo "tests done at $(el)"
 if [ -n "${MAIN_BENCH:-}" ]; then   # once, in main (e.g. the full verify_attention rows)
   (cd $AB/main && timeout 150 python3 -m specdec_lib bench $MAIN_BENCH --json "$OUT/bench_main_full.json" \
      > "$OUT/bench_main_full.log" 2>&1)
   echo "bench main ($MAIN_BENCH) rc=$? at $(el)"
   grep -E "page=16" "$OUT/bench_main_full.log" | sed -E 's/ +/ /g' | head -24
 fi
-echo "tests done at $(el)"
 left=$(( ${CALL_S:-560} - $(date +%s) + T0 ))
 for ((j = ${#trees[@]} - 1; j >= 0; j--)); do   # the second round, in the opposite order
   [ "$left" -gt 60 ] || break
