@@ -17,6 +17,7 @@ Cases (the shapes of docs/PERF.md's tables):
   bench_NAME     the whole registered benchmark NAME (verify_attention, append_kv)
   kv8_fp8        verify_attention over an fp8 cache, B=64 L=4096 q=4 32/8 D=128 page 16
   kv8_fp8_head_major  the same cache stored head-major within each page
+  kv8_int8       the same over an int8 cache
   sample_topp_rows  sample_topp through the rows path (SPECDEC_SPEC_SAMPLE_PATH=rows; the
                  automatic choice at B=64 is the tiles path)
 
@@ -106,6 +107,7 @@ CASES = {
     "bench_append_kv": _bench("append_kv"),
     "kv8_fp8": lambda n: _kv8("fp8", False, n),
     "kv8_fp8_head_major": lambda n: _kv8("fp8", True, n),
+    "kv8_int8": lambda n: _kv8("int8", False, n),
     "gdn": lambda n: _gdn("float32", n),
     "gdn_bf16": lambda n: _gdn("bfloat16", n),
     "gdn_fused": lambda n: _gdn("float32", n, fused_mode=True),
