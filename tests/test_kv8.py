@@ -112,7 +112,10 @@ def test_rope_append_kv_quantised_reference_is_rope_then_append(rng, fmt):
         assert np.array_equal(qa[n], qb[n]), n
 
 
-def _va_case(rng, fmt, D=64, Hq=4, Hkv=2, page=4, qs=(3, 1), Ls=(9, 0)):
+def _va_case(rng, fmt, D=64, Hq=4, Hkv=2, page=4, qs=(3, 1), Ls=(9, 0), mags=None):
+    """A paged case quantised by the reference; ``mags(pos)`` (optional): a factor per key
+    position of every sequence (an array of positions in, factors out), applied to K and V
+    before quantisation."""
     B = len(qs)
     cu = np.concatenate([[0], np.cumsum(qs)]).astype(np.int32)
     T = int(cu[-1])
@@ -121,6 +124,12 @@ def _va_case(rng, fmt, D=64, Hq=4, Hkv=2, page=4, qs=(3, 1), Ls=(9, 0)):
     pt = rng.permutation(pages)[: B * need].reshape(B, need).astype(np.int32)
     kf = rng.standard_normal((pages, page, Hkv, D)).astype(np.float32)
     vf = rng.standard_normal((pages, page, Hkv, D)).astype(np.float32)
+    if mags is not None:
+        for b, (L, q) in enumerate(zip(Ls, qs)):
+            pos = np.arange(L + q)
+            f = np.asarray(mags(pos), np.float32)[:, None, None]
+            kf[pt[b, pos // page], pos % page] *= np.cbrt(f)   # K milder: keep softmax broad
+            vf[pt[b, pos // page], pos % page] *= f
     c = dict(q=rng.standard_normal((T, Hq, D)).astype(np.float16), page_table=pt,
              seq_lens=np.array(Ls, np.int32), cu_q=cu, kf=kf, vf=vf)
     if fmt == "fp8":
@@ -441,6 +450,48 @@ def test_verify_attention_8bit_gpu_q_magnitudes(rng, fmt, dtype, q_mag, D):
     got = from_host_storage(out.to_numpy(), dtype)
     assert rel_err(got, exp) <= _TOL[dtype]
     assert np.max(np.abs(lse.to_numpy() - exp_lse)) <= 1e-4 * max(1.0, np.max(np.abs(exp_lse)))
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("order", ["random", "rising", "falling", "offset"])
+@pytest.mark.parametrize("mode", ["direct", "split"])
+def test_verify_attention_int8_gpu_token_scales(rng, dtype, D, order, mode):
+    """int8 P . V runs as P' = p s 2^E in float16 against the codes, E a running exponent per
+    warp that drops when a key's s 2^E reaches 2^14: token magnitudes spanning 2^-12 .. 2^12
+    in random order, rising (E drops mid-split) and falling (late keys' P' subnormal), and
+    rows far from zero (V = 40 + small: the midpoint z + 128 s carries the value) stay within
+    the 16-bit path's tolerance."""
+    from specdec_lib import DeviceArray, ops, runtime
+    from specdec_lib.dtypes import from_host_storage, to_host_storage
+    if dtype == "bfloat16" and runtime.arch_family(0) < 80:
+        pytest.skip("bf16 needs the sm_80 path")
+    qs, Ls = (4, 1, 3), (900, 0, 300)
+    mags = {"random": lambda pos: 2.0 ** rng.uniform(-12, 12, pos.shape),
+            "rising": lambda pos: 2.0 ** np.linspace(-12, 12, pos.size),
+            "falling": lambda pos: 2.0 ** np.linspace(12, -12, pos.size),
+            "offset": lambda pos: 2.0 ** rng.uniform(-3, 3, pos.shape)}[order]
+    c = _va_case(rng, "int8", D=D, Hq=8, Hkv=2, page=16, qs=qs, Ls=Ls, mags=mags)
+    if order == "offset":   # V = 40 + x / 64 per element: a tiny range far from zero
+        c["vf"] = (40.0 + c["vf"] / 64).astype(np.float32)
+        c["v_cache"], c["kw"]["v_params"] = kq.int8_quantize(c["vf"])
+    T, Hq, _ = c["q"].shape
+    qf = from_host_storage(to_host_storage(c["q"].astype(np.float32), dtype), dtype)
+    kd, vd = _va_dequant(c)
+    exp = np.zeros((T, Hq, D))
+    ref.verify_attention(qf, kd, vd, c["page_table"], c["seq_lens"], c["cu_q"], exp)
+    kw = {n: _dev(x) for n, x in c["kw"].items()}
+    if mode == "split":
+        B, max_pages = c["page_table"].shape
+        n = ops.verify_attention_workspace_size(T, Hq, 2, D, B, max_pages * 16, num_splits=4)
+        kw.update(workspace=DeviceArray.empty((max(n, 1),), "uint8"), num_splits=4)
+    out = poison((T, Hq, D), dtype)
+    ops.verify_attention(_dev(to_host_storage(qf, dtype), dtype), _dev(c["k_cache"]),
+                         _dev(c["v_cache"]), _dev(c["page_table"]), _dev(c["seq_lens"]),
+                         _dev(c["cu_q"]), out, **kw)
+    got = from_host_storage(out.to_numpy(), dtype)
+    assert rel_err(got, exp) <= _TOL[dtype]
 
 
 @needs_gpu

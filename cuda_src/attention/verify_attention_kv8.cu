@@ -8,7 +8,7 @@
 //   per key row and K/V) into a small per-stage params ring.
 // * No 16-bit copy of a tile: each warp `ldmatrix`es the 8-bit rows (.b16 matrices of 8 rows
 //   x 16 bytes, the 16-bit kernel's XOR swizzle on 16-byte chunks; D=64 rows pair up into
-//   128-byte lines) and turns the bytes into f16 / bf16 B fragments in registers
+//   128-byte lines) and turns the bytes into float16 B fragments in registers
 //   (common/kv8_frag.cuh). K (no .trans): a lane gets 4 consecutive bytes d..d+3 of one key,
 //   which serve as the fragment's k pairs (2t, 2t+1) / (2t+8, 2t+9); q's columns are loaded
 //   permuted to match. V (.trans): a lane gets keys (2t, 2t+1) x columns (d, d+1), i.e. the
@@ -23,13 +23,18 @@
 //   dtype (P in [0, 1]). compute_90 decodes with cvt.rn.f16x2.e4m3x2; compute_75 / compute_80
 //   (hence sm_86 / sm_89) with the branch-free integer decoder of common/kv8.cuh (same
 //   values).
-// * int8 K: the MMA multiplies q by the codes c themselves (exact in float16) and the key's
-//   (scale s, zero z) are folded into its score column: q . k = s (q . c) + (z + 128 s) sum(q)
-//   (kvquant.py's value is (c + 128) s + z), in float32. int8 V: each element becomes
-//   c * s + (z + 128 s) in q's dtype with one fused 16-bit multiply-add (s and z + 128 s
-//   rounded to that dtype first), then the 16-bit kernel's P . V. (The reference attends the
-//   float32 values; the 16-bit roundings are the 16-bit kernel's own input rounding, a little
-//   larger; within its tolerance.)
+// * int8: each code byte becomes the float16 1152 + c by one byte shuffle (no conversion,
+//   no subtraction: kv8::int8x4_to_f16_biased); the bias and the (scale s, zero z) pairs
+//   (kvquant.py's value is (c + 128) s + z) are taken out per key and per row, in float32:
+//   K: q . k = s (q . (1152 + c)) + (z - 1024 s) sum(q), on the score column.
+//   V: P . V runs in float16 for either q dtype with P' = p s 2^E (each key's weight times
+//   its scale) against the biased codes; one more MMA of P' against 1152 takes the bias out
+//   and the float32 sum p (z + 128 s) per row (the range's midpoint) adds the rest:
+//   sum p v = 2^-E (P' . (1152 + c) - P' . 1152) + sum p (z + 128 s). E is a running
+//   exponent per warp, dropping (acc rescaled by a power of two, exact) when a key's s 2^E
+//   reaches 2^14; a drop places the step's largest s 2^E in [2^8, 2^9). (s36's kernel made
+//   each V element c s + (z + 128 s) in q's dtype by a 16-bit fma: 505 -> 405 SASS
+//   instructions a 16-key step at D = 128 bf16; P' in float16 is also finer than bf16 P.)
 // * Occupancy (s35): fp8 at D <= 128 on sm_80+ runs four CTAs an SM (128 registers): a B=64
 //   grid of 512 CTAs runs as one wave on 132 SMs rather than 1.29 (the last 0.29 alone). At
 //   D = 128 that needs Q in shared memory (ldmatrix'ed per k-step) instead of 32 registers;
@@ -41,6 +46,10 @@
 //   beside the page ids' old place, not recomputed by each of the row's 8 copying threads.
 //   (Parking whole addresses plus a valid flag instead cut the load path's instructions a
 //   further ~20% but ran 6% slower on the H100: s36, PERF.md.)
+//   int8 at D = 128 (s37) runs four CTAs an SM too: two ring stages instead of three (its
+//   (scale, zero) ring kept three stages at three CTAs), Q in shared memory, 128 registers
+//   (the scaled-P dequantisation above freed them). H200, B=64 q=4: 252.2 -> 206.2 us
+//   (53 -> 65% of copy).
 // Split-KV, the merge kernel (verify_attention_merge_<dtype> of the attention module: the
 // partials have the same layout) and row_invariant plans are the 16-bit kernel's.
 #include <math.h>
@@ -69,15 +78,18 @@ struct Tile {
   static constexpr int kRowsPerPass8 = kThreads / kChunks8;
   static constexpr int kPasses8 = kKeys / kRowsPerPass8;
   static constexpr int kStageBytes8 = 2 * kKeys * D;            // K then V, 8-bit
-  static constexpr int kRingBytes8 = kStages * kStageBytes8;
+  // int8 at D = 128: two stages, so that four CTAs share an SM (smem; 128 registers with Q
+  // in shared memory): a B=64 grid of 512 CTAs in one wave rather than 1.29
+  static constexpr int kSt = FMT == KV8_INT8 && D == 128 && kStages > 1 ? 2 : kStages;
+  static constexpr int kRingBytes8 = kSt * kStageBytes8;
   // int8 (scale, zero) ring
-  static constexpr int kParamBytes = FMT == KV8_INT8 ? kStages * 2 * kKeys * 8 : 0;
+  static constexpr int kParamBytes = FMT == KV8_INT8 ? kSt * 2 * kKeys * 8 : 0;
   // Q as float16 A fragments in shared memory rather than registers where that lets four CTAs
   // share an SM (D = 128, multi-stage builds: 32 registers a thread; s35): per CTA m-tile
   // 16 rows x D halves, after the rings
-  // fp8 only: int8's params ring would keep it at three CTAs anyway (H100 s35: int8 with Q in
-  // shared memory and 128 registers ran 286 -> 311 us at B=64)
-  static constexpr bool kQSmem = FMT == KV8_FP8 && D == 128 && kStages > 1;
+  // int8 too since s37, with two stages (kSt): with three, its params ring kept it at three
+  // CTAs, and Q in shared memory alone only cost (H100 s35: 286 -> 311 us at B=64)
+  static constexpr bool kQSmem = D == 128 && kStages > 1;
   static constexpr int kQOff = kRingBytes8 + kParamBytes;
   static constexpr int kQBytesPerMTile = kQSmem ? 16 * D * 2 : 0;
   // dynamic smem for a plan of warps_m m-tiles (ops/attention.py::verify_attention_kv8_smem_bytes)
@@ -120,9 +132,6 @@ __device__ __forceinline__ void cp_async_8(void* smem_dst, const void* gmem_src,
 #endif
 }
 
-template <bool kF16, typename Mma> struct PickMma { using type = Mma; };
-template <typename Mma> struct PickMma<true, Mma> { using type = mma_f16; };
-
 // 2^e as float32 for e in [-126, 127]
 __device__ __forceinline__ float exp2i(int e) { return __uint_as_float(static_cast<uint32_t>(e + 127) << 23); }
 
@@ -130,9 +139,6 @@ template <int D, typename Mma, int FMT>
 __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionKV8Params& P) {
   const VerifyAttentionParams& p = P.base;
   using TL = Tile<D, FMT>;
-  // Q . K in float16 always; P . V in float16 for fp8, in q's dtype for int8 (whose V values
-  // c * s + z need q's range)
-  using PV = typename PickMma<FMT == KV8_FP8, Mma>::type;
   // fp8 software decode pairs K bytes (0, 2) / (1, 3): q's columns follow (see kv8_frag.cuh)
   constexpr bool kQStrided = FMT == KV8_FP8 && kv8::kKStrided;
   extern __shared__ __align__(256) unsigned char smem[];   // 256: see kXorAddr
@@ -183,7 +189,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
   // {2, 3} ({0, 2} and {1, 3} when kQStrided). Held in registers for the whole KV loop,
   // except D=256 on sm_75 where that would spill: there they are re-read (L1 hits) per
   // 16-key step (float16 only there: the compute_75 build traps bf16).
-  constexpr bool kQInRegs = D <= 128 || kStages > 1;
+  constexpr bool kQInRegs = D <= 128 || TL::kSt > 1;
   static_assert(kQInRegs || !Mma::kIsBf16, "bf16 q is converted once, in registers");
   const uint16_t* qlo = nullptr;
   const uint16_t* qhi = nullptr;
@@ -336,9 +342,9 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
   };
   // Multi-stage builds work the rows out one tile before the tile's copies are issued
   // (thread r < kKeys does row r during the previous tile's compute and parks it in these
-  // rings, slot = tile % kStages), so no page-table load sits between a barrier and the
+  // rings, slot = tile % TL::kSt), so no page-table load sits between a barrier and the
   // cp.async it feeds. The single-stage (sm_75) build works them out inline.
-  constexpr int kRing = kStages > 1 ? kStages : 1;
+  constexpr int kRing = TL::kSt > 1 ? TL::kSt : 1;
   __shared__ KVRow tile_kv[kRing][TL::kKeys];
   __shared__ int64_t tile_prm[FMT == KV8_INT8 ? kRing : 1][FMT == KV8_INT8 ? TL::kKeys : 1];
   auto park_row = [&](int stage, int row, const Row8& r) {
@@ -353,7 +359,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
     for (int pass = 0; pass < TL::kPasses8; ++pass) {
       const int row = ld_row0 + pass * TL::kRowsPerPass8;
       Row8 r;
-      if constexpr (kStages > 1) {
+      if constexpr (TL::kSt > 1) {
         r.kv = tile_kv[stage][row];
       } else {
         r = tile_row(tile, row);
@@ -364,7 +370,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
       cp_async_16(sv_ + soff, v_head + (valid ? r.kv.v : 0), valid);
       if constexpr (FMT == KV8_INT8) {
         if (ld_chunk == 0) {
-          if constexpr (kStages > 1) r.prm = tile_prm[stage][row];
+          if constexpr (TL::kSt > 1) r.prm = tile_prm[stage][row];
           const int64_t pi = valid ? r.prm : 0;
           float2* pr = prm + (stage * 2) * TL::kKeys + row;
           cp_async_8(pr, P.k_params + pi, valid);
@@ -380,6 +386,11 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  // int8 V (see compute_tile): the warp's exponent E (v_exp), P' . 1152 (acc_off) and this
+  // thread's share of sum p (z + 128 s) per row (zsum)
+  int v_exp = 126;   // until a key with s >= 2^-112 comes
+  float acc_off[4] = {0.f, 0.f, 0.f, 0.f};
+  float zsum_lo = 0.f, zsum_hi = 0.f;
 
   auto compute_tile = [&](int tile, int stage) {
     if (!warp_has_rows) return;
@@ -421,7 +432,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
             if constexpr (FMT == KV8_FP8) {
               kv8::e4m3x4_row_to_f16(w[2 * h + n], b0, b1);
             } else {
-              kv8::int8x4_to_f16<0x4140, 0x4342>(w[2 * h + n], b0, b1);
+              kv8::int8x4_to_f16_biased<0x4140, 0x4342>(w[2 * h + n], b0, b1);   // 1152 + c
             }
             mma_f16::mma(s[n], a, b0, b1);
           }
@@ -433,8 +444,8 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
           const float4 k4 = *reinterpret_cast<const float4*>(kp + 8 * n);
-          // q . k = s (q . c) + (z + 128 s) sum(q)
-          const float z0 = fmaf(128.f, k4.x, k4.y), z1 = fmaf(128.f, k4.z, k4.w);
+          // q . k = s (q . c) + (z + 128 s) sum(q) = s (q . (1152 + c)) + (z - 1024 s) sum(q)
+          const float z0 = fmaf(-1024.f, k4.x, k4.y), z1 = fmaf(-1024.f, k4.z, k4.w);
           s[n][0] = fmaf(k4.x, s[n][0], z0 * qsum_lo) * sc_lo;
           s[n][1] = fmaf(k4.z, s[n][1], z1 * qsum_lo) * sc_lo;
           s[n][2] = fmaf(k4.x, s[n][2], z0 * qsum_hi) * sc_hi;
@@ -485,30 +496,71 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
       }
       l_lo = l_lo * alpha_lo + sum_lo;
       l_hi = l_hi * alpha_hi + sum_hi;
+      // int8 V: (s, z) of keys 2t, 2t+1 (v4[0]) and 2t+8, 2t+9 (v4[1]); sum p (z + 128 s) per
+      // row in float32 (zsum, rescaled as l is); `grow`: some key's s 2^E reaches 2^14, where
+      // the float16 P' = p s 2^E nears its range
+      float4 v4[2];
+      bool grow = false;
+      if constexpr (FMT == KV8_INT8) {
+        v4[0] = *reinterpret_cast<const float4*>(kp + TL::kKeys);
+        v4[1] = *reinterpret_cast<const float4*>(kp + TL::kKeys + 8);
+        const float m00 = fmaf(128.f, v4[0].x, v4[0].y), m01 = fmaf(128.f, v4[0].z, v4[0].w);
+        const float m10 = fmaf(128.f, v4[1].x, v4[1].y), m11 = fmaf(128.f, v4[1].z, v4[1].w);
+        zsum_lo = fmaf(zsum_lo, alpha_lo, fmaf(s[0][0], m00, fmaf(s[0][1], m01, fmaf(s[1][0], m10, s[1][1] * m11))));
+        zsum_hi = fmaf(zsum_hi, alpha_hi, fmaf(s[0][2], m00, fmaf(s[0][3], m01, fmaf(s[1][2], m10, s[1][3] * m11))));
+        grow = fmaxf(fmaxf(v4[0].x, v4[0].z), fmaxf(v4[1].x, v4[1].z)) >= 16384.f * exp2i(-v_exp);
+      }
       // rescale only when some row's max moved (x 1.0 is exact: skipping it changes no bit;
       // past the first tiles it is the common case, and D/2 multiplies per sub-tile are a
-      // fifth of this loop's instructions)
-      if (__any_sync(0xffffffffu, alpha_lo != 1.f || alpha_hi != 1.f)) {
+      // fifth of this loop's instructions) or int8's exponent E must drop
+      if (__any_sync(0xffffffffu, alpha_lo != 1.f || alpha_hi != 1.f || grow)) {
+        float f_lo = alpha_lo, f_hi = alpha_hi;
+        if constexpr (FMT == KV8_INT8) {
+          // E from the step's largest s: s 2^E in [2^8, 2^9), room for 2^22 smaller s before
+          // P' turns subnormal, 2^5 larger before the next drop
+          if (__any_sync(0xffffffffu, grow)) {
+            float m = fmaxf(fmaxf(v4[0].x, v4[0].z), fmaxf(v4[1].x, v4[1].z));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));   // lanes t4 = 0..3 hold the 16 keys
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            const int e_new = min(max(135 - static_cast<int>(__float_as_uint(m) >> 23), -126), 126);
+            const float r = e_new - v_exp < -126 ? 0.f : exp2i(e_new - v_exp);   // e_new < v_exp
+            v_exp = e_new;
+            f_lo *= r;
+            f_hi *= r;
+          }
+          acc_off[0] *= f_lo;   // P' . 1152 is rescaled as acc is
+          acc_off[1] *= f_lo;
+          acc_off[2] *= f_hi;
+          acc_off[3] *= f_hi;
+        }
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
-          acc[n][0] *= alpha_lo;
-          acc[n][1] *= alpha_lo;
-          acc[n][2] *= alpha_hi;
-          acc[n][3] *= alpha_hi;
+          acc[n][0] *= f_lo;
+          acc[n][1] *= f_lo;
+          acc[n][2] *= f_hi;
+          acc[n][3] *= f_hi;
         }
       }
-      // O += P V: P (16 x 16 keys) is already laid out as an A fragment.
-      const uint32_t pa[4] = {PV::pack(s[0][0], s[0][1]), PV::pack(s[0][2], s[0][3]),
-                              PV::pack(s[1][0], s[1][1]), PV::pack(s[1][2], s[1][3])};
-      // int8: per B register (keys 2t, 2t+1 | 2t+8, 2t+9) the keys' s and z + 128 s in PV's dtype
-      uint32_t vs[2] = {0u, 0u}, vz[2] = {0u, 0u};
+      // O += P V: P (16 x 16 keys) is already laid out as an A fragment. int8: P' = p s 2^E
+      // (float16), V the biased codes 1152 + c; the bias goes by one more MMA (acc_off), the
+      // range's midpoint z + 128 s in float32 (zsum):
+      //   sum p ((c + 128) s + z) = 2^-E (P' . (1152 + c) - P' . 1152) + sum p (z + 128 s)
+      // (P' times c rather than c + 128: its float16 rounding scales with |v - midpoint|)
+      uint32_t pa[4];
       if constexpr (FMT == KV8_INT8) {
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          const float4 v4 = *reinterpret_cast<const float4*>(kp + TL::kKeys + 8 * n);
-          vs[n] = PV::pack(v4.x, v4.z);
-          vz[n] = PV::pack(fmaf(128.f, v4.x, v4.y), fmaf(128.f, v4.z, v4.w));
-        }
+        const float v_esc = exp2i(v_exp);
+        const float s00 = v4[0].x * v_esc, s01 = v4[0].z * v_esc;
+        const float s10 = v4[1].x * v_esc, s11 = v4[1].z * v_esc;
+        pa[0] = pack_f16x2(s[0][0] * s00, s[0][1] * s01);
+        pa[1] = pack_f16x2(s[0][2] * s00, s[0][3] * s01);
+        pa[2] = pack_f16x2(s[1][0] * s10, s[1][1] * s11);
+        pa[3] = pack_f16x2(s[1][2] * s10, s[1][3] * s11);
+        mma_f16::mma(acc_off, pa, 0x64806480u, 0x64806480u);   // P' . 1152
+      } else {
+        pa[0] = pack_f16x2(s[0][0], s[0][1]);
+        pa[1] = pack_f16x2(s[0][2], s[0][3]);
+        pa[2] = pack_f16x2(s[1][0], s[1][1]);
+        pa[3] = pack_f16x2(s[1][2], s[1][3]);
       }
 #pragma unroll
       for (int vc = 0; vc < D / 16; vc += 2) {
@@ -525,23 +577,12 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
           if constexpr (FMT == KV8_FP8) {
             kv8::e4m3x4_trans_to_f16(w[2 * h], e0, o0);
             kv8::e4m3x4_trans_to_f16(w[2 * h + 1], e1, o1);
-          } else if constexpr (PV::kIsBf16) {
-            kv8::int8x4_to_bf16<0x4240, 0x4341>(w[2 * h], e0, o0);
-            kv8::int8x4_to_bf16<0x4240, 0x4341>(w[2 * h + 1], e1, o1);
-            e0 = kv8::fma_bf16x2(e0, vs[0], vz[0]);
-            o0 = kv8::fma_bf16x2(o0, vs[0], vz[0]);
-            e1 = kv8::fma_bf16x2(e1, vs[1], vz[1]);
-            o1 = kv8::fma_bf16x2(o1, vs[1], vz[1]);
           } else {
-            kv8::int8x4_to_f16<0x4240, 0x4341>(w[2 * h], e0, o0);
-            kv8::int8x4_to_f16<0x4240, 0x4341>(w[2 * h + 1], e1, o1);
-            e0 = kv8::fma_f16x2(e0, vs[0], vz[0]);
-            o0 = kv8::fma_f16x2(o0, vs[0], vz[0]);
-            e1 = kv8::fma_f16x2(e1, vs[1], vz[1]);
-            o1 = kv8::fma_f16x2(o1, vs[1], vz[1]);
+            kv8::int8x4_to_f16_biased<0x4240, 0x4341>(w[2 * h], e0, o0);
+            kv8::int8x4_to_f16_biased<0x4240, 0x4341>(w[2 * h + 1], e1, o1);
           }
-          PV::mma(acc[2 * (vc + h)], pa, e0, e1);
-          PV::mma(acc[2 * (vc + h) + 1], pa, o0, o1);
+          mma_f16::mma(acc[2 * (vc + h)], pa, e0, e1);
+          mma_f16::mma(acc[2 * (vc + h) + 1], pa, o0, o1);
         }
       }
     }
@@ -549,7 +590,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
 
   // ---- main loop over the split's KV tiles
   const int num_tiles = (kv_end - kv_begin + TL::kKeys - 1) / TL::kKeys;
-  if constexpr (kStages == 1) {
+  if constexpr (TL::kSt == 1) {
     for (int tile = 0; tile < num_tiles; ++tile) {
       if (tile > 0) __syncthreads();   // everyone is done with the previous tile
       load_tile(tile, 0);
@@ -562,29 +603,29 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
     const bool fetches_ids = threadIdx.x < TL::kKeys;
     if (fetches_ids) {
 #pragma unroll
-      for (int st = 0; st < kStages; ++st)
+      for (int st = 0; st < TL::kSt; ++st)
         if (st < num_tiles) park_row(st, threadIdx.x, tile_row(st, threadIdx.x));
     }
     __syncthreads();
 #pragma unroll
-    for (int st = 0; st < kStages - 1; ++st) {
+    for (int st = 0; st < TL::kSt - 1; ++st) {
       if (st < num_tiles) load_tile(st, st);
       cp_async_commit();
     }
     for (int tile = 0; tile < num_tiles; ++tile) {
-      // ids of tile + kStages: loaded now, parked after the compute below into the slot of
+      // ids of tile + TL::kSt: loaded now, parked after the compute below into the slot of
       // tile `tile`, whose copies were issued two iterations ago
-      const int ahead = tile + kStages;
+      const int ahead = tile + TL::kSt;
       const bool fetch = fetches_ids && ahead < num_tiles;
       Row8 ahead_row;
       if (fetch) ahead_row = tile_row(ahead, threadIdx.x);
-      cp_async_wait<kStages - 2>();
-      __syncthreads();   // tile `tile` and the ids of tile+kStages-1 visible; stage (tile-1) % kStages free
-      const int next = tile + kStages - 1;
-      if (next < num_tiles) load_tile(next, next % kStages);
+      cp_async_wait<TL::kSt - 2>();
+      __syncthreads();   // tile `tile` and the ids of tile+TL::kSt-1 visible; stage (tile-1) % TL::kSt free
+      const int next = tile + TL::kSt - 1;
+      if (next < num_tiles) load_tile(next, next % TL::kSt);
       cp_async_commit();
-      compute_tile(tile, tile % kStages);
-      if (fetch) park_row(ahead % kStages, threadIdx.x, ahead_row);
+      compute_tile(tile, tile % TL::kSt);
+      if (fetch) park_row(ahead % TL::kSt, threadIdx.x, ahead_row);
     }
     cp_async_wait<0>();
   }
@@ -598,6 +639,20 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
   l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
   l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
   l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+  if constexpr (FMT == KV8_INT8) {   // back to values: 2^-E (acc - P' . 1152) + sum p (z + 128 s)
+    zsum_lo += __shfl_xor_sync(0xffffffffu, zsum_lo, 1);
+    zsum_lo += __shfl_xor_sync(0xffffffffu, zsum_lo, 2);
+    zsum_hi += __shfl_xor_sync(0xffffffffu, zsum_hi, 1);
+    zsum_hi += __shfl_xor_sync(0xffffffffu, zsum_hi, 2);
+    const float inv = exp2i(-v_exp);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      acc[n][0] = fmaf(acc[n][0] - acc_off[0], inv, zsum_lo);
+      acc[n][1] = fmaf(acc[n][1] - acc_off[1], inv, zsum_lo);
+      acc[n][2] = fmaf(acc[n][2] - acc_off[2], inv, zsum_hi);
+      acc[n][3] = fmaf(acc[n][3] - acc_off[3], inv, zsum_hi);
+    }
+  }
   if (t4 == 0) {
     epi_m[warp * 16 + g] = m_lo;
     epi_m[warp * 16 + g + 8] = m_hi;
@@ -676,9 +731,9 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
 }  // namespace
 
 // D <= 128, sm_80+: fp8 four CTAs an SM (128 registers; D = 128 keeps Q in shared memory to get
-// there), int8 three (its params ring leaves no room for a fourth)
+// there); int8 four at D = 128 (two stages), three at D = 64
 #define SPECDEC_VERIFY_ATTENTION_KV8(D, TAG, MMA, FNAME, FMT)                                   \
-  extern "C" __global__ void __launch_bounds__(VERIFY_ATTN_THREADS, D > 128 || kStages == 1 ? 1 : FMT == KV8_FP8 ? 4 : 3)\
+  extern "C" __global__ void __launch_bounds__(VERIFY_ATTN_THREADS, D > 128 || kStages == 1 ? 1 : FMT == KV8_FP8 || D == 128 ? 4 : 3)\
       verify_attention_kv8_d##D##_##TAG##_##FNAME(const VerifyAttentionKV8Params p) { specdec::pdl_begin();           \
     if constexpr (kRunsHere<MMA>) verify_attention_kv8_body<D, MMA, FMT>(p); else __trap();   \
   }

@@ -15,8 +15,8 @@
 //   e4m3 -> f16: the code's value (every E4M3 value is a float16). compute_90: the native
 //     cvt.rn.f16x2.e4m3x2; compute_75 / compute_80: the branch-free integer decoder of
 //     kv8::e4m3x2_to_f16x2 (same bits, NaN codes included).
-//   int8 -> f16 / bf16: the code c itself, -128..127 (exact in both 16-bit types), by the
-//     "magic exponent" byte shuffle (no integer-to-float conversion instruction).
+//   int8 -> f16: 1152 + c (c = -128..127), by the "magic exponent" byte shuffle (no
+//     integer-to-float conversion instruction and no subtraction).
 #pragma once
 #include <stdint.h>
 #include <string.h>
@@ -91,51 +91,16 @@ __device__ __forceinline__ void e4m3x4_trans_to_f16(uint32_t w, uint32_t& lo, ui
 #endif
 }
 
-// int8 codes -> f16 pairs of their values c. Byte b of x = c ^ 0x80 = c + 128 (unsigned);
-// f16 bits 0x64uu are 1024 + uu exactly; minus 1152 leaves c. SEL_*: __byte_perm selectors
-// placing the pair's bytes at 0 and 2 with 0x64 above each (0x4j4i: bytes i, j).
+// int8 codes -> f16 pairs of 1152 + c (1024 .. 1279, exact): byte b of x = c ^ 0x80 = c + 128
+// (unsigned) and f16 bits 0x64uu are 1024 + uu, so one byte shuffle per pair; the caller
+// takes the bias out where it is cheaper than a subtraction per pair (a per-row sum(q) for
+// K, one MMA against 1024 for V). SEL_*: __byte_perm selectors placing the pair's bytes at 0
+// and 2 with 0x64 above each (0x4j4i: bytes i, j).
 template <uint32_t SEL_LO, uint32_t SEL_HI>
-__device__ __forceinline__ void int8x4_to_f16(uint32_t w, uint32_t& lo, uint32_t& hi) {
+__device__ __forceinline__ void int8x4_to_f16_biased(uint32_t w, uint32_t& lo, uint32_t& hi) {
   const uint32_t x = w ^ 0x80808080u;
-  const __half2 off = __half2half2(__ushort_as_half(0x6480));   // 1152
-  lo = h2_bits(__hsub2(bits_h2(__byte_perm(x, 0x64646464u, SEL_LO)), off));
-  hi = h2_bits(__hsub2(bits_h2(__byte_perm(x, 0x64646464u, SEL_HI)), off));
-}
-
-// int8 codes -> bf16 pairs of their values c (sm_80+). With the code byte under 0x43, the
-// bf16 bits 0x43bb are (128 + low7) * 2^b7; A = those bits without b7 is 128 + low7,
-// B = 0x4300 | b7 << 7 is 128 * (1 + b7), and A - B = low7 - 128 * b7 = c, exactly.
-__device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  uint32_t r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(b), "r"(0xBF80BF80u), "r"(a));   // a - b
-  return r;
-#else
-  __trap();
-  return 0u;
-#endif
-}
-template <uint32_t SEL_LO, uint32_t SEL_HI>
-__device__ __forceinline__ void int8x4_to_bf16(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  const uint32_t l = __byte_perm(w, 0x43434343u, SEL_LO);
-  const uint32_t h = __byte_perm(w, 0x43434343u, SEL_HI);
-  lo = bf16x2_sub(l & 0xFF7FFF7Fu, l & 0xFF80FF80u);
-  hi = bf16x2_sub(h & 0xFF7FFF7Fu, h & 0xFF80FF80u);
-}
-
-// d = a * b + c on 16-bit pairs, one rounding (f16: sm_53+; bf16: sm_80+)
-__device__ __forceinline__ uint32_t fma_f16x2(uint32_t a, uint32_t b, uint32_t c) {
-  return h2_bits(__hfma2(bits_h2(a), bits_h2(b), bits_h2(c)));
-}
-__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  uint32_t r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-  return r;
-#else
-  __trap();
-  return 0u;
-#endif
+  lo = __byte_perm(x, 0x64646464u, SEL_LO);
+  hi = __byte_perm(x, 0x64646464u, SEL_HI);
 }
 
 }  // namespace kv8

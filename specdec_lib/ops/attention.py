@@ -79,15 +79,19 @@ def verify_attention_smem_bytes(head_dim: int, family: int) -> int:
 def verify_attention_kv8_smem_bytes(head_dim: int, family: int, fmt: str = None,
                                     warps_m: int = 4) -> int:
     """Dynamic shared memory of one verify_attention_kv8 CTA (8-bit caches) for a plan of
-    ``warps_m`` m-tiles: the 8-bit ring, int8's (scale, zero) ring and, for fp8 at D = 128
-    on sm_80+, the Q fragments (16 rows x D halves per m-tile; attention_params.h; the tiles
-    are dequantised in registers). ``fmt=None``: the larger of "fp8" and "int8"."""
+    ``warps_m`` m-tiles: the 8-bit ring (int8 at D = 128 on sm_80+: two stages, not three),
+    int8's (scale, zero) ring and, at D = 128 on sm_80+, the Q fragments (16 rows x D
+    halves per m-tile; verify_attention_kv8.cu's Tile; the tiles are dequantised in
+    registers). ``fmt=None``: the larger of "fp8" and "int8"."""
     if fmt is None:
         return max(verify_attention_kv8_smem_bytes(head_dim, family, f, warps_m)
                    for f in ("fp8", "int8"))
     keys, st = _TILE_KEYS[head_dim], _stages(family)
+    q_smem = head_dim == 128 and st > 1
+    if fmt == "int8" and q_smem:
+        st = 2
     need = st * 2 * keys * head_dim + (st * 2 * keys * 8 if fmt == "int8" else 0)
-    if fmt == "fp8" and head_dim == 128 and st > 1:
+    if q_smem:
         need += warps_m * 16 * head_dim * 2
     return max(need, _EPILOGUE_SMEM)
 

@@ -10,11 +10,12 @@ layout: emulates one warp's 16-key sub-tile lane by lane, as verify_attention_kv
   semantics (common/mma.cuh), the int8 score fold and the epilogue's column order; exact
   arithmetic against q K^T and P V, D = 64 / 128 / 256, fp8 native / software and int8.
 decoders: the byte tricks of kv8_frag.cuh bit for bit against reference/kvquant.py: int8
-  codes -> f16 (magic exponent) and -> bf16 (A - B), the software E4M3 pair decode with
-  garbage in the ignored bytes (all 65536 code pairs).
-rounding: the kernel's 16-bit roundings (P, int8 V = fma(c, s, z + 128 s) in q's dtype,
-  the output) against tests/test_kv8.py::test_verify_attention_8bit_gpu's reference and
-  tolerances, beside the previous kernel's (dequantised values rounded to q's dtype).
+  codes -> f16 1152 + c (magic exponent), the software E4M3 pair decode with garbage in the
+  ignored bytes (all 65536 code pairs).
+rounding: the kernel's 16-bit roundings (P; int8: P' = p s 2^E in float16 against the exact
+  codes, sum p (z + 128 s) in float32; the output) against
+  tests/test_kv8.py::test_verify_attention_8bit_gpu's reference and tolerances, beside the
+  previous kernel's (int8 V = fma(c, s, z + 128 s) in q's dtype, P in q's dtype).
 A model of the kernel, not the kernel: the GPU tests are what proves it.
 """
 from __future__ import annotations
@@ -107,7 +108,7 @@ def layout_case(D, fmt, native, rng):
             for n in range(2):
                 B = []
                 for lane in range(32):
-                    v = E4M3[w[lane, 2 * h + n]] if fmt == "fp8" else w[lane, 2 * h + n].view(np.int8).astype(float)
+                    v = E4M3[w[lane, 2 * h + n]] if fmt == "fp8" else 1152 + w[lane, 2 * h + n].view(np.int8).astype(float)
                     B.append(((v[0], v[2]), (v[1], v[3])) if strided else ((v[0], v[1]), (v[2], v[3])))
                 mma(S[n], qa[kc + h], B)
     got = np.zeros((16, 16))
@@ -117,15 +118,23 @@ def layout_case(D, fmt, native, rng):
             got[g, 8 * n + 2 * t: 8 * n + 2 * t + 2] = S[n, lane, :2]
             got[g + 8, 8 * n + 2 * t: 8 * n + 2 * t + 2] = S[n, lane, 2:]
     ksub = slice(sub * 16, sub * 16 + 16)
-    assert np.allclose(got, q @ val["k"][ksub].T), ("q . codes", D, fmt, native)
-    if fmt == "int8":   # s (q . c) + (z + 128 s) sum(q) = q . ((c + 128) s + z)
-        fold = got * ks[ksub] + (kz[ksub] + 128 * ks[ksub]) * q.sum(1)[:, None]
+    bias = 1152 if fmt == "int8" else 0
+    assert np.allclose(got, q @ (val["k"][ksub] + bias).T), ("q . codes", D, fmt, native)
+    if fmt == "int8":   # s (q . (1152 + c)) + (z - 1024 s) sum(q) = q . ((c + 128) s + z)
+        fold = got * ks[ksub] + (kz[ksub] - 1024 * ks[ksub]) * q.sum(1)[:, None]
         assert np.allclose(fold, q @ ((val["k"][ksub] + 128) * ks[ksub, None] + kz[ksub, None]).T)
-    P = rng.random((16, 16))
+    P = P0 = rng.random((16, 16))
     pa = [(tuple(P[l >> 2, 2 * (l & 3):2 * (l & 3) + 2]), tuple(P[(l >> 2) + 8, 2 * (l & 3):2 * (l & 3) + 2]),
            tuple(P[l >> 2, 8 + 2 * (l & 3):10 + 2 * (l & 3)]), tuple(P[(l >> 2) + 8, 8 + 2 * (l & 3):10 + 2 * (l & 3)]))
           for l in range(32)]
+    if fmt == "int8":   # P' = p s (the kernel's 2^E cancels in exact arithmetic)
+        P = P * vs[sub * 16:sub * 16 + 16][None, :]
+        pa = [(tuple(P[l >> 2, 2 * (l & 3):2 * (l & 3) + 2]), tuple(P[(l >> 2) + 8, 2 * (l & 3):2 * (l & 3) + 2]),
+               tuple(P[l >> 2, 8 + 2 * (l & 3):10 + 2 * (l & 3)]),
+               tuple(P[(l >> 2) + 8, 8 + 2 * (l & 3):10 + 2 * (l & 3)])) for l in range(32)]
     acc = np.zeros((D // 8, 32, 4))
+    acc_off = np.zeros((32, 4))
+    mma(acc_off, pa, [((1152, 1152), (1152, 1152))] * 32)
     for vc in range(0, D // 16, 2):
         w = ldmatrix_x4(smem["v"], [kv8_off(D, mrow[l], vc + (l >> 4)) for l in range(32)], True)
         for h in range(2):
@@ -134,18 +143,19 @@ def layout_case(D, fmt, native, rng):
                 regs = []
                 for j in range(2):                 # w[2h]: keys 2t, 2t+1; w[2h+1]: keys 2t+8, 2t+9
                     b = w[lane, 2 * h + j]
-                    if fmt == "fp8":
-                        v = E4M3[b]
-                    else:
-                        k0 = sub * 16 + 8 * j + 2 * (lane & 3)
-                        s_ = np.array([vs[k0], vs[k0], vs[k0 + 1], vs[k0 + 1]])
-                        z_ = np.array([vz[k0], vz[k0], vz[k0 + 1], vz[k0 + 1]]) + 128 * s_
-                        v = b.view(np.int8).astype(float) * s_ + z_
+                    v = E4M3[b] if fmt == "fp8" else 1152 + b.view(np.int8).astype(float)
                     regs.append(((v[0], v[2]), (v[1], v[3])))    # column d / column d+1
                 Be.append((regs[0][0], regs[1][0]))
                 Bo.append((regs[0][1], regs[1][1]))
             mma(acc[2 * (vc + h)], pa, Be)
             mma(acc[2 * (vc + h) + 1], pa, Bo)
+    if fmt == "int8":   # (acc - P' . 1152) + sum p (z + 128 s)
+        acc = acc - acc_off[None]
+        zsum = P0 @ (vz[ksub] + 128 * vs[ksub])
+        for lane in range(32):
+            acc[:, lane, :2] += zsum[lane >> 2]
+            acc[:, lane, 2:] += zsum[(lane >> 2) + 8]
+        P = P0
     Vd = val["v"][ksub] if fmt == "fp8" else (val["v"][ksub] + 128) * vs[ksub, None] + vz[ksub, None]
     out = np.zeros((16, D))
     for cp in range(D // 64):                      # the epilogue's passes of 64 columns
@@ -178,10 +188,6 @@ def f16(bits):
     return float(np.array([bits], np.uint16).view(np.float16)[0])
 
 
-def bf16(bits):
-    return float(np.array([bits << 16], np.uint32).view(np.float32)[0])
-
-
 def halves(u):
     return u & 0xFFFF, u >> 16
 
@@ -205,11 +211,8 @@ def check_decoders():
         c = [int(np.uint8((w >> (8 * i)) & 0xFF).view(np.int8)) for i in range(4)]
         for sel, (i, j) in ((0x4140, (0, 1)), (0x4342, (2, 3)), (0x4240, (0, 2)), (0x4341, (1, 3))):
             lo, hi = halves(prmt(w ^ 0x80808080, 0x64646464, sel))
-            assert (f16(lo) - 1152, f16(hi) - 1152) == (c[i], c[j])
-            h = prmt(w, 0x43434343, sel)
-            A, B = halves(h & 0xFF7FFF7F), halves(h & 0xFF80FF80)
-            assert (bf16(A[0]) - bf16(B[0]), bf16(A[1]) - bf16(B[1])) == (c[i], c[j])
-    print("decoders ok: int8 -> f16 / bf16 exact (20000 random words, the 4 pairings)")
+            assert (f16(lo), f16(hi)) == (1152 + c[i], 1152 + c[j])
+    print("decoders ok: int8 -> f16 1152 + c exact (20000 random words, the 4 pairings)")
     for b1 in range(256):
         for b3 in range(256):
             r = int(rng.integers(0, 256)) | (b1 << 8) | (int(rng.integers(0, 256)) << 16) | (b3 << 24)
@@ -262,17 +265,29 @@ def check_rounding():
                     o = attend(qr, ck, cv, pos, L, lambda p: r16(p, pv), c["kw"]["v_scale"][h])
                 elif not new:
                     o = attend(qr, r16(K, dtype), r16(V, dtype), pos, L, lambda p: r16(p, dtype))
-                else:     # K folded in float32; V = fma(c, s, z + 128 s) rounded once in q's dtype
-                    vp = c["kw"]["v_params"][pages, slots, h]
-                    s_ = vp[:, 0].astype(np.float32)
-                    z_ = (vp[:, 1] + np.float32(128) * s_).astype(np.float32)
-                    cv = c["v_cache"][pages, slots, h].astype(np.float64)
-                    Vq = r16(cv * r16(s_, dtype)[:, None] + r16(z_, dtype)[:, None], dtype)
-                    o = attend(qr, K, Vq, pos, L, lambda p: r16(p, dtype))
+                else:     # K folded in float32; V as the kernel: P' = p s 2^E in float16 times c
+                    # exactly, E dropping per 16-key step as one warp would; sum p (z + 128 s)
+                    vp = c["kw"]["v_params"][pages, slots, h].astype(np.float64)
+                    cv = c["v_cache"][pages, slots, h].view(np.int8).astype(np.float64)
+                    sc = (qr @ K.T) / math.sqrt(D)
+                    sc[np.arange(K.shape[0])[None, :] > (L + pos)[:, None]] = -np.inf
+                    p = np.exp(sc - sc.max(1, keepdims=True))
+                    o = (int8_pv(p, vp[:, 0], cv) + (p @ (vp[:, 1] + 128 * vp[:, 0]))[:, None]) / p.sum(1, keepdims=True)
                 idx = (slice(t0, t1), slice(h * group, (h + 1) * group))
                 out[idx] = r16(o, dtype).reshape(t1 - t0, group, D)
                 exp[idx] = e.reshape(t1 - t0, group, D)
         return np.linalg.norm(out - exp) / np.linalg.norm(exp)
+
+    def int8_pv(p, s_, cv):   # sum_k p s c as the kernel forms it (its running exponent E)
+        E, acc = 126, np.zeros((p.shape[0], cv.shape[1]))
+        for k0 in range(0, len(s_), 16):
+            ss = s_[k0:k0 + 16]
+            if ss.max() >= 2.0 ** (14 - E):
+                e_new = min(max(8 - int(np.floor(np.log2(ss.max()))), -126), 126)
+                acc *= 2.0 ** (e_new - E)
+                E = e_new
+            acc += r16(p[:, k0:k0 + 16] * ss * 2.0 ** E, "float16") @ cv[k0:k0 + 16]
+        return acc * 2.0 ** -E
 
     print("rounding (test_verify_attention_8bit_gpu cases): rel_err previous kernel / this kernel (tolerance)")
     for fmt in T.FMTS:
@@ -285,6 +300,23 @@ def check_rounding():
                 assert new <= tol / 4, (fmt, dtype, D, new)
                 print(f"  {fmt:4s} {dtype:8s} D={D:3d} group={group:2d} Hkv={Hkv} page={page:2d}: "
                       f"{old:.2e} / {new:.2e} ({tol:.1e})")
+    print("int8 token scales (test_verify_attention_int8_gpu_token_scales cases):")
+    for order in ("random", "rising", "falling", "offset"):
+        for dtype in ("float16", "bfloat16"):
+            rng = np.random.default_rng(11)
+            mags = {"random": lambda pos: 2.0 ** rng.uniform(-12, 12, pos.shape),
+                    "rising": lambda pos: 2.0 ** np.linspace(-12, 12, pos.size),
+                    "falling": lambda pos: 2.0 ** np.linspace(12, -12, pos.size),
+                    "offset": lambda pos: 2.0 ** rng.uniform(-3, 3, pos.shape)}[order]
+            c = T._va_case(rng, "int8", D=128, Hq=8, Hkv=2, page=16, qs=(4, 1, 3), Ls=(900, 0, 300),
+                           mags=mags)
+            if order == "offset":
+                c["vf"] = (40.0 + c["vf"] / 64).astype(np.float32)
+                c["v_cache"], c["kw"]["v_params"] = kq.int8_quantize(c["vf"])
+            old, new = model(c, dtype, False), model(c, dtype, True)
+            tol = T._TOL[dtype]
+            assert new <= tol / 4, ("token scales", order, dtype, new)
+            print(f"  {order:7s} {dtype:8s}: {old:.2e} / {new:.2e} ({tol:.1e})")
 
 
 def main(argv):
