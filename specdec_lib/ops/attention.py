@@ -349,7 +349,7 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
     the rows per sequence (default ``min(T, 16)``; a sequence with more is left
     unwritten; pass the longest block, as the orchestrator does: the plan then packs
     fewer m-tiles a CTA, and an fp8 cache at D = 128 runs four CTAs an SM, 1.25x faster at
-    B=64 q=4 on an H100). ``row_invariant=True`` gives every row the bits it has in a
+    B=64 q=4 on an H100; int8 at D = 128 runs four at any bound). ``row_invariant=True`` gives every row the bits it has in a
     one-row (q = 1) call at any block size: by default a block of more than 16 packed rows
     (q x group) shares each CTA's four warps between m-tiles, which changes how a row's keys
     are split between the warps and so its last bits; this plan keeps one m-tile per CTA
