@@ -112,7 +112,8 @@ typedef struct {
  * 1 / 0), folded into the score scale and the output; int8: k_params / v_params
  * [num_pages, page_size, Hkv, 2] contiguous (scale, zero) per (token, head).
  * Dynamic smem: stages * 2 * tile * D (8-bit ring) + stages * 2 * tile * 8 (int8 only: the
- * params ring) + warps_m * 16 * D * 2 (fp8, D = 128, compute_80/90 only: Q in shared memory),
+ * params ring) + warps_m * 16 * D * 2 (D = 128, compute_80/90 only: Q in shared memory; int8
+ * there runs two stages, fp8 three),
  * at least VERIFY_ATTN_EPILOGUE_SMEM (the tiles are dequantised in registers). */
 typedef struct {
   VerifyAttentionParams base;

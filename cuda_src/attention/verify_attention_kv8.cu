@@ -500,6 +500,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
       // row in float32 (zsum, rescaled as l is); `grow`: some key's s 2^E reaches 2^14, where
       // the float16 P' = p s 2^E nears its range
       float4 v4[2];
+      float s_max = 0.f;   // the thread's 4 keys' largest s (lanes t4 = 0..3 hold the 16)
       bool grow = false;
       if constexpr (FMT == KV8_INT8) {
         v4[0] = *reinterpret_cast<const float4*>(kp + TL::kKeys);
@@ -508,7 +509,8 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
         const float m10 = fmaf(128.f, v4[1].x, v4[1].y), m11 = fmaf(128.f, v4[1].z, v4[1].w);
         zsum_lo = fmaf(zsum_lo, alpha_lo, fmaf(s[0][0], m00, fmaf(s[0][1], m01, fmaf(s[1][0], m10, s[1][1] * m11))));
         zsum_hi = fmaf(zsum_hi, alpha_hi, fmaf(s[0][2], m00, fmaf(s[0][3], m01, fmaf(s[1][2], m10, s[1][3] * m11))));
-        grow = fmaxf(fmaxf(v4[0].x, v4[0].z), fmaxf(v4[1].x, v4[1].z)) >= 16384.f * exp2i(-v_exp);
+        s_max = fmaxf(fmaxf(v4[0].x, v4[0].z), fmaxf(v4[1].x, v4[1].z));
+        grow = s_max >= 16384.f * exp2i(-v_exp);
       }
       // rescale only when some row's max moved (x 1.0 is exact: skipping it changes no bit;
       // past the first tiles it is the common case, and D/2 multiplies per sub-tile are a
@@ -519,8 +521,7 @@ __device__ __forceinline__ void verify_attention_kv8_body(const VerifyAttentionK
           // E from the step's largest s: s 2^E in [2^8, 2^9), room for 2^22 smaller s before
           // P' turns subnormal, 2^5 larger before the next drop
           if (__any_sync(0xffffffffu, grow)) {
-            float m = fmaxf(fmaxf(v4[0].x, v4[0].z), fmaxf(v4[1].x, v4[1].z));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));   // lanes t4 = 0..3 hold the 16 keys
+            float m = fmaxf(s_max, __shfl_xor_sync(0xffffffffu, s_max, 1));
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
             const int e_new = min(max(135 - static_cast<int>(__float_as_uint(m) >> 23), -126), 126);
             const float r = e_new - v_exp < -126 ? 0.f : exp2i(e_new - v_exp);   // e_new < v_exp

@@ -226,7 +226,8 @@ def _bench_verify_attention_kv8(b: Bench):
             shape = (f"B={B} L={L} q={q} Hq={Hq} Hkv={Hkv} D={D} page={ps} bf16 q, {fmt} cache"
                      + (" head-major" if hm else ""))
             # B=1: the automatic split count and forced ones beside it (the plan aims at two
-            # CTAs an SM; the 8-bit kernel fits three at D = 128). B > 1 (NHD pages): also
+            # CTAs an SM; the 8-bit kernel fits four at D = 128: fp8 with one m-tile's Q
+            # space, int8 always). B > 1 (NHD pages): also
             # max_q = q, the bound the orchestrator passes (a plan of fewer m-tiles a CTA)
             runs = ([(None, None)] + ([(None, q)] if not hm else []) if B > 1
                     else [(None, None), (64, None), (128, None)])

@@ -208,12 +208,13 @@ def verify_attention_workspace_size(num_tokens, num_qo_heads, num_kv_heads, head
     passing each round's longest block, as the orchestrator does, needs one buffer)."""
     if max_q is None:
         max_q = min(num_tokens, MAX_Q_PER_SEQ)
-    sms = runtime.sm_count(device)
-    return max(plan_verify_attention(batch_size, num_kv_heads, num_qo_heads // num_kv_heads,
-                                     head_dim, mq, max_kv_len, sms, num_splits,
-                                     bool(row_invariant)).workspace_bytes(num_tokens, num_qo_heads,
-                                                                          head_dim)
-               for mq in range(1, max(int(max_q), 1) + 1))
+    sms, group = runtime.sm_count(device), num_qo_heads // num_kv_heads
+
+    def need(mq):
+        plan = plan_verify_attention(batch_size, num_kv_heads, group, head_dim, mq, max_kv_len,
+                                     sms, num_splits, bool(row_invariant))
+        return plan.workspace_bytes(num_tokens, num_qo_heads, head_dim)
+    return max(need(mq) for mq in range(1, max(int(max_q), 1) + 1))
 
 
 def cluster_mode() -> str:
@@ -349,11 +350,12 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
     the rows per sequence (default ``min(T, 16)``; a sequence with more is left
     unwritten; pass the longest block, as the orchestrator does: the plan then packs
     fewer m-tiles a CTA, and an fp8 cache at D = 128 runs four CTAs an SM, 1.25x faster at
-    B=64 q=4 on an H100; int8 at D = 128 runs four at any bound). ``row_invariant=True`` gives every row the bits it has in a
-    one-row (q = 1) call at any block size: by default a block of more than 16 packed rows
-    (q x group) shares each CTA's four warps between m-tiles, which changes how a row's keys
-    are split between the warps and so its last bits; this plan keeps one m-tile per CTA
-    (more CTAs, each reading the KV tiles: slower at large batches). ``check_indices`` (default: env
+    B=64 q=4 on an H100; int8 at D = 128 runs four at any bound). ``row_invariant=True``
+    gives every row the bits it has in a one-row (q = 1) call at any block size: by default
+    a block of more than 16 packed rows (q x group) shares each CTA's four warps between
+    m-tiles, which changes how a row's keys are split between the warps and so its last
+    bits; this plan keeps one m-tile per CTA (more CTAs, each reading the KV tiles: slower
+    at large batches). ``check_indices`` (default: env
     ``SPECDEC_DEBUG``) copies cu_q / seq_lens / page_table to the host and raises
     ValueError on bad offsets, a page table too narrow for L+q, or page ids outside the
     pool; without it the kernel never faults on such input but writes NaN for the affected
@@ -415,7 +417,7 @@ def verify_attention(q: ArrayLike, k_cache: ArrayLike, v_cache: ArrayLike, page_
         partial_lse = ws.ptr + _lse_offset(plan.num_splits * T * Hq, D)
 
     from .. import _attention
-    if fmt is not None:   # the plan's own Q space (fp8, D = 128: warps_m m-tiles)
+    if fmt is not None:   # the plan's own Q space (D = 128: warps_m m-tiles)
         smem = verify_attention_kv8_smem_bytes(D, family, fmt, plan.warps_m)
     # the launch arguments both launchers take (the 8-bit one adds the scales after them)
     args = (merge, Hkv * plan.m_groups, smem, stream_h,
