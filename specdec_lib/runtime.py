@@ -17,7 +17,7 @@ from . import _kernels
 from .errors import ExtensionMissing
 
 __all__ = ["CUBIN_DIR", "ExtensionMissing", "info", "gpu_unavailable_reason", "forced_family",
-           "arch_family", "choose_image", "device_props", "sm_count", "kernel", "driver"]
+           "arch_family", "choose_image", "device_props", "sm_count", "resident_ctas", "kernel", "driver"]
 
 CUBIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cubin")
 _FAMILY_CC = {"75": (7, 5), "80": (8, 0), "90": (9, 0), "90a": (9, 0)}
@@ -200,6 +200,19 @@ def kernel(module: str, symbol: str, device: int = 0) -> Any:
             k.pdl = kernel_pdl(symbol, device)
             _kernel_cache[(device, module, symbol)] = k
     return k
+
+
+_occupancy_cache: dict = {}
+
+
+def resident_ctas(kern: Any, block: int, device: int = 0) -> int:
+    """CTAs of ``block`` threads of ``kern`` that fit on the whole GPU at once (the driver's
+    occupancy count times the SMs; cached, it is a driver query)."""
+    key = (kern.module, kern.name, device, block)
+    n = _occupancy_cache.get(key)
+    if n is None:
+        n = _occupancy_cache[key] = max(1, kern.occupancy(block)) * sm_count(device)
+    return n
 
 
 def info(device: int = 0, load: bool = False) -> dict[str, Any]:

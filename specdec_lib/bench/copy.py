@@ -65,35 +65,40 @@ def bench_append_kv(b: Bench):
     _bench_append_kv8(b)
 
 
-def _bench_append_kv8(b: Bench):
-    """append_kv quantising bf16 K/V into fp8_e4m3 / int8 caches (issue 32), at the decode
-    shape and the issue's B=256 q=128. Bytes as actually moved: bf16 K and V read, 1-byte
-    codes written, plus the int8 rows' (scale, zero) pairs (8 bytes per token per head)."""
+def append_kv8_call(b: Bench, B: int, q: int, hkv: int, D: int, page: int, fmt: str, L: int = 4096):
+    """append_kv of a B x q block of bf16 K/V into fresh fp8 / int8 caches (sequences at
+    length L): the call and the bytes it moves (bf16 K and V read, 1-byte codes written,
+    plus the int8 rows' (scale, zero) pairs, 8 bytes per token per head)."""
     import numpy as np
     from ..arrays import DeviceArray
     from ..ops import append_kv
-    for B, q, hkv, D, page in ((64, 4, 8, 128, 16), (256, 128, 8, 128, 64)):
-        T = B * q
-        L = 4096
-        max_pages = (L + q) // page + 1
-        num_pages = B * max_pages
-        k, v = _rand((T, hkv, D), "bfloat16", b.device, 1), _rand((T, hkv, D), "bfloat16", b.device, 2)
-        pt, sl, cq = _paged_batch(b.device, B, L, q, num_pages, max_pages)
-        for fmt in ("fp8", "int8"):
-            cdt = "uint8" if fmt == "fp8" else "int8"
-            kc = DeviceArray.empty((num_pages, page, hkv, D), cdt, b.device)
-            vc = DeviceArray.empty((num_pages, page, hkv, D), cdt, b.device)
-            if fmt == "fp8":
-                s = DeviceArray.from_numpy(np.full((hkv,), 0.05, np.float32), device=b.device)
-                kw = dict(k_scale=s, v_scale=s)
-            else:
-                kw = dict(k_params=DeviceArray.empty((num_pages, page, hkv, 2), "float32", b.device),
-                          v_params=DeviceArray.empty((num_pages, page, hkv, 2), "float32", b.device))
+    T = B * q
+    max_pages = (L + q) // page + 1
+    num_pages = B * max_pages
+    k, v = _rand((T, hkv, D), "bfloat16", b.device, 1), _rand((T, hkv, D), "bfloat16", b.device, 2)
+    pt, sl, cq = _paged_batch(b.device, B, L, q, num_pages, max_pages)
+    cdt = "uint8" if fmt == "fp8" else "int8"
+    kc = DeviceArray.empty((num_pages, page, hkv, D), cdt, b.device)
+    vc = DeviceArray.empty((num_pages, page, hkv, D), cdt, b.device)
+    if fmt == "fp8":
+        s = DeviceArray.from_numpy(np.full((hkv,), 0.05, np.float32), device=b.device)
+        kw = dict(k_scale=s, v_scale=s)
+    else:
+        kw = dict(k_params=DeviceArray.empty((num_pages, page, hkv, 2), "float32", b.device),
+                  v_params=DeviceArray.empty((num_pages, page, hkv, 2), "float32", b.device))
 
-            def run():
-                append_kv(k, v, kc, vc, pt, sl, cq, check_indices=False, stream=b.stream, **kw)
-            nbytes = 2 * T * hkv * (D * 2 + D + (8 if fmt == "int8" else 0))
-            large = T * hkv * D >= (1 << 22)
+    def run():
+        append_kv(k, v, kc, vc, pt, sl, cq, check_indices=False, stream=b.stream, **kw)
+    return run, 2 * T * hkv * (D * 2 + D + (8 if fmt == "int8" else 0))
+
+
+def _bench_append_kv8(b: Bench):
+    """append_kv quantising bf16 K/V into fp8_e4m3 / int8 caches (issue 32), at the decode
+    shape and the issue's B=256 q=128. Bytes as actually moved (append_kv8_call)."""
+    for B, q, hkv, D, page in ((64, 4, 8, 128, 16), (256, 128, 8, 128, 64)):
+        for fmt in ("fp8", "int8"):
+            run, nbytes = append_kv8_call(b, B, q, hkv, D, page, fmt)
+            large = B * q * hkv * D >= (1 << 22)
             ms = b.time(run, iters=10) if large else b.time_graph(run)
             b.report("append_kv", f"B={B} q={q} Hkv={hkv} D={D} page={page} bf16 -> {fmt}",
                      nbytes, ms, host_us=round(b.host_us(run), 1))
@@ -108,4 +113,4 @@ def _bench_append_kv8(b: Bench):
                         _c.TUNING.update(append_kv8_warps=None, append_kv8_rows=None)
                     b.report("append_kv", f"B={B} q={q} page={page} -> {fmt} sweep", nbytes, ms,
                              warps=warps, rows=rows)
-            del kc, vc, kw
+            del run

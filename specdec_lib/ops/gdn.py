@@ -41,7 +41,6 @@ _MAX_WARPS = 8
 # same warp counts. Outputs and states are bit-identical to the default shape's (the same
 # per-column sums), so batches of any size may share a pool.
 TUNING = {"warps": None, "l2_prefetch": None, "mma16": None, "small_heads": None}
-_OCCUPANCY = {}
 # B * Hv up to which the small-batch shape is used: 64 is B <= 2 at Hv = 32, 128-256 CTAs of 4
 # warps on the H200's 132 SMs; the default shape there is 256-512 one-warp CTAs (B = 1: 8.4 us a
 # fused round, 6 us a verify). Not measured above B = 1 (B = 8 fills the GPU either way).
@@ -91,11 +90,7 @@ def _prefetch_ahead(kern, block, device, grid, state_dtype, fused_kernel):
         on = fused_kernel or state_dtype != "float32"
     if not on:
         return 0
-    key = (kern.module, kern.name, device, block)
-    per_sm = _OCCUPANCY.get(key)
-    if per_sm is None:
-        per_sm = _OCCUPANCY[key] = max(1, kern.occupancy(block))
-    ahead = per_sm * runtime.sm_count(device)
+    ahead = runtime.resident_ctas(kern, block, device)
     return ahead if ahead < grid else 0
 
 __all__ = ["gdn_verify", "gdn_commit", "gdn_flush", "gdn_journal_width"]

@@ -18,6 +18,8 @@ Cases (the shapes of docs/PERF.md's tables):
   kv8_fp8        verify_attention over an fp8 cache, B=64 L=4096 q=4 32/8 D=128 page 16
   kv8_fp8_head_major  the same cache stored head-major within each page
   kv8_int8       the same over an int8 cache
+  append_kv8_fp8 append_kv of bf16 K/V into an fp8 cache, B=256 q=128 Hkv=8 D=128 page 64
+  append_kv8_int8  the same into an int8 cache
   sample_topp_rows  sample_topp through the rows path (SPECDEC_SPEC_SAMPLE_PATH=rows; the
                  automatic choice at B=64 is the tiles path)
 
@@ -101,6 +103,17 @@ def _bench(name):
     return run
 
 
+def _append_kv8(fmt, iters):
+    """append_kv quantising on write at the bench's B=256 q=128 row."""
+    from specdec_lib.bench import Bench
+    from specdec_lib.bench.copy import append_kv8_call
+    b = Bench(0)
+    run, _ = append_kv8_call(b, 256, 128, 8, 128, 64, fmt)
+    for _ in range(iters):
+        run()
+    b.close()
+
+
 CASES = {
     "round_b1": _round_b1,
     "bench_verify_attention": _bench("verify_attention"),
@@ -108,6 +121,8 @@ CASES = {
     "kv8_fp8": lambda n: _kv8("fp8", False, n),
     "kv8_fp8_head_major": lambda n: _kv8("fp8", True, n),
     "kv8_int8": lambda n: _kv8("int8", False, n),
+    "append_kv8_fp8": lambda n: _append_kv8("fp8", n),
+    "append_kv8_int8": lambda n: _append_kv8("int8", n),
     "gdn": lambda n: _gdn("float32", n),
     "gdn_bf16": lambda n: _gdn("bfloat16", n),
     "gdn_fused": lambda n: _gdn("float32", n, fused_mode=True),
