@@ -18,6 +18,7 @@ Cases (the shapes of docs/PERF.md's tables):
   kv8_fp8        verify_attention over an fp8 cache, B=64 L=4096 q=4 32/8 D=128 page 16
   kv8_fp8_head_major  the same cache stored head-major within each page
   kv8_int8       the same over an int8 cache
+  kv8_fp8_b1 / kv8_int8_b1  the B=1 L=32768 row (split KV plus the merge)
   append_kv8_fp8 append_kv of bf16 K/V into an fp8 cache, B=256 q=128 Hkv=8 D=128 page 64
   append_kv8_int8  the same into an int8 cache
   sample_topp_rows  sample_topp through the rows path (SPECDEC_SPEC_SAMPLE_PATH=rows; the
@@ -75,13 +76,14 @@ def _round_b1(iters):
     b.close()
 
 
-def _kv8(fmt, head_major, iters):
-    """verify_attention over an 8-bit cache at the bench's B=64 L=4096 q=4 32/8 D=128 row."""
+def _kv8(fmt, head_major, iters, B=64, L=4096):
+    """verify_attention over an 8-bit cache at the bench's B=64 L=4096 q=4 32/8 D=128 row
+    (or its B=1 L=32768 row: the automatic split plan, then the merge)."""
     from specdec_lib.bench import Bench
     from specdec_lib.bench.attention import _kv8_cache, _paged_case
     from specdec_lib.ops import verify_attention
     b = Bench(0)
-    B, L, q, Hq, Hkv, D, ps = 64, 4096, 4, 32, 8, 128, 16
+    q, Hq, Hkv, D, ps = 4, 32, 8, 128, 16
     qd, pt, sl, cq, out, _, num_pages = _paged_case(b, B, L, q, Hq, Hkv, D, ps)
     kc, kx = _kv8_cache(fmt, num_pages, ps, Hkv, D, b.device, 2, head_major)
     vc, vx = _kv8_cache(fmt, num_pages, ps, Hkv, D, b.device, 3, head_major)
@@ -121,6 +123,8 @@ CASES = {
     "kv8_fp8": lambda n: _kv8("fp8", False, n),
     "kv8_fp8_head_major": lambda n: _kv8("fp8", True, n),
     "kv8_int8": lambda n: _kv8("int8", False, n),
+    "kv8_fp8_b1": lambda n: _kv8("fp8", False, n, B=1, L=32768),
+    "kv8_int8_b1": lambda n: _kv8("int8", False, n, B=1, L=32768),
     "append_kv8_fp8": lambda n: _append_kv8("fp8", n),
     "append_kv8_int8": lambda n: _append_kv8("int8", n),
     "gdn": lambda n: _gdn("float32", n),
