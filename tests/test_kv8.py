@@ -306,28 +306,36 @@ def _src_host(x, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("D,Hkv,page", [(128, 8, 16), (64, 2, 1), (256, 1, 64), (40, 3, 4),
                                         (128, 16, 16), (64, 12, 8)])
-@pytest.mark.parametrize("launch", [None, (1, 4), (2, 3)], ids=["auto", "w1r4", "w2r3"])
+@pytest.mark.parametrize("launch", [None, (1, 4, None), (2, 3, None), (1, 2, 3), (2, 1, 5)],
+                         ids=["auto", "w1r4", "w2r3", "w1r2g3", "w2r1g5"])
 def test_append_kv_8bit_gpu_bytes_equal_reference(rng, fmt, dtype, D, Hkv, page, launch,
                                                    monkeypatch):
-    """Every launch shape (warps per token, tokens per CTA) writes the reference's bytes:
-    the default takes one token a CTA at this size, the forced ones several, and Hkv=16 / 12
-    take more than one of the kernel's load groups a token."""
+    """Every launch shape (warps per token, tokens per CTA, CTAs) writes the reference's
+    bytes: the default takes one token a CTA at this size, the forced ones several, the
+    small grids runs of tokens a warp (each loaded while the one before is written; the
+    owner kept across a run, past an empty block), and Hkv=16 / 12 take more than one of
+    the kernel's load groups a token. NaN and infinite elements too (int8 rows ignore NaN
+    in their min / max; an infinite range gets scale 1)."""
     import importlib
     from specdec_lib import ops
     if launch is not None:
         tun = importlib.import_module("specdec_lib.ops.copy").TUNING
         monkeypatch.setitem(tun, "append_kv8_warps", launch[0])
         monkeypatch.setitem(tun, "append_kv8_rows", launch[1])
-    qs, Ls = [1, 4, 16, 3], [0, page - 1, 37, 200]
+        monkeypatch.setitem(tun, "append_kv8_grid", launch[2])
+    qs, Ls = [1, 4, 16, 0, 3, 29], [0, page - 1, 37, 11, 200, 5]   # an empty block too
     B = len(qs)
     cu = np.concatenate([[0], np.cumsum(qs)]).astype(np.int32)
     T = int(cu[-1])
     need = max(-(-(L + q) // page) for L, q in zip(Ls, qs))
     pages = B * need + 2
     pt = rng.permutation(pages)[: B * need].reshape(B, need).astype(np.int32)
-    k = _src_host(rng.standard_normal((T, Hkv, D)) * 2, dtype)
-    v = _src_host(rng.standard_normal((T, Hkv, D)) * 2, dtype)
+    k, v = rng.standard_normal((2, T, Hkv, D)) * 2
     k[0, 0, :] = k[0, 0, :1]   # an all-equal row
+    k[1, 0, 3] = v[2, -1, :D // 2] = np.nan
+    k[3, -1, 1] = np.inf
+    v[5, 0, :] = -np.inf
+    k, v = _src_host(k, dtype), _src_host(v, dtype)
     q = _caches(fmt, pages, page, Hkv, D)
     host = {n: x.copy() for n, x in q.items()}
     ref.append_kv(k, v, host["k_cache"], host["v_cache"], pt, np.array(Ls, np.int32), cu,

@@ -16,6 +16,19 @@ __device__ __forceinline__ float to_float(bf16_t x) {
   return __uint_as_float(static_cast<uint32_t>(x.bits) << 16);
 }
 
+// The element of T at byte offset `byte` (0, or 2 for 16-bit T) of a loaded 32-bit word:
+// kernels that hold rows in flight as raw words widen them only where they compute.
+template <typename T> __device__ __forceinline__ float word_element_to_float(uint32_t w, int byte);
+template <> __device__ __forceinline__ float word_element_to_float<float>(uint32_t w, int) {
+  return __uint_as_float(w);
+}
+template <> __device__ __forceinline__ float word_element_to_float<bf16_t>(uint32_t w, int byte) {
+  return __uint_as_float(byte ? w & 0xffff0000u : w << 16);
+}
+template <> __device__ __forceinline__ float word_element_to_float<__half>(uint32_t w, int byte) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(byte ? w >> 16 : w)));
+}
+
 template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }

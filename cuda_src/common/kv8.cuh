@@ -210,6 +210,23 @@ __device__ __forceinline__ int8_t int8_encode(float x, const Int8Row& r) {
   return static_cast<int8_t>(u - 128);
 }
 
+// Four codes as one word (x0's in the low byte), the bytes of four int8_encode calls. On
+// the device the rint, the clamp and the -128 cost no conversion: y clamped to [0, 255]
+// (max.f32 turns NaN into 0, as cvt.rni does) plus 1.5 * 2^23 - 128 lands where float32's
+// spacing is 1, so the add rounds y to nearest even and the low byte of the sum's bits is
+// rint(y) - 128 (the constant is even and its low byte zero after the -128 borrow).
+__device__ __forceinline__ uint32_t int8x4_encode(float x0, float x1, float x2, float x3,
+                                                  const Int8Row& r) {
+  const float x[4] = {x0, x1, x2, x3};
+  uint32_t b[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float y = fmin_nan(fmax_nan(mul_rn(sub_rn(x[i], r.zero), r.inv), 0.0f), 255.0f);
+    b[i] = f32_bits(add_rn(y, 12582784.0f));
+  }
+  return __byte_perm(__byte_perm(b[0], b[1], 0x0040), __byte_perm(b[2], b[3], 0x0040), 0x5410);
+}
+
 // (float(c + 128) * scale) + zero
 __device__ __forceinline__ float int8_decode(int c, float scale, float zero) {
   return add_rn(mul_rn(static_cast<float>(c + 128), scale), zero);

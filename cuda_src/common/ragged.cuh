@@ -16,6 +16,26 @@ __device__ __forceinline__ int owner_of_row(const int32_t* cu_q, int batch, int 
   return lo;
 }
 
+// The (page, slot) of row i of sequence b's block: kv_append_target after its owner search
+// (append_kv8 keeps the owner across a warp's run of tokens and starts here). The twin of
+// kv_append_target's tail, kept apart so rope_append_kv's PTX stays as tested (fold the two
+// with a GPU run of its tests).
+__device__ __forceinline__ bool kv_append_slot(const int32_t* seq_lens, const uint8_t* finished,
+                                               const int32_t* page_table,
+                                               int64_t page_table_stride, int page_size,
+                                               int num_pages, int max_pages, int b, int i,
+                                               int32_t& page, int64_t& slot) {
+  if (finished != nullptr && finished[b]) return false;
+  const int64_t pos = static_cast<int64_t>(__ldg(seq_lens + b)) + i;
+  if (pos < 0) return false;
+  const int64_t page_idx = pos / page_size;
+  if (page_idx >= max_pages) return false;
+  page = __ldg(page_table + b * page_table_stride + page_idx);
+  if (page < 0 || page >= num_pages) return false;
+  slot = pos - page_idx * page_size;
+  return true;
+}
+
 // Where append_kv writes block row t's K/V: sequence b = owner of t, position
 // L[b] + (t - cu_q[b]), page page_table[b, pos / page_size], slot pos % page_size.
 // False (nothing to write) for an empty batch, a finished sequence, or a target outside

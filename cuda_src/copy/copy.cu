@@ -147,96 +147,217 @@ SPECDEC_COPY_KERNELS(8)
 
 // ---- append_kv into 8-bit caches (issue 32): quantise on write
 //
-// W lanes per (token, K/V, head) row, W the fewest of 8 / 16 / 32 holding the row's D / V
-// chunks (a warp takes 32 / W rows at once, so D=128 16-bit rows no longer leave half the
-// lanes idle and the warp's rows load together): the row's D <= 256 values are loaded in
-// chunks of V (16-byte vectors when the launcher found the rows aligned, else V = 1 and
-// W = 32), quantised in registers (common/kv8_row.cuh: fp8 with the head's scale, int8 with
-// the row's own min / max reduced over its W lanes) and stored as V-byte codes; int8 rows
-// also store their (scale, zero) pair. A CTA row of blockDim.x threads (one warp by
-// default) owns one token, blockDim.y tokens per CTA, and a warp issues the loads of G
-// passes (8 where a lane holds one chunk of a row: all 16 rows of Hkv=8 D=128 bf16) before
-// its first store: like append_kv, the
-// time goes to each token's chain of dependent index loads (kv_append_target, skipped rows
-// untouched), so many tokens must be in flight per SM (s34: a 256-thread CTA per token
-// with one load a lane ran 34% of copy).
+// A (token, K/V, head) row's D <= 256 values are loaded in chunks of V (16-byte vectors when
+// the launcher found the rows aligned, else V = 1), quantised in registers
+// (common/kv8_row.cuh: fp8 with the head's scale, int8 with the row's own min / max) and
+// stored as V-byte codes; int8 rows also store their (scale, zero) pair. W = 4 lanes hold a
+// row, NC chunks each (W = 8 past 32 chunks, W = 32 unvectorised), so a warp takes R = 32 / W
+// rows at once: each 16-byte load still covers 64 contiguous bytes of a row, and the work
+// done once a row (the min / max reduction over its lanes, the int8 (scale, zero), the fp8
+// reciprocal, the addresses) is shared by 8 rows instead of 2 (s33's 16 lanes a row: ~2000
+// instructions a D=128 int8 token, half of them that per-row work; now ~1150).
+// A CTA row of blockDim.x threads (one warp by default) owns one token at a time, blockDim.y
+// tokens per CTA. A warp's work item is G passes of R rows (8 chunks a lane: all 16 rows of
+// Hkv=8 D=128 bf16); the launcher sizes the grid to the resident CTAs so each warp runs many
+// items, and it loads the next item's rows before it quantises the current one and walks the
+// next token's chain of dependent index loads (kv_append_target; skipped rows untouched): its
+// loads stay in flight while it computes.
+#include <climits>
+
 #include "common/kv8_row.cuh"
 #include "common/pack.cuh"
 
 namespace {
 
-template <typename T, int FMT, int V, int W>
-__device__ __forceinline__ void append_kv8(const AppendKV8Params& q) {
-  const AppendKVParams& p = q.base;
-  // chunk slots per lane: W < 32 only takes rows of <= W chunks (the dispatch below)
-  constexpr int NC = W < 32 ? 1 : (256 / V + 31) / 32;   // D <= 256
-  constexpr int R = 32 / W;                      // rows a warp holds at once
-  constexpr int G = NC == 1 ? kRowUnroll : 2;    // warp passes loaded before the first store
-  const int lane = (threadIdx.x & 31) % W;       // lane within the row
-  const int sub = (threadIdx.x & 31) / W;        // the warp's row slot
-  const int warp = threadIdx.x >> 5;
-  const int warps = blockDim.x >> 5;
-  const int nchunks = p.head_dim / V;
-  const int rows = 2 * p.num_heads;              // (K | V, head) rows of a token
-  for (int t = blockIdx.x * blockDim.y + threadIdx.y; t < p.num_rows; t += gridDim.x * blockDim.y) {
-    int32_t page;
-    int64_t slot;
-    if (!kv_append_target(p.cu_q, p.seq_lens, p.finished, p.page_table, p.page_table_stride,
-                          p.batch, p.page_size, p.num_pages, p.max_pages, t, page, slot))
-      continue;
-    for (int u0 = warp * R * G; u0 < rows; u0 += warps * R * G) {   // warp-uniform
-      Pack<T, V> raw[G][NC];
-      int chunk[G][NC];
+template <typename T, int FMT, int V, int W, int NC>
+struct AppendKV8 {
+  static constexpr int R = 32 / W;                                // rows a warp holds at once
+  static constexpr int G = NC >= 8 ? 1 : 8 / NC;                  // passes an item: 8 chunks a lane
+  // Rows in flight as raw 32-bit words (16-byte chunks), widened to float only in write():
+  // as Packs, ptxas unpacked 16-bit elements right after the loads, doubling the registers.
+  static constexpr int NW = sizeof(T) * V % 4 == 0 ? sizeof(T) * V / 4 : 0;
+  using Chunk = typename std::conditional<NW != 0, uint4, Pack<T, V>>::type;
+  using Rows = Chunk[G][NC];
+  // An item in flight: its rows and, for fp8, each row's head scale (a dependent load that,
+  // made where the row was written, stalled a third of the warps' time)
+  struct Item {
+    Rows raw;
+    float scale[FMT == KV8_FP8 ? G : 1];
+  };
+
+  const AppendKV8Params& q;
+  const AppendKVParams& p;
+  int lane, sub, nchunks, rows;
+
+  __device__ __forceinline__ bool has_chunk(int u, int j) const {
+    return u < rows && lane + W * j < nchunks;
+  }
+
+  // base + i * stride for i >= 0 (head and token indices): unsigned, so the 64-bit product
+  // is two multiplies without sign handling (signed, ptxas spent ~20 instructions a row)
+  template <typename P>
+  static __device__ __forceinline__ P* at(P* base, int i, int64_t stride) {
+    return base + static_cast<uint64_t>(static_cast<uint32_t>(i)) * static_cast<uint64_t>(stride);
+  }
+
+  // Row u of a token: K (kv 0) or V (kv 1), head h.
+  __device__ __forceinline__ int kv_of(int u) const { return u >= p.num_heads; }
+
+  // Item (t, u0)'s rows into registers (unloaded slots zero: they are never stored). The
+  // token's K and V row bases are worked out once, each row adds its head.
+  __device__ __forceinline__ void load(Item& it, int t, int u0) const {
+    Rows& raw = it.raw;
+    const T* kbase = at(static_cast<const T*>(p.k_src), t, p.src_stride_t[0]);
+    const T* vbase = at(static_cast<const T*>(p.v_src), t, p.src_stride_t[1]);
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        const int u = u0 + g * R + sub;
-        const int kv = u >= p.num_heads;
-        const T* src = static_cast<const T*>(kv ? p.v_src : p.k_src) + t * p.src_stride_t[kv] +
-                       (u - kv * p.num_heads) * p.src_stride_h[kv];
+    for (int g = 0; g < G; ++g) {
+      const int u = u0 + g * R + sub;
+      const int kv = kv_of(u);
+      // selects, not an array indexed by kv (which went to the stack)
+      const T* src = at(kv ? vbase : kbase, u - kv * p.num_heads,
+                        kv ? p.src_stride_h[1] : p.src_stride_h[0]) + lane * V;
+      if constexpr (FMT == KV8_FP8)
+        it.scale[g] = u < rows ? __ldg((kv ? q.v_scale : q.k_scale) +
+                                       (u - kv * p.num_heads) * q.scale_stride)
+                               : 1.f;
 #pragma unroll
-        for (int j = 0; j < NC; ++j) {
-          const int c = lane + W * j;
-          chunk[g][j] = u < rows && c < nchunks ? c : -1;
-          if (chunk[g][j] >= 0) raw[g][j] = load_pack<T, V>(src + c * V);
+      for (int j = 0; j < NC; ++j) {
+        if constexpr (NW != 0) {
+          raw[g][j] = has_chunk(u, j) ? __ldg(reinterpret_cast<const uint4*>(src + W * j * V))
+                                      : make_uint4(0u, 0u, 0u, 0u);
+        } else {
+          raw[g][j] = has_chunk(u, j) ? load_pack<T, V>(src + W * j * V) : Pack<T, V>{};
         }
-      }
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        if (u0 + g * R >= rows) continue;         // warp-uniform: every lane calls the write
-        const int u = u0 + g * R + sub;
-        const bool has_row = u < rows;            // else: this slot idles, lanes still shuffle
-        const int kv = u >= p.num_heads;
-        const int h = u - kv * p.num_heads;
-        float x[NC][V];
-#pragma unroll
-        for (int j = 0; j < NC; ++j)
-#pragma unroll
-          for (int i = 0; i < V; ++i) x[j][i] = chunk[g][j] >= 0 ? to_float(raw[g][j].e[i]) : 0.f;
-        uint8_t* dst = static_cast<uint8_t*>(kv ? p.v_cache : p.k_cache) +
-                       page * p.cache_stride_page[kv] + slot * p.cache_stride_slot[kv] +
-                       h * p.cache_stride_h[kv];
-        const float* sc = kv ? q.v_scale : q.k_scale;
-        float* prm = kv ? q.v_params : q.k_params;
-        const int64_t prow = ((static_cast<int64_t>(page) * p.page_size + slot) * p.num_heads + h) * 2;
-        kv8_write_row<FMT, NC, V, W>(x, chunk[g], dst,
-                                     FMT == KV8_FP8 && has_row ? __ldg(sc + h * q.scale_stride) : 0.f,
-                                     FMT == KV8_INT8 && has_row ? prm + prow : nullptr);
       }
     }
   }
+
+  // Where a token's rows go: its K / V cache rows (head 0) and int8 (scale, zero) pairs.
+  struct Dest {
+    uint8_t *krow, *vrow;
+    float *kprm, *vprm;
+  };
+
+  __device__ __forceinline__ Dest dest(int32_t page, int64_t slot) const {
+    const int s = static_cast<int>(slot);
+    const int64_t prow = (static_cast<int64_t>(page) * p.page_size + slot) * p.num_heads * 2;
+    return {at(at(static_cast<uint8_t*>(p.k_cache), page, p.cache_stride_page[0]), s,
+               p.cache_stride_slot[0]),
+            at(at(static_cast<uint8_t*>(p.v_cache), page, p.cache_stride_page[1]), s,
+               p.cache_stride_slot[1]),
+            q.k_params + prow, q.v_params + prow};
+  }
+
+  // Quantise and store item u0 of the token whose rows go to d.
+  __device__ __forceinline__ void write(const Item& it, int u0, const Dest& d) const {
+    const Rows& raw = it.raw;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (u0 + g * R >= rows) continue;         // warp-uniform: every lane calls the write
+      const int u = u0 + g * R + sub;
+      const bool has_row = u < rows;            // else: this slot idles, lanes still shuffle
+      const int kv = kv_of(u);
+      const int h = u - kv * p.num_heads;
+      int chunk[NC];
+#pragma unroll
+      for (int j = 0; j < NC; ++j) chunk[j] = has_chunk(u, j) ? lane + W * j : -1;
+      const Chunk* rg = raw[g];
+      auto x = [rg](int j, int i) -> float {
+        if constexpr (NW != 0) {
+          uint32_t w[4];
+          memcpy(w, &rg[j], 16);
+          return word_element_to_float<T>(w[i * sizeof(T) / 4], i * sizeof(T) % 4);
+        } else {
+          return to_float(rg[j].e[i]);
+        }
+      };
+      uint8_t* dst = at(kv ? d.vrow : d.krow, h, kv ? p.cache_stride_h[1] : p.cache_stride_h[0]);
+      kv8_write_row<FMT, NC, V, W>(x, chunk, dst,
+                                   FMT == KV8_FP8 ? it.scale[g] : 0.f,
+                                   FMT == KV8_INT8 && has_row ? (kv ? d.vprm : d.kprm) + 2 * h
+                                                              : nullptr);
+    }
+  }
+
+  // kv_append_target with the owner's block [lo, hi) kept: a warp walks consecutive tokens,
+  // so most find their sequence without the binary search's chain of dependent loads (the
+  // same owner for a non-decreasing cu_q, which the op requires; hi is open for the last
+  // sequence, as the search never reads cu_q[B]).
+  struct Owner {
+    int b = 0, lo = 1, hi = 0;
+  };
+  __device__ __forceinline__ bool target(int t, Owner& o, int32_t& page, int64_t& slot) const {
+    if (p.batch <= 0) return false;
+    if (t < o.lo || t >= o.hi) {
+      o.b = owner_of_row(p.cu_q, p.batch, t);
+      o.lo = __ldg(p.cu_q + o.b);
+      o.hi = o.b + 1 < p.batch ? __ldg(p.cu_q + o.b + 1) : INT_MAX;
+    }
+    return kv_append_slot(p.seq_lens, p.finished, p.page_table, p.page_table_stride,
+                          p.page_size, p.num_pages, p.max_pages, o.b, t - o.lo, page, slot);
+  }
+
+  // Items (t, u0) in order: the warp's passes of a token, then the CTA row's next token. A
+  // CTA row takes a contiguous run of tokens (the grid is at most the resident CTAs).
+  __device__ __forceinline__ void run() const {
+    const int warp = threadIdx.x >> 5;
+    const int u_first = warp * R * G, u_step = (blockDim.x >> 5) * R * G;
+    const int64_t slots = static_cast<int64_t>(gridDim.x) * blockDim.y;
+    const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+    int t = static_cast<int>(r * p.num_rows / slots), u0 = u_first;
+    const int t_end = static_cast<int>((r + 1) * p.num_rows / slots);
+    if (u_first >= rows || t >= t_end) return;
+    Item a, b;
+    load(a, t, u0);
+    int32_t page;
+    int64_t slot;
+    Owner o;
+    bool ok = target(t, o, page, slot);
+    Dest d = dest(page, slot);
+    // One step: load the next item into nxt, write cur, walk the next token's chain. Two
+    // steps a trip with the buffers swapped, so no registers are copied.
+    auto step = [&](const Item& cur, Item& nxt) -> bool {
+      int tn = t, un = u0 + u_step;
+      if (un >= rows) { un = u_first; ++tn; }
+      const bool more = tn < t_end;
+      if (more) load(nxt, tn, un);
+      if (ok) write(cur, u0, d);
+      if (more && tn != t) {
+        ok = target(tn, o, page, slot);
+        d = dest(page, slot);
+      }
+      t = tn;
+      u0 = un;
+      return more;
+    };
+    while (step(a, b) && step(b, a)) {
+    }
+  }
+};
+
+template <typename T, int FMT, int V, int W, int NC>
+__device__ __forceinline__ void append_kv8(const AppendKV8Params& q) {
+  const AppendKV8<T, FMT, V, W, NC> k{q, q.base, static_cast<int>((threadIdx.x & 31) % W),
+                                  static_cast<int>((threadIdx.x & 31) / W), q.base.head_dim / V,
+                                  2 * q.base.num_heads};
+  k.run();
 }
 
 }  // namespace
 
+// Two 256-thread CTAs an SM: the rows in flight twice over take 64 registers a lane, and
+// without the bound ptxas took up to 184 for the f16 forms (one CTA an SM).
 #define SPECDEC_APPEND_KV8(FNAME, FMT, TNAME, T)                                              \
-  extern "C" __global__ void __launch_bounds__(kThreads) append_kv8_##FNAME##_##TNAME(        \
+  extern "C" __global__ void __launch_bounds__(kThreads, 2) append_kv8_##FNAME##_##TNAME(     \
       const AppendKV8Params p) { specdec::pdl_begin();                                                              \
     constexpr int kV = 16 / sizeof(T);                                                        \
     const int nchunks = p.base.head_dim / kV;                                                 \
-    if (!p.base.vectorize) append_kv8<T, FMT, 1, 32>(p);                                      \
-    else if (nchunks <= 8) append_kv8<T, FMT, kV, 8>(p);                                      \
-    else if (nchunks <= 16) append_kv8<T, FMT, kV, 16>(p);                                    \
-    else append_kv8<T, FMT, kV, 32>(p);                                                       \
+    if (!p.base.vectorize) append_kv8<T, FMT, 1, 32, 8>(p);                                   \
+    else if (nchunks <= 4) append_kv8<T, FMT, kV, 4, 1>(p);                                   \
+    else if (nchunks <= 8) append_kv8<T, FMT, kV, 4, 2>(p);                                   \
+    else if (nchunks <= 16) append_kv8<T, FMT, kV, 4, 4>(p);                                  \
+    else if (nchunks <= 32) append_kv8<T, FMT, kV, 4, 8>(p);                                  \
+    else append_kv8<T, FMT, kV, 8, 8>(p);                                                     \
   }
 SPECDEC_APPEND_KV8(fp8, KV8_FP8, f32, float)
 SPECDEC_APPEND_KV8(fp8, KV8_FP8, f16, __half)

@@ -16,7 +16,7 @@ _CHUNK_BYTES = 16384      # one work unit: 256 threads x 4 x 16 B in flight
 # append_kv launch shape, overridable by the benchmark's sweep: threads per block row
 # (None: ~8 16-byte vectors per thread) and block rows per CTA (None: fill 256 threads)
 TUNING = {"append_kv_threads": None, "append_kv_rows": None, "append_kv8_warps": None,
-          "append_kv8_rows": None}
+          "append_kv8_rows": None, "append_kv8_grid": None}
 
 
 def _collapse(shape, dst_st, src_st):
@@ -151,14 +151,15 @@ def _append_kv8(ka, va, kc, vc, pt, sl, cq, fin, ks, vs, kp, vp, stream_h):
     vectorize = dim % V == 0 and src_bits % 16 == 0 and dst_bits % V == 0
     fmt = "fp8" if ks is not None else "int8"
     kern = runtime.kernel("copy", f"append_kv8_{fmt}_{_SHORT[ka.dtype]}", kc.device)
-    # The kernel picks W lanes a row (the fewest of 8 / 16 / 32 holding its chunks; 32
-    # unvectorised), a warp holding 32 / W rows at once. One warp per token (the kernel loads up to 8 of its passes at once), up to 8 tokens a
-    # CTA: each token starts with a chain of dependent index loads, so an SM needs many
-    # tokens in flight (s34; a 256-thread CTA per token ran 34% of copy). Small batches
-    # keep fewer tokens a CTA to spread over the SMs.
+    # The kernel puts 4 lanes on a row (8 past 32 chunks, 32 unvectorised), a warp holding
+    # 32 / 4 rows at once. One warp per token, up to 8 tokens
+    # a CTA (small batches keep fewer to spread over the SMs). Each warp loads its next
+    # token while it quantises the current one, so the grid stops at the CTAs that fit at
+    # once: a warp then walks many tokens with a load always in flight.
     threads = 32 * (TUNING["append_kv8_warps"] or 1)
     rows_per_cta = TUNING["append_kv8_rows"] or max(1, min(_THREADS // threads, T // 128))
-    grid = int(min(-(-T // rows_per_cta), 2**31 - 1))
+    grid = int(min(-(-T // rows_per_cta), TUNING["append_kv8_grid"]
+                   or runtime.resident_ctas(kern, threads * rows_per_cta, kc.device)))
     from .. import _copy
     _copy.launch_append_kv8(
         kern, grid, threads, rows_per_cta, stream_h, ka.ptr, va.ptr, kc.ptr, vc.ptr, pt.ptr,
