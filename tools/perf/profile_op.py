@@ -81,15 +81,19 @@ def _kv8(fmt, head_major, iters, B=64, L=4096):
     (or its B=1 L=32768 row: the automatic split plan, then the merge)."""
     from specdec_lib.bench import Bench
     from specdec_lib.bench.attention import _kv8_cache, _paged_case
-    from specdec_lib.ops import verify_attention
+    from specdec_lib.arrays import DeviceArray
+    from specdec_lib.ops import verify_attention, verify_attention_workspace_size
     b = Bench(0)
     q, Hq, Hkv, D, ps = 4, 32, 8, 128, 16
-    qd, pt, sl, cq, out, _, num_pages = _paged_case(b, B, L, q, Hq, Hkv, D, ps)
+    qd, pt, sl, cq, out, max_kv, num_pages = _paged_case(b, B, L, q, Hq, Hkv, D, ps)
     kc, kx = _kv8_cache(fmt, num_pages, ps, Hkv, D, b.device, 2, head_major)
     vc, vx = _kv8_cache(fmt, num_pages, ps, Hkv, D, b.device, 3, head_major)
     kw = dict(k_scale=kx, v_scale=vx) if fmt == "fp8" else dict(k_params=kx, v_params=vx)
+    # the bench's workspace: without one the op plans a single split (B=1: 8 CTAs)
+    nbytes = verify_attention_workspace_size(B * q, Hq, Hkv, D, B, max_kv, device=b.device)
+    ws = DeviceArray.empty((max(nbytes, 1),), "uint8", b.device)
     for _ in range(iters):
-        verify_attention(qd, kc, vc, pt, sl, cq, out, stream=b.stream, **kw)
+        verify_attention(qd, kc, vc, pt, sl, cq, out, workspace=ws, stream=b.stream, **kw)
     b.close()
 
 
