@@ -166,6 +166,41 @@ def _append_kv(rec, B, q, L, Hkv, D, dtype, ps, finished=False, fused_hq=None, o
                          stream=None if check else 3)
 
 
+@many("append_kv8", {
+    "B64_q4_bf16_fp8": dict(B=64, q=(4, 4), L=(10, 500), Hkv=8, D=128, dtype="bfloat16",
+                            ps=16, fmt="fp8"),
+    "B128_ragged_f16_int8_grid_capped": dict(B=128, q=(60, 84), L=(0, 50), Hkv=1, D=64,
+                                             dtype="float16", ps=64, fmt="int8"),
+    "B4_f32_D256_int8": dict(B=4, q=(1, 3), L=(5, 40), Hkv=2, D=256, dtype="float32", ps=8,
+                             fmt="int8"),
+    "B3_bf16_D34_unvectorised_fp8_per_tensor": dict(B=3, q=(2, 5), L=(0, 9), Hkv=3, D=34,
+                                                    dtype="bfloat16", ps=4, fmt="fp8",
+                                                    per_tensor=True),
+})
+def _append_kv8(rec, B, q, L, Hkv, D, dtype, ps, fmt, per_tensor=False):
+    """append_kv into 8-bit caches: the grid (capped at the resident CTAs), the kernel per
+    format and source dtype, the vectorised flag, the scale stride."""
+    qs = _ragged(B, *q, seed=B)
+    Ls = _ragged(B, *L, seed=B + 1)
+    max_pages = -(-(int(max(Ls + qs))) // ps) + 1
+    num_pages = B * max_pages + 3
+    T = int(qs.sum())
+    k = rec.array("k", (T, Hkv, D), dtype)
+    v = rec.array("v", (T, Hkv, D), dtype)
+    cdt = "uint8" if fmt == "fp8" else "int8"
+    kc = rec.array("k_cache", (num_pages, ps, Hkv, D), cdt)
+    vc = rec.array("v_cache", (num_pages, ps, Hkv, D), cdt)
+    cq, sl, pt = _paged(rec, qs, Ls, ps, max_pages, num_pages, seed=B)
+    if fmt == "fp8":
+        n = 1 if per_tensor else Hkv
+        kw = dict(k_scale=rec.array("k_scale", (n,), "float32", np.full(n, 0.5, np.float32)),
+                  v_scale=rec.array("v_scale", (n,), "float32", np.full(n, 0.25, np.float32)))
+    else:
+        kw = dict(k_params=rec.array("k_params", (num_pages, ps, Hkv, 2), "float32"),
+                  v_params=rec.array("v_params", (num_pages, ps, Hkv, 2), "float32"))
+    return ops.append_kv(k, v, kc, vc, pt, sl, cq, check_indices=True, **kw)
+
+
 # ------------------------------------------------------------------ rope_append_kv
 def _cos_sin(rec, max_pos, D):
     return rec.array("cos_sin", (max_pos, D), "float32")
