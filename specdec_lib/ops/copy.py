@@ -14,7 +14,9 @@ from ._types import ArrayLike, Stream
 _THREADS = 256
 _CHUNK_BYTES = 16384      # one work unit: 256 threads x 4 x 16 B in flight
 # append_kv launch shape, overridable by the benchmark's sweep: threads per block row
-# (None: ~8 16-byte vectors per thread) and block rows per CTA (None: fill 256 threads)
+# (None: ~8 16-byte vectors per thread) and block rows per CTA (None: fill 256 threads); the
+# 8-bit append's warps per token, tokens per CTA and CTAs (None: the resident CTAs; the tests
+# force small grids so each warp walks a run of tokens)
 TUNING = {"append_kv_threads": None, "append_kv_rows": None, "append_kv8_warps": None,
           "append_kv8_rows": None, "append_kv8_grid": None}
 
