@@ -17,7 +17,8 @@ from . import _kernels
 from .errors import ExtensionMissing
 
 __all__ = ["CUBIN_DIR", "ExtensionMissing", "info", "gpu_unavailable_reason", "forced_family",
-           "arch_family", "choose_image", "device_props", "sm_count", "resident_ctas", "kernel", "driver"]
+           "arch_family", "choose_image", "device_props", "sm_count", "resident_ctas", "kernel",
+           "driver"]
 
 CUBIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cubin")
 _FAMILY_CC = {"75": (7, 5), "80": (8, 0), "90": (9, 0), "90a": (9, 0)}

@@ -158,10 +158,10 @@ SPECDEC_COPY_KERNELS(8)
 // instructions a D=128 int8 token, half of them that per-row work; now ~1150).
 // A CTA row of blockDim.x threads (one warp by default) owns one token at a time, blockDim.y
 // tokens per CTA. A warp's work item is G passes of R rows (8 chunks a lane: all 16 rows of
-// Hkv=8 D=128 bf16); the launcher sizes the grid to the resident CTAs so each warp runs many
-// items, and it loads the next item's rows before it quantises the current one and walks the
-// next token's chain of dependent index loads (kv_append_target; skipped rows untouched): its
-// loads stay in flight while it computes.
+// Hkv=8 D=128 bf16); the launcher sizes the grid to the resident CTAs so each warp runs a
+// contiguous run of tokens, and it loads the next item's rows before it quantises the current
+// one and finds the next token's page (its sequence kept across the run, so most tokens skip
+// the search over cu_q; skipped rows untouched): its loads stay in flight while it computes.
 #include <climits>
 
 #include "common/kv8_row.cuh"

@@ -75,7 +75,8 @@ def append_kv8_call(b: Bench, B: int, q: int, hkv: int, D: int, page: int, fmt: 
     T = B * q
     max_pages = (L + q) // page + 1
     num_pages = B * max_pages
-    k, v = _rand((T, hkv, D), "bfloat16", b.device, 1), _rand((T, hkv, D), "bfloat16", b.device, 2)
+    k = _rand((T, hkv, D), "bfloat16", b.device, 1)
+    v = _rand((T, hkv, D), "bfloat16", b.device, 2)
     pt, sl, cq = _paged_batch(b.device, B, L, q, num_pages, max_pages)
     cdt = "uint8" if fmt == "fp8" else "int8"
     kc = DeviceArray.empty((num_pages, page, hkv, D), cdt, b.device)

@@ -154,10 +154,10 @@ def _append_kv8(ka, va, kc, vc, pt, sl, cq, fin, ks, vs, kp, vp, stream_h):
     fmt = "fp8" if ks is not None else "int8"
     kern = runtime.kernel("copy", f"append_kv8_{fmt}_{_SHORT[ka.dtype]}", kc.device)
     # The kernel puts 4 lanes on a row (8 past 32 chunks, 32 unvectorised), a warp holding
-    # 32 / 4 rows at once. One warp per token, up to 8 tokens
-    # a CTA (small batches keep fewer to spread over the SMs). Each warp loads its next
-    # token while it quantises the current one, so the grid stops at the CTAs that fit at
-    # once: a warp then walks many tokens with a load always in flight.
+    # 32 / 4 rows at once. One warp per token, up to 8 tokens a CTA (small batches keep
+    # fewer to spread over the SMs). Each warp loads its next token while it quantises the
+    # current one, so the grid stops at the CTAs that fit at once: a warp then walks a run
+    # of tokens with a load always in flight.
     threads = 32 * (TUNING["append_kv8_warps"] or 1)
     rows_per_cta = TUNING["append_kv8_rows"] or max(1, min(_THREADS // threads, T // 128))
     grid = int(min(-(-T // rows_per_cta), TUNING["append_kv8_grid"]
