@@ -8,7 +8,9 @@
 #
 #   tools/gpu/kv8_ab.sh OUT PATCH...     PATCH: a path in the tree (e.g. in an ignored,
 #                                        carried folder: `carry: [".whl"]`)
-#   MODULE (verify_attention_kv8)  BENCH (verify_attention)  TESTS ("tests/test_kv8.py
+#   MODULE (verify_attention_kv8; a patch's own `modules: a b` header line overrides it)
+#   BENCH (verify_attention; main runs it all, a patch's `bench: x y` line narrows its own)
+#   GREP (the bench rows shown; default verify attention's page=16 rows)  TESTS ("tests/test_kv8.py
 #   tests/test_attention.py")  TESTS_ON (trees: "main p1 ..."; default the last)  MAIN_TESTS
 #   (pytest -k expression on main, -m gpu; empty: none)  MAIN_BENCH (bench names; empty: none)
 set -u -o pipefail
@@ -32,19 +34,24 @@ for pf in "$@"; do
   i=$((i + 1)); v=p$i
   cp -r $AB/main $AB/$v
   (cd $AB/$v && patch -p1 -s --forward < "$ROOT/$pf") || { echo "patch $pf failed"; continue; }
+  mods=$(sed -n 's/^modules: *//p' "$ROOT/$pf" | head -1)
   (cd $AB/$v && PYTHONPATH=$HDR SPECDEC_ARCHS=90 python3 -c \
-    "from build_backend.cubins import build_kernels; build_kernels(only={'$MODULE'})" \
-    > "$OUT/build_$v.log" 2>&1; echo "$v = $pf: build rc=$?")
+    "from build_backend.cubins import build_kernels; build_kernels(only=set('${mods:-$MODULE}'.split()))" \
+    > "$OUT/build_$v.log" 2>&1; echo "$v = $pf (${mods:-$MODULE}): build rc=$?")
   trees+=("$v")
 done
 echo "builds done at $(el)"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/nvidia-smi.txt" 2>&1
+declare -A tree_bench=()
+for i in $(seq 1 $#); do
+  b=$(sed -n 's/^bench: *//p' "$ROOT/${!i}" | head -1); [ -n "$b" ] && tree_bench[p$i]=$b
+done
 bench_in() {   # $1 tree, $2 round
-  (cd $AB/$1 && timeout 150 python3 -m specdec_lib bench $BENCH --json "$OUT/bench_$1_$2.json" \
-     > "$OUT/bench_$1_$2.log" 2>&1)
+  (cd $AB/$1 && timeout 150 python3 -m specdec_lib bench ${tree_bench[$1]:-$BENCH} \
+     --json "$OUT/bench_$1_$2.json" > "$OUT/bench_$1_$2.log" 2>&1)
   echo "bench $1 round $2 rc=$? at $(el)"
-  grep -E "specdec_lib .*page=16" "$OUT/bench_$1_$2.log" | grep -vE "head-major|splits=(64|128)" \
-    | sed -E 's/ +/ /g; s/verify_attention specdec_lib //' | head -10
+  grep -E "${GREP:-specdec_lib .*page=16}" "$OUT/bench_$1_$2.log" | grep -vE "head-major|splits=(64|128)" \
+    | sed -E 's/ +/ /g; s/verify_attention specdec_lib //' | head -${GREP_N:-10}
 }
 for v in "${trees[@]}"; do bench_in "$v" 1; done
 last=${trees[-1]}
