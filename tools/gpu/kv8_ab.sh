@@ -13,6 +13,8 @@
 #   GREP (the bench rows shown; default verify attention's page=16 rows)  TESTS ("tests/test_kv8.py
 #   tests/test_attention.py")  TESTS_ON (trees: "main p1 ..."; default the last)  MAIN_TESTS
 #   (pytest -k expression on main, -m gpu; empty: none)  MAIN_BENCH (bench names; empty: none)
+#   SANITIZE_ON (a tree: compute-sanitizer over SAN_FILES (default $TESTS) -k SAN_TESTS, tools
+#   SAN_TOOLS (memcheck), families SAN_FAMS (native), beside the tests)
 set -u -o pipefail
 OUT=${1:?usage: tools/gpu/kv8_ab.sh OUT PATCH...}
 shift
@@ -68,6 +70,12 @@ run_t() {   # $1 label, $2 tree, $3 selection args..., env before
     run_t "${t}_ptx75" "$t" SPECDEC_FORCE_ARCH=75 python3 -m pytest $TESTS -q -rfE -p no:cacheprovider -m gpu &
     run_t "${t}_ptx80" "$t" SPECDEC_FORCE_ARCH=80 python3 -m pytest $TESTS -q -rfE -p no:cacheprovider -m gpu &
   done
+  if [ -n "${SANITIZE_ON:-}" ]; then   # beside the tests: tools/gpu/sanitize.sh in that tree
+    (bash $AB/$SANITIZE_ON/tools/gpu/sanitize.sh "$OUT/san_$SANITIZE_ON" --tools "${SAN_TOOLS:-memcheck}" \
+       --families "${SAN_FAMS:-native}" --files "${SAN_FILES:-$TESTS}" --tests "${SAN_TESTS:-}" \
+       --run-timeout 250 > "$OUT/san.log" 2>&1
+     echo "sanitize $SANITIZE_ON rc=$?"; cat "$OUT/san_$SANITIZE_ON/sanitize_summary.txt") &
+  fi
   [ -n "$MAIN_TESTS" ] && run_t main_selected main python3 -m pytest tests -q -rfE -p no:cacheprovider -m gpu -k "$MAIN_TESTS" &
   wait
 }
