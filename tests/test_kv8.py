@@ -315,7 +315,7 @@ def test_append_kv_8bit_gpu_bytes_equal_reference(rng, fmt, dtype, D, Hkv, page,
     small grids runs of tokens a warp (each loaded while the one before is written; the
     owner kept across a run, past an empty block), and Hkv=16 / 12 take more than one of
     the kernel's load groups a token. NaN and infinite elements too (int8 rows ignore NaN
-    in their min / max; an infinite range gets scale 1)."""
+    in their min / max; an infinite range gets scale 1), and rows whose minimum is a zero."""
     import importlib
     from specdec_lib import ops
     if launch is not None:
@@ -335,6 +335,11 @@ def test_append_kv_8bit_gpu_bytes_equal_reference(rng, fmt, dtype, D, Hkv, page,
     k[1, 0, 3] = v[2, -1, :D // 2] = np.nan
     k[3, -1, 1] = np.inf
     v[5, 0, :] = -np.inf
+    # zero minima of either sign (stored as +0): min.bf16x2 pairs and numpy keep different zeros
+    k[2, 0] = np.abs(k[2, 0])
+    k[2, 0, ::3], k[2, 0, 1::3] = -0.0, 0.0
+    v[4, -1] = np.where(np.arange(D) % 2, 0.0, -0.0)
+    v[6, 0] = -0.0
     k, v = _src_host(k, dtype), _src_host(v, dtype)
     q = _caches(fmt, pages, page, Hkv, D)
     host = {n: x.copy() for n, x in q.items()}

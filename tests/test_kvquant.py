@@ -155,6 +155,12 @@ def test_int8_corner_rows():
     inf = np.array([[-np.inf, 0.0, 1.0]], np.float32)
     c, p = kq.int8_quantize(inf)
     assert p[0, 0] == 1.0 and c.tolist() == [[-128, 127, 127]]
+    # a zero minimum is stored as +0 whichever zero a min keeps (order-dependent)
+    zeros = np.array([[-0.0, 0.0, 2.0], [0.0, -0.0, 2.0], [-0.0, -0.0, -0.0], [-0.0, 1.0, 3.0]],
+                     np.float32)
+    c, p = kq.int8_quantize(zeros)
+    assert np.all(p[:, 1] == 0) and not np.signbit(p[:, 1]).any()
+    assert c[:, 0].tolist() == [-128] * 4
 
 
 @pytest.mark.parametrize("shape", [(3, 5), (2, 7, 64)])

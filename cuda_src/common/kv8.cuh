@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 #ifdef __CUDACC__
 #include <cuda_fp16.h>
 #endif
@@ -187,6 +189,29 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
 #endif
 }
 
+// Two-lane NaN-ignoring min / max of 16-bit pairs (sm_80+): bf16x2 or f16x2 by T's size
+// class (T = bf16_t / __half; the dtype header's storage types).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+template <typename T>
+__device__ __forceinline__ uint32_t min2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  if constexpr (std::is_same<T, __half>::value)
+    asm("min.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  else
+    asm("min.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+template <typename T>
+__device__ __forceinline__ uint32_t max2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  if constexpr (std::is_same<T, __half>::value)
+    asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  else
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+#endif
+
 // ---- int8 rows: (scale, zero) from the row's NaN-ignoring min / max (kvquant.py)
 struct Int8Row {
   float scale, zero, inv;
@@ -198,7 +223,8 @@ __device__ __forceinline__ Int8Row int8_row(float mn, float mx) {
   // not a normal finite float32 (0, subnormal, inf, NaN): 1
   if (!(s >= 1.17549435e-38f && s <= 3.40282347e38f)) s = 1.0f;
   r.scale = s;
-  r.zero = mn;
+  // + 0: a zero minimum is stored as +0 whichever zero the min kept (kvquant.py)
+  r.zero = add_rn(mn, 0.0f);
   r.inv = rcp_rn(s);
   return r;
 }

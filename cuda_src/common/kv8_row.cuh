@@ -39,9 +39,12 @@ __device__ __forceinline__ void kv8_store_bytes(uint8_t* dst, const uint8_t (&b)
 // holding 64 floats of a D=256 row spilled). fp8_scale: the head's scale (FP8); params: where
 // (scale, zero) go (INT8, written by the row's first lane; nullptr for a lane group holding
 // no row).
-template <int FMT, int NC, int V, int W = 32, typename X>
+// local_range(chunk, mn, mx): the lane's NaN-ignoring min / max over its valid chunks, or
+// false to have them taken element by element from x.
+template <int FMT, int NC, int V, int W = 32, typename X, typename LocalRange>
 __device__ __forceinline__ void kv8_write_row(const X& x, const int (&chunk)[NC],
-                                              uint8_t* dst, float fp8_scale, float* params) {
+                                              uint8_t* dst, float fp8_scale, float* params,
+                                              const LocalRange& local_range) {
   static_assert(W == 4 || W == 8 || W == 16 || W == 32, "lanes per row: 4, 8, 16 or 32");
   if constexpr (FMT == KV8_FP8) {
     const float inv = kv8::rcp_rn(fp8_scale);
@@ -71,13 +74,15 @@ __device__ __forceinline__ void kv8_write_row(const X& x, const int (&chunk)[NC]
     }
   } else {
     float mn = __int_as_float(0x7fffffff), mx = mn;   // NaN: ignored by min/max
+    if (!local_range(chunk, mn, mx)) {
 #pragma unroll
-    for (int j = 0; j < NC; ++j) {
-      if (chunk[j] < 0) continue;
+      for (int j = 0; j < NC; ++j) {
+        if (chunk[j] < 0) continue;
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        mn = kv8::fmin_nan(mn, x(j, i));
-        mx = kv8::fmax_nan(mx, x(j, i));
+        for (int i = 0; i < V; ++i) {
+          mn = kv8::fmin_nan(mn, x(j, i));
+          mx = kv8::fmax_nan(mx, x(j, i));
+        }
       }
     }
 #pragma unroll

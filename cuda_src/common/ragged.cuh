@@ -17,9 +17,7 @@ __device__ __forceinline__ int owner_of_row(const int32_t* cu_q, int batch, int 
 }
 
 // The (page, slot) of row i of sequence b's block: kv_append_target after its owner search
-// (append_kv8 keeps the owner across a warp's run of tokens and starts here). The twin of
-// kv_append_target's tail, kept apart so rope_append_kv's PTX stays as tested (fold the two
-// with a GPU run of its tests).
+// (append_kv8 keeps the owner across a warp's run of tokens and starts here).
 __device__ __forceinline__ bool kv_append_slot(const int32_t* seq_lens, const uint8_t* finished,
                                                const int32_t* page_table,
                                                int64_t page_table_stride, int page_size,
@@ -48,15 +46,8 @@ __device__ __forceinline__ bool kv_append_target(const int32_t* cu_q, const int3
                                                  int t, int32_t& page, int64_t& slot) {
   if (batch <= 0) return false;
   const int b = owner_of_row(cu_q, batch, t);
-  if (finished != nullptr && finished[b]) return false;
-  const int64_t pos = static_cast<int64_t>(__ldg(seq_lens + b)) + (t - __ldg(cu_q + b));
-  if (pos < 0) return false;
-  const int64_t page_idx = pos / page_size;
-  if (page_idx >= max_pages) return false;
-  page = __ldg(page_table + b * page_table_stride + page_idx);
-  if (page < 0 || page >= num_pages) return false;
-  slot = pos - page_idx * page_size;
-  return true;
+  return kv_append_slot(seq_lens, finished, page_table, page_table_stride, page_size, num_pages,
+                        max_pages, b, t - __ldg(cu_q + b), page, slot);
 }
 
 }  // namespace specdec

@@ -272,10 +272,35 @@ struct AppendKV8 {
         }
       };
       uint8_t* dst = at(kv ? d.vrow : d.krow, h, kv ? p.cache_stride_h[1] : p.cache_stride_h[0]);
+      // 16-bit rows on sm_80+: the range two elements an instruction (min / max .bf16x2 /
+      // .f16x2 ignore NaN as min.f32 does), widened once at the end
+      auto range = [rg](const int (&ch)[NC], float& mn, float& mx) -> bool {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        if constexpr (NW != 0 && sizeof(T) == 2) {
+          uint32_t lo = 0x7fff7fffu, hi = 0x7fff7fffu;   // NaN in both formats
+#pragma unroll
+          for (int j = 0; j < NC; ++j) {
+            if (ch[j] < 0) continue;
+            uint32_t w[4];
+            memcpy(w, &rg[j], 16);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              lo = kv8::min2<T>(lo, w[k]);
+              hi = kv8::max2<T>(hi, w[k]);
+            }
+          }
+          mn = kv8::fmin_nan(word_element_to_float<T>(lo, 0), word_element_to_float<T>(lo, 2));
+          mx = kv8::fmax_nan(word_element_to_float<T>(hi, 0), word_element_to_float<T>(hi, 2));
+          return true;
+        }
+#endif
+        return false;
+      };
       kv8_write_row<FMT, NC, V, W>(x, chunk, dst,
                                    FMT == KV8_FP8 ? it.scale[g] : 0.f,
                                    FMT == KV8_INT8 && has_row ? (kv ? d.vprm : d.kprm) + 2 * h
-                                                              : nullptr);
+                                                              : nullptr,
+                                   range);
     }
   }
 
@@ -314,8 +339,9 @@ struct AppendKV8 {
     Owner o;
     bool ok = target(t, o, page, slot);
     Dest d = dest(page, slot);
-    // One step: load the next item into nxt, write cur, walk the next token's chain. Two
-    // steps a trip with the buffers swapped, so no registers are copied.
+    // One step: load the next item into nxt, write cur, walk the next token's chain; the
+    // loop copies nxt into cur (one step a trip: half the code of two steps with the
+    // buffers swapped, which missed the instruction cache)
     auto step = [&](const Item& cur, Item& nxt) -> bool {
       int tn = t, un = u0 + u_step;
       if (un >= rows) { un = u_first; ++tn; }
@@ -330,8 +356,7 @@ struct AppendKV8 {
       u0 = un;
       return more;
     };
-    while (step(a, b) && step(b, a)) {
-    }
+    while (step(a, b)) a = b;
   }
 };
 

@@ -31,7 +31,8 @@ without flush or fusion::
     mn, mx = min(x), max(x)                 NaN elements ignored (NaN only if all are)
     scale  = (mx - mn) / 255                if not a normal finite float32 (all-equal row,
                                             all-NaN row, a range beyond float32): scale = 1
-    zero   = mn
+    zero   = mn + 0                         a zero minimum is +0: which zero a min keeps
+                                            depends on its order (min.bf16x2 pairs, numpy)
     u      = clamp(rint((x - mn) * (1 / scale)), 0, 255)     rint: half to even; NaN x: u = 0
     stored = int8(u - 128)
     read   = (float(stored + 128) * scale) + zero              (two roundings, no fma)
@@ -122,8 +123,9 @@ def int8_params(x) -> np.ndarray:
                       ).astype(np.float32)
         scale = ((mx - mn) / np.float32(255.0)).astype(np.float32)
         good = (scale >= MIN_SCALE) & (scale < np.float32(np.inf))
+        zero = (mn + np.float32(0.0)).astype(np.float32)
     scale = np.where(good, scale, np.float32(1.0)).astype(np.float32)
-    return np.stack([scale, mn], axis=-1).astype(np.float32)
+    return np.stack([scale, zero], axis=-1).astype(np.float32)
 
 
 def int8_quantize(x, params=None):
