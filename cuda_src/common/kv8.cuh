@@ -189,25 +189,17 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
 #endif
 }
 
-// Two-lane NaN-ignoring min / max of 16-bit pairs (sm_80+): bf16x2 or f16x2 by T's size
-// class (T = bf16_t / __half; the dtype header's storage types).
+// NaN-ignoring min (kMax false) or max of 16-bit pairs (sm_80+): bf16x2 or f16x2 by T
+// (bf16_t / __half, the dtype header's storage types).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-template <typename T>
-__device__ __forceinline__ uint32_t min2(uint32_t a, uint32_t b) {
+template <typename T, bool kMax>
+__device__ __forceinline__ uint32_t minmax2(uint32_t a, uint32_t b) {
+  constexpr bool kHalf = std::is_same<T, __half>::value;
   uint32_t r;
-  if constexpr (std::is_same<T, __half>::value)
-    asm("min.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  else
-    asm("min.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-template <typename T>
-__device__ __forceinline__ uint32_t max2(uint32_t a, uint32_t b) {
-  uint32_t r;
-  if constexpr (std::is_same<T, __half>::value)
-    asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  else
-    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  if constexpr (kMax && kHalf) asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  else if constexpr (kMax) asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  else if constexpr (kHalf) asm("min.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  else asm("min.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
   return r;
 }
 #endif

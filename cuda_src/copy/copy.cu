@@ -285,8 +285,8 @@ struct AppendKV8 {
             memcpy(w, &rg[j], 16);
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-              lo = kv8::min2<T>(lo, w[k]);
-              hi = kv8::max2<T>(hi, w[k]);
+              lo = kv8::minmax2<T, false>(lo, w[k]);
+              hi = kv8::minmax2<T, true>(hi, w[k]);
             }
           }
           mn = kv8::fmin_nan(word_element_to_float<T>(lo, 0), word_element_to_float<T>(lo, 2));
