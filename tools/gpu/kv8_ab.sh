@@ -10,9 +10,10 @@
 #                                        carried folder: `carry: [".whl"]`)
 #   MODULE (verify_attention_kv8; a patch's own `modules: a b` header line overrides it)
 #   BENCH (verify_attention; main runs it all, a patch's `bench: x y` line narrows its own)
-#   GREP (the bench rows shown; default verify attention's page=16 rows)  TESTS ("tests/test_kv8.py
-#   tests/test_attention.py")  TESTS_ON (trees: "main p1 ..."; default the last)  MAIN_TESTS
-#   (pytest -k expression on main, -m gpu; empty: none)  MAIN_BENCH (bench names; empty: none)
+#   GREP (the bench rows shown, GREP_N of them: default verify attention's page=16 rows, 10)
+#   TESTS ("tests/test_kv8.py tests/test_attention.py")  TESTS_ON (trees: "main p1 ...";
+#   default the last)  MAIN_TESTS (pytest -k expression on main, -m gpu; empty: none)
+#   MAIN_BENCH (bench names; empty: none)
 #   SANITIZE_ON (a tree: compute-sanitizer over SAN_FILES (default $TESTS) -k SAN_TESTS, tools
 #   SAN_TOOLS (memcheck), families SAN_FAMS (native), beside the tests)
 set -u -o pipefail
@@ -31,12 +32,14 @@ tar --exclude='./.g[0-9]' -cf - . | tar -xf - -C $AB/main
 (cd $AB/main && PYTHONPATH=$HDR SPECDEC_ARCHS=90 python3 setup.py build_ext --inplace) > "$OUT/build_main.log" 2>&1
 echo "main build rc=$? at $(el)"
 trees=(main)
+declare -A tree_bench=()   # a patch's own `bench:` line
 i=0
 for pf in "$@"; do
   i=$((i + 1)); v=p$i
   cp -r $AB/main $AB/$v
   (cd $AB/$v && patch -p1 -s --forward < "$ROOT/$pf") || { echo "patch $pf failed"; continue; }
   mods=$(sed -n 's/^modules: *//p' "$ROOT/$pf" | head -1)
+  b=$(sed -n 's/^bench: *//p' "$ROOT/$pf" | head -1); [ -n "$b" ] && tree_bench[$v]=$b
   (cd $AB/$v && PYTHONPATH=$HDR SPECDEC_ARCHS=90 python3 -c \
     "from build_backend.cubins import build_kernels; build_kernels(only=set('${mods:-$MODULE}'.split()))" \
     > "$OUT/build_$v.log" 2>&1; echo "$v = $pf (${mods:-$MODULE}): build rc=$?")
@@ -44,10 +47,6 @@ for pf in "$@"; do
 done
 echo "builds done at $(el)"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/nvidia-smi.txt" 2>&1
-declare -A tree_bench=()
-for i in $(seq 1 $#); do
-  b=$(sed -n 's/^bench: *//p' "$ROOT/${!i}" | head -1); [ -n "$b" ] && tree_bench[p$i]=$b
-done
 bench_in() {   # $1 tree, $2 round
   (cd $AB/$1 && timeout 150 python3 -m specdec_lib bench ${tree_bench[$1]:-$BENCH} \
      --json "$OUT/bench_$1_$2.json" > "$OUT/bench_$1_$2.log" 2>&1)
