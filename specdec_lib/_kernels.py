@@ -192,7 +192,8 @@ register(KernelModule(
     name="layers",
     source="cuda_src/layers/layers.cu",
     params_header="layers/layers_params.h",
-    kernels={**{f"rms_norm_{t}_w{w}": "RmsNormParams" for t, w in NORM_DTYPES},
+    kernels={**{f"rms_norm{u}_{t}_w{w}": "RmsNormParams" for t, w in NORM_DTYPES
+                for u in ("", "_unit")},
              **{f"{op}_{t}": p for op, p in (("rope", "RopeParams"), ("silu_mul", "SiluMulParams"))
                 for t in ("f32", "f16", "bf16")}},
     # ptxas 13.0 spills 8 bytes of the weights-first rms_norm's bf16 / f32-weight form on

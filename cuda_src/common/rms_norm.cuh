@@ -30,6 +30,42 @@
 
 namespace specdec {
 
+// One 16-byte unit a thread (vec, H <= N * blockDim: what the launcher picks for H up to
+// 512 units): rms_norm_row's arithmetic in its order, so the same bits, without its loops.
+// Every load (weight, x, res) is issued before the first store, the row's one memory trip;
+// at batch 1 the generic form's per-unit guards were most of a warp's dependent chain.
+template <typename T, typename W, int N>
+__device__ __forceinline__ void rms_norm_unit(const T* x, const T* res, T* res_out, const W* w,
+                                              T* y, int H, float eps, bool unit_offset,
+                                              float* smem /* [32] */) {
+  const int64_t e = static_cast<int64_t>(threadIdx.x) * N;
+  const bool mine = e < H;            // vec: H % N == 0
+  Pack<T, N> v;
+  Pack<W, N> wv;
+  float ss = 0.f;
+  if (mine) {
+    wv = load_pack<W, N>(w + e);
+    v = load_pack<T, N, false>(x + e);
+    if (res != nullptr) {
+      const Pack<T, N> r = load_pack<T, N, false>(res + e);
+#pragma unroll
+      for (int i = 0; i < N; ++i) v.e[i] = from_float<T>(to_float(v.e[i]) + to_float(r.e[i]));
+      store_pack<T, N>(res_out + e, v);
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) { const float f = to_float(v.e[i]); ss = fmaf(f, f, ss); }
+  }
+  const float inv = rsqrtf(__fdiv_rn(cta_sum(ss, smem), static_cast<float>(H)) + eps);
+  if (mine) {
+    const float off = unit_offset ? 1.f : 0.f;
+    Pack<T, N> o;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      o.e[i] = from_float<T>(to_float(v.e[i]) * inv * (off + to_float(wv.e[i])));
+    store_pack<T, N>(y + e, o);
+  }
+}
+
 template <typename T, typename W, int N>
 __device__ __forceinline__ void rms_norm_row(const T* x, const T* res, T* res_out, const W* w,
                                              T* y, int H, float eps, bool unit_offset, bool vec,

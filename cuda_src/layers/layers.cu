@@ -5,7 +5,8 @@
 //
 //   rms_norm  x [T, H] (+ residual [T, H] -> residual_out), weight [H] -> out [T, H]
 //             one CTA per row, blockDim from H alone (common/rms_norm.cuh): a row's bits
-//             do not depend on T, the other rows or the alignment.
+//             do not depend on T, the other rows or the alignment. rms_norm_unit_*: the
+//             same where each thread owns one aligned 16-byte unit (batch 1's latency).
 //   rope      q [T, Hq, D], k [T, Hk, D] in place, positions [T], cos_sin_cache [P, D]
 //             one thread per (token, head, V-element chunk of the first half) and its
 //             partner chunk D/2 further on; a position outside [0, P) writes NaN over
@@ -43,6 +44,21 @@ __device__ __forceinline__ void rms_norm(const RmsNormParams& p) {
                                        static_cast<T*>(p.out) + r * p.out_stride, p.width, p.eps,
                                        p.unit_offset, p.vectorize, smem);
   }
+}
+
+// rms_norm where the launcher found every row one 16-byte unit a thread (vectorize and
+// H <= blockDim * 16 / sizeof(T)): rms_norm_unit, the same bits as rms_norm_row.
+template <typename T, typename W>
+__device__ __forceinline__ void rms_norm_units(const RmsNormParams& p) {
+  __shared__ float smem[32];
+  const bool fused = p.residual != nullptr;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x)
+    rms_norm_unit<T, W, 16 / sizeof(T)>(
+        static_cast<const T*>(p.x) + r * p.x_stride,
+        fused ? static_cast<const T*>(p.residual) + r * p.residual_stride : nullptr,
+        fused ? static_cast<T*>(p.residual_out) + r * p.residual_out_stride : nullptr,
+        static_cast<const W*>(p.weight), static_cast<T*>(p.out) + r * p.out_stride, p.width,
+        p.eps, p.unit_offset, smem);
 }
 
 template <typename T, int V>
@@ -90,6 +106,13 @@ __device__ __forceinline__ void silu_mul_items(const SiluMulParams& p) {
     rms_norm<T, W>(p);                                                                   \
   }
 SPECDEC_FOR_NORM_DTYPES(SPECDEC_RMS_NORM)
+
+#define SPECDEC_RMS_NORM_UNIT(NAME, T, W)                                                \
+  extern "C" __global__ void __launch_bounds__(kNormMaxThreads) rms_norm_unit_##NAME(    \
+      const RmsNormParams p) { specdec::pdl_begin();                                     \
+    rms_norm_units<T, W>(p);                                                             \
+  }
+SPECDEC_FOR_NORM_DTYPES(SPECDEC_RMS_NORM_UNIT)
 
 #define SPECDEC_LAYERS_ELEMENTWISE(NAME, T)                                              \
   extern "C" __global__ void __launch_bounds__(kThreads) rope_##NAME(const RopeParams p) { specdec::pdl_begin(); \

@@ -93,12 +93,15 @@ def rms_norm(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *, eps: float = 1e
         bits |= r.ptr | ro.ptr | _row_bytes(r) | _row_bytes(ro)
     # the kernel walks a row in 16-byte units either way: blockDim from H alone (row invariance)
     threads = _norm_threads(H, E)
-    k = runtime.kernel("layers", f"rms_norm_{_SHORT[dt]}_w{_SHORT[w.dtype]}", dev)
+    vec = bits % 16 == 0
+    # one aligned 16-byte unit a thread: the loop-free form, the same bits (rms_norm_unit)
+    unit = "_unit" if vec and H * E <= 16 * threads else ""
+    k = runtime.kernel("layers", f"rms_norm{unit}_{_SHORT[dt]}_w{_SHORT[w.dtype]}", dev)
     from .. import _layers
     _layers.launch_rms_norm(k, min(T, _INT32_MAX), threads, stream_h, xa.ptr, r.ptr, ro.ptr,
                             w.ptr, o.ptr, xa.strides[0], r.strides[0] if fused else 0,
                             ro.strides[0] if fused else 0, o.strides[0], T, H,
-                            bool(unit_offset), bits % 16 == 0, eps)
+                            bool(unit_offset), vec, eps)
     return out
 
 
