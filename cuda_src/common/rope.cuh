@@ -10,17 +10,17 @@
 
 namespace specdec {
 
-// lo, hi <- the rotated chunk pair of the head vector at x (x already offset by c*V),
+// lo, hi <- the rotated chunk pair (a, b) = (x[c*V ..], x[D/2 + c*V ..]) of a head vector,
 // with cos/sin from row ``pos`` of cos_sin_cache [max_position, D]. A position outside
-// [0, max_position) gives NaN (the flag; the cache row is not read). Plain loads of x:
-// the callers write the result back in place.
+// [0, max_position) gives NaN (the flag; the cache row is not read). The caller loads a and b
+// (with whatever else its row needs: one memory trip, then the cache row's).
 template <typename T, int V>
-__device__ __forceinline__ void rope_pair(const T* x, const float* cos_sin_cache, int64_t pos,
-                                          int64_t max_position, int head_dim, int c,
-                                          Pack<T, V>& lo, Pack<T, V>& hi) {
+__device__ __forceinline__ void rope_rotate(const Pack<T, V>& a, const Pack<T, V>& b,
+                                            const float* cos_sin_cache, int64_t pos,
+                                            int64_t max_position, int head_dim, int c,
+                                            Pack<T, V>& lo, Pack<T, V>& hi) {
   const int half = head_dim >> 1;
   if (pos >= 0 && pos < max_position) {
-    const Pack<T, V> a = load_pack<T, V, false>(x), b = load_pack<T, V, false>(x + half);
     const float* row = cos_sin_cache + pos * head_dim + c * V;
     const Pack<float, V> cs = load_pack<float, V>(row), sn = load_pack<float, V>(row + half);
 #pragma unroll
@@ -34,6 +34,16 @@ __device__ __forceinline__ void rope_pair(const T* x, const float* cos_sin_cache
 #pragma unroll
     for (int j = 0; j < V; ++j) lo.e[j] = hi.e[j] = from_float<T>(nan);
   }
+}
+
+// rope_rotate of the chunk pair at x (x already offset by c*V). Plain loads of x: the
+// callers write the result back in place.
+template <typename T, int V>
+__device__ __forceinline__ void rope_pair(const T* x, const float* cos_sin_cache, int64_t pos,
+                                          int64_t max_position, int head_dim, int c,
+                                          Pack<T, V>& lo, Pack<T, V>& hi) {
+  const Pack<T, V> a = load_pack<T, V, false>(x), b = load_pack<T, V, false>(x + (head_dim >> 1));
+  rope_rotate<T, V>(a, b, cos_sin_cache, pos, max_position, head_dim, c, lo, hi);
 }
 
 }  // namespace specdec
