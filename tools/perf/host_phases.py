@@ -4,6 +4,7 @@ the policy's calls, and the rest of the period (serve's own bookkeeping), over N
 decoded one at a time as e2e_smollm2's B=1 sets are.
 
     python tools/perf/host_phases.py [--prompts 16] [--new 128] [--draft eagle3] [-k 4]
+                                     [--row-invariant]
 """
 import argparse
 import os
@@ -34,6 +35,8 @@ def main():
     p.add_argument("--modes", default=None, help="the modes in this order instead, comma-"
                    "separated: target_only, kN, autoN[nodrain][table] (e.g. a mode twice: "
                    "drift)")
+    p.add_argument("--row-invariant", action="store_true", help="the target's decode GEMMs "
+                   "through the library's linear (LlamaTarget row_invariant=True)")
     p.add_argument("--replay-probe", type=int, default=0, metavar="N", help="after each "
                    "mode's timed runs, its most used graphs replayed N times in a row each "
                    "and N times alternating (the GPU time of a graph alone and after another)")
@@ -41,7 +44,7 @@ def main():
     if args.batch > 1:
         args.prompts = args.batch
     be = e2e.make_backend("torch")
-    target, tok = e2e.load_smollm2_target(be, progress=False)
+    target, tok = e2e.load_smollm2_target(be, progress=False, row_invariant=args.row_invariant)
     draft = e2e.LlamaDraftHead.load(target, e2e.smollm2_head(args.draft), args.draft)
     texts = e2e.pool_of(args.prompts)["general"][:args.prompts]
     reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new,
