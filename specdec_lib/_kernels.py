@@ -60,6 +60,9 @@ def _copy_kernels():
 
 MODULES: dict[str, KernelModule] = {}
 
+# linear's small-M forms: (rows, units a lane) instantiated (cuda_src/layers/linear.cu)
+LINEAR_SMALL_SHAPES = ((1, 4), (2, 4), (4, 4), (1, 8), (2, 8), (4, 8))
+
 # (activation, weight) dtypes of the RMSNorm kernels (draft_combine, rms_norm): the weight is
 # the activation dtype or float32 (common/rms_norm.cuh: SPECDEC_FOR_NORM_DTYPES)
 NORM_DTYPES = (("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"), ("bf16", "f32"))
@@ -206,7 +209,10 @@ register(KernelModule(
     name="linear",
     source="cuda_src/layers/linear.cu",
     params_header="layers/linear_params.h",
-    kernels={f"linear_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES if t != "f32"},
+    kernels={**{f"linear_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES if t != "f32"},
+             # at most 4 rows (ops.layers._linear_small): m rows, k units a lane
+             **{f"linear_m{m}_k{k}_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES
+                if t != "f32" for m, k in LINEAR_SMALL_SHAPES if (m, k) != (4, 8) or w == t}},
 ))
 
 # the float64 GEMM of the host models on the orchestrator's cuda backend (a plain kernel, so

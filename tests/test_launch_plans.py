@@ -817,6 +817,9 @@ def _silu_mul(rec, T, I, dtype, strided=False):
     "M64_bf16_silu_residual": dict(M=64, K=2048, N=2 * 5632, dtype="bfloat16",
                                    norm="bfloat16", residual=True, epilogue="silu_mul"),
     "M0": dict(M=0, K=64, N=64, dtype="float16"),
+    "M4_bf16_smol_gate_up": dict(M=4, K=576, N=2 * 1536, dtype="bfloat16", norm="bfloat16",
+                                 residual=True, epilogue="silu_mul"),
+    "M1_bf16_smol_down": dict(M=1, K=1536, N=576, dtype="bfloat16"),
 })
 def _linear(rec, M, K, N, dtype, norm=None, residual=False, epilogue=None, unit_offset=False,
             strided=False, eps=1e-6):

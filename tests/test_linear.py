@@ -310,14 +310,16 @@ def _call_rows(x, r, w, nw, dtype, rows, variant, offset=0):
 @pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[2], VARIANTS[3], VARIANTS[4]],
                          ids=["plain", "norm_res", "silu", "norm_res_silu"])
 def test_linear_gpu_row_invariance(dtype, N, K, variant, rng):
-    """The same row gives the same bits computed alone (M = 1), inside M = 4, 17 and 64
-    calls at different positions (other chunks, other CTAs of gridDim.y), and from an
-    unaligned copy (scalar loads)."""
+    """The same row gives the same bits computed alone (M = 1), inside M = 2, 4, 6, 17 and 64
+    calls at different positions (other chunks, other CTAs of gridDim.y; M <= 4 take the
+    linear_m* kernels, the others linear_*), and from an unaligned copy
+    (scalar loads)."""
     x, r, w, nw = _case(rng, 64, N, K, dtype, dtype)
     full, full_s = _call_rows(x, r, w, nw, dtype, list(range(64)), variant)
     for row in (0, 5, 63):
         others = [i for i in range(64) if i != row]
-        for rows, pos in (([row], 0), (others[:2] + [row] + others[2:3], 2),
+        for rows, pos in (([row], 0), (others[:1] + [row], 1), (others[:2] + [row] + others[2:3], 2),
+                          (others[:5] + [row], 5),
                           (others[:16] + [row], 16), (others[:40] + [row] + others[40:], 40)):
             got, got_s = _call_rows(x, r, w, nw, dtype, rows, variant)
             np.testing.assert_array_equal(_bits(got[pos]), _bits(full[row]))
@@ -332,12 +334,13 @@ def test_linear_gpu_row_invariance(dtype, N, K, variant, rng):
                                           ("bfloat16", "bfloat16"), ("bfloat16", "float32")])
 @pytest.mark.parametrize("N,K", [(1728, 576), (576, 1536), (100, 72), (64, 4104), (8, 40000)])
 @pytest.mark.parametrize("unit_offset", [False, True])
-def test_linear_gpu_norm_bit_identical_to_rms_norm(dtype, wdtype, N, K, unit_offset, rng):
+@pytest.mark.parametrize("M", [1, 4, 5, 17])
+def test_linear_gpu_norm_bit_identical_to_rms_norm(dtype, wdtype, N, K, unit_offset, M, rng):
     """The fused prologue gives the bits of ops.rms_norm (+ residual) then ops.linear: the same
     h (K = 4104: five of rms_norm's warps; 40000: 1024 threads and past its register cache),
-    the same residual_out, so the same output."""
+    the same residual_out, so the same output; M <= 4: the linear_m* kernels where K allows
+    them (each warp's own norm)."""
     from specdec_lib import ops
-    M = 5
     x, r, w, nw = _case(rng, M, N, K, dtype, wdtype)
     dx, dr, dw, dn = _dev(x, dtype), _dev(r, dtype), _dev(w, dtype), _dev(nw, wdtype)
     for res in (False, True):

@@ -323,6 +323,29 @@ __device__ __forceinline__ void load_weights(Unit<T> (&wv)[kCols][kLaneUnits],
     }
 }
 
+// acc[m][c] += row m's unit . column c's unit (w0, w1) for the rows m < mc: the fmaf chain
+// of a lane's unit, elements in order, the one definition both linear forms run.
+template <typename T, int R, typename Row>
+__device__ __forceinline__ void fma_unit(float (&acc)[R][kCols], const Unit<T>& w0,
+                                         const Unit<T>& w1, int mc, Row row) {
+  static_assert(kCols == 2, "a warp's two columns");
+  float w[kCols][kUnit];
+#pragma unroll
+  for (int e = 0; e < kUnit; ++e) w[0][e] = get(w0, e), w[1][e] = get(w1, e);
+#pragma unroll
+  for (int m = 0; m < R; ++m) {
+    if (m < mc) {
+      const Unit<T> h = row(m);
+#pragma unroll
+      for (int e = 0; e < kUnit; ++e) {
+        const float xe = get(h, e);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) acc[m][c] = fmaf(xe, w[c][e], acc[m][c]);
+      }
+    }
+  }
+}
+
 // One step of a warp reduce-scatter over 2D values per lane (v[0 .. 2D)): the lanes with bit
 // D set keep values [D, 2D), the others [0, D), each adding its partner's copy; the kept
 // values move to v[0 .. D). Each sum is a + b of the same two partials as warp_sum's step D.
@@ -436,25 +459,7 @@ __device__ __forceinline__ void linear(const LinearParams& p) {
 #pragma unroll
       for (int j = 0; j < kLaneUnits; ++j) {
         const int u = lane + 32 * j;
-        if (u < su) {
-          float w[kCols][kUnit];
-#pragma unroll
-          for (int c = 0; c < kCols; ++c)
-#pragma unroll
-            for (int e = 0; e < kUnit; ++e) w[c][e] = get(wv[c][j], e);
-#pragma unroll
-          for (int m = 0; m < kRows; ++m) {
-            if (m < mc) {
-              const Unit<T> h = sx[m][u];
-#pragma unroll
-              for (int e = 0; e < kUnit; ++e) {
-                const float xe = get(h, e);
-#pragma unroll
-                for (int c = 0; c < kCols; ++c) acc[m][c] = fmaf(xe, w[c][e], acc[m][c]);
-              }
-            }
-          }
-        }
+        if (u < su) fma_unit<T>(acc, wv[0][j], wv[1][j], mc, [&](int m) { return sx[m][u]; });
       }
 #pragma unroll
       for (int c = 0; c < kCols; ++c)
@@ -473,6 +478,125 @@ __device__ __forceinline__ void linear(const LinearParams& p) {
   }
 }
 
+// ---------------------------------------------------------------- at most 4 rows (decode)
+// linear_m{1,2,4}_*: the outputs of linear, bit for bit, for M <= MR rows when every access
+// is 16 bytes (vec_x, vec_w) and K <= 32 * kSmallUnits * kUnit (2048). A warp holds its two
+// columns' whole weight rows (requested before the PDL wait: one memory trip that overlaps
+// the predecessor) and its rows' x in registers (the second trip), then does linear's fmaf
+// chains and the warp_sum tree (linear's reduce-scatter adds the same pairs). A norm is
+// computed by every warp for its rows from those registers, in rms_norm's order (each of
+// rms_norm's norm_threads threads owns one unit at these K: virtual warp v = lane unit v).
+// No shared memory, no barrier: at batch 1 linear's staging, 16-row chunks and barriers were
+// most of its time (1.5x cuBLAS, s32).
+template <typename T, typename W, int MR, int kSmallUnits>   // units per lane: K <= 256 * kSmallUnits
+__device__ __forceinline__ void linear_small(const LinearParams& p) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int K = p.width, units = K / kUnit;    // vec: K % 8 == 0
+  const bool silu = p.silu_mul != 0, norm = p.norm_weight != nullptr;
+  const bool fused = p.residual != nullptr;
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + warp;
+  const int64_t half = p.cols / 2;
+  int64_t col[kCols];
+  bool ok[kCols];
+  col[0] = silu ? group : 2 * group;
+  col[1] = silu ? half + group : 2 * group + 1;
+  ok[0] = silu ? group < half : col[0] < p.cols;
+  ok[1] = silu ? group < half : col[1] < p.cols;
+  Unit<T> wv[kCols][kSmallUnits];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const T* wrow = static_cast<const T*>(p.weight) + (ok[c] ? col[c] : 0) * static_cast<int64_t>(K);
+#pragma unroll
+    for (int j = 0; j < kSmallUnits; ++j) {
+      const int u = lane + 32 * j;
+      wv[c][j] = ok[c] && u < units ? load_u<T>(wrow, u, K, true) : zero_unit<T>();
+    }
+  }
+  pdl_begin();                               // everything below reads what a launch may write
+  const int mc = static_cast<int>(min(static_cast<int64_t>(MR), p.rows));
+  Unit<T> h[MR][kSmallUnits];
+#pragma unroll
+  for (int m = 0; m < MR; ++m) {
+    const RowPtrs q = row_ptrs<T>(p, m < mc ? m : 0);
+#pragma unroll
+    for (int j = 0; j < kSmallUnits; ++j) {
+      const int u = lane + 32 * j;
+      h[m][j] = m < mc && u < units ? fetch_s<T>(q, u, K, true) : zero_unit<T>();
+    }
+  }
+  if (norm) {
+    Unit<W> nw[kSmallUnits];
+#pragma unroll
+    for (int j = 0; j < kSmallUnits; ++j) {
+      const int u = lane + 32 * j;
+      nw[j] = u < units ? load_u<W>(static_cast<const W*>(p.norm_weight), u, K, true) : zero_unit<W>();
+    }
+    if (fused && blockIdx.x == 0 && warp == 0) {   // s -> residual_out, once
+#pragma unroll
+      for (int m = 0; m < MR; ++m)
+#pragma unroll
+        for (int j = 0; j < kSmallUnits; ++j) {
+          const int u = lane + 32 * j;
+          if (m < mc && u < units)
+            store_u<T>(static_cast<T*>(row_ptrs<T>(p, m).res_out), u, K, true, h[m][j]);
+        }
+    }
+    const int nvw = p.norm_threads >> 5;      // rms_norm's warps: one unit a thread here
+    const float off = p.unit_offset ? 1.f : 0.f;
+#pragma unroll
+    for (int m = 0; m < MR; ++m) {
+      if (m >= mc) continue;
+      float mine = 0.f;
+#pragma unroll
+      for (int j = 0; j < kSmallUnits; ++j) {
+        if (j >= nvw) break;
+        float ss = 0.f;
+#pragma unroll
+        for (int e = 0; e < kUnit; ++e) { const float f = get(h[m][j], e); ss = fmaf(f, f, ss); }
+        const float total = warp_sum(ss);     // cta_sum's first step, for rms_norm's warp j
+        if (lane == j) mine = total;
+      }
+      const float sum = warp_sum(lane < nvw ? mine : 0.f);   // cta_sum's second step
+      const float inv = rsqrtf(__fdiv_rn(sum, static_cast<float>(K)) + p.eps);
+#pragma unroll
+      for (int j = 0; j < kSmallUnits; ++j) {
+        const int u = lane + 32 * j;
+        if (u < units) h[m][j] = normalize<T, W>(h[m][j], inv, off, nw[j], u, K);
+      }
+    }
+  }
+  float acc[MR][kCols];
+#pragma unroll
+  for (int m = 0; m < MR; ++m)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[m][c] = 0.f;
+#pragma unroll
+  for (int j = 0; j < kSmallUnits; ++j) {
+    if (lane + 32 * j < units)                // linear's order: units, elements, columns
+      fma_unit<T>(acc, wv[0][j], wv[1][j], mc, [&](int m) { return h[m][j]; });
+  }
+  // every lane gets every sum; lane 2m + c stores row m's column c (silu: c = 0 stores)
+  float v = 0.f, up = 0.f;
+#pragma unroll
+  for (int m = 0; m < MR; ++m) {
+    float s[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) s[c] = warp_sum(acc[m][c]);
+#pragma unroll
+    for (int c = 0; c < kCols; ++c)
+      if (lane == m * kCols + c) v = s[c], up = s[1];
+  }
+  const int m = lane / kCols, c = lane % kCols;
+  if (m >= mc) return;
+  T* orow = static_cast<T*>(p.out) + m * p.out_stride;
+  if (silu) {
+    if (c == 0 && ok[0]) orow[group] = from_float<T>(accurate_silu(v) * up);
+  } else if (c ? ok[1] : ok[0]) {
+    orow[c ? col[1] : col[0]] = from_float<T>(v);
+  }
+}
+
+
 }  // namespace
 
 #define SPECDEC_LINEAR(NAME, T, W)                                                          \
@@ -483,3 +607,21 @@ SPECDEC_LINEAR(f16_wf16, __half, __half)
 SPECDEC_LINEAR(f16_wf32, __half, float)
 SPECDEC_LINEAR(bf16_wbf16, bf16_t, bf16_t)
 SPECDEC_LINEAR(bf16_wf32, bf16_t, float)
+
+#define SPECDEC_LINEAR_SMALL_MK(NAME, T, W, M, U)                                           \
+  extern "C" __global__ void __launch_bounds__(kThreads) linear_m##M##_k##U##_##NAME(       \
+      const LinearParams p) {                                                               \
+    linear_small<T, W, M, U>(p);                                                            \
+  }
+// units per lane 4 (K <= 1024) for 1, 2, 4 rows; 8 (K <= 2048) for 1, 2 rows, and for 4 rows
+// with a 16-bit norm weight (a float32 one spills there: ops.linear keeps linear_*)
+#define SPECDEC_LINEAR_SMALL(NAME, T, W)                                                    \
+  SPECDEC_LINEAR_SMALL_MK(NAME, T, W, 1, 4) SPECDEC_LINEAR_SMALL_MK(NAME, T, W, 2, 4)      \
+  SPECDEC_LINEAR_SMALL_MK(NAME, T, W, 4, 4) SPECDEC_LINEAR_SMALL_MK(NAME, T, W, 1, 8)      \
+  SPECDEC_LINEAR_SMALL_MK(NAME, T, W, 2, 8)
+SPECDEC_LINEAR_SMALL(f16_wf16, __half, __half)
+SPECDEC_LINEAR_SMALL(f16_wf32, __half, float)
+SPECDEC_LINEAR_SMALL(bf16_wbf16, bf16_t, bf16_t)
+SPECDEC_LINEAR_SMALL(bf16_wf32, bf16_t, float)
+SPECDEC_LINEAR_SMALL_MK(f16_wf16, __half, __half, 4, 8)
+SPECDEC_LINEAR_SMALL_MK(bf16_wbf16, bf16_t, bf16_t, 4, 8)

@@ -172,6 +172,22 @@ def silu_mul(x: ArrayLike, out: ArrayLike, *, stream: Stream = None) -> ArrayLik
     return out
 
 
+LINEAR_FAST_MAX_ROWS = 4       # linear's few-row kernels (linear_m*_k*): rows ...
+LINEAR_FAST_MAX_K = 2048       # ... and K they take (16-byte aligned rows, K % 8 == 0)
+
+
+def _linear_small(M, K, vec, norm_weight_16bit):
+    """Units a lane (4: K <= 1024, 8: K <= 2048) of the linear_m*_k* kernel for M rows of
+    width K, or None (linear_*): at most 4 rows, every access 16 bytes; 3-4 rows of K > 1024
+    only with a 16-bit norm weight (the float32 one's form spills)."""
+    if not vec or M > LINEAR_FAST_MAX_ROWS or K > LINEAR_FAST_MAX_K:
+        return None
+    k = 4 if K <= 1024 else 8
+    if k == 8 and M > 2 and not norm_weight_16bit:
+        return None
+    return k
+
+
 def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
            norm_weight: Optional[ArrayLike] = None, eps: float = 1e-6,
            residual: Optional[ArrayLike] = None, residual_out: Optional[ArrayLike] = None,
@@ -221,15 +237,29 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     vec_x = K % 8 == 0 and (xa.ptr | _row_bytes(xa) | nw.ptr | r.ptr | ro.ptr
                             | (_row_bytes(r) | _row_bytes(ro) if fused else 0)) % 16 == 0
     vec_w = K % 8 == 0 and wa.ptr % 16 == 0
-    name = f"linear_{_SHORT[dt]}_w{_SHORT[nw.dtype if norm else dt]}"
-    k = runtime.kernel("linear", name, dev)
-    if k not in _LINEAR_CARVEOUT:               # 44 KB of static smem: 3 CTAs per SM want it
-        k.prefer_max_shared()
-        _LINEAR_CARVEOUT.add(k)
+    wdt = _SHORT[nw.dtype if norm else dt]
+    ku = _linear_small(M, K, vec_x and vec_w, wdt == _SHORT[dt])
+    if ku is not None:                          # the same bits: weights and x in registers
+        mr = 1 if M == 1 else 2 if M == 2 else 4
+        k = runtime.kernel("linear", f"linear_m{mr}_k{ku}_{_SHORT[dt]}_w{wdt}", dev)
+        gy = 1
+    else:
+        k = runtime.kernel("linear", f"linear_{_SHORT[dt]}_w{wdt}", dev)
+        if k not in _LINEAR_CARVEOUT:           # 44 KB of static smem: 3 CTAs per SM want it
+            k.prefer_max_shared()
+            _LINEAR_CARVEOUT.add(k)
     from .. import _layers
     _layers.launch_linear(k, gx, gy, _LINEAR_THREADS, stream_h, xa.ptr, r.ptr, ro.ptr, nw.ptr,
                           wa.ptr, o.ptr, xa.strides[0], r.strides[0] if fused else 0,
                           ro.strides[0] if fused else 0, o.strides[0], M, K, N,
                           _norm_threads(K, xa.itemsize), bool(unit_offset), silu, vec_x, vec_w,
                           eps)
+    return out
+    k = runtime.kernel("linear", f"linear_{_SHORT[dt]}_w{wdt}", dev)
+    if k not in _LINEAR_CARVEOUT:               # 44 KB of static smem: 3 CTAs per SM want it
+        k.prefer_max_shared()
+        _LINEAR_CARVEOUT.add(k)
+    _layers.launch_linear(k, gx, gy, _LINEAR_THREADS, stream_h, xa.ptr, r.ptr, ro.ptr, nw.ptr,
+                          wa.ptr, o.ptr, xa.strides[0], r.strides[0] if fused else 0,
+                          ro.strides[0] if fused else 0, o.strides[0], M, K, N, *args)
     return out
