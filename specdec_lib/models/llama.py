@@ -14,7 +14,7 @@ through a small ``_Math`` of the array library: numpy in float64 on the ``refere
 (the CPU oracle), torch in bf16 with cuBLAS and SDPA on the ``torch`` backend. One layer is
 nine launches on the GPU (three GEMMs fused as qkv / gate-up), so the round graph stays short.
 
-``forward`` runs a verify block (<= 16 rows per sequence); ``prefill`` runs whole prompts of
+``forward`` runs a verify block (<= 4 rows per sequence); ``prefill`` runs whole prompts of
 fresh sequences (any length) in one pass, attention by the host's causal kernel (torch: one
 masked SDPA call per layer for all prompts), K/V still written through ``rope_append_kv``; the
 model has no recurrent state, so ``commit`` does nothing.
@@ -25,6 +25,7 @@ import contextlib
 
 import numpy as np
 
+from ..ops.layers import LINEAR_FAST_MAX_K, LINEAR_FAST_MAX_ROWS
 from .llama_layer import decoder_layer, fuse_layer, layer_tensor_names
 
 
@@ -36,11 +37,22 @@ class _RowInvariant:
     Prefill keeps the host's GEMM (``bulk``): it runs once per prompt in either mode (prompts
     prefilled in one call share its cuBLAS shape)."""
 
+    small_rows = False       # the torch math: decode GEMMs of <= 4 rows through ``linear`` too
+
     def __init__(self, be=None, row_invariant=False):
         self.be, self.row_invariant = be, bool(row_invariant)
 
+    def library_rows(self, rows, k, n):
+        """Whether a [rows, k] @ [n, k].T GEMM goes through the library's ``linear``: always
+        when row-invariant; with ``small_rows`` where linear's few-row kernels take it (at
+        most 4 rows, K <= 2048) and the weight is a layer's, not a vocabulary (N <= 8192: the
+        lm_head's 49k columns stay on the host's GEMM)."""
+        return self.row_invariant or (
+            self.small_rows and rows <= LINEAR_FAST_MAX_ROWS and k <= LINEAR_FAST_MAX_K
+            and k % 8 == 0 and n <= 8192)
+
     def gemm(self, x, w):
-        if not self.row_invariant:
+        if len(x.shape) != 2 or not self.library_rows(x.shape[0], w.shape[1], w.shape[0]):
             return self.linear(x, w)
         out = self.empty((x.shape[0], w.shape[0]), x.dtype)
         self.be.row_linear(x, w, out)
@@ -49,11 +61,12 @@ class _RowInvariant:
     @contextlib.contextmanager
     def bulk(self):
         """Host GEMMs inside (the prefill's many rows)."""
-        keep, self.row_invariant = self.row_invariant, False
+        keep = self.row_invariant, self.small_rows
+        self.row_invariant = self.small_rows = False
         try:
             yield
         finally:
-            self.row_invariant = keep
+            self.row_invariant, self.small_rows = keep
 
 
 class _NumpyMath(_RowInvariant):
@@ -144,11 +157,12 @@ class _TorchMath(_RowInvariant):
     (``dtype="float16"``: all of it in float16, a float16 KV cache)."""
     name = "torch"
 
-    def __init__(self, be, row_invariant=False, dtype="bfloat16"):
+    def __init__(self, be, row_invariant=False, dtype="bfloat16", small_rows=True):
         import torch
 
         from . import llama_torch
         super().__init__(be, row_invariant)
+        self.small_rows = bool(small_rows)
         self.torch, self.dev, self.lt = torch, be.device, llama_torch
         self.act = self.kv = getattr(torch, dtype)
         self.int32 = torch.int32
@@ -313,13 +327,14 @@ class _LibraryOps:
         return self.m.empty(tuple(like.shape))
 
 
-def dense_math(backend, row_invariant=False, dtype="bfloat16"):
+def dense_math(backend, row_invariant=False, dtype="bfloat16", small_rows=True):
     """The backend's dense math; ``dtype``: torch's activation dtype (bfloat16 or float16;
-    numpy is float64 either way)."""
+    numpy is float64 either way); ``small_rows`` (torch): decode GEMMs of <= 4 rows through
+    the library's ``linear`` (its few-row kernels), not cuBLAS."""
     if backend.name == "reference":
         return _NumpyMath(backend, row_invariant)
     if backend.name == "torch":
-        return _TorchMath(backend, row_invariant, dtype)
+        return _TorchMath(backend, row_invariant, dtype, small_rows)
     raise ValueError(f"backend: the Llama host model runs on 'reference' or 'torch', "
                      f"not {backend.name!r}")
 
@@ -383,7 +398,12 @@ def kv_dtype_unsupported(backend, kv_dtype, head_dim):
 
 
 class LlamaTarget:
-    """Host passes of a Llama target for ``SpeculativeDecoder`` (slot b = sequence b)."""
+    """Host passes of a Llama target for ``SpeculativeDecoder`` (slot b = sequence b).
+
+    ``small_rows`` (torch backend, default on): a decode pass of at most 4 rows whose layer
+    GEMMs linear's few-row kernels take (K <= 2048) runs ``_run_fused`` on them: norms and
+    silu_mul fused, no cuBLAS but the lm_head (SmolLM2 B=1 target-only 1.55x, s40). Its rows
+    are then row-invariant (a k <= 3 verify block gives what one-row passes give)."""
     # prefill rows past a prompt (pads) only write dead cache rows: the decoder may pad a
     # prompt to a length bucket and replay one recorded prefill per bucket
     pads_prefill = True
@@ -391,7 +411,7 @@ class LlamaTarget:
     no_kv_layers = ()        # layers without a KV cache (a hybrid's GDN layers)
 
     def __init__(self, config, weights, backend, *, page_size=16, max_position=None,
-                 row_invariant=False, kv_dtype="bfloat16"):
+                 row_invariant=False, kv_dtype="bfloat16", small_rows=True):
         from ..reference.layers import rope_cos_sin_cache
         self.c, self.be = config, backend
         self.kv_dtype = kv_dtype_name(kv_dtype)
@@ -400,7 +420,8 @@ class LlamaTarget:
             raise ValueError(f"kv_dtype: {self.kv_dtype} caches on the {backend.name} "
                              f"backend: {why}")
         self.m = m = dense_math(backend, row_invariant,
-                                "float16" if self.kv_dtype == "float16" else "bfloat16")
+                                "float16" if self.kv_dtype == "float16" else "bfloat16",
+                                small_rows)
         self.row_invariant = m.row_invariant
         c = config
         self.V, self.H, self.D = c.vocab_size, c.hidden_size, c.head_dim
@@ -569,8 +590,18 @@ class LlamaTarget:
         return (m.read_int8(k_cache, rows, q8["k_params"]),
                 m.read_int8(v_cache, rows, q8["v_params"]))
 
+    def _fused(self, T):
+        """Whether a pass of T rows runs ``_run_fused`` (every layer GEMM through ``linear``,
+        norms and silu_mul fused into it): row-invariant decoding, or a few-row decode
+        where linear's few-row kernels take every layer GEMM (``small_rows``)."""
+        m = self.m
+        return type(self).layer is LlamaTarget.layer and (m.row_invariant or all(
+            m.library_rows(T, k, n) for k, n in (
+                (self.H, (self.nq + 2 * self.nkv) * self.D), (self.nq * self.D, self.H),
+                (self.H, 2 * self.I), (self.I, self.H))))
+
     def _run(self, tokens, positions, cu_q, seq_lens, finished, attend, want_logits=True):
-        if self.m.row_invariant and type(self).layer is LlamaTarget.layer:
+        if self._fused(tokens.shape[0]):
             return self._run_fused(tokens, positions, cu_q, seq_lens, finished, attend,
                                    want_logits)
         be, m = self.be, self.m
@@ -596,9 +627,10 @@ class LlamaTarget:
         return logits, (h if aux is None else aux)
 
     def _run_fused(self, tokens, positions, cu_q, seq_lens, finished, attend, want_logits):
-        """``_run`` of a row-invariant decode: each norm (with its residual add) runs in the
-        prologue of the ``linear`` behind it and silu_mul in gate_up's epilogue, so a layer
-        is six launches (qkv, rope_append_kv, attention, o, gate_up, down), not nine; the same
+        """``_run`` of a row-invariant (or few-row, ``_fused``) decode: each norm (with its
+        residual add) runs in the prologue of the ``linear`` behind it and silu_mul in
+        gate_up's epilogue, so a layer is six launches (qkv, rope_append_kv, attention, o,
+        gate_up, down), not nine; the same
         layer math (``llama_layer.decoder_layer``), row-invariant as the unfused one (silu
         reads gate_up's float32 sums, not their 16-bit rounding). linear's residual_out must
         not be one of its inputs, so the residual stream alternates between two buffers."""

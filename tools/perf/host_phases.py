@@ -4,7 +4,7 @@ the policy's calls, and the rest of the period (serve's own bookkeeping), over N
 decoded one at a time as e2e_smollm2's B=1 sets are.
 
     python tools/perf/host_phases.py [--prompts 16] [--new 128] [--draft eagle3] [-k 4]
-                                     [--row-invariant]
+                                     [--row-invariant] [--cublas-rows]
 """
 import argparse
 import os
@@ -37,6 +37,8 @@ def main():
                    "drift)")
     p.add_argument("--row-invariant", action="store_true", help="the target's decode GEMMs "
                    "through the library's linear (LlamaTarget row_invariant=True)")
+    p.add_argument("--cublas-rows", action="store_true", help="the target's few-row decode "
+                   "GEMMs through cuBLAS (LlamaTarget small_rows=False), as before s40")
     p.add_argument("--replay-probe", type=int, default=0, metavar="N", help="after each "
                    "mode's timed runs, its most used graphs replayed N times in a row each "
                    "and N times alternating (the GPU time of a graph alone and after another)")
@@ -44,7 +46,8 @@ def main():
     if args.batch > 1:
         args.prompts = args.batch
     be = e2e.make_backend("torch")
-    target, tok = e2e.load_smollm2_target(be, progress=False, row_invariant=args.row_invariant)
+    target, tok = e2e.load_smollm2_target(be, progress=False, row_invariant=args.row_invariant,
+                                          small_rows=not args.cublas_rows)
     draft = e2e.LlamaDraftHead.load(target, e2e.smollm2_head(args.draft), args.draft)
     texts = e2e.pool_of(args.prompts)["general"][:args.prompts]
     reqs = [Request(prompt=chat_prompt(tok, t), max_new_tokens=args.new,
