@@ -196,9 +196,12 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     """out = h @ weight.T for a few rows (decode / verify, M <= 16 is the fast case), with
     rms_norm fused in front and silu_mul behind when asked; a row's bits depend only on that
     row (and the weights, N, K): never on M, the other rows, or the pointers' alignment.
-    ``LlamaTarget(row_invariant=True)`` decodes through it, norms and silu_mul fused. It serves
-    row invariance, not speed: on the H200 at M = 1-4 it takes ~1.5x cuBLAS's time
-    (docs/PERF.md, s32).
+    ``LlamaTarget`` decodes through it at <= 4 rows (and always with ``row_invariant=True``),
+    norms and silu_mul fused. At most 4 16-byte-aligned rows of K <= 2048 take the few-row
+    kernels (weights requested before the PDL wait, everything in registers): 1.4-2.0 us at
+    M=1 on SmolLM2's shapes, 0.4-0.6x cuBLAS (H100, docs/PERF.md s40); more rows take the
+    chunked kernel, which serves row invariance, not speed (~1.5x cuBLAS at M=4, 2-18x at
+    M=16-128).
 
     x [M, K] float16/bfloat16, last dimension contiguous (row stride free); weight [N, K]
     x's dtype, contiguous (nn.Linear layout); out [M, N] x's dtype (row stride free).
