@@ -323,6 +323,17 @@ __device__ __forceinline__ void load_weights(Unit<T> (&wv)[kCols][kLaneUnits],
     }
 }
 
+// Warp `group`'s two output columns and whether each exists: columns 2g, 2g + 1, or with
+// silu_mul the gate column g and its up column N/2 + g.
+__device__ __forceinline__ void warp_columns(const LinearParams& p, int64_t group, bool silu,
+                                             int64_t (&col)[kCols], bool (&ok)[kCols]) {
+  const int64_t half = p.cols / 2;
+  col[0] = silu ? group : 2 * group;
+  col[1] = silu ? half + group : 2 * group + 1;
+  ok[0] = silu ? group < half : col[0] < p.cols;
+  ok[1] = silu ? group < half : col[1] < p.cols;
+}
+
 // acc[m][c] += row m's unit . column c's unit (w0, w1) for the rows m < mc: the fmaf chain
 // of a lane's unit, elements in order, the one definition both linear forms run.
 template <typename T, int R, typename Row>
@@ -400,13 +411,9 @@ __device__ __forceinline__ void linear(const LinearParams& p) {
   const bool norm = p.norm_weight != nullptr, one_slab = units <= kSlabUnits;
   // this warp's columns (either may be past N: not loaded, not written)
   const int64_t group = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int64_t half = p.cols / 2;
   int64_t col[kCols];
   bool ok[kCols];
-  col[0] = silu ? group : 2 * group;
-  col[1] = silu ? half + group : 2 * group + 1;
-  ok[0] = silu ? group < half : col[0] < p.cols;
-  ok[1] = silu ? group < half : col[1] < p.cols;
+  warp_columns(p, group, silu, col, ok);
   const T* wrow[kCols];
 #pragma unroll
   for (int c = 0; c < kCols; ++c)
@@ -495,13 +502,9 @@ __device__ __forceinline__ void linear_small(const LinearParams& p) {
   const bool silu = p.silu_mul != 0, norm = p.norm_weight != nullptr;
   const bool fused = p.residual != nullptr;
   const int64_t group = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + warp;
-  const int64_t half = p.cols / 2;
   int64_t col[kCols];
   bool ok[kCols];
-  col[0] = silu ? group : 2 * group;
-  col[1] = silu ? half + group : 2 * group + 1;
-  ok[0] = silu ? group < half : col[0] < p.cols;
-  ok[1] = silu ? group < half : col[1] < p.cols;
+  warp_columns(p, group, silu, col, ok);
   Unit<T> wv[kCols][kSmallUnits];
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {

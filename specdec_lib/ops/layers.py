@@ -258,11 +258,3 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
                           _norm_threads(K, xa.itemsize), bool(unit_offset), silu, vec_x, vec_w,
                           eps)
     return out
-    k = runtime.kernel("linear", f"linear_{_SHORT[dt]}_w{wdt}", dev)
-    if k not in _LINEAR_CARVEOUT:               # 44 KB of static smem: 3 CTAs per SM want it
-        k.prefer_max_shared()
-        _LINEAR_CARVEOUT.add(k)
-    _layers.launch_linear(k, gx, gy, _LINEAR_THREADS, stream_h, xa.ptr, r.ptr, ro.ptr, nw.ptr,
-                          wa.ptr, o.ptr, xa.strides[0], r.strides[0] if fused else 0,
-                          ro.strides[0] if fused else 0, o.strides[0], M, K, N, *args)
-    return out
