@@ -8,8 +8,8 @@
 // Semantics are exactly rope followed by append_kv (reference/attention.py::rope_append_kv):
 // the rotation is common/rope.cuh's rope_pair, the one rope uses, so q, k and the cache hold
 // the same bits as the unfused pair; the write target is common/ragged.cuh's
-// kv_append_row + kv_append_resolve (kv_append_target, the one append_kv uses) (finished sequences and targets outside the page
-// table or the pool are skipped). Every row is rotated, appended or not, and a bad position
+// kv_append_row + kv_append_resolve, i.e. kv_append_target, the one append_kv uses (finished
+// sequences and targets outside the page table or the pool are skipped). Every row is rotated, appended or not, and a bad position
 // gives NaN heads that are appended like any other k (as the unfused pair does).
 //
 // Layout of the work: a row of blockDim.x threads owns one token t (blockDim.y tokens per

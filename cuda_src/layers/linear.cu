@@ -599,7 +599,6 @@ __device__ __forceinline__ void linear_small(const LinearParams& p) {
   }
 }
 
-
 }  // namespace
 
 #define SPECDEC_LINEAR(NAME, T, W)                                                          \

@@ -14,7 +14,7 @@ through a small ``_Math`` of the array library: numpy in float64 on the ``refere
 (the CPU oracle), torch in bf16 with cuBLAS and SDPA on the ``torch`` backend. One layer is
 nine launches on the GPU (three GEMMs fused as qkv / gate-up), so the round graph stays short.
 
-``forward`` runs a verify block (<= 4 rows per sequence); ``prefill`` runs whole prompts of
+``forward`` runs a verify block (<= 16 rows per sequence); ``prefill`` runs whole prompts of
 fresh sequences (any length) in one pass, attention by the host's causal kernel (torch: one
 masked SDPA call per layer for all prompts), K/V still written through ``rope_append_kv``; the
 model has no recurrent state, so ``commit`` does nothing.
@@ -52,7 +52,9 @@ class _RowInvariant:
             and k % 8 == 0 and n <= 8192)
 
     def gemm(self, x, w):
-        if len(x.shape) != 2 or not self.library_rows(x.shape[0], w.shape[1], w.shape[0]):
+        # (row-invariant: every GEMM; few rows: 2-D ones only, [B, N, F] rows stay on the host's)
+        if not (self.row_invariant or
+                (len(x.shape) == 2 and self.library_rows(x.shape[0], w.shape[1], w.shape[0]))):
             return self.linear(x, w)
         out = self.empty((x.shape[0], w.shape[0]), x.dtype)
         self.be.row_linear(x, w, out)

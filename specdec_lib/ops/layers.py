@@ -199,9 +199,8 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     ``LlamaTarget`` decodes through it at <= 4 rows (and always with ``row_invariant=True``),
     norms and silu_mul fused. At most 4 16-byte-aligned rows of K <= 2048 take the few-row
     kernels (weights requested before the PDL wait, everything in registers): 1.4-2.0 us at
-    M=1 on SmolLM2's shapes, 0.4-0.6x cuBLAS (H100, docs/PERF.md s40); more rows take the
-    chunked kernel, which serves row invariance, not speed (~1.5x cuBLAS at M=4, 2-18x at
-    M=16-128).
+    M=1 on SmolLM2's shapes, 0.4-0.6x cuBLAS (H100, docs/PERF.md s40); other calls take the
+    chunked kernel, which serves row invariance, not speed (2-18x cuBLAS at M=16-128).
 
     x [M, K] float16/bfloat16, last dimension contiguous (row stride free); weight [N, K]
     x's dtype, contiguous (nn.Linear layout); out [M, N] x's dtype (row stride free).
