@@ -26,7 +26,7 @@ logging.getLogger("specdec_lib").addHandler(logging.NullHandler())
 _OPS = [
     "append_kv", "copy", "rope_append_kv", "verify_attention", "verify_attention_workspace_size",
     "gdn_verify", "gdn_commit", "gdn_flush", "gdn_journal_width", "conv1d_verify",
-    "conv1d_commit", "spec_sample", "spec_sample_workspace_size", "seq_stop", "seq_advance",
+    "conv1d_commit", "conv1d_flush", "spec_sample", "spec_sample_workspace_size", "seq_stop", "seq_advance",
     "seq_build_block", "capture_hidden", "draft_carry", "draft_combine", "draft_map_tokens",
     "ngram_propose", "linear", "rms_norm", "rope", "rope_cos_sin_cache", "silu_mul",
     "advance_step",

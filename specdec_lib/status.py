@@ -5,8 +5,8 @@
 * ``FinishReason``: the ``finished[b]`` uint8 of the sequence ops (``seq_stop``,
   ``seq_advance``), 0 while the request runs;
 * ``GdnStatus`` / ``ConvStatus``: bit flags in the optional ``status[b]`` of ``gdn_verify`` /
-  ``gdn_commit`` / ``gdn_flush`` and ``conv1d_verify`` / ``conv1d_commit`` (0 = fine; a
-  flagged sequence was skipped, its state untouched).
+  ``gdn_commit`` / ``gdn_flush`` and ``conv1d_verify`` / ``conv1d_commit`` / ``conv1d_flush``
+  (0 = fine; a flagged sequence was skipped, its state untouched).
 
 They are ``IntEnum`` / ``IntFlag``: compare them with the ints a kernel wrote
 (``status[b] == SampleStatus.NONFINITE``, ``GdnStatus(int(st[b]))`` names the bits). The
@@ -56,3 +56,4 @@ class ConvStatus(IntFlag):
     BAD_SLOT = 1         #: slot id >= slots: outputs zero, state untouched
     BAD_ROWS = 2         #: cu_q[b..b+1] not inside [0, T]
     BAD_ACCEPT = 4       #: accept_len[b] outside [0, q]
+    BAD_PENDING = 8      #: fused verify / flush: pending rows outside the pending rows (no commit)

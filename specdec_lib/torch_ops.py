@@ -97,11 +97,16 @@ _TABLE = (
     _OpSpec("gdn_flush", "(Tensor! state, Tensor slot_ids, Tensor pending_journal, "
             "Tensor pending_row0, Tensor pending_len, Tensor!? status=None, *, str layout=\"kv\", "
             "bool check_indices=True) -> ()", bf16_bits=True),
-    _OpSpec("conv1d_verify", "(Tensor x, Tensor weight, Tensor conv_state, Tensor slot_ids, "
+    # the state is written too: the fused mode shifts the pending rows into it
+    _OpSpec("conv1d_verify", "(Tensor x, Tensor weight, Tensor! conv_state, Tensor slot_ids, "
             "Tensor cu_q, Tensor! out, Tensor? bias=None, Tensor!? journal=None, Tensor!? status=None, "
+            "Tensor? pending_journal=None, Tensor? pending_row0=None, Tensor? pending_len=None, "
             "*, str? activation=\"silu\", bool check_indices=True) -> ()", bf16_bits=True),
     _OpSpec("conv1d_commit", "(Tensor! conv_state, Tensor slot_ids, Tensor cu_q, Tensor accept_len, "
             "Tensor journal, Tensor!? status=None, *, bool check_indices=True) -> ()", bf16_bits=True),
+    _OpSpec("conv1d_flush", "(Tensor! conv_state, Tensor slot_ids, Tensor pending_journal, "
+            "Tensor pending_row0, Tensor pending_len, Tensor!? status=None, *, "
+            "bool check_indices=True) -> ()", bf16_bits=True),
     _OpSpec("spec_sample", "(Tensor logits, Tensor cu_q, Tensor draft_ids, Tensor temperature, "
             "Tensor top_k, Tensor top_p, Tensor min_p, Tensor seed, Tensor step, "
             "Tensor! num_accepted, Tensor! emitted, Tensor! status, Tensor? draft_probs=None, "

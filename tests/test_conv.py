@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from conftest import needs_gpu, poison, rel_err
-from specdec_lib.reference.conv import conv1d_commit, conv1d_decode_reference, conv1d_verify
+from specdec_lib.reference.conv import (conv1d_commit, conv1d_decode_reference, conv1d_flush,
+                                        conv1d_verify)
 from specdec_lib.reference.gdn import to_f64
 from test_gdn import _NAME, cast, dev, host      # the gdn tests' host/device array helpers
 
@@ -81,6 +82,82 @@ def test_conv1d_chain_equals_sequential_decode(rng, W, xdt, sdt):
                                     np.array([0, acc[b]]), nan_like((acc[b], dim), xdt),
                                     bias=c["bias"])
         np.testing.assert_array_equal(state, seq)
+
+
+def fused_rounds(rng, n_rounds, q_lens_of, dim, W, xdt, sdt, verify, commit, flush, slots=None,
+                 padding=True):
+    """Rounds of one batch two ways over the same inputs: verify + commit (``verify``,
+    ``commit``), and fused (``verify`` with the previous round's x as the pending journal,
+    ``flush`` at the end). Returns ([outs a round] x 2, [final state] x 2) as numpy. The
+    ops are callables of numpy arrays (the reference, or a device wrapper)."""
+    B = len(q_lens_of(0))
+    c0 = case(rng, q_lens_of(0), dim, W, xdt, sdt, slots=slots)
+    slot_ids = c0["slot_ids"].copy()
+    if padding and B > 1:
+        slot_ids[1] = -1
+    st_a, st_b = c0["conv_state"].copy(), c0["conv_state"].copy()
+    outs_a, outs_b = [], []
+    prev = None                            # (x, cu_q, accept_len) of the previous round
+    for r in range(n_rounds):
+        q_lens = q_lens_of(r)
+        c = case(rng, q_lens, dim, W, xdt, sdt, slots=slots)
+        acc = np.array([rng.integers(0, q + 1) for q in q_lens], np.int32)
+        out_a, st_a = verify(c["x"], c0["weight"], st_a, slot_ids, c["cu_q"], c["out"].copy(),
+                             bias=c0["bias"])
+        st_a = commit(st_a, slot_ids, c["cu_q"], acc, c["x"])
+        pend = {}
+        if prev is not None:
+            pend = dict(pending_journal=prev[0], pending_row0=prev[1][:-1].copy(),
+                        pending_len=prev[2])
+        out_b, st_b = verify(c["x"], c0["weight"], st_b, slot_ids, c["cu_q"], c["out"].copy(),
+                             bias=c0["bias"], **pend)
+        outs_a.append(out_a)
+        outs_b.append(out_b)
+        prev = (c["x"], c["cu_q"], acc)
+    st_b = flush(st_b, slot_ids, prev[0], prev[1][:-1].copy(), prev[2])
+    return (outs_a, outs_b), (st_a, st_b)
+
+
+def _ref_verify(x, w, st, sl, cq, out, **kw):
+    conv1d_verify(x, w, st, sl, cq, out, **kw)
+    return out, st
+
+
+def _ref_commit(st, sl, cq, acc, j):
+    return conv1d_commit(st, sl, cq, acc, j)
+
+
+def _ref_flush(st, sl, j, r0, n):
+    return conv1d_flush(st, sl, j, r0, n)
+
+
+@pytest.mark.parametrize("W", [2, 3, 4, 8])
+@pytest.mark.parametrize("xdt,sdt", [("f32", "f32"), ("bf16", "bf16"), ("f32", "bf16"), ("bf16", "f32")])
+def test_conv1d_fused_equals_verify_then_commit(rng, W, xdt, sdt):
+    # the fused mode is the previous round's commit folded in: same outputs and final states,
+    # bit for bit, over ragged rounds (q = 0 sequences, nothing accepted, all accepted)
+    q_of = lambda r: [(1, 4, 0, 3, 5)[(b + r) % 5] for b in range(4)]   # noqa: E731
+    (oa, ob), (sa, sb) = fused_rounds(rng, 5, q_of, 7, W, DT[xdt], DT[sdt], _ref_verify,
+                                      _ref_commit, _ref_flush)
+    for r, (a, b) in enumerate(zip(oa, ob)):
+        np.testing.assert_array_equal(a, b, err_msg=f"round {r}")
+    np.testing.assert_array_equal(sa, sb)
+
+
+def test_conv1d_fused_closed_form():
+    # W = 3, one channel: state [1, 2]; the previous round's accepted rows [5, 6, 7] (of 4,
+    # starting at row 1 of its x) enter first: state [6, 7], then the block [3] is verified
+    st = np.array([[[1.0, 2.0]]], np.float32)
+    w = np.array([[0.5, -1.0, 2.0]], np.float32)
+    prev_x = np.array([[9.0], [5.0], [6.0], [7.0], [8.0]], np.float32)
+    out = nan_like((1, 1), np.float32)
+    conv1d_verify(np.array([[3.0]], np.float32), w, st, np.array([0]), np.array([0, 1]), out,
+                  activation=None, pending_journal=prev_x, pending_row0=np.array([1], np.int32),
+                  pending_len=np.array([3], np.int32))
+    np.testing.assert_array_equal(st, [[[6.0, 7.0]]])
+    np.testing.assert_allclose(out[0, 0], 0.5 * 6 - 7 + 6)
+    conv1d_flush(st, np.array([0]), prev_x, np.array([0], np.int32), np.array([1], np.int32))
+    np.testing.assert_array_equal(st, [[[7.0, 9.0]]])
 
 
 def test_conv1d_rejects(rng):
@@ -263,6 +340,69 @@ def test_conv1d_commit_refuses_bad_input(path, case, rng):
                    [args["conv_state"]])
 
 
+def _fused_call(rng):
+    a = _conv_call(rng)
+    a.update(pending_journal=rng.standard_normal((3, 6)).astype(np.float32),
+             pending_row0=np.array([0, 1], np.int32), pending_len=np.array([2, 2], np.int32))
+    return a
+
+
+_PENDING = ("pending_journal", "pending_row0", "pending_len")
+# fused mode (conv1d_verify with pending rows) and conv1d_flush: (case id, paths, break, exc, match)
+_CONV1D_FUSED_BAD = [
+    ("row0_without_journal", REFUSAL_PATHS, lambda a, p: a.update(pending_journal=None),
+     ValueError, r"^pending_row0 / pending_len: given without pending_journal"),
+    ("pending_is_out", REFUSAL_PATHS, lambda a, p: a.update(pending_journal=a["out"]),
+     ValueError, r"^pending_journal: overlaps out"),
+    ("pending_is_journal", REFUSAL_PATHS, lambda a, p: a.update(pending_journal=a["journal"][1:]),
+     ValueError, r"^pending_journal: overlaps journal"),
+    ("pending_wrong_width", REFUSAL_PATHS, lambda a, p: a.update(pending_journal=a["pending_journal"][:, :5]),
+     ValueError, r"^pending_journal: expected \[Tp, 6\]"),
+    ("pending_past_end", REFUSAL_PATHS, lambda a, p: a["pending_len"].__setitem__(1, 3),
+     ValueError, r"^pending_row0 / pending_len: sequence 1 has pending rows 1..3"),
+    ("pending_negative_len", REFUSAL_PATHS, lambda a, p: a["pending_len"].__setitem__(0, -1),
+     ValueError, r"^pending_row0 / pending_len: sequence 0"),
+    ("pending_len_int64", ("torch",), lambda a, p: a.update(pending_len=_cast(p, a["pending_len"], "int64")),
+     TypeError, r"^pending_len: dtype"),
+    ("pending_row0_short", REFUSAL_PATHS, lambda a, p: a.update(pending_row0=a["pending_row0"][:1]),
+     ValueError, r"^pending_row0: expected shape"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _CONV1D_FUSED_BAD, ids=[c[0] for c in _CONV1D_FUSED_BAD])
+def test_conv1d_fused_refuses_bad_input(path, case, rng):
+    name, paths, mutate, exc, match = case
+    if path not in paths:
+        pytest.skip(f"{name}: numpy arrays are checked by dtype kind on the reference path")
+    args = on_path(path, _fused_call(rng), _BF16)
+    mutate(args, path)
+    kw = {"journal": args["journal"], **{k: args[k] for k in _PENDING}}
+    assert_refused(lambda: call_op(path, "conv1d_verify", [args[n] for n in _CV_ORDER], kw), exc,
+                   match, [args["out"], args["journal"], args["conv_state"]])
+    if name in ("pending_is_out", "pending_is_journal"):
+        return                                  # (flush writes neither)
+    flush_args = [args["conv_state"], args["slot_ids"], *(args[k] for k in _PENDING)]
+    if args["pending_journal"] is None:
+        exc, match = (TypeError, ValueError), r"^pending_journal"
+    assert_refused(lambda: call_op(path, "conv1d_flush", flush_args), exc, match,
+                   [args["conv_state"]])
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_conv1d_fused_good_input_passes_the_contract(path, rng):
+    args = on_path(path, _fused_call(rng), _BF16)
+    np_of = lambda a: np.asarray(a.float() if path == "torch" else a)   # noqa: E731
+    before = np_of(args["conv_state"]).copy()
+    call_op(path, "conv1d_verify", [args[n] for n in _CV_ORDER],
+            {"journal": args["journal"], **{k: args[k] for k in _PENDING}})
+    assert np.count_nonzero(np_of(args["out"])) > 0
+    after = np_of(args["conv_state"]).copy()
+    assert not np.array_equal(before, after)          # the pending rows were committed
+    call_op(path, "conv1d_flush", [args["conv_state"], args["slot_ids"], *(args[k] for k in _PENDING)])
+    assert not np.array_equal(after, np_of(args["conv_state"]))
+
+
 @pytest.mark.parametrize("path", REFUSAL_PATHS)
 def test_conv1d_good_input_passes_the_contract(path, rng):
     args = on_path(path, _conv_call(rng), _BF16)
@@ -310,6 +450,13 @@ def test_conv_w4_dispatch_rule(conv_tuning, monkeypatch):
     assert vk(4, bf, bf, None, f32, bf, f16) == "conv1d_verify"
     assert ck(4, f32, bf) == "conv1d_commit_w4_f32_bf16"
     assert ck(2, f32, bf) == "conv1d_commit"
+    # fused mode: the pending rows read with the journal's dtype (the pending one without a journal)
+    assert vk(4, bf, bf, None, bf, bf, None, bf) == "conv1d_verify_w4_bf16_bf16_jbf16"
+    assert vk(4, bf, bf, None, f32, bf, None, bf) == "conv1d_verify_w4_bf16_f32_jbf16"
+    assert vk(4, bf, bf, None, f32, bf, f32, f32) == "conv1d_verify_w4_bf16_f32_jf32"
+    assert vk(4, bf, bf, None, f32, bf, bf, f32) == "conv1d_verify"      # journal != pending
+    assert vk(4, bf, bf, None, bf, bf, None, f16) == "conv1d_verify"     # (bf16, bf16, f16): none
+    assert vk(3, bf, bf, None, bf, bf, None, bf) == "conv1d_verify"
     # every name the rule can return is in the kernel table
     names = _kernels.MODULES["conv"].kernels
     for x in _LONG.values():
@@ -329,6 +476,21 @@ def test_conv_w4_dispatch_rule(conv_tuning, monkeypatch):
     conv_tuning["w4"] = True
     monkeypatch.setenv(ops_conv.GENERIC_ENV, "1")
     assert ck(4, bf, bf) == "conv1d_commit_w4_bf16_bf16"
+
+
+def test_conv_fused_threads_rule(conv_tuning):
+    ft = ops_conv._fused_threads
+    assert ft(1, 8192, 132) == 64          # 128 CTAs of 64 on the H200
+    assert ft(1, 8192, 108) == 128         # A100: 64 CTAs of 128
+    assert ft(2, 8192, 132) == 128
+    assert ft(4, 8192, 132) == 256         # 4 x 64 CTAs of 128 > 132
+    assert ft(64, 4096, 132) == 256
+    assert ft(1, 1, 132) == 64
+    conv_tuning["threads"] = 256
+    assert ft(1, 8192, 132) == 256
+    conv_tuning["threads"] = 32
+    with pytest.raises(ValueError, match="threads"):
+        ft(1, 8192, 132)
 
 
 class _Arr:
@@ -475,3 +637,94 @@ def test_conv1d_w4_against_reference_gpu(rng, conv_tuning, xs, ss, js):
     st = c["conv_state"].copy()
     conv1d_commit(st, c["slot_ids"], c["cu_q"], acc, j)
     np.testing.assert_array_equal(host(d_state, st), st)
+
+
+# ---------------------------------------------------------------- fused mode on the GPU
+def _gpu_ops(tuning_state, d_status=None):
+    """fused_rounds' callables on the GPU (numpy in, numpy out; the state goes up and comes
+    back every call), status of the last fused verify in ``d_status`` if given."""
+    from specdec_lib import ops
+
+    def verify(x, w, st, sl, cq, out, bias=None, **pend):
+        d_st, d_out = dev(st), poison(out.shape, _NAME[np.dtype(out.dtype)])
+        if pend:
+            pend = dict(pending_journal=dev(pend["pending_journal"]),
+                        pending_row0=dev(pend["pending_row0"]), pending_len=dev(pend["pending_len"]))
+        ops.conv1d_verify(dev(x), dev(w), d_st, dev(sl), dev(cq), d_out,
+                          bias=None if bias is None else dev(bias), **pend)
+        return host(d_out, out), host(d_st, st)
+
+    def commit(st, sl, cq, acc, j):
+        d_st = dev(st)
+        ops.conv1d_commit(d_st, dev(sl), dev(cq), dev(acc), dev(j))
+        return host(d_st, st)
+
+    def flush(st, sl, j, r0, n):
+        d_st = dev(st)
+        ops.conv1d_flush(d_st, dev(sl), dev(j), dev(r0), dev(n))
+        return host(d_st, st)
+    return verify, commit, flush
+
+
+# (W, x dtype, state dtype, dim, w4, threads): W = 4 forms (the B=1 shape, ragged, odd dims),
+# the generic kernel (W = 3 / 8, mixed dtypes, W = 4 forced generic)
+_FUSED_GPU = [(4, "bf16", "bf16", 8192, None, None), (4, "bf16", "bf16", 8192 + 33, None, 256),
+              (4, "f32", "bf16", 300, None, 64), (4, "f16", "f32", 1, None, 128),
+              (4, "bf16", "bf16", 8192, False, None), (3, "bf16", "f32", 257, None, None),
+              (8, "f16", "f16", 300, None, None), (2, "f32", "f32", 64, None, None)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("W,xs,ss,dim,w4,threads", _FUSED_GPU)
+@pytest.mark.parametrize("batch", ["b1", "ragged"])
+def test_conv1d_fused_gpu(rng, conv_tuning, W, xs, ss, dim, w4, threads, batch):
+    # rounds of fused verifies + a flush equal verify + commit on the GPU byte for byte, and the
+    # reference's fused chain (states exactly, outputs by relative error)
+    conv_tuning.update(w4=w4, threads=threads)
+    q_of = (lambda r: [4]) if batch == "b1" else \
+        (lambda r: [(1, 4, 0, 3, 5)[(b + r) % 5] for b in range(5)])   # noqa: E731
+    seed = int(rng.integers(1 << 30))
+    gpu = fused_rounds(np.random.default_rng(seed), 4, q_of, dim, W, DT[xs], DT[ss], *_gpu_ops(None))
+    ref = fused_rounds(np.random.default_rng(seed), 4, q_of, dim, W, DT[xs], DT[ss], _ref_verify,
+                       _ref_commit, _ref_flush)
+    (ga, gb), (gsa, gsb) = gpu
+    (ra, rb), (rsa, rsb) = ref
+    for r in range(4):
+        np.testing.assert_array_equal(gb[r].view(np.uint8), ga[r].view(np.uint8), err_msg=f"round {r}")
+        e = rel_err(to_f64(gb[r]), to_f64(rb[r]))
+        assert e < (1e-5 if xs == "f32" else 1e-2), f"round {r}: out rel err {e}"
+    np.testing.assert_array_equal(gsb, gsa)
+    np.testing.assert_array_equal(gsb, rsb)
+
+
+@needs_gpu
+@pytest.mark.parametrize("w4", [None, False])
+def test_conv1d_fused_gpu_flags_a_bad_pending_range(rng, conv_tuning, w4):
+    # check_indices=False: a pending range outside the pending rows sets ConvStatus.BAD_PENDING
+    # for that sequence, commits nothing for it (its outputs come from its state as it was) and
+    # the others go on
+    from specdec_lib import ops
+    from specdec_lib.status import ConvStatus
+    conv_tuning.update(w4=w4)
+    c = case(rng, [4, 2, 3], 300, 4, np.uint16, np.uint16)
+    prev = cast(rng.standard_normal((6, 300)), np.uint16)
+    r0, n = np.array([0, 5, 2], np.int32), np.array([2, 3, 1], np.int32)   # sequence 1: rows 5..7
+    d_st, d_out, d_status = dev(c["conv_state"]), poison(c["out"].shape, "bfloat16"), poison((3,), "int32")
+    ops.conv1d_verify(dev(c["x"]), dev(c["weight"]), d_st, dev(c["slot_ids"]), dev(c["cu_q"]), d_out,
+                      bias=dev(c["bias"]), status=d_status, check_indices=False,
+                      pending_journal=dev(prev), pending_row0=dev(r0), pending_len=dev(n))
+    assert d_status.to_numpy().tolist() == [0, int(ConvStatus.BAD_PENDING), 0]
+    st, exp = c["conv_state"].copy(), c["out"].copy()
+    n_ok = np.where(np.arange(3) == 1, 0, n).astype(np.int32)
+    conv1d_verify(c["x"], c["weight"], st, c["slot_ids"], c["cu_q"], exp, bias=c["bias"],
+                  pending_journal=prev, pending_row0=r0, pending_len=n_ok)
+    np.testing.assert_array_equal(host(d_st, st), st)
+    assert rel_err(to_f64(host(d_out, exp)), to_f64(exp)) < 1e-2
+    with pytest.raises(ValueError, match="pending_row0 / pending_len: sequence 1"):
+        ops.conv1d_flush(d_st, dev(c["slot_ids"]), dev(prev), dev(r0), dev(n))
+    f_status = poison((3,), "int32")
+    ops.conv1d_flush(d_st, dev(c["slot_ids"]), dev(prev), dev(r0), dev(n), status=f_status,
+                     check_indices=False)
+    assert f_status.to_numpy().tolist() == [0, int(ConvStatus.BAD_PENDING), 0]
+    conv1d_flush(st, c["slot_ids"], prev, r0, n_ok)
+    np.testing.assert_array_equal(host(d_st, st), st)

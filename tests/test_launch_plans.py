@@ -392,15 +392,15 @@ _GDN_FUSED = {
 }
 
 
-def _pending(rec, B, W, rows, seed, strided=False):
+def _pending(rec, B, W, rows, seed, strided=False, dtype="float32"):
     rng = np.random.default_rng(seed)
     n = rng.integers(0, 4, size=B).astype(np.int32)
     r0 = np.minimum(rng.integers(0, rows, size=B), rows - n).astype(np.int32)
     if strided:
-        buf = rec.array("pending_journal", (rows, W + 8), "float32")
+        buf = rec.array("pending_journal", (rows, W + 8), dtype)
         pj = rec.view(buf, (rows, W), strides=(W + 8, 1))
     else:
-        pj = rec.array("pending_journal", (rows, W), "float32")
+        pj = rec.array("pending_journal", (rows, W), dtype)
     return (pj, rec.array("pending_row0", (B,), "int32", r0),
             rec.array("pending_len", (B,), "int32", n))
 
@@ -513,6 +513,44 @@ def _conv_verify(rec, B, q, dim, W, xdt, wdt, sdt, slots, bias=False, journal=Fa
     jn = rec.array("journal", (T, dim), jdt or sdt) if journal else None
     return ops.conv1d_verify(x, w, cs, sl, cq, out, bias=b, activation=act, journal=jn,
                              status=sa, check_indices=check)
+
+
+# fused mode (pending rows: one row lane, CTAs of ops.conv._fused_threads) and conv1d_flush
+@many("conv1d_verify_fused", {
+    "B1_bf16_W4": dict(B=1, q=(4, 4), dim=8192, W=4, xdt="bfloat16", sdt="bfloat16", slots=2,
+                       pdt="bfloat16"),
+    "B2_bf16_W4_journal": dict(B=2, q=(1, 4), dim=8192, W=4, xdt="bfloat16", sdt="bfloat16",
+                               slots=3, pdt="bfloat16", journal=True),
+    "B64_f32_bf16state": dict(B=64, q=(1, 5), dim=4096, W=4, xdt="float32", sdt="bfloat16",
+                              slots=64, pdt="float32", status=True),
+    "B1_bf16_f32state_generic": dict(B=1, q=(4, 4), dim=8192, W=4, xdt="bfloat16",
+                                     sdt="float32", slots=2, pdt="float16"),
+    "B3_W3_strided": dict(B=3, q=(2, 3), dim=300, W=3, xdt="float16", sdt="float16", slots=4,
+                          pdt="float16", strided=True, pad=(1,)),
+})
+def _conv_verify_fused(rec, B, q, dim, W, xdt, sdt, slots, pdt, journal=False, status=False,
+                       strided=False, pad=()):
+    _, T, x, cs, sl, cq, sa = _conv_inputs(rec, B, q, dim, W, xdt, sdt, slots, B + 90,
+                                           False, status, pad)
+    w = rec.array("weight", (dim, W), xdt)
+    out = rec.array("out", (T, dim), xdt)
+    jn = rec.array("journal", (T, dim), pdt) if journal else None
+    pj, pr, pn = _pending(rec, B, dim, 4 * B, seed=B + 91, strided=strided, dtype=pdt)
+    return ops.conv1d_verify(x, w, cs, sl, cq, out, journal=jn, status=sa, pending_journal=pj,
+                             pending_row0=pr, pending_len=pn)
+
+
+@many("conv1d_flush", {
+    "B1_bf16_W4": dict(B=1, dim=8192, W=4, pdt="bfloat16", sdt="bfloat16", slots=2),
+    "B5_f32_into_bf16_W3": dict(B=5, dim=1000, W=3, pdt="float32", sdt="bfloat16", slots=6,
+                                status=True, pad=(2,)),
+})
+def _conv_flush(rec, B, dim, W, pdt, sdt, slots, status=False, pad=()):
+    cs = rec.array("conv_state", (slots, dim, W - 1), sdt)
+    sl = _slots(rec, B, slots, B + 95, pad)
+    sa = rec.array("status", (B,), "int32") if status else None
+    pj, pr, pn = _pending(rec, B, dim, 4 * B, seed=B + 96, dtype=pdt)
+    return ops.conv1d_flush(cs, sl, pj, pr, pn, status=sa)
 
 
 @many("conv1d_commit", {
@@ -929,7 +967,7 @@ def test_launch_plan(key, golden):
 # the public ops of specdec_lib.ops when the golden file was made (helpers that launch nothing
 # left out); each must still exist and have cases
 BASE_OPS = ("copy", "append_kv", "rope_append_kv", "verify_attention", "gdn_verify",
-            "gdn_commit", "gdn_flush", "conv1d_verify", "conv1d_commit", "spec_sample",
+            "gdn_commit", "gdn_flush", "conv1d_verify", "conv1d_commit", "conv1d_flush", "spec_sample",
             "seq_stop", "seq_advance", "seq_build_block", "draft_carry", "capture_hidden",
             "draft_combine", "draft_map_tokens", "ngram_propose", "rms_norm", "rope",
             "silu_mul", "linear")

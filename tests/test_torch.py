@@ -130,6 +130,8 @@ def _samples():
                            torch.empty(T, dim)), dict(bias=f(dim), journal=torch.empty(T, dim)))
     s["conv1d_commit"] = ((f(slots, dim, Wc - 1), i32([2, 0, 3]), x["cu_q"], i32([1, 3, 2]),
                            f(T, dim)), {})
+    s["conv1d_flush"] = ((f(slots, dim, Wc - 1), i32([2, 0, 3]), f(T, dim), i32([0, 1, 4]),
+                          i32([1, 2, 0])), {})
     s["spec_sample"] = ((x["logits"], x["cu_q"], x["draft_ids"], x["temperature"], x["top_k"],
                          x["top_p"], x["min_p"], x["seed"], x["step"], torch.empty(B, dtype=torch.int32),
                          torch.empty(B, 5, dtype=torch.int32), torch.empty(B, dtype=torch.int32),
@@ -181,6 +183,16 @@ def test_opcheck_cpu(name):
     else:
         utils = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
     torch.library.opcheck(getattr(torch.ops.specdec, name).default, args, kwargs, test_utils=utils)
+
+
+def test_opcheck_cpu_conv1d_verify_fused():
+    # the fused mode writes conv_state (a mutated argument of the schema)
+    args, kwargs = SAMPLES["conv1d_verify"]
+    T, dim = args[0].shape
+    kwargs = dict(kwargs, pending_journal=torch.randn(T, dim), pending_row0=torch.tensor(
+        [0, 1, 4], dtype=torch.int32), pending_len=torch.tensor([1, 2, 0], dtype=torch.int32))
+    torch.library.opcheck(torch.ops.specdec.conv1d_verify.default, args, kwargs,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
 def test_every_sampled_op_has_a_sample():

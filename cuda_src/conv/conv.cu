@@ -2,7 +2,10 @@
 //
 //   conv1d_verify  x [T, dim], weight [dim, W], conv state [slots, dim, W-1] (read only)
 //                  -> out [T, dim] (+ optional journal = copy of x)
+//                  fused mode (pending rows given): the state first takes the previous
+//                  round's accepted rows, written back, then the block is verified over it
 //   conv1d_commit  journal [T, dim] + accept_len [B] -> conv state shifted in place
+//                  (with row0 instead of cu_q: conv1d_flush of the pending rows)
 //
 // One thread per (sequence, channel); grid (ceil(dim / 256), B). The work is tiny
 // (W multiply-adds per element) so this is pure data movement: consecutive threads touch
@@ -51,6 +54,75 @@ __device__ __forceinline__ bool rows_valid(const int32_t* cu_q, int b, int num_r
   return 0 <= r0 && r0 <= r1 && r1 <= num_rows;
 }
 
+// Pending rows row0 .. row0 + n - 1 inside a journal of `rows` rows (any row0 where n = 0).
+__device__ __forceinline__ bool pending_ok(int row0, int n, int rows) {
+  return n == 0 || (n > 0 && row0 >= 0 && row0 <= rows - n);
+}
+
+// The conv state after n more inputs: entry m (0 <= m < keep, oldest first) is (state ++
+// rows)[m + n], where rows[i] is element rb + i * rs of `rows` (rb: channel c of the first
+// row). Raw bits first, so that every entry's load is in flight at once, values after; a row
+// enters rounded to the state dtype. The commits and the fused verify gather with these. (One
+// load from a selected address: two predicated loads made the generic verify's 7 entries
+// twice the code, and ptxas spilled.)
+__device__ __forceinline__ uint32_t shifted_raw(int m, int n, int keep, const void* state, int64_t sb,
+                                                int sdt, const void* rows, int64_t rb, int64_t rs, int rdt) {
+  return m + n < keep ? load_raw_rw(state, sb + m + n, sdt) : load_raw(rows, rb + (m + n - keep) * rs, rdt);
+}
+
+__device__ __forceinline__ float shifted_value(uint32_t raw, int m, int n, int keep, int sdt, int rdt) {
+  return m + n < keep ? raw_to_float(raw, sdt) : round_dt(raw_to_float(raw, rdt), sdt);
+}
+
+// Channel c's state (keep entries at sb) advanced over n rows, in place: (state ++ rows)
+// [-keep:], gathered before any write (run-time width and dtypes: the generic kernels).
+__device__ __forceinline__ void shift_in(void* state, int64_t sb, int sdt, int keep, int n, const void* rows,
+                                         int64_t rb, int64_t rs, int rdt) {
+  uint32_t raw[kMaxW - 1];
+#pragma unroll
+  for (int m = 0; m < kMaxW - 1; ++m)
+    if (m < keep) raw[m] = shifted_raw(m, n, keep, state, sb, sdt, rows, rb, rs, rdt);
+  float nw[kMaxW - 1];
+#pragma unroll
+  for (int m = 0; m < kMaxW - 1; ++m)
+    if (m < keep) nw[m] = shifted_value(raw[m], m, n, keep, sdt, rdt);
+#pragma unroll
+  for (int m = 0; m < kMaxW - 1; ++m)
+    if (m < keep) store_dt(state, sb + m, sdt, nw[m]);
+}
+
+// Fused mode: sequence b's pending rows (n, and rb = channel c of the first of them); n = 0
+// outside fused mode, for a padding or bad slot, or a bad range (*bad set).
+__device__ __forceinline__ int pending_of(const ConvVerifyParams& p, int b, int c, bool slot_ok,
+                                          int64_t& rb, bool& bad) {
+  rb = 0;
+  bad = false;
+  if (p.pending == nullptr) return 0;
+  const int row0 = __ldg(p.pending_row0 + b);
+  const int n = __ldg(p.pending_len + b);
+  bad = !pending_ok(row0, n, p.pending_rows);
+  if (bad || !slot_ok) return 0;
+  rb = row0 * p.pending_stride_t + c;
+  return n;
+}
+
+// The rows a commit shifts in: cu_q's block start and accept_len, or (flush) row0[b] and
+// accept_len = the pending length. False with the status bits set where they are bad.
+__device__ __forceinline__ bool commit_range(const ConvCommitParams& p, int b, int& row0, int& n, int& bits) {
+  n = __ldg(p.accept_len + b);
+  if (p.row0 != nullptr) {
+    row0 = __ldg(p.row0 + b);
+    const bool ok = pending_ok(row0, n, p.num_rows);
+    bits = ok ? 0 : SPECDEC_CONV_BAD_PENDING;
+    return ok;
+  }
+  int row1;
+  const bool rows_ok = rows_valid(p.cu_q, b, p.num_rows, row0, row1);
+  const bool acc_ok = 0 <= n && n <= row1 - row0;
+  bits = (rows_ok ? 0 : SPECDEC_CONV_BAD_ROWS) | (rows_ok && !acc_ok ? SPECDEC_CONV_BAD_ACCEPT : 0);
+  return rows_ok && acc_ok;
+}
+
 __device__ void conv1d_verify_impl(const ConvVerifyParams& p) {
   const int b = blockIdx.y;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -58,10 +130,15 @@ __device__ void conv1d_verify_impl(const ConvVerifyParams& p) {
   const bool rows_ok = rows_valid(p.cu_q, b, p.num_rows, row0, row1);
   const int slot = __ldg(p.slot_ids + b);
   const bool slot_ok = slot >= 0 && slot < p.num_slots;
+  int64_t pb;
+  bool pending_bad;
+  const int n = pending_of(p, b, c, slot_ok, pb, pending_bad);
   if (p.status != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
-    p.status[b] = (rows_ok ? 0 : SPECDEC_CONV_BAD_ROWS) | (slot >= p.num_slots ? SPECDEC_CONV_BAD_SLOT : 0);
+    p.status[b] = (rows_ok ? 0 : SPECDEC_CONV_BAD_ROWS) | (slot >= p.num_slots ? SPECDEC_CONV_BAD_SLOT : 0) |
+                  (pending_bad ? SPECDEC_CONV_BAD_PENDING : 0);
   if (!rows_ok || c >= p.dim) return;
   const int W = p.width;
+  const int keep = W - 1;
   const int first = kMaxW - W;   // window entries [first, 8) are live
 
   float win[kMaxW], wt[kMaxW];
@@ -76,6 +153,11 @@ __device__ void conv1d_verify_impl(const ConvVerifyParams& p) {
   // row. Loading x before a row's out / journal store is what the row loop always did; all rows
   // of a batch before the batch's stores is the same for out == x or journal == x (each row
   // reads its own x, rows never read another row's x), which is the only aliasing the op allows.
+  // fused mode: the n pending rows enter the state first (the loads below read back what this
+  // thread wrote: the generic kernel spends a memory trip there, the W = 4 ones do not)
+  if (n > 0)
+    shift_in(p.conv_state, slot * p.state_stride_slot + c * p.state_stride_c, p.state_dtype, keep, n,
+             p.pending, pb, p.pending_stride_t, p.pending_dtype);
   uint32_t xraw[kXBatch];
   auto load_x = [&](int t0) {
 #pragma unroll
@@ -85,15 +167,15 @@ __device__ void conv1d_verify_impl(const ConvVerifyParams& p) {
   load_x(row0);
   const uint32_t braw = p.bias != nullptr ? load_raw(p.bias, c, p.bias_dtype) : 0u;
   if (slot_ok) {
+    const int64_t sb = slot * p.state_stride_slot + c * p.state_stride_c;
     // raw loads first, conversions after: all 2W-1 loads in flight at once (load_dt would
     // wait for each one inside its dtype branch)
-    const int64_t sb = slot * p.state_stride_slot + c * p.state_stride_c;
     uint32_t wraw[kMaxW], sraw[kMaxW];
 #pragma unroll
     for (int j = 0; j < kMaxW; ++j) {
       wraw[j] = sraw[j] = 0u;
       if (j >= first) wraw[j] = load_raw(p.weight, c * p.weight_stride_c + (j - first), p.weight_dtype);
-      if (j >= first && j < kMaxW - 1) sraw[j] = load_raw(p.conv_state, sb + (j - first), p.state_dtype);
+      if (j >= first && j < kMaxW - 1) sraw[j] = load_raw_rw(p.conv_state, sb + (j - first), p.state_dtype);
     }
 #pragma unroll
     for (int j = 0; j < kMaxW; ++j) {
@@ -130,41 +212,14 @@ __device__ void conv1d_verify_impl(const ConvVerifyParams& p) {
 __device__ void conv1d_commit_impl(const ConvCommitParams& p) {
   const int b = blockIdx.y;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  int row0, row1;
-  const bool rows_ok = rows_valid(p.cu_q, b, p.num_rows, row0, row1);
+  int row0, n, bits;
+  const bool ok = commit_range(p, b, row0, n, bits);
   const int slot = __ldg(p.slot_ids + b);
-  const int n = __ldg(p.accept_len + b);
-  const bool acc_ok = 0 <= n && n <= row1 - row0;
   if (p.status != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
-    p.status[b] = (rows_ok ? 0 : SPECDEC_CONV_BAD_ROWS) | (rows_ok && !acc_ok ? SPECDEC_CONV_BAD_ACCEPT : 0) |
-                  (slot >= p.num_slots ? SPECDEC_CONV_BAD_SLOT : 0);
-  if (!rows_ok || !acc_ok || n == 0 || slot < 0 || slot >= p.num_slots || c >= p.dim) return;
-  const int keep = p.width - 1;                     // state entries
-  const int64_t sb = slot * p.state_stride_slot + c * p.state_stride_c;
-  float nw[kMaxW - 1];
-  // new state = (old state ++ accepted rows)[-keep:], gathered before any write: raw loads
-  // first, conversions after, so all keep loads are in flight at once (load_dt / load_dt_rw
-  // waited for each 16-bit load inside its dtype branch: one memory trip per entry)
-  uint32_t raw[kMaxW - 1];
-#pragma unroll
-  for (int m = 0; m < kMaxW - 1; ++m) {
-    if (m < keep) {
-      const int src = m + n;                        // index into old ++ rows
-      raw[m] = src < keep ? load_raw_rw(p.conv_state, sb + src, p.state_dtype)
-                          : load_raw(p.journal, (row0 + src - keep) * p.journal_stride_t + c, p.journal_dtype);
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < kMaxW - 1; ++m) {
-    if (m < keep) {
-      const int src = m + n;
-      nw[m] = src < keep ? raw_to_float(raw[m], p.state_dtype)
-                         : round_dt(raw_to_float(raw[m], p.journal_dtype), p.state_dtype);
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < kMaxW - 1; ++m)
-    if (m < keep) store_dt(p.conv_state, sb + m, p.state_dtype, nw[m]);
+    p.status[b] = bits | (slot >= p.num_slots ? SPECDEC_CONV_BAD_SLOT : 0);
+  if (!ok || n == 0 || slot < 0 || slot >= p.num_slots || c >= p.dim) return;
+  shift_in(p.conv_state, slot * p.state_stride_slot + c * p.state_stride_c, p.state_dtype, p.width - 1, n,
+           p.journal, row0 * p.journal_stride_t + c, p.journal_stride_t, p.journal_dtype);
 }
 
 
@@ -187,8 +242,13 @@ __device__ __forceinline__ void conv1d_verify_w4_impl(const ConvVerifyParams& p)
   const bool rows_ok = rows_valid(p.cu_q, b, p.num_rows, row0, row1);
   const int slot = __ldg(p.slot_ids + b);
   const bool slot_ok = slot >= 0 && slot < p.num_slots;
+  // fused mode: n pending rows (JD, the journal's dtype, is theirs too: verify_kernel's rule)
+  int64_t pb;
+  bool pending_bad;
+  const int n = pending_of(p, b, c, slot_ok, pb, pending_bad);
   if (p.status != nullptr && blockIdx.x == 0 && blockIdx.z == 0 && threadIdx.x == 0)
-    p.status[b] = (rows_ok ? 0 : SPECDEC_CONV_BAD_ROWS) | (slot >= p.num_slots ? SPECDEC_CONV_BAD_SLOT : 0);
+    p.status[b] = (rows_ok ? 0 : SPECDEC_CONV_BAD_ROWS) | (slot >= p.num_slots ? SPECDEC_CONV_BAD_SLOT : 0) |
+                  (pending_bad ? SPECDEC_CONV_BAD_PENDING : 0);
   if (!rows_ok || c >= p.dim) return;
   // Row lanes (gridDim.z, a power of two; ops/conv.py _row_lanes): lane z owns rows [r, r_end)
   // of the sequence's block, ceil(q / lanes) rows a lane, and starts its window from the 3 inputs
@@ -198,8 +258,11 @@ __device__ __forceinline__ void conv1d_verify_w4_impl(const ConvVerifyParams& p)
   const int per = (row1 - row0 + lanes - 1) >> (__ffs(lanes) - 1);
   const int r = row0 + static_cast<int>(blockIdx.z) * per;
   const int r_end = min(r + per, row1);
-  if (r >= r_end) return;
   const int d = r - row0;           // block rows before this lane's first
+  // lane 0 writes the state back in fused mode (ops/conv.py launches one lane then: the others
+  // would read the state it writes), rows or none
+  const bool commit = n > 0 && d == 0;
+  if (r >= r_end && !commit) return;
   // x's values are the state dtype's already (the same dtype, or a float32 state): rounding them
   // to it is the identity for every non-NaN value (a NaN stays a NaN, and any fma with it gives
   // the same canonical NaN), so the window takes them as they are
@@ -232,24 +295,40 @@ __device__ __forceinline__ void conv1d_verify_w4_impl(const ConvVerifyParams& p)
     const int64_t sb = slot * p.state_stride_slot + c * p.state_stride_c;
     const uint32_t rw0 = load_raw(p.weight, wb, XD), rw1 = load_raw(p.weight, wb + 1, XD);
     const uint32_t rw2 = load_raw(p.weight, wb + 2, XD), rw3 = load_raw(p.weight, wb + 3, XD);
-    // window entry j (j = 0..2, oldest first) before row r: state entry j + d while j + d < 3,
-    // else block row r - 3 + j (x, rounded to the state dtype below)
+    // window entry j (j = 0..2, oldest first) before row r: entry j + d of the state after the
+    // n pending rows while j + d < 3, else block row r - 3 + j (x, rounded to the state dtype
+    // below)
+    // (two copies of the gather: with n = 0, no pending rows, the state is read only, as it
+    // always was; the fused form's selects cost the plain call ~35% more instructions)
     uint32_t rs[3];
+    float sw[3];
+    auto from_x = [](uint32_t raw) { return kExact ? raw_to_float(raw, XD) : round_dt(raw_to_float(raw, XD), SD); };
+    if (n == 0) {
 #pragma unroll
-    for (int j = 0; j < 3; ++j)
-      rs[j] = j + d < 3 ? load_raw(p.conv_state, sb + j + d, SD) : load_raw(xp - (3 - j) * xs, 0, XD);
+      for (int j = 0; j < 3; ++j)
+        rs[j] = j + d < 3 ? load_raw(p.conv_state, sb + j + d, SD) : load_raw(xp - (3 - j) * xs, 0, XD);
+#pragma unroll
+      for (int j = 0; j < 3; ++j) sw[j] = j + d < 3 ? raw_to_float(rs[j], SD) : from_x(rs[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 3; ++j)
+        rs[j] = j + d < 3 ? shifted_raw(j + d, n, 3, p.conv_state, sb, SD, p.pending, pb, p.pending_stride_t, JD)
+                          : load_raw(xp - (3 - j) * xs, 0, XD);
+#pragma unroll
+      for (int j = 0; j < 3; ++j) sw[j] = j + d < 3 ? shifted_value(rs[j], j + d, n, 3, SD, JD) : from_x(rs[j]);
+    }
     w0 = raw_to_float(rw0, XD);
     w1 = raw_to_float(rw1, XD);
     w2 = raw_to_float(rw2, XD);
     w3 = raw_to_float(rw3, XD);
-    float sw[3];
-#pragma unroll
-    for (int j = 0; j < 3; ++j)
-      sw[j] = j + d < 3 ? raw_to_float(rs[j], SD)
-                        : kExact ? raw_to_float(rs[j], XD) : round_dt(raw_to_float(rs[j], XD), SD);
     s0 = sw[0];
     s1 = sw[1];
     s2 = sw[2];
+    if (commit) {
+      store_dt(p.conv_state, sb, SD, s0);
+      store_dt(p.conv_state, sb + 1, SD, s1);
+      store_dt(p.conv_state, sb + 2, SD, s2);
+    }
   }
   const float bias = p.bias != nullptr ? raw_to_float(braw, XD) : 0.f;
   for (int t0 = r; t0 < r_end; t0 += kXBatchW4) {
@@ -285,30 +364,24 @@ __device__ __forceinline__ void conv1d_commit_w4_impl(const ConvCommitParams& p)
   constexpr int keep = 3;
   const int b = blockIdx.y;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  int row0, row1;
-  const bool rows_ok = rows_valid(p.cu_q, b, p.num_rows, row0, row1);
+  int row0, n, bits;
+  const bool ok = commit_range(p, b, row0, n, bits);
   const int slot = __ldg(p.slot_ids + b);
-  const int n = __ldg(p.accept_len + b);
-  const bool acc_ok = 0 <= n && n <= row1 - row0;
   if (p.status != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
-    p.status[b] = (rows_ok ? 0 : SPECDEC_CONV_BAD_ROWS) | (rows_ok && !acc_ok ? SPECDEC_CONV_BAD_ACCEPT : 0) |
-                  (slot >= p.num_slots ? SPECDEC_CONV_BAD_SLOT : 0);
-  if (!rows_ok || !acc_ok || n == 0 || slot < 0 || slot >= p.num_slots || c >= p.dim) return;
+    p.status[b] = bits | (slot >= p.num_slots ? SPECDEC_CONV_BAD_SLOT : 0);
+  if (!ok || n == 0 || slot < 0 || slot >= p.num_slots || c >= p.dim) return;
   const int64_t sb = slot * p.state_stride_slot + c * p.state_stride_c;
-  // new state = (old state ++ accepted rows)[-3:]: entry m is old entry m + n (m + n < 3) or
-  // accepted row m + n - 3, i.e. journal row row0 + n - 3 + m; all loads before any store
-  const int64_t js = p.journal_stride_t;
-  const int64_t jb = (row0 + n - keep) * js + c;   // (m + n - keep >= 0 wherever it is read)
+  // new state = (old state ++ accepted rows)[-3:], all loads before any store
+  const int64_t rb = row0 * p.journal_stride_t + c;
   uint32_t raw[keep];
 #pragma unroll
   for (int m = 0; m < keep; ++m)
-    raw[m] = m + n < keep ? load_raw_rw(p.conv_state, sb + m + n, SD) : load_raw(p.journal, jb + m * js, JD);
-  // (the generic kernel rounds a journal row to the state dtype before store_dt rounds it again;
+    raw[m] = shifted_raw(m, n, keep, p.conv_state, sb, SD, p.journal, rb, p.journal_stride_t, JD);
+  // (shifted_value rounds a journal row to the state dtype before store_dt rounds it again;
   // both roundings are round-to-nearest-even and idempotent, NaNs included, so one is the same)
   float nw[keep];
 #pragma unroll
-  for (int m = 0; m < keep; ++m)
-    nw[m] = m + n < keep ? raw_to_float(raw[m], SD) : raw_to_float(raw[m], JD);
+  for (int m = 0; m < keep; ++m) nw[m] = m + n < keep ? raw_to_float(raw[m], SD) : raw_to_float(raw[m], JD);
 #pragma unroll
   for (int m = 0; m < keep; ++m) store_dt(p.conv_state, sb + m, SD, nw[m]);
 }

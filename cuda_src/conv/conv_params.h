@@ -12,17 +12,26 @@
 #define SPECDEC_CONV_BAD_SLOT 1     /* slot id >= slots: outputs zero, state untouched */
 #define SPECDEC_CONV_BAD_ROWS 2     /* cu_q[b..b+1] not inside [0, T] */
 #define SPECDEC_CONV_BAD_ACCEPT 4   /* accept_len[b] outside [0, q] */
+#define SPECDEC_CONV_BAD_PENDING 8  /* fused mode / flush: pending rows outside the pending
+                                       rows: nothing committed for the sequence */
 
 typedef struct {
   const void* x;              /* [T, dim], dim contiguous */
   const void* weight;         /* [dim, W], W contiguous */
   const void* bias;           /* [dim] or NULL */
-  const void* conv_state;     /* read only */
+  void* conv_state;           /* read only, but in fused mode */
   const int32_t* slot_ids;    /* [B]; < 0 = padding row */
   const int32_t* cu_q;        /* [B+1] */
   void* out;                  /* [T, dim] */
   void* journal;              /* [T, dim] or NULL: x copied (what conv1d_commit reads) */
   int32_t* status;            /* [B] or NULL */
+  /* fused mode (pending != NULL): state = (state ++ pending rows row0[b] .. + len[b] - 1)
+     [-(W-1):], written back, before the block is verified over it (the previous round's
+     commit folded into this round's verify) */
+  const void* pending;        /* [Tp, dim] or NULL */
+  const int32_t* pending_row0;  /* [B] */
+  const int32_t* pending_len;   /* [B] */
+  int64_t pending_stride_t;
   int64_t x_stride_t;
   int64_t out_stride_t;
   int64_t journal_stride_t;
@@ -36,13 +45,16 @@ typedef struct {
   int32_t num_slots;
   int32_t silu;               /* 1: out = silu(conv + bias) */
   int32_t x_dtype, weight_dtype, bias_dtype, state_dtype, out_dtype, journal_dtype;
+  int32_t pending_rows;
+  int32_t pending_dtype;
 } ConvVerifyParams;
 
 typedef struct {
   void* conv_state;           /* advanced in place */
   const int32_t* slot_ids;
-  const int32_t* cu_q;
-  const int32_t* accept_len;  /* [B] */
+  const int32_t* cu_q;        /* [B+1], or NULL with row0 (conv1d_flush) */
+  const int32_t* row0;        /* [B] or NULL: sequence b's rows start at row0[b] (flush) */
+  const int32_t* accept_len;  /* [B]: rows shifted in (flush: pending_len) */
   const void* journal;        /* [T, dim]: x itself or conv1d_verify's copy */
   int32_t* status;
   int64_t journal_stride_t;

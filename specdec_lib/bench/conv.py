@@ -2,7 +2,9 @@
 dim 8192, W = 4, as a CUDA graph), then each op alone, with the kernel the call takes by
 default (W = 4: conv1d_verify_w4_* / conv1d_commit_w4_*, row lanes by ops.conv._row_lanes)
 against the generic kernels (ops.conv.TUNING["w4"] = False, what SPECDEC_CONV_GENERIC=1 does)
-and the W = 4 kernels with one row lane."""
+and the W = 4 kernels with one row lane; then the fused round (one conv1d_verify that first
+commits the previous round's accepted rows: "fused round", CTAs by ops.conv._fused_threads,
+and with 256 threads a CTA)."""
 from __future__ import annotations
 
 import numpy as np
@@ -55,6 +57,20 @@ def bench_conv1d(b: Bench):
                          impl=impl, kernel=kern)
                 b.report("conv1d", f"{shape} verify", v_bytes, b.time_graph(verify), impl=impl)
                 b.report("conv1d", f"{shape} commit", c_bytes, b.time_graph(commit), impl=impl)
+            # the fused round: verify with the previous round's whole block pending (x itself:
+            # the bench's x never changes), the state written back every replay
+            pend = dict(pending_journal=x, pending_row0=DeviceArray.from_numpy(
+                (np.arange(B) * q).astype(np.int32), device=b.device), pending_len=acc)
+            f_bytes = v_bytes + 2 * (2 * B * dim * (W - 1))
+
+            def fused():
+                conv1d_verify(x, w, st, slot_ids, cu_q, out, bias=bias, check_indices=False,
+                              stream=b.stream, **pend)
+            for impl, tuning in (("specdec_lib", {"w4": None, "threads": None}),
+                                 ("specdec_lib(256 threads a CTA)", {"w4": None, "threads": 256}),
+                                 ("specdec_lib(generic kernels)", {"w4": False, "threads": None})):
+                ops_conv.TUNING.update(tuning)
+                b.report("conv1d", f"{shape} fused round", f_bytes, b.time_graph(fused), impl=impl)
         finally:
             ops_conv.TUNING.clear()
             ops_conv.TUNING.update(old)

@@ -1,6 +1,6 @@
 """Pieces the contracts of several families share: the batch arguments of the recurrent-state
-ops (gdn, conv: ``slot_ids``, ``cu_q``, ``accept_len``, ``status``) and their value checks,
-the float dtypes and the last-dimension rule."""
+ops (gdn, conv: ``slot_ids``, ``cu_q``, ``accept_len``, ``status``, and the fused mode's
+pending rows) and their value checks, the float dtypes and the last-dimension rule."""
 from __future__ import annotations
 
 import numpy as np
@@ -107,3 +107,98 @@ def last_contiguous(a):
     if a.shape and a.shape[-1] > 1 and a.strides[-1] != 1:
         raise ValueError(f"{a.name}: the last dimension must be contiguous (strides {a.strides})")
     return a.strides[:-1]
+
+
+def check_pending(pending_row0, pending_len, pending_rows, batch):
+    """A fused verify's / flush's pending rows: int [B] each, rows row0[b] ..
+    row0[b]+len[b]-1 inside the pending journal's ``pending_rows`` rows (any row0 where
+    len = 0). Returns (row0, len) as int64."""
+    r0 = _check_int("pending_row0", pending_row0, (batch,))
+    n = _check_int("pending_len", pending_len, (batch,))
+    bad = np.nonzero((n < 0) | ((n > 0) & ((r0 < 0) | (r0 + n > pending_rows))))[0]
+    if len(bad):
+        b = int(bad[0])
+        raise ValueError(f"pending_row0 / pending_len: sequence {b} has pending rows "
+                         f"{int(r0[b])}..{int(r0[b]) + int(n[b]) - 1}, outside the pending "
+                         f"journal's {pending_rows} rows (len must be >= 0)")
+    return r0, n
+
+
+def _host_address(obj):
+    """Where a host array's element 0 lives: a numpy array's or a CPU tensor's address;
+    None where there is no memory to compare (fake / meta tensors while torch.compile
+    traces)."""
+    if not hasattr(obj, "stride"):
+        return obj.__array_interface__["data"][0]                  # numpy
+    if type(obj).__name__ in ("Tensor", "Parameter") and obj.device.type == "cpu":
+        return obj.data_ptr()
+    return None
+
+
+def extent(a, host):
+    """[first byte, one past the last byte) that view ``a`` spans (``host``: of the host
+    array behind it); (base, base) when empty, None when unknown."""
+    base = _host_address(a.obj) if host else a.ptr
+    if base is None:
+        return None
+    if not a.shape or 0 in a.shape:
+        return base, base
+    lo = hi = 0
+    for d, st in zip(a.shape, a.strides):
+        if st < 0:
+            lo += (d - 1) * st
+        else:
+            hi += (d - 1) * st
+    return base + lo * a.itemsize, base + (hi + 1) * a.itemsize
+
+
+def _overlaps(arg, a, b):
+    """Whether views a and b share memory: their byte extents meet (the same object where
+    the host cannot tell, fake tensors)."""
+    if not all(a.shape) or not all(b.shape):
+        return False
+    host = arg is not DeviceArg
+    sa, sb = extent(a, host), extent(b, host)
+    if sa is None or sb is None:
+        return a.obj is b.obj
+    return sa[0] < sb[1] and sb[0] < sa[1]
+
+
+def pending_args(arg, dev, B, pending_journal, pending_row0, pending_len, *, dtype, width,
+                 writes=()):
+    """The fused mode's pending rows (gdn_verify / gdn_flush / conv1d_verify / conv1d_flush):
+    (journal view, row0, len) on ``dev``. The pending journal [Tp, width] (width None: any)
+    of ``dtype`` (a name or a tuple of names), last dimension contiguous, overlapping none of
+    ``writes`` (the views the kernel writes while it reads the pending rows); row0 and len
+    int32 [B]."""
+    pj = arg("pending_journal", pending_journal, dtype=dtype, ndim=2, device=dev)
+    if pj.by_kind and isinstance(dtype, str):
+        require_dtype(pj, dtype)
+    if width is not None and pj.shape[1] != width:
+        raise ValueError(f"pending_journal: expected [Tp, {width}] (the journal width of this "
+                         f"state), got {list(pj.shape)}")
+    last_contiguous(pj)
+    for w in writes:
+        if w is not None and w.obj is not None and _overlaps(arg, pj, w):
+            raise ValueError(f"pending_journal: overlaps {w.name} (the kernel reads the previous "
+                             f"round's rows while it writes {w.name}: use two buffers)")
+    r0 = arg("pending_row0", pending_row0, dtype="int32", shape=(B,), device=dev,
+             contiguous=True)
+    n = arg("pending_len", pending_len, dtype="int32", shape=(B,), device=dev,
+            contiguous=True)
+    return pj, r0, n
+
+
+def no_pending(pending_row0, pending_len):
+    """pending_row0 / pending_len only with pending_journal."""
+    if pending_row0 is not None or pending_len is not None:
+        raise ValueError("pending_row0 / pending_len: given without pending_journal")
+
+
+def pending_values(values, r0, n, pending_rows):
+    """With ``values``: ``check_pending``; nothing where the values cannot be read."""
+    if values is None:
+        return
+    a, b = values(r0), values(n)
+    if a is not None and b is not None:
+        check_pending(a, b, pending_rows, r0.shape[0])

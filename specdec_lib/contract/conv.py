@@ -1,8 +1,12 @@
-"""Contract of the conv family: ``conv1d_verify`` and ``conv1d_commit``."""
+"""Contract of the conv family: ``conv1d_verify`` (with its fused mode's pending rows),
+``conv1d_commit`` and ``conv1d_flush``."""
 from __future__ import annotations
 
 from .._args import DeviceArg
-from ._batch import FLOATS, batch_args, batch_values, last_contiguous
+import numpy as np
+
+from ._batch import (FLOATS, batch_args, batch_values, check_batch, last_contiguous, no_pending,
+                     pending_args, pending_values)
 from ._core import check
 
 ACTIVATIONS = (None, "silu")
@@ -41,12 +45,16 @@ def _block_rows(arg, name, arr, dim, dev):
 
 @check("conv1d_verify")
 def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, activation="silu",
-                  journal=None, status=None, arg=DeviceArg, values=None, **_):
+                  journal=None, status=None, pending_journal=None, pending_row0=None,
+                  pending_len=None, arg=DeviceArg, values=None, **_):
     """activation "silu" or None; conv_state: ``state_arg``; x [T, dim]; weight [dim, W]
     (or [dim, 1, W]), W contiguous; bias [dim] contiguous or None; out [T, dim]; journal
     [T, dim] or None; any float dtypes, last dimensions contiguous; the batch
-    (``batch_args``; values: ``check_batch``). Returns (conv_state, x, weight, bias, out,
-    journal, slot_ids, cu_q, status) views."""
+    (``batch_args``; values: ``check_batch``); the fused mode's pending rows
+    (``pending_args``: [Tp, dim], any float dtype, overlapping neither out nor the journal;
+    values: ``check_pending``), only with pending_journal. Returns (conv_state, x, weight,
+    bias, out, journal, slot_ids, cu_q, status) views and (pending_journal, row0, len) views
+    or None."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
     cs, slots, dim, W = state_arg(arg, conv_state)
@@ -65,9 +73,17 @@ def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, acti
     B, sl, cq, _, sa = batch_args(arg, dev, slot_ids, cu_q, status)
     for a in (xa, oa, ja):
         last_contiguous(a)
+    pending = None
+    if pending_journal is not None:
+        pending = pending_args(arg, dev, B, pending_journal, pending_row0, pending_len,
+                               dtype=FLOATS, width=dim, writes=(oa, ja))
+    else:
+        no_pending(pending_row0, pending_len)
     if values is not None:
         batch_values(values, sl, cq, T, slots)
-    return cs, xa, wa, ba, oa, ja, sl, cq, sa
+    if pending is not None:
+        pending_values(values, pending[1], pending[2], pending[0].shape[0])
+    return cs, xa, wa, ba, oa, ja, sl, cq, sa, pending
 
 
 @check("conv1d_commit")
@@ -84,3 +100,27 @@ def conv1d_commit(conv_state, slot_ids, cu_q, accept_len, journal, *, status=Non
     if values is not None:
         batch_values(values, sl, cq, T, slots, al)
     return cs, ja, sl, cq, al, sa
+
+
+@check("conv1d_flush")
+def conv1d_flush(conv_state, slot_ids, pending_journal, pending_row0, pending_len, *,
+                 status=None, arg=DeviceArg, values=None, **_):
+    """conv_state: ``state_arg``; slot_ids [B] int32 (values: in range, used once); the
+    pending rows as in conv1d_verify's fused mode. Returns (conv_state, slot_ids,
+    pending_journal, row0, len, status) views."""
+    cs, slots, dim, W = state_arg(arg, conv_state)
+    dev = cs.device
+    sl = arg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
+    B = sl.shape[0]
+    pj, pr, pn = pending_args(arg, dev, B, pending_journal, pending_row0, pending_len,
+                              dtype=FLOATS, width=dim)
+    if pj.shape[0] >= 2**31:
+        raise ValueError(f"pending_journal: {pj.shape[0]} rows; at most 2^31-1")
+    sa = arg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
+             optional=True)
+    if values is not None:
+        s = values(sl)
+        if s is not None:
+            check_batch(s, np.zeros(B + 1, np.int64), 0, slots)
+    pending_values(values, pr, pn, pj.shape[0])
+    return cs, sl, pj, pr, pn, sa

@@ -8,8 +8,9 @@ import numpy as np
 
 from .._args import DeviceArg
 from .._validate import as_scale
-from ._batch import (FLOATS, batch_args, batch_values, check_batch, last_contiguous,
-                     on_cuda, require_dtype, _check_int)
+from ._batch import (FLOATS, batch_args, batch_values, check_batch, check_pending,  # noqa: F401
+                     last_contiguous, no_pending, on_cuda, pending_args, pending_values,
+                     require_dtype)
 from ._core import check
 
 LAYOUTS = ("kv", "vk")
@@ -47,21 +48,6 @@ def check_gating(g, beta, a, b, A_log, dt_bias):
     return fused
 
 
-def check_pending(pending_row0, pending_len, pending_rows, batch):
-    """A fused verify's / flush's pending rows: int [B] each, rows row0[b] ..
-    row0[b]+len[b]-1 inside the pending journal's ``pending_rows`` rows (any row0 where
-    len = 0). Returns (row0, len) as int64."""
-    r0 = _check_int("pending_row0", pending_row0, (batch,))
-    n = _check_int("pending_len", pending_len, (batch,))
-    bad = np.nonzero((n < 0) | ((n > 0) & ((r0 < 0) | (r0 + n > pending_rows))))[0]
-    if len(bad):
-        b = int(bad[0])
-        raise ValueError(f"pending_row0 / pending_len: sequence {b} has pending rows "
-                         f"{int(r0[b])}..{int(r0[b]) + int(n[b]) - 1}, outside the pending "
-                         f"journal's {pending_rows} rows (len must be >= 0)")
-    return r0, n
-
-
 def state_arg(arg, state, layout):
     """The state pool [slots, Hv, Dk, Dv] ("kv") or [slots, Hv, Dv, Dk] ("vk"), float,
     each slot's block contiguous (size-1 dimensions' strides free); on a CUDA device Dk in {64, 128} and Dv a multiple of
@@ -85,55 +71,6 @@ def state_arg(arg, state, layout):
         raise ValueError(f"state: each slot's [Hv, {d1}, {d2}] block must be contiguous "
                          f"(strides {st.strides})")
     return st, slots, Hv, Dk, Dv
-
-
-def _host_overlap(a, b):
-    """Whether two host views share memory (None where that cannot be told: fake tensors)."""
-    va, vb = a.values(), b.values()
-    if va is None or vb is None:
-        return None
-    return np.may_share_memory(va, vb)
-
-
-def _extent(a):
-    """[first byte, last byte + 1) of a 2-D float32 DeviceArg (non-negative strides)."""
-    last = sum((d - 1) * st for d, st in zip(a.shape, a.strides))
-    return a.ptr, a.ptr + 4 * (last + 1)
-
-
-def pending_args(arg, dev, B, W, journal_arg, pending_journal, pending_row0, pending_len):
-    """The fused mode's pending rows: (journal view, row0, len) on ``dev``; the pending
-    journal [Tp, W] float32 (W None: any width) must not overlap the journal being
-    written (``journal_arg``, None for gdn_flush)."""
-    pj = arg("pending_journal", pending_journal, dtype="float32", ndim=2, device=dev)
-    if pj.by_kind:
-        require_dtype(pj, "float32")
-    if W is not None and pj.shape[1] != W:
-        raise ValueError(f"pending_journal: expected [Tp, {W}] (the journal width of this "
-                         f"state and these heads), got {list(pj.shape)}")
-    last_contiguous(pj)
-    if journal_arg is not None and pj.shape[0] and journal_arg.shape[0]:
-        if arg is DeviceArg:
-            lo, hi = _extent(pj), _extent(journal_arg)
-            overlap = lo[0] < hi[1] and hi[0] < lo[1]
-        else:
-            overlap = pending_journal is journal_arg.obj or _host_overlap(pj, journal_arg)
-        if overlap:
-            raise ValueError("pending_journal: overlaps journal (the kernel reads the previous "
-                             "round's rows while it writes this round's: use two buffers)")
-    r0 = arg("pending_row0", pending_row0, dtype="int32", shape=(B,), device=dev,
-             contiguous=True)
-    n = arg("pending_len", pending_len, dtype="int32", shape=(B,), device=dev,
-            contiguous=True)
-    return pj, r0, n
-
-
-def _pending_values(values, r0, n, pending_rows):
-    if values is None:
-        return
-    a, b = values(r0), values(n)
-    if a is not None and b is not None:
-        check_pending(a, b, pending_rows, r0.shape[0])
 
 
 @check("gdn_verify")
@@ -178,9 +115,10 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     B, sl, cq, _, sa = batch_args(arg, dev, slot_ids, cu_q, status)
     pending = None
     if pending_journal is not None:
-        pending = pending_args(arg, dev, B, W, ja, pending_journal, pending_row0, pending_len)
-    elif pending_row0 is not None or pending_len is not None:
-        raise ValueError("pending_row0 / pending_len: given without pending_journal")
+        pending = pending_args(arg, dev, B, pending_journal, pending_row0, pending_len,
+                               dtype="float32", width=W, writes=(ja,))
+    else:
+        no_pending(pending_row0, pending_len)
     for x in (qa, ka, va, oa, g0, g1, ja):
         last_contiguous(x)
     if max(T, slots, B) >= 2**31:
@@ -189,7 +127,7 @@ def gdn_verify(q, k, v, state, slot_ids, cu_q, out, journal, *, g=None, beta=Non
     if values is not None:
         batch_values(values, sl, cq, T, slots)
     if pending is not None:
-        _pending_values(values, pending[1], pending[2], pending[0].shape[0])
+        pending_values(values, pending[1], pending[2], pending[0].shape[0])
     return st, qa, ka, va, oa, ja, g0, g1, al, db, sl, cq, sa, pending, fused, scale
 
 
@@ -224,7 +162,8 @@ def gdn_flush(state, slot_ids, pending_journal, pending_row0, pending_len, *, la
     dev = st.device
     sl = arg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
     B = sl.shape[0]
-    pj, pr, pn = pending_args(arg, dev, B, None, None, pending_journal, pending_row0, pending_len)
+    pj, pr, pn = pending_args(arg, dev, B, pending_journal, pending_row0, pending_len,
+                              dtype="float32", width=None)
     Hk = journal_num_k_heads(pj.shape[1], Hv, Dk, Dv, hint=" (was it written for this state?)")
     sa = arg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
              optional=True)
@@ -232,5 +171,5 @@ def gdn_flush(state, slot_ids, pending_journal, pending_row0, pending_len, *, la
         s = values(sl)
         if s is not None:
             check_batch(s, np.zeros(B + 1, np.int64), 0, slots)
-    _pending_values(values, pr, pn, pj.shape[0])
+    pending_values(values, pr, pn, pj.shape[0])
     return st, sl, pj, pr, pn, Hk, sa

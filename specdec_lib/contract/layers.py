@@ -7,7 +7,7 @@ import math
 import numbers
 
 from .._args import DeviceArg
-from ._batch import FLOATS, last_contiguous  # noqa: F401 (public here too)
+from ._batch import FLOATS, extent, last_contiguous  # noqa: F401 (public here too)
 from ._core import check
 
 ROPE_MAX_HEAD_DIM = 256
@@ -27,34 +27,6 @@ def check_eps(eps):
             or eps <= 0:
         raise ValueError(f"eps: expected a finite float > 0, got {eps!r}")
     return float(eps)
-
-
-def _host_address(obj):
-    """Where a host array's element 0 lives: a numpy array's or a CPU tensor's address;
-    None where there is no memory to compare (fake / meta tensors while torch.compile
-    traces)."""
-    if not hasattr(obj, "stride"):
-        return obj.__array_interface__["data"][0]                  # numpy
-    if type(obj).__name__ in ("Tensor", "Parameter") and obj.device.type == "cpu":
-        return obj.data_ptr()
-    return None
-
-
-def _extent(a, host):
-    """[first byte, one past the last byte) that view ``a`` spans (``host``: of the host
-    array behind it); (base, base) when empty, None when unknown."""
-    base = _host_address(a.obj) if host else a.ptr
-    if base is None:
-        return None
-    if not a.shape or 0 in a.shape:
-        return base, base
-    lo = hi = 0
-    for d, st in zip(a.shape, a.strides):
-        if st < 0:
-            lo += (d - 1) * st
-        else:
-            hi += (d - 1) * st
-    return base + lo * a.itemsize, base + (hi + 1) * a.itemsize
 
 
 # ---------------------------------------------------------------------------- rms_norm
@@ -239,11 +211,11 @@ def linear(x, weight, out, *, norm_weight=None, eps=1e-6, residual=None, residua
     for a, others in ((o, inputs), (ro, inputs + [o])):
         if a.obj is None:
             continue
-        span = _extent(a, host)
+        span = extent(a, host)
         if span is None:
             continue
         for b in others:
-            bspan = _extent(b, host)
+            bspan = extent(b, host)
             if bspan is not None and span[0] < bspan[1] and bspan[0] < span[1]:
                 raise ValueError(f"{a.name}: overlaps {b.name} (other CTAs read the inputs "
                                  f"while the kernel writes {a.name})")

@@ -1,8 +1,10 @@
-"""conv1d_verify / conv1d_commit on the GPU (kernels: cuda_src/conv/conv.cu).
+"""conv1d_verify / conv1d_commit / conv1d_flush on the GPU (kernels: cuda_src/conv/conv.cu).
 
 Depthwise causal conv1d (width W = 2..8, optional bias, SiLU) over a speculative
 block with a per-sequence conv state; verify writes outputs only, commit shifts the
-accepted rows into the state. Semantics: ``specdec_lib.reference.conv``.
+accepted rows into the state. Fused mode: verify first shifts in the previous round's
+accepted rows (its commit, folded in: one launch a round instead of two), and
+conv1d_flush commits what is left pending. Semantics: ``specdec_lib.reference.conv``.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ _DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
 _THREADS = 256
 _MAX_BATCH = 65535            # sequences per call: the batch is gridDim.y
 
-__all__ = ["conv1d_verify", "conv1d_commit"]
+__all__ = ["conv1d_verify", "conv1d_commit", "conv1d_flush"]
 
 _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 GENERIC_ENV = "SPECDEC_CONV_GENERIC"
@@ -34,7 +36,9 @@ GENERIC_ENV = "SPECDEC_CONV_GENERIC"
 # ceil(q / lanes) rows of every sequence from a window it rebuilds from the 3 inputs before its
 # first row, so that at small batches a thread's dependent chain is one or two rows instead of
 # the whole block (same values: bit-identical). None = _row_lanes's rule.
-TUNING = {"w4": None, "lanes": None}
+# "threads": threads a CTA of a fused-mode verify (256, 128 or 64), which runs one row lane
+# (other lanes would read the state that lane 0 writes back); None = _fused_threads's rule.
+TUNING = {"w4": None, "lanes": None, "threads": None}
 _MAX_LANES = 8
 
 
@@ -46,16 +50,35 @@ def _w4_on() -> bool:
 
 
 def verify_kernel(W: int, x: str, weight: str, bias: Optional[str], state: str, out: str,
-                  journal: Optional[str]) -> str:
+                  journal: Optional[str], pending: Optional[str] = None) -> str:
     """The kernel conv1d_verify launches for width W and these dtypes (numpy-style names; None
-    for an absent bias / journal): a W = 4 form where weight, bias and out share x's dtype and
-    the journal, if any, is in the state's or x's dtype (_kernels.CONV_W4_VERIFY); else the
-    generic conv1d_verify. Both give bit-identical results."""
+    for an absent bias / journal / pending journal): a W = 4 form where weight, bias and out
+    share x's dtype and the journal, if any, is in the state's or x's dtype
+    (_kernels.CONV_W4_VERIFY), the pending rows (fused mode) in the journal's dtype (the
+    kernel's journal dtype is theirs too); else the generic conv1d_verify. Both give
+    bit-identical results."""
     if W == 4 and _w4_on() and weight == x and out == x and bias in (None, x):
-        key = (_SHORT[x], _SHORT[state], _SHORT[state if journal is None else journal])
-        if key in _kernels.CONV_W4_VERIFY:
+        j = journal or pending or state
+        key = (_SHORT[x], _SHORT[state], _SHORT[j])
+        if pending in (None, j) and key in _kernels.CONV_W4_VERIFY:
             return _kernels.conv_w4_verify_kernel(*key)
     return "conv1d_verify"
+
+
+def _fused_threads(B: int, dim: int, sms: int) -> int:
+    """Threads a CTA of a fused-mode verify: halved from 256 (to 64 at least) while the grid
+    still fits one CTA an SM, so that a small batch spreads over the SMs that the row lanes
+    would have filled (B=1 dim 8192 on 132 SMs: 64 threads, 128 CTAs); TUNING["threads"]
+    where set."""
+    want = TUNING["threads"]
+    if want is not None:
+        if want not in (64, 128, 256):
+            raise ValueError(f"TUNING['threads']={want}: expected 64, 128 or 256")
+        return int(want)
+    threads = _THREADS
+    while threads > 64 and B * -(-dim // (threads // 2)) <= sms:
+        threads //= 2
+    return threads
 
 
 def _row_lanes(B: int, T: int, ctas: int, sms: int, x, out, journal) -> int:
@@ -110,7 +133,9 @@ def conv1d_verify(x: ArrayLike, weight: ArrayLike, conv_state: ArrayLike, slot_i
                   cu_q: ArrayLike, out: ArrayLike, *, bias: Optional[ArrayLike] = None,
                   activation: Optional[str] = "silu", journal: Optional[ArrayLike] = None,
                   status: Optional[ArrayLike] = None, check_indices: bool = True,
-                  stream: Stream = None):
+                  stream: Stream = None, pending_journal: Optional[ArrayLike] = None,
+                  pending_row0: Optional[ArrayLike] = None,
+                  pending_len: Optional[ArrayLike] = None):
     """out[t] = act(bias + sum_w weight[:, w] * window_t[w]) for every block row; the
     conv state is only read.
 
@@ -121,11 +146,21 @@ def conv1d_verify(x: ArrayLike, weight: ArrayLike, conv_state: ArrayLike, slot_i
     (pass it, or x itself, to conv1d_commit). Any float dtypes (float32/float16/
     bfloat16), each array its own; last dimensions contiguous. ``check_indices``: as in
     gdn_verify.
+
+    Fused mode (one launch a round instead of verify + commit): pass ``pending_journal``
+    (the previous round's x or journal, [Tp, dim], any float dtype; not overlapping out or
+    the journal), ``pending_row0`` and ``pending_len`` (int32 [B]: sequence b's accepted
+    rows of it, 0 = nothing pending, e.g. a sequence that joins the batch). Each state first
+    shifts in its pending rows exactly as conv1d_commit would (bit for bit) and is written
+    back, then the block is verified over it. Call ``conv1d_flush`` for sequences that leave
+    (or before reading their state). A bad pending range raises with ``check_indices``, else
+    sets status bit 8 (``ConvStatus.BAD_PENDING``) and commits nothing for that sequence.
     """
     stream_h = as_stream(stream)
-    cs, xa, wa, ba, oa, ja, sl, cq, sa = contract.conv1d_verify(
+    cs, xa, wa, ba, oa, ja, sl, cq, sa, pending = contract.conv1d_verify(
         x, weight, conv_state, slot_ids, cu_q, out, bias=bias, activation=activation,
-        journal=journal, status=status,
+        journal=journal, status=status, pending_journal=pending_journal,
+        pending_row0=pending_row0, pending_len=pending_len,
         values=index_values(stream_h) if check_indices else None)
     slots, dim, wm1 = cs.shape
     W = wm1 + 1
@@ -134,19 +169,27 @@ def conv1d_verify(x: ArrayLike, weight: ArrayLike, conv_state: ArrayLike, slot_i
     dev = cs.device
     x_st, o_st = xa.strides[0], oa.strides[0]
     j_st = ja.strides[0] if journal is not None else 0
-    if B == 0 or ((T == 0 or dim == 0) and status is None):
+    fused = pending is not None
+    if B == 0 or ((T == 0 or dim == 0) and status is None and not fused):
         return out   # (with a status the kernel still runs: every status[b] gets written)
-    name = verify_kernel(W, xa.dtype, wa.dtype, ba.dtype, cs.dtype, oa.dtype, ja.dtype)
+    name = verify_kernel(W, xa.dtype, wa.dtype, ba.dtype, cs.dtype, oa.dtype, ja.dtype,
+                         pending[0].dtype if fused else None)
     kern = runtime.kernel("conv", name, dev)
-    ctas = max(1, (dim + _THREADS - 1) // _THREADS)
-    lanes = 1 if name == "conv1d_verify" else _row_lanes(B, T, ctas, runtime.sm_count(dev), xa, oa, ja)
+    sms = runtime.sm_count(dev)
+    threads = _fused_threads(B, dim, sms) if fused else _THREADS
+    ctas = max(1, (dim + threads - 1) // threads)
+    lanes = 1 if name == "conv1d_verify" or fused else _row_lanes(B, T, ctas, sms, xa, oa, ja)
+    pend = None
+    if fused:
+        pj, pr, pn = pending
+        pend = (pj.ptr, pr.ptr, pn.ptr, pj.strides[0], pj.shape[0], _DT_CODE[pj.dtype])
     from .. import _conv
     _conv.launch_conv1d_verify(
-        kern, ctas, B, _THREADS, stream_h, xa.ptr, wa.ptr, ba.ptr,
+        kern, ctas, B, threads, stream_h, xa.ptr, wa.ptr, ba.ptr,
         cs.ptr, sl.ptr, cq.ptr, oa.ptr, ja.ptr, sa.ptr, x_st, o_st, j_st, wa.strides[0],
         cs.strides[0], cs.strides[1], T, B, dim, W, slots, activation == "silu",
         [_DT_CODE[xa.dtype], _DT_CODE[wa.dtype], _DT_CODE.get(ba.dtype, 0), _DT_CODE[cs.dtype],
-         _DT_CODE[oa.dtype], _DT_CODE.get(ja.dtype, 0)], lanes)
+         _DT_CODE[oa.dtype], _DT_CODE.get(ja.dtype, 0)], lanes, pend)
     return out
 
 
@@ -174,4 +217,32 @@ def conv1d_commit(conv_state: ArrayLike, slot_ids: ArrayLike, cu_q: ArrayLike,
                                cs.ptr, sl.ptr, cq.ptr, al.ptr, ja.ptr, sa.ptr, j_st,
                                cs.strides[0], cs.strides[1], T, B, dim, W, slots,
                                _DT_CODE[ja.dtype], _DT_CODE[cs.dtype])
+    return conv_state
+
+
+def conv1d_flush(conv_state: ArrayLike, slot_ids: ArrayLike, pending_journal: ArrayLike,
+                 pending_row0: ArrayLike, pending_len: ArrayLike, *,
+                 status: Optional[ArrayLike] = None, check_indices: bool = True,
+                 stream: Stream = None):
+    """Commits the rows a fused-mode conv1d_verify left pending, in place:
+    conv_state[slot_ids[b]] shifts in rows pending_row0[b] .. + pending_len[b] - 1 of
+    ``pending_journal`` (rounded to the state dtype, as conv1d_commit does). For sequences
+    that leave the batch (pending_len 0 for the others) or before reading a state.
+    Arguments as in conv1d_verify's fused mode."""
+    stream_h = as_stream(stream)
+    cs, sl, pj, pr, pn, sa = contract.conv1d_flush(
+        conv_state, slot_ids, pending_journal, pending_row0, pending_len, status=status,
+        values=index_values(stream_h) if check_indices else None)
+    slots, dim, wm1 = cs.shape
+    B = sl.shape[0]
+    _check_batch_size(B)
+    if B == 0 or (dim == 0 and status is None):
+        return conv_state
+    # the commit kernel with row0 instead of cu_q (conv.cu commit_range)
+    kern = runtime.kernel("conv", commit_kernel(wm1 + 1, pj.dtype, cs.dtype), cs.device)
+    from .. import _conv
+    _conv.launch_conv1d_commit(kern, max(1, (dim + _THREADS - 1) // _THREADS), B, _THREADS, stream_h,
+                               cs.ptr, sl.ptr, 0, pn.ptr, pj.ptr, sa.ptr, pj.strides[0],
+                               cs.strides[0], cs.strides[1], pj.shape[0], B, dim, wm1 + 1, slots,
+                               _DT_CODE[pj.dtype], _DT_CODE[cs.dtype], pr.ptr)
     return conv_state

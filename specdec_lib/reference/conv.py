@@ -15,6 +15,12 @@ here, float32 in the kernels; outputs rounded to out's dtype.
 the state. ``conv1d_commit`` shifts the first accept_len[b] block rows into the state:
 ``s = (s ++ x_0..x_{n-1})[-(W-1):]``. The journal it reads is x itself or verify's copy.
 A negative slot id is a padding row: zero outputs, state untouched.
+
+Fused mode (``conv1d_verify`` with ``pending_journal``, ``pending_row0``, ``pending_len``):
+the previous round's commit folded into this round's verify. Each state first shifts in
+its pending rows (rows row0[b] .. row0[b]+len[b]-1 of the pending journal) exactly as
+``conv1d_commit`` would, and is written; then the block is verified over it.
+``conv1d_flush`` commits pending rows alone.
 """
 from __future__ import annotations
 
@@ -31,13 +37,16 @@ def _conv_dims(conv_state):
 
 @checked("conv1d_verify")
 def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, activation="silu",
-                  journal=None):
+                  journal=None, pending_journal=None, pending_row0=None, pending_len=None):
     """x [T, dim]; weight [dim, W] (or [dim, 1, W]); conv_state [slots, dim, W-1]; slot_ids
     [B]; cu_q [B+1]; out [T, dim] written; bias [dim] or None; activation "silu" or None;
-    journal [T, dim] or None (written: x in the journal's dtype). The argument contract
+    journal [T, dim] or None (written: x in the journal's dtype); the fused mode's pending
+    rows (the state is written then). The argument contract
     (``specdec_lib.contract.conv.conv1d_verify``) runs first. Returns out."""
     slots, dim, W = _conv_dims(conv_state)
     slot_ids, cu_q = np.asarray(slot_ids).astype(np.int64), np.asarray(cu_q).astype(np.int64)
+    if pending_journal is not None:
+        _shift_in(conv_state, slot_ids, pending_journal, pending_row0, pending_len)
     w64 = to_f64(weight).reshape(dim, W)
     b64 = np.zeros(dim) if bias is None else to_f64(bias)
     x64 = to_f64(x)
@@ -60,21 +69,35 @@ def conv1d_verify(x, weight, conv_state, slot_ids, cu_q, out, *, bias=None, acti
     return out
 
 
+def _shift_in(conv_state, slot_ids, rows, row0, n):
+    """state[slot_ids[b]] = (state ++ rows[row0[b] : row0[b] + n[b]])[-(W-1):], rows rounded
+    to the state dtype; padding slots and n[b] = 0 untouched."""
+    W = conv_state.shape[2] + 1
+    row0, n = np.asarray(row0).astype(np.int64), np.asarray(n).astype(np.int64)
+    for bi, slot in enumerate(np.asarray(slot_ids).astype(np.int64)):
+        if slot < 0 or n[bi] == 0:
+            continue
+        r0 = int(row0[bi])
+        ext = np.concatenate([to_f64(conv_state[slot]).T,
+                              round_to(to_f64(rows[r0:r0 + n[bi]]), conv_state.dtype)], axis=0)
+        store(conv_state[slot], ext[-(W - 1):].T)
+
+
 @checked("conv1d_commit")
 def conv1d_commit(conv_state, slot_ids, cu_q, accept_len, journal):
     """Shifts block rows 0..accept_len[b]-1 of ``journal`` [T, dim] (x itself or the copy
     conv1d_verify wrote) into each sequence's conv state, in place. Returns conv_state."""
-    slots, dim, W = _conv_dims(conv_state)
-    slot_ids, cu_q = np.asarray(slot_ids).astype(np.int64), np.asarray(cu_q).astype(np.int64)
-    acc = np.asarray(accept_len).astype(np.int64)
-    for bi, slot in enumerate(slot_ids):
-        n = int(acc[bi])
-        if slot < 0 or n == 0:
-            continue
-        r0 = int(cu_q[bi])
-        ext = np.concatenate([to_f64(conv_state[slot]).T,
-                              round_to(to_f64(journal[r0:r0 + n]), conv_state.dtype)], axis=0)
-        store(conv_state[slot], ext[-(W - 1):].T)
+    _shift_in(conv_state, slot_ids, journal, np.asarray(cu_q)[:-1], accept_len)
+    return conv_state
+
+
+@checked("conv1d_flush")
+def conv1d_flush(conv_state, slot_ids, pending_journal, pending_row0, pending_len):
+    """Commits pending rows (fused mode): state[slot_ids[b]] shifts in rows pending_row0[b]
+    .. + pending_len[b] - 1 of ``pending_journal`` (a previous round's x or journal), in
+    place. For sequences that leave the batch, or before reading a state that a fused
+    verify has not caught up yet. Returns conv_state."""
+    _shift_in(conv_state, slot_ids, pending_journal, pending_row0, pending_len)
     return conv_state
 
 
