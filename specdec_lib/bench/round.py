@@ -224,13 +224,15 @@ _B1 = dict(layers=48, attn_every=4, H=2048, HK=16, HV=32, DK=128, HQ=16, HKV=2, 
            V=151936, experts=11, I=512, L=1000, page=16, k=3)
 
 
-def _b1_round(d):
+def _b1_round(d, fused=False):
     """(buffers, [(name, fn(stream))]) of one B=1 round of library ops: per layer the input
     rms_norm (residual fused), GDN (conv1d_verify, gdn_verify) or attention (rope_append_kv,
     verify_attention), the post rms_norm, the experts' silu_mul; then the final norm,
     spec_sample, seq_stop, every GDN layer's gdn_commit + conv1d_commit, seq_advance,
     draft_carry and draft_combine (the MTP head's input; the head's own layer is left out).
-    The host model's GEMMs, MoE routing and GDN output gate are not library ops: not here."""
+    The host model's GEMMs, MoE routing and GDN output gate are not library ops: not here.
+    ``fused``: the GDN layers' verifies in fused mode (each first commits the previous
+    round's accepted rows: its x / a second journal, accept_len rows) and no commits."""
     from .. import ops
     from ..arrays import DeviceArray
     from ..reference.layers import rope_cos_sin_cache
@@ -277,7 +279,9 @@ def _b1_round(d):
                 A_log=put(rng.uniform(-2, 0.5, HV).astype(np.float32)),
                 dt_bias=put(rng.uniform(-1, 1, HV).astype(np.float32)),
                 state=zeros((1, HV, DK, DK), "float32"), out=zeros((q, HV, DK), "bfloat16"),
-                journal=zeros((q, ops.gdn_journal_width(HK, HV, DK, DK)), "float32")))
+                journal=zeros((q, ops.gdn_journal_width(HK, HV, DK, DK)), "float32"),
+                # the previous round's journal (fused mode: a second buffer)
+                journal_prev=zeros((q, ops.gdn_journal_width(HK, HV, DK, DK)), "float32")))
         else:
             attn_layers.append(dict(
                 q=bf(q, c["HQ"], c["D"]), k=bf(q, c["HKV"], c["D"]), v=bf(q, c["HKV"], c["D"]),
@@ -285,6 +289,11 @@ def _b1_round(d):
                 v_cache=zeros((pages, c["page"], c["HKV"], c["D"]), "bfloat16"),
                 out=zeros((q, c["HQ"], c["D"]), "bfloat16")))
     nc = dict(check_indices=False)
+    row0 = zeros((1,), "int32")
+
+    def pend(journal):   # fused mode's pending rows: accept_len rows of the previous round
+        return dict(pending_journal=journal, pending_row0=row0, pending_len=x["accept_len"]) \
+            if fused else {}
     steps = [("seq_build_block", lambda s: ops.seq_build_block(
         x["last_token"], x["draft_tokens"], x["num_draft"], x["seq_lens"], x["cu_q"],
         x["block_tokens"], x["positions"], x["draft_ids"], stream=s))]
@@ -299,11 +308,12 @@ def _b1_round(d):
             gi += 1
             steps += [("conv1d_verify", lambda s, g=g: ops.conv1d_verify(
                           g["conv_x"], g["conv_w"], g["conv_state"], x["slot"], x["cu_q"],
-                          g["conv_out"], stream=s, **nc)),
+                          g["conv_out"], stream=s, **nc, **pend(g["conv_x"]))),
                       ("gdn_verify", lambda s, g=g: ops.gdn_verify(
                           g["gq"], g["gk"], g["gv"], g["state"], x["slot"], x["cu_q"], g["out"],
                           g["journal"], a=g["ga"], b=g["gb"], A_log=g["A_log"],
-                          dt_bias=g["dt_bias"], qk_l2norm=True, stream=s, **nc))]
+                          dt_bias=g["dt_bias"], qk_l2norm=True, stream=s, **nc,
+                          **pend(g["journal_prev"])))]
         else:
             a = attn_layers[ai]
             ai += 1
@@ -322,7 +332,7 @@ def _b1_round(d):
         ("seq_stop", lambda s: ops.seq_stop(
             x["emitted"], x["num_accepted"], x["out_tokens"], x["out_lens"], x["stop_ids"],
             x["stop_seqs"], x["max_new"], x["accept_len"], x["finished"], stream=s))]
-    for g in gdn_layers:
+    for g in gdn_layers if not fused else ():
         steps += [("gdn_commit", lambda s, g=g: ops.gdn_commit(
                       g["state"], x["slot"], x["cu_q"], x["accept_len"], g["journal"], stream=s, **nc)),
                   ("conv1d_commit", lambda s, g=g: ops.conv1d_commit(
@@ -338,11 +348,11 @@ def _b1_round(d):
     return x, steps
 
 
-def _b1_setup(b: Bench):
+def _b1_setup(b: Bench, fused=False):
     """The round's ``steps`` (``_b1_round`` on b.device) and ``reset()``: it waits for
     b.stream, then puts back what the round's replays advance (seq_lens, out_lens, finished),
     so the next replays stay inside the page table."""
-    x, steps = _b1_round(b.device)
+    x, steps = _b1_round(b.device, fused)
     b.drv.stream_synchronize(0)
     L0 = np.array([_B1["L"]], np.int32)
 
@@ -407,3 +417,23 @@ def bench_round_b1(b: Bench):
                        "us_in_round": round(us * counts[name], 1)})
         print(f"    {name:<18} {us:7.2f} us x {counts[name]:3d} = {us * counts[name]:8.1f} us", flush=True)
     print(f"    {'sum of ops alone':<18} {total:8.1f} us (the graph: {ms * 1e3:.1f} us)", flush=True)
+    # the same round with the GDN layers' verifies in fused mode (no commits: 72 launches fewer)
+    steps_f, reset_f = _b1_setup(b, fused=True)
+
+    def round_fused():
+        for _, fn in steps_f:
+            fn(b.stream)
+    reset_f()
+    ms_f = b.time_graph(round_fused, per_graph=1, repeats=9)
+    reset_f()
+    b.rows.append({"op": "round_b1", "impl": "specdec_lib(fused gdn / conv)", "shape": label,
+                   "us": round(ms_f * 1e3, 1), "launches": len(steps_f)})
+    print(f"  round_b1 fused gdn / conv: {ms_f * 1e3:.1f} us per round as one graph, "
+          f"{len(steps_f)} launches", flush=True)
+    for name in ("conv1d_verify", "gdn_verify"):
+        fn = next(f for n, f in steps_f if n == name)
+        us = b.time_graph(lambda: fn(b.stream), per_graph=20) * 1e3
+        reset_f()
+        b.rows.append({"op": "round_b1_op", "impl": "specdec_lib(fused)", "shape": f"{name} {label}",
+                       "us": round(us, 2), "count": counts[name]})
+        print(f"    {name + ' fused':<18} {us:7.2f} us x {counts[name]:3d}", flush=True)
