@@ -202,3 +202,24 @@ def pending_values(values, r0, n, pending_rows):
     a, b = values(r0), values(n)
     if a is not None and b is not None:
         check_pending(a, b, pending_rows, r0.shape[0])
+
+
+def flush_args(arg, dev, slots, slot_ids, pending_journal, pending_row0, pending_len, status,
+               values, *, dtype, width):
+    """A flush's arguments (gdn_flush, conv1d_flush): slot_ids [B] int32 (values: in range,
+    used once), the pending rows (``pending_args``; values: ``check_pending``), status [B]
+    int32 or None. Returns (slot_ids, pending_journal, row0, len, status) views."""
+    sl = arg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
+    B = sl.shape[0]
+    pj, pr, pn = pending_args(arg, dev, B, pending_journal, pending_row0, pending_len,
+                              dtype=dtype, width=width)
+    if pj.shape[0] >= 2**31:
+        raise ValueError(f"pending_journal: {pj.shape[0]} rows; at most 2^31-1")
+    sa = arg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
+             optional=True)
+    if values is not None:
+        s = values(sl)
+        if s is not None:
+            check_batch(s, np.zeros(B + 1, np.int64), 0, slots)
+    pending_values(values, pr, pn, pj.shape[0])
+    return sl, pj, pr, pn, sa

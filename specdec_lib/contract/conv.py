@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from .._args import DeviceArg
-import numpy as np
-
-from ._batch import (FLOATS, batch_args, batch_values, check_batch, last_contiguous, no_pending,
+from ._batch import (FLOATS, batch_args, batch_values, flush_args, last_contiguous, no_pending,
                      pending_args, pending_values)
 from ._core import check
 
@@ -109,18 +107,7 @@ def conv1d_flush(conv_state, slot_ids, pending_journal, pending_row0, pending_le
     pending rows as in conv1d_verify's fused mode. Returns (conv_state, slot_ids,
     pending_journal, row0, len, status) views."""
     cs, slots, dim, W = state_arg(arg, conv_state)
-    dev = cs.device
-    sl = arg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
-    B = sl.shape[0]
-    pj, pr, pn = pending_args(arg, dev, B, pending_journal, pending_row0, pending_len,
-                              dtype=FLOATS, width=dim)
-    if pj.shape[0] >= 2**31:
-        raise ValueError(f"pending_journal: {pj.shape[0]} rows; at most 2^31-1")
-    sa = arg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
-             optional=True)
-    if values is not None:
-        s = values(sl)
-        if s is not None:
-            check_batch(s, np.zeros(B + 1, np.int64), 0, slots)
-    pending_values(values, pr, pn, pj.shape[0])
+    sl, pj, pr, pn, sa = flush_args(arg, cs.device, slots, slot_ids, pending_journal,
+                                    pending_row0, pending_len, status, values, dtype=FLOATS,
+                                    width=dim)
     return cs, sl, pj, pr, pn, sa

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from .._args import DeviceArg
 from .._validate import as_scale
-from ._batch import (FLOATS, batch_args, batch_values, check_batch, check_pending,  # noqa: F401
-                     last_contiguous, no_pending, on_cuda, pending_args, pending_values,
-                     require_dtype)
+from ._batch import (FLOATS, batch_args, batch_values, flush_args, last_contiguous, no_pending,
+                     on_cuda, pending_args, pending_values, require_dtype)
 from ._core import check
 
 LAYOUTS = ("kv", "vk")
@@ -159,17 +156,8 @@ def gdn_flush(state, slot_ids, pending_journal, pending_row0, pending_len, *, la
     the pending rows as in gdn_verify's fused mode (any journal width that fits the
     state). Returns (state, slot_ids, pending_journal, row0, len, Hk, status)."""
     st, slots, Hv, Dk, Dv = state_arg(arg, state, layout)
-    dev = st.device
-    sl = arg("slot_ids", slot_ids, dtype="int32", ndim=1, device=dev, contiguous=True)
-    B = sl.shape[0]
-    pj, pr, pn = pending_args(arg, dev, B, pending_journal, pending_row0, pending_len,
-                              dtype="float32", width=None)
+    sl, pj, pr, pn, sa = flush_args(arg, st.device, slots, slot_ids, pending_journal,
+                                    pending_row0, pending_len, status, values,
+                                    dtype="float32", width=None)
     Hk = journal_num_k_heads(pj.shape[1], Hv, Dk, Dv, hint=" (was it written for this state?)")
-    sa = arg("status", status, dtype="int32", shape=(B,), device=dev, contiguous=True,
-             optional=True)
-    if values is not None:
-        s = values(sl)
-        if s is not None:
-            check_batch(s, np.zeros(B + 1, np.int64), 0, slots)
-    pending_values(values, pr, pn, pj.shape[0])
     return st, sl, pj, pr, pn, Hk, sa
