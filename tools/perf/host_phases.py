@@ -42,6 +42,9 @@ def main():
     p.add_argument("--replay-probe", type=int, default=0, metavar="N", help="after each "
                    "mode's timed runs, its most used graphs replayed N times in a row each "
                    "and N times alternating (the GPU time of a graph alone and after another)")
+    p.add_argument("--kernels", type=int, default=0, metavar="N", help="after each mode, N "
+                   "replays of its most used graph under torch.profiler: GPU time per kernel "
+                   "name (us a replay, launches a replay)")
     args = p.parse_args()
     if args.batch > 1:
         args.prompts = args.batch
@@ -152,6 +155,8 @@ def main():
                   f"{sorted(xs)[len(xs) // 2]:7.1f} us")
         if args.replay_probe:
             replay_probe(raw, per_key, args.replay_probe)
+        if args.kernels:
+            kernel_profile(raw, per_key, args.kernels)
         smi = os.popen("nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu "
                        "--format=csv,noheader 2>/dev/null").read().strip()
         print(f"    gpu state: {smi}")
@@ -160,6 +165,32 @@ def main():
             print("    live (us, n):", {kk: (round(e2e._median(v) * 1e6, 1), len(v))
                                         for kk, v in sorted(spec._live.items())})
             print("    cost (us):", {kk: round(spec.cost(*kk) * 1e6, 1) for kk in sorted(spec.measured)})
+
+
+def kernel_profile(raw, per_key, n, top=24):
+    """The most used graph replayed ``n`` times under torch.profiler: per kernel name, GPU us
+    and launches a replay (the top ``top`` by time), and the total."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    key = max(per_key, key=lambda k_: len(per_key[k_]))
+    raw[key]()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            raw[key]()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0)
+        if us > 0:
+            rows.append((us / n, e.count / n, e.key))
+    rows.sort(reverse=True)
+    print(f"    kernels of plan {str(key)[:60]} ({n} replays): "
+          f"{sum(r[0] for r in rows):.1f} us, {sum(r[1] for r in rows):.0f} launches a replay")
+    for us, cnt, name in rows[:top]:
+        print(f"      {us:8.1f} us {cnt:6.1f} x  {name[:100]}")
 
 
 def replay_probe(raw, per_key, n):
