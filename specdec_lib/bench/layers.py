@@ -118,3 +118,63 @@ def _bench_fused(b: Bench, peer):
                     b.report("linear", shape, nbytes, b.time_torch_graph(fn), impl=impl)
                 except Exception as e:
                     print(f"  linear: {impl} failed: {type(e).__name__}: {e}")
+
+
+@bench("linear_chain")
+def bench_linear_chain(b: Bench):
+    """SmolLM2-135M's 30 layers of decode GEMMs as one graph, each layer its own weights (212
+    MB: they come from HBM, as in a round, not from L2 as in ``linear``'s rows of one call
+    replayed): qkv (norm + residual fused), o, gate_up (norm + residual + silu_mul), down;
+    through linear (the few-row kernels at M <= 4) and through cuBLAS (torch F.linear, with
+    the library's rms_norm and silu_mul between, what LlamaTarget runs at small_rows=False)."""
+    from ..arrays import DeviceArray
+    from ..ops import linear, rms_norm, silu_mul
+    d, st = b.device, b.stream
+    L, H, I, QKV, eps = 30, 576, 1536, 960, 1e-5
+    peer = _torch()
+    layers = [dict(qkv=_rand((QKV, H), "bfloat16", d, 10 + 4 * i), o=_rand((H, H), "bfloat16", d, 11 + 4 * i),
+                   gate_up=_rand((2 * I, H), "bfloat16", d, 12 + 4 * i),
+                   down=_rand((H, I), "bfloat16", d, 13 + 4 * i), ln=_rand((H,), "bfloat16", d, 5))
+              for i in range(L)]
+    wbytes = L * (QKV * H + H * H + 2 * I * H + H * I) * _E
+    for M in (1, 2, 3, 4):
+        x, r = _rand((M, H), "bfloat16", d, 1), _rand((M, H), "bfloat16", d, 3)
+        s = DeviceArray.empty((M, H), "bfloat16", d)
+        qkv = DeviceArray.empty((M, QKV), "bfloat16", d)
+        mix = DeviceArray.empty((M, H), "bfloat16", d)
+        act = DeviceArray.empty((M, I), "bfloat16", d)
+
+        def chain():
+            for w in layers:
+                linear(x, w["qkv"], qkv, norm_weight=w["ln"], residual=r, residual_out=s, eps=eps,
+                       stream=st)
+                linear(mix, w["o"], x, stream=st)
+                linear(x, w["gate_up"], act, norm_weight=w["ln"], residual=r, residual_out=s,
+                       eps=eps, epilogue="silu_mul", stream=st)
+                linear(act, w["down"], mix, stream=st)
+        shape = f"SmolLM2 30 layers x 4 GEMMs M={M} bf16 (one graph, weights from HBM)"
+        b.report("linear_chain", shape, wbytes, b.time_graph(chain, per_graph=1))
+        if peer is None:
+            continue
+        torch, F = peer
+        tw = [{k: torch.as_tensor(v.to_numpy().view("int16")).view(torch.bfloat16)
+               .to(f"cuda:{d}") for k, v in w.items()} for w in layers]
+        dev = f"cuda:{d}"
+        xt, rt = (torch.randn(M, H, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        ht, st_t = torch.empty_like(xt), torch.empty_like(xt)
+        actt = torch.empty(M, I, device=dev, dtype=torch.bfloat16)
+
+        def cublas_chain():
+            cs = torch.cuda.current_stream().cuda_stream
+            for w in tw:
+                rms_norm(xt, w["ln"], ht, residual=rt, residual_out=st_t, eps=eps, stream=cs)
+                F.linear(ht, w["qkv"])
+                y = F.linear(ht, w["o"])
+                rms_norm(y, w["ln"], ht, residual=rt, residual_out=st_t, eps=eps, stream=cs)
+                silu_mul(F.linear(ht, w["gate_up"]), actt, stream=cs)
+                F.linear(actt, w["down"])
+        try:
+            b.report("linear_chain", shape, wbytes, b.time_torch_graph(cublas_chain, per_graph=1),
+                     impl="cuBLAS + rms_norm / silu_mul")
+        except Exception as e:
+            print(f"  linear_chain: cuBLAS chain failed: {type(e).__name__}: {e}")
