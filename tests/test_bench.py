@@ -10,9 +10,10 @@ def test_bench_families_register_in_order():
     assert list(bench._BENCHES) == ["copy", "append_kv", "verify_attention", "verify_attention_b1",
                                     "verify_attention_kv8", "rope_append_kv",
                                     "gdn_round", "gdn_sweep", "conv1d", "draft_combine", "linear",
-                                    "round_host", "round_b1", "spec_sample"]
+                                    "linear_chain", "round_host", "round_b1", "spec_sample"]
     # a bare `bench` skips the long sweeps (and the 8-bit rows' duplicate)
-    assert bench._OPTIONAL == {"gdn_sweep", "verify_attention_b1", "verify_attention_kv8"}
+    assert bench._OPTIONAL == {"gdn_sweep", "verify_attention_b1", "verify_attention_kv8",
+                               "linear_chain"}
 
 
 def test_bench_without_gpu_says_why(capsys):

@@ -120,7 +120,7 @@ def _bench_fused(b: Bench, peer):
                     print(f"  linear: {impl} failed: {type(e).__name__}: {e}")
 
 
-@bench("linear_chain")
+@bench("linear_chain", default=False)
 def bench_linear_chain(b: Bench):
     """SmolLM2-135M's 30 layers of decode GEMMs as one graph, each layer its own weights (212
     MB: they come from HBM, as in a round, not from L2 as in ``linear``'s rows of one call
