@@ -212,10 +212,7 @@ register(KernelModule(
     kernels={**{f"linear_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES if t != "f32"},
              # at most 4 rows (ops.layers._linear_small): m rows, k units a lane
              **{f"linear_m{m}_k{k}_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES
-                if t != "f32" for m, k in LINEAR_SMALL_SHAPES if (m, k) != (4, 8) or w == t},
-             # 4 rows as two passes of 2 (ops.layers.TUNING["m4_pass"])
-             **{f"linear_m4p2_k{k}_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES
-                if t != "f32" for k in (4, 8) if k == 4 or w == t}},
+                if t != "f32" for m, k in LINEAR_SMALL_SHAPES if (m, k) != (4, 8) or w == t}},
 ))
 
 # the float64 GEMM of the host models on the orchestrator's cuda backend (a plain kernel, so

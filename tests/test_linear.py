@@ -304,23 +304,12 @@ def _call_rows(x, r, w, nw, dtype, rows, variant, offset=0):
     return out.to_numpy(), None if s is None else s.to_numpy()
 
 
-@pytest.fixture(params=[None, 2], ids=["m4", "m4p2"])
-def m4_pass(request):
-    """ops.layers.TUNING["m4_pass"]: 3-4 rows at once (linear_m4_*) or in passes of 2."""
-    from specdec_lib.ops import layers
-    old = dict(layers.TUNING)
-    layers.TUNING["m4_pass"] = request.param
-    yield request.param
-    layers.TUNING.clear()
-    layers.TUNING.update(old)
-
-
 @needs_gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N,K", [(1728, 576), (576, 1536), (3072, 576), (100, 72)])
 @pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[2], VARIANTS[3], VARIANTS[4]],
                          ids=["plain", "norm_res", "silu", "norm_res_silu"])
-def test_linear_gpu_row_invariance(dtype, N, K, variant, rng, m4_pass):
+def test_linear_gpu_row_invariance(dtype, N, K, variant, rng):
     """The same row gives the same bits computed alone (M = 1), inside M = 2, 4, 6, 17 and 64
     calls at different positions (other chunks, other CTAs of gridDim.y; M <= 4 take the
     linear_m* kernels, the others linear_*), and from an unaligned copy
@@ -346,7 +335,7 @@ def test_linear_gpu_row_invariance(dtype, N, K, variant, rng, m4_pass):
 @pytest.mark.parametrize("N,K", [(1728, 576), (576, 1536), (100, 72), (64, 4104), (8, 40000)])
 @pytest.mark.parametrize("unit_offset", [False, True])
 @pytest.mark.parametrize("M", [1, 4, 5, 17])
-def test_linear_gpu_norm_bit_identical_to_rms_norm(dtype, wdtype, N, K, unit_offset, M, rng, m4_pass):
+def test_linear_gpu_norm_bit_identical_to_rms_norm(dtype, wdtype, N, K, unit_offset, M, rng):
     """The fused prologue gives the bits of ops.rms_norm (+ residual) then ops.linear: the same
     h (K = 4104: five of rms_norm's warps; 40000: 1024 threads and past its register cache),
     the same residual_out, so the same output; M <= 4: the linear_m* kernels where K allows

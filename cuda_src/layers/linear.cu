@@ -495,20 +495,32 @@ __device__ __forceinline__ void linear(const LinearParams& p) {
 // rms_norm's norm_threads threads owns one unit at these K: virtual warp v = lane unit v).
 // No shared memory, no barrier: at batch 1 linear's staging, 16-row chunks and barriers were
 // most of its time (1.5x cuBLAS, s32).
-// Rows base .. base + MR - 1 (those below p.rows) of linear_small, from the warp's weights wv.
-template <typename T, typename W, int MR, int kSmallUnits>
-__device__ __forceinline__ void small_rows_pass(const LinearParams& p, const Unit<T> (&wv)[kCols][kSmallUnits],
-                                                int64_t base, int64_t group, const int64_t (&col)[kCols],
-                                                const bool (&ok)[kCols]) {
+template <typename T, typename W, int MR, int kSmallUnits>   // units per lane: K <= 256 * kSmallUnits
+__device__ __forceinline__ void linear_small(const LinearParams& p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int K = p.width, units = K / kUnit;
+  const int K = p.width, units = K / kUnit;    // vec: K % 8 == 0
   const bool silu = p.silu_mul != 0, norm = p.norm_weight != nullptr;
   const bool fused = p.residual != nullptr;
-  const int mc = static_cast<int>(min(static_cast<int64_t>(MR), p.rows - base));
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + warp;
+  int64_t col[kCols];
+  bool ok[kCols];
+  warp_columns(p, group, silu, col, ok);
+  Unit<T> wv[kCols][kSmallUnits];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const T* wrow = static_cast<const T*>(p.weight) + (ok[c] ? col[c] : 0) * static_cast<int64_t>(K);
+#pragma unroll
+    for (int j = 0; j < kSmallUnits; ++j) {
+      const int u = lane + 32 * j;
+      wv[c][j] = ok[c] && u < units ? load_u<T>(wrow, u, K, true) : zero_unit<T>();
+    }
+  }
+  pdl_begin();                               // everything below reads what a launch may write
+  const int mc = static_cast<int>(min(static_cast<int64_t>(MR), p.rows));
   Unit<T> h[MR][kSmallUnits];
 #pragma unroll
   for (int m = 0; m < MR; ++m) {
-    const RowPtrs q = row_ptrs<T>(p, base + (m < mc ? m : 0));
+    const RowPtrs q = row_ptrs<T>(p, m < mc ? m : 0);
 #pragma unroll
     for (int j = 0; j < kSmallUnits; ++j) {
       const int u = lane + 32 * j;
@@ -529,7 +541,7 @@ __device__ __forceinline__ void small_rows_pass(const LinearParams& p, const Uni
         for (int j = 0; j < kSmallUnits; ++j) {
           const int u = lane + 32 * j;
           if (m < mc && u < units)
-            store_u<T>(static_cast<T*>(row_ptrs<T>(p, base + m).res_out), u, K, true, h[m][j]);
+            store_u<T>(static_cast<T*>(row_ptrs<T>(p, m).res_out), u, K, true, h[m][j]);
         }
     }
     const int nvw = p.norm_threads >> 5;      // rms_norm's warps: one unit a thread here
@@ -579,41 +591,12 @@ __device__ __forceinline__ void small_rows_pass(const LinearParams& p, const Uni
   }
   const int m = lane / kCols, c = lane % kCols;
   if (m >= mc) return;
-  T* orow = static_cast<T*>(p.out) + (base + m) * p.out_stride;
+  T* orow = static_cast<T*>(p.out) + m * p.out_stride;
   if (silu) {
     if (c == 0 && ok[0]) orow[group] = from_float<T>(accurate_silu(v) * up);
   } else if (c ? ok[1] : ok[0]) {
     orow[c ? col[1] : col[0]] = from_float<T>(v);
   }
-}
-
-
-// PASS < MR: the rows in passes of PASS over the same weight registers (linear_m4p2_*: 4 rows
-// as two passes of 2, the registers of the 2-row form; s41: the 4-row form's 140-251
-// registers a thread kept it from starting early beside its predecessor in a round). Each
-// row's arithmetic is the same either way: bit-identical outputs.
-template <typename T, typename W, int MR, int kSmallUnits, int PASS = MR>   // units per lane: K <= 256 * kSmallUnits
-__device__ __forceinline__ void linear_small(const LinearParams& p) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int K = p.width, units = K / kUnit;    // vec: K % 8 == 0
-  const int64_t group = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + warp;
-  int64_t col[kCols];
-  bool ok[kCols];
-  warp_columns(p, group, p.silu_mul != 0, col, ok);
-  Unit<T> wv[kCols][kSmallUnits];
-#pragma unroll
-  for (int c = 0; c < kCols; ++c) {
-    const T* wrow = static_cast<const T*>(p.weight) + (ok[c] ? col[c] : 0) * static_cast<int64_t>(K);
-#pragma unroll
-    for (int j = 0; j < kSmallUnits; ++j) {
-      const int u = lane + 32 * j;
-      wv[c][j] = ok[c] && u < units ? load_u<T>(wrow, u, K, true) : zero_unit<T>();
-    }
-  }
-  pdl_begin();                               // everything below reads what a launch may write
-#pragma unroll
-  for (int base = 0; base < MR; base += PASS)
-    if (base == 0 || base < p.rows) small_rows_pass<T, W, PASS, kSmallUnits>(p, wv, base, group, col, ok);
 }
 
 }  // namespace
@@ -644,15 +627,3 @@ SPECDEC_LINEAR_SMALL(bf16_wbf16, bf16_t, bf16_t)
 SPECDEC_LINEAR_SMALL(bf16_wf32, bf16_t, float)
 SPECDEC_LINEAR_SMALL_MK(f16_wf16, __half, __half, 4, 8)
 SPECDEC_LINEAR_SMALL_MK(bf16_wbf16, bf16_t, bf16_t, 4, 8)
-// 4 rows as two passes of 2 (linear_small's PASS): linear_m4p2_k{4,8}_*, the same kernels' set
-#define SPECDEC_LINEAR_SMALL_M4P2(NAME, T, W, U)                                            \
-  extern "C" __global__ void __launch_bounds__(kThreads) linear_m4p2_k##U##_##NAME(         \
-      const LinearParams p) {                                                               \
-    linear_small<T, W, 4, U, 2>(p);                                                         \
-  }
-SPECDEC_LINEAR_SMALL_M4P2(f16_wf16, __half, __half, 4)
-SPECDEC_LINEAR_SMALL_M4P2(f16_wf32, __half, float, 4)
-SPECDEC_LINEAR_SMALL_M4P2(bf16_wbf16, bf16_t, bf16_t, 4)
-SPECDEC_LINEAR_SMALL_M4P2(bf16_wf32, bf16_t, float, 4)
-SPECDEC_LINEAR_SMALL_M4P2(f16_wf16, __half, __half, 8)
-SPECDEC_LINEAR_SMALL_M4P2(bf16_wbf16, bf16_t, bf16_t, 8)

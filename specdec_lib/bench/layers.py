@@ -153,15 +153,7 @@ def bench_linear_chain(b: Bench):
                        eps=eps, epilogue="silu_mul", stream=st)
                 linear(act, w["down"], mix, stream=st)
         shape = f"SmolLM2 30 layers x 4 GEMMs M={M} bf16 (one graph, weights from HBM)"
-        from ..ops import layers as ops_layers
-        for m4_pass in ((4, 2) if M > 2 else (None,)):
-            old = dict(ops_layers.TUNING)
-            ops_layers.TUNING["m4_pass"] = m4_pass
-            try:
-                b.report("linear_chain", shape, wbytes, b.time_graph(chain, per_graph=1),
-                         impl="specdec_lib" + (f"(m4 in passes of {m4_pass})" if m4_pass else ""))
-            finally:
-                ops_layers.TUNING.update(old)
+        b.report("linear_chain", shape, wbytes, b.time_graph(chain, per_graph=1))
         if peer is None:
             continue
         torch, F = peer

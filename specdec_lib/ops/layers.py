@@ -30,11 +30,6 @@ _LINEAR_THREADS = 128         # linear: blockDim (kThreads: 4 warps of two colum
 _GRID_Y_MAX = 65535
 _LINEAR_CARVEOUT = set()      # linear kernel handles whose shared-memory carveout was raised
 _UNROLL = 4                   # 16-byte units per thread that blockDim is sized for
-# "m4_pass": how linear's few-row kernels take 3-4 rows: 4 (linear_m4_*: all rows at once) or
-# 2 (linear_m4p2_*: two passes of 2 over the same weight registers, the 2-row form's register
-# count; bit-identical). None = 4. s41: in SmolLM2's graphed rounds the 4-row form ran slower
-# than cuBLAS (bench linear_chain measures both against it).
-TUNING = {"m4_pass": None}
 _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}   # kernel name suffixes
 
 
@@ -247,7 +242,7 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     wdt = _SHORT[nw.dtype if norm else dt]
     ku = _linear_small(M, K, vec_x and vec_w, wdt == _SHORT[dt])
     if ku is not None:                          # the same bits: weights and x in registers
-        mr = "1" if M == 1 else "2" if M == 2 else "4p2" if TUNING["m4_pass"] == 2 else "4"
+        mr = 1 if M == 1 else 2 if M == 2 else 4
         k = runtime.kernel("linear", f"linear_m{mr}_k{ku}_{_SHORT[dt]}_w{wdt}", dev)
         gy = 1
     else:
