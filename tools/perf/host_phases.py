@@ -42,10 +42,16 @@ def main():
     p.add_argument("--replay-probe", type=int, default=0, metavar="N", help="after each "
                    "mode's timed runs, its most used graphs replayed N times in a row each "
                    "and N times alternating (the GPU time of a graph alone and after another)")
+    p.add_argument("--small-rows-max", type=int, default=None, metavar="R", help="the target's "
+                   "passes of <= R rows on linear's few-row kernels (models.llama.SMALL_ROWS_MAX, "
+                   "default 2; at most 4)")
     p.add_argument("--kernels", type=int, default=0, metavar="N", help="after each mode, N "
                    "replays of its most used graph under torch.profiler: GPU time per kernel "
                    "name (us a replay, launches a replay)")
     args = p.parse_args()
+    if args.small_rows_max is not None:
+        from specdec_lib.models import llama
+        llama.SMALL_ROWS_MAX = args.small_rows_max
     if args.batch > 1:
         args.prompts = args.batch
     be = e2e.make_backend("torch")
