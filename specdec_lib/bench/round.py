@@ -382,6 +382,17 @@ def _floor_copy(b: Bench):
     return lambda: ops.copy(one_a, one_b, stream=b.stream)
 
 
+def _graph_round(b: Bench, steps, reset) -> float:
+    """Median ms of the round's ``steps`` replayed as one graph (``reset`` before and after)."""
+    def round_():
+        for _, fn in steps:
+            fn(b.stream)
+    reset()
+    ms = b.time_graph(round_, per_graph=1, repeats=9)
+    reset()
+    return ms
+
+
 @bench("round_b1")
 def bench_round_b1(b: Bench):
     """One B=1 round of a Qwen3-Next-like hybrid (``_b1_round``), replayed as one CUDA graph;
@@ -390,13 +401,7 @@ def bench_round_b1(b: Bench):
     steps, reset = _b1_setup(b)
     label = _b1_label()
     floor = b.time_graph(_floor_copy(b), per_graph=100)
-
-    def round_():
-        for _, fn in steps:
-            fn(b.stream)
-    reset()
-    ms = b.time_graph(round_, per_graph=1, repeats=9)
-    reset()
+    ms = _graph_round(b, steps, reset)
     n = len(steps)
     b.rows.append({"op": "round_b1", "impl": "specdec_lib", "shape": label, "us": round(ms * 1e3, 1),
                    "launches": n, "floor_us": round(floor * 1e3, 3),
@@ -419,13 +424,7 @@ def bench_round_b1(b: Bench):
     print(f"    {'sum of ops alone':<18} {total:8.1f} us (the graph: {ms * 1e3:.1f} us)", flush=True)
     # the same round with the GDN layers' verifies in fused mode (no commits: 72 launches fewer)
     steps_f, reset_f = _b1_setup(b, fused=True)
-
-    def round_fused():
-        for _, fn in steps_f:
-            fn(b.stream)
-    reset_f()
-    ms_f = b.time_graph(round_fused, per_graph=1, repeats=9)
-    reset_f()
+    ms_f = _graph_round(b, steps_f, reset_f)
     b.rows.append({"op": "round_b1", "impl": "specdec_lib(fused gdn / conv)", "shape": label,
                    "us": round(ms_f * 1e3, 1), "launches": len(steps_f)})
     print(f"  round_b1 fused gdn / conv: {ms_f * 1e3:.1f} us per round as one graph, "
