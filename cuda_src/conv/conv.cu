@@ -62,9 +62,9 @@ __device__ __forceinline__ bool pending_ok(int row0, int n, int rows) {
 // The conv state after n more inputs: entry m (0 <= m < keep, oldest first) is (state ++
 // rows)[m + n], where rows[i] is element rb + i * rs of `rows` (rb: channel c of the first
 // row). Raw bits first, so that every entry's load is in flight at once, values after; a row
-// enters rounded to the state dtype. The commits and the fused verify gather with these. (One
-// load from a selected address: two predicated loads made the generic verify's 7 entries
-// twice the code, and ptxas spilled.)
+// enters rounded to the state dtype. The commits and the fused verify gather with these (the
+// generic verify through shift_in, before its own state loads: gathering in its window's
+// loop made ptxas spill).
 __device__ __forceinline__ uint32_t shifted_raw(int m, int n, int keep, const void* state, int64_t sb,
                                                 int sdt, const void* rows, int64_t rb, int64_t rs, int rdt) {
   return m + n < keep ? load_raw_rw(state, sb + m + n, sdt) : load_raw(rows, rb + (m + n - keep) * rs, rdt);

@@ -203,21 +203,26 @@ def conv1d_commit(conv_state: ArrayLike, slot_ids: ArrayLike, cu_q: ArrayLike,
     cs, ja, sl, cq, al, sa = contract.conv1d_commit(
         conv_state, slot_ids, cu_q, accept_len, journal, status=status,
         values=index_values(stream_h) if check_indices else None)
-    slots, dim, wm1 = cs.shape
-    W = wm1 + 1
+    dim = cs.shape[1]
     T, B = ja.shape[0], sl.shape[0]
     _check_batch_size(B)
-    dev = cs.device
-    j_st = ja.strides[0]
     if B == 0 or ((T == 0 or dim == 0) and status is None):
         return conv_state
-    kern = runtime.kernel("conv", commit_kernel(W, ja.dtype, cs.dtype), dev)
-    from .. import _conv
-    _conv.launch_conv1d_commit(kern, max(1, (dim + _THREADS - 1) // _THREADS), B, _THREADS, stream_h,
-                               cs.ptr, sl.ptr, cq.ptr, al.ptr, ja.ptr, sa.ptr, j_st,
-                               cs.strides[0], cs.strides[1], T, B, dim, W, slots,
-                               _DT_CODE[ja.dtype], _DT_CODE[cs.dtype])
+    _launch_commit(cs, sl, cq.ptr, 0, al, ja, sa, stream_h)
     return conv_state
+
+
+def _launch_commit(cs, sl, cu_q_ptr, row0_ptr, n, rows, sa, stream_h):
+    """The commit kernel over the views: sequence b shifts in n[b] rows of ``rows`` from
+    cu_q[b] (conv1d_commit) or, cu_q_ptr 0, from row0[b] (conv1d_flush: conv.cu commit_range)."""
+    slots, dim, wm1 = cs.shape
+    kern = runtime.kernel("conv", commit_kernel(wm1 + 1, rows.dtype, cs.dtype), cs.device)
+    from .. import _conv
+    _conv.launch_conv1d_commit(kern, max(1, (dim + _THREADS - 1) // _THREADS), sl.shape[0], _THREADS,
+                               stream_h, cs.ptr, sl.ptr, cu_q_ptr, n.ptr, rows.ptr, sa.ptr,
+                               rows.strides[0], cs.strides[0], cs.strides[1], rows.shape[0],
+                               sl.shape[0], dim, wm1 + 1, slots, _DT_CODE[rows.dtype],
+                               _DT_CODE[cs.dtype], row0_ptr)
 
 
 def conv1d_flush(conv_state: ArrayLike, slot_ids: ArrayLike, pending_journal: ArrayLike,
@@ -233,16 +238,10 @@ def conv1d_flush(conv_state: ArrayLike, slot_ids: ArrayLike, pending_journal: Ar
     cs, sl, pj, pr, pn, sa = contract.conv1d_flush(
         conv_state, slot_ids, pending_journal, pending_row0, pending_len, status=status,
         values=index_values(stream_h) if check_indices else None)
-    slots, dim, wm1 = cs.shape
+    dim = cs.shape[1]
     B = sl.shape[0]
     _check_batch_size(B)
     if B == 0 or (dim == 0 and status is None):
         return conv_state
-    # the commit kernel with row0 instead of cu_q (conv.cu commit_range)
-    kern = runtime.kernel("conv", commit_kernel(wm1 + 1, pj.dtype, cs.dtype), cs.device)
-    from .. import _conv
-    _conv.launch_conv1d_commit(kern, max(1, (dim + _THREADS - 1) // _THREADS), B, _THREADS, stream_h,
-                               cs.ptr, sl.ptr, 0, pn.ptr, pj.ptr, sa.ptr, pj.strides[0],
-                               cs.strides[0], cs.strides[1], pj.shape[0], B, dim, wm1 + 1, slots,
-                               _DT_CODE[pj.dtype], _DT_CODE[cs.dtype], pr.ptr)
+    _launch_commit(cs, sl, 0, pr.ptr, pn, pj, sa, stream_h)
     return conv_state
