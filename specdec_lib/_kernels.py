@@ -210,7 +210,7 @@ register(KernelModule(
     source="cuda_src/layers/linear.cu",
     params_header="layers/linear_params.h",
     kernels={**{f"linear_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES if t != "f32"},
-             # at most 4 rows (ops.layers._linear_small): m rows, k units a lane
+             # few rows (ops.layers._linear_small): m rows a CTA, k units a lane
              **{f"linear_m{m}_k{k}_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES
                 if t != "f32" for m, k in LINEAR_SMALL_SHAPES if (m, k) != (4, 8) or w == t}},
 ))

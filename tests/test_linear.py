@@ -252,7 +252,7 @@ def _run(x, r, w, nw, dtype, wdtype, norm, res, epilogue, eps=1e-6, unit_offset=
 @needs_gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N,K", SMOL + ODD)
-@pytest.mark.parametrize("M", [1, 3, 4, 16, 17, 64, 256])
+@pytest.mark.parametrize("M", [1, 3, 4, 8, 16, 17, 64, 256])
 def test_linear_gpu(dtype, N, K, M, rng):
     x, r, w, nw = _case(rng, M, N, K, dtype, dtype)
     _, want = _want(x, r, w, nw, dtype, False, False, None)
@@ -311,7 +311,7 @@ def _call_rows(x, r, w, nw, dtype, rows, variant, offset=0):
                          ids=["plain", "norm_res", "silu", "norm_res_silu"])
 def test_linear_gpu_row_invariance(dtype, N, K, variant, rng):
     """The same row gives the same bits computed alone (M = 1), inside M = 2, 4, 6, 17 and 64
-    calls at different positions (other chunks, other CTAs of gridDim.y; M <= 4 take the
+    calls at different positions (other chunks, other CTAs of gridDim.y; M <= 8 take the
     linear_m* kernels, the others linear_*), and from an unaligned copy
     (scalar loads)."""
     x, r, w, nw = _case(rng, 64, N, K, dtype, dtype)
@@ -327,6 +327,30 @@ def test_linear_gpu_row_invariance(dtype, N, K, variant, rng):
                 np.testing.assert_array_equal(_bits(got_s[pos]), _bits(full_s[row]))
         got, _ = _call_rows(x, r, w, nw, dtype, [row, others[0], others[1]], variant, offset=1)
         np.testing.assert_array_equal(_bits(got[0]), _bits(full[row]))
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype,wdtype", [("bfloat16", "bfloat16"), ("float16", "float32")])
+@pytest.mark.parametrize("N,K", [(1728, 576), (576, 1536), (3072, 576), (100, 72)])
+@pytest.mark.parametrize("cta_rows", [1, 2, 4])
+@pytest.mark.parametrize("variant", [VARIANTS[2], VARIANTS[4]], ids=["norm_res", "norm_res_silu"])
+def test_linear_gpu_few_row_cta_rows(dtype, wdtype, N, K, cta_rows, variant, monkeypatch, rng):
+    """Every rows-a-CTA choice of the few-row kernels (gridDim.y CTA rows, the last one
+    ragged) gives each row the bits of the chunked kernel's 17-row call, residual_out
+    included, for M = 1 .. 8; and the values of the reference."""
+    from specdec_lib.ops import layers as ops_layers
+    _, norm, res, epi = variant
+    x, r, w, nw = _case(rng, 17, N, K, dtype, wdtype)
+    full, full_s = _run(x, r, w, nw, dtype, wdtype, norm, res, epi)
+    full, full_s = full.to_numpy(), full_s.to_numpy()
+    monkeypatch.setitem(ops_layers.TUNING, "linear_cta_rows", cta_rows)
+    for M in range(1, ops_layers.LINEAR_FAST_MAX_ROWS + 1):
+        out, s = _run(x[M:2 * M], r[M:2 * M], w, nw, dtype, wdtype, norm, res, epi)
+        np.testing.assert_array_equal(_bits(out.to_numpy()), _bits(full[M:2 * M]))
+        np.testing.assert_array_equal(_bits(s.to_numpy()), _bits(full_s[M:2 * M]))
+    s_want, want = _want(x[3:6], r[3:6], w, nw, dtype, norm, res, epi)
+    out, _ = _run(x[3:6], r[3:6], w, nw, dtype, wdtype, norm, res, epi)
+    assert rel_err(_host(out, dtype), want) < TOL[dtype]
 
 
 @needs_gpu

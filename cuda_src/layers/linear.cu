@@ -486,8 +486,9 @@ __device__ __forceinline__ void linear(const LinearParams& p) {
 }
 
 // ---------------------------------------------------------------- at most 4 rows (decode)
-// linear_m{1,2,4}_*: the outputs of linear, bit for bit, for M <= MR rows when every access
-// is 16 bytes (vec_x, vec_w) and K <= 32 * kSmallUnits * kUnit (2048). A warp holds its two
+// linear_m{1,2,4}_*: the outputs of linear, bit for bit, for MR rows a CTA (rows MR * y ..,
+// y = blockIdx.y: the launcher's gridDim.y covers M) when every access is 16 bytes (vec_x,
+// vec_w) and K <= 32 * kSmallUnits * kUnit (2048). A warp holds its two
 // columns' whole weight rows (requested before the PDL wait: one memory trip that overlaps
 // the predecessor) and its rows' x in registers (the second trip), then does linear's fmaf
 // chains and the warp_sum tree (linear's reduce-scatter adds the same pairs). A norm is
@@ -516,11 +517,12 @@ __device__ __forceinline__ void linear_small(const LinearParams& p) {
     }
   }
   pdl_begin();                               // everything below reads what a launch may write
-  const int mc = static_cast<int>(min(static_cast<int64_t>(MR), p.rows));
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * MR;    // this CTA row's first row
+  const int mc = static_cast<int>(min(static_cast<int64_t>(MR), p.rows - row0));
   Unit<T> h[MR][kSmallUnits];
 #pragma unroll
   for (int m = 0; m < MR; ++m) {
-    const RowPtrs q = row_ptrs<T>(p, m < mc ? m : 0);
+    const RowPtrs q = row_ptrs<T>(p, row0 + (m < mc ? m : 0));
 #pragma unroll
     for (int j = 0; j < kSmallUnits; ++j) {
       const int u = lane + 32 * j;
@@ -541,7 +543,7 @@ __device__ __forceinline__ void linear_small(const LinearParams& p) {
         for (int j = 0; j < kSmallUnits; ++j) {
           const int u = lane + 32 * j;
           if (m < mc && u < units)
-            store_u<T>(static_cast<T*>(row_ptrs<T>(p, m).res_out), u, K, true, h[m][j]);
+            store_u<T>(static_cast<T*>(row_ptrs<T>(p, row0 + m).res_out), u, K, true, h[m][j]);
         }
     }
     const int nvw = p.norm_threads >> 5;      // rms_norm's warps: one unit a thread here
@@ -591,7 +593,7 @@ __device__ __forceinline__ void linear_small(const LinearParams& p) {
   }
   const int m = lane / kCols, c = lane % kCols;
   if (m >= mc) return;
-  T* orow = static_cast<T*>(p.out) + m * p.out_stride;
+  T* orow = static_cast<T*>(p.out) + (row0 + m) * p.out_stride;
   if (silu) {
     if (c == 0 && ok[0]) orow[group] = from_float<T>(accurate_silu(v) * up);
   } else if (c ? ok[1] : ok[0]) {

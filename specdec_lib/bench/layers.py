@@ -125,8 +125,9 @@ def bench_linear_chain(b: Bench):
     """SmolLM2-135M's 30 layers of decode GEMMs as one graph, each layer its own weights (212
     MB: they come from HBM, as in a round, not from L2 as in ``linear``'s rows of one call
     replayed): qkv (norm + residual fused), o, gate_up (norm + residual + silu_mul), down;
-    through linear (the few-row kernels at M <= 4) and through cuBLAS (torch F.linear, with
-    the library's rms_norm and silu_mul between, what LlamaTarget runs at small_rows=False)."""
+    through linear (the few-row kernels at M <= 8, then each other rows-a-CTA choice) and
+    through cuBLAS (torch F.linear, with the library's rms_norm and silu_mul between, what
+    LlamaTarget runs at small_rows=False)."""
     from ..arrays import DeviceArray
     from ..ops import linear, rms_norm, silu_mul
     d, st = b.device, b.stream
@@ -137,7 +138,8 @@ def bench_linear_chain(b: Bench):
                    down=_rand((H, I), "bfloat16", d, 13 + 4 * i), ln=_rand((H,), "bfloat16", d, 5))
               for i in range(L)]
     wbytes = L * (QKV * H + H * H + 2 * I * H + H * I) * _E
-    for M in (1, 2, 3, 4):
+    from ..ops import layers as ops_layers
+    for M in range(1, 9):
         x, r = _rand((M, H), "bfloat16", d, 1), _rand((M, H), "bfloat16", d, 3)
         s = DeviceArray.empty((M, H), "bfloat16", d)
         qkv = DeviceArray.empty((M, QKV), "bfloat16", d)
@@ -154,6 +156,15 @@ def bench_linear_chain(b: Bench):
                 linear(act, w["down"], mix, stream=st)
         shape = f"SmolLM2 30 layers x 4 GEMMs M={M} bf16 (one graph, weights from HBM)"
         b.report("linear_chain", shape, wbytes, b.time_graph(chain, per_graph=1))
+        for mr in (1, 2, 4):                  # each rows-a-CTA choice (the default's above)
+            if mr == ops_layers._linear_small(M, H, True, True)[0]:
+                continue
+            ops_layers.TUNING["linear_cta_rows"] = mr
+            try:
+                b.report("linear_chain", shape, wbytes, b.time_graph(chain, per_graph=1),
+                         impl=f"linear {mr} rows a CTA")
+            finally:
+                ops_layers.TUNING["linear_cta_rows"] = None
         if peer is None:
             continue
         torch, F = peer

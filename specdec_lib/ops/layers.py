@@ -172,20 +172,29 @@ def silu_mul(x: ArrayLike, out: ArrayLike, *, stream: Stream = None) -> ArrayLik
     return out
 
 
-LINEAR_FAST_MAX_ROWS = 4       # linear's few-row kernels (linear_m*_k*): rows ...
+LINEAR_FAST_MAX_ROWS = 8       # linear's few-row kernels (linear_m*_k*): rows ...
 LINEAR_FAST_MAX_K = 2048       # ... and K they take (16-byte aligned rows, K % 8 == 0)
+# Rows a CTA of the few-row kernels takes (MR: 1, 2 or 4; gridDim.y = ceil(M / MR) CTA rows
+# over the same columns). A warp normalises and multiplies each of its rows in one dependent
+# chain, so at batch 1 more CTA rows of fewer rows each run faster; the weights are read
+# once from HBM and again from L2 by each CTA row. None: the measured table below; an int
+# forces it (benchmarks).
+TUNING = {"linear_cta_rows": None}
+_LINEAR_CTA_ROWS = {1: 1, 2: 2}   # M -> MR; other M: 1
 
 
 def _linear_small(M, K, vec, norm_weight_16bit):
-    """Units a lane (4: K <= 1024, 8: K <= 2048) of the linear_m*_k* kernel for M rows of
-    width K, or None (linear_*): at most 4 rows, every access 16 bytes; 3-4 rows of K > 1024
-    only with a 16-bit norm weight (the float32 one's form spills)."""
+    """(rows a CTA, units a lane) of the linear_m*_k* kernels for M rows of width K (units a
+    lane 4: K <= 1024, 8: K <= 2048), or None (linear_*): at most LINEAR_FAST_MAX_ROWS
+    rows, every access 16 bytes; 4 rows a CTA at K > 1024 only with a 16-bit norm weight
+    (the float32 one's form spills), else 2."""
     if not vec or M > LINEAR_FAST_MAX_ROWS or K > LINEAR_FAST_MAX_K:
         return None
+    mr = TUNING["linear_cta_rows"] or _LINEAR_CTA_ROWS.get(M, 1)
     k = 4 if K <= 1024 else 8
-    if k == 8 and M > 2 and not norm_weight_16bit:
-        return None
-    return k
+    if k == 8 and mr == 4 and not norm_weight_16bit:
+        mr = 2
+    return mr, k
 
 
 def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
@@ -240,11 +249,11 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
                             | (_row_bytes(r) | _row_bytes(ro) if fused else 0)) % 16 == 0
     vec_w = K % 8 == 0 and wa.ptr % 16 == 0
     wdt = _SHORT[nw.dtype if norm else dt]
-    ku = _linear_small(M, K, vec_x and vec_w, wdt == _SHORT[dt])
-    if ku is not None:                          # the same bits: weights and x in registers
-        mr = 1 if M == 1 else 2 if M == 2 else 4
+    small = _linear_small(M, K, vec_x and vec_w, wdt == _SHORT[dt])
+    if small is not None:                       # the same bits: weights and x in registers
+        mr, ku = small
         k = runtime.kernel("linear", f"linear_m{mr}_k{ku}_{_SHORT[dt]}_w{wdt}", dev)
-        gy = 1
+        gy = -(-M // mr)
     else:
         k = runtime.kernel("linear", f"linear_{_SHORT[dt]}_w{wdt}", dev)
         if k not in _LINEAR_CARVEOUT:           # 44 KB of static smem: 3 CTAs per SM want it
