@@ -548,19 +548,23 @@ __device__ __forceinline__ void linear_small(const LinearParams& p) {
     }
     const int nvw = p.norm_threads >> 5;      // rms_norm's warps: one unit a thread here
     const float off = p.unit_offset ? 1.f : 0.f;
+    // Every row and every j unconditionally (rows past mc and units past K hold zeros, and
+    // lanes past nvw are masked below): no branch between the independent shuffle trees, so
+    // they interleave instead of running one after another.
 #pragma unroll
     for (int m = 0; m < MR; ++m) {
-      if (m >= mc) continue;
-      float mine = 0.f;
+      float total[kSmallUnits];
 #pragma unroll
       for (int j = 0; j < kSmallUnits; ++j) {
-        if (j >= nvw) break;
         float ss = 0.f;
 #pragma unroll
         for (int e = 0; e < kUnit; ++e) { const float f = get(h[m][j], e); ss = fmaf(f, f, ss); }
-        const float total = warp_sum(ss);     // cta_sum's first step, for rms_norm's warp j
-        if (lane == j) mine = total;
+        total[j] = warp_sum(ss);              // cta_sum's first step, for rms_norm's warp j
       }
+      float mine = 0.f;
+#pragma unroll
+      for (int j = 0; j < kSmallUnits; ++j)
+        if (lane == j) mine = total[j];
       const float sum = warp_sum(lane < nvw ? mine : 0.f);   // cta_sum's second step
       const float inv = rsqrtf(__fdiv_rn(sum, static_cast<float>(K)) + p.eps);
 #pragma unroll
