@@ -11,7 +11,8 @@ none waiting: the drain objective; host_phases' B=32 case), ``stream`` (4B reque
 B slots, freed slots refilled). A warm-up call calibrates the costs first (then
 ``forget_acceptance``, as ``SpeculativeDecoder.calibrate``); only later calls are timed.
 
-Prints us a round per method (mean over the timed rounds, best of ``--repeat``).
+Prints us a round per method (mean over the timed rounds; of ``--repeat`` runs, interleaved
+with ``--against``'s, the one of least total: this machine's speed drifts).
 ``--against REV`` also runs the AutoK of ``git show REV:specdec_lib/orchestrator/policy.py``
 on the same seeds and checks that both make the same plans round for round.
 
@@ -175,19 +176,19 @@ def main():
     for B in map(int, args.slots.split(",")):
         for K in map(int, args.kmax.split(",")):
             for mode in args.modes.split(","):
-                seen = {}
-                for name, cls in impls:
-                    best = None
-                    for _ in range(args.repeat):
+                seen, best = {}, {}
+                for _ in range(args.repeat):        # interleaved: the CPU's speed drifts
+                    for name, cls in impls:
                         plans, us = run(cls, B, K, mode, args.rounds, args.seed,
                                         graphs=not args.eager)
-                        tot = sum(us.values())
-                        if best is None or tot < best[1]:
-                            best = (us, tot)
-                    seen[name] = plans
-                    us, tot = best
+                        seen[name] = plans
+                        if name not in best or sum(us.values()) < sum(best[name].values()):
+                            best[name] = us
+                for name, _ in impls:
+                    us = best[name]
                     print(f"{name:>8} {B:>3} {K:>2} {mode:>6} "
-                          + " ".join(f"{us[c]:12.1f}" for c in cols) + f" {tot:8.1f}")
+                          + " ".join(f"{us[c]:12.1f}" for c in cols)
+                          + f" {sum(us.values()):8.1f}")
                 if len(seen) == 2:
                     a, b = seen.values()
                     same = a == b
