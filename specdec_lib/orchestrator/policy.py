@@ -251,12 +251,15 @@ class AutoK:
         self._rounds = 0
         self._interval = self.probe_every
         K = self.k_max
-        # pooled counts, [0] accepted and [1] tried per position (one array: one decay)
+        # pooled counts, [0] accepted and [1] tried per position (kept across calls: start()
+        # moves them into the last row of the counts' array)
         self._pool = np.zeros((2, K))
-        self.pool_acc, self.pool_tries = self._pool[0], self._pool[1]
-        # _reach[c, j] = 1.0 where position j + 1 <= c: the positions a count c reaches
-        self._reach = (np.arange(1, K + 1)[None, :] <= np.arange(K + 1)[:, None]).astype(float)
-        self._hit_try = np.asarray([[0], [1]])      # + num_accepted: accepted / tried reach
+        # what a round adds to a slot's counts, [q, c]: [0] accepted, [1] tried per position,
+        # for q drafts verified and c = num_accepted + 1 (clipped to 0..K + 1; 0: idle): draft
+        # j is accepted where j <= min(c - 1, q), tried where j <= min(c, q)
+        q, c = np.arange(K + 1)[:, None], np.arange(K + 2)[None, :]
+        reach = np.stack([np.clip(c - 1, 0, q), np.minimum(c, q)], axis=-1)   # [q, c, 2]
+        self._steps = (np.arange(1, K + 1) <= reach[..., None]).astype(float)  # [q, c, 2, K]
         self._plans: dict[tuple[int, int], RoundPlan] = {}     # whole-block plans, shared
         self.choices: list[RoundPlan] = []
         self.B: Optional[int] = None            # no call yet
@@ -280,9 +283,20 @@ class AutoK:
         # the way back up of a sweep that the last call (same slots) left unfinished
         pending = self.sweep if self.B == B else []
         self.B, self.graphs = B, bool(graphs)
-        # per request, [0] accepted and [1] tried per position (views: acc, tries)
-        self._counts = np.zeros((2, B, K))
-        self.acc, self.tries = self._counts[0], self._counts[1]
+        # the counts, [b, 0] accepted and [b, 1] tried per position: rows 0..B-1 per request
+        # (views: acc, tries), row B pooled (views: pool_acc, pool_tries), so that a round's
+        # update is one multiply by each row's decay and one add (after_round)
+        self._counts = np.zeros((B + 1, 2, K))
+        self._counts[B] = self._pool
+        self._pool = self._counts[B]
+        self.acc, self.tries = self._counts[:B, 0], self._counts[:B, 1]
+        self.pool_acc, self.pool_tries = self._pool[0], self._pool[1]
+        self._decays = np.full((B + 1, 2, K), self.decay)     # (whole: broadcasting is slower)
+        self._decays[B] = POOL_DECAY
+        # a round's increments (after_round): the slots' rows, the pool's their sum
+        self._added = np.empty_like(self._counts)
+        self._ones, self._summed = np.ones(B), self._added[B].reshape(-1)
+        self._rows = self._added[:B].reshape(B, -1)
         # tokens each slot may still emit (``budget``; told a round late) and whether any
         # request waits for a slot (False: the call drains, see the module docstring)
         self._left = np.ones(B)
@@ -414,16 +428,20 @@ class AutoK:
         self._prepared = None
         n = np.asarray(num_accepted)
         busy = np.asarray(busy, bool)
-        self._counts *= self.decay              # acc, tries
-        self._pool *= POOL_DECAY                # pool_acc, pool_tries
-        q = plan.verify if plan.num_draft is None else np.asarray(plan.num_draft)
+        emitted = (n + 1) * busy                # tokens the round emitted, where running
+        self._left -= emitted
         # draft j was accepted where j <= min(n, q), and tried where drafts 1..j-1 were
-        # (j <= min(n + 1, q)); [0] accepted, [1] tried, per slot (0 where idle)
-        reach = np.minimum(n + self._hit_try, q) * busy
-        rows = self._reach[np.maximum(reach, 0, out=reach)]      # [2, B, K] of 0 / 1
-        self._counts += rows
-        self._pool += rows.sum(axis=1)
-        self._left -= (n + 1) * busy            # tokens the round emitted, where running
+        # (j <= min(n + 1, q)): _steps[q, n + 1] (an idle slot's row: [q, 0], nothing)
+        slots = self._added[:-1]
+        if plan.num_draft is None:
+            self._steps[plan.verify].take(emitted, axis=0, out=slots, mode="clip")
+        else:
+            slots[...] = self._steps[np.asarray(plan.num_draft),
+                                     np.clip(emitted, 0, self.k_max + 1)]
+        # the pool adds every slot's: sums of 0 / 1, exact in any order (so a dot product)
+        np.dot(self._ones, self._rows, out=self._summed)
+        self._counts *= self._decays            # acc, tries (decay), pool (POOL_DECAY)
+        self._counts += self._added
         if (seconds is not None and kind
                 and plan.num_draft is None and plan.verify == plan.propose):
             if kind == "cal":
@@ -497,8 +515,7 @@ class AutoK:
     def forget_acceptance(self) -> None:
         """Drop every acceptance count, pooled and per request (the cost table stays): after
         a warm-up on text that is not the requests' (``SpeculativeDecoder.calibrate``)."""
-        self._pool[...] = 0.0
-        self._counts[...] = 0.0
+        self._counts[...] = 0.0                  # (the pool's row too)
 
     # ------------------------------------------------------------------ model
     def calibrated(self, slots: int) -> bool:
