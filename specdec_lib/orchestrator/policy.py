@@ -297,6 +297,13 @@ class AutoK:
         self._added = np.empty_like(self._counts)
         self._ones, self._summed = np.ones(B), self._added[B].reshape(-1)
         self._rows = self._added[:B].reshape(B, -1)
+        # every slot's a[i, j], tries + prior_strength, P_i(j) (prepare: readied with the
+        # choice) and E_i(k), column 0 staying 0 (_slowest_rate): buffers reused a round
+        self._a, self._den, self._P = np.empty((B, K)), np.empty((B, K)), np.empty((B, K))
+        self._E, self._rate = np.zeros((B, K + 1)), np.empty((B, K + 1))
+        self._budget = np.empty((B, 1))         # max(_left, 1) (_slowest_rate)
+        # the columns _acceptance works on, a[:, j], acc[:, j], den[:, j] (views made once)
+        self._cols = [(self._a[:, j], self.acc[:, j], self._den[:, j]) for j in range(K)]
         # tokens each slot may still emit (``budget``; told a round late) and whether any
         # request waits for a slot (False: the call drains, see the module docstring)
         self._left = np.ones(B)
@@ -365,8 +372,10 @@ class AutoK:
         if self.sweep:
             self._prepared = None
             return
-        P = self.acceptance().cumprod(axis=1)       # [slots, K]: P_i(j), every slot
-        self._prepared = (busy.tobytes(), self._best(busy, P), P)
+        P = self._paths(self._P)        # [slots, K]: P_i(j), every slot (valid until the
+        # history changes: after_round, admit, budget and forget_acceptance drop _prepared)
+        self._prepared = (busy.tobytes(), self._best(busy, P), P,
+                          np.count_nonzero(busy) == busy.size)
 
     def before_round(self, busy) -> RoundPlan:
         busy = np.asarray(busy, bool)
@@ -377,24 +386,29 @@ class AutoK:
                 self.sweep = [k for k in range(self.k_max, -1, -1)
                               if (self.B, k) not in self.measured for _ in range(self.hold)]
         calibrating = bool(self.sweep)
+        ready = self._prepared
+        same = ready is not None and ready[0] == busy.tobytes()
+        full = ready[3] if same else np.count_nonzero(busy) == busy.size   # every slot busy
+        P = None
         if calibrating:
             propose = self.sweep.pop(0)
         else:
-            ready = self._prepared
             if ready is None:
-                propose = self._best(busy)
+                P = self._paths(self._P)
+                propose = self._best(busy, P)
             else:       # the acceptance is the readied one: only the running slots differ
-                propose = ready[1] if ready[0] == busy.tobytes() else self._best(busy, ready[2])
+                P = ready[2]
+                propose = ready[1] if same else self._best(busy, P)
             if propose == 0 and self.explore_every and self.zero_run >= self.explore_every:
                 propose = 1
             if self.ready is not None and self.graphs:      # one step a round
                 propose = min(max(propose, self.ready - 1), self.ready + 1)
-            propose = self._probed(propose, busy)
+            propose = self._probed(propose, full)
         self.zero_run = self.zero_run + 1 if propose == 0 else 0
         verify = propose if self.ready is None else self.ready
         num_draft = None
         if self.ragged and not self.graphs and verify > 0 and not calibrating:
-            num_draft = self._trim(busy, verify)
+            num_draft = self._trim(busy, verify, P)
         if num_draft is None:           # (plans are immutable: one object per shape)
             plan = self._plan(verify, propose)
         else:
@@ -407,7 +421,7 @@ class AutoK:
         # (not the first round of a new verify count: serve copies num_draft to the device in
         # it, a cost of the switch, not of the k)
         kind = "cal" if self._measure else (
-            "live" if self.fixed_costs is None and self.probe_every and busy.all()
+            "live" if self.fixed_costs is None and self.probe_every and full
             and verify == self._last_verify else None)
         self._last_verify = verify
         self._inflight.append((plan, kind))
@@ -449,7 +463,7 @@ class AutoK:
             else:
                 self._live_sample(plan.verify, seconds)
 
-    def _probed(self, propose: int, busy) -> int:
+    def _probed(self, propose: int, full: bool) -> int:
         """The k to propose once calibrated, live costs on: ``propose`` (the choice), or a
         probe's. After ``probe_every`` rounds at one k with every slot busy (only those
         rounds price a k: an idle slot's rows are cheaper), a probe proposes the neighbouring
@@ -467,7 +481,7 @@ class AutoK:
                               if propose == self._probe_from else self.probe_every)
             self._probe_from = None
         cur = self.ready
-        if cur is None or propose != cur or not busy.all():
+        if cur is None or propose != cur or not full:
             self._steady = 0
             return propose
         self._steady += 1
@@ -516,6 +530,7 @@ class AutoK:
         """Drop every acceptance count, pooled and per request (the cost table stays): after
         a warm-up on text that is not the requests' (``SpeculativeDecoder.calibrate``)."""
         self._counts[...] = 0.0                  # (the pool's row too)
+        self._prepared = None
 
     # ------------------------------------------------------------------ model
     def calibrated(self, slots: int) -> bool:
@@ -575,31 +590,49 @@ class AutoK:
 
     def acceptance(self, slots=None) -> np.ndarray:
         """a[i, j]: P(draft j + 1 accepted | drafts before it were), [slots, k_max]."""
+        a = self._acceptance()
+        return a.copy() if slots is None else a[slots]
+
+    def _acceptance(self) -> np.ndarray:
+        """``acceptance()`` of every slot, in a buffer reused a round: a column at a time
+        over the slots, each element rounded as the formula reads (so a choice is the same
+        whichever slots it was computed with)."""
         prior, prev = [], 0.5
         for pa, pt in zip(*self._pool.tolist()):
             prev = (pa + CHAIN * prev) / (pt + CHAIN)   # shrunk toward the position before
             prior.append(prev)
         s = self.prior_strength
-        acc, tries = (self.acc, self.tries) if slots is None else (self.acc[slots],
-                                                                  self.tries[slots])
-        a = np.empty_like(acc)
-        a[:, 0] = (acc[:, 0] + s * prior[0]) / (tries[:, 0] + s)
-        for j in range(1, self.k_max):
+        np.add(self.tries, s, out=self._den)
+        (a, acc, den), *later = self._cols
+        np.add(acc, s * prior[0], out=a)
+        np.divide(a, den, out=a)
+        for j, (pj, acc, den) in enumerate(later, 1):
             # the request's prior at j: the pool's, scaled as the request's own estimate at
             # j - 1 stands to the pool's there (a request whose early drafts land less than
             # most lands less later too; its late positions are tried least)
-            pj = np.minimum(a[:, j - 1] * (prior[j] / prior[j - 1]), 1.0)
-            a[:, j] = (acc[:, j] + s * pj) / (tries[:, j] + s)
-        return a
+            r = prior[j] / prior[j - 1]
+            np.multiply(a, r, out=pj)
+            if not 0.0 <= r <= 1.0:     # (else a * r <= 1 already: a <= 1, as acc <= tries)
+                np.minimum(pj, 1.0, out=pj)
+            np.multiply(pj, s, out=pj)          # a = (acc + s * pj) / (tries + s)
+            np.add(pj, acc, out=pj)
+            a = np.divide(pj, den, out=pj)
+        return self._a
+
+    def _paths(self, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """P_i(j) = prod_{m<=j} a[i, m], every slot [B, k_max] (into ``out``)."""
+        return np.multiply.accumulate(self._acceptance(), axis=1, out=out)
 
     def expected_tokens(self, busy, P_all: Optional[np.ndarray] = None) -> list:
-        """sum over the running requests of E_i(k), k = 0..k_max (``P_all``: the per-slot
-        ``cumprod`` of ``acceptance()``, when already made; the rows of the running slots are
-        the same numbers either way)."""
+        """sum over the running requests of E_i(k), k = 0..k_max (``P_all``: ``_paths()``,
+        when already made)."""
         busy = np.asarray(busy, bool)
-        rows = self.acceptance(busy).cumprod(axis=1) if P_all is None else P_all[busy]
-        P = np.add.reduce(rows, axis=0).tolist()        # [K]
-        E = [float(np.count_nonzero(busy))]
+        P = self._paths() if P_all is None else P_all
+        nb = np.count_nonzero(busy)
+        # summed over the running slots in slot order (P itself where all run: the same
+        # rows, the same layout, so the same sums)
+        P = np.add.reduce(P if nb == busy.size else P[busy], axis=0).tolist()     # [K]
+        E = [float(nb)]
         for x in P:
             E.append(E[-1] + x)
         return E
@@ -623,22 +656,22 @@ class AutoK:
         """min over the running requests of E_i(k) / R_i, k = 0..k_max: the rounds the
         slowest of them needs to spend its budget left R_i (at least a token) are
         1 / this (``P_all`` as in ``expected_tokens``)."""
-        rows = self.acceptance(busy).cumprod(axis=1) if P_all is None else P_all[busy]
-        E = np.empty((rows.shape[0], self.k_max + 1))
-        E[:, 0] = 0.0
-        np.cumsum(rows, axis=1, out=E[:, 1:])
-        E += 1.0
-        E /= np.maximum(self._left[busy], 1.0)[:, None]
-        return E.min(axis=0).tolist()
+        P = self._paths() if P_all is None else P_all
+        E, rate = self._E, self._rate           # every slot's; E[:, 0] stays 0
+        np.add.accumulate(P, axis=1, out=E[:, 1:])
+        np.add(E, 1.0, out=rate)
+        np.divide(rate, np.maximum(self._left[:, None], 1.0, out=self._budget), out=rate)
+        return np.minimum.reduce(rate, axis=0, where=np.asarray(busy, bool)[:, None],
+                                 initial=np.inf).tolist()
 
-    def _trim(self, busy, k: int) -> tuple:
+    def _trim(self, busy, k: int, P_all: Optional[np.ndarray] = None) -> tuple:
         """Per-slot drafts <= k where a draft's expected tokens pay its row (no graphs)."""
         c, c0 = self.costs()[k], self.costs()[0]
         row = max(c - c0, 0.0) / (self.B * k)
-        E = self.expected_tokens(busy)[k]
-        P = np.cumprod(self.acceptance(), axis=1)[:, :k]
-        keep = (P * c >= row * E).sum(axis=1)
-        q = tuple(int(keep[b]) if busy[b] else 0 for b in range(self.B))
+        P = self._paths() if P_all is None else P_all
+        E = self.expected_tokens(busy, P)[k]
+        keep = (P[:, :k] * c >= row * E).sum(axis=1) * np.asarray(busy, bool)
+        q = tuple(keep.tolist())
         return None if q == (k,) * self.B else q
 
 
