@@ -247,6 +247,7 @@ class AutoK:
         # and the round count of each (B, k)'s last one (which neighbour a probe tries)
         self._live: dict[tuple[int, int], deque] = {}
         self._live_at: dict[tuple[int, int], int] = {}
+        self._live_median: dict[tuple[int, int], float] = {}  # (B, k) -> _median(_live[...])
         self._tables: dict[int, list] = {}                    # B -> cost(B, k), k = 0..k_max
         self._rounds = 0
         self._interval = self.probe_every
@@ -502,7 +503,9 @@ class AutoK:
     def _live_sample(self, k: int, seconds: float) -> None:
         """One decoding round's period at k, every slot busy."""
         key = (self.B, k)
-        self._live.setdefault(key, deque(maxlen=LIVE_KEPT)).append(seconds)
+        live = self._live.setdefault(key, deque(maxlen=LIVE_KEPT))
+        live.append(seconds)
+        self._live_median[key] = _median(live)
         self._live_at[key] = self._rounds
         self._tables.pop(self.B, None)
         self._costs = None
@@ -560,7 +563,7 @@ class AutoK:
         K = self.k_max
         cal = [self.measured.get((B, k)) for k in range(K + 1)]
         cal = [self._extrapolated(B, k) if c is None else c for k, c in enumerate(cal)]
-        live = {k: _median(self._live[(B, k)]) for k in range(K + 1)
+        live = {k: self._live_median[(B, k)] for k in range(K + 1)
                 if len(self._live.get((B, k), ())) >= LIVE_MIN}
         if not live:
             return cal
@@ -640,7 +643,13 @@ class AutoK:
     def costs(self) -> list:
         """cost(B, k) for k = 0..k_max at this call's B (cached until a new sample)."""
         if self._costs is None:
-            self._costs = [self.cost(self.B, k) for k in range(self.k_max + 1)]
+            B = self.B
+            if self.fixed_costs is None:        # (cost(B, k) for each k: the table's)
+                if B not in self._tables:
+                    self._tables[B] = self._table(B)
+                self._costs = list(self._tables[B])
+            else:
+                self._costs = [self.cost(B, k) for k in range(self.k_max + 1)]
         return self._costs
 
     def _best(self, busy, P_all: Optional[np.ndarray] = None) -> int:
@@ -685,6 +694,8 @@ def _median(xs) -> float:
 
 def _nondecreasing(ys: Sequence[float], ws: Sequence[float]) -> list:
     """The weighted least-squares nondecreasing fit of ``ys`` (pool adjacent violators)."""
+    if all(a <= b for a, b in zip(ys, ys[1:])):        # (no violator: ys itself)
+        return [float(y) for y in ys]
     blocks: list = []               # [mean, weight, count]
     for y, w in zip(ys, ws):
         blocks.append([float(y), float(w), 1])
