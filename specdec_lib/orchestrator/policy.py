@@ -252,6 +252,9 @@ class AutoK:
         self._rounds = 0
         self._interval = self.probe_every
         K = self.k_max
+        # each k's other k's, nearest first (the lower one at a tie): _table's reference
+        self._nearest = [sorted(range(K + 1), key=lambda kk: (abs(kk - k), kk))
+                         for k in range(K + 1)]
         # pooled counts, [0] accepted and [1] tried per position (kept across calls: start()
         # moves them into the last row of the counts' array)
         self._pool = np.zeros((2, K))
@@ -504,11 +507,16 @@ class AutoK:
         """One decoding round's period at k, every slot busy."""
         key = (self.B, k)
         live = self._live.setdefault(key, deque(maxlen=LIVE_KEPT))
+        n = len(live)
         live.append(seconds)
-        self._live_median[key] = _median(live)
         self._live_at[key] = self._rounds
-        self._tables.pop(self.B, None)
-        self._costs = None
+        median = _median(live)
+        if len(live) != n or median != self._live_median.get(key):
+            # (the table reads a k's median and count: else it stands, as about half the
+            # time once the window is full)
+            self._live_median[key] = median
+            self._tables.pop(self.B, None)
+            self._costs = None
 
     def _sample(self, k: int, seconds: float, gpu_seconds: Optional[float]) -> None:
         """One clean round at k: its GPU time (else its period) joins k's window, the
@@ -563,17 +571,17 @@ class AutoK:
         K = self.k_max
         cal = [self.measured.get((B, k)) for k in range(K + 1)]
         cal = [self._extrapolated(B, k) if c is None else c for k, c in enumerate(cal)]
-        live = {k: self._live_median[(B, k)] for k in range(K + 1)
-                if len(self._live.get((B, k), ())) >= LIVE_MIN}
-        if not live:
+        n = [len(self._live.get((B, k), ())) for k in range(K + 1)]
+        live = [self._live_median[(B, k)] if n[k] >= LIVE_MIN else None for k in range(K + 1)]
+        if live.count(None) == len(live):
             return cal
         est, w = [], []
         for k in range(K + 1):
-            if k in live:
+            if live[k] is not None:
                 est.append(live[k])
-                w.append(float(len(self._live[(B, k)])))
-            else:
-                ref = min(live, key=lambda kk: (abs(kk - k), kk))
+                w.append(float(n[k]))
+            else:           # the nearest k with live samples (the lower one at a tie)
+                ref = next(kk for kk in self._nearest[k] if live[kk] is not None)
                 est.append(cal[k] + live[ref] - cal[ref])
                 w.append(1.0)
         return _nondecreasing(est, w)
