@@ -301,13 +301,17 @@ class AutoK:
         self._added = np.empty_like(self._counts)
         self._ones, self._summed = np.ones(B), self._added[B].reshape(-1)
         self._rows = self._added[:B].reshape(B, -1)
-        # every slot's a[i, j], tries + prior_strength, P_i(j) (prepare: readied with the
-        # choice) and E_i(k), column 0 staying 0 (_slowest_rate): buffers reused a round
-        self._a, self._den, self._P = np.empty((B, K)), np.empty((B, K)), np.empty((B, K))
-        self._E, self._rate = np.zeros((B, K + 1)), np.empty((B, K + 1))
-        self._budget = np.empty((B, 1))         # max(_left, 1) (_slowest_rate)
-        # the columns _acceptance works on, a[:, j], acc[:, j], den[:, j] (views made once)
-        self._cols = [(self._a[:, j], self.acc[:, j], self._den[:, j]) for j in range(K)]
+        # The choice's numbers per slot are position-major, [j, b] (a position's numbers over
+        # the slots contiguous: numpy's calls are cheapest so, and they are what a round costs
+        # here, tens of calls on a few dozen numbers each): every slot's a[j, i], tries +
+        # prior_strength, P_i(j) (prepare: readied with the choice) and E_i(k), row 0 staying
+        # 0 (_slowest_rate); buffers reused a round
+        self._a, self._den, self._P = np.empty((K, B)), np.empty((K, B)), np.empty((K, B))
+        self._E, self._rate = np.zeros((K + 1, B)), np.empty((K + 1, B))
+        self._budget = np.empty(B)              # max(_left, 1) (_slowest_rate)
+        self._s = np.full(B, self.prior_strength)           # (an array operand: cheaper)
+        # what _acceptance works on a position at a time: a[j], acc[:, j], den[j] (views)
+        self._cols = [(self._a[j], self.acc[:, j], self._den[j]) for j in range(K)]
         # tokens each slot may still emit (``budget``; told a round late) and whether any
         # request waits for a slot (False: the call drains, see the module docstring)
         self._left = np.ones(B)
@@ -601,21 +605,21 @@ class AutoK:
 
     def acceptance(self, slots=None) -> np.ndarray:
         """a[i, j]: P(draft j + 1 accepted | drafts before it were), [slots, k_max]."""
-        a = self._acceptance()
+        a = self._acceptance().T
         return a.copy() if slots is None else a[slots]
 
     def _acceptance(self) -> np.ndarray:
-        """``acceptance()`` of every slot, in a buffer reused a round: a column at a time
-        over the slots, each element rounded as the formula reads (so a choice is the same
-        whichever slots it was computed with)."""
+        """``acceptance()`` of every slot, position-major [k_max, B], in a buffer reused a
+        round: a position at a time over the slots, each element rounded as the formula
+        reads (so a choice is the same whichever slots it was computed with)."""
         prior, prev = [], 0.5
         for pa, pt in zip(*self._pool.tolist()):
             prev = (pa + CHAIN * prev) / (pt + CHAIN)   # shrunk toward the position before
             prior.append(prev)
-        s = self.prior_strength
-        np.add(self.tries, s, out=self._den)
+        s = self._s
+        np.add(self.tries, self.prior_strength, out=self._den.T)    # tries + s
         (a, acc, den), *later = self._cols
-        np.add(acc, s * prior[0], out=a)
+        np.add(acc, self.prior_strength * prior[0], out=a)
         np.divide(a, den, out=a)
         for j, (pj, acc, den) in enumerate(later, 1):
             # the request's prior at j: the pool's, scaled as the request's own estimate at
@@ -631,19 +635,19 @@ class AutoK:
         return self._a
 
     def _paths(self, out: Optional[np.ndarray] = None) -> np.ndarray:
-        """P_i(j) = prod_{m<=j} a[i, m], every slot [B, k_max] (into ``out``)."""
-        return np.multiply.accumulate(self._acceptance(), axis=1, out=out)
+        """P_i(j) = prod_{m<=j} a[i, m], every slot [B, k_max] (a view of the position-major
+        product, into ``out`` [k_max, B] where given)."""
+        return np.multiply.accumulate(self._acceptance(), axis=0, out=out).T
 
     def expected_tokens(self, busy, P_all: Optional[np.ndarray] = None) -> list:
         """sum over the running requests of E_i(k), k = 0..k_max (``P_all``: ``_paths()``,
         when already made)."""
         busy = np.asarray(busy, bool)
         P = self._paths() if P_all is None else P_all
-        nb = np.count_nonzero(busy)
-        # summed over the running slots in slot order (P itself where all run: the same
-        # rows, the same layout, so the same sums)
-        P = np.add.reduce(P if nb == busy.size else P[busy], axis=0).tolist()     # [K]
-        E = [float(nb)]
+        # summed over the running slots' rows [slots, K] (a C-ordered copy: numpy sums them
+        # in slot order, or pairwise where K = 1, as it did the rows it was always given)
+        P = np.add.reduce(P[busy], axis=0).tolist()     # [K]
+        E = [float(np.count_nonzero(busy))]
         for x in P:
             E.append(E[-1] + x)
         return E
@@ -674,11 +678,11 @@ class AutoK:
         slowest of them needs to spend its budget left R_i (at least a token) are
         1 / this (``P_all`` as in ``expected_tokens``)."""
         P = self._paths() if P_all is None else P_all
-        E, rate = self._E, self._rate           # every slot's; E[:, 0] stays 0
-        np.add.accumulate(P, axis=1, out=E[:, 1:])
+        E, rate = self._E, self._rate           # every slot's, [k, b]; E[0] stays 0
+        np.add.accumulate(P.T, axis=0, out=E[1:])
         np.add(E, 1.0, out=rate)
-        np.divide(rate, np.maximum(self._left[:, None], 1.0, out=self._budget), out=rate)
-        return np.minimum.reduce(rate, axis=0, where=np.asarray(busy, bool)[:, None],
+        np.divide(rate, np.maximum(self._left, 1.0, out=self._budget), out=rate)
+        return np.minimum.reduce(rate, axis=1, where=np.asarray(busy, bool),
                                  initial=np.inf).tolist()
 
     def _trim(self, busy, k: int, P_all: Optional[np.ndarray] = None) -> tuple:
