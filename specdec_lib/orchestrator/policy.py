@@ -322,6 +322,7 @@ class AutoK:
         # the next one runs), oldest first; and the choice prepare() readied, by busy mask
         self._inflight: deque = deque()
         self._prepared: Optional[tuple] = None
+        self._rated: Optional[np.ndarray] = None    # the P whose rates _rate holds
         self._measure = False
         self.zero_run = 0
         # a probe: the k's it still proposes, and the k it left (see before_round)
@@ -359,7 +360,7 @@ class AutoK:
         """New requests start from the pooled prior."""
         for b in slots:
             self.acc[b] = self.tries[b] = 0.0
-        self._prepared = None
+        self._learned()
 
     def budget(self, slots: Sequence[int], max_new: Sequence[int], waiting: int) -> None:
         """The token budgets (``max_new_tokens``) of the requests just admitted to ``slots``,
@@ -368,7 +369,7 @@ class AutoK:
         for b, n in zip(slots, max_new):
             self._left[b] = float(n)
         self._draining = self.drain and int(waiting) == 0
-        self._prepared = None
+        self._learned()
 
     def prepare(self, busy) -> None:
         """Ready the next round's choice for these running slots (``serve`` calls it while
@@ -447,7 +448,7 @@ class AutoK:
         if not self._inflight:
             return
         plan, kind = self._inflight.popleft()
-        self._prepared = None
+        self._learned()
         n = np.asarray(num_accepted)
         busy = np.asarray(busy, bool)
         emitted = (n + 1) * busy                # tokens the round emitted, where running
@@ -545,7 +546,12 @@ class AutoK:
         """Drop every acceptance count, pooled and per request (the cost table stays): after
         a warm-up on text that is not the requests' (``SpeculativeDecoder.calibrate``)."""
         self._counts[...] = 0.0                  # (the pool's row too)
-        self._prepared = None
+        self._learned()
+
+    def _learned(self) -> None:
+        """The history changed (a round told, requests admitted or given budgets, counts
+        forgotten): the choice prepare readied, and the rates kept for it, are stale."""
+        self._prepared = self._rated = None
 
     # ------------------------------------------------------------------ model
     def calibrated(self, slots: int) -> bool:
@@ -678,10 +684,15 @@ class AutoK:
         slowest of them needs to spend its budget left R_i (at least a token) are
         1 / this (``P_all`` as in ``expected_tokens``)."""
         P = self._paths() if P_all is None else P_all
-        E, rate = self._E, self._rate           # every slot's, [k, b]; E[0] stays 0
-        np.add.accumulate(P.T, axis=0, out=E[1:])
-        np.add(E, 1.0, out=rate)
-        np.divide(rate, np.maximum(self._left, 1.0, out=self._budget), out=rate)
+        # every slot's E_i(k) / R_i, [k, b], kept until the history changes (when slots
+        # finish after prepare, before_round takes the min over fewer of the same rows)
+        rate = self._rate
+        if self._rated is not P:
+            E = self._E                         # E[0] stays 0
+            np.add.accumulate(P.T, axis=0, out=E[1:])
+            np.add(E, 1.0, out=rate)
+            np.divide(rate, np.maximum(self._left, 1.0, out=self._budget), out=rate)
+            self._rated = P
         return np.minimum.reduce(rate, axis=1, where=np.asarray(busy, bool),
                                  initial=np.inf).tolist()
 
