@@ -103,10 +103,15 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   ``before_round`` runs, a lookup where the running slots did not change (s27: 3 us a round,
   against 41-76 us when all of it ran there with the GPU idle, 3-6% of a B=1 round). A
   choice therefore sees the history up to the round before last (an admission learns the
-  last round first: it resets slots). With graphs a round of ``AutoK`` makes the same
-  backend calls (copies, reads, replays) as one of ``FixedK`` at its k once calibrated (while
-  calibrating, two timing events around a clean round's replay; a probe replays the
-  neighbouring k's recorded graph and copies num_draft) (``tests/test_round_calls.py``).
+  last round first: it resets slots). A round's work is a few dozen numpy calls on a few
+  dozen numbers each, so its cost is their count: every slot's numbers go to buffers reused
+  a round, position-major, the counts take one lookup, decay and add, nothing is computed
+  twice (issue 29, ``tools/perf/policy_cost.py``: B=32 k_max=3, ~75 -> ~45 us a round on
+  the dev CPU), each number rounded as the formulas read (a test checks them bit for bit).
+  With graphs a round of ``AutoK`` makes the same backend calls (copies, reads, replays) as
+  one of ``FixedK`` at its k once calibrated (while calibrating, two timing events around a
+  clean round's replay; a probe replays the neighbouring k's recorded graph and copies
+  num_draft) (``tests/test_round_calls.py``).
 * Everything is a function of the accepted history and the cost table: the same history and
   table give the same choices (``choices`` keeps the plans of the last ``CHOICES_KEPT``
   rounds or more: a server runs for ever). ``k_rounds`` in the

@@ -115,7 +115,8 @@ def call(pol, clock, rng, B, reqs, waiting_too: bool, plans: list, max_rounds: i
         lands = rng.random((B, K)) < owner_p[:, None]
         n = np.minimum(np.cumprod(lands, axis=1).sum(axis=1), q).astype(np.int32)
         n[~busy_np] = rng.integers(-1, K + 1, int((~busy_np).sum()))
-        period = 0.5 * (cost[plan.verify] + cost[plan.propose]) * (1 + 0.03 * rng.standard_normal())
+        noise = 1 + 0.03 * rng.standard_normal()
+        period = 0.5 * (cost[plan.verify] + cost[plan.propose]) * noise
         if learn is not None:             # serve: the last round told while this one runs
             tell(learn)
             learn = None
