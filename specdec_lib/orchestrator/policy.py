@@ -314,7 +314,6 @@ class AutoK:
         self._a, self._den, self._P = np.empty((K, B)), np.empty((K, B)), np.empty((K, B))
         self._E, self._rate = np.zeros((K + 1, B)), np.empty((K + 1, B))
         self._budget = np.empty(B)              # max(_left, 1) (_slowest_rate)
-        self._s = np.full(B, self.prior_strength)           # (an array operand: cheaper)
         # what _acceptance works on a position at a time: a[j], acc[:, j], den[j] (views)
         self._cols = [(self._a[j], self.acc[:, j], self._den[j]) for j in range(K)]
         # tokens each slot may still emit (``budget``; told a round late) and whether any
@@ -627,10 +626,10 @@ class AutoK:
         for pa, pt in zip(*self._pool.tolist()):
             prev = (pa + CHAIN * prev) / (pt + CHAIN)   # shrunk toward the position before
             prior.append(prev)
-        s = self._s
-        np.add(self.tries, self.prior_strength, out=self._den.T)    # tries + s
+        s = self.prior_strength
+        np.add(self.tries, s, out=self._den.T)
         (a, acc, den), *later = self._cols
-        np.add(acc, self.prior_strength * prior[0], out=a)
+        np.add(acc, s * prior[0], out=a)
         np.divide(a, den, out=a)
         for j, (pj, acc, den) in enumerate(later, 1):
             # the request's prior at j: the pool's, scaled as the request's own estimate at
