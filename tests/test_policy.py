@@ -546,6 +546,97 @@ def test_prepared_choice_when_slots_finish():
         assert got == min(max(fresh, ready - 1), ready + 1)
 
 
+def _plain_model(pol, busy):
+    """The choice's numbers as the design's formulas read, computed plainly on the running
+    slots alone (AutoK's code before issue 29 cut its host cost): their acceptance a
+    column at a time, P = its cumprod, the expected tokens E(k) summed over them and the
+    slowest request's rate min_i E_i(k) / R_i."""
+    from specdec_lib.orchestrator.policy import CHAIN
+    busy = np.asarray(busy, bool)
+    prior, prev = [], 0.5
+    for pa, pt in zip(pol.pool_acc.tolist(), pol.pool_tries.tolist()):
+        prev = (pa + CHAIN * prev) / (pt + CHAIN)
+        prior.append(prev)
+    s, K = pol.prior_strength, pol.k_max
+    acc, tries = pol.acc[busy], pol.tries[busy]
+    a = np.empty_like(acc)
+    a[:, 0] = (acc[:, 0] + s * prior[0]) / (tries[:, 0] + s)
+    for j in range(1, K):
+        pj = np.minimum(a[:, j - 1] * (prior[j] / prior[j - 1]), 1.0)
+        a[:, j] = (acc[:, j] + s * pj) / (tries[:, j] + s)
+    P = a.cumprod(axis=1)
+    E = [float(np.count_nonzero(busy))]
+    for x in np.add.reduce(P, axis=0).tolist():
+        E.append(E[-1] + x)
+    R = np.empty((len(P), K + 1))
+    R[:, 0] = 0.0
+    np.cumsum(P, axis=1, out=R[:, 1:])
+    R += 1.0
+    R /= np.maximum(pol._left[busy], 1.0)[:, None]
+    rate = R.min(axis=0).tolist() if len(P) else None
+    ratios = [prior[j] / prior[j - 1] for j in range(1, K)]
+    return a, P, E, rate, ratios
+
+
+@pytest.mark.parametrize("K", [1, 2, 3, 4])
+@pytest.mark.parametrize("graphs", [True, False])
+def test_choice_numbers_match_the_plain_formulas(K, graphs):
+    """What a choice reads, bit for bit the plain formulas' (``_plain_model``), though the
+    policy computes every slot's into buffers reused a round, skips the prior's min where
+    it cannot bind and sums / takes minima over masks: the acceptance, the expected
+    tokens and the slowest rate (readied by prepare, and afresh) for the running slots and
+    for subsets of them (slots that finished), the trimmed drafts, the choice; over a
+    random history of admissions, idle slots with junk num_accepted, both objectives. The
+    same numbers give the same choice, ties included (first maximum)."""
+    rng = np.random.default_rng(K + 10 * graphs)
+    B = 19                              # > 8: numpy's pairwise sums where K = 1
+    pol = AutoK(K, costs=lambda b, k: 1e-3 * (1 + 0.12 * k + 0.01 * k * k))
+    pol.start(B, graphs)
+    busy = np.zeros(B, bool)
+    ratios = set()
+    for r in range(400):
+        idle = np.flatnonzero(~busy)
+        if r % 9 == 0 and len(idle):             # admissions (and how many wait)
+            new = rng.choice(idle, size=int(rng.integers(1, len(idle) + 1)), replace=False)
+            pol.admit(new.tolist())
+            pol.budget(new.tolist(), rng.integers(1, 300, len(new)).tolist(),
+                       int(rng.integers(0, 2)))
+            busy[new] = True
+        plan = pol.before_round(busy)
+        q = np.asarray(plan.num_draft or (plan.verify,) * B)
+        # a request's drafts land with its own odds, phases of good and bad text
+        p = 0.9 if (r // 50) % 2 == 0 else 0.3
+        n = np.minimum((np.cumprod(rng.random((B, K)) < p, axis=1)).sum(axis=1), q)
+        n = n.astype(np.int32) - (rng.random(B) < 0.05)             # some -1
+        n[~busy] = rng.integers(-3, 2 ** 31 - 1, int((~busy).sum()))  # junk where idle
+        pol.after_round(n, busy.copy(), None)
+        busy &= rng.random(B) > 0.04             # some finish
+        if not busy.any():
+            continue
+        pol.prepare(busy)
+        P_all = pol._prepared[2]
+        a_all, P_plain, _, _, rs = _plain_model(pol, np.ones(B, bool))
+        ratios.update(x <= 1.0 for x in rs)
+        assert np.array_equal(pol.acceptance(), a_all) and np.array_equal(P_all, P_plain)
+        sub = busy & (rng.random(B) < 0.7)
+        for b in (busy, sub):
+            if not b.any():
+                continue
+            _, _, E, rate, _ = _plain_model(pol, b)
+            assert pol.expected_tokens(b, P_all) == E == pol.expected_tokens(b)
+            if b.sum() > 1:
+                assert pol._slowest_rate(b, P_all) == rate == pol._slowest_rate(b)
+            c = pol.costs()
+            score = [x / ck for x, ck in zip(rate if pol._draining and b.sum() > 1 else E, c)]
+            assert pol._best(b, P_all) == score.index(max(score)) == pol._best(b)
+            for k in range(1, K + 1):               # the eager rounds' per-slot drafts
+                row = max(c[k] - c[0], 0.0) / (B * k)
+                keep = (P_plain[:, :k] * c[k] >= row * E[k]).sum(axis=1)
+                want = tuple(int(keep[i]) if b[i] else 0 for i in range(B))
+                assert pol._trim(b, k, P_all) == (None if want == (k,) * B else want)
+    assert K == 1 or ratios == {True, False}        # both sides of the skipped min
+
+
 def test_drain_chooses_for_the_slowest_request():
     """With no request waiting (``budget(..., waiting=0)``) the call ends with its slowest
     request: a long request whose drafts never land keeps k at 0 though a short one would

@@ -103,10 +103,15 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   ``before_round`` runs, a lookup where the running slots did not change (s27: 3 us a round,
   against 41-76 us when all of it ran there with the GPU idle, 3-6% of a B=1 round). A
   choice therefore sees the history up to the round before last (an admission learns the
-  last round first: it resets slots). With graphs a round of ``AutoK`` makes the same
-  backend calls (copies, reads, replays) as one of ``FixedK`` at its k once calibrated (while
-  calibrating, two timing events around a clean round's replay; a probe replays the
-  neighbouring k's recorded graph and copies num_draft) (``tests/test_round_calls.py``).
+  last round first: it resets slots). A round's work is a few dozen numpy calls on a few
+  dozen numbers each, so its cost is their count: every slot's numbers go to buffers reused
+  a round, position-major, the counts take one lookup, decay and add, nothing is computed
+  twice (issue 29, ``tools/perf/policy_cost.py``: B=32 k_max=3, ~75 -> ~45 us a round on
+  the dev CPU), each number rounded as the formulas read (a test checks them bit for bit).
+  With graphs a round of ``AutoK`` makes the same backend calls (copies, reads, replays) as
+  one of ``FixedK`` at its k once calibrated (while calibrating, two timing events around a
+  clean round's replay; a probe replays the neighbouring k's recorded graph and copies
+  num_draft) (``tests/test_round_calls.py``).
 * Everything is a function of the accepted history and the cost table: the same history and
   table give the same choices (``choices`` keeps the plans of the last ``CHOICES_KEPT``
   rounds or more: a server runs for ever). ``k_rounds`` in the
@@ -247,16 +252,23 @@ class AutoK:
         # and the round count of each (B, k)'s last one (which neighbour a probe tries)
         self._live: dict[tuple[int, int], deque] = {}
         self._live_at: dict[tuple[int, int], int] = {}
+        self._live_median: dict[tuple[int, int], float] = {}  # (B, k) -> _median(_live[...])
         self._tables: dict[int, list] = {}                    # B -> cost(B, k), k = 0..k_max
         self._rounds = 0
         self._interval = self.probe_every
         K = self.k_max
-        # pooled counts, [0] accepted and [1] tried per position (one array: one decay)
+        # each k's other k's, nearest first (the lower one at a tie): _table's reference
+        self._nearest = [sorted(range(K + 1), key=lambda kk: (abs(kk - k), kk))
+                         for k in range(K + 1)]
+        # pooled counts, [0] accepted and [1] tried per position (kept across calls: start()
+        # moves them into the last row of the counts' array)
         self._pool = np.zeros((2, K))
-        self.pool_acc, self.pool_tries = self._pool[0], self._pool[1]
-        # _reach[c, j] = 1.0 where position j + 1 <= c: the positions a count c reaches
-        self._reach = (np.arange(1, K + 1)[None, :] <= np.arange(K + 1)[:, None]).astype(float)
-        self._hit_try = np.asarray([[0], [1]])      # + num_accepted: accepted / tried reach
+        # what a round adds to a slot's counts, [q, c]: [0] accepted, [1] tried per position,
+        # for q drafts verified and c = num_accepted + 1 (clipped to 0..K + 1; 0: idle): draft
+        # j is accepted where j <= min(c - 1, q), tried where j <= min(c, q)
+        q, c = np.arange(K + 1)[:, None], np.arange(K + 2)[None, :]
+        reach = np.stack([np.clip(c - 1, 0, q), np.minimum(c, q)], axis=-1)   # [q, c, 2]
+        self._steps = (np.arange(1, K + 1) <= reach[..., None]).astype(float)  # [q, c, 2, K]
         self._plans: dict[tuple[int, int], RoundPlan] = {}     # whole-block plans, shared
         self.choices: list[RoundPlan] = []
         self.B: Optional[int] = None            # no call yet
@@ -280,9 +292,30 @@ class AutoK:
         # the way back up of a sweep that the last call (same slots) left unfinished
         pending = self.sweep if self.B == B else []
         self.B, self.graphs = B, bool(graphs)
-        # per request, [0] accepted and [1] tried per position (views: acc, tries)
-        self._counts = np.zeros((2, B, K))
-        self.acc, self.tries = self._counts[0], self._counts[1]
+        # the counts, [b, 0] accepted and [b, 1] tried per position: rows 0..B-1 per request
+        # (views: acc, tries), row B pooled (views: pool_acc, pool_tries), so that a round's
+        # update is one multiply by each row's decay and one add (after_round)
+        self._counts = np.zeros((B + 1, 2, K))
+        self._counts[B] = self._pool
+        self._pool = self._counts[B]
+        self.acc, self.tries = self._counts[:B, 0], self._counts[:B, 1]
+        self.pool_acc, self.pool_tries = self._pool[0], self._pool[1]
+        self._decays = np.full((B + 1, 2, K), self.decay)     # (whole: broadcasting is slower)
+        self._decays[B] = POOL_DECAY
+        # a round's increments (after_round): the slots' rows, the pool's their sum
+        self._added = np.empty_like(self._counts)
+        self._ones, self._summed = np.ones(B), self._added[B].reshape(-1)
+        self._rows = self._added[:B].reshape(B, -1)
+        # The choice's numbers per slot are position-major, [j, b] (a position's numbers over
+        # the slots contiguous: numpy's calls are cheapest so, and they are what a round costs
+        # here, tens of calls on a few dozen numbers each): every slot's a[j, i], tries +
+        # prior_strength, P_i(j) (prepare: readied with the choice) and E_i(k), row 0 staying
+        # 0 (_slowest_rate); buffers reused a round
+        self._a, self._den, self._P = np.empty((K, B)), np.empty((K, B)), np.empty((K, B))
+        self._E, self._rate = np.zeros((K + 1, B)), np.empty((K + 1, B))
+        self._budget = np.empty(B)              # max(_left, 1) (_slowest_rate)
+        # what _acceptance works on a position at a time: a[j], acc[:, j], den[j] (views)
+        self._cols = [(self._a[j], self.acc[:, j], self._den[j]) for j in range(K)]
         # tokens each slot may still emit (``budget``; told a round late) and whether any
         # request waits for a slot (False: the call drains, see the module docstring)
         self._left = np.ones(B)
@@ -293,6 +326,7 @@ class AutoK:
         # the next one runs), oldest first; and the choice prepare() readied, by busy mask
         self._inflight: deque = deque()
         self._prepared: Optional[tuple] = None
+        self._rated: Optional[np.ndarray] = None    # the P whose rates _rate holds
         self._measure = False
         self.zero_run = 0
         # a probe: the k's it still proposes, and the k it left (see before_round)
@@ -330,7 +364,7 @@ class AutoK:
         """New requests start from the pooled prior."""
         for b in slots:
             self.acc[b] = self.tries[b] = 0.0
-        self._prepared = None
+        self._learned()
 
     def budget(self, slots: Sequence[int], max_new: Sequence[int], waiting: int) -> None:
         """The token budgets (``max_new_tokens``) of the requests just admitted to ``slots``,
@@ -339,7 +373,7 @@ class AutoK:
         for b, n in zip(slots, max_new):
             self._left[b] = float(n)
         self._draining = self.drain and int(waiting) == 0
-        self._prepared = None
+        self._learned()
 
     def prepare(self, busy) -> None:
         """Ready the next round's choice for these running slots (``serve`` calls it while
@@ -351,8 +385,10 @@ class AutoK:
         if self.sweep:
             self._prepared = None
             return
-        P = self.acceptance().cumprod(axis=1)       # [slots, K]: P_i(j), every slot
-        self._prepared = (busy.tobytes(), self._best(busy, P), P)
+        P = self._paths(self._P)        # [slots, K]: P_i(j), every slot (valid until the
+        # history changes: after_round, admit, budget and forget_acceptance drop _prepared)
+        self._prepared = (busy.tobytes(), self._best(busy, P), P,
+                          np.count_nonzero(busy) == busy.size)
 
     def before_round(self, busy) -> RoundPlan:
         busy = np.asarray(busy, bool)
@@ -363,24 +399,29 @@ class AutoK:
                 self.sweep = [k for k in range(self.k_max, -1, -1)
                               if (self.B, k) not in self.measured for _ in range(self.hold)]
         calibrating = bool(self.sweep)
+        ready = self._prepared
+        same = ready is not None and ready[0] == busy.tobytes()
+        full = ready[3] if same else np.count_nonzero(busy) == busy.size   # every slot busy
+        P = None
         if calibrating:
             propose = self.sweep.pop(0)
         else:
-            ready = self._prepared
             if ready is None:
-                propose = self._best(busy)
+                P = self._paths(self._P)
+                propose = self._best(busy, P)
             else:       # the acceptance is the readied one: only the running slots differ
-                propose = ready[1] if ready[0] == busy.tobytes() else self._best(busy, ready[2])
+                P = ready[2]
+                propose = ready[1] if same else self._best(busy, P)
             if propose == 0 and self.explore_every and self.zero_run >= self.explore_every:
                 propose = 1
             if self.ready is not None and self.graphs:      # one step a round
                 propose = min(max(propose, self.ready - 1), self.ready + 1)
-            propose = self._probed(propose, busy)
+            propose = self._probed(propose, full)
         self.zero_run = self.zero_run + 1 if propose == 0 else 0
         verify = propose if self.ready is None else self.ready
         num_draft = None
         if self.ragged and not self.graphs and verify > 0 and not calibrating:
-            num_draft = self._trim(busy, verify)
+            num_draft = self._trim(busy, verify, P)
         if num_draft is None:           # (plans are immutable: one object per shape)
             plan = self._plan(verify, propose)
         else:
@@ -393,7 +434,7 @@ class AutoK:
         # (not the first round of a new verify count: serve copies num_draft to the device in
         # it, a cost of the switch, not of the k)
         kind = "cal" if self._measure else (
-            "live" if self.fixed_costs is None and self.probe_every and busy.all()
+            "live" if self.fixed_costs is None and self.probe_every and full
             and verify == self._last_verify else None)
         self._last_verify = verify
         self._inflight.append((plan, kind))
@@ -411,19 +452,23 @@ class AutoK:
         if not self._inflight:
             return
         plan, kind = self._inflight.popleft()
-        self._prepared = None
+        self._learned()
         n = np.asarray(num_accepted)
         busy = np.asarray(busy, bool)
-        self._counts *= self.decay              # acc, tries
-        self._pool *= POOL_DECAY                # pool_acc, pool_tries
-        q = plan.verify if plan.num_draft is None else np.asarray(plan.num_draft)
+        emitted = (n + 1) * busy                # tokens the round emitted, where running
+        self._left -= emitted
         # draft j was accepted where j <= min(n, q), and tried where drafts 1..j-1 were
-        # (j <= min(n + 1, q)); [0] accepted, [1] tried, per slot (0 where idle)
-        reach = np.minimum(n + self._hit_try, q) * busy
-        rows = self._reach[np.maximum(reach, 0, out=reach)]      # [2, B, K] of 0 / 1
-        self._counts += rows
-        self._pool += rows.sum(axis=1)
-        self._left -= (n + 1) * busy            # tokens the round emitted, where running
+        # (j <= min(n + 1, q)): _steps[q, n + 1] (an idle slot's row: [q, 0], nothing)
+        slots = self._added[:-1]
+        if plan.num_draft is None:
+            self._steps[plan.verify].take(emitted, axis=0, out=slots, mode="clip")
+        else:
+            slots[...] = self._steps[np.asarray(plan.num_draft),
+                                     np.clip(emitted, 0, self.k_max + 1)]
+        # the pool adds every slot's: sums of 0 / 1, exact in any order (so a dot product)
+        np.dot(self._ones, self._rows, out=self._summed)
+        self._counts *= self._decays            # acc, tries (decay), pool (POOL_DECAY)
+        self._counts += self._added
         if (seconds is not None and kind
                 and plan.num_draft is None and plan.verify == plan.propose):
             if kind == "cal":
@@ -431,7 +476,7 @@ class AutoK:
             else:
                 self._live_sample(plan.verify, seconds)
 
-    def _probed(self, propose: int, busy) -> int:
+    def _probed(self, propose: int, full: bool) -> int:
         """The k to propose once calibrated, live costs on: ``propose`` (the choice), or a
         probe's. After ``probe_every`` rounds at one k with every slot busy (only those
         rounds price a k: an idle slot's rows are cheaper), a probe proposes the neighbouring
@@ -449,7 +494,7 @@ class AutoK:
                               if propose == self._probe_from else self.probe_every)
             self._probe_from = None
         cur = self.ready
-        if cur is None or propose != cur or not busy.all():
+        if cur is None or propose != cur or not full:
             self._steady = 0
             return propose
         self._steady += 1
@@ -470,10 +515,17 @@ class AutoK:
     def _live_sample(self, k: int, seconds: float) -> None:
         """One decoding round's period at k, every slot busy."""
         key = (self.B, k)
-        self._live.setdefault(key, deque(maxlen=LIVE_KEPT)).append(seconds)
+        live = self._live.setdefault(key, deque(maxlen=LIVE_KEPT))
+        n = len(live)
+        live.append(seconds)
         self._live_at[key] = self._rounds
-        self._tables.pop(self.B, None)
-        self._costs = None
+        median = _median(live)
+        if len(live) != n or median != self._live_median.get(key):
+            # (the table reads a k's median and count: else it stands, as about half the
+            # time once the window is full)
+            self._live_median[key] = median
+            self._tables.pop(self.B, None)
+            self._costs = None
 
     def _sample(self, k: int, seconds: float, gpu_seconds: Optional[float]) -> None:
         """One clean round at k: its GPU time (else its period) joins k's window, the
@@ -497,8 +549,13 @@ class AutoK:
     def forget_acceptance(self) -> None:
         """Drop every acceptance count, pooled and per request (the cost table stays): after
         a warm-up on text that is not the requests' (``SpeculativeDecoder.calibrate``)."""
-        self._pool[...] = 0.0
-        self._counts[...] = 0.0
+        self._counts[...] = 0.0                  # (the pool's row too)
+        self._learned()
+
+    def _learned(self) -> None:
+        """The history changed (a round told, requests admitted or given budgets, counts
+        forgotten): the choice prepare readied, and the rates kept for it, are stale."""
+        self._prepared = self._rated = None
 
     # ------------------------------------------------------------------ model
     def calibrated(self, slots: int) -> bool:
@@ -528,17 +585,17 @@ class AutoK:
         K = self.k_max
         cal = [self.measured.get((B, k)) for k in range(K + 1)]
         cal = [self._extrapolated(B, k) if c is None else c for k, c in enumerate(cal)]
-        live = {k: _median(self._live[(B, k)]) for k in range(K + 1)
-                if len(self._live.get((B, k), ())) >= LIVE_MIN}
-        if not live:
+        n = [len(self._live.get((B, k), ())) for k in range(K + 1)]
+        live = [self._live_median[(B, k)] if n[k] >= LIVE_MIN else None for k in range(K + 1)]
+        if live.count(None) == len(live):
             return cal
         est, w = [], []
         for k in range(K + 1):
-            if k in live:
+            if live[k] is not None:
                 est.append(live[k])
-                w.append(float(len(self._live[(B, k)])))
-            else:
-                ref = min(live, key=lambda kk: (abs(kk - k), kk))
+                w.append(float(n[k]))
+            else:           # the nearest k with live samples (the lower one at a tie)
+                ref = next(kk for kk in self._nearest[k] if live[kk] is not None)
                 est.append(cal[k] + live[ref] - cal[ref])
                 w.append(1.0)
         return _nondecreasing(est, w)
@@ -558,30 +615,48 @@ class AutoK:
 
     def acceptance(self, slots=None) -> np.ndarray:
         """a[i, j]: P(draft j + 1 accepted | drafts before it were), [slots, k_max]."""
+        a = self._acceptance().T
+        return a.copy() if slots is None else a[slots]
+
+    def _acceptance(self) -> np.ndarray:
+        """``acceptance()`` of every slot, position-major [k_max, B], in a buffer reused a
+        round: a position at a time over the slots, each element rounded as the formula
+        reads (so a choice is the same whichever slots it was computed with)."""
         prior, prev = [], 0.5
         for pa, pt in zip(*self._pool.tolist()):
             prev = (pa + CHAIN * prev) / (pt + CHAIN)   # shrunk toward the position before
             prior.append(prev)
         s = self.prior_strength
-        acc, tries = (self.acc, self.tries) if slots is None else (self.acc[slots],
-                                                                  self.tries[slots])
-        a = np.empty_like(acc)
-        a[:, 0] = (acc[:, 0] + s * prior[0]) / (tries[:, 0] + s)
-        for j in range(1, self.k_max):
+        np.add(self.tries, s, out=self._den.T)
+        (a, acc, den), *later = self._cols
+        np.add(acc, s * prior[0], out=a)
+        np.divide(a, den, out=a)
+        for j, (pj, acc, den) in enumerate(later, 1):
             # the request's prior at j: the pool's, scaled as the request's own estimate at
             # j - 1 stands to the pool's there (a request whose early drafts land less than
             # most lands less later too; its late positions are tried least)
-            pj = np.minimum(a[:, j - 1] * (prior[j] / prior[j - 1]), 1.0)
-            a[:, j] = (acc[:, j] + s * pj) / (tries[:, j] + s)
-        return a
+            r = prior[j] / prior[j - 1]
+            np.multiply(a, r, out=pj)
+            if not 0.0 <= r <= 1.0:     # (else a * r <= 1 already: a <= 1, as acc <= tries)
+                np.minimum(pj, 1.0, out=pj)
+            np.multiply(pj, s, out=pj)          # a = (acc + s * pj) / (tries + s)
+            np.add(pj, acc, out=pj)
+            a = np.divide(pj, den, out=pj)
+        return self._a
+
+    def _paths(self, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """P_i(j) = prod_{m<=j} a[i, m], every slot [B, k_max] (a view of the position-major
+        product, into ``out`` [k_max, B] where given)."""
+        return np.multiply.accumulate(self._acceptance(), axis=0, out=out).T
 
     def expected_tokens(self, busy, P_all: Optional[np.ndarray] = None) -> list:
-        """sum over the running requests of E_i(k), k = 0..k_max (``P_all``: the per-slot
-        ``cumprod`` of ``acceptance()``, when already made; the rows of the running slots are
-        the same numbers either way)."""
+        """sum over the running requests of E_i(k), k = 0..k_max (``P_all``: ``_paths()``,
+        when already made)."""
         busy = np.asarray(busy, bool)
-        rows = self.acceptance(busy).cumprod(axis=1) if P_all is None else P_all[busy]
-        P = np.add.reduce(rows, axis=0).tolist()        # [K]
+        P = self._paths() if P_all is None else P_all
+        # summed over the running slots' rows [slots, K] (a C-ordered copy: numpy sums them
+        # in slot order, or pairwise where K = 1, as it did the rows it was always given)
+        P = np.add.reduce(P[busy], axis=0).tolist()     # [K]
         E = [float(np.count_nonzero(busy))]
         for x in P:
             E.append(E[-1] + x)
@@ -590,7 +665,13 @@ class AutoK:
     def costs(self) -> list:
         """cost(B, k) for k = 0..k_max at this call's B (cached until a new sample)."""
         if self._costs is None:
-            self._costs = [self.cost(self.B, k) for k in range(self.k_max + 1)]
+            B = self.B
+            if self.fixed_costs is None:        # (cost(B, k) for each k: the table's)
+                if B not in self._tables:
+                    self._tables[B] = self._table(B)
+                self._costs = list(self._tables[B])
+            else:
+                self._costs = [self.cost(B, k) for k in range(self.k_max + 1)]
         return self._costs
 
     def _best(self, busy, P_all: Optional[np.ndarray] = None) -> int:
@@ -606,22 +687,27 @@ class AutoK:
         """min over the running requests of E_i(k) / R_i, k = 0..k_max: the rounds the
         slowest of them needs to spend its budget left R_i (at least a token) are
         1 / this (``P_all`` as in ``expected_tokens``)."""
-        rows = self.acceptance(busy).cumprod(axis=1) if P_all is None else P_all[busy]
-        E = np.empty((rows.shape[0], self.k_max + 1))
-        E[:, 0] = 0.0
-        np.cumsum(rows, axis=1, out=E[:, 1:])
-        E += 1.0
-        E /= np.maximum(self._left[busy], 1.0)[:, None]
-        return E.min(axis=0).tolist()
+        P = self._paths() if P_all is None else P_all
+        # every slot's E_i(k) / R_i, [k, b], kept until the history changes (when slots
+        # finish after prepare, before_round takes the min over fewer of the same rows)
+        rate = self._rate
+        if self._rated is not P:
+            E = self._E                         # E[0] stays 0
+            np.add.accumulate(P.T, axis=0, out=E[1:])
+            np.add(E, 1.0, out=rate)
+            np.divide(rate, np.maximum(self._left, 1.0, out=self._budget), out=rate)
+            self._rated = P
+        return np.minimum.reduce(rate, axis=1, where=np.asarray(busy, bool),
+                                 initial=np.inf).tolist()
 
-    def _trim(self, busy, k: int) -> tuple:
+    def _trim(self, busy, k: int, P_all: Optional[np.ndarray] = None) -> tuple:
         """Per-slot drafts <= k where a draft's expected tokens pay its row (no graphs)."""
         c, c0 = self.costs()[k], self.costs()[0]
         row = max(c - c0, 0.0) / (self.B * k)
-        E = self.expected_tokens(busy)[k]
-        P = np.cumprod(self.acceptance(), axis=1)[:, :k]
-        keep = (P * c >= row * E).sum(axis=1)
-        q = tuple(int(keep[b]) if busy[b] else 0 for b in range(self.B))
+        P = self._paths() if P_all is None else P_all
+        E = self.expected_tokens(busy, P)[k]
+        keep = (P[:, :k] * c >= row * E).sum(axis=1) * np.asarray(busy, bool)
+        q = tuple(keep.tolist())
         return None if q == (k,) * self.B else q
 
 
@@ -635,6 +721,8 @@ def _median(xs) -> float:
 
 def _nondecreasing(ys: Sequence[float], ws: Sequence[float]) -> list:
     """The weighted least-squares nondecreasing fit of ``ys`` (pool adjacent violators)."""
+    if all(a <= b for a, b in zip(ys, ys[1:])):        # (no violator: ys itself)
+        return [float(y) for y in ys]
     blocks: list = []               # [mean, weight, count]
     for y, w in zip(ys, ws):
         blocks.append([float(y), float(w), 1])
