@@ -9,7 +9,7 @@ import pytest
 
 from conftest import needs_gpu
 from toy_models import skip_unless_torch_gpu, toy_llama
-from specdec_lib.models.llama import LlamaTarget, _NumpyMath
+from specdec_lib.models.llama import SMALL_ROWS_MAX, LlamaTarget, _NumpyMath
 
 COUNTS = [5, 0, 17, 1, 9, 0, 2]     # ragged prompts, empty slots between and at the end
 
@@ -146,7 +146,7 @@ def test_tiny_llama_row_invariant_block_equals_one_row_steps(rng, backend, monke
 
 
 def test_torch_math_routes_few_row_gemms_to_linear():
-    """The torch math's GEMMs: at most 2 rows (SMALL_ROWS_MAX) of K <= 2048 (K % 8 == 0) over a
+    """The torch math's GEMMs: at most 5 rows (SMALL_ROWS_MAX) of K <= 2048 (K % 8 == 0) over a
     layer's weight (N <= 8192) go through the library's linear (its few-row kernels), the rest
     (prefill under bulk(), a batch, the lm_head's vocabulary, K past 2048) through cuBLAS;
     row-invariant: all of them; small_rows=False: none."""
@@ -156,7 +156,7 @@ def test_torch_math_routes_few_row_gemms_to_linear():
     m = _TorchMath(dev)
     assert m.small_rows and not m.row_invariant
     assert m.library_rows(1, 576, 960) and m.library_rows(2, 1536, 576)
-    assert not m.library_rows(3, 576, 960) and not m.library_rows(4, 576, 960)
+    assert m.library_rows(5, 576, 960) and not m.library_rows(6, 576, 960)
     assert not m.library_rows(2, 4096, 960) and not m.library_rows(1, 580, 960)
     assert not m.library_rows(1, 576, 49152)
     with m.bulk():
@@ -169,10 +169,10 @@ def test_torch_math_routes_few_row_gemms_to_linear():
 
 @needs_gpu
 def test_tiny_llama_few_row_decode_through_linear(rng, monkeypatch):
-    """The default torch target (small_rows): a decode pass of <= 2 rows runs the fused
-    layers on linear's few-row kernels (norms, silu_mul fused; every GEMM, the tiny lm_head
-    too, through row_linear), so a 2-row verify block's logits equal two one-row passes'
-    bit for bit; they agree with the cuBLAS target's (small_rows=False) to
+    """The default torch target (small_rows): a decode pass of <= SMALL_ROWS_MAX (5) rows
+    runs the fused layers on linear's few-row kernels (norms, silu_mul fused; every GEMM, the
+    tiny lm_head too, through row_linear), so a 5-row verify block's logits equal five
+    one-row passes' bit for bit; they agree with the cuBLAS target's (small_rows=False) to
     bf16 rounding."""
     skip_unless_torch_gpu()
     from specdec_lib import runtime
@@ -182,19 +182,20 @@ def test_tiny_llama_few_row_decode_through_linear(rng, monkeypatch):
     c, w = toy_llama(nq=4, nkv=2, rng=rng)
     be = make_backend("torch")
     t = LlamaTarget(c, w, be, page_size=4)
-    assert t._fused(2) and not t._fused(3) and not t.row_invariant
+    n = SMALL_ROWS_MAX
+    assert t._fused(n) and not t._fused(n + 1) and not t.row_invariant
     calls = []
     lin = be.row_linear
     monkeypatch.setattr(be, "row_linear",
                         lambda *a, **kw: calls.append(a[0].shape[0]) or lin(*a, **kw))
-    block, steps = _block_and_steps(t, np.random.default_rng(7), n=2)
-    # per forward 4 GEMMs x 2 layers + lm_head (1 block + 2 one-row forwards), no prefill rows
-    assert sorted(set(calls)) == [1, 2] and len(calls) == 9 * (1 + 2)
+    block, steps = _block_and_steps(t, np.random.default_rng(7), n=n)
+    # per forward 4 GEMMs x 2 layers + lm_head (1 block + n one-row forwards), no prefill rows
+    assert sorted(set(calls)) == [1, n] and len(calls) == 9 * (1 + n)
     assert np.isfinite(block).all()
     np.testing.assert_array_equal(block, steps)
     host = LlamaTarget(c, w, be, page_size=4, small_rows=False)
     assert not host._fused(2)
-    hb, _ = _block_and_steps(host, np.random.default_rng(7), n=2)
+    hb, _ = _block_and_steps(host, np.random.default_rng(7), n=n)
     assert np.abs(hb - block).max() <= 0.05 * np.abs(hb).max()
 
 

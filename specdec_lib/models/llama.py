@@ -27,11 +27,12 @@ import numpy as np
 
 from ..ops.layers import LINEAR_FAST_MAX_K, LINEAR_FAST_MAX_ROWS
 
-# The passes LlamaTarget(small_rows=True) runs on linear's few-row kernels: at most 2 rows.
-# linear takes up to LINEAR_FAST_MAX_ROWS = 4 that way, but in SmolLM2's graphed rounds (H100,
-# s41) a 3- or 4-row pass on them was slower than cuBLAS (EAGLE3 k=3 round 1306 against 1131 us,
-# k=2 1166 against 1085) while 1 and 2 rows gained (602 against 978, 838 against 1038).
-SMALL_ROWS_MAX = 2
+# The passes LlamaTarget(small_rows=True) runs on linear's few-row kernels: at most 5 rows.
+# linear takes up to LINEAR_FAST_MAX_ROWS = 8 that way (a CTA row per row since s42), but a
+# chain of SmolLM2's 30 layers on them beat cuBLAS only up to 5 (H100: 558 / 603 / 728 us at
+# 4 / 5 / 6 rows, cuBLAS ~620); SmolLM2's B=1 EAGLE3 rounds (GPU us, few-row against cuBLAS):
+# k=3 934 against 1113, k=4 1008 against 1138.
+SMALL_ROWS_MAX = 5
 assert SMALL_ROWS_MAX <= LINEAR_FAST_MAX_ROWS
 from .llama_layer import decoder_layer, fuse_layer, layer_tensor_names
 
@@ -44,7 +45,7 @@ class _RowInvariant:
     Prefill keeps the host's GEMM (``bulk``): it runs once per prompt in either mode (prompts
     prefilled in one call share its cuBLAS shape)."""
 
-    small_rows = False       # the torch math: decode GEMMs of <= 2 rows through ``linear`` too
+    small_rows = False       # the torch math: decode GEMMs of <= 5 rows through ``linear`` too
 
     def __init__(self, be=None, row_invariant=False):
         self.be, self.row_invariant = be, bool(row_invariant)
@@ -52,7 +53,7 @@ class _RowInvariant:
     def library_rows(self, rows, k, n):
         """Whether a [rows, k] @ [n, k].T GEMM goes through the library's ``linear``: always
         when row-invariant; with ``small_rows`` where linear's few-row kernels take it and
-        pay (at most SMALL_ROWS_MAX = 2 rows, K <= 2048) and the weight is a layer's, not a
+        pay (at most SMALL_ROWS_MAX = 5 rows, K <= 2048) and the weight is a layer's, not a
         vocabulary (N <= 8192: the
         lm_head's 49k columns stay on the host's GEMM)."""
         return self.row_invariant or (
@@ -339,7 +340,7 @@ class _LibraryOps:
 
 def dense_math(backend, row_invariant=False, dtype="bfloat16", small_rows=True):
     """The backend's dense math; ``dtype``: torch's activation dtype (bfloat16 or float16;
-    numpy is float64 either way); ``small_rows`` (torch): decode GEMMs of <= 2 rows through
+    numpy is float64 either way); ``small_rows`` (torch): decode GEMMs of <= 5 rows through
     the library's ``linear`` (its few-row kernels), not cuBLAS."""
     if backend.name == "reference":
         return _NumpyMath(backend, row_invariant)
@@ -410,11 +411,12 @@ def kv_dtype_unsupported(backend, kv_dtype, head_dim):
 class LlamaTarget:
     """Host passes of a Llama target for ``SpeculativeDecoder`` (slot b = sequence b).
 
-    ``small_rows`` (torch backend, default on): a decode pass of at most 2 rows
+    ``small_rows`` (torch backend, default on): a decode pass of at most 5 rows
     (``SMALL_ROWS_MAX``) whose layer GEMMs linear's few-row kernels take (K <= 2048) runs
     ``_run_fused`` on them: norms and silu_mul fused, no cuBLAS but the lm_head (SmolLM2 B=1
-    target-only 1.55x, s40; 3-4 rows were slower than cuBLAS in the round, s41). Its rows are
-    then row-invariant (a k = 1 verify block gives what one-row passes give)."""
+    target-only 1.55x, s40; a k = 3 / 4 verify round 0.84 / 0.89x of cuBLAS's GPU time, s42).
+    Its rows are then row-invariant (a verify block of up to 5 rows gives what one-row passes
+    give)."""
     # prefill rows past a prompt (pads) only write dead cache rows: the decoder may pad a
     # prompt to a length bucket and replay one recorded prefill per bucket
     pads_prefill = True

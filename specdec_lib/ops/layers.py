@@ -176,11 +176,11 @@ LINEAR_FAST_MAX_ROWS = 8       # linear's few-row kernels (linear_m*_k*): rows .
 LINEAR_FAST_MAX_K = 2048       # ... and K they take (16-byte aligned rows, K % 8 == 0)
 # Rows a CTA of the few-row kernels takes (MR: 1, 2 or 4; gridDim.y = ceil(M / MR) CTA rows
 # over the same columns). A warp normalises and multiplies each of its rows in one dependent
-# chain, so at batch 1 more CTA rows of fewer rows each run faster; the weights are read
-# once from HBM and again from L2 by each CTA row. None: the measured table below; an int
-# forces it (benchmarks).
+# chain, so more CTA rows of fewer rows each run faster at these sizes; the weights come
+# once from HBM, then from L2 for the other CTA rows. None: 1 (H100, s42, SmolLM2's 30
+# layers in one graph, us: M=2 411 against 478 at MR 2; M=4 558 / 606 / 803 at MR 1 / 2 / 4;
+# cuBLAS ~620 at every M, which MR 1 beats up to M=5); an int forces one (benchmarks).
 TUNING = {"linear_cta_rows": None}
-_LINEAR_CTA_ROWS = {1: 1, 2: 2}   # M -> MR; other M: 1
 
 
 def _linear_small(M, K, vec, norm_weight_16bit):
@@ -190,7 +190,7 @@ def _linear_small(M, K, vec, norm_weight_16bit):
     (the float32 one's form spills), else 2."""
     if not vec or M > LINEAR_FAST_MAX_ROWS or K > LINEAR_FAST_MAX_K:
         return None
-    mr = TUNING["linear_cta_rows"] or _LINEAR_CTA_ROWS.get(M, 1)
+    mr = TUNING["linear_cta_rows"] or 1
     k = 4 if K <= 1024 else 8
     if k == 8 and mr == 4 and not norm_weight_16bit:
         mr = 2
@@ -205,11 +205,12 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     """out = h @ weight.T for a few rows (decode / verify, M <= 16 is the fast case), with
     rms_norm fused in front and silu_mul behind when asked; a row's bits depend only on that
     row (and the weights, N, K): never on M, the other rows, or the pointers' alignment.
-    ``LlamaTarget`` decodes through it at <= 4 rows (and always with ``row_invariant=True``),
-    norms and silu_mul fused. At most 4 16-byte-aligned rows of K <= 2048 take the few-row
-    kernels (weights requested before the PDL wait, everything in registers): 1.4-2.0 us at
-    M=1 on SmolLM2's shapes, 0.4-0.6x cuBLAS (H100, docs/PERF.md s40); other calls take the
-    chunked kernel, which serves row invariance, not speed (2-18x cuBLAS at M=16-128).
+    ``LlamaTarget`` decodes through it at <= 5 rows (and always with ``row_invariant=True``),
+    norms and silu_mul fused. At most 8 16-byte-aligned rows of K <= 2048 take the few-row
+    kernels (weights requested before the PDL wait, everything in registers, a CTA row per
+    row): in a chain of SmolLM2's layers 0.53 / 0.67 / 0.90 / 0.97x cuBLAS at M = 1 / 2 / 4 /
+    5 (H100, docs/PERF.md s42); other calls take the chunked kernel, which serves row
+    invariance, not speed (2-18x cuBLAS at M=16-128).
 
     x [M, K] float16/bfloat16, last dimension contiguous (row stride free); weight [N, K]
     x's dtype, contiguous (nn.Linear layout); out [M, N] x's dtype (row stride free).

@@ -44,7 +44,7 @@ def main():
                    "and N times alternating (the GPU time of a graph alone and after another)")
     p.add_argument("--small-rows-max", type=int, default=None, metavar="R", help="the target's "
                    "passes of <= R rows on linear's few-row kernels (models.llama.SMALL_ROWS_MAX, "
-                   "default 2; at most 4)")
+                   "default 5; at most 8)")
     p.add_argument("--kernels", type=int, default=0, metavar="N", help="after each mode, N "
                    "replays of its most used graph under torch.profiler: GPU time per kernel "
                    "name (us a replay, launches a replay)")
