@@ -214,10 +214,18 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
 
 def _set_num_draft(p: Parts, st: CallState, plan: RoundPlan) -> None:
     """``buf.num_draft`` = the plan's per-slot counts (one small copy, only when they change:
-    never under a fixed k)."""
+    never under a fixed k). A whole-block plan's row is copied device to device from one
+    made once per k (a switch of k then costs the host a launch, not a pageable upload with
+    the GPU idle: auto switches often)."""
     B = st.shape.slots
     want = plan.num_draft if plan.num_draft is not None else (plan.verify,) * B
     have = st.num_draft if st.num_draft is not None else (p.k,) * B
     if want != have:
-        st.buf.num_draft[...] = p.be.xp.asarray(np.asarray(want, np.int32))
+        src = None
+        if plan.num_draft is None:
+            src = st.uniform_drafts.get(plan.verify)
+            if src is None:
+                src = st.uniform_drafts[plan.verify] = p.be.xp.asarray(
+                    np.asarray(want, np.int32))
+        st.buf.num_draft[...] = p.be.xp.asarray(np.asarray(want, np.int32)) if src is None else src
     st.num_draft = want

@@ -138,7 +138,8 @@ def split_control(control, slots: int):
 class CallState:
     """The device state of one call shape, owned here and nowhere else: ``buf`` (the round's
     buffers), ``carry`` [B, H] (the draft's input), ``replays`` (``RoundPlan.key`` -> the
-    recorded round), ``num_draft`` (the host copy of ``buf.num_draft``), ``row_gathers``
+    recorded round), ``num_draft`` (the host copy of ``buf.num_draft``; ``uniform_drafts``:
+    k -> a device row of B k's, what a whole-block plan copies into it), ``row_gathers``
     (block rows -> the device index of ``round.emitted_rows``), ``prefills`` (bucket rows ->
     the bucket's buffers and recorded pass), ``used`` (slots that have held a request), and
     the ``epochs`` of the caches the graphs hold."""
@@ -148,6 +149,7 @@ class CallState:
         self.carry_dtype = carry_dtype        # the target's hidden_dtype (default float32)
         self.replays: dict[tuple, Callable[[], None]] = {}
         self.num_draft: Optional[tuple] = None     # what buf.num_draft holds (None: k_max)
+        self.uniform_drafts: dict[int, Any] = {}
         self.row_gathers: dict[tuple, Any] = {}
         self.prefills: dict[int, SimpleNamespace] = {}
         self.used = [False] * shape.slots
