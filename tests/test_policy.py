@@ -721,3 +721,30 @@ def test_live_samples_need_every_slot_busy():
         p = given.before_round(np.ones(1, bool))
         given.after_round(np.asarray([p.verify]), np.ones(1, bool), 9.0)
     assert not given._live and given.cost(1, 2) == 1.2
+
+
+def test_unpriced_k_on_the_live_line_where_steeper():
+    """A k without live samples: where two k's have them and their line is steeper than the
+    calibration, the line's value (issue 29, B=32: live samples came only for k = 3 and 2
+    before the first request ended, and k = 1 priced by k = 2's gap alone, 1.32 where it
+    cost 1.15, kept auto at k = 2, 0.88x of target-only against 0.99x for k = 1); where the
+    line is flatter than the calibration (noise), the calibrated cost moved by the nearest
+    k's gap, as with one live k."""
+    K, B = 3, 4
+    for cal, live, want in (
+            # the calibration underprices each draft: below the live k's, the line
+            ([1.0, 1.03, 1.06, 1.10], {3: 1.55, 2: 1.35}, [0.95, 1.15, 1.35, 1.55]),
+            # above them too (and between two live k's)
+            ([1.0, 1.03, 1.06, 1.10], {0: 1.0, 1: 1.15}, [1.0, 1.15, 1.30, 1.45]),
+            ([1.0, 1.03, 1.06, 1.10], {0: 1.0, 3: 1.6}, [1.0, 1.2, 1.4, 1.6]),
+            # a live line flatter than the calibration: the gap rule
+            ([1.0, 1.15, 1.35, 1.55], {3: 1.45, 2: 1.35}, [1.0, 1.15, 1.35, 1.45]),
+            ([1.0, 1.15, 1.35, 1.55], {0: 1.0, 1: 1.01}, [1.0, 1.01, 1.21, 1.41]),
+            # one live k: the gap rule
+            ([1.0, 1.03, 1.06, 1.10], {2: 1.35}, [1.29, 1.32, 1.35, 1.39])):
+        pol = AutoK(K)
+        pol.measured.update({(B, k): c for k, c in enumerate(cal)})
+        pol.start(B, True)
+        for k, c in live.items():
+            pol._live_sample(k, c)
+        assert [pol.cost(B, k) for k in range(K + 1)] == pytest.approx(want), (cal, live)

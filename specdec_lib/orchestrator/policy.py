@@ -56,11 +56,19 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   nondecreasing in k (weighted pool-adjacent-violators): a round at k + 1 does all of k's
   work and more, so a table where it is cheaper is noise. Once calibrated no round is
   timed on the GPU, and decoding prices the k's (*live costs*, ``probe_every`` > 0): a clean
-  round with every slot busy (an idle slot's rows are cheaper: s29's samples from draining
+  round with every slot busy (an idle slot's rows are cheaper, in a recorded graph too: its
+  GEMM rows are computed but attention skips a finished slot; s29's samples from draining
   batches priced k = 4 below k = 3) and the same verify count as the round before gives its
   period; a k's cost is the median of its last ``LIVE_KEPT`` periods, a k without any its
-  calibrated cost moved by the live-minus-calibrated gap at the nearest k that has them,
-  fitted nondecreasing. Since the choice alone would only ever price the k that runs, after
+  calibrated cost moved by the live-minus-calibrated gap at the nearest k that has them, or,
+  where two k's have them, the line through the two nearest where that line is steeper than
+  the calibration (below them: cheaper, above: dearer), fitted nondecreasing. The
+  calibration has underpriced each draft wherever checked (s30, s31; issue 29, H100 B=32: k =
+  3 over k = 0 204 us calibrated, ~290 us decoding), and in a fixed batch every slot is busy
+  only until the first request ends, so few k's get live samples: the gap alone priced k = 1
+  from k = 2's and kept auto at k = 2 (autok_sim, true 1/1.15/1.35/1.55, calibrated
+  1/1.03/1.06/1.10: 0.88x of target-only where k = 1 ran 0.99x). A line flatter than the
+  calibration is taken for noise (a few periods of 3% jitter) and left out. Since the choice alone would only ever price the k that runs, after
   ``probe_every`` rounds at one k (``hold`` while it or the neighbour has no live cost) a
   probe proposes the neighbouring k whose live cost is oldest for ``PROBE_LEN`` rounds; a
   probe after which the choice returns doubles the interval (to ``PROBE_BACKOFF`` x). (s31,
@@ -580,8 +588,11 @@ class AutoK:
         """cost(B, k), k = 0..k_max, from measurements: a k with ``LIVE_MIN`` live samples
         costs their median; any other its calibrated cost moved by the gap between live and
         calibrated cost at the nearest k that has live samples (what the calibration
-        misses, a host share or the GPU's state while decoding, is mostly the same at every
-        k); then fitted nondecreasing in k, a live cost weighted by its sample count."""
+        misses, a host share or the GPU's state while decoding, is partly the same at every
+        k), or, where two k's have live samples and the line through the two nearest is
+        steeper than the calibration from the nearest on (below it: cheaper; above it:
+        dearer), that line's value (the calibration underprices each draft: issue 29);
+        then fitted nondecreasing in k, a live cost weighted by its sample count."""
         K = self.k_max
         cal = [self.measured.get((B, k)) for k in range(K + 1)]
         cal = [self._extrapolated(B, k) if c is None else c for k, c in enumerate(cal)]
@@ -594,9 +605,14 @@ class AutoK:
             if live[k] is not None:
                 est.append(live[k])
                 w.append(float(n[k]))
-            else:           # the nearest k with live samples (the lower one at a tie)
-                ref = next(kk for kk in self._nearest[k] if live[kk] is not None)
-                est.append(cal[k] + live[ref] - cal[ref])
+            else:   # the nearest k's with live samples (the lower one at a tie)
+                ref, *other = [kk for kk in self._nearest[k] if live[kk] is not None][:2]
+                c = cal[k] + live[ref] - cal[ref]       # the gap rule
+                if other:       # the two nearest's line, where it is steeper (see above)
+                    o = other[0]
+                    line = live[ref] + (live[o] - live[ref]) * (k - ref) / (o - ref)
+                    c = min(c, line) if k < ref else max(c, line)
+                est.append(c)
                 w.append(1.0)
         return _nondecreasing(est, w)
 
