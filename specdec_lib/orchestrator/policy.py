@@ -68,12 +68,13 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   only until the first request ends, so few k's get live samples: the gap alone priced k = 1
   from k = 2's and kept auto at k = 2 (autok_sim, true 1/1.15/1.35/1.55, calibrated
   1/1.03/1.06/1.10: 0.88x of target-only where k = 1 ran 0.99x). A line flatter than the
-  calibration is taken for noise (a few periods of 3% jitter) and left out. Since the choice alone would only ever price the k that runs, after
-  ``probe_every`` rounds at one k (``hold`` while it or the neighbour has no live cost) a
-  probe proposes the neighbouring k whose live cost is oldest for ``PROBE_LEN`` rounds; a
-  probe after which the choice returns doubles the interval (to ``PROBE_BACKOFF`` x). (s31,
-  H200, B=32: the calibration priced k = 3 10% above k = 0, decoding rounds cost 27% more;
-  the table alone kept auto at k = 3, 0.91x, where k = 1 ran 1.10x and auto live 1.09x.) Until every k has a sample at
+  calibration is taken for noise (a few periods of 3% jitter) and left out. Since the
+  choice alone would only ever price the k that runs, after ``probe_every`` rounds at one k
+  (``hold`` while it or the neighbour has no live cost) a probe proposes the neighbouring k
+  whose live cost is oldest for ``PROBE_LEN`` rounds; a probe after which the choice
+  returns doubles the interval (to ``PROBE_BACKOFF`` x). (s31, H200, B=32: the calibration
+  priced k = 3 10% above k = 0, decoding rounds cost 27% more; the table alone kept auto at
+  k = 3, 0.91x, where k = 1 ran 1.10x and auto live 1.09x.) Until every k has a sample at
   this B the policy *calibrates*: it proposes ``k_max, k_max - 1, ..., 0``, each for
   ``hold`` rounds (which also records each k's graph), then the same back up, ``0, 1, ...,
   k_max`` (the graphs recorded: every round of it but a switch is a sample), so each k is
