@@ -362,7 +362,7 @@ def test_linear_gpu_few_row_cta_rows(dtype, wdtype, N, K, cta_rows, variant, mon
 def test_linear_gpu_norm_bit_identical_to_rms_norm(dtype, wdtype, N, K, unit_offset, M, rng):
     """The fused prologue gives the bits of ops.rms_norm (+ residual) then ops.linear: the same
     h (K = 4104: five of rms_norm's warps; 40000: 1024 threads and past its register cache),
-    the same residual_out, so the same output; M <= 4: the linear_m* kernels where K allows
+    the same residual_out, so the same output; M <= 8: the linear_m* kernels where K allows
     them (each warp's own norm)."""
     from specdec_lib import ops
     x, r, w, nw = _case(rng, M, N, K, dtype, wdtype)

@@ -485,7 +485,7 @@ __device__ __forceinline__ void linear(const LinearParams& p) {
   }
 }
 
-// ---------------------------------------------------------------- at most 4 rows (decode)
+// ---------------------------------------------------------------- a few rows (decode, verify)
 // linear_m{1,2,4}_*: the outputs of linear, bit for bit, for MR rows a CTA (rows MR * y ..,
 // y = blockIdx.y: the launcher's gridDim.y covers M) when every access is 16 bytes (vec_x,
 // vec_w) and K <= 32 * kSmallUnits * kUnit (2048). A warp holds its two
