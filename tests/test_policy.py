@@ -389,8 +389,9 @@ def _feed(pol, B, rounds, seed=0, ragged_q=False):
 @pytest.mark.parametrize("graphs", [True, False])
 def test_counts_follow_their_definition(graphs):
     """acc / tries and the pooled counts, bit for bit the per-round update of the design
-    (decay, then +1 at each position tried / accepted: j <= min(n + 1, q) / j <= min(n, q),
-    idle slots and n < 0 adding nothing), and the cached cost list always the table's."""
+    (decay at each position tried, then +1 there / where accepted: j <= min(n + 1, q) /
+    j <= min(n, q), idle slots and n < 0 adding nothing and keeping their counts; the pool
+    decayed every round), and the cached cost list always the table's."""
     B, K, decay = 3, 4, 0.9
     pol = AutoK(K, decay=decay, hold=2)
     pol.start(B, graphs)
@@ -400,12 +401,12 @@ def test_counts_follow_their_definition(graphs):
     acc, tries, pa, pt = np.zeros((B, K)), np.zeros((B, K)), np.zeros(K), np.zeros(K)
     pos = np.arange(1, K + 1)[None, :]
     for q, n, busy in seen:
-        acc *= decay
-        tries *= decay
-        pa *= 0.995
-        pt *= 0.995
         tried = pos <= (np.minimum(q, n + 1) * busy)[:, None]
         hit = pos <= (np.minimum(n, q) * busy)[:, None]
+        acc *= np.where(tried, decay, 1.0)
+        tries *= np.where(tried, decay, 1.0)
+        pa *= 0.995
+        pt *= 0.995
         tries += tried
         acc += hit
         pt += tried.sum(axis=0)
@@ -697,6 +698,37 @@ def test_live_costs_correct_a_calibration_that_underprices_k():
     assert max(set(last[24]), key=last[24].count) == 1
     assert last[24].count(1) > 0.8 * len(last[24])
     assert 1 not in last[0] and max(set(last[0]), key=last[0].count) >= 3
+
+
+def test_a_never_landing_request_holds_a_drained_batch_at_k0():
+    """A drained batch (no request waits: the slowest request's time) whose slowest request's
+    drafts never land runs k = 0 with only the exploration rounds (one in ``explore_every``
+    + 1) above it: a position a round did not try keeps its evidence. With counts decayed
+    every round the request drifted back to the pooled prior ~15 rounds after k = 0 and took
+    the batch up again, again and again (autok_sim, B=32: 0.95x of target-only)."""
+    K, B = 3, 4
+    for seed in range(3):
+        pol = AutoK(K, costs={0: 1030.0, 1: 1130.0, 2: 1232.0, 3: 1317.0})  # issue 29, H100
+        pol.start(B, True)
+        pol.admit(range(B))
+        pol.budget(range(B), [10 ** 6] * B, 0)
+        busy = np.ones(B, bool)
+        rng = np.random.default_rng(seed)
+        ks = []
+        for _ in range(200):
+            p = pol.before_round(busy)
+            ks.append(p.propose)
+            n = [0]                     # slot 0: never; the others ~0.3 a draft
+            for _ in range(1, B):
+                m = 0
+                while m < p.verify and rng.random() < 0.3:
+                    m += 1
+                n.append(m)
+            pol.after_round(np.asarray(n), busy)
+        late = ks[40:]
+        assert max(late) <= 1, ks
+        assert late.count(0) >= 0.85 * len(late), ks
+        assert all(a == 0 or b == 0 for a, b in zip(late, late[1:])), ks   # explorations only
 
 
 def test_live_samples_need_every_slot_busy():

@@ -25,7 +25,9 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
 
 * Acceptance, per request and per draft position. ``a[i, j]`` estimates P(draft j + 1 of
   request i accepted | drafts 1..j were): a running mean over the request's rounds that
-  proposed it (counts decayed by ``decay`` per round, so a request's drift is tracked),
+  proposed it (counts decayed by ``decay`` per round that tried the position, so a
+  request's drift is tracked; a round that did not try it keeps its evidence, and the
+  exploration rounds at k = 0, every ``explore_every`` = 8, refresh it: see Choice),
   shrunk toward a prior of ``prior_strength`` pseudo-rounds: the same per-position mean
   over every request so far (the pool, decayed by ``POOL_DECAY``), each position's shrunk
   toward the position before it (``CHAIN`` pseudo-rounds; the first toward a neutral 0.5), so
@@ -95,10 +97,18 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   rounds, 89 against 87, each dearer: the batch ends with its slowest request, whose drafts
   land least.) After ``explore_every`` rounds in a row at k = 0 one round proposes k = 1, so
   the estimates can recover when the text becomes predictable (a draft that is always wrong
-  pays that one round in ``explore_every``). With graphs k moves one step a round (to the
-  best k's side of the last round's): the calibration sweep recorded every (k, k) and
-  (k, k +- 1) graph, and a jump would record a new one inside a timed call, with its first
-  replay's upload (s29: auto's B=1 calls recorded graphs while timed).
+  pays that one round in ``explore_every`` + 1). This, not time, is how a k = 0 request's
+  estimate moves: counts decayed every round (the old rule) took a request whose drafts
+  never land back to the pooled prior ~15 rounds after k = 0, and the drain objective up to
+  k = 1-3 and down again, again and again (autok_sim --suite, B=32 batches, acceptance
+  ~Beta(1, 3): 0.94-0.96x of target-only); evidence kept with one try in 32 rounds left a
+  request whose estimate dipped below break-even by chance at k = 0 (B=1, acceptance 0.6:
+  ``test_live_costs_correct_a_calibration_that_underprices_k``); with one in 8 the batches
+  run 0.98-0.99x and that B=1 case keeps 0.98x of k = 1's rate, as with the decay. With
+  graphs k moves one step a round (to the best k's side of the last round's): the
+  calibration sweep recorded every (k, k) and (k, k +- 1) graph, and a jump would record a
+  new one inside a timed call, with its first replay's upload (s29: auto's B=1 calls
+  recorded graphs while timed).
 * Per request: a fixed-shape round (a recorded graph) computes ``B * (k + 1)`` rows whatever
   the slots hold, so a draft left out saves nothing and loses its expected tokens: with
   graphs every slot verifies k. Without graphs rows are cheaper when fewer (``cu_q`` is
@@ -238,7 +248,7 @@ class AutoK:
     name = "auto"
 
     def __init__(self, k_max: int = 4, *, costs: Costs = None, prior_strength: float = 4.0,
-                 decay: float = 0.9, explore_every: int = 32, hold: int = 4,
+                 decay: float = 0.9, explore_every: int = 8, hold: int = 4,
                  ragged: bool = True, drain: bool = True, probe_every: int = 24):
         if isinstance(k_max, bool) or not isinstance(k_max, (int, np.integer)) \
                 or not 1 <= int(k_max) < MAX_BLOCK_ROWS:
@@ -278,6 +288,9 @@ class AutoK:
         q, c = np.arange(K + 1)[:, None], np.arange(K + 2)[None, :]
         reach = np.stack([np.clip(c - 1, 0, q), np.minimum(c, q)], axis=-1)   # [q, c, 2]
         self._steps = (np.arange(1, K + 1) <= reach[..., None]).astype(float)  # [q, c, 2, K]
+        # and the decay of a slot's counts there: ``decay`` at each position tried, else 1
+        # (a position not tried keeps its evidence: see the module docstring)
+        self._slot_decays = np.where(self._steps[:, :, 1:2] > 0, self.decay, 1.0).repeat(2, 2)
         self._plans: dict[tuple[int, int], RoundPlan] = {}     # whole-block plans, shared
         self.choices: list[RoundPlan] = []
         self.B: Optional[int] = None            # no call yet
@@ -310,7 +323,7 @@ class AutoK:
         self.acc, self.tries = self._counts[:B, 0], self._counts[:B, 1]
         self.pool_acc, self.pool_tries = self._pool[0], self._pool[1]
         self._decays = np.full((B + 1, 2, K), self.decay)     # (whole: broadcasting is slower)
-        self._decays[B] = POOL_DECAY
+        self._decays[B] = POOL_DECAY            # (the slots' rows set a round: after_round)
         # a round's increments (after_round): the slots' rows, the pool's their sum
         self._added = np.empty_like(self._counts)
         self._ones, self._summed = np.ones(B), self._added[B].reshape(-1)
@@ -468,15 +481,17 @@ class AutoK:
         self._left -= emitted
         # draft j was accepted where j <= min(n, q), and tried where drafts 1..j-1 were
         # (j <= min(n + 1, q)): _steps[q, n + 1] (an idle slot's row: [q, 0], nothing)
-        slots = self._added[:-1]
+        slots, decays = self._added[:-1], self._decays[:-1]
         if plan.num_draft is None:
             self._steps[plan.verify].take(emitted, axis=0, out=slots, mode="clip")
+            self._slot_decays[plan.verify].take(emitted, axis=0, out=decays, mode="clip")
         else:
-            slots[...] = self._steps[np.asarray(plan.num_draft),
-                                     np.clip(emitted, 0, self.k_max + 1)]
+            q, c = np.asarray(plan.num_draft), np.clip(emitted, 0, self.k_max + 1)
+            slots[...] = self._steps[q, c]
+            decays[...] = self._slot_decays[q, c]
         # the pool adds every slot's: sums of 0 / 1, exact in any order (so a dot product)
         np.dot(self._ones, self._rows, out=self._summed)
-        self._counts *= self._decays            # acc, tries (decay), pool (POOL_DECAY)
+        self._counts *= self._decays            # acc, tries (decay where tried), pool
         self._counts += self._added
         if (seconds is not None and kind
                 and plan.num_draft is None and plan.verify == plan.propose):
