@@ -30,6 +30,29 @@ import numpy as np
 from specdec_lib.orchestrator import AutoK, FixedK
 
 
+def _fill(owner, left, budgets, nxt):
+    """Free slots take the next requests: (the slots filled, the next request's index)."""
+    new = []
+    for b in range(len(owner)):
+        if owner[b] < 0 and nxt < len(budgets):
+            owner[b], left[b] = nxt, budgets[nxt]
+            new.append(b)
+            nxt += 1
+    return new, nxt
+
+
+def _accepted(ps, owner, busy, v, rng, slots):
+    """Drafts accepted per slot: each of the v lands with its request's p while the ones
+    before it did."""
+    acc = np.zeros(slots, np.int32)
+    for b in np.flatnonzero(busy):
+        n = 0
+        while n < v and rng.random() < ps[owner[b]]:
+            n += 1
+        acc[b] = n
+    return acc
+
+
 def run(policy, ps, budgets, slots, costs, rng, noise=0.03, stall=(0.0, 0.0)) -> float:
     """Simulated time (cost units) for ``policy`` to emit every request's budget (a round's
     period, told to the policy, is its cost times 1 + ``noise`` x a standard normal, plus,
@@ -42,12 +65,7 @@ def run(policy, ps, budgets, slots, costs, rng, noise=0.03, stall=(0.0, 0.0)) ->
 
     def admit():
         nonlocal nxt
-        new = []
-        for b in range(slots):
-            if owner[b] < 0 and nxt < n_req:
-                owner[b], left[b] = nxt, budgets[nxt]
-                new.append(b)
-                nxt += 1
+        new, nxt = _fill(owner, left, budgets, nxt)
         if new:
             policy.admit(new)
             if hasattr(policy, "budget"):
@@ -60,13 +78,7 @@ def run(policy, ps, budgets, slots, costs, rng, noise=0.03, stall=(0.0, 0.0)) ->
         v = plan.verify
         cost = 0.5 * (costs[v] + costs[plan.propose])
         total += cost
-        acc = np.zeros(slots, np.int32)
-        for b in np.flatnonzero(busy):
-            p = ps[owner[b]]
-            n = 0
-            while n < v and rng.random() < p:
-                n += 1
-            acc[b] = n
+        acc = _accepted(ps, owner, busy, v, rng, slots)
         jitter = noise * rng.standard_normal() + (stall[1] if rng.random() < stall[0] else 0.0)
         policy.after_round(acc, busy, cost * (1.0 + jitter))
         left -= (acc + 1) * busy
@@ -89,12 +101,7 @@ def serve_like(policy, ps, budgets, slots, costs, rng, noise=0.03) -> float:
 
     def admit():
         nonlocal nxt
-        new = []
-        for b in range(slots):
-            if owner[b] < 0 and nxt < n_req:
-                owner[b], left[b] = nxt, budgets[nxt]
-                new.append(b)
-                nxt += 1
+        new, nxt = _fill(owner, left, budgets, nxt)
         return new
 
     new = admit()
@@ -116,13 +123,7 @@ def serve_like(policy, ps, budgets, slots, costs, rng, noise=0.03) -> float:
             learn = None
             if prepare is not None:
                 prepare(busy)
-        acc = np.zeros(slots, np.int32)
-        for b in np.flatnonzero(busy):
-            p = ps[owner[b]]
-            n = 0
-            while n < v and rng.random() < p:
-                n += 1
-            acc[b] = n
+        acc = _accepted(ps, owner, busy, v, rng, slots)
         seconds = None if (new or first) else cost * (1.0 + noise * rng.standard_normal())
         first = False
         learn = (acc, busy, seconds)
