@@ -591,14 +591,17 @@ class AutoK:
         """Seconds of a round at ``slots`` slots and k drafts."""
         c = self.fixed_costs
         if c is None:
-            B = int(slots)
-            table = self._tables.get(B)
-            if table is None:
-                table = self._tables[B] = self._table(B)
-            return table[int(k)]
+            return self._table_at(int(slots))[int(k)]
         if callable(c):
             return float(c(int(slots), int(k)))
         return float(c[(int(slots), int(k))] if (int(slots), int(k)) in c else c[int(k)])
+
+    def _table_at(self, B: int) -> list:
+        """``_table(B)``, kept until a new sample at B drops it."""
+        table = self._tables.get(B)
+        if table is None:
+            table = self._tables[B] = self._table(B)
+        return table
 
     def _table(self, B: int) -> list:
         """cost(B, k), k = 0..k_max, from measurements: a k with ``LIVE_MIN`` live samples
@@ -699,9 +702,7 @@ class AutoK:
         if self._costs is None:
             B = self.B
             if self.fixed_costs is None:        # (cost(B, k) for each k: the table's)
-                if B not in self._tables:
-                    self._tables[B] = self._table(B)
-                self._costs = list(self._tables[B])
+                self._costs = list(self._table_at(B))
             else:
                 self._costs = [self.cost(B, k) for k in range(self.k_max + 1)]
         return self._costs

@@ -221,11 +221,10 @@ def _set_num_draft(p: Parts, st: CallState, plan: RoundPlan) -> None:
     want = plan.num_draft if plan.num_draft is not None else (plan.verify,) * B
     have = st.num_draft if st.num_draft is not None else (p.k,) * B
     if want != have:
-        src = None
-        if plan.num_draft is None:
-            src = st.uniform_drafts.get(plan.verify)
-            if src is None:
-                src = st.uniform_drafts[plan.verify] = p.be.xp.asarray(
-                    np.asarray(want, np.int32))
-        st.buf.num_draft[...] = p.be.xp.asarray(np.asarray(want, np.int32)) if src is None else src
+        src = st.uniform_drafts.get(plan.verify) if plan.num_draft is None else None
+        if src is None:
+            src = p.be.xp.asarray(np.asarray(want, np.int32))
+            if plan.num_draft is None:
+                st.uniform_drafts[plan.verify] = src
+        st.buf.num_draft[...] = src
     st.num_draft = want
