@@ -1,7 +1,7 @@
 """What a decoder asks of its backend between rounds, recorded on the CPU.
 
 ``TracingBackend()`` is the reference backend with every call the orchestrator can make
-logged: device->host reads (``to_host``), host->device conversions (``xp.asarray``), the ops,
+logged: device->host reads (``to_host``; ``read``: ``to_host_async``), host->device conversions (``xp.asarray``), the ops,
 synchronisations, a fake ``capture`` (so the decoder runs with ``cuda_graph=True`` on the
 CPU: a capture records nothing and returns a replay that reruns the function, its calls
 logged as one ``replay``) and a fake ``timer`` (its events logged; every interval
@@ -69,6 +69,7 @@ class TracingBackend(SimpleNamespace):
         for name, _ in _backends._BACKEND_OPS:
             setattr(self, name, self._wrap("op", name, getattr(ref, name)))
         self.to_host = self._wrap("to_host", None, ref.to_host, shape=True)
+        self.to_host_async = self._wrap("read", None, ref.to_host_async, shape=True)
         self.synchronize = self._wrap("sync", "stream", ref.synchronize)
         self.device_synchronize = self._wrap("sync", "device", ref.device_synchronize)
         self.capture = self._capture
@@ -139,11 +140,13 @@ def graph_keys(dec, be: TracingBackend) -> dict:
 
 def trace_calls(dec, reqs, be: TracingBackend):
     """Serve each of ``reqs`` alone (slots=1): returns ([Result], [(start_events,
-    [round_events], end_events)] per call); replays are named by their graph key, policy calls
-    logged as ("policy", name)."""
+    [round_events], end_events)] per call), a round's events from its ``before_round`` to
+    the next one's (so a round's read and its policy lesson, which run ahead comes after the
+    next launch, fall in the next round's events; the end events are those after the last
+    round's read of control); replays are named by their graph key, policy calls logged as
+    ("policy", name)."""
     spec = dec.spec
     calls, results = [], []
-    cur = {}
 
     def hook(name):
         real = getattr(spec, name)
@@ -155,21 +158,15 @@ def trace_calls(dec, reqs, be: TracingBackend):
     saved = {n: getattr(spec, n) for n in ("start", "admit", "before_round", "after_round")}
     for n in saved:
         object.__setattr__(spec, n, hook(n))      # (FixedK is a frozen dataclass)
-
-    def on_round(i):
-        cur["rounds"].append(be.events[cur["mark"]:])
-        cur["mark"] = len(be.events)
     try:
         for r in reqs:
-            cur.update(mark=len(be.events), rounds=[])
             first = len(be.events)
-            # the start events end at the first round's before_round
-            results += dec.serve([r], slots=1, on_round=on_round)
+            results += dec.serve([r], slots=1)
             evs = be.events[first:]
-            start_len = next(i for i, e in enumerate(evs) if e[:2] == ("policy", "before_round"))
-            rounds = cur["rounds"]
-            rounds[0] = rounds[0][start_len:]
-            calls.append((evs[:start_len], rounds, be.events[cur["mark"]:]))
+            starts = [i for i, e in enumerate(evs) if e[:2] == ("policy", "before_round")]
+            end = 1 + max(i for i, e in enumerate(evs) if e[0] == "read")
+            rounds = [evs[a:b] for a, b in zip(starts, starts[1:] + [end])]
+            calls.append((evs[:starts[0]], rounds, evs[end:]))
     finally:
         for n in saved:
             object.__delattr__(spec, n)

@@ -144,6 +144,74 @@ def test_serve_continuous_batching_matches_single_runs(demo):
         assert (g.tokens, g.finish_reason) == (alone[0].tokens, alone[0].finish_reason)
 
 
+def _decoder(demo, k, run_ahead, be=None):
+    be = be or reference_backend()
+    target, draft = _models(demo, be)
+    return SpeculativeDecoder(target, draft if k else None, num_speculative_tokens=k,
+                              backend=be, run_ahead=run_ahead)
+
+
+@pytest.mark.parametrize("k", [0, 3, "auto"])
+def test_run_ahead_changes_no_output(demo, k):
+    """A round launched before the last one's outcome is read (run_ahead, the default)
+    emits what reading every round first emits: greedy and sampled requests, stops, more
+    requests than slots, arrivals over time; at B=1 the metrics' counts are the same too
+    (a round run past a reply's end is not counted as a round)."""
+    reqs = _mixed_requests(8)
+    got = {}
+    for ahead in (True, False):
+        dec = _decoder(demo, k, ahead)
+        served = dec.serve(reqs, slots=2, arrivals=[0, 0, 1, 9, 9, 60])
+        stats = dict(dec.slot_stats)
+        dec.reset_metrics()
+        alone = [dec.generate([r])[0] for r in reqs]
+        m = dec.metrics
+        got[ahead] = ([(r.tokens, r.finish_reason) for r in served], stats,
+                      [(r.tokens, r.finish_reason) for r in alone],
+                      (m.rounds, m.accepted, m.proposed, m.accept_counts, m.emitted),
+                      m.overrun_rounds)
+    if k == "auto":
+        # auto's choices follow its measured round times (not reproducible here), and a
+        # sampled reply's tokens follow the drafts verified: greedy replies only
+        greedy = [i for i, r in enumerate(reqs) if r.temperature == 0]
+        for ahead in got:
+            got[ahead] = ([got[ahead][0][i] for i in greedy], got[ahead][1],
+                          [got[ahead][2][i] for i in greedy]) + got[ahead][3:]
+    assert got[True][:3] == got[False][:3]
+    assert got[True][2] == got[True][0]
+    if k != "auto":
+        assert got[True][3] == got[False][3]
+    assert got[False][4] == 0
+
+
+def test_run_ahead_overruns_only_unforeseen_ends(demo):
+    """At B=1 a reply that ends by max_new_tokens is read before the next launch (no round
+    past its end); one that ends by a stop id mid-reply costs one round run past it, which
+    is computed, thrown away and not counted; the policy learns nothing from it."""
+    prompt = _prompts(3, [7])[0]
+    free = _decoder(demo, 3, True).generate([Request(prompt=prompt, max_new_tokens=40)])[0]
+    assert len(free.tokens) == 40 and free.finish_reason == "max_length"
+    stop = free.tokens[12]
+    n_stop = free.tokens.index(stop) + 1
+    for ahead in (True, False):
+        dec = _decoder(demo, 3, ahead)
+        lessons = []
+        told = dec.spec.after_round
+        object.__setattr__(dec.spec, "after_round",
+                           lambda n, busy, *a: (lessons.append(busy.copy()), told(n, busy, *a)))
+        by_length = dec.generate([Request(prompt=prompt, max_new_tokens=40)])[0]
+        assert dec.metrics.overrun_rounds == 0
+        dec.reset_metrics()
+        lessons.clear()
+        by_stop = dec.generate([Request(prompt=prompt, max_new_tokens=40,
+                                        stop_token_ids=[stop])])[0]
+        assert by_length.tokens == free.tokens
+        assert (by_stop.tokens, by_stop.finish_reason) == (free.tokens[:n_stop], "stop_id")
+        assert dec.metrics.overrun_rounds == (1 if ahead and n_stop < 36 else 0)
+        assert len(lessons) == dec.metrics.rounds     # none of the round run past the end
+        assert all(b.all() for b in lessons)
+
+
 def test_serve_argument_errors(demo):
     be = reference_backend()
     target, draft = _models(demo, be)

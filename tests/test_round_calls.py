@@ -8,9 +8,9 @@ backend with a fake ``capture`` (``round_trace.TracingBackend``) and ``serve``'s
 a fixed step per read (``round_trace.fake_clock``: every clean round of any k measures the same
 time, so the calibrated ``AutoK`` keeps to k_max). Per call: the same events before the first
 round (admission, prefill), per round exactly ``before_round``, one replay of the
-(k, k) graph (no timer: a calibrated auto times no round), ``after_round`` for the round before (learnt while this one runs; none in the
-first round) and the one read of ``control`` (``num_accepted`` and ``finished``) (the last round adds the
-output reads), then the last round's ``after_round`` and one stream synchronisation: no
+(k, k) graph (no timer: a calibrated auto times no round), the one read of ``control``
+(``num_accepted``, ``out_lens``, ``finished``) and ``after_round`` for the round before (learnt
+while this one runs; none in the first round) (the last round adds the output reads), then the last round's ``after_round`` and one stream synchronisation: no
 host->device copy, no capture, no other graph, no sweep at another k inside the timed calls.
 (AutoK's live-cost probes, which replay the neighbouring k's graph, do not come in these calls:
 the warm-up probed k_max - 1 and doubled the interval past the calls' length.)
@@ -88,10 +88,11 @@ def _check_same_calls(out, reqs):
     assert dec_a.metrics.capture_s == 0 and not dec_a.spec.sweep
     assert all(p.key == (K, K, None) for p in dec_a.spec.choices[-dec_a.metrics.rounds:])
     assert len(fixed) == len(auto) == len(reqs)
-    # the policy learns from a round while the next one runs: after the next replay (the
-    # first round has nothing to learn from yet; the last round's lesson comes after the loop)
-    first = [("policy", "before_round"), ("replay", (K, K, None)), ("to_host", (2,))]
-    plain = first[:2] + [("policy", "after_round")] + first[2:]
+    # the policy learns from a round while the next one runs: after the next replay and the
+    # read it enqueues (the first round has nothing to learn from yet; the last round's
+    # lesson comes after the loop)
+    first = [("policy", "before_round"), ("replay", (K, K, None)), ("read", (3,))]
+    plain = first + [("policy", "after_round")]
     for (s_f, r_f, t_f), (s_a, r_a, t_a) in zip(fixed, auto):
         assert _backend(s_f) == _backend(s_a)                 # admission, prefill
         assert len(r_f) == len(r_a)
@@ -104,7 +105,7 @@ def _check_same_calls(out, reqs):
             if i < len(r_a) - 1:
                 assert ev == want, (i, b)
             else:           # the request finished: its outputs are read
-                assert ev[:len(want)] == want and {e[0] for e in ev[len(want):]} == {"to_host"}, b
+                assert ev[:len(want)] == want and {e[0] for e in ev[len(want):]} == {"read"}, b
         assert [e[:2] for e in t_f] == [e[:2] for e in t_a] == [("policy", "after_round"),
                                                                 ("sync", "stream")]
         assert not any(e[0] in ("capture", "sync", "asarray") for r in r_a for e in r)

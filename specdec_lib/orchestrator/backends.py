@@ -3,7 +3,10 @@
 A backend is a namespace: ``name``; ``xp`` (numpy-style constructors: numpy, cupy, or
 ``_TorchArrays``); every op of ``_BACKEND_OPS`` under its name, bound to the backend's stream
 (``row_linear`` = ``ops.linear``; on cuda ``linear`` is the host models' float64 GEMM);
-``kv_dtype``, ``gdn_journal_width``; ``to_host(a)`` (numpy), ``synchronize()`` (the round's
+``kv_dtype``, ``gdn_journal_width``; ``to_host(a)`` (numpy), ``to_host_async(a)`` (a read
+handle: calling it returns a numpy copy of ``a`` as the stream had it when the read was
+enqueued, waiting only for that point; a pinned buffer and an event on a GPU, so ``serve``
+can launch the next round before reading this one's), ``synchronize()`` (the round's
 stream), ``device_synchronize()``, ``stream_scope()`` (a context the decoder runs in: cupy's
 current stream on cuda), ``capture(fn) -> replay`` (a CUDA graph of ``fn``'s work) and
 ``timer()`` (``start()`` / ``stop()`` record an event on the stream, ``seconds()`` the GPU
@@ -37,6 +40,47 @@ _REFERENCE_MODULES = ("copy", "attention", "conv", "gdn", "sampling", "sequence"
                       "layers")
 
 
+def immediate_read(to_host: Callable) -> Callable:
+    """``to_host_async`` where the copy is made at once (numpy, or a backend without
+    asynchronous reads): the handle returns that copy."""
+    def read(a):
+        host = np.array(to_host(a))
+        return lambda: host
+    return read
+
+
+class _PinnedReads:
+    """``to_host_async`` of a GPU backend: each array shape and dtype has a ring of
+    ``RING`` page-locked host buffers, each with an event; ``read(a)`` enqueues the copy of
+    ``a`` into the next one and records its event, the handle waits for that event and
+    returns a copy (so a buffer is free again once its handle was called, and ``serve``
+    keeps at most three reads of one shape unresolved). ``copy(host, a)`` enqueues the
+    device-to-host copy, ``event()`` makes an event with ``record()`` / ``synchronize()``,
+    ``pinned(shape, dtype)`` a page-locked numpy-viewable buffer."""
+    RING = 4
+
+    def __init__(self, pinned, copy, event, as_numpy):
+        self._pinned, self._copy, self._event, self._np = pinned, copy, event, as_numpy
+        self._rings: dict = {}
+
+    def __call__(self, a):
+        key = (tuple(a.shape), str(a.dtype))
+        ring = self._rings.get(key)
+        if ring is None:
+            ring = self._rings[key] = [[self._pinned(a), self._event()] for _ in range(self.RING)]
+            ring.append(0)
+        i = ring[-1]
+        ring[-1] = (i + 1) % self.RING
+        host, ev = ring[i]
+        self._copy(host, a)
+        ev.record()
+
+        def wait():
+            ev.synchronize()
+            return np.array(self._np(host))
+        return wait
+
+
 def reference_backend() -> Backend:
     """numpy arrays, reference ops (float64 math inside each op)."""
     import importlib
@@ -45,7 +89,8 @@ def reference_backend() -> Backend:
     gdn = mods[3]
     ns = SimpleNamespace(name="reference", xp=np, kv_dtype=np.float32,
                          gdn_journal_width=gdn.gdn_journal_width,
-                         to_host=np.asarray, synchronize=lambda: None,
+                         to_host=np.asarray, to_host_async=immediate_read(np.asarray),
+                         synchronize=lambda: None,
                          device_synchronize=lambda: None,
                          stream_scope=contextlib.nullcontext, capture=None, timer=None)
     for name, op in _BACKEND_OPS:
@@ -132,6 +177,20 @@ def cuda_backend(device: int = 0) -> Backend:
                                seconds=lambda: 1e-3 * cupy.cuda.get_elapsed_time(e0, e1))
     ns.timer = timer
     ns.linear = _f64_linear(cupy, device)
+
+    def pinned(a):
+        mem = cupy.cuda.alloc_pinned_memory(max(a.nbytes, 1))
+        return np.frombuffer(mem, a.dtype, a.size).reshape(a.shape)
+
+    def copy(host, a):
+        a = cupy.ascontiguousarray(a)
+        cupy.cuda.runtime.memcpyAsync(host.ctypes.data, a.data.ptr, a.nbytes,
+                                      cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+
+    def event():
+        ev = cupy.cuda.Event(disable_timing=True)
+        return SimpleNamespace(record=lambda: ev.record(stream), synchronize=ev.synchronize)
+    ns.to_host_async = _PinnedReads(pinned, copy, event, lambda h: h)
     return ns
 
 
@@ -242,6 +301,10 @@ def torch_backend(device: int = 0) -> Backend:
         return SimpleNamespace(start=e0.record, stop=e1.record,
                                seconds=lambda: 1e-3 * e0.elapsed_time(e1))
     ns.timer = timer
+    ns.to_host_async = _PinnedReads(
+        lambda a: torch.empty(tuple(a.shape), dtype=a.dtype, pin_memory=True),
+        lambda host, a: host.copy_(a, non_blocking=True),
+        lambda: torch.cuda.Event(), lambda h: h.numpy())
     return ns
 
 

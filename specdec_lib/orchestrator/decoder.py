@@ -39,6 +39,11 @@ class SpeculativeDecoder:
                              call; with it the buffers, caches and graphs of one call serve the
                              next call of the same batch (no re-capture); without it they are
                              sized per call (and kept while sizes repeat)
+    run_ahead                launch each round before reading the last one's outcome, so the
+                             host's work between rounds overlaps the GPU's (a round past a
+                             reply's end is then computed and thrown away, foreseen where the
+                             end comes by max_new_tokens; ``metrics.overrun_rounds``). Outputs
+                             are the same either way. Needs the backend's ``to_host_async``.
     """
 
     def __init__(self, target: Any, draft: Any = None, *,
@@ -46,7 +51,8 @@ class SpeculativeDecoder:
                  backend: Union[str, Backend] = "reference", max_stop_ids: int = 4,
                  max_stop_sequences: int = 2, max_stop_length: int = 4,
                  cuda_graph: bool = False, capture_first: bool = False,
-                 prefill: Union[str, PrefillPolicy] = "auto", max_len: Optional[int] = None):
+                 prefill: Union[str, PrefillPolicy] = "auto", max_len: Optional[int] = None,
+                 run_ahead: bool = True):
         # refused here, before any launch: a bad k / k_max, no draft, a draft too short
         self.spec = make_policy(num_speculative_tokens)
         k = self.spec.k_max
@@ -59,6 +65,7 @@ class SpeculativeDecoder:
         self.max_stop_length = max_stop_length
         self.cuda_graph = bool(cuda_graph)
         self.capture_first = bool(capture_first)
+        self.run_ahead = bool(run_ahead)
         policy = prefill if isinstance(prefill, PrefillPolicy) else PrefillPolicy(prefill)
         policy.check(target)
         self.prefill_policy = policy
@@ -163,7 +170,8 @@ class SpeculativeDecoder:
             results, self.slot_stats = _serve(
                 self._parts, st, reqs, arrivals, spec=self.spec, policy=self.prefill_policy,
                 can_capture=self._can_capture, capture_first=self.capture_first,
-                metrics=self.metrics, progress=progress, on_round=on_round)
+                metrics=self.metrics, run_ahead=self.run_ahead, progress=progress,
+                on_round=on_round)
         return results
 
     def _call_state(self, reqs: Sequence[Request], slots: int) -> CallState:

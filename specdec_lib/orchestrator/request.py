@@ -62,6 +62,7 @@ class Metrics:
     admit_s: float = 0.0             # of prefill_s: host time of admit (buffers, reset_slots)
     admissions: int = 0              # round boundaries that admitted requests (admit calls)
     admitted: int = 0                # requests admitted
+    overrun_rounds: int = 0          # rounds run ahead past every request's finish
 
     position_rows: list[int] = field(default_factory=list)   # [j]: rows with draft j proposed
     k_rounds: dict = field(default_factory=dict)             # k -> rounds that verified k

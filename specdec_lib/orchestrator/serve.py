@@ -3,22 +3,25 @@
 ``Scheduler`` owns the queues (waiting requests, free slots, which request holds which
 slot); ``serve`` runs rounds until every request has finished: admissions and their prefill
 at a round boundary, the round (eager, or replayed as one recorded graph), then one small
-device->host read (``buf.control``: ``num_accepted`` and ``finished``) for control and metrics. The speculation
-policy picks every round's plan (``policy``); one recorded graph per plan. A policy with
+device->host read (``buf.control``: ``num_accepted``, ``out_lens``, ``finished``) for control
+and metrics, made after the next round's launch where it may (``_Reader``: run ahead). The
+speculation policy picks every round's plan (``policy``); one recorded graph per plan. A policy with
 ``budget`` is told, at each admission, the admitted requests' token budgets and how many
 requests still wait (none: the call now ends with its slowest request).
 """
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from .backends import immediate_read
 from .prefill import PrefillPolicy, prefill
 from .request import Metrics, Request, Result
 from .policy import RoundPlan
-from .round import emitted_rows, run_round
+from .round import block_rows, emitted_rows, run_round
 from .state import FINISH_REASONS, CallState, Parts, admit, split_control
 
 
@@ -62,12 +65,15 @@ class Scheduler:
 
 def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[int], *,
           spec, policy: PrefillPolicy, can_capture: bool, capture_first: bool,
-          metrics: Metrics, progress: Optional[Callable[[int, int], None]] = None,
+          metrics: Metrics, run_ahead: bool = True,
+          progress: Optional[Callable[[int, int], None]] = None,
           on_round: Optional[Callable[[int], None]] = None) -> tuple[list[Result], dict]:
     """Run ``reqs`` to completion over the slots of ``st``; returns the results in request
     order and the scheduler's slot counts (admitted, released, max_busy). ``spec`` is the
     speculation policy (``policy.FixedK`` / ``policy.AutoK``): asked for a ``RoundPlan``
-    before every round and told the round's acceptance (and time) after it."""
+    before every round and told the round's acceptance (and time) after it. ``run_ahead``
+    (on a backend with ``to_host_async``): the next round is launched before this one's
+    control is read (``_Reader``)."""
     be, buf, m = p.be, st.buf, metrics
     B = st.shape.slots
     sched = Scheduler(arrivals, B)
@@ -94,13 +100,13 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
     t0 = time.perf_counter()
     first_round = True
     seen: set = set()           # plans run eagerly in this call (their shapes compiled)
-    last_end: Optional[float] = None
+    reader = _Reader(be, buf, B, run_ahead)
     # The policy learns from a round (and the metrics count it) while the GPU runs the next
-    # one: its after_round is deferred to just after the next launch (before an admission,
-    # which resets the slots it learns about), and prepare(busy) then readies the next choice,
-    # so the host's work between a round's read and the next launch is a lookup (AutoK's numpy work was 41-76 us a round
-    # there, the GPU idle: 3-6% of a B=1 round). A choice thus sees the history up to the round
-    # before last: still accepted history only.
+    # one: its after_round comes just after the next launch (before an admission, which
+    # resets the slots it learns about), and prepare(busy) then readies the next choice, so
+    # the host's work between a round's read and the next launch is a lookup (AutoK's numpy
+    # work was 41-76 us a round there, the GPU idle: 3-6% of a B=1 round). A choice thus
+    # sees the history up to the round before last (run ahead or not): accepted history only.
     # (num_accepted copy, busy, seconds, timer, the metrics' counts) not yet told
     learn: Optional[tuple] = None
     prepare = getattr(spec, "prepare", None)
@@ -112,6 +118,9 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
     timers = [be.timer(), be.timer()] \
         if hasattr(spec, "measuring") and getattr(be, "timer", None) else None
     flip = 0
+    inflight: Optional[SimpleNamespace] = None      # the last launched round, unread
+    outputs: list = []          # (read handle of out_tokens, [(request, slot, length, reason)])
+    last_end: list = [None]
 
     def tell(lesson):
         n_acc, was_busy, seconds, timer, counted = lesson
@@ -121,6 +130,51 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
         else:
             spec.after_round(n_acc, was_busy, seconds,
                              None if timer is None else timer.seconds())
+
+    def collect():
+        """The results of the requests that finished (their out_tokens rows read)."""
+        for handle, ended in outputs:
+            out_tokens = handle()
+            for i, b, n, reason in ended:
+                results[i] = Result(tokens=out_tokens[b, :n].tolist(),
+                                    finish_reason=FINISH_REASONS.get(reason, str(reason)))
+        outputs.clear()
+
+    def finish(r: SimpleNamespace, later: Optional[SimpleNamespace]) -> Optional[tuple]:
+        """The end of round ``r``: its control read, finished slots released (and masked
+        out of ``later``, a round launched after it), progress; returns its lesson."""
+        nonlocal emitted
+        n_all, out_lens, fin = split_control(r.control(), B)
+        # the round's period: from the last round's end to this one's (the host's work
+        # between rounds, GPU idle time, included), for a round whose shape was warm
+        t_end = time.perf_counter()
+        seconds = t_end - last_end[0] if r.clean and last_end[0] is not None else None
+        last_end[0] = t_end
+        collect()
+        live = r.busy
+        reader.known[live] = out_lens[live]
+        done = [b for b in range(B) if live[b] and fin[b] != 0]
+        if done:
+            ended = []
+            for b in done:
+                ended.append((sched.release(b), b, int(out_lens[b]), int(fin[b])))
+                emitted += int(out_lens[b])
+                if later is not None:
+                    later.busy[b] = False       # computed there as a finished row, not run
+            outputs.append((reader.read(buf.out_tokens), ended))
+        if on_round is not None:
+            on_round(r.index)
+        if progress is not None:
+            progress(emitted + sum(int(out_lens[b]) for b in range(B)
+                                   if sched.owner[b] is not None), total)
+        if not live.any():              # run ahead past the last finish: nothing to learn
+            m.overrun_rounds += 1
+            return None
+        plan = r.plan
+        counted = (n_all[live], plan.verify,
+                   None if plan.num_draft is None else np.asarray(plan.num_draft)[live])
+        return (n_all, live, seconds, r.timer if seconds is not None else None, counted)
+
     while sched.pending():
         admitted = [(b, reqs[i]) for b, i in sched.admit(now)]
         busy = sched.busy()
@@ -139,6 +193,7 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
             prefill(p, st, admitted, policy, can_capture, m)
             m.prefill_s += time.perf_counter() - tp
             spec.admit([b for b, _ in admitted])
+            reader.admit(admitted)
             if budget is not None:      # (a policy that chooses k for the slowest request)
                 budget([b for b, _ in admitted], [r.max_new_tokens for _, r in admitted],
                        len(sched.waiting))
@@ -165,10 +220,17 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
             seen.add(key)
         if timer is not None:
             timer.stop()
+        # --- the round's end: one small device->host read (control: num_accepted, out_lens,
+        # finished) for control and metrics, waited for below or after the next launch
+        launched = SimpleNamespace(plan=plan, busy=busy_np.copy(), index=now, timer=timer,
+                                   clean=clean, control=reader.read(buf.control))
         if not first_round:   # steady state only: the first round compiles and allocates
             m.launch_s += time.perf_counter() - tl
             m.launched_rounds += 1
         first_round = False
+        if inflight is not None:           # the round before, read while this one runs
+            learn = finish(inflight, launched) or learn
+            inflight = None
         if learn is not None:             # the last round's lesson, the GPU busy meanwhile
             tell(learn)
             learn = None
@@ -178,38 +240,55 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
             # the plan's first round ran eagerly (cupy kernels compiled, pools and the sampling
             # workspace allocated); every later round of it replays its graph
             st.replays[key] = record(plan)
-        # --- end of the round: one small device->host read for control and metrics
-        n_all, fin = split_control(be.to_host(buf.control), B)     # one copy
-        # the round's period: from the last round's end to this one's (the host's work
-        # between rounds, GPU idle time, included), for a round whose shape was warm
-        t_end = time.perf_counter()
-        seconds = t_end - last_end if clean and last_end is not None else None
-        last_end = t_end
-        n_all = np.array(n_all)            # (a copy: the host buffer is reused)
-        counted = (n_all[busy_np], plan.verify,
-                   None if plan.num_draft is None else np.asarray(plan.num_draft)[busy_np])
-        learn = (n_all, busy_np, seconds, timer if seconds is not None else None, counted)
-        done = [b for b in range(B) if busy[b] and fin[b] != 0]
-        if done:
-            out_tokens, out_lens = be.to_host(buf.out_tokens), be.to_host(buf.out_lens)
-            for b in done:
-                results[sched.release(b)] = Result(
-                    tokens=out_tokens[b, :out_lens[b]].tolist(),
-                    finish_reason=FINISH_REASONS.get(int(fin[b]), str(int(fin[b]))))
-                emitted += int(out_lens[b])
-        if on_round is not None:
-            on_round(now)
-        if progress is not None:
-            live = be.to_host(buf.out_lens)
-            progress(emitted + sum(int(live[b]) for b in range(B) if sched.owner[b] is not None),
-                     total)
+        if reader.may_run_ahead(launched, block_rows(plan, B)):
+            inflight = launched
+        else:
+            learn = finish(launched, None)
         now += 1
+    if inflight is not None:
+        learn = finish(inflight, None) or learn
     if learn is not None:
         tell(learn)
+    collect()
     be.synchronize()
     m.wall_s += time.perf_counter() - t0
     m.emitted += emitted
     return results, sched.stats
+
+
+class _Reader:
+    """The host's reads of round outputs, and whether a round may stay unread while the
+    next one is planned and launched (run ahead).
+
+    A read is a handle: ``read(a)()`` is a host copy of ``a`` as it was when ``read`` was
+    called (stream order), made by the backend's ``to_host_async`` (a copy into pinned
+    memory and an event) or, without it, at once by ``to_host``. Running ahead takes the
+    host's work between rounds (the read, the policy, serve's bookkeeping, the next graph
+    launch: 40-80 us a B=1 SmolLM2 round on an H100, s42, the GPU idle) off the GPU's
+    critical path. Its price is a round launched after a request's last: computed for its
+    finished rows and never committed (like an idle slot), so harmless but not free. So a
+    round stays unread only while fewer than a quarter of its running slots may finish in
+    it by length (``known`` out_lens at the last read + the round's block rows reach
+    max_new): at B=1 the round that may end a request is read before the next launch,
+    while at B=32 a slot that may end idles one round at worst. A finish by a stop id or
+    sequence is not foreseen (one round over at B=1: ~2-3% of a 128-token reply)."""
+
+    def __init__(self, be, buf, slots: int, run_ahead: bool):
+        self.ahead = bool(run_ahead) and getattr(be, "to_host_async", None) is not None
+        self.read = be.to_host_async if self.ahead else immediate_read(be.to_host)
+        self.known = np.zeros(slots, np.int64)      # out_lens at the last read
+        self.limit = np.zeros(slots, np.int64)      # max_new_tokens of each slot's request
+
+    def admit(self, admitted) -> None:
+        for b, r in admitted:
+            self.known[b], self.limit[b] = 0, r.max_new_tokens
+
+    def may_run_ahead(self, r: SimpleNamespace, rows: Sequence[int]) -> bool:
+        if not self.ahead:
+            return False
+        live = r.busy
+        may_end = live & (self.known + np.asarray(rows) >= self.limit)
+        return 4 * int(may_end.sum()) < int(live.sum())
 
 
 def _set_num_draft(p: Parts, st: CallState, plan: RoundPlan) -> None:

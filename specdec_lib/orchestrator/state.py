@@ -110,7 +110,7 @@ def make_buffers(xp, shape: Shape, k: int) -> SimpleNamespace:
              step=xp.zeros(B, dtype=xp.int64), seq_lens=xp.zeros(B, dtype=i32),
 
              out_tokens=xp.full((B, shape.out_width), -1, dtype=i32),
-             out_lens=xp.zeros(B, dtype=i32), last_token=xp.zeros(B, dtype=i32),
+             last_token=xp.zeros(B, dtype=i32),
              # drafts per slot in the next block (policy.RoundPlan; serve writes them)
              num_draft=xp.full(B, K, dtype=i32), draft_tokens=xp.zeros((B, K), dtype=i32),
              cu_q=xp.zeros(B + 1, dtype=i32), block_tokens=xp.zeros(B * (K + 1), dtype=i32),
@@ -122,17 +122,20 @@ def make_buffers(xp, shape: Shape, k: int) -> SimpleNamespace:
              prompt=xp.zeros((B, shape.prompt_width), dtype=i32),
              prompt_lens=xp.zeros(B, dtype=i32))
     # what the host reads after every round, one buffer so it is one copy: num_accepted
-    # (int32 [B]) then finished (uint8 [B], in the int32 words after it), typed views
-    h["control"] = control = xp.zeros(B + (B + 3) // 4, dtype=i32)
+    # (int32 [B]), out_lens (int32 [B]), then finished (uint8 [B], in the int32 words after
+    # them), typed views
+    h["control"] = control = xp.zeros(2 * B + (B + 3) // 4, dtype=i32)
     h["num_accepted"] = control[:B]
-    h["finished"] = control[B:].view(xp.uint8)[:B]
+    h["out_lens"] = control[B:2 * B]
+    h["finished"] = control[2 * B:].view(xp.uint8)[:B]
     h["finished"][...] = SLOT_IDLE
     return SimpleNamespace(**h)
 
 
 def split_control(control, slots: int):
-    """(num_accepted, finished) of a host copy of ``buf.control``."""
-    return control[:slots], control[slots:].view(np.uint8)[:slots]
+    """(num_accepted, out_lens, finished) of a host copy of ``buf.control``."""
+    return (control[:slots], control[slots:2 * slots],
+            control[2 * slots:].view(np.uint8)[:slots])
 
 
 class CallState:

@@ -109,7 +109,7 @@ def spec_of(k):
     return k, k
 
 
-def decoder(target, draft, k, be, reqs, slots=None):
+def decoder(target, draft, k, be, reqs, slots=None, run_ahead=True):
     """A decoder warmed up on ``reqs``' prompts (4 new tokens each: the round graph and every
     prefill bucket recorded; with ``k="autoN"`` also every k's round cost measured and its
     graph recorded, on the timed requests themselves), its metrics reset. Its ``max_len``
@@ -117,7 +117,7 @@ def decoder(target, draft, k, be, reqs, slots=None):
     graph = be.name == "torch"
     spec, k_max = spec_of(k)
     dec = SpeculativeDecoder(target, draft, num_speculative_tokens=spec, backend=be,
-                             cuda_graph=graph, prefill=PREFILL,
+                             cuda_graph=graph, prefill=PREFILL, run_ahead=run_ahead,
                              max_len=SpeculativeDecoder.positions_needed(reqs, k_max))
     if graph:
         seen, warm = set(), []

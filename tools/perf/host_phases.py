@@ -34,7 +34,8 @@ def main():
     p.add_argument("--also-k", default="", help="more fixed k's, comma-separated (e.g. 1)")
     p.add_argument("--modes", default=None, help="the modes in this order instead, comma-"
                    "separated: target_only, kN, autoN[nodrain][table] (e.g. a mode twice: "
-                   "drift)")
+                   "drift), each with ':sync' for run_ahead=False (every round read before "
+                   "the next launch)")
     p.add_argument("--row-invariant", action="store_true", help="the target's decode GEMMs "
                    "through the library's linear (LlamaTarget row_invariant=True)")
     p.add_argument("--cublas-rows", action="store_true", help="the target's few-row decode "
@@ -67,14 +68,17 @@ def main():
     if args.nodrain:
         modes.append((f"auto{args.k}nodrain", draft, f"auto{args.k}nodrain"))
     if args.modes:
-        modes = [(m, None, 0) if m == "target_only" else
-                 (m, draft, int(m[1:]) if m.startswith("k") and m[1:].isdigit() else m)
-                 for m in args.modes.split(",")]
+        modes = []
+        for name in args.modes.split(","):
+            m = name.removesuffix(":sync")
+            modes.append((name, None, 0) if m == "target_only" else
+                         (name, draft, int(m[1:]) if m.startswith("k") and m[1:].isdigit() else m))
     for name, d, k in modes:
-        dec = e2e.decoder(target, d, k, be, reqs, args.batch if args.batch > 1 else None)
+        dec = e2e.decoder(target, d, k, be, reqs, args.batch if args.batch > 1 else None,
+                          run_ahead=not name.endswith(":sync"))
         acc = {"read": 0.0, "replay": 0.0, "policy_before": 0.0, "policy_after": 0.0,
                "gap": 0.0}
-        orig_to_host = be.to_host
+        orig_to_host, orig_async = be.to_host, be.to_host_async
 
         mark = {"read_end": None}
 
@@ -85,6 +89,22 @@ def main():
             acc["read"] += mark["read_end"] - t
             return r
         be.to_host = to_host
+
+        def to_host_async(a, _o=orig_async):
+            # read: the wait in the handle (the host idle until the round ends); gap: from
+            # there to the next launch (run ahead, the GPU runs the next round meanwhile)
+            t = time.perf_counter()
+            h = _o(a)
+            acc["read"] += time.perf_counter() - t
+
+            def wait():
+                t = time.perf_counter()
+                r = h()
+                mark["read_end"] = time.perf_counter()
+                acc["read"] += mark["read_end"] - t
+                return r
+            return wait
+        be.to_host_async = to_host_async
         spec = dec.spec
         saved = {}
         for meth, key in (("before_round", "policy_before"), ("after_round", "policy_after"),
@@ -145,7 +165,7 @@ def main():
             per_key.setdefault(key_, []).append(a.elapsed_time(b) * 1e3)
         m = dec.metrics
         n = m.rounds
-        be.to_host = orig_to_host
+        be.to_host, be.to_host_async = orig_to_host, orig_async
         for meth in saved:
             object.__delattr__(spec, meth)
         us = {k_: round(v / n * 1e6, 1) for k_, v in acc.items()}
@@ -155,7 +175,7 @@ def main():
               + " ".join(f"{k_} {v}" for k_, v in us.items())
               + f" tok/s {m.tokens_per_s:.1f} captures_s {m.capture_s:.3f} prefill_s "
             f"{m.prefill_s:.4f} admit_s {m.admit_s:.4f} admissions {m.admissions} "
-            f"k_rounds {dict(sorted(m.k_rounds.items()))}", flush=True)
+            f"overrun {m.overrun_rounds} k_rounds {dict(sorted(m.k_rounds.items()))}", flush=True)
         for key_, xs in sorted(per_key.items(), key=lambda kv: -len(kv[1]))[:6]:
             print(f"    plan {str(key_)[:60]:60s} replays {len(xs):4d} gpu median "
                   f"{sorted(xs)[len(xs) // 2]:7.1f} us")
