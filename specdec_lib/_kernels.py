@@ -62,6 +62,8 @@ MODULES: dict[str, KernelModule] = {}
 
 # linear's small-M forms: (rows, units a lane) instantiated (cuda_src/layers/linear.cu)
 LINEAR_SMALL_SHAPES = ((1, 4), (2, 4), (4, 4), (1, 8), (2, 8), (4, 8))
+# ... and (rows, units a lane) of its four-columns-a-warp forms (linear_w4_m*_k*)
+LINEAR_WIDE_SHAPES = ((1, 4), (2, 4))     # (the k8 form needs 213-248 registers)
 
 # (activation, weight) dtypes of the RMSNorm kernels (draft_combine, rms_norm): the weight is
 # the activation dtype or float32 (common/rms_norm.cuh: SPECDEC_FOR_NORM_DTYPES)
@@ -212,7 +214,10 @@ register(KernelModule(
     kernels={**{f"linear_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES if t != "f32"},
              # few rows (ops.layers._linear_small): m rows a CTA, k units a lane
              **{f"linear_m{m}_k{k}_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES
-                if t != "f32" for m, k in LINEAR_SMALL_SHAPES if (m, k) != (4, 8) or w == t}},
+                if t != "f32" for m, k in LINEAR_SMALL_SHAPES if (m, k) != (4, 8) or w == t},
+             # ... four columns a warp (ops.layers.TUNING["linear_cols_per_warp"] = 4)
+             **{f"linear_w4_m{m}_k{k}_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES
+                if t != "f32" for m, k in LINEAR_WIDE_SHAPES}},
 ))
 
 # the float64 GEMM of the host models on the orchestrator's cuda backend (a plain kernel, so

@@ -605,6 +605,200 @@ __device__ __forceinline__ void linear_small(const LinearParams& p) {
   }
 }
 
+// ------------------------------------------------- a few rows, four columns a warp (wide)
+// linear_w4_m{1,2}_k4_*: linear_small's outputs, bit for bit, with a warp owning FOUR output
+// columns (a CTA 16), so the per-row work each warp repeats (x fetch, the norm's shuffle
+// trees, unpack) is spread over twice the columns and a row takes half the CTAs. Columns of
+// warp g: 4g .. 4g + 3; silu_mul: gate columns 2g, 2g + 1 and their up columns I + 2g,
+// I + 2g + 1, held in the order (gate 2g, up, gate 2g + 1, up) so a gate's up value is one
+// shuffle away in the same warp (no exchange between warps). A column past N (gate past I)
+// is neither loaded nor written. Each sum is the same fmaf chain per lane as linear's and
+// the same xor tree (16, 8, 4, 2, 1) over the lanes, done as a reduce-scatter of the MR x 4
+// sums: the first log2(4 MR) levels halve the values a lane holds, the rest are warp_sum's
+// butterfly; every addition is a + b of the same two partials as warp_sum's (a + b and
+// b + a are the same bits), so the result is warp_sum's.
+// The prologue (x fetch, residual_out, norm) is linear_small's, copied rather than shared:
+// moving linear_small's into a helper changed its SASS (ptxas scheduled it differently), and
+// its timings are the baseline this form is measured against. Fold the two once the A/B is
+// in. Registers (ptxas 13.0, sm_75 .. sm_90, no spills): m1 117-123 with a 16-bit norm
+// weight, 128-140 with a float32 one; m2 128-163. A k8 form (K <= 2048) needs 213-248.
+constexpr int kWideCols = 4;
+
+template <typename T, typename W, int MR, int kSmallUnits>
+__device__ __forceinline__ void small_rows_wide(const LinearParams& p, int lane, int warp,
+                                                int64_t row0, int mc,
+                                                Unit<T> (&h)[MR][kSmallUnits]) {
+  const int K = p.width, units = K / kUnit;    // vec: K % 8 == 0
+  const bool norm = p.norm_weight != nullptr, fused = p.residual != nullptr;
+#pragma unroll
+  for (int m = 0; m < MR; ++m) {
+    const RowPtrs q = row_ptrs<T>(p, row0 + (m < mc ? m : 0));
+#pragma unroll
+    for (int j = 0; j < kSmallUnits; ++j) {
+      const int u = lane + 32 * j;
+      h[m][j] = m < mc && u < units ? fetch_s<T>(q, u, K, true) : zero_unit<T>();
+    }
+  }
+  if (norm) {
+    Unit<W> nw[kSmallUnits];
+#pragma unroll
+    for (int j = 0; j < kSmallUnits; ++j) {
+      const int u = lane + 32 * j;
+      nw[j] = u < units ? load_u<W>(static_cast<const W*>(p.norm_weight), u, K, true) : zero_unit<W>();
+    }
+    if (fused && blockIdx.x == 0 && warp == 0) {   // s -> residual_out, once
+#pragma unroll
+      for (int m = 0; m < MR; ++m)
+#pragma unroll
+        for (int j = 0; j < kSmallUnits; ++j) {
+          const int u = lane + 32 * j;
+          if (m < mc && u < units)
+            store_u<T>(static_cast<T*>(row_ptrs<T>(p, row0 + m).res_out), u, K, true, h[m][j]);
+        }
+    }
+    const int nvw = p.norm_threads >> 5;      // rms_norm's warps: one unit a thread here
+    const float off = p.unit_offset ? 1.f : 0.f;
+    // Every row and every j unconditionally (rows past mc and units past K hold zeros, and
+    // lanes past nvw are masked below): no branch between the independent shuffle trees, so
+    // they interleave instead of running one after another.
+#pragma unroll
+    for (int m = 0; m < MR; ++m) {
+      float total[kSmallUnits];
+#pragma unroll
+      for (int j = 0; j < kSmallUnits; ++j) {
+        float ss = 0.f;
+#pragma unroll
+        for (int e = 0; e < kUnit; ++e) { const float f = get(h[m][j], e); ss = fmaf(f, f, ss); }
+        total[j] = warp_sum(ss);              // cta_sum's first step, for rms_norm's warp j
+      }
+      float mine = 0.f;
+#pragma unroll
+      for (int j = 0; j < kSmallUnits; ++j)
+        if (lane == j) mine = total[j];
+      const float sum = warp_sum(lane < nvw ? mine : 0.f);   // cta_sum's second step
+      const float inv = rsqrtf(__fdiv_rn(sum, static_cast<float>(K)) + p.eps);
+#pragma unroll
+      for (int j = 0; j < kSmallUnits; ++j) {
+        const int u = lane + 32 * j;
+        if (u < units) h[m][j] = normalize<T, W>(h[m][j], inv, off, nw[j], u, K);
+      }
+    }
+  }
+}
+
+// acc[m][c] += row m's unit j . column c's unit j for the rows m < mc: fma_unit's chain
+// (elements in order; the columns' chains are independent, interleaved as there).
+template <typename T, int R, int NC, int U, typename Row>
+__device__ __forceinline__ void fma_unit_cols(float (&acc)[R][NC], const Unit<T> (&wv)[NC][U],
+                                              int j, int mc, Row row) {
+  float w[NC][kUnit];
+#pragma unroll
+  for (int e = 0; e < kUnit; ++e)
+#pragma unroll
+    for (int c = 0; c < NC; ++c) w[c][e] = get(wv[c][j], e);
+#pragma unroll
+  for (int m = 0; m < R; ++m) {
+    if (m < mc) {
+      const Unit<T> h = row(m);
+#pragma unroll
+      for (int e = 0; e < kUnit; ++e) {
+        const float xe = get(h, e);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) acc[m][c] = fmaf(xe, w[c][e], acc[m][c]);
+      }
+    }
+  }
+}
+
+// warp_sum of each of V values (V a power of 2, <= 32) as a reduce-scatter: at xor level x
+// (16, 8, .., 1) a lane holding 2h values (h = V x / 32 >= 1) keeps h of them, the upper half
+// where its bit x is set, else the lower, each plus its partner's copy; once h = 0, warp_sum's
+// butterfly on the one value left. Returns value lane >> (5 - log2 V), summed over all lanes
+// (4 + 2 + 1 + 3 = 10 shuffles for 8 sums instead of 40).
+template <int V>
+__device__ __forceinline__ float reduce_scatter_sum(float (&v)[V], int lane) {
+  static_assert(V >= 1 && V <= 32 && (V & (V - 1)) == 0, "a power of 2 values, at most 32");
+#pragma unroll
+  for (int x = 16; x > 0; x >>= 1) {
+    const int h = V * x / 32;
+    if (h == 0) {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], x);
+    } else {
+      const bool upper = (lane & x) != 0;
+#pragma unroll
+      for (int i = 0; i < h; ++i) {
+        const float send = upper ? v[i] : v[i + h];
+        const float keep = upper ? v[i + h] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, x);
+      }
+    }
+  }
+  return v[0];
+}
+
+template <int V> struct Log2 { static constexpr int value = 1 + Log2<V / 2>::value; };
+template <> struct Log2<1> { static constexpr int value = 0; };
+
+template <typename T, typename W, int MR, int kSmallUnits>   // units per lane: K <= 256 * kSmallUnits
+__device__ __forceinline__ void linear_small_wide(const LinearParams& p) {
+  constexpr int NC = kWideCols, V = MR * NC;
+  constexpr int kShift = 5 - Log2<V>::value;  // lane >> kShift: the value a lane ends with
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int K = p.width, units = K / kUnit;    // vec: K % 8 == 0
+  const bool silu = p.silu_mul != 0;
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + warp;
+  const int64_t half = p.cols / 2;
+  Unit<T> wv[NC][kSmallUnits];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    // column c: plain 4g + c; silu_mul (c >> 1)'s gate (c even) or up (c odd) of 2g + (c >> 1)
+    const int64_t gate = 2 * group + (c >> 1);
+    const int64_t col = silu ? ((c & 1) ? half + gate : gate) : NC * group + c;
+    const bool ok = silu ? gate < half : col < p.cols;
+    const T* wrow = static_cast<const T*>(p.weight) + (ok ? col : 0) * static_cast<int64_t>(K);
+#pragma unroll
+    for (int j = 0; j < kSmallUnits; ++j) {
+      const int u = lane + 32 * j;
+      wv[c][j] = ok && u < units ? load_u<T>(wrow, u, K, true) : zero_unit<T>();
+    }
+  }
+  pdl_begin();                               // everything below reads what a launch may write
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * MR;    // this CTA row's first row
+  const int mc = static_cast<int>(min(static_cast<int64_t>(MR), p.rows - row0));
+  Unit<T> h[MR][kSmallUnits];
+  small_rows_wide<T, W, MR, kSmallUnits>(p, lane, warp, row0, mc, h);
+  float acc[MR][NC];
+#pragma unroll
+  for (int m = 0; m < MR; ++m)
+#pragma unroll
+    for (int c = 0; c < NC; ++c) acc[m][c] = 0.f;
+#pragma unroll
+  for (int j = 0; j < kSmallUnits; ++j) {
+    if (lane + 32 * j < units)                // linear's order: units, elements, columns
+      fma_unit_cols<T>(acc, wv, j, mc, [&](int m) { return h[m][j]; });
+  }
+  float v[V];
+#pragma unroll
+  for (int m = 0; m < MR; ++m)
+#pragma unroll
+    for (int c = 0; c < NC; ++c) v[m * NC + c] = acc[m][c];
+  const float sum = reduce_scatter_sum<V>(v, lane);
+  // lanes i << kShift .. hold value i = m * 4 + c (row m, column c); the first of them stores
+  const int i = lane >> kShift, m = i / NC, c = i % NC;
+  const bool first = (lane & ((1 << kShift) - 1)) == 0;
+  // silu_mul (uniform over the warp): the up value, held by the lanes of value i ^ 1
+  const float up = silu ? __shfl_xor_sync(0xffffffffu, sum, 1 << kShift) : 0.f;
+  if (m >= mc || !first) return;
+  T* orow = static_cast<T*>(p.out) + (row0 + m) * p.out_stride;
+  if (silu) {
+    const int64_t gate = 2 * group + (c >> 1);
+    if ((c & 1) == 0 && gate < half) orow[gate] = from_float<T>(accurate_silu(sum) * up);
+  } else {
+    const int64_t col = NC * group + c;
+    if (col < p.cols) orow[col] = from_float<T>(sum);
+  }
+}
+
 }  // namespace
 
 #define SPECDEC_LINEAR(NAME, T, W)                                                          \
@@ -633,3 +827,17 @@ SPECDEC_LINEAR_SMALL(bf16_wbf16, bf16_t, bf16_t)
 SPECDEC_LINEAR_SMALL(bf16_wf32, bf16_t, float)
 SPECDEC_LINEAR_SMALL_MK(f16_wf16, __half, __half, 4, 8)
 SPECDEC_LINEAR_SMALL_MK(bf16_wbf16, bf16_t, bf16_t, 4, 8)
+
+#define SPECDEC_LINEAR_WIDE_MK(NAME, T, W, M, U)                                            \
+  extern "C" __global__ void __launch_bounds__(kThreads) linear_w4_m##M##_k##U##_##NAME(    \
+      const LinearParams p) {                                                               \
+    linear_small_wide<T, W, M, U>(p);                                                       \
+  }
+// four columns a warp (ops.layers.TUNING["linear_cols_per_warp"] = 4): units per lane 4
+// (K <= 1024) for 1 and 2 rows a CTA
+#define SPECDEC_LINEAR_WIDE(NAME, T, W)                                                     \
+  SPECDEC_LINEAR_WIDE_MK(NAME, T, W, 1, 4) SPECDEC_LINEAR_WIDE_MK(NAME, T, W, 2, 4)
+SPECDEC_LINEAR_WIDE(f16_wf16, __half, __half)
+SPECDEC_LINEAR_WIDE(f16_wf32, __half, float)
+SPECDEC_LINEAR_WIDE(bf16_wbf16, bf16_t, bf16_t)
+SPECDEC_LINEAR_WIDE(bf16_wf32, bf16_t, float)
