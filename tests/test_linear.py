@@ -353,6 +353,113 @@ def test_linear_gpu_few_row_cta_rows(dtype, wdtype, N, K, cta_rows, variant, mon
     assert rel_err(_host(out, dtype), want) < TOL[dtype]
 
 
+# Four columns a warp (TUNING["linear_cols_per_warp"] = 4, linear_w4_m*_k4_*): SmolLM2's qkv
+# and gate_up (K 576), K = 1024 (all four units of every lane), N with a tail inside a warp
+# (N % 4) and a CTA (N % 16), gate_up with I odd (102 = 2 x 51: a warp's second gate past I),
+# a one-warp N; odd N (plain only); K = 1536 keeps the two-column k8 form (the fallback).
+_WIDE_NK = [(1728, 576), (3072, 576), (576, 1024), (102, 72), (6, 64), (101, 72), (7, 136),
+            (576, 1536)]
+_WIDE_VARIANTS = [VARIANTS[0], VARIANTS[2], VARIANTS[3], VARIANTS[4]]
+
+
+def _wide_cases():
+    cases = []
+    for dt, wdt in [("float16", "float16"), ("float16", "float32"), ("bfloat16", "bfloat16"),
+                    ("bfloat16", "float32")]:
+        for N, K in _WIDE_NK:
+            for v in _WIDE_VARIANTS:
+                if (v[3] and N % 2) or (not v[1] and wdt != dt):   # silu: N even; no norm: one
+                    continue
+                cases.append(pytest.param(dt, wdt, N, K, v, id=f"{dt}-w{wdt}-{N}x{K}-{v[0]}"))
+    return cases
+
+
+@pytest.mark.parametrize("M,K,N,epi,cta_rows,cols,kernel,gx,gy", [
+    (4, 576, 3072, "silu_mul", None, 4, "linear_w4_m1_k4_bf16_wbf16", 192, 4),  # 1536 / 2 / 4
+    (4, 576, 3072, "silu_mul", None, None, "linear_m1_k4_bf16_wbf16", 384, 4),  # today's
+    (4, 576, 3072, "silu_mul", None, 2, "linear_m1_k4_bf16_wbf16", 384, 4),
+    (3, 576, 1728, None, 2, 4, "linear_w4_m2_k4_bf16_wbf16", 108, 2),
+    (5, 72, 101, None, None, 4, "linear_w4_m1_k4_bf16_wbf16", 7, 5),            # 26 warps
+    (5, 72, 102, "silu_mul", None, 4, "linear_w4_m1_k4_bf16_wbf16", 7, 5),      # I = 51
+    (8, 64, 6, None, None, 4, "linear_w4_m1_k4_bf16_wbf16", 1, 8),
+    (1, 1536, 576, None, None, 4, "linear_m1_k8_bf16_wbf16", 72, 1),            # no k8 form
+    (2, 576, 576, None, 4, 4, "linear_m4_k4_bf16_wbf16", 72, 1),                # nor m4
+    (9, 576, 576, None, None, 4, "linear_bf16_wbf16", 72, 1),                   # chunked
+])
+def test_linear_cols_per_warp_launch(M, K, N, epi, cta_rows, cols, kernel, gx, gy):
+    """The launcher's choice (CPU, recorded launches): four columns a warp only where
+    TUNING asks and the shape has the form (K <= 1024, 1 or 2 rows a CTA), with a warp per
+    4 columns (silu_mul: per 2 gates) and 4 warps a CTA; otherwise today's kernels and grid."""
+    import launch_record
+    from specdec_lib import ops
+    from specdec_lib.ops import layers as ops_layers
+    with launch_record.LaunchRecorder("h200") as rec:
+        ops_layers.TUNING.update(linear_cta_rows=cta_rows, linear_cols_per_warp=cols)
+        x = rec.array("x", (M, K), "bfloat16")
+        w = rec.array("weight", (N, K), "bfloat16")
+        o = rec.array("out", (M, N // 2 if epi else N), "bfloat16")
+        kw = {}
+        if epi:
+            kw = dict(norm_weight=rec.array("nw", (K,), "bfloat16"), epilogue=epi,
+                      residual=rec.array("r", (M, K), "bfloat16"),
+                      residual_out=rec.array("s", (M, K), "bfloat16"))
+        ops.linear(x, w, o, **kw)
+        (launch,) = rec.launches
+    assert ops_layers.TUNING == {"linear_cta_rows": None, "linear_cols_per_warp": None}
+    a = launch["args"]
+    assert (a["k"], a["gx"], a["gy"], a["block"]) == (f"kernel:linear/{kernel}", gx, gy, 128)
+
+
+@needs_gpu
+@pytest.mark.parametrize("cta_rows", [1, 2])
+@pytest.mark.parametrize("dtype,wdtype,N,K,variant", _wide_cases())
+def test_linear_gpu_few_row_wide(dtype, wdtype, N, K, variant, cta_rows, monkeypatch, rng):
+    """Four columns a warp: every row the bits of the chunked kernel's 17-row call,
+    residual_out included, for M = 1 .. 8 at 1 and 2 rows a CTA (the last CTA row ragged);
+    the four-column kernel ran (K <= 1024; the two-column k8 one at K = 1536); nothing
+    written past N (an out row of a wider, poisoned buffer); the reference's values."""
+    from specdec_lib import runtime
+    from specdec_lib.ops import layers as ops_layers
+    _, norm, res, epi = variant
+    x, r, w, nw = _case(rng, 17, N, K, dtype, wdtype)
+    full, full_s = _run(x, r, w, nw, dtype, wdtype, norm, res, epi)
+    full = full.to_numpy()
+    full_s = None if full_s is None else full_s.to_numpy()
+    names = []
+    real_kernel = runtime.kernel
+
+    def spy(module, name, *a, **k):
+        names.append(name)
+        return real_kernel(module, name, *a, **k)
+    monkeypatch.setattr(runtime, "kernel", spy)
+    monkeypatch.setitem(ops_layers.TUNING, "linear_cta_rows", cta_rows)
+    monkeypatch.setitem(ops_layers.TUNING, "linear_cols_per_warp", 4)
+    for M in range(1, ops_layers.LINEAR_FAST_MAX_ROWS + 1):
+        out, s = _run(x[M:2 * M], r[M:2 * M], w, nw, dtype, wdtype, norm, res, epi)
+        np.testing.assert_array_equal(_bits(out.to_numpy()), _bits(full[M:2 * M]))
+        if res:
+            np.testing.assert_array_equal(_bits(s.to_numpy()), _bits(full_s[M:2 * M]))
+    form = f"linear_w4_m{cta_rows}_k4_" if K <= 1024 else f"linear_m{cta_rows}_k8_"
+    assert names and all(n.startswith(form) for n in names), names
+    # out as a view of a wider buffer: the columns past N (past I) stay poisoned
+    from specdec_lib import ops
+    M, Wd, SO = 3, N // 2 if epi else N, (N // 2 if epi else N) + 24
+    ob = poison((M * SO,), dtype)
+    ov = _View(ob, (M, Wd), (SO, 1))
+    kw = dict(epilogue=epi)
+    if norm:
+        kw.update(norm_weight=_dev(nw, wdtype))
+    if res:
+        kw.update(residual=_dev(r[3:6], dtype), residual_out=poison((M, K), dtype))
+    ops.linear(_dev(x[3:6], dtype), _dev(w, dtype), ov, **kw)
+    got_raw = ob.to_numpy()
+    got = ov.np_view(got_raw)
+    np.testing.assert_array_equal(_bits(got), _bits(full[3:6]))
+    assert np.all(got_raw.view(np.uint16).reshape(M, SO)[:, Wd:] == 0xFFFF)   # untouched
+    _, want = _want(x[3:6], r[3:6], w, nw, dtype, norm, res, epi)
+    assert rel_err(from_host_storage(got, dtype), want) < TOL[dtype]
+
+
 @needs_gpu
 @pytest.mark.parametrize("dtype,wdtype", [("float16", "float16"), ("float16", "float32"),
                                           ("bfloat16", "bfloat16"), ("bfloat16", "float32")])

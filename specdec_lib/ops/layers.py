@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from .. import runtime
+from .. import _kernels, runtime
 from .._validate import as_stream
 from ..contract import layers as contract
 from ..reference.layers import rope_cos_sin_cache  # noqa: F401  (re-exported)
@@ -180,21 +180,28 @@ LINEAR_FAST_MAX_K = 2048       # ... and K they take (16-byte aligned rows, K % 
 # once from HBM, then from L2 for the other CTA rows. None: 1 (H100, s42, SmolLM2's 30
 # layers in one graph, us: M=2 411 against 478 at MR 2; M=4 558 / 606 / 803 at MR 1 / 2 / 4;
 # cuBLAS ~620 at every M, which MR 1 beats up to M=5); an int forces one (benchmarks).
-TUNING = {"linear_cta_rows": None}
+# Output columns a warp of the few-row kernels owns: None (or 2): linear_m*_k* (two columns,
+# 8 a CTA); 4: linear_w4_m*_k4_* (4 columns, 16 a CTA: the per-row work a warp repeats -- x
+# fetch, the norm's shuffle trees, unpack -- over twice the columns, half the CTAs a row),
+# where instantiated: K <= 1024 (4 units a lane) at 1 or 2 rows a CTA; other shapes keep two.
+# The same bits either way. Unmeasured on a GPU (s43): `bench linear_chain` times both.
+TUNING = {"linear_cta_rows": None, "linear_cols_per_warp": None}
 
 
 def _linear_small(M, K, vec, norm_weight_16bit):
-    """(rows a CTA, units a lane) of the linear_m*_k* kernels for M rows of width K (units a
-    lane 4: K <= 1024, 8: K <= 2048), or None (linear_*): at most LINEAR_FAST_MAX_ROWS
-    rows, every access 16 bytes; 4 rows a CTA at K > 1024 only with a 16-bit norm weight
-    (the float32 one's form spills), else 2."""
+    """(rows a CTA, units a lane, columns a warp) of the linear_m*_k* / linear_w4_m*_k4_*
+    kernels for M rows of width K (units a lane 4: K <= 1024, 8: K <= 2048), or None
+    (linear_*): at most LINEAR_FAST_MAX_ROWS rows, every access 16 bytes; 4 rows a CTA at
+    K > 1024 only with a 16-bit norm weight (the float32 one's form spills), else 2;
+    4 columns a warp where TUNING asks and the shape has them, else 2."""
     if not vec or M > LINEAR_FAST_MAX_ROWS or K > LINEAR_FAST_MAX_K:
         return None
     mr = TUNING["linear_cta_rows"] or 1
     k = 4 if K <= 1024 else 8
     if k == 8 and mr == 4 and not norm_weight_16bit:
         mr = 2
-    return mr, k
+    wide = TUNING["linear_cols_per_warp"] == 4 and (mr, k) in _kernels.LINEAR_WIDE_SHAPES
+    return mr, k, 4 if wide else 2
 
 
 def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
@@ -243,17 +250,21 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     if M == 0 or width == 0:
         return out
     silu = epilogue == "silu_mul"
-    groups = width if silu else -(-N // 2)           # a warp per column pair
-    gx = -(-groups // (_LINEAR_THREADS // 32))
-    gy = min(-(-M // _LINEAR_ROWS), _GRID_Y_MAX)
     vec_x = K % 8 == 0 and (xa.ptr | _row_bytes(xa) | nw.ptr | r.ptr | ro.ptr
                             | (_row_bytes(r) | _row_bytes(ro) if fused else 0)) % 16 == 0
     vec_w = K % 8 == 0 and wa.ptr % 16 == 0
     wdt = _SHORT[nw.dtype if norm else dt]
     small = _linear_small(M, K, vec_x and vec_w, wdt == _SHORT[dt])
+    cols = 2 if small is None else small[2]
+    # a warp per column pair (silu_mul: a gate column and its up), or per four columns (two
+    # gates and their ups)
+    groups = -(-width // (cols // 2)) if silu else -(-N // cols)
+    gx = -(-groups // (_LINEAR_THREADS // 32))
+    gy = min(-(-M // _LINEAR_ROWS), _GRID_Y_MAX)
     if small is not None:                       # the same bits: weights and x in registers
-        mr, ku = small
-        k = runtime.kernel("linear", f"linear_m{mr}_k{ku}_{_SHORT[dt]}_w{wdt}", dev)
+        mr, ku, _ = small
+        wide = "w4_" if cols == 4 else ""
+        k = runtime.kernel("linear", f"linear_{wide}m{mr}_k{ku}_{_SHORT[dt]}_w{wdt}", dev)
         gy = -(-M // mr)
     else:
         k = runtime.kernel("linear", f"linear_{_SHORT[dt]}_w{wdt}", dev)
