@@ -125,7 +125,8 @@ def bench_linear_chain(b: Bench):
     """SmolLM2-135M's 30 layers of decode GEMMs as one graph, each layer its own weights (212
     MB: they come from HBM, as in a round, not from L2 as in ``linear``'s rows of one call
     replayed): qkv (norm + residual fused), o, gate_up (norm + residual + silu_mul), down;
-    through linear (the few-row kernels at M <= 8, then each other rows-a-CTA choice) and
+    through linear (the few-row kernels at M <= 8, then each other rows-a-CTA choice, then
+    four columns a warp at 1 and 2 rows a CTA: qkv, o, gate_up; down's K = 1536 keeps two) and
     through cuBLAS (torch F.linear, with the library's rms_norm and silu_mul between, what
     LlamaTarget runs at small_rows=False)."""
     from ..arrays import DeviceArray
@@ -165,6 +166,15 @@ def bench_linear_chain(b: Bench):
                          impl=f"linear {mr} rows a CTA")
             finally:
                 ops_layers.TUNING["linear_cta_rows"] = None
+        for mr in (1, 2):                     # four columns a warp (where K <= 1024: not down)
+            ops_layers.TUNING["linear_cta_rows"] = mr
+            ops_layers.TUNING["linear_cols_per_warp"] = 4
+            try:
+                b.report("linear_chain", shape, wbytes, b.time_graph(chain, per_graph=1),
+                         impl=f"linear 4 columns a warp, {mr} rows a CTA")
+            finally:
+                ops_layers.TUNING["linear_cta_rows"] = None
+                ops_layers.TUNING["linear_cols_per_warp"] = None
         if peer is None:
             continue
         torch, F = peer
