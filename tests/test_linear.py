@@ -335,15 +335,17 @@ def test_linear_gpu_row_invariance(dtype, N, K, variant, rng):
 @pytest.mark.parametrize("cta_rows", [1, 2, 4])
 @pytest.mark.parametrize("variant", [VARIANTS[2], VARIANTS[4]], ids=["norm_res", "norm_res_silu"])
 def test_linear_gpu_few_row_cta_rows(dtype, wdtype, N, K, cta_rows, variant, monkeypatch, rng):
-    """Every rows-a-CTA choice of the few-row kernels (gridDim.y CTA rows, the last one
-    ragged) gives each row the bits of the chunked kernel's 17-row call, residual_out
-    included, for M = 1 .. 8; and the values of the reference."""
+    """Every rows-a-CTA choice of the two-column few-row kernels (gridDim.y CTA rows, the
+    last one ragged) gives each row the bits of the chunked kernel's 17-row call,
+    residual_out included, for M = 1 .. 8; and the values of the reference. (The default's
+    four columns a warp: test_linear_gpu_few_row_wide.)"""
     from specdec_lib.ops import layers as ops_layers
     _, norm, res, epi = variant
     x, r, w, nw = _case(rng, 17, N, K, dtype, wdtype)
     full, full_s = _run(x, r, w, nw, dtype, wdtype, norm, res, epi)
     full, full_s = full.to_numpy(), full_s.to_numpy()
     monkeypatch.setitem(ops_layers.TUNING, "linear_cta_rows", cta_rows)
+    monkeypatch.setitem(ops_layers.TUNING, "linear_cols_per_warp", 2)
     for M in range(1, ops_layers.LINEAR_FAST_MAX_ROWS + 1):
         out, s = _run(x[M:2 * M], r[M:2 * M], w, nw, dtype, wdtype, norm, res, epi)
         np.testing.assert_array_equal(_bits(out.to_numpy()), _bits(full[M:2 * M]))
@@ -353,7 +355,7 @@ def test_linear_gpu_few_row_cta_rows(dtype, wdtype, N, K, cta_rows, variant, mon
     assert rel_err(_host(out, dtype), want) < TOL[dtype]
 
 
-# Four columns a warp (TUNING["linear_cols_per_warp"] = 4, linear_w4_m*_k4_*): SmolLM2's qkv
+# Four columns a warp (the default; linear_w4_m*_k4_*): SmolLM2's qkv
 # and gate_up (K 576), K = 1024 (all four units of every lane), N with a tail inside a warp
 # (N % 4) and a CTA (N % 16), gate_up with I odd (102 = 2 x 51: a warp's second gate past I),
 # a one-warp N; odd N (plain only); K = 1536 keeps the two-column k8 form (the fallback).
@@ -376,7 +378,7 @@ def _wide_cases():
 
 @pytest.mark.parametrize("M,K,N,epi,cta_rows,cols,kernel,gx,gy", [
     (4, 576, 3072, "silu_mul", None, 4, "linear_w4_m1_k4_bf16_wbf16", 192, 4),  # 1536 / 2 / 4
-    (4, 576, 3072, "silu_mul", None, None, "linear_m1_k4_bf16_wbf16", 384, 4),  # today's
+    (4, 576, 3072, "silu_mul", None, None, "linear_w4_m1_k4_bf16_wbf16", 192, 4),  # default
     (4, 576, 3072, "silu_mul", None, 2, "linear_m1_k4_bf16_wbf16", 384, 4),
     (3, 576, 1728, None, 2, 4, "linear_w4_m2_k4_bf16_wbf16", 108, 2),
     (5, 72, 101, None, None, 4, "linear_w4_m1_k4_bf16_wbf16", 7, 5),            # 26 warps
@@ -387,9 +389,10 @@ def _wide_cases():
     (9, 576, 576, None, None, 4, "linear_bf16_wbf16", 72, 1),                   # chunked
 ])
 def test_linear_cols_per_warp_launch(M, K, N, epi, cta_rows, cols, kernel, gx, gy):
-    """The launcher's choice (CPU, recorded launches): four columns a warp only where
-    TUNING asks and the shape has the form (K <= 1024, 1 or 2 rows a CTA), with a warp per
-    4 columns (silu_mul: per 2 gates) and 4 warps a CTA; otherwise today's kernels and grid."""
+    """The launcher's choice (CPU, recorded launches): four columns a warp (the default)
+    where the shape has the form (K <= 1024, 1 or 2 rows a CTA), with a warp per 4 columns
+    (silu_mul: per 2 gates) and 4 warps a CTA; otherwise, or with TUNING's 2, the
+    two-column kernels and grid."""
     import launch_record
     from specdec_lib import ops
     from specdec_lib.ops import layers as ops_layers

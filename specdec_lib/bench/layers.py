@@ -166,12 +166,12 @@ def bench_linear_chain(b: Bench):
                          impl=f"linear {mr} rows a CTA")
             finally:
                 ops_layers.TUNING["linear_cta_rows"] = None
-        for mr in (1, 2):                     # four columns a warp (where K <= 1024: not down)
+        for mr in (1, 2):             # two columns a warp (the default's four: K <= 1024)
             ops_layers.TUNING["linear_cta_rows"] = mr
-            ops_layers.TUNING["linear_cols_per_warp"] = 4
+            ops_layers.TUNING["linear_cols_per_warp"] = 2
             try:
                 b.report("linear_chain", shape, wbytes, b.time_graph(chain, per_graph=1),
-                         impl=f"linear 4 columns a warp, {mr} rows a CTA")
+                         impl=f"linear 2 columns a warp, {mr} rows a CTA")
             finally:
                 ops_layers.TUNING["linear_cta_rows"] = None
                 ops_layers.TUNING["linear_cols_per_warp"] = None

@@ -180,11 +180,14 @@ LINEAR_FAST_MAX_K = 2048       # ... and K they take (16-byte aligned rows, K % 
 # once from HBM, then from L2 for the other CTA rows. None: 1 (H100, s42, SmolLM2's 30
 # layers in one graph, us: M=2 411 against 478 at MR 2; M=4 558 / 606 / 803 at MR 1 / 2 / 4;
 # cuBLAS ~620 at every M, which MR 1 beats up to M=5); an int forces one (benchmarks).
-# Output columns a warp of the few-row kernels owns: None (or 2): linear_m*_k* (two columns,
-# 8 a CTA); 4: linear_w4_m*_k4_* (4 columns, 16 a CTA: the per-row work a warp repeats -- x
-# fetch, the norm's shuffle trees, unpack -- over twice the columns, half the CTAs a row),
-# where instantiated: K <= 1024 (4 units a lane) at 1 or 2 rows a CTA; other shapes keep two.
-# The same bits either way. Unmeasured on a GPU (s43): `bench linear_chain` times both.
+# Output columns a warp of the few-row kernels owns: 4 (None: the default) takes
+# linear_w4_m*_k4_* (16 columns a CTA: the per-row work a warp repeats -- x fetch, the
+# norm's shuffle trees, unpack -- over twice the columns, half the CTAs a row) where
+# instantiated: K <= 1024 (4 units a lane; a k8 form needs 213-248 registers) at 1 or 2 rows a
+# CTA; other shapes, or 2, the two-column linear_m*_k*. The same bits either way. H100, s43,
+# SmolLM2's 30 layers in one graph (`bench linear_chain`, down's K 1536 on two columns), us
+# at M = 1 / 2 / 4 / 5 / 6 / 8: 317.9 / 371.6 / 494.7 / 536.6 / 623.8 / 706.2 against two
+# columns' 321.5 / 413.8 / 557.2 / 597.9 / 722.8 / 874.5 (cuBLAS ~620).
 TUNING = {"linear_cta_rows": None, "linear_cols_per_warp": None}
 
 
@@ -200,7 +203,7 @@ def _linear_small(M, K, vec, norm_weight_16bit):
     k = 4 if K <= 1024 else 8
     if k == 8 and mr == 4 and not norm_weight_16bit:
         mr = 2
-    wide = TUNING["linear_cols_per_warp"] == 4 and (mr, k) in _kernels.LINEAR_WIDE_SHAPES
+    wide = (TUNING["linear_cols_per_warp"] or 4) == 4 and (mr, k) in _kernels.LINEAR_WIDE_SHAPES
     return mr, k, 4 if wide else 2
 
 
@@ -215,8 +218,9 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     ``LlamaTarget`` decodes through it at <= 5 rows (and always with ``row_invariant=True``),
     norms and silu_mul fused. At most 8 16-byte-aligned rows of K <= 2048 take the few-row
     kernels (weights requested before the PDL wait, everything in registers, a CTA row per
-    row): in a chain of SmolLM2's layers 0.53 / 0.67 / 0.90 / 0.97x cuBLAS at M = 1 / 2 / 4 /
-    5 (H100, docs/PERF.md s42); other calls take the chunked kernel, which serves row
+    row, four output columns a warp at K <= 1024): in a chain of SmolLM2's layers 0.51 /
+    0.60 / 0.80 / 0.87 / 1.01x cuBLAS at M = 1 / 2 / 4 / 5 / 6 (H100, docs/PERF.md s43);
+    other calls take the chunked kernel, which serves row
     invariance, not speed (2-18x cuBLAS at M=16-128).
 
     x [M, K] float16/bfloat16, last dimension contiguous (row stride free); weight [N, K]
