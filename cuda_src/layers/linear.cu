@@ -619,8 +619,9 @@ __device__ __forceinline__ void linear_small(const LinearParams& p) {
 // b + a are the same bits), so the result is warp_sum's.
 // The prologue (x fetch, residual_out, norm) is linear_small's, copied rather than shared:
 // moving linear_small's into a helper changed its SASS (ptxas scheduled it differently), and
-// its timings are the baseline this form is measured against. Fold the two once the A/B is
-// in. Registers (ptxas 13.0, sm_75 .. sm_90, no spills): m1 117-123 with a 16-bit norm
+// its timings are the baseline this form is measured against (s43: a fold reorders the
+// two-column kernels' PTX, 16-1466 lines each: fold it with a GPU run to check their bits and
+// speed). Registers (ptxas 13.0, sm_75 .. sm_90, no spills): m1 117-123 with a 16-bit norm
 // weight, 128-140 with a float32 one; m2 128-163. A k8 form (K <= 2048) needs 213-248.
 constexpr int kWideCols = 4;
 
