@@ -212,6 +212,37 @@ def test_run_ahead_overruns_only_unforeseen_ends(demo):
         assert all(b.all() for b in lessons)
 
 
+def test_pinned_reads_ring():
+    """The GPU backends' to_host_async (``backends._PinnedReads``) on host stand-ins: each
+    handle returns the array as it was when read, a copy it may keep; every shape and dtype
+    has its own ring of buffers, reused in turn."""
+    from types import SimpleNamespace
+    from specdec_lib.orchestrator.backends import _PinnedReads
+    made, waits = [], []
+
+    def pinned(a):
+        made.append((a.shape, a.dtype))
+        return np.empty_like(a)
+
+    def event():
+        return SimpleNamespace(record=lambda: None, synchronize=lambda: waits.append(1))
+    read = _PinnedReads(pinned, lambda h, a: np.copyto(h, a), event, lambda h: h)
+    a, b = np.arange(6, dtype=np.int32), np.zeros((2, 3), np.uint8)
+    handles = []
+    for i in range(_PinnedReads.RING + 2):
+        a[0] = i
+        got = read(a)()
+        assert got[0] == i and got is not a
+        got[1] = -5                         # the caller's copy: the next read is unaffected
+        handles.append(got)
+    first = read(a)
+    a[0] = 99
+    assert first()[0] == _PinnedReads.RING + 1 and read(b)().shape == (2, 3)
+    assert made.count(((6,), np.dtype(np.int32))) == _PinnedReads.RING
+    assert made.count(((2, 3), np.dtype(np.uint8))) == _PinnedReads.RING
+    assert [h[0] for h in handles] == list(range(_PinnedReads.RING + 2)) and len(waits) == 8
+
+
 def test_serve_argument_errors(demo):
     be = reference_backend()
     target, draft = _models(demo, be)
