@@ -234,8 +234,8 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
         if learn is not None:             # the last round's lesson, the GPU busy meanwhile
             tell(learn)
             learn = None
-            if prepare is not None:
-                prepare(busy_np)
+            if prepare is not None:         # (the slots of the next round, as known now)
+                prepare(np.asarray(sched.busy()))
         if can_capture and replay is None:
             # the plan's first round ran eagerly (cupy kernels compiled, pools and the sampling
             # workspace allocated); every later round of it replays its graph
