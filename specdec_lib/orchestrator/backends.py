@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 from types import SimpleNamespace
 from typing import Callable
 
@@ -56,7 +57,8 @@ class _PinnedReads:
     returns a copy (so a buffer is free again once its handle was called, and ``serve``
     keeps at most three reads of one shape unresolved). ``copy(host, a)`` enqueues the
     device-to-host copy, ``event()`` makes an event with ``record()`` / ``synchronize()``,
-    ``pinned(shape, dtype)`` a page-locked numpy-viewable buffer."""
+    ``pinned(a)`` a page-locked buffer of ``a``'s shape and dtype, ``as_numpy(host)`` its
+    numpy view."""
     RING = 4
 
     def __init__(self, pinned, copy, event, as_numpy):
@@ -67,11 +69,9 @@ class _PinnedReads:
         key = (tuple(a.shape), str(a.dtype))
         ring = self._rings.get(key)
         if ring is None:
-            ring = self._rings[key] = [[self._pinned(a), self._event()] for _ in range(self.RING)]
-            ring.append(0)
-        i = ring[-1]
-        ring[-1] = (i + 1) % self.RING
-        host, ev = ring[i]
+            ring = self._rings[key] = itertools.cycle(
+                [(self._pinned(a), self._event()) for _ in range(self.RING)])
+        host, ev = next(ring)
         self._copy(host, a)
         ev.record()
 

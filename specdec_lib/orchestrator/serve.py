@@ -100,7 +100,7 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
     t0 = time.perf_counter()
     first_round = True
     seen: set = set()           # plans run eagerly in this call (their shapes compiled)
-    reader = _Reader(be, buf, B, run_ahead)
+    reader = _Reader(be, B, run_ahead)
     # The policy learns from a round (and the metrics count it) while the GPU runs the next
     # one: its after_round comes just after the next launch (before an admission, which
     # resets the slots it learns about), and prepare(busy) then readies the next choice, so
@@ -120,7 +120,7 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
     flip = 0
     inflight: Optional[SimpleNamespace] = None      # the last launched round, unread
     outputs: list = []          # (read handle of out_tokens, [(request, slot, length, reason)])
-    last_end: list = [None]
+    last_end: Optional[float] = None     # when the last round read ended
 
     def tell(lesson):
         n_acc, was_busy, seconds, timer, counted = lesson
@@ -143,13 +143,13 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
     def finish(r: SimpleNamespace, later: Optional[SimpleNamespace]) -> Optional[tuple]:
         """The end of round ``r``: its control read, finished slots released (and masked
         out of ``later``, a round launched after it), progress; returns its lesson."""
-        nonlocal emitted
+        nonlocal emitted, last_end
         n_all, out_lens, fin = split_control(r.control(), B)
         # the round's period: from the last round's end to this one's (the host's work
         # between rounds, GPU idle time, included), for a round whose shape was warm
         t_end = time.perf_counter()
-        seconds = t_end - last_end[0] if r.clean and last_end[0] is not None else None
-        last_end[0] = t_end
+        seconds = t_end - last_end if r.clean and last_end is not None else None
+        last_end = t_end
         collect()
         live = r.busy
         reader.known[live] = out_lens[live]
@@ -229,7 +229,7 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
             m.launched_rounds += 1
         first_round = False
         if inflight is not None:           # the round before, read while this one runs
-            learn = finish(inflight, launched) or learn
+            learn = finish(inflight, launched)     # (learn was told: None here)
             inflight = None
         if learn is not None:             # the last round's lesson, the GPU busy meanwhile
             tell(learn)
@@ -245,8 +245,8 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
         else:
             learn = finish(launched, None)
         now += 1
-    if inflight is not None:
-        learn = finish(inflight, None) or learn
+    if inflight is not None:            # (then the last lesson was told)
+        learn = finish(inflight, None)
     if learn is not None:
         tell(learn)
     collect()
@@ -273,7 +273,7 @@ class _Reader:
     while at B=32 a slot that may end idles one round at worst. A finish by a stop id or
     sequence is not foreseen (one round over at B=1: ~2-3% of a 128-token reply)."""
 
-    def __init__(self, be, buf, slots: int, run_ahead: bool):
+    def __init__(self, be, slots: int, run_ahead: bool):
         self.ahead = bool(run_ahead) and getattr(be, "to_host_async", None) is not None
         self.read = be.to_host_async if self.ahead else immediate_read(be.to_host)
         self.known = np.zeros(slots, np.int64)      # out_lens at the last read
