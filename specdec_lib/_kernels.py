@@ -215,7 +215,7 @@ register(KernelModule(
              # few rows (ops.layers._linear_small): m rows a CTA, k units a lane
              **{f"linear_m{m}_k{k}_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES
                 if t != "f32" for m, k in LINEAR_SMALL_SHAPES if (m, k) != (4, 8) or w == t},
-             # ... four columns a warp (ops.layers.TUNING["linear_cols_per_warp"] = 4)
+             # ... four columns a warp (the default where instantiated: ops.layers._linear_small)
              **{f"linear_w4_m{m}_k{k}_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES
                 if t != "f32" for m, k in LINEAR_WIDE_SHAPES}},
 ))
