@@ -26,11 +26,15 @@ def _prompts(seed, lens, V=256):
     return [rng.integers(0, V, n).tolist() for n in lens]
 
 
-def _run(demo, reqs, k, be=None, cuda_graph=False):
+def _decoder(demo, k, run_ahead=True, be=None, cuda_graph=False):
     be = be or reference_backend()
     target, draft = _models(demo, be)
-    dec = SpeculativeDecoder(target, draft if k else None, num_speculative_tokens=k, backend=be,
-                             cuda_graph=cuda_graph)
+    return SpeculativeDecoder(target, draft if k else None, num_speculative_tokens=k,
+                              backend=be, cuda_graph=cuda_graph, run_ahead=run_ahead)
+
+
+def _run(demo, reqs, k, be=None, cuda_graph=False):
+    dec = _decoder(demo, k, be=be, cuda_graph=cuda_graph)
     return dec.generate(reqs), dec.metrics
 
 
@@ -142,13 +146,6 @@ def test_serve_continuous_batching_matches_single_runs(demo):
     for r, g in zip(reqs, got):
         alone, _ = _run(demo, [r], 3)
         assert (g.tokens, g.finish_reason) == (alone[0].tokens, alone[0].finish_reason)
-
-
-def _decoder(demo, k, run_ahead, be=None):
-    be = be or reference_backend()
-    target, draft = _models(demo, be)
-    return SpeculativeDecoder(target, draft if k else None, num_speculative_tokens=k,
-                              backend=be, run_ahead=run_ahead)
 
 
 @pytest.mark.parametrize("k", [0, 3, "auto"])
