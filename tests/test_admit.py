@@ -218,7 +218,8 @@ def test_serve_counts_admissions(tmp_path):
 @pytest.mark.parametrize("name,be,torch", _backends())
 def test_tiny_hybrid_reset_slots(name, be, torch):
     """TinyHybridTarget.reset_slots writes a device zero (no python scalar through a device
-    index): the named slots of every linear-attention layer are zero, the rest untouched."""
+    index): the named slots of every linear-attention layer are zero, and so are their
+    pending rows (fused mode), the rest untouched."""
     from specdec_lib.models import TinyHybridTarget
     xp = be.xp
     rng = np.random.default_rng(0)
@@ -229,13 +230,16 @@ def test_tiny_hybrid_reset_slots(name, be, torch):
             L["conv_state"] = xp.asarray(rng.standard_normal((5, 4, 3)).astype(np.float32))
     host = (lambda a: a.cpu().numpy()) if torch is not None else np.array
     want = [{k: np.array(host(L[k])) for k in L if k != "kind"} for L in layers]
-    me = SimpleNamespace(layers=layers, _zero=xp.zeros((), dtype=xp.float32))
+    pending = SimpleNamespace(len=xp.asarray(np.arange(1, 6, dtype=np.int32)))
+    me = SimpleNamespace(layers=layers, _zero=xp.zeros((), dtype=xp.float32),
+                         _zero_i32=xp.zeros((), dtype=xp.int32), _journals=pending)
     idx = xp.asarray(np.array([3, 0], np.int64))
     TinyHybridTarget.reset_slots(me, idx)
     for L, w in zip(layers, want):
         for k, a in w.items():
             a[[3, 0]] = 0
             assert np.array_equal(host(L[k]), a), k
+    assert host(pending.len).tolist() == [0, 2, 3, 0, 5]
 
 
 class _FillTarget:

@@ -27,7 +27,7 @@ import os
 import numpy as np
 
 from .. import registry
-from .gdn_layer import gdn_block, gdn_commit_rows, gdn_dims
+from .gdn_layer import FUSED_BLOCK_ROWS, FusedJournals, gdn_block, gdn_commit_rows, gdn_dims
 
 DEMO_CONFIG = {
     "model_type": "qwen3_next",
@@ -175,10 +175,17 @@ class TinyHybridTarget:
     returns (logits [T, V], hidden [T, H]) without writing GDN/conv state (KV rows are
     appended, which is harmless: rows past the committed length are dead);
     ``commit(cu_q, accept_len)`` advances the recurrent states over the accepted rows.
+
+    ``fused_state`` (default): the GDN layers run fused mode (``gdn_layer.FusedJournals``): a
+    forward's verifies first apply the rows the last commit accepted, and commit only marks
+    its rows pending, so a state lags one round: ``flush()`` before reading one. Passes of up
+    to 16 rows a slot are fused (rounds and the orchestrator's prefill blocks), longer ones
+    flush and run plain. False: verify, then gdn_commit / conv1d_commit a layer.
     """
 
-    def __init__(self, config, tensors, backend):
+    def __init__(self, config, tensors, backend, *, fused_state=True):
         self.c, self.be, self.xp = config, backend, backend.xp
+        self.fused_state = bool(fused_state)
         self._lin = _linear(backend)
         xp = self.xp
         get = lambda n: xp.asarray(tensors[n].float32(), dtype=xp.float64)  # noqa: E731
@@ -224,6 +231,13 @@ class TinyHybridTarget:
         self.page_table = xp.arange(B * self.max_pages, dtype=xp.int32).reshape(B, self.max_pages)
         kv_dtype = self.be.kv_dtype
         self._zero = xp.zeros((), dtype=xp.float32)      # what reset_slots writes
+        self._zero_i32 = xp.zeros((), dtype=xp.int32)
+        G = sum(L["kind"] == "linear_attention" for L in self.layers)
+        self._journals = FusedJournals(
+            xp.zeros, xp.float32, xp.int32, xp.float32,
+            self.be.gdn_journal_width(self.hk, self.hv, self.dk, self.dv), conv_dim, G, B,
+            B * FUSED_BLOCK_ROWS) if self.fused_state else None
+        self._fused_pass = False
         for L in self.layers:
             if L["kind"] == "linear_attention":
                 L["state"] = xp.zeros((B, self.hv, self.dk, self.dv), dtype=xp.float32)
@@ -242,6 +256,15 @@ class TinyHybridTarget:
             if L["kind"] == "linear_attention":
                 L["state"][slot_ids] = self._zero
                 L["conv_state"][slot_ids] = self._zero
+        if self._journals is not None:                   # nothing pending for them
+            self._journals.len[slot_ids] = self._zero_i32
+
+    def flush(self):
+        """Apply what fused mode left pending, so every GDN / conv state holds every
+        committed row (before reading a state; nothing to do in plain mode)."""
+        if self._journals is not None:
+            self._journals.flush(self.be, [(L["state"], L["conv_state"]) for L in self.layers
+                                           if L["kind"] == "linear_attention"], self.slot_ids)
 
     def _rope(self, x, positions):
         xp = self.xp
@@ -264,6 +287,11 @@ class TinyHybridTarget:
         T = tokens.shape[0]
         f32 = xp.float32
         x = self.embed[tokens]                                            # [T, H] f64
+        fj = self._journals
+        fused = fj is not None and T <= fj.rows
+        if fj is not None and not fused:
+            self.flush()                  # a pass past the pools: plain, from current states
+        self._fused_pass = fused
         self._journal = []
         for L in self.layers:
             h = _rms(xp, x, L["ln"], self.eps)
@@ -272,7 +300,8 @@ class TinyHybridTarget:
                 ba = self._lin(h, L["ba"]).astype(f32)
                 o, record = gdn_block(be, xp.empty, f32, self._gdn, L, qkv, ba[:, :self.hv],
                                       ba[:, self.hv:], L["state"], L["conv_state"],
-                                      self.slot_ids, cu_q)
+                                      self.slot_ids, cu_q,
+                                      fj.layer(len(self._journal), T) if fused else None)
                 self._journal.append(record)
                 x = x + self._reduce(self._lin(o.reshape(T, -1).astype(xp.float64), L["out"]))
             else:
@@ -286,12 +315,18 @@ class TinyHybridTarget:
                 be.verify_attention(q.astype(kvd), L["k_cache"], L["v_cache"], self.page_table,
                                     seq_lens, cu_q, o)
                 x = x + self._reduce(self._lin(o.reshape(T, -1).astype(xp.float64), L["o"]))
+        if fused:
+            fj.applied(T)
         hidden = _rms(xp, x, self.final_norm, self.eps)
         logits = self._lin(hidden, self.lm_head).astype(f32)
         return logits, hidden.astype(f32)
 
     def commit(self, cu_q, accept_len):
-        """Advance GDN and conv states over the first accept_len[b] rows of the last block."""
+        """Advance GDN and conv states over the first accept_len[b] rows of the last block
+        (fused mode: make them pending, for the next forward to apply)."""
+        if self._fused_pass:
+            self._journals.commit(cu_q, accept_len)
+            return
         be = self.be
         j = 0
         for L in self.layers:

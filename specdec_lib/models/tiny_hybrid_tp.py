@@ -167,20 +167,23 @@ class ShardedTensors:
 
 class TinyHybridTargetTP(TinyHybridTarget):
     """Rank ``rank`` of ``world_size`` of the demo target; same interface as the parent
-    (``reset``, ``forward``, ``commit``, ``hidden_size``), full-size hidden and logits.
+    (``reset``, ``forward``, ``commit``, ``flush``, ``hidden_size``; ``fused_state``), full-size
+    hidden and logits.
 
     ``all_reduce(partial) -> summed``: float64 array [T, H] of this rank's partial layer
     output -> the sum over ranks (may work in place and return its argument); it must
     give the same result on every rank and be ordered with the array module's stream.
     """
 
-    def __init__(self, config, tensors, backend, rank: int, world_size: int, all_reduce):
+    def __init__(self, config, tensors, backend, rank: int, world_size: int, all_reduce, *,
+                 fused_state=True):
         self.rank, self.world_size = int(rank), int(world_size)
         self.full_config = dict(config)
         self.layout = tp_layout(config, self.rank, self.world_size)
         self._all_reduce = all_reduce
         super().__init__(tp_local_config(config, self.rank, self.world_size),
-                         ShardedTensors(tensors, config, self.rank, self.world_size), backend)
+                         ShardedTensors(tensors, config, self.rank, self.world_size), backend,
+                         fused_state=fused_state)
 
     def _reduce(self, partial):
         return self._all_reduce(partial)

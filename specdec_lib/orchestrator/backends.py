@@ -27,9 +27,9 @@ import numpy as np
 Backend = SimpleNamespace       # the namespace described above
 
 _OPS = ("append_kv", "rope_append_kv", "verify_attention", "conv1d_verify", "conv1d_commit",
-        "gdn_verify", "gdn_commit", "spec_sample", "seq_stop", "seq_advance", "seq_build_block",
-        "draft_carry", "capture_hidden", "draft_combine", "draft_map_tokens", "ngram_propose",
-        "rms_norm", "rope", "silu_mul")
+        "conv1d_flush", "gdn_verify", "gdn_commit", "gdn_flush", "spec_sample", "seq_stop",
+        "seq_advance", "seq_build_block", "draft_carry", "capture_hidden", "draft_combine",
+        "draft_map_tokens", "ngram_propose", "rms_norm", "rope", "silu_mul")
 # (name on a backend, op) for every op a backend carries: the _OPS under their own names, and
 # ``row_linear`` = ops.linear (the row-invariant GEMM), kept off ``linear``, which on the cuda
 # backend is the host models' float64 GEMM (and absent elsewhere: tiny_hybrid falls back to
