@@ -174,16 +174,18 @@ def test_admit_reuse_without_reset_slots_refused():
 
 
 def test_hybrid_reset_slots_torch_branch_on_cpu():
-    """LlamaHybridTarget.reset_slots on torch (two index_fill_ over the layers' pools), run
-    on CPU tensors: the slots named by an int32 or int64 tensor or a host array are zero in
-    every layer, the others untouched."""
+    """LlamaHybridTarget.reset_slots on torch (index_fill_ over the layers' pools and the
+    pending rows of fused mode), run on CPU tensors: the slots named by an int32 or int64
+    tensor or a host array are zero in every layer and have nothing pending, the others
+    untouched."""
     torch = pytest.importorskip("torch")
     from specdec_lib.models.llama_hybrid import LlamaHybridTarget
     m = SimpleNamespace(name="torch", torch=torch, dev=torch.device("cpu"),
                         table=lambda a: torch.as_tensor(np.asarray(a)))
     g = torch.Generator().manual_seed(0)
     me = SimpleNamespace(m=m, _state_pool=torch.randn(3, 6, 2, 4, 4, generator=g).bfloat16(),
-                         _conv_pool=torch.randn(3, 6, 5, 3, generator=g))
+                         _conv_pool=torch.randn(3, 6, 5, 3, generator=g),
+                         _journals=SimpleNamespace(len=torch.arange(1, 7, dtype=torch.int32)))
     want_s, want_c = me._state_pool.clone(), me._conv_pool.clone()
     for ids in (torch.tensor([1, 4], dtype=torch.int32), torch.tensor([5], dtype=torch.int64),
                 np.array([0, 2], np.int32)):
@@ -194,6 +196,7 @@ def test_hybrid_reset_slots_torch_branch_on_cpu():
         assert torch.equal(me._state_pool.view(torch.int16), want_s.view(torch.int16))
         assert torch.equal(me._conv_pool, want_c)
     assert bool((me._state_pool[:, 3] != 0).any())
+    assert me._journals.len.tolist() == [0, 0, 0, 4, 0, 0]
 
 
 def test_serve_counts_admissions(tmp_path):
@@ -292,10 +295,13 @@ def test_admit_synchronises_once_on_cuda():
     me = SimpleNamespace(m=SimpleNamespace(name="torch", torch=torch, dev=dev),
                          _state_pool=torch.ones((17, B, 2, 64, 64), dtype=torch.bfloat16,
                                                 device=dev),
-                         _conv_pool=torch.ones((17, B, 384, 3), device=dev))
+                         _conv_pool=torch.ones((17, B, 384, 3), device=dev),
+                         _journals=SimpleNamespace(len=torch.ones(B, dtype=torch.int32,
+                                                                  device=dev)))
     idx = torch.tensor([1, 6], dtype=torch.int64, device=dev)
     assert _syncs(torch, lambda: LlamaHybridTarget.reset_slots(me, idx)) == 0
     assert float(me._state_pool[:, [1, 6]].abs().sum()) == 0
+    assert me._journals.len.tolist() == [1, 0, 1, 1, 1, 1, 0, 1]
     assert float(me._conv_pool[:, [0, 2, 3, 4, 5, 7]].sum()) == 17 * 6 * 384 * 3
 
 

@@ -50,6 +50,7 @@ def load_smollm2_hybrid_target(backend: Any, *, weights: str | os.PathLike | Non
                                progress: bool | None = None, page_size: int = 16,
                                row_invariant: bool = False, state_dtype: str = "float32",
                                dtype: str = "bfloat16", max_position: int | None = None,
+                               fused_state: bool = True,
                                ) -> tuple[LlamaHybridTarget, GGUFTokenizer]:
     """(LlamaHybridTarget, GGUFTokenizer) of smollm2-hybrid on ``backend``: SmolLM2's GGUF
     (``path``, as ``load_smollm2_target``) with the GDN layers of the hybrid weights
@@ -57,7 +58,8 @@ def load_smollm2_hybrid_target(backend: Any, *, weights: str | os.PathLike | Non
     FileNotFoundError naming it and the ``train-hybrid`` command).
     ``state_dtype``: the GDN state, float32, bfloat16 or float16; ``dtype``: the torch
     backend's dense math and KV cache, bfloat16 or float16 (both refused before any file is
-    read where the backend cannot run them). The weights file is checked
+    read where the backend cannot run them). ``fused_state``: each round's GDN / conv commit
+    folded into the next round's verifies (LlamaHybridTarget). The weights file is checked
     (``smollm2_hybrid.load_hybrid_weights``: shapes, dtypes, size, sha256, layer pattern) and
     must have been trained on this GGUF."""
     from .llama_hybrid import LlamaHybridTarget, hybrid_unsupported, state_dtype_name
@@ -75,4 +77,4 @@ def load_smollm2_hybrid_target(backend: Any, *, weights: str | os.PathLike | Non
     cfg, tensors = load_hybrid_weights(wdir, base=config)
     return LlamaHybridTarget(config, base, cfg, tensors, backend, page_size=page_size,
                              max_position=max_position, row_invariant=row_invariant,
-                             state_dtype=state_dtype, dtype=dtype), tok
+                             state_dtype=state_dtype, dtype=dtype, fused_state=fused_state), tok

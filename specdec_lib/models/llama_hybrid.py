@@ -11,7 +11,10 @@ host's causal kernel). A GDN layer, from its normed input h::
     x, h = layer_rest(o @ Wo'^T)                               # SmolLM2's residual, MLP, norms
 
 ``commit`` runs gdn_commit / conv1d_commit over the accepted rows of the last pass (prefill
-included: its GDN rows go through gdn_verify like a verify block's, any length). The GDN
+included: its GDN rows go through gdn_verify like a verify block's, any length); with
+``fused_state`` (default) a verify block's commit only marks its rows pending and the next
+forward's verifies apply them (``gdn_layer.FusedJournals``; ``flush()`` before reading a
+state), prefill stays as above. The GDN
 state pool is ``state_dtype`` (float32, bfloat16 or float16: the ops take all three); the conv
 state is float32 (it holds the projection's rows, 16-bit on the GPU, exactly). Dense math is
 ``LlamaTarget``'s: float64 numpy on the reference backend (the ops' inputs rounded to float32),
@@ -26,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtypes import one_of
-from .gdn_layer import gdn_block, gdn_commit_rows, gdn_dims
+from .gdn_layer import FUSED_BLOCK_ROWS, FusedJournals, gdn_block, gdn_commit_rows, gdn_dims
 from .llama import LlamaTarget
 from .llama_layer import layer_rest
 from .smollm2_hybrid import base_projections, gdn_layers, layer_prefix
@@ -82,13 +85,19 @@ class LlamaHybridTarget(LlamaTarget):
     hybrid_cfg, hybrid_tensors: ``smollm2_hybrid.load_hybrid_weights``'s (config dict,
     float32 tensors). ``state_dtype``: the GDN state; ``dtype``: the torch backend's dense
     math and KV cache (bfloat16, or float16 where there is no bf16). ``small_rows``: as
-    ``LlamaTarget``'s (off by default here: not yet run on a GPU with the hybrid)."""
+    ``LlamaTarget``'s (off by default here: not yet run on a GPU with the hybrid).
+    ``fused_state`` (default): a verify block's GDN / conv commit is folded into the next
+    forward's verifies (``gdn_layer.FusedJournals``; pools of ``reset``'s ``block_rows`` a slot,
+    which the decoder sets to its k_max + 1; a longer forward flushes and runs plain); False:
+    gdn_commit / conv1d_commit a layer after every pass."""
     pads_prefill = True      # pad rows of a prefill are never committed (GDN) or dead (KV)
+    takes_block_rows = True  # reset(..., block_rows=): the rows a slot's verify block may have
 
     def __init__(self, config, weights, hybrid_cfg, hybrid_tensors, backend, *, page_size=16,
                  max_position=None, row_invariant=False, state_dtype="float32",
-                 dtype="bfloat16", small_rows=False):
+                 dtype="bfloat16", small_rows=False, fused_state=True):
         self.state_dtype = state_dtype_name(state_dtype)
+        self.fused_state = bool(fused_state)
         dname = dense_dtype_name(dtype)
         cfg = hybrid_cfg
         if cfg["num_hidden_layers"] != config.num_layers or cfg["hidden_size"] != config.hidden_size:
@@ -131,6 +140,7 @@ class LlamaHybridTarget(LlamaTarget):
                 z_bias=vec(t[p + "z_bias"]))
         self.gated_eps = float(cfg.get("rms_norm_eps", config.rms_norm_eps))
         self._records = []
+        self._journals, self._fused_pass = None, False
 
     @property
     def weight_bytes(self):
@@ -141,9 +151,12 @@ class LlamaHybridTarget(LlamaTarget):
         return n * (8 if self.m.name == "numpy" else 2)
 
     # ------------------------------------------------------------------ caches
-    def reset(self, batch, max_len):
+    def reset(self, batch, max_len, block_rows=FUSED_BLOCK_ROWS):
         """Paged KV caches of the attention layers and fresh GDN / conv states for ``batch``
-        empty sequences of up to ``max_len`` positions."""
+        empty sequences of up to ``max_len`` positions; with ``fused_state`` the fused mode's
+        pools for verify passes of up to ``block_rows`` rows a slot (float32 journals and
+        conv rows of [G, batch * block_rows, ...], twice: SmolLM2's at block_rows 4 about
+        1 MB a slot, its GDN states 2.2 MB; prefill passes need none)."""
         super().reset(batch, max_len)
         m, d = self.m, self.d
         if m.name == "numpy":               # bfloat16 held as its bits (specdec_lib.dtypes)
@@ -161,35 +174,77 @@ class LlamaHybridTarget(LlamaTarget):
             L = self.layers[i]
             L["state"], L["conv_state"] = self._state_pool[j], self._conv_pool[j]
         self._records = []
+        # the conv rows in qkv's dtype (float32 on numpy, the dense math's on torch)
+        self._journals = FusedJournals(
+            m.zeros, m.f32, m.int32, m.f32 if m.name == "numpy" else m.act,
+            self.be.gdn_journal_width(d.hk, d.hv, d.dk, d.dv), d.conv_dim, G, batch,
+            batch * int(block_rows)) if self.fused_state else None
+        self._fused_pass = False
 
     def reset_slots(self, slot_ids):
         """A new request takes these slots: its GDN and conv states start from zero (KV rows
-        past L = 0 are dead already). Two writes for every layer (the pools of ``reset``);
-        on torch ``index_fill_`` with the value as a kernel argument, nothing copied or
-        waited on (an int64 device index is used as it is)."""
+        past L = 0 are dead already) and nothing pending (fused mode). One write a pool for
+        every layer (the pools of ``reset``); on torch ``index_fill_`` with the value as a
+        kernel argument, nothing copied or waited on (an int64 device index is used as it
+        is)."""
+        pending = self._journals.len if self._journals is not None else None
         if self.m.name == "numpy":
             idx = np.asarray(slot_ids)
             self._state_pool[:, idx] = 0
             self._conv_pool[:, idx] = 0
+            if pending is not None:                     # nothing pending for them
+                pending[idx] = 0
             return
         torch = self.m.torch
         idx = slot_ids if isinstance(slot_ids, torch.Tensor) else self.m.table(np.asarray(slot_ids))
         idx = idx.to(self.m.dev, torch.int64)        # (itself when already an int64 there)
         self._state_pool.index_fill_(1, idx, 0)
         self._conv_pool.index_fill_(1, idx, 0)
+        if pending is not None:
+            pending.index_fill_(0, idx, 0)
+
+    def flush(self):
+        """Apply what fused mode left pending, so every GDN / conv state holds every
+        committed row (before reading a state; nothing to do in plain mode)."""
+        if self._journals is not None:
+            self._journals.flush(self.be, [(self.layers[i]["state"], self.layers[i]["conv_state"])
+                                           for i in self.gdn_ids], self.slot_ids)
 
     def commit(self, cu_q, accept_len):
         """Advance every GDN layer's state and conv state over the first accept_len[b] rows
-        of the last pass (forward or prefill)."""
+        of the last pass (forward or prefill); after a fused forward, make them pending."""
+        if self._fused_pass:
+            self._journals.commit(cu_q, accept_len)
+            return
         for i, record in zip(self.gdn_ids, self._records):
             L = self.layers[i]
             gdn_commit_rows(self.be, L["state"], L["conv_state"], self.slot_ids, cu_q,
                             accept_len, record)
 
     # ------------------------------------------------------------------ passes
+    def forward(self, tokens, positions, cu_q, seq_lens, finished, max_q=None):
+        """``LlamaTarget.forward``; with ``fused_state`` the GDN verifies in fused mode (a pass
+        of more rows than the pools hold flushes first and runs plain)."""
+        fj = self._journals
+        self._fused_pass = fj is not None and tokens.shape[0] <= fj.rows
+        if fj is not None and not self._fused_pass:
+            self.flush()
+        return super().forward(tokens, positions, cu_q, seq_lens, finished, max_q)
+
+    def prefill(self, tokens, positions, cu_q, seq_lens, finished, *, row_counts, logits=False):
+        """``LlamaTarget.prefill``, plain in either mode (its rows would not fit the pools):
+        its fresh sequences have nothing pending (``reset_slots``) and the other slots no rows
+        in it, so what is pending for them stays pending, for the next forward."""
+        self._fused_pass = False
+        return super().prefill(tokens, positions, cu_q, seq_lens, finished,
+                               row_counts=row_counts, logits=logits)
+
     def _run(self, tokens, positions, cu_q, seq_lens, finished, attend, want_logits=True):
         self._records = []
-        return super()._run(tokens, positions, cu_q, seq_lens, finished, attend, want_logits)
+        out = super()._run(tokens, positions, cu_q, seq_lens, finished, attend, want_logits)
+        if self._fused_pass:
+            self._journals.applied(tokens.shape[0])
+        return out
 
     def layer(self, L, a_in, resid, x, next_norm, h, kv, page_table, positions, seq_lens, cu_q,
               finished, attend, o, act, eps, q8=None, record=False):
@@ -209,8 +264,10 @@ class LlamaHybridTarget(LlamaTarget):
         qkv, z, ba = y[:, :cd], y[:, cd:cd + hvdv], y[:, cd + hvdv:]
         if m.name == "numpy":                             # the ops take float32 on the CPU
             qkv, ba = qkv.astype(np.float32), ba.astype(np.float32)
+        fused = self._journals.layer(len(self._records), qkv.shape[0]) if self._fused_pass \
+            else None
         o, rec = gdn_block(self.be, m.empty, m.f32, d, L, qkv, ba[:, :d.hv], ba[:, d.hv:],
-                           L["state"], L["conv_state"], self.slot_ids, cu_q)
+                           L["state"], L["conv_state"], self.slot_ids, cu_q, fused)
         self._records.append(rec)
         g = self._gated_norm(o, z, L["norm"], L["z_bias"])
         return layer_rest(self.ops(h, act, eps), L, m.gemm(g, L["o"]), resid, next_norm, out=x)

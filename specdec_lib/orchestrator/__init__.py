@@ -7,8 +7,10 @@ The host stack supplies two objects; every name below is what the decoder reads.
             ``reset(batch, max_len)``: caches for ``batch`` empty slots of ``max_len`` positions;
             ``forward(tokens, positions, cu_q, seq_lens, finished) -> (logits [T, V] float32,
             hidden [T, H])`` (calls append_kv / verify_attention / conv1d_verify / gdn_verify;
-            writes no recurrent state; rows of finished slots are computed, not appended);
-            ``commit(cu_q, accept_len)`` (gdn_commit / conv1d_commit).
+            commits no block row to a recurrent state; rows of finished slots are computed,
+            not appended);
+            ``commit(cu_q, accept_len)`` (gdn_commit / conv1d_commit; or, a hybrid's fused
+            mode, the rows left pending for the next forward's verifies to commit first).
             optional:
             ``prefill(tokens, positions, cu_q, seq_lens, finished, *, row_counts) -> (logits or
             None, hidden)``: whole prompts of fresh sequences (any length) in one pass
@@ -24,7 +26,9 @@ The host stack supplies two objects; every name below is what the decoder reads.
             call reuse the last call's buffers and graphs while the caches are unchanged;
             ``hidden_dtype`` (default float32): the dtype of ``hidden`` and of the carry;
             ``takes_max_q = True``: called ``forward(..., max_q=n)`` in rounds, n (host int)
-            the most rows any slot's block has (verify_attention's ``max_q``).
+            the most rows any slot's block has (verify_attention's ``max_q``);
+            ``takes_block_rows = True``: called ``reset(batch, max_len, block_rows=k_max + 1)``,
+            the most rows a slot's block has in any round (a hybrid's fused-mode pools).
 ``draft``   ``propose(carry [B, H], last_token [B], k) -> draft tokens [B, k]``; may be
             None when ``num_speculative_tokens == 0`` (target-only decoding). Optional:
             ``max_draft_tokens`` (int): the most tokens it can propose a round (a k or

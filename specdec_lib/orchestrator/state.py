@@ -183,7 +183,9 @@ def fresh(parts: Parts, shape: Shape) -> CallState:
     xp, B = parts.be.xp, shape.slots
     parts.be.device_synchronize()                 # weights/caches made on other streams are ready
     for p in parts.reset_parts():
-        p.reset(B, shape.max_len)
+        # (a target that sizes buffers by its verify blocks is told the rounds' rows a slot)
+        rows = dict(block_rows=parts.k + 1) if getattr(p, "takes_block_rows", False) else {}
+        p.reset(B, shape.max_len, **rows)
     carry_dtype = getattr(parts.target, "hidden_dtype", xp.float32)
     carry = xp.zeros((B, parts.target.hidden_size), dtype=carry_dtype)
     return CallState(shape, make_buffers(xp, shape, parts.k), carry, carry_dtype,
