@@ -154,9 +154,9 @@ class LlamaHybridTarget(LlamaTarget):
     def reset(self, batch, max_len, block_rows=FUSED_BLOCK_ROWS):
         """Paged KV caches of the attention layers and fresh GDN / conv states for ``batch``
         empty sequences of up to ``max_len`` positions; with ``fused_state`` the fused mode's
-        pools for verify passes of up to ``block_rows`` rows a slot (float32 journals and
-        conv rows of [G, batch * block_rows, ...], twice: SmolLM2's at block_rows 4 about
-        1 MB a slot, its GDN states 2.2 MB; prefill passes need none)."""
+        pools for verify passes of up to ``block_rows`` rows a slot (journals and conv rows of
+        [G, batch * block_rows, ...], twice: smollm2-hybrid's at block_rows 4 about 1 MB a
+        slot, beside 2.2 MB of float32 GDN states; prefill passes need none)."""
         super().reset(batch, max_len)
         m, d = self.m, self.d
         if m.name == "numpy":               # bfloat16 held as its bits (specdec_lib.dtypes)

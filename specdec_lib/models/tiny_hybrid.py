@@ -12,7 +12,7 @@ in the target, whose output alone decides correctness.
 
 All dense math runs in float64 on the host array module ``xp`` (numpy, or cupy on a
 GPU); everything speculative goes through ``backend`` ops: append_kv,
-verify_attention, conv1d_verify/commit, gdn_verify/commit, draft_combine.
+verify_attention, conv1d_verify/commit/flush, gdn_verify/commit/flush, draft_combine.
 
 Weights are generated deterministically (``make_demo_checkpoint``) so that the target
 mostly follows a fixed token permutation, perturbed by its context-dependent layers:

@@ -399,6 +399,8 @@ def main():
                    "weights DIR of train-hybrid) with its MTP head (DIR/smollm2_hybrid_mtp) "
                    "instead of SmolLM2")
     p.add_argument("--state-dtype", default="float32", help="--hybrid: the GDN state dtype")
+    p.add_argument("--plain-state", action="store_true", help="--hybrid: gdn_commit / "
+                   "conv1d_commit every round (fused_state=False), not the fused mode")
     p.add_argument("--no-profile", action="store_true", help="skip the round / prefill "
                    "profiles at the end")
     p.add_argument("--heads-dir", default=None, help="heads from DIR/smollm2_<method>/ "
@@ -450,7 +452,8 @@ def main():
     if args.hybrid:             # smollm2-hybrid and its MTP head (train-draft --hybrid)
         target, tok = load_smollm2_hybrid_target(be, weights=args.hybrid, path=args.gguf,
                                                  progress=False, row_invariant=args.row_invariant,
-                                                 state_dtype=args.state_dtype)
+                                                 state_dtype=args.state_dtype,
+                                                 fused_state=not args.plain_state)
     else:
         target, tok = load_smollm2_target(be, path=args.gguf, progress=False,
                                           row_invariant=args.row_invariant, kv_dtype=args.kv_dtype)
@@ -478,7 +481,8 @@ def main():
     report = {"device": torch.cuda.get_device_name() if gpu else "cpu", "k": k,
               "prefill": args.prefill, "drafts": list(drafts),
               "row_invariant": target.row_invariant, "kv_dtype": target.kv_dtype,
-              "hybrid": args.hybrid and dict(weights=args.hybrid, state_dtype=args.state_dtype)}
+              "hybrid": args.hybrid and dict(weights=args.hybrid, state_dtype=args.state_dtype,
+                                             fused_state=not args.plain_state)}
     rows = []
     stops = dict(stop_token_ids=STOP_TOKEN_IDS) if args.stop_at_eos else {}
     report["stop_at_eos"] = bool(args.stop_at_eos)
