@@ -178,9 +178,9 @@ class TinyHybridTarget:
 
     ``fused_state`` (default): the GDN layers run fused mode (``gdn_layer.FusedJournals``): a
     forward's verifies first apply the rows the last commit accepted, and commit only marks
-    its rows pending, so a state lags one round: ``flush()`` before reading one. Passes of up
-    to 16 rows a slot are fused (rounds and the orchestrator's prefill blocks), longer ones
-    flush and run plain. False: verify, then gdn_commit / conv1d_commit a layer.
+    its rows pending, so a state lags one round: ``flush()`` before reading one. Its pools
+    hold 16 rows a slot (a verify block's most), so every forward is fused, the
+    orchestrator's prefill blocks too. False: verify, then gdn_commit / conv1d_commit a layer.
     """
 
     def __init__(self, config, tensors, backend, *, fused_state=True):
@@ -288,11 +288,8 @@ class TinyHybridTarget:
         f32 = xp.float32
         x = self.embed[tokens]                                            # [T, H] f64
         fj = self._journals
-        fused = fj is not None and T <= fj.rows
-        if fj is not None and not fused:
-            self.flush()                  # a pass past the pools: plain, from current states
-        self._fused_pass = fused
-        self._journal = []
+        self._fused_pass = fused = fj is not None
+        self._records = []
         for L in self.layers:
             h = _rms(xp, x, L["ln"], self.eps)
             if L["kind"] == "linear_attention":
@@ -301,8 +298,8 @@ class TinyHybridTarget:
                 o, record = gdn_block(be, xp.empty, f32, self._gdn, L, qkv, ba[:, :self.hv],
                                       ba[:, self.hv:], L["state"], L["conv_state"],
                                       self.slot_ids, cu_q,
-                                      fj.layer(len(self._journal), T) if fused else None)
-                self._journal.append(record)
+                                      fj.layer(len(self._records), T) if fused else None)
+                self._records.append(record)
                 x = x + self._reduce(self._lin(o.reshape(T, -1).astype(xp.float64), L["out"]))
             else:
                 q = self._rope(self._lin(h, L["q"]).reshape(T, self.nq, self.D), positions)
@@ -327,14 +324,10 @@ class TinyHybridTarget:
         if self._fused_pass:
             self._journals.commit(cu_q, accept_len)
             return
-        be = self.be
-        j = 0
-        for L in self.layers:
-            if L["kind"] != "linear_attention":
-                continue
-            gdn_commit_rows(be, L["state"], L["conv_state"], self.slot_ids, cu_q, accept_len,
-                            self._journal[j])
-            j += 1
+        gdn = [L for L in self.layers if L["kind"] == "linear_attention"]
+        for L, record in zip(gdn, self._records):
+            gdn_commit_rows(self.be, L["state"], L["conv_state"], self.slot_ids, cu_q,
+                            accept_len, record)
 
 
 # ---------------------------------------------------------------------------- draft
