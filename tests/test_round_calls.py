@@ -14,6 +14,7 @@ while this one runs; none in the first round) (the last round adds the output re
 host->device copy, no capture, no other graph, no sweep at another k inside the timed calls.
 (AutoK's live-cost probes, which replay the neighbouring k's graph, do not come in these calls:
 the warm-up probed k_max - 1 and doubled the interval past the calls' length.)
+Also which ops an eager round of the demo hybrid calls, in fused and plain mode.
 """
 import numpy as np
 import pytest
@@ -193,3 +194,25 @@ def test_calibrated_auto_records_its_plans_before_decoding(demo):
     assert want <= set(dec._state.replays)
     assert kinds[:first].count("capture") >= len(want)
     assert len(set(dec.spec.choices)) > 1            # k moved: every plan was there
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
+def test_hybrid_round_ops(demo, fused):
+    """The ops an eager round of the demo hybrid calls (2 GDN layers, 2 slots, k=3): a
+    conv1d_verify and a gdn_verify a GDN layer; gdn_commit / conv1d_commit a layer only in
+    plain mode (fused mode's verifies commit the last round's rows, its commit is copies);
+    no flush, and no host read or copy inside a round (graph-capturable) either way."""
+    from collections import Counter
+    cfg, tensors, dw = demo
+    be = TracingBackend()
+    target = TinyHybridTarget(cfg, tensors, be, fused_state=fused)
+    dec = SpeculativeDecoder(target, TinyMTPDraft(cfg, dw, tensors, be),
+                             num_speculative_tokens=3, backend=be, run_ahead=False)
+    dec.generate(_requests(12)[:2])
+    rounds = dec.metrics.rounds
+    in_round = [e for e in be.events if e[2] == "round.py:run_round"]
+    ops = Counter(e[1] for e in in_round if e[0] == "op")
+    assert ops["gdn_verify"] == ops["conv1d_verify"] == 2 * rounds > 0
+    assert ops["gdn_commit"] == ops["conv1d_commit"] == (0 if fused else 2 * rounds)
+    assert ops["gdn_flush"] == ops["conv1d_flush"] == 0
+    assert {e[0] for e in in_round} == {"op"}
