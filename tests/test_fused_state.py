@@ -57,10 +57,10 @@ def _tiny(demo, fused, **_):
     return TinyHybridTarget(cfg, tensors, reference_backend(), fused_state=fused)
 
 
-def _llama(toy, fused, state_dtype="float32"):
+def _llama(toy, fused, state_dtype="float32", backend=None, **kw):
     c, w, cfg, t = toy
-    return LlamaHybridTarget(c, w, cfg, t, reference_backend(), page_size=4,
-                             state_dtype=state_dtype, fused_state=fused)
+    return LlamaHybridTarget(c, w, cfg, t, backend or reference_backend(), page_size=4,
+                             state_dtype=state_dtype, fused_state=fused, **kw)
 
 
 def _mtp_head(target, tmp_path):
@@ -77,9 +77,14 @@ def _mtp_head(target, tmp_path):
     return LlamaDraftHead.load(target, str(path), "mtp")
 
 
+def _host(a):
+    """A numpy copy of a state (torch tensors: bf16 widened to float32, exactly)."""
+    return a.float().cpu().numpy() if hasattr(a, "cpu") else np.array(a)
+
+
 def _states(t):
     """Host copies of every GDN layer's state and conv state."""
-    return [np.array(L[k]) for L in t.layers if "state" in L for k in ("state", "conv_state")]
+    return [_host(L[k]) for L in t.layers if "state" in L for k in ("state", "conv_state")]
 
 
 def _same_states(a, b):
@@ -188,6 +193,27 @@ def test_llama_hybrid_fused_equals_plain(toy, tmp_path, case, run_ahead):
         draft = lambda t: NgramDraft(t.be)                         # noqa: E731
     _decode(lambda f: _llama(toy, f), draft, c["spec"], reqs, slots=c.get("slots"),
             arrivals=c.get("arrivals"), run_ahead=run_ahead, prefill=c.get("prefill", "auto"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("cuda_graph", [True, False], ids=["graphs", "eager"])
+@pytest.mark.parametrize("case", ["ngram_sampled", "auto_ragged", "mtp_head_k2",
+                                  "served_bucketed"])
+def test_llama_hybrid_fused_equals_plain_gpu(toy, tmp_path, case, cuda_graph, state_dtype):
+    """The torch backend on the GPU (the fused kernels, the pools' copies and fills, every
+    round a CUDA graph or eager): the same tokens, acceptance and flushed states as plain."""
+    from toy_models import skip_unless_torch_gpu
+    skip_unless_torch_gpu()
+    from specdec_lib.orchestrator import make_backend
+    c = LLAMA_CASES[case]
+    n = len(c.get("arrivals") or [0] * 3)
+    reqs = _requests(5, [9, 12, 6, 10, 7][:n], 64, new=14, sampled=c.get("sampled", False))
+    draft = (lambda t: _mtp_head(t, tmp_path)) if c.get("draft") == "mtp" else \
+        (lambda t: NgramDraft(t.be))                                # noqa: E731
+    _decode(lambda f: _llama(toy, f, state_dtype, make_backend("torch"), row_invariant=True),
+            draft, c["spec"], reqs, slots=c.get("slots"), arrivals=c.get("arrivals"),
+            prefill=c.get("prefill", "auto"), cuda_graph=cuda_graph, max_len=64)
 
 
 def test_llama_hybrid_fused_equals_plain_with_stops(toy):
