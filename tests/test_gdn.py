@@ -825,6 +825,60 @@ def test_gdn_gpu_fused_mode_bit_exact(rng, layout, sdt, family, D):
 
 
 @needs_gpu
+@pytest.mark.parametrize("heads", [None, 0], ids=["small", "default"])
+@pytest.mark.parametrize("sdt,family", [("f32", "cuda"), ("bf16", "cuda"), ("bf16", "mma")],
+                         indirect=["family"])
+def test_gdn_verify_gpu_strided_views(rng, sdt, family, heads, monkeypatch):
+    """What the hybrid targets pass (models.gdn_layer.gdn_block): q / k / v as head views of
+    one wider float32 row (the conv output; 16-byte rows, junk after), the raw gates as
+    columns of a wider bf16 projection. Outputs and journal bit for bit the contiguous call's (the
+    small-batch and the default launch shapes), and close to the float64 reference."""
+    torch = pytest.importorskip("torch", reason="torch makes the strided views")
+    from specdec_lib import ops
+    from specdec_lib.ops import gdn as gdn_ops
+    monkeypatch.setitem(gdn_ops.TUNING, "small_heads", heads)
+    sdt = STATE_DTYPES[sdt]
+    c = gpu_case(rng, layout="kv", sdt=sdt, ratio=2, fused=True, l2norm=True, Dk=64, Dv=64,
+                 in_dtype=np.float32)
+    T, Hk, Hv, D = c["T"], c["Hk"], c["Hv"], c["Dk"]
+    nk, cuda = Hk * D, torch.device("cuda")
+    x, gat = c["x"], c["gat"]
+    wide = torch.full((T, 2 * nk + Hv * D + 4), float("nan"), device=cuda)
+    for j, n in enumerate("qk"):
+        wide[:, j * nk:(j + 1) * nk] = torch.from_numpy(x[n].reshape(T, -1))
+    wide[:, 2 * nk:2 * nk + Hv * D] = torch.from_numpy(x["v"].reshape(T, -1))
+    proj = torch.full((T, 2 * Hv + 5), float("nan"), device=cuda, dtype=torch.bfloat16)
+    proj[:, 3:3 + Hv] = torch.from_numpy(gat["b"]).to(torch.bfloat16)
+    proj[:, 3 + Hv:3 + 2 * Hv] = torch.from_numpy(gat["a"]).to(torch.bfloat16)
+    views = dict(q=wide[:, :nk].view(T, Hk, D), k=wide[:, nk:2 * nk].view(T, Hk, D),
+                 v=wide[:, 2 * nk:2 * nk + Hv * D].view(T, Hv, D),
+                 b=proj[:, 3:3 + Hv], a=proj[:, 3 + Hv:3 + 2 * Hv])
+    assert not views["q"].is_contiguous() and not views["a"].is_contiguous()
+    state = torch.from_numpy(c["state"].view(np.int16) if sdt == np.uint16 else c["state"])
+    state = state.to(cuda).view(torch.bfloat16 if sdt == np.uint16 else torch.float32)
+    A_log, dt_bias = (torch.from_numpy(gat[n]).to(cuda) for n in ("A_log", "dt_bias"))
+    W = gdn_journal_width(Hk, Hv, D, D)
+    got = []
+    for args in (views, {n: a.contiguous() for n, a in views.items()}):
+        out = torch.full((T, Hv, D), float("nan"), device=cuda)
+        journal = torch.full((T, W), float("nan"), device=cuda)
+        status = torch.full((len(c["slot_ids"]),), -1, device=cuda, dtype=torch.int32)
+        ops.gdn_verify(**args, state=state, slot_ids=torch.from_numpy(c["slot_ids"]).to(cuda),
+                       cu_q=torch.from_numpy(c["cu_q"]).to(cuda), out=out, journal=journal,
+                       A_log=A_log, dt_bias=dt_bias, qk_l2norm=True, status=status)
+        assert not status.any()
+        got.append((out.cpu().numpy(), journal.cpu().numpy()))
+    for a, b in zip(*got):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    ref_out, ref_j = empty_out(T, Hv, D), empty_journal(T, Hk, Hv, D, D)
+    gates = {n: views[n].float().cpu().numpy() for n in ("a", "b")}
+    gdn_verify(**x, **gates, A_log=gat["A_log"], dt_bias=gat["dt_bias"], state=c["state"].copy(),
+               slot_ids=c["slot_ids"], cu_q=c["cu_q"], out=ref_out, journal=ref_j, qk_l2norm=True)
+    e = rel_err(got[0][0], ref_out)
+    assert e < tol(sdt), f"out rel err {e}"
+
+
+@needs_gpu
 def test_gdn_gpu_fused_mode_rejects_and_flags(rng):
     from specdec_lib import ops
     c = gpu_case(rng, layout="kv", sdt=np.float32, ratio=2, fused=False, l2norm=False,

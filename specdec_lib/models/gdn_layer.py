@@ -44,22 +44,17 @@ def gdn_block(be, empty, f32, d, L, qkv, b_gate, a_gate, state, conv_state, slot
     be.conv1d_verify(qkv, L["conv"], conv_state, slot_ids, cu_q, conv_out, activation="silu",
                      **conv_kw)
 
-    def dense(x, shape):
-        # gdn_verify gets contiguous q / k / v and gates, as the tiny hybrid always gave it
-        # (its strided-row path has no GPU test)
-        out = empty(shape, f32)
-        out[...] = x.reshape(shape)
-        return out
+    # q / k / v and the gates go in as views (rows of conv_out and of the projection): the
+    # op takes any row and head strides, so no copy kernel a tensor (5 a layer a round)
     nk = d.hk * d.dk
-    q = dense(conv_out[:, :nk], (T, d.hk, d.dk))
-    k = dense(conv_out[:, nk:2 * nk], (T, d.hk, d.dk))
-    v = dense(conv_out[:, 2 * nk:], (T, d.hv, d.dv))
+    q = conv_out[:, :nk].reshape(T, d.hk, d.dk)
+    k = conv_out[:, nk:2 * nk].reshape(T, d.hk, d.dk)
+    v = conv_out[:, 2 * nk:].reshape(T, d.hv, d.dv)
     o = empty((T, d.hv, d.dv), f32)
     if journal is None:
         journal = empty((T, be.gdn_journal_width(d.hk, d.hv, d.dk, d.dv)), f32)
-    be.gdn_verify(q, k, v, state, slot_ids, cu_q, o, journal, a=dense(a_gate, (T, d.hv)),
-                  b=dense(b_gate, (T, d.hv)), A_log=L["A_log"], dt_bias=L["dt_bias"],
-                  qk_l2norm=True, **gdn_kw)
+    be.gdn_verify(q, k, v, state, slot_ids, cu_q, o, journal, a=a_gate, b=b_gate,
+                  A_log=L["A_log"], dt_bias=L["dt_bias"], qk_l2norm=True, **gdn_kw)
     return o, (qkv, journal)
 
 
