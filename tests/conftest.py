@@ -118,6 +118,16 @@ def rel_err(out, ref):
     return float(num / den) if den > 0 else float(num)
 
 
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """(config, tensors, draft weights) of the demo checkpoint (models.tiny_hybrid), made
+    once a module (test_tp.py has its own)."""
+    from specdec_lib.models import load_demo_checkpoint, make_demo_checkpoint
+    path = str(tmp_path_factory.mktemp("demo_ckpt"))
+    make_demo_checkpoint(path)
+    return load_demo_checkpoint(path)
+
+
 @pytest.fixture
 def rng(request):
     """A fresh generator per test, seeded from the test id (reproducible, different per case)."""

@@ -19,25 +19,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from specdec_lib.models import (TinyHybridTarget, TinyMTPDraft, load_demo_checkpoint,
-                                make_demo_checkpoint)
+from specdec_lib.models import TinyHybridTarget, TinyMTPDraft
 from specdec_lib.models.gdn_layer import FusedJournals
 from specdec_lib.models.llama_hybrid import LlamaHybridTarget
 from specdec_lib.models.ngram import NgramDraft
 from specdec_lib.models.smollm2_hybrid import (hybrid_config, load_hybrid_weights,
                                                random_hybrid_tensors, save_hybrid_weights)
 from specdec_lib.orchestrator import AutoK, Request, SpeculativeDecoder, reference_backend
+from test_policy import CHEAP      # round costs that make AutoK speculate (no clock read)
 from toy_models import toy_llama
-
-# round costs that make AutoK speculate (deterministic choices: no clock read)
-CHEAP = {0: 1.0, 1: 1.05, 2: 1.1, 3: 1.15, 4: 1.2}
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("demo_ckpt"))
-    make_demo_checkpoint(path)
-    return load_demo_checkpoint(path)
 
 
 @pytest.fixture(scope="module")
@@ -252,6 +242,18 @@ def _lockstep(fused, plain, rounds, V, seed=0, check=None):
         L += acc
 
 
+def _pair(demo, toy, which, state_dtype="float32"):
+    """(fused, plain, V): one hybrid target in both modes ("tiny" or "llama"), each reset for
+    2 slots of 40 positions; V its vocabulary."""
+    if which == "tiny":
+        fused, plain, V = _tiny(demo, True), _tiny(demo, False), 256
+    else:
+        fused, plain, V = _llama(toy, True, state_dtype), _llama(toy, False, state_dtype), 64
+    for t in (fused, plain):
+        t.reset(2, 40)
+    return fused, plain, V
+
+
 ROUNDS = [(4, [2, 4]), (3, [0, 3]), (1, [1, 1]), (4, [4, 1]), (2, [2, 0]), (3, [1, 2])]
 
 
@@ -260,13 +262,8 @@ def test_flush_catches_the_plain_states_up(demo, toy, which):
     """Rounds of ragged acceptance (0 to all rows): after each commit the fused states lag
     by the accepted rows (differ exactly where a slot accepted some), after ``flush`` they
     equal the plain states bit for bit, and decoding goes on from them unchanged."""
-    if which == "tiny":
-        fused, plain, V = _tiny(demo, True), _tiny(demo, False), 256
-    else:
-        sd = "float32" if which == "llama_f32" else "bfloat16"
-        fused, plain, V = _llama(toy, True, sd), _llama(toy, False, sd), 64
-    for t in (fused, plain):
-        t.reset(2, 40)
+    fused, plain, V = _pair(demo, toy, which.split("_")[0],
+                            "bfloat16" if which == "llama_bf16" else "float32")
 
     def check(f, p, acc):
         before = [np.array_equal(x, y) for x, y in zip(_states(f), _states(p))]
@@ -281,11 +278,7 @@ def test_flush_catches_the_plain_states_up(demo, toy, which):
 def test_second_forward_before_commit_applies_nothing_twice(demo, toy, which):
     """A forward repeated before its commit (what a fused pass consumed is no longer pending)
     gives the plain mode's logits both times, and the states stay the plain mode's."""
-    fused, plain = (_tiny(demo, True), _tiny(demo, False)) if which == "tiny" else \
-        (_llama(toy, True), _llama(toy, False))
-    V = 256 if which == "tiny" else 64
-    for t in (fused, plain):
-        t.reset(2, 40)
+    fused, plain, V = _pair(demo, toy, which)
     _lockstep(fused, plain, ROUNDS[:2], V)
     rng = np.random.default_rng(5)
     L = np.asarray([2, 7], np.int32)
@@ -319,11 +312,7 @@ def test_forward_past_the_pools_runs_plain(toy):
 def test_reset_slots_drops_pending_rows(demo, toy, which):
     """A slot given to a new request has nothing pending (its rows would otherwise be
     applied to the fresh state); the other slot's pending rows stay."""
-    fused, plain = (_tiny(demo, True), _tiny(demo, False)) if which == "tiny" else \
-        (_llama(toy, True), _llama(toy, False))
-    V = 256 if which == "tiny" else 64
-    for t in (fused, plain):
-        t.reset(2, 40)
+    fused, plain, V = _pair(demo, toy, which)
     _lockstep(fused, plain, ROUNDS[:1], V)
     assert fused._journals.len.tolist() == [2, 4]
     for t in (fused, plain):

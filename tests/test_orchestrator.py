@@ -4,16 +4,8 @@ import numpy as np
 import pytest
 
 from conftest import needs_gpu
-from specdec_lib.models import (TinyHybridTarget, TinyMTPDraft, load_demo_checkpoint,
-                                make_demo_checkpoint)
+from specdec_lib.models import TinyHybridTarget, TinyMTPDraft
 from specdec_lib.orchestrator import Request, SpeculativeDecoder, reference_backend
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("demo_ckpt"))
-    make_demo_checkpoint(path)
-    return load_demo_checkpoint(path)
 
 
 def _models(demo, be):

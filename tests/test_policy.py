@@ -5,8 +5,7 @@ bad input refused, and the sampled distribution kept (the policy reads accepted 
 import numpy as np
 import pytest
 
-from specdec_lib.models import (TinyHybridTarget, TinyMTPDraft, load_demo_checkpoint,
-                                make_demo_checkpoint)
+from specdec_lib.models import TinyHybridTarget, TinyMTPDraft
 from specdec_lib.orchestrator import (AutoK, FixedK, Request, RoundPlan, SpeculativeDecoder,
                                       reference_backend)
 
@@ -15,13 +14,6 @@ from specdec_lib.orchestrator import (AutoK, FixedK, Request, RoundPlan, Specula
 CHEAP = {0: 1.0, 1: 1.05, 2: 1.1, 3: 1.15, 4: 1.2}
 # speculating costs more than a perfect draft can repay below k=... (k=1 doubles the round)
 DEAR = {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0, 4: 5.0}
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("demo_ckpt"))
-    make_demo_checkpoint(path)
-    return load_demo_checkpoint(path)
 
 
 def _prompts(seed, lens, V=256):

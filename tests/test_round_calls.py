@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 
 from round_trace import TracingBackend, fake_clock, trace_calls
-from specdec_lib.models import (TinyHybridTarget, TinyMTPDraft, load_demo_checkpoint,
-                                make_demo_checkpoint)
+from specdec_lib.models import TinyHybridTarget, TinyMTPDraft
 from specdec_lib.orchestrator import AutoK, Request, SpeculativeDecoder
 
 K = 4
@@ -35,13 +34,6 @@ class _ReusedTarget(TinyHybridTarget):
     def reset(self, batch, max_len):
         super().reset(batch, max_len)
         self.cache_epoch += 1
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("demo_ckpt"))
-    make_demo_checkpoint(path)
-    return load_demo_checkpoint(path)
 
 
 def _requests(n_new=64):
