@@ -237,7 +237,6 @@ class TinyHybridTarget:
             xp.zeros, xp.float32, xp.int32, xp.float32,
             self.be.gdn_journal_width(self.hk, self.hv, self.dk, self.dv), conv_dim, G, B,
             B * FUSED_BLOCK_ROWS) if self.fused_state else None
-        self._fused_pass = False
         for L in self.layers:
             if L["kind"] == "linear_attention":
                 L["state"] = xp.zeros((B, self.hv, self.dk, self.dv), dtype=xp.float32)
@@ -263,8 +262,11 @@ class TinyHybridTarget:
         """Apply what fused mode left pending, so every GDN / conv state holds every
         committed row (before reading a state; nothing to do in plain mode)."""
         if self._journals is not None:
-            self._journals.flush(self.be, [(L["state"], L["conv_state"]) for L in self.layers
-                                           if L["kind"] == "linear_attention"], self.slot_ids)
+            states = [(L["state"], L["conv_state"]) for L in self._gdn_layers()]
+            self._journals.flush(self.be, states, self.slot_ids)
+
+    def _gdn_layers(self):
+        return [L for L in self.layers if L["kind"] == "linear_attention"]
 
     def _rope(self, x, positions):
         xp = self.xp
@@ -287,8 +289,8 @@ class TinyHybridTarget:
         T = tokens.shape[0]
         f32 = xp.float32
         x = self.embed[tokens]                                            # [T, H] f64
-        fj = self._journals
-        self._fused_pass = fused = fj is not None
+        fj = self._journals             # fused mode: every forward (pools of 16 rows a slot)
+        fused = fj is not None
         self._records = []
         for L in self.layers:
             h = _rms(xp, x, L["ln"], self.eps)
@@ -321,11 +323,10 @@ class TinyHybridTarget:
     def commit(self, cu_q, accept_len):
         """Advance GDN and conv states over the first accept_len[b] rows of the last block
         (fused mode: make them pending, for the next forward to apply)."""
-        if self._fused_pass:
+        if self._journals is not None:
             self._journals.commit(cu_q, accept_len)
             return
-        gdn = [L for L in self.layers if L["kind"] == "linear_attention"]
-        for L, record in zip(gdn, self._records):
+        for L, record in zip(self._gdn_layers(), self._records):
             gdn_commit_rows(self.be, L["state"], L["conv_state"], self.slot_ids, cu_q,
                             accept_len, record)
 
