@@ -1,7 +1,7 @@
 # cython: language_level=3
-"""Launchers of the layers family (rms_norm, rope, silu_mul, linear, linear_f64): pack the
-parameter block, launch. No validation here (specdec_lib.ops.layers does it before calling
-in; for linear_f64, the orchestrator's cuda backend)."""
+"""Launchers of the layers family (rms_norm, rope, silu_mul, gated_rms_norm, linear,
+linear_f64): pack the parameter block, launch. No validation here (specdec_lib.ops.layers
+does it before calling in; for linear_f64, the orchestrator's cuda backend)."""
 from libc.stdint cimport int32_t, int64_t, uintptr_t
 from specdec_lib._driver cimport Kernel, launch
 
@@ -47,6 +47,27 @@ cdef extern from "layers/layers_params.h":
         int32_t width
         int32_t vectorize
 
+    ctypedef struct GatedRmsNormParams:
+        const void* x
+        const void* z
+        const void* weight
+        const void* z_bias
+        void* out
+        int64_t x_stride
+        int64_t z_stride
+        int64_t out_stride
+        int64_t rows
+        int32_t width
+        int32_t group_size
+        int32_t lanes
+        int32_t weight_shared
+        int32_t bias_shared
+        int32_t vec_x
+        int32_t vec_z
+        int32_t vec_out
+        int32_t vec_w
+        float eps
+
 cdef extern from "layers/linear_params.h":
     ctypedef struct LinearParams:
         const void* x
@@ -81,6 +102,7 @@ cdef extern from "layers/linear_f64_params.h":
 PARAM_SIZES = {"RmsNormParams": sizeof(RmsNormParams),
                "RopeParams": sizeof(RopeParams),
                "SiluMulParams": sizeof(SiluMulParams),
+               "GatedRmsNormParams": sizeof(GatedRmsNormParams),
                "LinearParams": sizeof(LinearParams),
                "LinearF64Params": sizeof(LinearF64Params)}
 
@@ -144,6 +166,36 @@ def launch_silu_mul(Kernel k, unsigned int grid, unsigned int block, size_t stre
     p.width = width
     p.vectorize = vectorize
     launch(k, grid, 1, 1, block, 1, 1, 0, stream, &p)
+
+
+def launch_gated_rms_norm(Kernel k, unsigned int gx, unsigned int gy, unsigned int block,
+                          size_t stream, uintptr_t x, uintptr_t z, uintptr_t weight,
+                          uintptr_t z_bias, uintptr_t out, int64_t x_stride, int64_t z_stride,
+                          int64_t out_stride, int64_t rows, int width, int group_size, int lanes,
+                          bint weight_shared, bint bias_shared, bint vec_x, bint vec_z,
+                          bint vec_out, bint vec_w, float eps):
+    """gx CTAs over a row's groups, gy over the rows (grid-stride past gy); strides in elements."""
+    cdef GatedRmsNormParams p
+    p.x = <const void*>x
+    p.z = <const void*>z
+    p.weight = <const void*>weight
+    p.z_bias = <const void*>z_bias
+    p.out = <void*>out
+    p.x_stride = x_stride
+    p.z_stride = z_stride
+    p.out_stride = out_stride
+    p.rows = rows
+    p.width = width
+    p.group_size = group_size
+    p.lanes = lanes
+    p.weight_shared = weight_shared
+    p.bias_shared = bias_shared
+    p.vec_x = vec_x
+    p.vec_z = vec_z
+    p.vec_out = vec_out
+    p.vec_w = vec_w
+    p.eps = eps
+    launch(k, gx, gy, 1, block, 1, 1, 0, stream, &p)
 
 
 def launch_linear(Kernel k, unsigned int gx, unsigned int gy, unsigned int block, size_t stream,

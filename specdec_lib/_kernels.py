@@ -68,6 +68,10 @@ LINEAR_WIDE_SHAPES = ((1, 4), (2, 4))     # (the k8 form needs 213-248 registers
 # (activation, weight) dtypes of the RMSNorm kernels (draft_combine, rms_norm): the weight is
 # the activation dtype or float32 (common/rms_norm.cuh: SPECDEC_FOR_NORM_DTYPES)
 NORM_DTYPES = (("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"), ("bf16", "f32"))
+# (out, x, weight) dtypes of gated_rms_norm (layers.cu SPECDEC_FOR_GATED_NORM_DTYPES): z is out's
+# dtype, x float32 or out's, weight and z_bias float32 or out's
+GATED_NORM_DTYPES = tuple((t, x, w) for t in ("f32", "f16", "bf16")
+                          for x in dict.fromkeys((t, "f32")) for w in dict.fromkeys((t, "f32")))
 
 
 def register(module: KernelModule) -> KernelModule:
@@ -200,7 +204,9 @@ register(KernelModule(
     kernels={**{f"rms_norm{u}_{t}_w{w}": "RmsNormParams" for t, w in NORM_DTYPES
                 for u in ("", "_unit")},
              **{f"{op}_{t}": p for op, p in (("rope", "RopeParams"), ("silu_mul", "SiluMulParams"))
-                for t in ("f32", "f16", "bf16")}},
+                for t in ("f32", "f16", "bf16")},
+             **{f"gated_rms_norm_{t}_x{x}_w{w}": "GatedRmsNormParams"
+                for t, x, w in GATED_NORM_DTYPES}},
     # ptxas 13.0 spills 8 bytes of the weights-first rms_norm's bf16 / f32-weight form on
     # sm_86 / sm_89 only (their cubins are built from the compute_80 PTX, which sm_80 fits)
     allow_local=("rms_norm_bf16_wf32",),

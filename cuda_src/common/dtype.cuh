@@ -56,6 +56,7 @@ template <> struct storage<1> { using type = uint8_t; };
 template <> struct storage<2> { using type = uint16_t; };
 template <> struct storage<4> { using type = uint32_t; };
 template <> struct storage<8> { using type = unsigned long long; };
+template <> struct storage<16> { using type = uint4; };
 
 __device__ __forceinline__ bool is_aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;

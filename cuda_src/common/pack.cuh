@@ -50,6 +50,28 @@ __device__ __forceinline__ void store_pack(T* ptr, const Pack<T, N>& r) {
   }
 }
 
+// A pack of 4, 8 or 16 bytes as one access (load_pack moves a pack under 16 bytes element
+// by element): the caller has checked that ptr is aligned to the pack's size.
+template <typename T, int N, bool ReadOnly = true>
+__device__ __forceinline__ Pack<T, N> load_vec(const T* ptr) {
+  using Word = typename storage<sizeof(T) * N>::type;   // 4, 8 or 16 bytes
+  const Word* src = reinterpret_cast<const Word*>(ptr);
+  Word u;
+  if constexpr (ReadOnly) u = __ldg(src);
+  else u = *src;
+  Pack<T, N> r;
+  memcpy(&r, &u, sizeof(r));
+  return r;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_vec(T* ptr, const Pack<T, N>& r) {
+  using Word = typename storage<sizeof(T) * N>::type;   // 4, 8 or 16 bytes
+  Word u;
+  memcpy(&u, &r, sizeof(r));
+  *reinterpret_cast<Word*>(ptr) = u;
+}
+
 // Unit u (elements u*N .. u*N+N-1) of a row of n elements: one vector access when vec
 // (the caller guarantees alignment and n % N == 0), else element by element, the elements
 // at or past n read as zero and not written.

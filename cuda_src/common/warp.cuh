@@ -1,6 +1,6 @@
 // Full-warp butterfly reductions (xor 16, 8, 4, 2, 1): every lane gets the result, the same
 // bits in every lane (each step adds / compares the same two values in both partners);
-// and cta_sum, the same over a whole CTA.
+// segment_sum, warp_sum over aligned groups of lanes; and cta_sum, the same over a whole CTA.
 #pragma once
 
 namespace specdec {
@@ -8,6 +8,16 @@ namespace specdec {
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+}
+
+// warp_sum within aligned segments of `lanes` lanes (a power of two <= 32): every lane gets
+// its segment's total (xor 16 .. 1, the steps below `lanes`; warp_sum's order at 32). Every
+// lane of the warp must call it with the same `lanes`.
+__device__ __forceinline__ float segment_sum(float v, int lanes) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1)
+    if (d < lanes) v += __shfl_xor_sync(0xffffffffu, v, d);
   return v;
 }
 

@@ -1,5 +1,6 @@
-/* Parameter blocks of the layers family (rms_norm, rope, silu_mul), shared by the kernels
- * (nvcc) and the Cython launcher (pyx/_layers.pyx). Semantics: specdec_lib/reference/layers.py.
+/* Parameter blocks of the layers family (rms_norm, rope, silu_mul, gated_rms_norm), shared by
+ * the kernels (nvcc) and the Cython launcher (pyx/_layers.pyx). Semantics:
+ * specdec_lib/reference/layers.py.
  * Strides are in elements; every last dimension is contiguous. */
 #pragma once
 #include <stdint.h>
@@ -53,3 +54,28 @@ typedef struct {
   int32_t width;              /* I */
   int32_t vectorize;          /* 1: 16-byte accesses are valid for every row */
 } SiluMulParams;
+
+/* gated_rms_norm_<out>_x<x>_w<weight>: per row and group j of G channels,
+ * out = round(x * rsqrt(mean_group(x^2) + eps) * w * silu(z + z_bias)), w / z_bias indexed by
+ * the channel c ([C]) or by c % G ([G]: shared by every group); z_bias NULL: 0. */
+typedef struct {
+  const void* x;              /* [rows, C] */
+  const void* z;              /* [rows, C], out's dtype */
+  const void* weight;         /* [C] or [G] */
+  const void* z_bias;         /* [C] or [G] (weight's dtype), or NULL */
+  void* out;                  /* [rows, C] (may be x when their dtypes and strides agree) */
+  int64_t x_stride;
+  int64_t z_stride;
+  int64_t out_stride;
+  int64_t rows;
+  int32_t width;              /* C */
+  int32_t group_size;         /* G: divides C */
+  int32_t lanes;              /* lanes a group: a power of two <= 32 */
+  int32_t weight_shared;      /* 1: weight is [G] */
+  int32_t bias_shared;        /* 1: z_bias is [G] */
+  int32_t vec_x;              /* 1: x's 4-element units are single accesses (G % 4 == 0) */
+  int32_t vec_z;              /* ... z's */
+  int32_t vec_out;            /* ... out's */
+  int32_t vec_w;              /* ... weight's and z_bias's */
+  float eps;
+} GatedRmsNormParams;
