@@ -29,7 +29,7 @@ _OPS = [
     "conv1d_commit", "conv1d_flush", "spec_sample", "spec_sample_workspace_size", "seq_stop", "seq_advance",
     "seq_build_block", "capture_hidden", "draft_carry", "draft_combine", "draft_map_tokens",
     "ngram_propose", "linear", "rms_norm", "rope", "rope_cos_sin_cache", "silu_mul",
-    "advance_step",
+    "gated_rms_norm", "advance_step",
 ]
 __all__ = ["__version__", "DeviceArray", "CudaError", "CudaUnavailable", "ExtensionMissing",
            "SampleStatus", "FinishReason", "GdnStatus", "ConvStatus",

@@ -132,6 +132,9 @@ _TABLE = (
             "Tensor!? residual_out=None, *, float eps=1e-06, bool unit_offset=False) -> ()"),
     _OpSpec("rope", "(Tensor! q, Tensor!? k, Tensor positions, Tensor cos_sin_cache) -> ()"),
     _OpSpec("silu_mul", "(Tensor x, Tensor! out) -> ()"),
+    # bf16 as bits on the CPU: the reference rounds the output once (x may be float32)
+    _OpSpec("gated_rms_norm", "(Tensor x, Tensor z, Tensor weight, Tensor! out, *, "
+            "int group_size, Tensor? z_bias=None, float eps=1e-06) -> ()", bf16_bits=True),
     _OpSpec("rope_append_kv", "(Tensor! q, Tensor! k, Tensor v, Tensor positions, "
             "Tensor cos_sin_cache, Tensor! k_cache, Tensor! v_cache, Tensor page_table, "
             "Tensor seq_lens, Tensor cu_q, Tensor? finished=None, *, bool check_indices=True, "

@@ -843,6 +843,37 @@ def _silu_mul(rec, T, I, dtype, strided=False):
     return ops.silu_mul(x, o)
 
 
+@many("gated_rms_norm", {
+    "T4_qwen3next_bf16_xf32": dict(T=4, C=4096, G=128, dt="bfloat16", xdt="float32",
+                                   wdt="float32"),
+    "T4_smollm2_hybrid_z_view": dict(T=4, C=576, G=64, dt="bfloat16", xdt="float32",
+                                     wdt="float32", z_view=True),
+    "T256_f16_shared_weight": dict(T=256, C=4096, G=128, dt="float16", xdt="float16",
+                                   wdt="float16", w_len="G", b_len="G"),
+    "T70000_f32_grid_y_capped": dict(T=70000, C=64, G=16, dt="float32", xdt="float32",
+                                     wdt="float32", b_len=None),
+    "T3_f32_G5_scalar_units": dict(T=3, C=15, G=5, dt="float32", xdt="float32", wdt="float32",
+                                   w_len="G", b_len=None),
+    "T2_bf16_G320_in_place": dict(T=2, C=640, G=320, dt="bfloat16", xdt="bfloat16",
+                                  wdt="bfloat16", inplace=True),
+    "T5_f16_G1": dict(T=5, C=40, G=1, dt="float16", xdt="float32", wdt="float32"),
+    "T0": dict(T=0, C=64, G=16, dt="float32", xdt="float32", wdt="float32"),
+})
+def _gated_rms_norm(rec, T, C, G, dt, xdt, wdt, w_len="C", b_len="C", z_view=False,
+                    inplace=False):
+    n = {"C": C, "G": G}
+    x = rec.array("x", (T, C), xdt)
+    if z_view:                  # the hybrid's z: columns of the projection's rows (4C + 18)
+        proj = rec.array("proj", (T, 4 * C + 18), dt)
+        z = rec.view(proj, (T, C), strides=(4 * C + 18, 1), offset=3 * C)
+    else:
+        z = rec.array("z", (T, C), dt)
+    w = rec.array("weight", (n[w_len],), wdt)
+    b = rec.array("z_bias", (n[b_len],), wdt) if b_len else None
+    o = x if inplace else rec.array("out", (T, C), dt)
+    return ops.gated_rms_norm(x, z, w, o, group_size=G, z_bias=b, eps=1e-6)
+
+
 @many("linear", {
     "M1_bf16_4096": dict(M=1, K=4096, N=4096, dtype="bfloat16"),
     "M4_bf16_norm_f32_residual": dict(M=4, K=2048, N=6144, dtype="bfloat16", norm="float32",
@@ -970,7 +1001,7 @@ BASE_OPS = ("copy", "append_kv", "rope_append_kv", "verify_attention", "gdn_veri
             "gdn_commit", "gdn_flush", "conv1d_verify", "conv1d_commit", "conv1d_flush", "spec_sample",
             "seq_stop", "seq_advance", "seq_build_block", "draft_carry", "capture_hidden",
             "draft_combine", "draft_map_tokens", "ngram_propose", "rms_norm", "rope",
-            "silu_mul", "linear")
+            "silu_mul", "linear", "gated_rms_norm")
 HELPERS = ("verify_attention_workspace_size", "spec_sample_workspace_size",
            "gdn_journal_width", "rope_cos_sin_cache",
            "advance_step")   # (step += by on the caller's own array type: no library launch)

@@ -1,4 +1,5 @@
-"""Dense-layer glue ops: rms_norm (optionally fused with the residual add), rope, silu_mul."""
+"""Dense-layer glue ops: rms_norm (optionally fused with the residual add), rope, silu_mul,
+gated_rms_norm (a GDN layer's output norm)."""
 import math
 
 import numpy as np
@@ -203,12 +204,94 @@ def test_silu_mul_closed_form():
         ref.silu_mul(np.zeros((2, 6)), np.zeros((2, 3), np.int32))
 
 
+# ---------------------------------------------------------------- gated_rms_norm reference
+
+def _gated_formula(x, z, w, b, G, eps):
+    """out[t, c] element by element in float64 (math, no numpy reductions): the spec written
+    independently of the reference."""
+    T, C = x.shape
+    out = np.zeros((T, C))
+    for t in range(T):
+        for j in range(C // G):
+            ms = sum(float(x[t, c]) ** 2 for c in range(j * G, (j + 1) * G)) / G
+            r = 1.0 / math.sqrt(ms + eps)
+            for c in range(j * G, (j + 1) * G):
+                wc = float(w[c if len(w) == C else c % G])
+                bc = 0.0 if b is None else float(b[c if len(b) == C else c % G])
+                g = float(z[t, c]) + bc
+                out[t, c] = float(x[t, c]) * r * wc * g / (1.0 + math.exp(-g))
+    return out
+
+
+@pytest.mark.parametrize("C,G", [(12, 4), (15, 5), (16, 16), (7, 1), (64, 32)])
+@pytest.mark.parametrize("w_len,b_len", [("C", "C"), ("G", None), ("C", "G"), ("G", "G")])
+def test_gated_rms_norm_matches_formula(C, G, w_len, b_len, rng):
+    T, eps = 3, 1e-5
+    x, z = rng.standard_normal((T, C)), 2 * rng.standard_normal((T, C))
+    n = {"C": C, "G": G}
+    w = 1 + 0.5 * rng.standard_normal(n[w_len])
+    b = None if b_len is None else rng.standard_normal(n[b_len])
+    out = np.full((T, C), np.nan)
+    assert ref.gated_rms_norm(x, z, w, out, group_size=G, z_bias=b, eps=eps) is out
+    np.testing.assert_allclose(out, _gated_formula(x, z, w, b, G, eps), rtol=1e-12, atol=1e-300)
+
+
+def test_gated_rms_norm_closed_form():
+    """A constant group c: x / sqrt(c^2 + eps) * w * silu(z + b) (w, b [G]: every group's);
+    a zero group gives 0; a gate z + b = 0 gives 0; far gates: silu -> 0 (-0) and -> z + b,
+    no warning."""
+    G, eps = 4, 1e-6
+    x = np.array([[2.0] * G + [0.0] * G, [-3.0] * G + [1.0, -1.0, 1.0, -1.0]])
+    z = np.array([[0.5, -0.5, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0],
+                  [800.0, -800.0, 1.0, -1.0, 0.0, 0.0, 0.0, 0.0]])
+    w = np.array([1.0, 2.0, 3.0, 4.0])
+    b = np.array([0.0, 0.0, 0.0, -1.0])
+    out = np.full_like(x, np.nan)
+    with np.errstate(all="raise"):
+        ref.gated_rms_norm(x, z, w, out, group_size=G, z_bias=b, eps=eps)
+    silu = lambda g: g / (1 + math.exp(-g))  # noqa: E731
+    s = 2 / math.sqrt(4 + eps)
+    np.testing.assert_allclose(out[0, :4], [s * silu(0.5), s * 2 * silu(-0.5), 0.0, 0.0],
+                               rtol=1e-15)
+    assert np.all(out[0, 4:] == 0)
+    r = -3 / math.sqrt(9 + eps)
+    np.testing.assert_allclose(out[1, :4], [r * 800, -0.0, r * 3 * silu(1), r * 4 * silu(-2)],
+                               rtol=1e-15)
+    np.testing.assert_allclose(out[1, 4:7], 0.0)          # silu(0) = 0
+    np.testing.assert_allclose(out[1, 7], -1 / math.sqrt(1 + eps) * 4 * silu(-1), rtol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_gated_rms_norm_rounds_once_and_runs_in_place(dtype, rng):
+    """A 16-bit out is the float64 value rounded once; out = x (x in out's dtype) gives the
+    same values in place."""
+    T, C, G = 4, 24, 8
+    x = _store(rng.standard_normal((T, C)), dtype)
+    z = _store(rng.standard_normal((T, C)), dtype)
+    w = rng.standard_normal(G).astype(np.float32)
+    out = np.zeros_like(z)
+    ref.gated_rms_norm(x, z, w, out, group_size=G, eps=1e-6)
+    want = _gated_formula(from_host_storage(x, dtype), from_host_storage(z, dtype), w, None, G,
+                          1e-6)
+    np.testing.assert_array_equal(out, _store(want, dtype))
+    xi = x.copy()
+    ref.gated_rms_norm(xi, z, w, xi, group_size=G, eps=1e-6)
+    np.testing.assert_array_equal(xi, out)
+
+
+def test_gated_rms_norm_empty():
+    for T, C, G in ((0, 8, 4), (3, 0, 2)):
+        out = np.zeros((T, C), np.float32)
+        ref.gated_rms_norm(np.zeros((T, C), np.float32), np.zeros((T, C), np.float32),
+                           np.ones(C, np.float32), out, group_size=G)
+
+
 # ---------------------------------------------------------------- op validation without a GPU
 
 def test_layers_ops_exported():
     import specdec_lib
     from specdec_lib import ops
-    for name in ("rms_norm", "rope", "rope_cos_sin_cache", "silu_mul"):
+    for name in ("rms_norm", "rope", "rope_cos_sin_cache", "silu_mul", "gated_rms_norm"):
         assert getattr(specdec_lib, name) is getattr(ops, name)
         assert callable(getattr(specdec_lib.reference, name))
     assert ops.rope_cos_sin_cache is ref.rope_cos_sin_cache
@@ -288,6 +371,40 @@ def test_silu_mul_op_validation(kw, exc, match):
         ops.silu_mul(**args)
 
 
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(x=np.zeros((3, 8), np.float32)), TypeError, "x"),
+    (dict(x=_Fake((3, 8), "<f8")), TypeError, "x: dtype"),
+    (dict(x=_Fake((3, 8), "<f2")), TypeError, "x: dtype must be float32 or bfloat16"),
+    (dict(x=_Fake((3, 8, 1))), ValueError, "x"),
+    (dict(z=_Fake((3, 8))), TypeError, "out: dtype"),
+    (dict(z=_Fake((3, 9), "<V2")), ValueError, "z: expected shape"),
+    (dict(out=_Fake((3, 8))), TypeError, "out: dtype"),
+    (dict(out=_Fake((2, 8), "<V2")), ValueError, "out"),
+    (dict(group_size=3), ValueError, "group_size: 3 must be >= 1 and divide"),
+    (dict(group_size=0), ValueError, "group_size"),
+    (dict(group_size=4.0), TypeError, "group_size"),
+    (dict(group_size=True), TypeError, "group_size"),
+    (dict(weight=_Fake((6,))), ValueError, r"weight: expected shape \[8\] or \[4\]"),
+    (dict(weight=_Fake((8,), "<f2")), TypeError, "weight: dtype"),
+    (dict(weight=_Fake((8,), strides=(8,))), ValueError, "weight: must be C-contiguous"),
+    (dict(z_bias=_Fake((8,), "<V2")), TypeError, "z_bias: dtype"),
+    (dict(z_bias=_Fake((2,))), ValueError, "z_bias: expected shape"),
+    (dict(eps=0.0), ValueError, "eps"),
+    (dict(x=_Fake((3, 8), strides=(64, 8))), ValueError, "x: the last dimension"),
+    (dict(z=_Fake((3, 8), "<V2", strides=(32, 4))), ValueError, "z: the last dimension"),
+    (dict(out=_Fake((3, 8), "<V2", strides=(4, 2))), ValueError, "out: rows overlap"),
+    (dict(), ValueError, "out: overlaps x"),       # every fake array sits at address 0
+])
+def test_gated_rms_norm_op_validation(kw, exc, match):
+    from specdec_lib import ops
+    args = dict(x=_Fake((3, 8)), z=_Fake((3, 8), "<V2"), weight=_Fake((8,)),
+                out=_Fake((3, 8), "<V2"), group_size=4, z_bias=_Fake((4,)))
+    args.update(kw)
+    with pytest.raises(exc, match=match):
+        ops.gated_rms_norm(args.pop("x"), args.pop("z"), args.pop("weight"), args.pop("out"),
+                           **args)
+
+
 def test_layers_ops_empty_batch_needs_no_gpu():
     """T = 0 is a valid no-op: validated, nothing launched (so it runs without a driver)."""
     from specdec_lib import ops
@@ -299,6 +416,9 @@ def test_layers_ops_empty_batch_needs_no_gpu():
     assert ops.rope(q, None, _Fake((0,), "<i4"), _Fake((4, 8)))[0] is q
     o2 = _Fake((0, 4))
     assert ops.silu_mul(_Fake((0, 8)), o2) is o2
+    o3 = _Fake((0, 64), "<V2")
+    assert ops.gated_rms_norm(_Fake((0, 64)), _Fake((0, 64), "<V2"), _Fake((64,)), o3,
+                              group_size=16, z_bias=_Fake((16,))) is o3
 
 
 # ------------------------------------------------------------------------------ GPU
@@ -634,10 +754,184 @@ def test_layers_ops_reject_before_launch(rng):
     assert np.all(wide.to_numpy().view(np.uint16) == 0xFFFF)
 
 
+# ------------------------------------------------------------------------ gated_rms_norm GPU
+# (out / z, x, weight / z_bias) dtypes: every instantiated kernel (GATED_NORM_DTYPES)
+GATED_DTYPES = [(t, x, w) for t in ("float32", "float16", "bfloat16")
+                for x in dict.fromkeys((t, "float32")) for w in dict.fromkeys((t, "float32"))]
+# (C, G): SmolLM2 hybrid, Qwen3-Next, odd (scalar units), 4 lanes a group, G = 1 (32 groups a
+# warp), two units a lane in registers, G > 256 (units read twice; 257: odd and scalar too)
+GATED_SHAPES = [(576, 64), (4096, 128), (15, 5), (256, 16), (40, 1), (1024, 256), (640, 320),
+                (514, 257)]
+
+
+def _gated_inputs(rng, T, C, G, dt, xdt, wdt, w_len="C", b_len="C"):
+    """(x, z, weight, z_bias) as their dtypes hold them (float64), z_bias None for b_len None."""
+    n = {"C": C, "G": G}
+    x = _rand(rng, (T, C), xdt)
+    z = _rand(rng, (T, C), dt, scale=2.0)
+    w = round_to(1.0 + 0.5 * rng.standard_normal(n[w_len]), wdt)
+    b = None if b_len is None else _rand(rng, (n[b_len],), wdt)
+    return x, z, w, b
+
+
+def _gated_want(x, z, w, b, G, eps=1e-6):
+    want = np.zeros(x.shape)
+    ref.gated_rms_norm(x, z, w, want, group_size=G, z_bias=b, eps=eps)
+    return want
+
+
+def _gated_gpu(x, z, w, b, G, dt, xdt, wdt, eps=1e-6, out=None):
+    from specdec_lib import ops
+    out = poison(z.shape, dt) if out is None else out
+    ops.gated_rms_norm(_dev(x, xdt), _dev(z, dt), _dev(w, wdt), out, group_size=G,
+                       z_bias=None if b is None else _dev(b, wdt), eps=eps)
+    return out
+
+
+@needs_gpu
+@pytest.mark.parametrize("dt,xdt,wdt", GATED_DTYPES)
+@pytest.mark.parametrize("C,G", GATED_SHAPES)
+@pytest.mark.parametrize("T", [0, 1, 4, 257])
+def test_gated_rms_norm_gpu(dt, xdt, wdt, C, G, T, rng):
+    """Every kernel over the edge shapes, weight and z_bias [C], against the float64
+    reference by relative norm; out poisoned first (T = 0: nothing written)."""
+    x, z, w, b = _gated_inputs(rng, T, C, G, dt, xdt, wdt)
+    out = _gated_gpu(x, z, w, b, G, dt, xdt, wdt)
+    if T == 0:
+        return
+    assert rel_err(_host(out, dt), _gated_want(x, z, w, b, G)) < TOL[dt]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dt,xdt,wdt", [("bfloat16", "float32", "float32"),
+                                        ("float16", "float16", "float16"),
+                                        ("float32", "float32", "float32"),
+                                        ("bfloat16", "bfloat16", "bfloat16")])
+@pytest.mark.parametrize("w_len,b_len", [("G", "G"), ("G", None), ("C", None), ("C", "G"),
+                                         ("G", "C")])
+@pytest.mark.parametrize("C,G", [(4096, 128), (640, 320), (15, 5), (576, 64)])
+def test_gated_rms_norm_gpu_weight_forms(dt, xdt, wdt, w_len, b_len, C, G, rng):
+    """weight [G] (shared by every group) or [C], z_bias [G], [C] or None."""
+    T = 5
+    x, z, w, b = _gated_inputs(rng, T, C, G, dt, xdt, wdt, w_len, b_len)
+    out = _gated_gpu(x, z, w, b, G, dt, xdt, wdt, eps=1e-5)
+    assert rel_err(_host(out, dt), _gated_want(x, z, w, b, G, eps=1e-5)) < TOL[dt]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dt,xdt,wdt", GATED_DTYPES)
+@pytest.mark.parametrize("C,G", [(576, 64), (4096, 128), (640, 320), (15, 5)])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_gated_rms_norm_gpu_strided_views(dt, xdt, wdt, C, G, offset, rng):
+    """x, z and out as rows of wider buffers (the hybrid's z: a column slice of the
+    projection's rows, row stride 4C + 18); offset 1 puts every row off its 16-byte
+    alignment (the scalar units): the same bits as the contiguous call; the padding around
+    out's rows untouched."""
+    from specdec_lib import DeviceArray
+    T = 6
+    x, z, w, b = _gated_inputs(rng, T, C, G, dt, xdt, wdt)
+    want = _gated_gpu(x, z, w, b, G, dt, xdt, wdt).to_numpy()
+
+    def view(a, dtype, S, col):
+        buf = np.zeros(T * S + offset)
+        buf[offset:].reshape(T, S)[:, col:col + C] = a
+        base = DeviceArray.from_numpy(_store(buf, dtype), dtype)
+        return base, _View(base, (T, C), (S, 1), offset + col)
+    _, xv = view(x, xdt, C + 8, 0)
+    _, zv = view(z, dt, 4 * C + 18, 3 * C)
+    S = C + 24
+    ob = poison((T * S + offset,), dt)
+    ov = _View(ob, (T, C), (S, 1), offset + 8)
+    from specdec_lib import ops
+    ops.gated_rms_norm(xv, zv, _dev(w, wdt), ov, group_size=G, z_bias=_dev(b, wdt))
+    got = ob.to_numpy()
+    np.testing.assert_array_equal(_bits(ov.np_view(got)), _bits(want))
+    inside = np.zeros(T * S + offset, bool)
+    for t in range(T):
+        inside[offset + 8 + t * S:offset + 8 + t * S + C] = True
+    assert np.all(got.view(np.uint8).reshape(got.size, -1)[~inside] == 0xFF)   # untouched
+
+
+@needs_gpu
+@pytest.mark.parametrize("dt,wdt", [("float32", "float32"), ("float16", "float32"),
+                                    ("bfloat16", "bfloat16"), ("bfloat16", "float32")])
+@pytest.mark.parametrize("C,G", [(4096, 128), (640, 320), (15, 5)])
+def test_gated_rms_norm_gpu_in_place(dt, wdt, C, G, rng):
+    """out = x (x in out's dtype): the bits of the out-of-place call."""
+    T = 7
+    x, z, w, b = _gated_inputs(rng, T, C, G, dt, dt, wdt, "G", "C")
+    want = _gated_gpu(x, z, w, b, G, dt, dt, wdt).to_numpy()
+    from specdec_lib import ops
+    xi = _dev(x, dt)
+    ops.gated_rms_norm(xi, _dev(z, dt), _dev(w, wdt), xi, group_size=G, z_bias=_dev(b, wdt))
+    np.testing.assert_array_equal(_bits(xi.to_numpy()), _bits(want))
+
+
+@needs_gpu
+@pytest.mark.parametrize("dt,xdt,wdt", [("bfloat16", "float32", "float32"),
+                                        ("float16", "float16", "float32")])
+@pytest.mark.parametrize("C,G", [(576, 64), (4096, 128), (640, 320)])
+def test_gated_rms_norm_gpu_row_invariance(dt, xdt, wdt, C, G, rng):
+    """A row's bits are the same alone (T = 1) as inside a T = 257 call."""
+    T = 257
+    x, z, w, b = _gated_inputs(rng, T, C, G, dt, xdt, wdt)
+    full = _gated_gpu(x, z, w, b, G, dt, xdt, wdt).to_numpy()
+    for row in (0, 100, 256):
+        one = _gated_gpu(x[row:row + 1], z[row:row + 1], w, b, G, dt, xdt, wdt).to_numpy()
+        np.testing.assert_array_equal(_bits(one[0]), _bits(full[row]))
+
+
+@needs_gpu
+@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
+def test_gated_rms_norm_gpu_extremes_and_nan(dt, rng):
+    """Gates far in both tails (silu -> -0 and -> z), a zero group (x * rsqrt(eps) = 0) and a
+    NaN: the NaN stays in its group of its row, the rest is accurate."""
+    T, C, G = 5, 512, 128
+    x, z, w, b = _gated_inputs(rng, T, C, G, dt, "float32", "float32")
+    hi = {"float32": 200.0, "bfloat16": 1e30}[dt]
+    z[0, :4] = round_to(np.array([hi, -hi, 88.0, -88.0]), dt)
+    b[:4] = 0.0
+    x[1, G:2 * G] = 0.0
+    x[2, 3 * G + 7] = np.nan
+    out = _host(_gated_gpu(x, z, w, b, G, dt, "float32", "float32"), dt)
+    ok = np.ones((T, C), bool)
+    ok[2, 3 * G:] = False                 # the NaN's group (the last of row 2)
+    assert np.all(np.isnan(out[~ok])) and np.all(np.isfinite(out[ok]))
+    want = _gated_want(x, z, w, b, G)
+    assert rel_err(out[ok], want[ok]) < TOL[dt]
+    np.testing.assert_allclose(out[0, :4], want[0, :4], rtol=TOL[dt], atol=0)
+    assert np.all(out[1, G:2 * G] == 0)
+
+
+@needs_gpu
+def test_gated_rms_norm_gpu_rejects_before_launch(rng):
+    """Bad arguments on real device arrays raise before any launch: out untouched."""
+    from specdec_lib import ops
+    T, C, G = 4, 256, 64
+    x, z, w, b = _gated_inputs(rng, T, C, G, "bfloat16", "float32", "float32")
+    dx, dz, dw, db = _dev(x, "float32"), _dev(z, "bfloat16"), _dev(w, "float32"), _dev(b, "float32")
+    out = poison((T, C), "bfloat16")
+    for kw, exc, match in [
+        (dict(group_size=48), ValueError, "group_size"),
+        (dict(weight=_dev(w[:G - 1], "float32")), ValueError, "weight"),
+        (dict(z_bias=_dev(b, "bfloat16")), TypeError, "z_bias"),
+        (dict(x=_dev(x, "float16")), TypeError, "x: dtype"),
+        (dict(z=out), ValueError, "out: overlaps z"),
+        (dict(weight=_View(out, (C,), (1,), 0), z_bias=None), ValueError, "out: overlaps weight"),
+        (dict(eps=-1.0), ValueError, "eps"),
+    ]:
+        args = dict(x=dx, z=dz, weight=dw, out=out, group_size=G, z_bias=db)
+        args.update(kw)
+        with pytest.raises(exc, match=match):
+            ops.gated_rms_norm(args.pop("x"), args.pop("z"), args.pop("weight"), args.pop("out"),
+                               **args)
+    assert np.all(out.to_numpy().view(np.uint16) == 0xFFFF)
+
+
 # ---------------------------------------------------------------- the argument contract (CPU)
 # Bad inputs on the reference path and the eager torch path (test_draft.run_refusal): the
 # named error, the outputs untouched; dtype-exactness cases on the torch path only.
-from conftest import REFUSAL_PATHS, strided_last  # noqa: E402
+from conftest import REFUSAL_PATHS, call_op, on_path, strided_last  # noqa: E402
 from test_draft import (TORCH, _cast, _dense, _host as _as_f64, _new_like,  # noqa: E402
                         _rows_overlap, _vals, run_good, run_refusal)
 
@@ -831,3 +1125,133 @@ def test_silu_mul_good_input_passes_the_contract(path):
     x = _as_f64(args["x"])
     g, u = x[:, :4], x[:, 4:]
     assert rel_err(_as_f64(args["out"]), g / (1 + np.exp(-g)) * u) < (1e-2 if path == "torch" else 1e-6)
+
+
+# ------------------------------------------------------------ gated_rms_norm
+_GATED_ORDER = ("x", "z", "weight", "out")
+_GATED_BF16 = {"z": "bfloat16", "out": "bfloat16"}     # x, weight, z_bias float32
+
+
+def _gated_call(bias=True):
+    r = np.random.default_rng(8)
+    call = {"x": r.standard_normal((3, 8)).astype(np.float32),
+            "z": r.standard_normal((3, 8)).astype(np.float32),
+            "weight": (1 + 0.5 * r.standard_normal(8)).astype(np.float32),
+            "out": np.full((3, 8), 7.0, np.float32), "group_size": 4, "eps": 1e-5}
+    if bias:
+        call["z_bias"] = r.standard_normal(4).astype(np.float32)
+    return call
+
+
+def _shared_rows(path, a, shift):
+    """A [3, 8] view of a [3, 9] buffer holding ``a`` in columns shift .. shift + 7, and the
+    view of columns 1 - shift .. : two arrays overlapping without being the same."""
+    if path == "reference":
+        buf = np.zeros((3, 9), a.dtype)
+    else:
+        import torch
+        buf = torch.zeros((3, 9), dtype=a.dtype)
+    buf[:, shift:shift + 8] = a
+    return buf[:, shift:shift + 8], buf[:, 1 - shift:9 - shift]
+
+
+def _x_out_overlap(a, p):
+    x, out = _shared_rows(p, a["x"], 0)
+    z = _cast(p, a["z"], "float32")
+    a.update(x=x, out=out, z=z)
+
+
+_GATED_BAD = [
+    ("x_float16_for_bf16_z", TORCH, lambda a, p: a.update(x=_cast(p, a["x"], "float16")),
+     TypeError, r"^x: dtype must be float32 or bfloat16"),
+    ("out_float32_for_bf16_z", TORCH, lambda a, p: a.update(out=_cast(p, a["out"], "float32")),
+     TypeError, r"^out: dtype"),
+    ("weight_fp16_for_bf16_z", TORCH, lambda a, p: a.update(weight=_cast(p, a["weight"], "float16")),
+     TypeError, r"^weight: dtype"),
+    ("z_bias_bf16_for_f32_weight", TORCH,
+     lambda a, p: a.update(z_bias=_cast(p, a["z_bias"], "bfloat16")), TypeError, r"^z_bias: dtype"),
+    ("x_int32", REFUSAL_PATHS, lambda a, p: a.update(x=_cast(p, a["x"], "int32")),
+     TypeError, r"^x: dtype"),
+    ("z_int32", REFUSAL_PATHS, lambda a, p: a.update(z=_cast(p, a["z"], "int32")),
+     TypeError, r"^z: dtype"),
+    ("x_1d", REFUSAL_PATHS, lambda a, p: a.update(x=a["x"][0]), ValueError, r"^x: expected 2"),
+    ("z_wrong_shape", REFUSAL_PATHS, lambda a, p: a.update(z=a["z"][:2]),
+     ValueError, r"^z: expected shape \[3, 8\]"),
+    ("out_wrong_shape", REFUSAL_PATHS, lambda a, p: a.update(out=_dense(a["out"][:, :4])),
+     ValueError, r"^out: expected shape \[3, 8\]"),
+    ("group_size_not_dividing", REFUSAL_PATHS, lambda a, p: a.update(group_size=3),
+     ValueError, r"^group_size: 3 must be >= 1 and divide the width 8"),
+    ("group_size_zero", REFUSAL_PATHS, lambda a, p: a.update(group_size=0),
+     ValueError, r"^group_size"),
+    ("group_size_float", ("reference",), lambda a, p: a.update(group_size=4.0),
+     TypeError, r"^group_size: expected an int"),
+    ("weight_wrong_length", REFUSAL_PATHS, lambda a, p: a.update(weight=_dense(a["weight"][:6])),
+     ValueError, r"^weight: expected shape \[8\] or \[4\]"),
+    ("weight_2d", REFUSAL_PATHS, lambda a, p: a.update(weight=a["weight"][None]),
+     ValueError, r"^weight: expected 1"),
+    ("weight_strided", REFUSAL_PATHS, lambda a, p: a.update(weight=strided_last(a["weight"])),
+     ValueError, r"^weight: must be C-contiguous"),
+    ("z_bias_wrong_length", REFUSAL_PATHS, lambda a, p: a.update(z_bias=_dense(a["z_bias"][:3])),
+     ValueError, r"^z_bias: expected shape \[8\] or \[4\]"),
+    ("eps_zero", REFUSAL_PATHS, lambda a, p: a.update(eps=0.0), ValueError, r"^eps"),
+    ("x_last_dim_strided", REFUSAL_PATHS, lambda a, p: a.update(x=strided_last(a["x"])),
+     ValueError, r"^x: the last dimension must be contiguous"),
+    ("z_last_dim_strided", REFUSAL_PATHS, lambda a, p: a.update(z=strided_last(a["z"])),
+     ValueError, r"^z: the last dimension must be contiguous"),
+    ("out_rows_overlap", REFUSAL_PATHS, lambda a, p: a.update(out=_rows_overlap(a["out"])),
+     ValueError, r"^out: rows overlap"),
+    ("out_is_z", REFUSAL_PATHS, lambda a, p: a.update(out=a["z"]), ValueError, r"^out: overlaps z"),
+    ("out_overlaps_x_shifted", REFUSAL_PATHS, _x_out_overlap, ValueError, r"^out: overlaps x"),
+    ("weight_is_a_row_of_out", REFUSAL_PATHS,
+     lambda a, p: a.update(weight=a["out"][1], z_bias=None), ValueError, r"^out: overlaps weight"),
+    ("z_bias_is_a_row_of_out", REFUSAL_PATHS,
+     lambda a, p: a.update(weight=_cast(p, a["weight"], "bfloat16" if p == "torch" else "float32"),
+                           z_bias=a["out"][2, :4]), ValueError, r"^out: overlaps z_bias"),
+]
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("case", _GATED_BAD, ids=[c[0] for c in _GATED_BAD])
+def test_gated_rms_norm_refuses_bad_input(path, case):
+    run_refusal("gated_rms_norm", path, case, _gated_call(), _GATED_ORDER, ("out",), _GATED_BF16)
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+@pytest.mark.parametrize("bias", [False, True])
+def test_gated_rms_norm_good_input_passes_the_contract(path, bias):
+    args = run_good("gated_rms_norm", path, _gated_call(bias), _GATED_ORDER, _GATED_BF16)
+    c = _gated_call(bias)
+    want = _gated_formula(c["x"], _as_f64(args["z"]), c["weight"], c.get("z_bias"), 4, 1e-5)
+    assert rel_err(_as_f64(args["out"]), want) < (4e-3 if path == "torch" else 1e-6)
+
+
+@pytest.mark.parametrize("path", REFUSAL_PATHS)
+def test_gated_rms_norm_in_place_passes_the_contract(path):
+    """out = x (the same array: dtype, address, strides) is allowed; the result is the
+    out-of-place one."""
+    c = _gated_call()
+    dt = {"x": "bfloat16", "z": "bfloat16", "out": "bfloat16"}
+    args = on_path(path, c, dt)
+    want = on_path(path, c, dt)
+    call_op(path, "gated_rms_norm", [want[n] for n in _GATED_ORDER],
+            dict(group_size=4, z_bias=want["z_bias"], eps=1e-5))
+    call_op(path, "gated_rms_norm", [args["x"], args["z"], args["weight"], args["x"]],
+            dict(group_size=4, z_bias=args["z_bias"], eps=1e-5))
+    np.testing.assert_array_equal(_as_f64(args["x"]), _as_f64(want["out"]))
+
+
+def test_gated_rms_norm_torch_cpu_rounds_bf16_once():
+    """The eager torch CPU kernel passes bf16 as bits: the float64 value rounded once to bf16,
+    as the reference stores it (not through a float32 copy)."""
+    torch = pytest.importorskip("torch")
+    import specdec_lib.torch_ops  # noqa: F401
+    c = _gated_call()
+    z16 = torch.from_numpy(c["z"]).to(torch.bfloat16)
+    out = torch.empty(3, 8, dtype=torch.bfloat16)
+    torch.ops.specdec.gated_rms_norm(torch.from_numpy(c["x"]), z16, torch.from_numpy(c["weight"]),
+                                     out, group_size=4, z_bias=torch.from_numpy(c["z_bias"]),
+                                     eps=1e-5)
+    want = np.zeros((3, 8), np.uint16)
+    ref.gated_rms_norm(c["x"], z16.view(torch.uint16).numpy(), c["weight"], want, group_size=4,
+                       z_bias=c["z_bias"], eps=1e-5)
+    np.testing.assert_array_equal(out.view(torch.uint16).numpy(), want)

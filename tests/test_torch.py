@@ -155,6 +155,9 @@ def _samples():
     s["linear"] = ((b(T, 16), b(12, 16), torch.empty(T, 6, dtype=torch.bfloat16)),
                    dict(norm_weight=f(16), eps=1e-5, residual=b(T, 16),
                         residual_out=torch.empty(T, 16, dtype=torch.bfloat16), epilogue="silu_mul"))
+    # gated_rms_norm: float32 x / weight, bf16 z / out, a [G] z_bias beside a [C] weight
+    s["gated_rms_norm"] = ((f(T, 16), b(T, 16), f(16), torch.empty(T, 16, dtype=torch.bfloat16)),
+                           dict(group_size=8, z_bias=f(8), eps=1e-5))
     s["draft_map_tokens"] = ((i32([0, 3, 9, 2]), i32([5, 5, 6, 7]), torch.empty(4, dtype=torch.int32)),
                              dict(offsets=True))
     return s
@@ -331,7 +334,8 @@ def test_round_gpu_torch_cuda_graph_capture_replays():
 
 
 @needs_gpu
-@pytest.mark.parametrize("name", ROUND_OPS + ("copy", "draft_carry", "seq_build_block"))
+@pytest.mark.parametrize("name", ROUND_OPS + ("copy", "draft_carry", "seq_build_block",
+                                              "gated_rms_norm"))
 def test_opcheck_gpu(name):
     dev = _cuda()
     args, kwargs = SAMPLES[name]

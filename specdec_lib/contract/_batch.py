@@ -152,7 +152,7 @@ def extent(a, host):
     return base + lo * a.itemsize, base + (hi + 1) * a.itemsize
 
 
-def _overlaps(arg, a, b):
+def overlaps(arg, a, b):
     """Whether views a and b share memory: their byte extents meet (the same object where
     the host cannot tell, fake tensors)."""
     if not all(a.shape) or not all(b.shape):
@@ -179,7 +179,7 @@ def pending_args(arg, dev, B, pending_journal, pending_row0, pending_len, *, dty
                          f"state), got {list(pj.shape)}")
     last_contiguous(pj)
     for w in writes:
-        if w is not None and w.obj is not None and _overlaps(arg, pj, w):
+        if w is not None and w.obj is not None and overlaps(arg, pj, w):
             raise ValueError(f"pending_journal: overlaps {w.name} (the kernel reads the previous "
                              f"round's rows while it writes {w.name}: use two buffers)")
     r0 = arg("pending_row0", pending_row0, dtype="int32", shape=(B,), device=dev,

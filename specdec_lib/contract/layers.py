@@ -1,5 +1,5 @@
-"""Contract of the layers family: ``rms_norm``, ``rope``, ``silu_mul``, ``linear``
-(``rope_cos_sin_cache`` builds an argument, it is no op). Also the checks the draft family
+"""Contract of the layers family: ``rms_norm``, ``rope``, ``silu_mul``, ``gated_rms_norm``,
+``linear`` (``rope_cos_sin_cache`` builds an argument, it is no op). Also the checks the draft family
 shares: ``FLOATS``, ``last_contiguous``, ``rows_disjoint``."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numbers
 
 from .._args import DeviceArg
-from ._batch import FLOATS, extent, last_contiguous  # noqa: F401 (public here too)
+from ._batch import FLOATS, extent, last_contiguous, overlaps  # noqa: F401 (public here too)
 from ._core import check
 
 ROPE_MAX_HEAD_DIM = 256
@@ -131,6 +131,67 @@ def silu_mul(x, out, *, arg=DeviceArg, values=None, **_):
     if I > _INT32_MAX:
         raise ValueError(f"x: width {W} exceeds the kernel's int32 range")
     return xa, o, T, I
+
+
+# ---------------------------------------------------------------------------- gated_rms_norm
+def _is_input(arg, out, x):
+    """Whether ``out`` is ``x`` itself: the same dtype, first element and row stride (what an
+    in-place gated_rms_norm needs: each lane reads its elements before it writes them)."""
+    if out.dtype != x.dtype:
+        return False
+    host = arg is not DeviceArg
+    a, b = extent(out, host), extent(x, host)
+    if a is None or b is None:                  # fake tensors: only the same tensor
+        return out.obj is x.obj
+    return a == b and (out.shape[0] <= 1 or out.strides[0] == x.strides[0])
+
+
+@check("gated_rms_norm")
+def gated_rms_norm(x, z, weight, out, *, group_size, z_bias=None, eps=1e-6, arg=DeviceArg,
+                   values=None, **_):
+    """x [T, C] float32 or z's dtype; z [T, C] float32/float16/bfloat16; out [T, C] z's
+    dtype; weight [C] or [G] contiguous, float32 or z's dtype; z_bias None or [C] or [G]
+    contiguous, weight's dtype; last dimensions contiguous, out's rows disjoint; group_size
+    G an int >= 1 dividing C; eps a finite float > 0; C < 2^31. out is x itself (x's dtype,
+    address and row stride: in place) or overlaps none of x, z, weight, z_bias. Returns (x, z,
+    weight, out, z_bias, G, eps) (views, then an int and a float)."""
+    xa = arg("x", x, dtype=FLOATS, ndim=2)
+    dev = xa.device
+    T, C = xa.shape
+    za = arg("z", z, dtype=FLOATS, shape=(T, C), device=dev)
+    dt = za.dtype
+    narrow = tuple(dict.fromkeys(("float32", dt)))          # float32 or z's dtype
+    if not xa.by_kind and xa.dtype not in narrow:
+        raise TypeError(f"x: dtype must be {' or '.join(narrow)} (z is {dt}), got {xa.dtype}")
+    o = arg("out", out, dtype=dt, shape=(T, C), device=dev)
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral):
+        raise TypeError(f"group_size: expected an int, got {group_size!r}")
+    G = int(group_size)
+    if G < 1 or C % G:
+        raise ValueError(f"group_size: {G} must be >= 1 and divide the width {C} of x")
+    lengths = (C,) if G == C else (C, G)        # (no hashing: symbolic under torch.compile)
+    want = " or ".join(f"[{n}]" for n in lengths)
+    w = arg("weight", weight, dtype=narrow, ndim=1, device=dev, contiguous=True)
+    b = arg("z_bias", z_bias, dtype=w.dtype, ndim=1, device=dev, contiguous=True,
+            optional=True)
+    for a in (w, b):
+        if a.obj is not None and a.shape[0] not in lengths:
+            raise ValueError(f"{a.name}: expected shape {want} (C, or the group size shared "
+                             f"by every group), got {list(a.shape)}")
+    eps = check_eps(eps)
+    for a in (xa, za, o):
+        last_contiguous(a)
+    rows_disjoint(o, C)
+    if C > _INT32_MAX:
+        raise ValueError(f"x: width {C} exceeds the kernel's int32 range")
+    # a lane reads each of its elements before it writes it: out may be x itself, nothing else
+    if overlaps(arg, o, xa) and not _is_input(arg, o, xa):
+        raise ValueError("out: overlaps x (in place, out must be x itself: its dtype, address "
+                         "and row stride)")
+    for a in (za, w, b):
+        if a.obj is not None and overlaps(arg, o, a):
+            raise ValueError(f"out: overlaps {a.name} (only x may be written in place)")
+    return xa, za, w, o, b, G, eps
 
 
 # ---------------------------------------------------------------------------- linear

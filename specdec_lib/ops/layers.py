@@ -1,5 +1,5 @@
-"""rms_norm, rope, silu_mul, linear on the GPU (kernels: cuda_src/layers/layers.cu and, for
-linear, cuda_src/layers/linear.cu).
+"""rms_norm, rope, silu_mul, gated_rms_norm, linear on the GPU (kernels:
+cuda_src/layers/layers.cu and, for linear, cuda_src/layers/linear.cu).
 
 The elementwise glue of a dense (Llama-type) layer, so that a host model's layer is a few
 library launches; semantics and argument order in ``specdec_lib.reference.layers`` (whose
@@ -17,7 +17,7 @@ from ..contract import layers as contract
 from ..reference.layers import rope_cos_sin_cache  # noqa: F401  (re-exported)
 from ._types import ArrayLike, Stream
 
-__all__ = ["linear", "rms_norm", "rope", "rope_cos_sin_cache", "silu_mul"]
+__all__ = ["gated_rms_norm", "linear", "rms_norm", "rope", "rope_cos_sin_cache", "silu_mul"]
 
 
 _THREADS = 256                # rope, silu_mul (kThreads)
@@ -30,6 +30,8 @@ _LINEAR_THREADS = 128         # linear: blockDim (kThreads: 4 warps of two colum
 _GRID_Y_MAX = 65535
 _LINEAR_CARVEOUT = set()      # linear kernel handles whose shared-memory carveout was raised
 _UNROLL = 4                   # 16-byte units per thread that blockDim is sized for
+_GATED_UNIT = 4               # gated_rms_norm: elements a unit (kGatedUnit)
+_GATED_WARPS = 4              # ... warps a CTA at most (kGatedThreads / 32)
 _SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}   # kernel name suffixes
 
 
@@ -169,6 +171,64 @@ def silu_mul(x: ArrayLike, out: ArrayLike, *, stream: Stream = None) -> ArrayLik
     from .. import _layers
     _layers.launch_silu_mul(kern, _flat_grid(items, dev), _THREADS, stream_h, xa.ptr, o.ptr,
                             xa.strides[0], o.strides[0], T, I, vectorize)
+    return out
+
+
+def _gated_lanes(G):
+    """Lanes a group of G channels takes in gated_rms_norm: the power of two that gives each
+    lane one unit of _GATED_UNIT elements, at most 32 (G > 128: two units a lane in registers,
+    G > 256: more, read twice). From G alone: a row's bits do not depend on T or on other rows."""
+    units = -(-G // _GATED_UNIT)
+    return min(32, 1 << (units - 1).bit_length())
+
+
+def gated_rms_norm(x: ArrayLike, z: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
+                   group_size: int, z_bias: Optional[ArrayLike] = None, eps: float = 1e-6,
+                   stream: Stream = None) -> ArrayLike:
+    """out = RMSNorm(x per group of ``group_size`` channels) * weight * silu(z + z_bias): the
+    gated norm of a gated-delta-net layer's output (Qwen3-Next's RMSNormGated), one launch.
+
+    x [T, C] float32 or z's dtype; z [T, C] float32/float16/bfloat16; out [T, C] z's dtype;
+    last dimensions contiguous, row strides free (z may be a column slice of a projection's
+    rows). G = group_size divides C (a GDN layer: G = Dv, C = Hv * Dv). weight [C], or [G]
+    shared by every group; z_bias None, [C] or [G] (weight's dtype); weight and z_bias
+    contiguous, float32 or z's dtype. For row t and channel c of group j:
+    out = x * rsqrt(mean(x[t, group j]^2) + eps) * weight * silu(z + z_bias), in float32
+    (silu with an accurate exp, the mean by an IEEE division), one rounding to out's dtype.
+    out may be x itself (same dtype, address and row stride: in place); otherwise it must
+    overlap none of the inputs. A group is one to 32 lanes of a warp, groups of up to 256
+    channels held in registers (past that read twice), no block barrier; a row's bits depend
+    only on its values and G. T = 0 is a no-op. Returns out.
+
+    Example (Qwen3-Next: o float32 [T, 32, 128] from gdn_verify, z a bf16 column slice)::
+
+        gated_rms_norm(o.view(T, 4096), z, norm_w, y, group_size=128, eps=1e-6)
+    """
+    xa, za, w, o, b, G, eps = contract.gated_rms_norm(x, z, weight, out, group_size=group_size,
+                                                      z_bias=z_bias, eps=eps)
+    dev = za.device
+    T, C = za.shape
+    stream_h = as_stream(stream)
+    if T == 0 or C == 0:
+        return out
+    lanes = _gated_lanes(G)
+    per_warp = 32 // lanes
+    groups = C // G
+    warps = min(_GATED_WARPS, -(-groups // per_warp))
+    gx = -(-groups // (warps * per_warp))
+
+    def vec(*arrays):           # every unit of 4 elements of these arrays one aligned access
+        return G % _GATED_UNIT == 0 and all(
+            (a.ptr | (_row_bytes(a) if len(a.shape) == 2 else 0)) % (_GATED_UNIT * a.itemsize)
+            == 0 for a in arrays if a.obj is not None)
+    k = runtime.kernel("layers", f"gated_rms_norm_{_SHORT[za.dtype]}_x{_SHORT[xa.dtype]}"
+                       f"_w{_SHORT[w.dtype]}", dev)
+    from .. import _layers
+    _layers.launch_gated_rms_norm(k, gx, min(T, _GRID_Y_MAX), 32 * warps, stream_h, xa.ptr,
+                                  za.ptr, w.ptr, b.ptr, o.ptr, xa.strides[0], za.strides[0],
+                                  o.strides[0], T, C, G, lanes, w.shape[0] != C,
+                                  b.obj is not None and b.shape[0] != C, vec(xa), vec(za),
+                                  vec(o), vec(w, b), eps)
     return out
 
 

@@ -29,7 +29,7 @@ Backend = SimpleNamespace       # the namespace described above
 _OPS = ("append_kv", "rope_append_kv", "verify_attention", "conv1d_verify", "conv1d_commit",
         "conv1d_flush", "gdn_verify", "gdn_commit", "gdn_flush", "spec_sample", "seq_stop",
         "seq_advance", "seq_build_block", "draft_carry", "capture_hidden", "draft_combine",
-        "draft_map_tokens", "ngram_propose", "rms_norm", "rope", "silu_mul")
+        "draft_map_tokens", "ngram_propose", "rms_norm", "rope", "silu_mul", "gated_rms_norm")
 # (name on a backend, op) for every op a backend carries: the _OPS under their own names, and
 # ``row_linear`` = ops.linear (the row-invariant GEMM), kept off ``linear``, which on the cuda
 # backend is the host models' float64 GEMM (and absent elsewhere: tiny_hybrid falls back to

@@ -8,4 +8,5 @@ from .conv import conv1d_commit, conv1d_decode_reference, conv1d_flush, conv1d_v
 from .sequence import seq_advance, seq_build_block, seq_stop  # noqa: F401
 from .draft import (capture_hidden, draft_carry, draft_combine, draft_map_tokens,  # noqa: F401
                     ngram_propose)
-from .layers import linear, rms_norm, rope, rope_cos_sin_cache, silu_mul  # noqa: F401
+from .layers import (gated_rms_norm, linear, rms_norm, rope, rope_cos_sin_cache,  # noqa: F401
+                     silu_mul)

@@ -7,6 +7,8 @@ its matmuls, so one model implementation serves both backends.
                           HF Llama) style, from a cos/sin cache indexed by position.
 - ``rope_cos_sin_cache``: that cache, ``[max_position, D]`` float32 (vLLM's layout).
 - ``silu_mul``          : the SwiGLU activation ``silu(gate) * up`` of ``x = [gate | up]``.
+- ``gated_rms_norm``    : RMSNorm per group of channels times ``weight * silu(z + z_bias)``
+                          (Qwen3-Next's RMSNormGated: a gated-delta-net layer's output norm).
 - ``linear``            : ``x @ weight.T`` (nn.Linear layout), optionally with rms_norm (and its
                           residual add) in front and silu_mul behind, fused.
 
@@ -33,6 +35,12 @@ def rms_norm_f64(x, weight, eps, unit_offset):
     w = to_f64(weight)
     r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
     return x * r * ((1.0 + w) if unit_offset else w)
+
+
+def silu_f64(g):
+    """g / (1 + exp(-g)) in float64, without warnings in the tails (-0 towards -inf)."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        return g / (1.0 + np.exp(-g))
 
 
 @checked("rms_norm")
@@ -120,9 +128,39 @@ def silu_mul(x, out):
     I = W // 2
     for t in range(T):
         v = to_f64(x[t])
-        g, u = v[:I], v[I:]
-        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-            store(out[t], g / (1.0 + np.exp(-g)) * u)
+        store(out[t], silu_f64(v[:I]) * v[I:])
+    return out
+
+
+@checked("gated_rms_norm")
+def gated_rms_norm(x, z, weight, out, *, group_size, z_bias=None, eps=1e-6):
+    """Gated RMSNorm per group of G = group_size channels: for row t and channel c of group
+    j = c // G,  out[t, c] = x[t, c] * rsqrt(mean(x[t, jG:(j+1)G]^2) + eps) * w[c'] *
+    silu(z[t, c] + b[c']),  c' = c (weight / z_bias of length C) or c % G (length G: one
+    vector shared by every group), b = 0 without z_bias.
+
+    x       [T, C]
+    z       [T, C]
+    weight  [C] or [G]
+    out     [T, C]  z's dtype; may be x itself (same dtype and layout)
+    z_bias  [C] or [G] (weight's dtype), or None
+    (the GPU op: x float32 or z's dtype, weight and z_bias float32 or z's dtype)
+    """
+    T, C = x.shape
+    G = int(group_size)
+    eps = float(eps)
+
+    def per_channel(a):
+        a = to_f64(a)
+        return np.tile(a, C // G) if a.shape[0] != C else a
+    if C == 0:
+        return out
+    w = per_channel(weight)
+    b = per_channel(z_bias) if z_bias is not None else 0.0
+    for t in range(T):
+        v = to_f64(x[t]).reshape(C // G, G)
+        r = 1.0 / np.sqrt(np.mean(v * v, axis=1, keepdims=True) + eps)
+        store(out[t], (v * r).reshape(C) * w * silu_f64(to_f64(z[t]) + b))
     return out
 
 
@@ -156,8 +194,6 @@ def linear(x, weight, out, *, norm_weight=None, eps=1e-6, residual=None, residua
             h = round_to(rms_norm_f64(h, norm_weight, eps, unit_offset), x.dtype)
         acc = w @ h
         if epilogue == "silu_mul":
-            g, u = acc[:width], acc[width:]
-            with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-                acc = g / (1.0 + np.exp(-g)) * u
+            acc = silu_f64(acc[:width]) * acc[width:]
         store(out[t], acc)
     return out
