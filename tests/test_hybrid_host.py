@@ -449,3 +449,30 @@ def test_torch_gpu_close_to_reference(tmp_path, state_dtype):
     a, b = r.score(tokens), t.score(tokens)
     assert np.abs(a - b).max() / np.abs(a).max() < 0.05
     assert (a.argmax(1) == b.argmax(1)).mean() >= 0.8
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_torch_gpu_gated_norm_is_the_torch_formula(tmp_path, dtype):
+    """``_gated_norm`` on torch (one gated_rms_norm launch, z a column slice of the
+    projection's rows as the GDN layer passes it) against the torch formula it replaced
+    (float32 math, one rounding to the dense dtype): equal up to that rounding (an element
+    whose float32 value sits near a rounding boundary may land one step away)."""
+    import torch
+    skip_unless_torch_gpu()
+    t = _target(tmp_path, backend="torch", row_invariant=True, dtype=dtype)
+    d, act = t.d, getattr(torch, dtype)
+    L = t.layers[t.gdn_ids[0]]
+    cd, hvdv = d.conv_dim, d.hv * d.dv
+    g = torch.Generator(device=t.m.dev).manual_seed(3)
+    for T in (1, 4, 33):
+        o = torch.randn(T, d.hv, d.dv, generator=g, device=t.m.dev, dtype=torch.float32)
+        y = (2 * torch.randn(T, cd + hvdv + 2 * d.hv, generator=g, device=t.m.dev)).to(act)
+        z = y[:, cd:cd + hvdv]
+        got = t._gated_norm(o, z, L["norm"], L["z_bias"])
+        r = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + t.gated_eps)
+        want = (r.reshape(T, -1) * L["norm"] * torch.nn.functional.silu(z.float() + L["z_bias"])
+                ).to(act)
+        assert got.dtype == act and got.shape == (T, hvdv)
+        torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-5)
+        assert (got == want).float().mean().item() > 0.97
