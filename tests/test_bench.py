@@ -10,7 +10,7 @@ def test_bench_families_register_in_order():
     assert list(bench._BENCHES) == ["copy", "append_kv", "verify_attention", "verify_attention_b1",
                                     "verify_attention_kv8", "rope_append_kv",
                                     "gdn_round", "gdn_sweep", "conv1d", "draft_combine", "linear",
-                                    "linear_chain", "round_host", "round_b1", "spec_sample"]
+                                    "gated_rms_norm", "linear_chain", "round_host", "round_b1", "spec_sample"]
     # a bare `bench` skips the long sweeps (and the 8-bit rows' duplicate)
     assert bench._OPTIONAL == {"gdn_sweep", "verify_attention_b1", "verify_attention_kv8",
                                "linear_chain"}

@@ -153,6 +153,16 @@ def _rand(shape, dtype, device=0, seed=0):
                                                   dtype), dtype=dtype, device=device)
 
 
+def _strided(base, shape, strides, offset=0):
+    """A view of DeviceArray ``base`` (``strides`` and ``offset`` in elements) through the CUDA
+    Array Interface: how a host model hands the ops column slices of wider rows."""
+    isz = base.itemsize
+    cai = {"shape": tuple(shape), "typestr": base.__cuda_array_interface__["typestr"],
+           "data": (base.ptr + offset * isz, False), "strides": tuple(s * isz for s in strides),
+           "version": 3}
+    return type("StridedView", (), {"__cuda_array_interface__": cai, "base": base})()
+
+
 def _paged_batch(device, B, L, q, num_pages, max_pages):
     """A ragged-free batch over a paged cache: page_table [B, max_pages] (a random permutation
     of the pool's first B * max_pages pages), seq_lens = L, cu_q of q rows per sequence."""

@@ -3,11 +3,12 @@ SmolLM2-135M's four projections at M = 4..128, against torch.nn.functional.linea
 on the same shapes when torch imports; then the fused variants (rms_norm + residual
 prologue, silu_mul epilogue) against the unfused pairs they replace. Every row is timed
 as CUDA-graph replays (the decode round is captured), bytes = weight + x + out (the weight
-dominates: GB/s is weight bandwidth).
+dominates: GB/s is weight bandwidth). ``gated_rms_norm``: a GDN layer's output norm at the
+hybrids' shapes against the torch math it replaces.
 """
 from __future__ import annotations
 
-from ._harness import Bench, _rand, bench
+from ._harness import Bench, _rand, _strided, bench
 
 # (name, N, K) of SmolLM2-135M (H = 576, 9 + 2x3 heads of 64, MLP 1536)
 SMOLLM2 = (("qkv", 1728, 576), ("o", 576, 576), ("gate_up", 3072, 576), ("down", 576, 1536))
@@ -15,7 +16,7 @@ ROWS = (1, 4, 16, 64, 128)
 _E = 2   # bfloat16
 
 
-def _torch():
+def _torch(op="linear"):
     try:
         import torch
         import torch.nn.functional as F
@@ -23,7 +24,7 @@ def _torch():
             raise RuntimeError("torch.cuda is not available")
         return torch, F
     except Exception as e:   # not installed here (or no CUDA build): say so once
-        print(f"  linear: torch peer skipped: {type(e).__name__}: {e}")
+        print(f"  {op}: torch peer skipped: {type(e).__name__}: {e}")
         return None
 
 
@@ -118,6 +119,55 @@ def _bench_fused(b: Bench, peer):
                     b.report("linear", shape, nbytes, b.time_torch_graph(fn), impl=impl)
                 except Exception as e:
                     print(f"  linear: {impl} failed: {type(e).__name__}: {e}")
+
+
+# (C, G) of a GDN layer's gated norm: SmolLM2 hybrid (Hv = 9 heads of Dv = 64), Qwen3-Next
+# (32 of 128); T = 4: batch 1 at k = 3, T = 256: batch 64
+GATED_SHAPES = ((576, 64), (4096, 128))
+
+
+@bench("gated_rms_norm")
+def bench_gated_rms_norm(b: Bench):
+    """o float32 [T, C] (gdn_verify's output), z bf16 [T, C] as a column slice of the
+    projection's rows (row stride 4C + 18: not 8-byte aligned, scalar z units, as in the
+    SmolLM2 hybrid), weight and z_bias float32 [C] -> bf16 out; bytes = x + z + out + weight +
+    z_bias. Against the same math in torch (rsqrt, mean, silu, casts: what the hybrid ran
+    before) when torch imports."""
+    from ..arrays import DeviceArray
+    from ..ops import gated_rms_norm
+    d, eps = b.device, 1e-6
+    peer = _torch("gated_rms_norm")
+    for T in (4, 256):
+        for C, G in GATED_SHAPES:
+            S = 4 * C + 18
+            x = _rand((T, C), "float32", d, 1)
+            proj = _rand((T, S), "bfloat16", d, 2)
+            z = _strided(proj, (T, C), (S, 1), 3 * C)
+            w, zb = _rand((C,), "float32", d, 3), _rand((C,), "float32", d, 4)
+            out = DeviceArray.empty((T, C), "bfloat16", d)
+            nbytes = T * C * (4 + 2 + 2) + 2 * C * 4
+            shape = f"T={T} C={C} G={G} x f32 z/out bf16 w f32 (graph)"
+
+            def run():
+                gated_rms_norm(x, z, w, out, group_size=G, z_bias=zb, eps=eps, stream=b.stream)
+            b.report("gated_rms_norm", shape, nbytes, b.time_graph(run),
+                     host_us=round(b.host_us(run), 1))
+            if peer is None:
+                continue
+            torch, F = peer
+            dev = f"cuda:{d}"
+            o = torch.randn(T, C // G, G, device=dev)
+            zt = torch.randn(T, S, device=dev).to(torch.bfloat16)[:, 3 * C:4 * C]
+            wt, bt = torch.randn(C, device=dev), torch.randn(C, device=dev)
+
+            def torch_math():
+                r = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps)
+                (r.reshape(T, -1) * wt * F.silu(zt.float() + bt)).to(torch.bfloat16)
+            try:
+                b.report("gated_rms_norm", shape, nbytes, b.time_torch_graph(torch_math),
+                         impl="torch (the hybrid's old math)")
+            except Exception as e:
+                print(f"  gated_rms_norm: torch peer failed: {type(e).__name__}: {e}")
 
 
 @bench("linear_chain", default=False)
