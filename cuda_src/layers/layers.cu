@@ -20,10 +20,11 @@
 //             lane one unit of 4 elements, at most 32), 32 / lanes groups a warp, 4 warps a
 //             CTA, gridDim = (groups / CTA, rows): no block barrier, a segment shuffle sums a
 //             group; every load of a lane's first two units (G <= 256) is issued before the
-//             sum and the gates w * silu(z + b) are computed while its shuffles run; units
-//             past them (G > 256) are read again for the output. A row's bits depend on its
-//             values and G only (not on T, other rows or the alignment: scalar and vector
-//             units do the same arithmetic). x is read with plain loads (out may be x).
+//             sum, and their gates w * silu(z + b) are computed before its shuffles (after
+//             them only x * inv * gate is left); units past them (G > 256) are read again
+//             for the output. A row's bits depend on its values and G only (not on T, other
+//             rows or the alignment: scalar and vector units do the same arithmetic). x is
+//             read with plain loads (out may be x).
 //
 // Activations are read with plain loads (not ld.global.nc): rms_norm and rope run in place.
 // The build uses --use_fast_math, so the rounding-sensitive steps are spelled out: products
@@ -142,7 +143,7 @@ template <typename T, typename X, typename W>
 __device__ __forceinline__ void gated_rms_norm_groups(const GatedRmsNormParams& p) {
   constexpr int N = kGatedUnit;
   // no integer division: L is a power of two, and group j exists where j * G < C
-  const int G = p.group_size, L = p.lanes, shift = __ffs(L) - 1, units = (G + N - 1) / N;
+  const int G = p.group_size, L = p.lanes, shift = __ffs(L) - 1, units = (G - 1) / N + 1;
   const int lane = threadIdx.x & 31, sub = lane & (L - 1);
   const int first = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) << (5 - shift);
   if (static_cast<int64_t>(first) * G >= p.width) return;  // the whole warp: none shuffles
@@ -184,7 +185,7 @@ __device__ __forceinline__ void gated_rms_norm_groups(const GatedRmsNormParams& 
     for (int k = 0; k < kGatedCache; ++k) accumulate(xc[k]);     // zeros past the group
     for (int u = sub + kGatedCache * L; live && u < units; u += L)
       accumulate(gated_load<X, false>(x, u, G, p.vec_x));
-    // the cached units' gates need no sum (G <= 128: one unit a lane, the second skipped)
+    // the cached units' gates need no sum: before its shuffles (G <= 128: one unit a lane)
     float gc[kGatedCache][N] = {};
 #pragma unroll
     for (int k = 0; k < kGatedCache; ++k)
