@@ -1,6 +1,6 @@
 """Contract of the layers family: ``rms_norm``, ``rope``, ``silu_mul``, ``gated_rms_norm``,
-``linear`` (``rope_cos_sin_cache`` builds an argument, it is no op). Also the checks the draft family
-shares: ``FLOATS``, ``last_contiguous``, ``rows_disjoint``."""
+``linear`` (``rope_cos_sin_cache`` builds an argument, it is no op). Also the checks the draft
+family shares: ``FLOATS``, ``last_contiguous``, ``rows_disjoint``."""
 from __future__ import annotations
 
 import math
