@@ -477,7 +477,8 @@ __device__ __forceinline__ void linear_small(const LinearParams& p) {
 // sums: the first log2(4 MR) levels halve the values a lane holds, the rest are warp_sum's
 // butterfly; every addition is a + b of the same two partials as warp_sum's (a + b and
 // b + a are the same bits), so the result is warp_sum's.
-// The prologue (x fetch, residual_out, norm) is linear_small's, copied rather than shared:
+// The prologue (x fetch, residual_out, norm: small_rows_wide, in linear_common.cuh since s45,
+// where linear_mma.cu runs it too) is linear_small's, copied rather than shared:
 // moving linear_small's into a helper changed its SASS (ptxas scheduled it differently), and
 // its timings are the baseline this form is measured against (s43: a fold reorders the
 // two-column kernels' PTX, 16-1466 lines each: fold it with a GPU run to check their bits and

@@ -26,7 +26,10 @@
 // Split K. Warp w takes the k-blocks w, w + 8, w + 16, ... (at most U of them: K <= 256 U,
 // U = 4 or 8 in the name); its 2 U weight units sit in registers, requested before the PDL
 // wait (no launch writes a weight: they stream in while the predecessor drains, as in
-// linear.cu's few-row kernels; everything else is read after pdl_begin). Then each warp
+// linear.cu's few-row kernels; everything else is read after pdl_begin). They are plain
+// ld.global, not ld.global.nc: ptxas 13.0 schedules griddepcontrol.wait (SASS ACQBULK) above
+// .nc loads (it does so in linear.cu's few-row kernels: their weights load after the wait on
+// sm_90), but keeps plain loads in front of it, as written. Then each warp
 // stages one row: warp m runs linear_common.cuh's few-row prologue (small_rows_wide) for row
 // m -- s = x or round(x + residual), residual_out stored by the CTA of blockIdx.x == 0, the
 // norm in rms_norm's order, so h is bit for bit what rms_norm stores -- and writes it to
@@ -47,9 +50,10 @@
 // mma_m16n8k16_bf16f32_fma, the same fragments multiplied on the CUDA cores: correct and
 // deterministic, its own bits (the forced-compute_75 tests run it), never a trap.
 //
-// Resources (ptxas 13.0): 256 threads; shared memory 512 bytes a k-block (16 KB at U = 4, 32
-// at U = 8) + 4 KB of partial tiles; U = 4 bounded to 2 CTAs an SM (SmolLM2's gate_up: 192
-// CTAs in one wave on 132 SMs).
+// Resources (ptxas 13.0, sm_75 .. sm_90, no stack, no spills): 256 threads; shared memory 512
+// bytes a k-block (16 KB at U = 4, 32 at U = 8) + 4 KB of partial tiles. U = 4: 80-108
+// registers, bounded to 2 CTAs an SM (SmolLM2's gate_up: 192 CTAs in one wave on 132 SMs);
+// U = 8: 152-194 (f32 norm weight the most), one CTA an SM.
 #include "common/mma.cuh"
 #include "common/pdl.cuh"
 #include "layers/linear_common.cuh"
@@ -106,6 +110,7 @@ __device__ __forceinline__ void linear_mma(const LinearParams& p) {
   const int nkb = (units + kBlockUnits - 1) / kBlockUnits;
 
   // this lane's weight units: tile rows g and g + 8, unit 4 kb + t of blocks kb = warp + 8 i
+  // (plain loads, so they stay in front of the wait: header comment)
   Unit<T> wa[U][2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -115,7 +120,7 @@ __device__ __forceinline__ void linear_mma(const LinearParams& p) {
 #pragma unroll
     for (int i = 0; i < U; ++i) {
       const int u = kBlockUnits * (warp + kMmaWarps * i) + t;
-      wa[i][r] = ok && u < units ? load_u<T>(wrow, u, K, true) : zero_unit<T>();
+      wa[i][r] = ok && u < units ? load_u<T, false>(wrow, u, K, true) : zero_unit<T>();
     }
   }
   pdl_begin();                               // everything below reads what a launch may write
