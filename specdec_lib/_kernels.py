@@ -226,6 +226,24 @@ register(KernelModule(
                 if t != "f32" for m, k in LINEAR_WIDE_SHAPES}},
 ))
 
+# linear's few-row form on the tensor cores (ops.layers.TUNING["linear_mma"]: <= 8 rows, K <=
+# 256 x units a lane, 16-byte rows): mma m16n8k16 with the weights as A, its own translation unit
+# (launcher: pyx/_layers.pyx, the same LinearParams)
+LINEAR_MMA_UNITS = (4, 8)     # units a lane: K <= 1024, K <= 2048
+
+
+def linear_mma_kernel(units, t, w):
+    return f"linear_mma_k{units}_{t}_w{w}"
+
+
+register(KernelModule(
+    name="linear_mma",
+    source="cuda_src/layers/linear_mma.cu",
+    params_header="layers/linear_params.h",
+    kernels={linear_mma_kernel(u, t, w): "LinearParams" for t, w in NORM_DTYPES if t != "f32"
+             for u in LINEAR_MMA_UNITS},
+))
+
 # the float64 GEMM of the host models on the orchestrator's cuda backend (a plain kernel, so
 # that a round holding the host model's math can be captured as a CUDA graph; launcher:
 # pyx/_layers.pyx; caller: specdec_lib/orchestrator/backends.py)

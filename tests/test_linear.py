@@ -355,6 +355,28 @@ def test_linear_gpu_few_row_cta_rows(dtype, wdtype, N, K, cta_rows, variant, mon
     assert rel_err(_host(out, dtype), want) < TOL[dtype]
 
 
+def _run_padded_out(x, r, w, nw, dtype, wdtype, variant):
+    """ops.linear on x's rows (r's) into a view of a wider, poisoned out buffer (24 columns
+    past N, past I with silu_mul): returns the view's host storage, after checking that the
+    columns past it stayed untouched."""
+    from specdec_lib import ops
+    _, norm, res, epi = variant
+    M, K = x.shape
+    Wd = w.shape[0] // 2 if epi else w.shape[0]
+    SO = Wd + 24
+    ob = poison((M * SO,), dtype)
+    ov = _View(ob, (M, Wd), (SO, 1))
+    kw = dict(epilogue=epi)
+    if norm:
+        kw.update(norm_weight=_dev(nw, wdtype))
+    if res:
+        kw.update(residual=_dev(r, dtype), residual_out=poison((M, K), dtype))
+    ops.linear(_dev(x, dtype), _dev(w, dtype), ov, **kw)
+    raw = ob.to_numpy()
+    assert np.all(raw.view(np.uint16).reshape(M, SO)[:, Wd:] == 0xFFFF)   # untouched
+    return ov.np_view(raw)
+
+
 # Four columns a warp (the default; linear_w4_m*_k4_*): SmolLM2's qkv
 # and gate_up (K 576), K = 1024 (all four units of every lane), N with a tail inside a warp
 # (N % 4) and a CTA (N % 16), gate_up with I odd (102 = 2 x 51: a warp's second gate past I),
@@ -408,7 +430,8 @@ def test_linear_cols_per_warp_launch(M, K, N, epi, cta_rows, cols, kernel, gx, g
                       residual_out=rec.array("s", (M, K), "bfloat16"))
         ops.linear(x, w, o, **kw)
         (launch,) = rec.launches
-    assert ops_layers.TUNING == {"linear_cta_rows": None, "linear_cols_per_warp": None}
+    assert ops_layers.TUNING == {"linear_cta_rows": None, "linear_cols_per_warp": None,
+                                 "linear_mma": False}
     a = launch["args"]
     assert (a["k"], a["gx"], a["gy"], a["block"]) == (f"kernel:linear/{kernel}", gx, gy, 128)
 
@@ -444,36 +467,15 @@ def test_linear_gpu_few_row_wide(dtype, wdtype, N, K, variant, cta_rows, monkeyp
             np.testing.assert_array_equal(_bits(s.to_numpy()), _bits(full_s[M:2 * M]))
     form = f"linear_w4_m{cta_rows}_k4_" if K <= 1024 else f"linear_m{cta_rows}_k8_"
     assert names and all(n.startswith(form) for n in names), names
-    # out as a view of a wider buffer: the columns past N (past I) stay poisoned
-    from specdec_lib import ops
-    M, Wd, SO = 3, N // 2 if epi else N, (N // 2 if epi else N) + 24
-    ob = poison((M * SO,), dtype)
-    ov = _View(ob, (M, Wd), (SO, 1))
-    kw = dict(epilogue=epi)
-    if norm:
-        kw.update(norm_weight=_dev(nw, wdtype))
-    if res:
-        kw.update(residual=_dev(r[3:6], dtype), residual_out=poison((M, K), dtype))
-    ops.linear(_dev(x[3:6], dtype), _dev(w, dtype), ov, **kw)
-    got_raw = ob.to_numpy()
-    got = ov.np_view(got_raw)
+    got = _run_padded_out(x[3:6], r[3:6], w, nw, dtype, wdtype, variant)
     np.testing.assert_array_equal(_bits(got), _bits(full[3:6]))
-    assert np.all(got_raw.view(np.uint16).reshape(M, SO)[:, Wd:] == 0xFFFF)   # untouched
     _, want = _want(x[3:6], r[3:6], w, nw, dtype, norm, res, epi)
     assert rel_err(from_host_storage(got, dtype), want) < TOL[dtype]
 
 
-@needs_gpu
-@pytest.mark.parametrize("dtype,wdtype", [("float16", "float16"), ("float16", "float32"),
-                                          ("bfloat16", "bfloat16"), ("bfloat16", "float32")])
-@pytest.mark.parametrize("N,K", [(1728, 576), (576, 1536), (100, 72), (64, 4104), (8, 40000)])
-@pytest.mark.parametrize("unit_offset", [False, True])
-@pytest.mark.parametrize("M", [1, 4, 5, 17])
-def test_linear_gpu_norm_bit_identical_to_rms_norm(dtype, wdtype, N, K, unit_offset, M, rng):
-    """The fused prologue gives the bits of ops.rms_norm (+ residual) then ops.linear: the same
-    h (K = 4104: five of rms_norm's warps; 40000: 1024 threads and past its register cache),
-    the same residual_out, so the same output; M <= 8: the linear_m* kernels where K allows
-    them (each warp's own norm)."""
+def _check_norm_bits(dtype, wdtype, M, N, K, unit_offset, rng):
+    """ops.linear with the norm prologue (without and with the residual) against ops.rms_norm
+    then ops.linear(h): the same output bits, the same residual_out bits."""
     from specdec_lib import ops
     x, r, w, nw = _case(rng, M, N, K, dtype, wdtype)
     dx, dr, dw, dn = _dev(x, dtype), _dev(r, dtype), _dev(w, dtype), _dev(nw, wdtype)
@@ -489,6 +491,20 @@ def test_linear_gpu_norm_bit_identical_to_rms_norm(dtype, wdtype, N, K, unit_off
         np.testing.assert_array_equal(_bits(one.to_numpy()), _bits(two.to_numpy()))
         if res:
             np.testing.assert_array_equal(_bits(s1.to_numpy()), _bits(s2.to_numpy()))
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype,wdtype", [("float16", "float16"), ("float16", "float32"),
+                                          ("bfloat16", "bfloat16"), ("bfloat16", "float32")])
+@pytest.mark.parametrize("N,K", [(1728, 576), (576, 1536), (100, 72), (64, 4104), (8, 40000)])
+@pytest.mark.parametrize("unit_offset", [False, True])
+@pytest.mark.parametrize("M", [1, 4, 5, 17])
+def test_linear_gpu_norm_bit_identical_to_rms_norm(dtype, wdtype, N, K, unit_offset, M, rng):
+    """The fused prologue gives the bits of ops.rms_norm (+ residual) then ops.linear: the same
+    h (K = 4104: five of rms_norm's warps; 40000: 1024 threads and past its register cache),
+    the same residual_out, so the same output; M <= 8: the linear_m* kernels where K allows
+    them (each warp's own norm)."""
+    _check_norm_bits(dtype, wdtype, M, N, K, unit_offset, rng)
 
 
 @needs_gpu
@@ -551,6 +567,190 @@ def test_linear_gpu_rejects_before_launch(rng):
     # M = 0 with real arrays: nothing launched, nothing written
     e = DeviceArray.empty((0, N), "bfloat16")
     assert ops.linear(DeviceArray.empty((0, K), "bfloat16"), w, e) is e
+
+
+# ---------------------------------------------------------------- the tensor-core few-row form
+# TUNING["linear_mma"] (cuda_src/layers/linear_mma.cu): <= 8 aligned rows of K <= 2048 on mma
+# m16n8k16 with the weights as A. K: one k16 step (16), two k-blocks (64), SmolLM2's 576 and
+# 1536, the widest (2048), and K past a multiple of 32 (40, 72, 1000: a zero-padded last
+# k-block; 1032: the same in the k8 form); N: one CTA (16), three (48), SmolLM2's 576 / 960 /
+# 3072, tails inside a CTA (N % 16: 100, 22; silu_mul I % 8: 50, 51, 11).
+_MMA_NK = [(16, 16), (48, 64), (576, 576), (960, 576), (3072, 576), (576, 1536), (48, 2048),
+           (960, 2048), (16, 72), (100, 1000), (102, 1032), (22, 40)]
+_MMA_DTYPES = [("float16", "float16"), ("float16", "float32"), ("bfloat16", "bfloat16"),
+               ("bfloat16", "float32")]
+
+
+def _mma_cases():
+    cases = []
+    for dt, wdt in _MMA_DTYPES:
+        for N, K in _MMA_NK:
+            for v in VARIANTS:
+                if not v[1] and wdt != dt:        # no norm: the norm weight's dtype is moot
+                    continue
+                cases.append(pytest.param(dt, wdt, N, K, v, id=f"{dt}-w{wdt}-{N}x{K}-{v[0]}"))
+    return cases
+
+
+def _spy_kernels(monkeypatch):
+    """The kernel names ops ask runtime.kernel for from now on (a list that grows)."""
+    from specdec_lib import runtime
+    names, real = [], runtime.kernel
+
+    def spy(module, name, *a, **k):
+        names.append(name)
+        return real(module, name, *a, **k)
+    monkeypatch.setattr(runtime, "kernel", spy)
+    return names
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype,wdtype,N,K,variant", _mma_cases())
+def test_linear_gpu_mma(dtype, wdtype, N, K, variant, monkeypatch, rng):
+    """TUNING["linear_mma"]: M = 1 .. 8 rows on the tensor-core kernel (linear_mma_k4 at K <=
+    1024, k8 past it: it ran) against the float64 reference of rms_norm's stored h, by
+    relative norm; out and residual_out poisoned first, residual_out bit for bit round(x +
+    residual); out as a view of a wider poisoned buffer: nothing written past N (past I)."""
+    from specdec_lib.ops import layers as ops_layers
+    _, norm, res, epi = variant
+    names = _spy_kernels(monkeypatch)
+    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", True)
+    x, r, w, nw = _case(rng, 8, N, K, dtype, wdtype)
+    for M in range(1, ops_layers.LINEAR_FAST_MAX_ROWS + 1):
+        s_want, want = _want(x[:M], r[:M], w, nw, dtype, norm, res, epi)
+        out, s = _run(x[:M], r[:M], w, nw, dtype, wdtype, norm, res, epi)
+        assert rel_err(_host(out, dtype), want) < TOL[dtype], M
+        if res:
+            np.testing.assert_array_equal(_host(s, dtype), s_want)
+    form = "linear_mma_k4_" if K <= 1024 else "linear_mma_k8_"
+    assert names and all(n.startswith(form) for n in names), names
+    got = _run_padded_out(x[:3], r[:3], w, nw, dtype, wdtype, variant)
+    _, want = _want(x[:3], r[:3], w, nw, dtype, norm, res, epi)
+    assert rel_err(from_host_storage(got, dtype), want) < TOL[dtype]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,K", [(960, 576), (3072, 576), (576, 1536), (100, 72), (48, 2048)])
+@pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[2], VARIANTS[4]],
+                         ids=["plain", "norm_res", "norm_res_silu"])
+def test_linear_gpu_mma_row_invariance(dtype, N, K, variant, monkeypatch, rng):
+    """Within the tensor-core form a row's bits (and its residual_out's) are the same computed
+    alone (M = 1) and at any position of M = 2 .. 8 calls among any other rows."""
+    from specdec_lib.ops import layers as ops_layers
+    names = _spy_kernels(monkeypatch)
+    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", True)
+    x, r, w, nw = _case(rng, 16, N, K, dtype, dtype)
+    alone = [_call_rows(x, r, w, nw, dtype, [i], variant) for i in range(16)]
+    pick = np.random.default_rng(3)
+    for M in range(2, ops_layers.LINEAR_FAST_MAX_ROWS + 1):
+        for _ in range(2):
+            rows = [int(i) for i in pick.choice(16, M, replace=False)]
+            got, got_s = _call_rows(x, r, w, nw, dtype, rows, variant)
+            for pos, row in enumerate(rows):
+                np.testing.assert_array_equal(_bits(got[pos]), _bits(alone[row][0][0]))
+                if got_s is not None:
+                    np.testing.assert_array_equal(_bits(got_s[pos]), _bits(alone[row][1][0]))
+    assert names and all(n.startswith("linear_mma_") for n in names), names
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype,wdtype", _MMA_DTYPES)
+@pytest.mark.parametrize("K", [40, 576, 1536, 2048])
+@pytest.mark.parametrize("unit_offset", [False, True])
+def test_linear_gpu_mma_norm_bit_identical_to_rms_norm(dtype, wdtype, K, unit_offset,
+                                                        monkeypatch, rng):
+    """The tensor-core form's fused prologue stages rms_norm's h: linear(x, norm_weight=...)
+    gives the bits of ops.rms_norm (+ residual) then linear(h) on the same form, M = 1, 5, 8
+    (a float32 or 16-bit norm weight, unit_offset); residual_out the same too."""
+    from specdec_lib.ops import layers as ops_layers
+    names = _spy_kernels(monkeypatch)
+    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", True)
+    for M in (1, 5, 8):
+        _check_norm_bits(dtype, wdtype, M, 48, K, unit_offset, rng)
+    assert names and all(n.startswith("linear_mma_") or n.startswith("rms_norm") for n in names)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_gpu_mma_switch_restores_default(dtype, monkeypatch, rng):
+    """TUNING["linear_mma"] only picks the kernel: on, the call runs linear_mma (the
+    reference's values, other bits); off again, the default few-row kernel and its bits."""
+    from specdec_lib.ops import layers as ops_layers
+    variant = VARIANTS[4]
+    x, r, w, nw = _case(rng, 4, 960, 576, dtype, dtype)
+    names = _spy_kernels(monkeypatch)
+    rows = [0, 1, 2, 3]
+    default, _ = _call_rows(x, r, w, nw, dtype, rows, variant)
+    first = list(names)
+    assert first and not any(n.startswith("linear_mma") for n in first), first
+    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", True)
+    del names[:]
+    mma, _ = _call_rows(x, r, w, nw, dtype, rows, variant)
+    assert names and all(n.startswith("linear_mma_k4_") for n in names), names
+    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", False)
+    del names[:]
+    again, _ = _call_rows(x, r, w, nw, dtype, rows, variant)
+    assert names == first
+    np.testing.assert_array_equal(_bits(again), _bits(default))
+    _, want = _want(x, r, w, nw, dtype, True, True, "silu_mul")
+    for got in (default, mma):
+        assert rel_err(from_host_storage(got, dtype), want) < TOL[dtype]
+
+
+@pytest.mark.parametrize("M,K,N,epi,wdt,env,kernel,gx,gy,block", [
+    (1, 576, 960, None, None, {}, "linear_mma_k4_bf16_wbf16", 60, 1, 256),
+    (8, 576, 3072, "silu_mul", "bfloat16", {}, "linear_mma_k4_bf16_wbf16", 192, 1, 256),
+    (5, 1536, 576, None, None, {}, "linear_mma_k8_bf16_wbf16", 36, 1, 256),
+    (4, 1024, 48, None, None, {}, "linear_mma_k4_bf16_wbf16", 3, 1, 256),
+    (4, 1032, 48, None, None, {}, "linear_mma_k8_bf16_wbf16", 3, 1, 256),
+    (8, 2048, 16, None, None, {}, "linear_mma_k8_bf16_wbf16", 1, 1, 256),
+    (3, 40, 22, "silu_mul", "float32", {}, "linear_mma_k4_bf16_wf32", 2, 1, 256),  # I = 11
+    (2, 72, 100, None, None, {}, "linear_mma_k4_bf16_wbf16", 7, 1, 256),
+    # compute_75's bf16 multiplies the mma fragments on the CUDA cores: still this form
+    (4, 576, 960, None, None, {"SPECDEC_FORCE_ARCH": "75"}, "linear_mma_k4_bf16_wbf16", 60, 1,
+     256),
+    # not for it: 9 rows, K past 2048, K % 8 (no 16-byte rows): the kernels of TUNING's off
+    (9, 576, 576, None, None, {}, "linear_bf16_wbf16", 72, 1, 128),
+    (4, 2056, 576, None, None, {}, "linear_bf16_wbf16", 72, 1, 128),
+    (2, 76, 16, None, None, {}, "linear_bf16_wbf16", 2, 1, 128),
+])
+def test_linear_mma_launch(M, K, N, epi, wdt, env, kernel, gx, gy, block):
+    """The launcher's choice with TUNING["linear_mma"] (CPU, recorded launches): the
+    tensor-core kernel (units a lane 4 at K <= 1024, else 8) for <= 8 aligned rows of K <=
+    2048, a CTA per 16 output columns (silu_mul: per 8 gates), 8 warps, one CTA row; other
+    calls the kernels they take with it off. TUNING is restored after the recorder."""
+    import launch_record
+    from specdec_lib import ops
+    from specdec_lib.ops import layers as ops_layers
+    with launch_record.LaunchRecorder("h200", env) as rec:
+        ops_layers.TUNING["linear_mma"] = True
+        x = rec.array("x", (M, K), "bfloat16")
+        w = rec.array("weight", (N, K), "bfloat16")
+        o = rec.array("out", (M, N // 2 if epi else N), "bfloat16")
+        kw = {}
+        if wdt:
+            kw = dict(norm_weight=rec.array("nw", (K,), wdt),
+                      residual=rec.array("r", (M, K), "bfloat16"),
+                      residual_out=rec.array("s", (M, K), "bfloat16"))
+        ops.linear(x, w, o, epilogue=epi, **kw)
+        (launch,) = rec.launches
+    assert ops_layers.TUNING["linear_mma"] is False
+    a = launch["args"]
+    module = "linear_mma" if kernel.startswith("linear_mma") else "linear"
+    assert (a["k"], a["gx"], a["gy"], a["block"]) == (f"kernel:{module}/{kernel}", gx, gy, block)
+
+
+def test_linear_mma_kernel_table():
+    """Every dtype pair of linear's other forms has both units-a-lane forms in the table
+    (runtime.kernel refuses a missing one, but only on a GPU)."""
+    from specdec_lib import _kernels
+    names = _kernels.MODULES["linear_mma"].kernels
+    assert set(names) == {f"linear_mma_k{u}_{t}_w{w}" for u in (4, 8)
+                          for t, w in (("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"),
+                                       ("bf16", "f32"))}
+    assert set(names.values()) == {"LinearParams"}
+    assert _kernels.MODULES["linear_mma"].params_header == _kernels.MODULES["linear"].params_header
 
 
 # ---------------------------------------------------------------- the argument contract (CPU)

@@ -167,22 +167,46 @@ def test_torch_math_routes_few_row_gemms_to_linear():
     assert ri.library_rows(64, 4096, 49152)
 
 
+def test_torch_math_routes_eight_rows_with_linear_mma(monkeypatch):
+    """While ops.layers.TUNING["linear_mma"] is on (linear's tensor-core few-row form), the
+    torch math sends passes of up to SMALL_ROWS_MAX_MMA = 8 rows to linear; off (the default),
+    up to SMALL_ROWS_MAX = 5."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from specdec_lib.models.llama import SMALL_ROWS_MAX_MMA, _TorchMath, small_rows_max
+    from specdec_lib.ops import layers as ops_layers
+    dev = SimpleNamespace(device=torch.device("cpu"))
+    m = _TorchMath(dev)
+    assert ops_layers.TUNING["linear_mma"] is False
+    assert small_rows_max() == SMALL_ROWS_MAX == 5 and not m.library_rows(6, 576, 960)
+    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", True)
+    assert small_rows_max() == SMALL_ROWS_MAX_MMA == 8
+    assert m.library_rows(8, 576, 960) and not m.library_rows(9, 576, 960)
+    assert not m.library_rows(8, 4096, 960) and not m.library_rows(8, 576, 49152)
+    assert not _TorchMath(dev, small_rows=False).library_rows(2, 576, 960)
+
+
 @needs_gpu
-def test_tiny_llama_few_row_decode_through_linear(rng, monkeypatch):
+@pytest.mark.parametrize("mma", [False, True], ids=["cuda_cores", "linear_mma"])
+def test_tiny_llama_few_row_decode_through_linear(rng, monkeypatch, mma):
     """The default torch target (small_rows): a decode pass of <= SMALL_ROWS_MAX (5) rows
     runs the fused layers on linear's few-row kernels (norms, silu_mul fused; every GEMM, the
     tiny lm_head too, through row_linear), so a 5-row verify block's logits equal five
     one-row passes' bit for bit; they agree with the cuBLAS target's (small_rows=False) to
-    bf16 rounding."""
+    bf16 rounding. With ops.layers.TUNING["linear_mma"] the same for 8 rows
+    (SMALL_ROWS_MAX_MMA) on the tensor-core few-row kernels."""
     skip_unless_torch_gpu()
     from specdec_lib import runtime
     if runtime.arch_family(0) < 80:
         pytest.skip("the torch backend's bf16 verify_attention needs the sm_80 path")
+    from specdec_lib.models.llama import SMALL_ROWS_MAX_MMA, small_rows_max
+    from specdec_lib.ops import layers as ops_layers
     from specdec_lib.orchestrator import make_backend
+    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", mma)
     c, w = toy_llama(nq=4, nkv=2, rng=rng)
     be = make_backend("torch")
     t = LlamaTarget(c, w, be, page_size=4)
-    n = SMALL_ROWS_MAX
+    n = small_rows_max()
+    assert n == (SMALL_ROWS_MAX_MMA if mma else SMALL_ROWS_MAX)
     assert t._fused(n) and not t._fused(n + 1) and not t.row_invariant
     calls = []
     lin = be.row_linear

@@ -99,6 +99,36 @@ __device__ __forceinline__ void mma_m16n8k16_bf16f32(float (&d)[4], const uint32
 #endif
 }
 
+// D += A(16x16 bf16) * B(16x8 bf16) on the CUDA cores, from the same fragments (the layout in
+// the header comment): for a compute_75 build that must run a bf16 product correctly (Turing
+// has no bf16 tensor-core path). Per k pair (2kp, 2kp + 1) a lane fetches, by shuffles, the
+// pair of its rows g, g + 8 (from quad lane kp % 4: a0 / a1, or a2 / a3 for kp >= 4) and of
+// its columns 2t, 2t + 1 (from the lanes 4 (2t) + kp % 4 and 4 (2t + 1) + kp % 4: b0, or b1),
+// and adds the four products with fmaf, k in order: exact products, float32 sums, fixed
+// order. Not the tensor core's bits (its sums round differently), but deterministic, and
+// column n of D depends only on column n of B (and A, C). 32 shuffles and 64 fmaf a call.
+// Whole warp, converged.
+__device__ __forceinline__ void mma_m16n8k16_bf16f32_fma(float (&d)[4], const uint32_t (&a)[4],
+                                                         uint32_t b0, uint32_t b1) {
+  const int lane = threadIdx.x & 31, quad = lane & ~3, t = lane & 3;
+#pragma unroll
+  for (int kp = 0; kp < 8; ++kp) {
+    const int src = kp & 3;
+    const uint32_t ag = __shfl_sync(0xffffffffu, kp < 4 ? a[0] : a[2], quad | src);
+    const uint32_t ah = __shfl_sync(0xffffffffu, kp < 4 ? a[1] : a[3], quad | src);
+    const uint32_t bc0 = __shfl_sync(0xffffffffu, kp < 4 ? b0 : b1, 8 * t + src);
+    const uint32_t bc1 = __shfl_sync(0xffffffffu, kp < 4 ? b0 : b1, 8 * t + 4 + src);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {            // element 2kp + e: the low half, then the high
+      const auto f = [e](uint32_t w) { return __uint_as_float(e ? w & 0xffff0000u : w << 16); };
+      d[0] = fmaf(f(ag), f(bc0), d[0]);
+      d[1] = fmaf(f(ag), f(bc1), d[1]);
+      d[2] = fmaf(f(ah), f(bc0), d[2]);
+      d[3] = fmaf(f(ah), f(bc1), d[3]);
+    }
+  }
+}
+
 // D += A(16x8 tf32) * B(8x8 tf32), f32 accumulate: sm_80+ (the compute_75 build traps; callers
 // keep a CUDA-core path there). Fragments (PTX ISA, m16n8k8 .tf32), g = lane / 4, t = lane % 4:
 //   a0 = A[g][t]  a1 = A[g+8][t]  a2 = A[g][t+4]  a3 = A[g+8][t+4]     b0 = B[t][g]  b1 = B[t+4][g]

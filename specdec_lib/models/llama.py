@@ -25,7 +25,7 @@ import contextlib
 
 import numpy as np
 
-from ..ops.layers import LINEAR_FAST_MAX_K, LINEAR_FAST_MAX_ROWS
+from ..ops.layers import LINEAR_FAST_MAX_K, LINEAR_FAST_MAX_ROWS, TUNING as LINEAR_TUNING
 
 # The passes LlamaTarget(small_rows=True) runs on linear's few-row kernels: at most 5 rows.
 # linear takes up to LINEAR_FAST_MAX_ROWS = 8 that way (a CTA row per row since s42), but a
@@ -33,7 +33,17 @@ from ..ops.layers import LINEAR_FAST_MAX_K, LINEAR_FAST_MAX_ROWS
 # 4 / 5 / 6 rows, cuBLAS ~620); SmolLM2's B=1 EAGLE3 rounds (GPU us, few-row against cuBLAS):
 # k=3 934 against 1113, k=4 1008 against 1138.
 SMALL_ROWS_MAX = 5
-assert SMALL_ROWS_MAX <= LINEAR_FAST_MAX_ROWS
+# ... and while ops.layers.TUNING["linear_mma"] is on (linear's tensor-core few-row form, meant
+# to cost nearly the same at 1..8 rows; off by default, unmeasured, s45): at most 8.
+SMALL_ROWS_MAX_MMA = 8
+assert max(SMALL_ROWS_MAX, SMALL_ROWS_MAX_MMA) <= LINEAR_FAST_MAX_ROWS
+
+
+def small_rows_max():
+    """The most rows of a pass that LlamaTarget(small_rows=True) runs on linear:
+    SMALL_ROWS_MAX, or SMALL_ROWS_MAX_MMA while ops.layers.TUNING["linear_mma"] is on (read
+    at each pass's planning: a decoder's graphs keep what they recorded)."""
+    return SMALL_ROWS_MAX_MMA if LINEAR_TUNING["linear_mma"] else SMALL_ROWS_MAX
 from .llama_layer import decoder_layer, fuse_layer, layer_tensor_names
 
 
@@ -53,11 +63,11 @@ class _RowInvariant:
     def library_rows(self, rows, k, n):
         """Whether a [rows, k] @ [n, k].T GEMM goes through the library's ``linear``: always
         when row-invariant; with ``small_rows`` where linear's few-row kernels take it and
-        pay (at most SMALL_ROWS_MAX = 5 rows, K <= 2048) and the weight is a layer's, not a
-        vocabulary (N <= 8192: the
+        pay (at most SMALL_ROWS_MAX = 5 rows, 8 with TUNING["linear_mma"]: small_rows_max();
+        K <= 2048) and the weight is a layer's, not a vocabulary (N <= 8192: the
         lm_head's 49k columns stay on the host's GEMM)."""
         return self.row_invariant or (
-            self.small_rows and rows <= SMALL_ROWS_MAX and k <= LINEAR_FAST_MAX_K
+            self.small_rows and rows <= small_rows_max() and k <= LINEAR_FAST_MAX_K
             and k % 8 == 0 and n <= 8192)
 
     def gemm(self, x, w):
@@ -412,7 +422,8 @@ class LlamaTarget:
     """Host passes of a Llama target for ``SpeculativeDecoder`` (slot b = sequence b).
 
     ``small_rows`` (torch backend, default on): a decode pass of at most 5 rows
-    (``SMALL_ROWS_MAX``) whose layer GEMMs linear's few-row kernels take (K <= 2048) runs
+    (``SMALL_ROWS_MAX``; 8 while ``ops.layers.TUNING["linear_mma"]`` is on:
+    ``small_rows_max()``) whose layer GEMMs linear's few-row kernels take (K <= 2048) runs
     ``_run_fused`` on them: norms and silu_mul fused, no cuBLAS but the lm_head (SmolLM2 B=1
     target-only 1.55x, s40; a k = 3 / 4 verify round 0.84 / 0.89x of cuBLAS's GPU time, s42).
     Its rows are then row-invariant (a verify block of up to 5 rows gives what one-row passes

@@ -248,7 +248,14 @@ LINEAR_FAST_MAX_K = 2048       # ... and K they take (16-byte aligned rows, K % 
 # SmolLM2's 30 layers in one graph (`bench linear_chain`, down's K 1536 on two columns), us
 # at M = 1 / 2 / 4 / 5 / 6 / 8: 317.9 / 371.6 / 494.7 / 536.6 / 623.8 / 706.2 against two
 # columns' 321.5 / 413.8 / 557.2 / 597.9 / 722.8 / 874.5 (cuBLAS ~620).
-TUNING = {"linear_cta_rows": None, "linear_cols_per_warp": None}
+# linear_mma: True takes the tensor-core few-row kernels (linear_mma_k*, cuda_src/layers/
+# linear_mma.cu) for the calls they serve (_linear_mma): mma m16n8k16 with the weights as A and
+# the <= 8 rows as the n = 8 columns, so the work of a row is nearly free up to 8 rows; a row's
+# bits then depend on that row alone as ever, but are not the CUDA-core kernels' (the tensor core
+# sums in its own order). False (default): unmeasured on a GPU so far (s45).
+TUNING = {"linear_cta_rows": None, "linear_cols_per_warp": None, "linear_mma": False}
+_LINEAR_MMA_THREADS = 256     # linear_mma: blockDim (kMmaWarps = 8: warp m stages row m)
+_LINEAR_MMA_COLS = 16         # ... output columns a CTA (silu_mul: 8 gates and their 8 ups)
 
 
 def _linear_small(M, K, vec, norm_weight_16bit):
@@ -267,6 +274,17 @@ def _linear_small(M, K, vec, norm_weight_16bit):
     return mr, k, 4 if wide else 2
 
 
+def _linear_mma(M, K, vec):
+    """Units a lane (4: K <= 1024, 8: K <= 2048) of the linear_mma_k* kernel for M rows of
+    width K, or None: only where TUNING["linear_mma"] asks, at most LINEAR_FAST_MAX_ROWS rows
+    (the n = 8 of the mma) and every access 16 bytes (K % 8 == 0; a K past a multiple of 32
+    is zero-padded in the kernel). f16 and bf16 on every code family (compute_75's bf16
+    multiplies the same fragments on the CUDA cores)."""
+    if not TUNING["linear_mma"] or not vec or M > LINEAR_FAST_MAX_ROWS or K > LINEAR_FAST_MAX_K:
+        return None
+    return next(u for u in _kernels.LINEAR_MMA_UNITS if K <= 256 * u)
+
+
 def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
            norm_weight: Optional[ArrayLike] = None, eps: float = 1e-6,
            residual: Optional[ArrayLike] = None, residual_out: Optional[ArrayLike] = None,
@@ -281,7 +299,11 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     row, four output columns a warp at K <= 1024): in a chain of SmolLM2's layers 0.51 /
     0.60 / 0.80 / 0.87 / 1.01x cuBLAS at M = 1 / 2 / 4 / 5 / 6 (H100, docs/PERF.md s43);
     other calls take the chunked kernel, which serves row
-    invariance, not speed (2-18x cuBLAS at M=16-128).
+    invariance, not speed (2-18x cuBLAS at M=16-128). ``TUNING["linear_mma"] = True`` (off by
+    default, unmeasured) sends those few-row calls to tensor-core kernels instead
+    (``linear_mma_k*``: mma with the weights as A, the rows as its 8 columns), meant to cost
+    nearly the same at 1..8 rows; row-invariant within that form, with other bits than the
+    CUDA-core kernels' (same float32 accuracy).
 
     x [M, K] float16/bfloat16, last dimension contiguous (row stride free); weight [N, K]
     x's dtype, contiguous (nn.Linear layout); out [M, N] x's dtype (row stride free).
@@ -318,7 +340,26 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
                             | (_row_bytes(r) | _row_bytes(ro) if fused else 0)) % 16 == 0
     vec_w = K % 8 == 0 and wa.ptr % 16 == 0
     wdt = _SHORT[nw.dtype if norm else dt]
-    small = _linear_small(M, K, vec_x and vec_w, wdt == _SHORT[dt])
+    k, gx, gy, block = _linear_plan(M, K, N, width, silu, vec_x and vec_w, _SHORT[dt], wdt, dev)
+    from .. import _layers
+    _layers.launch_linear(k, gx, gy, block, stream_h, xa.ptr, r.ptr, ro.ptr, nw.ptr,
+                          wa.ptr, o.ptr, xa.strides[0], r.strides[0] if fused else 0,
+                          ro.strides[0] if fused else 0, o.strides[0], M, K, N,
+                          _norm_threads(K, xa.itemsize), bool(unit_offset), silu, vec_x, vec_w,
+                          eps)
+    return out
+
+
+def _linear_plan(M, K, N, width, silu, vec, t, wdt, dev):
+    """(kernel, gridDim.x, gridDim.y, blockDim) of a linear call: M rows of width K, N weight
+    rows (width output columns), x's dtype t and the norm weight's wdt as kernel suffixes,
+    vec: every access 16 bytes."""
+    mma = _linear_mma(M, K, vec)
+    if mma is not None:             # a CTA per 16 weight rows (silu_mul: 8 gates + their ups)
+        k = runtime.kernel("linear_mma", _kernels.linear_mma_kernel(mma, t, wdt), dev)
+        cols = _LINEAR_MMA_COLS // 2 if silu else _LINEAR_MMA_COLS
+        return k, -(-width // cols), 1, _LINEAR_MMA_THREADS
+    small = _linear_small(M, K, vec, wdt == t)
     cols = 2 if small is None else small[2]
     # a warp per column pair (silu_mul: a gate column and its up), or per four columns (two
     # gates and their ups)
@@ -328,17 +369,11 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     if small is not None:                       # the same bits: weights and x in registers
         mr, ku, _ = small
         wide = "w4_" if cols == 4 else ""
-        k = runtime.kernel("linear", f"linear_{wide}m{mr}_k{ku}_{_SHORT[dt]}_w{wdt}", dev)
+        k = runtime.kernel("linear", f"linear_{wide}m{mr}_k{ku}_{t}_w{wdt}", dev)
         gy = -(-M // mr)
     else:
-        k = runtime.kernel("linear", f"linear_{_SHORT[dt]}_w{wdt}", dev)
+        k = runtime.kernel("linear", f"linear_{t}_w{wdt}", dev)
         if k not in _LINEAR_CARVEOUT:           # 44 KB of static smem: 3 CTAs per SM want it
             k.prefer_max_shared()
             _LINEAR_CARVEOUT.add(k)
-    from .. import _layers
-    _layers.launch_linear(k, gx, gy, _LINEAR_THREADS, stream_h, xa.ptr, r.ptr, ro.ptr, nw.ptr,
-                          wa.ptr, o.ptr, xa.strides[0], r.strides[0] if fused else 0,
-                          ro.strides[0] if fused else 0, o.strides[0], M, K, N,
-                          _norm_threads(K, xa.itemsize), bool(unit_offset), silu, vec_x, vec_w,
-                          eps)
-    return out
+    return k, gx, gy, _LINEAR_THREADS

@@ -45,14 +45,20 @@ def main():
                    "and N times alternating (the GPU time of a graph alone and after another)")
     p.add_argument("--small-rows-max", type=int, default=None, metavar="R", help="the target's "
                    "passes of <= R rows on linear's few-row kernels (models.llama.SMALL_ROWS_MAX, "
-                   "default 5; at most 8)")
+                   "default 5, and SMALL_ROWS_MAX_MMA, default 8; at most 8)")
+    p.add_argument("--linear-mma", action="store_true", help="linear's few-row calls on the "
+                   "tensor-core kernels (ops.layers.TUNING['linear_mma']; the target's passes of "
+                   "<= 8 rows on linear, models.llama.SMALL_ROWS_MAX_MMA)")
     p.add_argument("--kernels", type=int, default=0, metavar="N", help="after each mode, N "
                    "replays of its most used graph under torch.profiler: GPU time per kernel "
                    "name (us a replay, launches a replay)")
     args = p.parse_args()
     if args.small_rows_max is not None:
         from specdec_lib.models import llama
-        llama.SMALL_ROWS_MAX = args.small_rows_max
+        llama.SMALL_ROWS_MAX = llama.SMALL_ROWS_MAX_MMA = args.small_rows_max
+    if args.linear_mma:
+        from specdec_lib.ops import layers as ops_layers
+        ops_layers.TUNING["linear_mma"] = True
     if args.batch > 1:
         args.prompts = args.batch
     be = e2e.make_backend("torch")
