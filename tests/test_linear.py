@@ -431,7 +431,7 @@ def test_linear_cols_per_warp_launch(M, K, N, epi, cta_rows, cols, kernel, gx, g
         ops.linear(x, w, o, **kw)
         (launch,) = rec.launches
     assert ops_layers.TUNING == {"linear_cta_rows": None, "linear_cols_per_warp": None,
-                                 "linear_mma": False}
+                                 "linear_mma": False, "linear_weights_early": False}
     a = launch["args"]
     assert (a["k"], a["gx"], a["gy"], a["block"]) == (f"kernel:linear/{kernel}", gx, gy, 128)
 
@@ -696,6 +696,28 @@ def test_linear_gpu_mma_switch_restores_default(dtype, monkeypatch, rng):
     _, want = _want(x, r, w, nw, dtype, True, True, "silu_mul")
     for got in (default, mma):
         assert rel_err(from_host_storage(got, dtype), want) < TOL[dtype]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M,K,N", [(1, 576, 960), (2, 576, 3072), (4, 1536, 576), (5, 1024, 48),
+                                   (8, 2048, 16)])
+@pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[4]], ids=lambda v: v[0])
+def test_linear_gpu_weights_early_same_bits(dtype, M, K, N, variant, monkeypatch, rng):
+    """TUNING["linear_weights_early"] takes the few-row kernels' *_early forms (weights by
+    plain loads, before the PDL wait): only the load instruction differs, so the bits are the
+    default form's, for every row count and kernel shape."""
+    from specdec_lib.ops import layers as ops_layers
+    x, r, w, nw = _case(rng, M, N, K, dtype, dtype)
+    names = _spy_kernels(monkeypatch)
+    rows = list(range(M))
+    default, _ = _call_rows(x, r, w, nw, dtype, rows, variant)
+    assert names and not any(n.endswith("_early") for n in names), names
+    monkeypatch.setitem(ops_layers.TUNING, "linear_weights_early", True)
+    del names[:]
+    early, _ = _call_rows(x, r, w, nw, dtype, rows, variant)
+    assert names and all(n.endswith("_early") for n in names if n.startswith("linear_")), names
+    np.testing.assert_array_equal(_bits(early), _bits(default))
 
 
 @pytest.mark.parametrize("M,K,N,epi,wdt,env,kernel,gx,gy,block", [

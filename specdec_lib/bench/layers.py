@@ -209,11 +209,13 @@ def bench_linear_chain(b: Bench):
                 linear(act, w["down"], mix, stream=st)
         shape = f"SmolLM2 30 layers x 4 GEMMs M={M} bf16 (one graph, weights from HBM)"
         b.report("linear_chain", shape, wbytes, b.time_graph(chain, per_graph=1))
-        # the tensor-core form (TUNING["linear_mma"]), each other rows-a-CTA choice (the
+        # the weights-early forms (TUNING["linear_weights_early"]), the tensor-core form
+        # (TUNING["linear_mma"]), each other rows-a-CTA choice (the
         # default's above), then the two-column form (the default's four where K <= 1024) at 1
         # and 2 rows a CTA
         default_mr = ops_layers._linear_small(M, H, True, True)[0]
-        choices = [(dict(linear_mma=True), "linear_mma (tensor cores)")]
+        choices = [(dict(linear_weights_early=True), "linear weights before the PDL wait"),
+                   (dict(linear_mma=True), "linear_mma (tensor cores)")]
         choices += [(dict(linear_cta_rows=mr), f"linear {mr} rows a CTA") for mr in (1, 2, 4)
                     if mr != default_mr]
         choices += [(dict(linear_cta_rows=mr, linear_cols_per_warp=2),

@@ -253,7 +253,12 @@ LINEAR_FAST_MAX_K = 2048       # ... and K they take (16-byte aligned rows, K % 
 # the <= 8 rows as the n = 8 columns, so the work of a row is nearly free up to 8 rows; a row's
 # bits then depend on that row alone as ever, but are not the CUDA-core kernels' (the tensor core
 # sums in its own order). False (default): unmeasured on a GPU so far (s45).
-TUNING = {"linear_cta_rows": None, "linear_cols_per_warp": None, "linear_mma": False}
+# linear_weights_early: True takes the few-row kernels' *_early forms, whose weights are plain
+# loads that ptxas keeps before the PDL wait (the default's ld.global.nc loads it moves after
+# the wait on sm_90, so they never overlap the previous kernel); the same bits. False (default)
+# until measured (s45).
+TUNING = {"linear_cta_rows": None, "linear_cols_per_warp": None, "linear_mma": False,
+          "linear_weights_early": False}
 _LINEAR_MMA_THREADS = 256     # linear_mma: blockDim (kMmaWarps = 8: warp m stages row m)
 _LINEAR_MMA_COLS = 16         # ... output columns a CTA (silu_mul: 8 gates and their 8 ups)
 
@@ -369,7 +374,8 @@ def _linear_plan(M, K, N, width, silu, vec, t, wdt, dev):
     if small is not None:                       # the same bits: weights and x in registers
         mr, ku, _ = small
         wide = "w4_" if cols == 4 else ""
-        k = runtime.kernel("linear", f"linear_{wide}m{mr}_k{ku}_{t}_w{wdt}", dev)
+        early = "_early" if TUNING["linear_weights_early"] else ""
+        k = runtime.kernel("linear", f"linear_{wide}m{mr}_k{ku}_{t}_w{wdt}{early}", dev)
         gy = -(-M // mr)
     else:
         k = runtime.kernel("linear", f"linear_{t}_w{wdt}", dev)
