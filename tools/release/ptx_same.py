@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Prove a kernel-source change left kernels untouched, without a GPU: compare two PTX files
 kernel by kernel (each .entry's instruction text, debug sections, .loc/.file and comments
-dropped, and the hash nvcc puts into anonymous-namespace names -- it changes with the
-source file's text and path, not with the code) and the module-level declarations. Prints identical / DIFF per kernel, the kernels
+dropped, branch labels' module-wide numbers and the hash nvcc puts into anonymous-namespace
+names ignored -- they change with the other kernels and the source file's text and path, not
+with the code) and the module-level declarations. Prints identical / DIFF per kernel, the kernels
 only one side has, and exits 1 when a kernel present on both sides differs.
 
     python3 tools/release/ptx_same.py BEFORE.ptx AFTER.ptx [PREFIX]
@@ -18,6 +19,9 @@ def _clean(path):
     txt = re.sub(r"\.section\s*\.debug.*", "", txt, flags=re.S)
     txt = re.sub(r"_INTERNAL_[0-9a-f]{8}_", "_INTERNAL_", txt)
     txt = re.sub(r"__N__[0-9a-f]{8}_", "__N__", txt)
+    # branch labels are numbered across the module: a kernel added before another renumbers
+    # the later one's labels without changing its code
+    txt = re.sub(r"\$L__BB\d+_", "$L__BB_", txt)
     lines = [ln.split("//")[0].rstrip() for ln in txt.splitlines()]
     return "\n".join(ln for ln in lines if ln.strip() and not ln.strip().startswith((".loc", ".file"))) + "\n"
 
