@@ -454,13 +454,14 @@ def test_torch_gpu_close_to_reference(tmp_path, state_dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_torch_gpu_gated_norm_is_the_torch_formula(tmp_path, dtype):
-    """``_gated_norm`` on torch (one gated_rms_norm launch, z a column slice of the
-    projection's rows as the GDN layer passes it) against the torch formula it replaced
+    """``_gated_norm`` on torch with ``gated_norm_op`` (one gated_rms_norm launch, z a column
+    slice of the projection's rows as the GDN layer passes it) against the torch formula
     (float32 math, one rounding to the dense dtype): equal up to that rounding (an element
     whose float32 value sits near a rounding boundary may land one step away)."""
     import torch
     skip_unless_torch_gpu()
     t = _target(tmp_path, backend="torch", row_invariant=True, dtype=dtype)
+    t.gated_norm_op = True
     d, act = t.d, getattr(torch, dtype)
     L = t.layers[t.gdn_ids[0]]
     cd, hvdv = d.conv_dim, d.hv * d.dv
