@@ -401,6 +401,8 @@ def main():
     p.add_argument("--state-dtype", default="float32", help="--hybrid: the GDN state dtype")
     p.add_argument("--plain-state", action="store_true", help="--hybrid: gdn_commit / "
                    "conv1d_commit every round (fused_state=False), not the fused mode")
+    p.add_argument("--gated-norm-op", action="store_true", help="--hybrid: the GDN layers' "
+                   "gated norm as one gated_rms_norm launch (LlamaHybridTarget.gated_norm_op)")
     p.add_argument("--no-profile", action="store_true", help="skip the round / prefill "
                    "profiles at the end")
     p.add_argument("--heads-dir", default=None, help="heads from DIR/smollm2_<method>/ "
@@ -454,6 +456,7 @@ def main():
                                                  progress=False, row_invariant=args.row_invariant,
                                                  state_dtype=args.state_dtype,
                                                  fused_state=not args.plain_state)
+        target.gated_norm_op = args.gated_norm_op
     else:
         target, tok = load_smollm2_target(be, path=args.gguf, progress=False,
                                           row_invariant=args.row_invariant, kv_dtype=args.kv_dtype)
@@ -482,7 +485,8 @@ def main():
               "prefill": args.prefill, "drafts": list(drafts),
               "row_invariant": target.row_invariant, "kv_dtype": target.kv_dtype,
               "hybrid": args.hybrid and dict(weights=args.hybrid, state_dtype=args.state_dtype,
-                                             fused_state=not args.plain_state)}
+                                             fused_state=not args.plain_state,
+                                             gated_norm_op=args.gated_norm_op)}
     rows = []
     stops = dict(stop_token_ids=STOP_TOKEN_IDS) if args.stop_at_eos else {}
     report["stop_at_eos"] = bool(args.stop_at_eos)
