@@ -49,6 +49,9 @@ def main():
     p.add_argument("--linear-mma", action="store_true", help="linear's few-row calls on the "
                    "tensor-core kernels (ops.layers.TUNING['linear_mma']; the target's passes of "
                    "<= 8 rows on linear, models.llama.SMALL_ROWS_MAX_MMA)")
+    p.add_argument("--linear-weights-early", action="store_true", help="linear's few-row "
+                   "kernels' *_early forms, weights read before the PDL wait "
+                   "(ops.layers.TUNING['linear_weights_early'])")
     p.add_argument("--kernels", type=int, default=0, metavar="N", help="after each mode, N "
                    "replays of its most used graph under torch.profiler: GPU time per kernel "
                    "name (us a replay, launches a replay)")
@@ -59,6 +62,9 @@ def main():
     if args.linear_mma:
         from specdec_lib.ops import layers as ops_layers
         ops_layers.TUNING["linear_mma"] = True
+    if args.linear_weights_early:
+        from specdec_lib.ops import layers as ops_layers
+        ops_layers.TUNING["linear_weights_early"] = True
     if args.batch > 1:
         args.prompts = args.batch
     be = e2e.make_backend("torch")
