@@ -26,6 +26,7 @@ import contextlib
 import numpy as np
 
 from ..ops.layers import LINEAR_FAST_MAX_K, LINEAR_FAST_MAX_ROWS, TUNING as LINEAR_TUNING
+from .llama_layer import decoder_layer, fuse_layer, layer_tensor_names
 
 # The passes LlamaTarget(small_rows=True) runs on linear's few-row kernels: at most 5 rows.
 # linear takes up to LINEAR_FAST_MAX_ROWS = 8 that way (a CTA row per row since s42), but a
@@ -44,7 +45,6 @@ def small_rows_max():
     SMALL_ROWS_MAX, or SMALL_ROWS_MAX_MMA while ops.layers.TUNING["linear_mma"] is on (read
     at each pass's planning: a decoder's graphs keep what they recorded)."""
     return SMALL_ROWS_MAX_MMA if LINEAR_TUNING["linear_mma"] else SMALL_ROWS_MAX
-from .llama_layer import decoder_layer, fuse_layer, layer_tensor_names
 
 
 class _RowInvariant:

@@ -300,8 +300,8 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     row (and the weights, N, K): never on M, the other rows, or the pointers' alignment.
     ``LlamaTarget`` decodes through it at <= 5 rows (and always with ``row_invariant=True``),
     norms and silu_mul fused. At most 8 16-byte-aligned rows of K <= 2048 take the few-row
-    kernels (weights requested before the PDL wait, everything in registers, a CTA row per
-    row, four output columns a warp at K <= 1024): in a chain of SmolLM2's layers 0.51 /
+    kernels (everything in registers, a CTA row per row, four output columns a warp at
+    K <= 1024; TUNING["linear_weights_early"]: weights requested before the PDL wait): in a chain of SmolLM2's layers 0.51 /
     0.60 / 0.80 / 0.87 / 1.01x cuBLAS at M = 1 / 2 / 4 / 5 / 6 (H100, docs/PERF.md s43);
     other calls take the chunked kernel, which serves row
     invariance, not speed (2-18x cuBLAS at M=16-128). ``TUNING["linear_mma"] = True`` (off by
