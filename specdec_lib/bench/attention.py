@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._harness import Bench, _paged_batch, _rand, bench
+from ._harness import Bench, _paged_batch, _rand, _strided, bench
 
 SHAPES = [   # (B, L, q, Hq, Hkv, D, page_size)
     (64, 4096, 4, 32, 8, 128, 16),
@@ -254,16 +254,6 @@ def bench_verify_attention_kv8(b: Bench):
     _bench_verify_attention_kv8(b)
 
 
-class _HeadView:
-    """Heads h0 .. h0+n-1 of a bf16 [T, W] projection as a [T, n, D] array (CUDA Array
-    Interface), the way a host model hands q/k/v views of its fused qkv GEMM to the ops."""
-
-    def __init__(self, base, W, h0, n, D):
-        self.__cuda_array_interface__ = {"shape": (base.shape[0], n, D), "typestr": "<V2",
-                                         "strides": (W * 2, D * 2, 2),
-                                         "data": (base.ptr + h0 * D * 2, False), "version": 3}
-
-
 @bench("rope_append_kv")
 def bench_rope_append_kv(b: Bench):
     """The fused op against the rope + append_kv pair it replaces, on SmolLM2-135M's heads
@@ -280,8 +270,10 @@ def bench_rope_append_kv(b: Bench):
         num_pages = B * max_pages
         W = (Hq + 2 * Hkv) * D
         qkv = _rand((T, W), "bfloat16", b.device, 1)
-        qv, kv, vv = (_HeadView(qkv, W, h0, n, D) for h0, n in ((0, Hq), (Hq, Hkv),
-                                                                  (Hq + Hkv, Hkv)))
+        # heads h0 .. h0+n-1 of the fused projection as [T, n, D] views: how a host model
+        # hands q / k / v to the ops
+        qv, kv, vv = (_strided(qkv, (T, n, D), (W, D, 1), h0 * D)
+                      for h0, n in ((0, Hq), (Hq, Hkv), (Hq + Hkv, Hkv)))
         kc = DeviceArray.empty((num_pages, ps, Hkv, D), "bfloat16", b.device)
         vc = DeviceArray.empty((num_pages, ps, Hkv, D), "bfloat16", b.device)
         pt, sl, cq = _paged_batch(b.device, B, L, q, num_pages, max_pages)
