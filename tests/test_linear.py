@@ -355,6 +355,18 @@ def test_linear_gpu_few_row_cta_rows(dtype, wdtype, N, K, cta_rows, variant, mon
     assert rel_err(_host(out, dtype), want) < TOL[dtype]
 
 
+def _spy_kernels(monkeypatch):
+    """The kernel names ops ask runtime.kernel for from now on (a list that grows)."""
+    from specdec_lib import runtime
+    names, real = [], runtime.kernel
+
+    def spy(module, name, *a, **k):
+        names.append(name)
+        return real(module, name, *a, **k)
+    monkeypatch.setattr(runtime, "kernel", spy)
+    return names
+
+
 def _run_padded_out(x, r, w, nw, dtype, wdtype, variant):
     """ops.linear on x's rows (r's) into a view of a wider, poisoned out buffer (24 columns
     past N, past I with silu_mul): returns the view's host storage, after checking that the
@@ -444,20 +456,13 @@ def test_linear_gpu_few_row_wide(dtype, wdtype, N, K, variant, cta_rows, monkeyp
     residual_out included, for M = 1 .. 8 at 1 and 2 rows a CTA (the last CTA row ragged);
     the four-column kernel ran (K <= 1024; the two-column k8 one at K = 1536); nothing
     written past N (an out row of a wider, poisoned buffer); the reference's values."""
-    from specdec_lib import runtime
     from specdec_lib.ops import layers as ops_layers
     _, norm, res, epi = variant
     x, r, w, nw = _case(rng, 17, N, K, dtype, wdtype)
     full, full_s = _run(x, r, w, nw, dtype, wdtype, norm, res, epi)
     full = full.to_numpy()
     full_s = None if full_s is None else full_s.to_numpy()
-    names = []
-    real_kernel = runtime.kernel
-
-    def spy(module, name, *a, **k):
-        names.append(name)
-        return real_kernel(module, name, *a, **k)
-    monkeypatch.setattr(runtime, "kernel", spy)
+    names = _spy_kernels(monkeypatch)
     monkeypatch.setitem(ops_layers.TUNING, "linear_cta_rows", cta_rows)
     monkeypatch.setitem(ops_layers.TUNING, "linear_cols_per_warp", 4)
     for M in range(1, ops_layers.LINEAR_FAST_MAX_ROWS + 1):
@@ -590,18 +595,6 @@ def _mma_cases():
                     continue
                 cases.append(pytest.param(dt, wdt, N, K, v, id=f"{dt}-w{wdt}-{N}x{K}-{v[0]}"))
     return cases
-
-
-def _spy_kernels(monkeypatch):
-    """The kernel names ops ask runtime.kernel for from now on (a list that grows)."""
-    from specdec_lib import runtime
-    names, real = [], runtime.kernel
-
-    def spy(module, name, *a, **k):
-        names.append(name)
-        return real(module, name, *a, **k)
-    monkeypatch.setattr(runtime, "kernel", spy)
-    return names
 
 
 @needs_gpu
