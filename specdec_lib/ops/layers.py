@@ -301,9 +301,9 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     ``LlamaTarget`` decodes through it at <= 5 rows (and always with ``row_invariant=True``),
     norms and silu_mul fused. At most 8 16-byte-aligned rows of K <= 2048 take the few-row
     kernels (everything in registers, a CTA row per row, four output columns a warp at
-    K <= 1024; TUNING["linear_weights_early"]: weights requested before the PDL wait): in a chain of SmolLM2's layers 0.51 /
-    0.60 / 0.80 / 0.87 / 1.01x cuBLAS at M = 1 / 2 / 4 / 5 / 6 (H100, docs/PERF.md s43);
-    other calls take the chunked kernel, which serves row
+    K <= 1024; TUNING["linear_weights_early"]: weights requested before the PDL wait): in a
+    chain of SmolLM2's layers 0.51 / 0.60 / 0.80 / 0.87 / 1.01x cuBLAS at M = 1 / 2 / 4 / 5 /
+    6 (H100, docs/PERF.md s43); other calls take the chunked kernel, which serves row
     invariance, not speed (2-18x cuBLAS at M=16-128). ``TUNING["linear_mma"] = True`` (off by
     default, unmeasured) sends those few-row calls to tensor-core kernels instead
     (``linear_mma_k*``: mma with the weights as A, the rows as its 8 columns), meant to cost
