@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import needs_gpu, poison, rel_err
-from specdec_lib.dtypes import from_host_storage, round_to, to_host_storage
+from specdec_lib._kernels import GATED_NORM_DTYPES
+from specdec_lib.dtypes import canonical, from_host_storage, round_to, to_host_storage
 from specdec_lib.reference import layers as ref
 from test_draft import _Fake, _View
 
@@ -756,8 +757,7 @@ def test_layers_ops_reject_before_launch(rng):
 
 # ------------------------------------------------------------------------ gated_rms_norm GPU
 # (out / z, x, weight / z_bias) dtypes: every instantiated kernel (GATED_NORM_DTYPES)
-GATED_DTYPES = [(t, x, w) for t in ("float32", "float16", "bfloat16")
-                for x in dict.fromkeys((t, "float32")) for w in dict.fromkeys((t, "float32"))]
+GATED_DTYPES = [tuple(canonical(d) for d in kernel) for kernel in GATED_NORM_DTYPES]
 # (C, G): SmolLM2 hybrid, Qwen3-Next, odd (scalar units), 4 lanes a group, G = 1 (32 groups a
 # warp), two units a lane in registers, G > 256 (units read twice; 257: odd and scalar too)
 GATED_SHAPES = [(576, 64), (4096, 128), (15, 5), (256, 16), (40, 1), (1024, 256), (640, 320),
