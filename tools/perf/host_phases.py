@@ -59,12 +59,9 @@ def main():
     if args.small_rows_max is not None:
         from specdec_lib.models import llama
         llama.SMALL_ROWS_MAX = llama.SMALL_ROWS_MAX_MMA = args.small_rows_max
-    if args.linear_mma:
-        from specdec_lib.ops import layers as ops_layers
-        ops_layers.TUNING["linear_mma"] = True
-    if args.linear_weights_early:
-        from specdec_lib.ops import layers as ops_layers
-        ops_layers.TUNING["linear_weights_early"] = True
+    from specdec_lib.ops import layers as ops_layers
+    ops_layers.TUNING.update(linear_mma=args.linear_mma,
+                             linear_weights_early=args.linear_weights_early)
     if args.batch > 1:
         args.prompts = args.batch
     be = e2e.make_backend("torch")
