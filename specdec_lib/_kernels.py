@@ -219,13 +219,11 @@ register(KernelModule(
     params_header="layers/linear_params.h",
     kernels={**{f"linear_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES if t != "f32"},
              # few rows (ops.layers._linear_small): m rows a CTA, k units a lane
-             # (each also as *_early: weights by plain loads, before the PDL wait; TUNING)
-             **{f"linear_m{m}_k{k}_{t}_w{w}{e}": "LinearParams" for t, w in NORM_DTYPES
-                if t != "f32" for m, k in LINEAR_SMALL_SHAPES if (m, k) != (4, 8) or w == t
-                for e in ("", "_early")},
+             **{f"linear_m{m}_k{k}_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES
+                if t != "f32" for m, k in LINEAR_SMALL_SHAPES if (m, k) != (4, 8) or w == t},
              # ... four columns a warp (the default where instantiated: ops.layers._linear_small)
-             **{f"linear_w4_m{m}_k{k}_{t}_w{w}{e}": "LinearParams" for t, w in NORM_DTYPES
-                if t != "f32" for m, k in LINEAR_WIDE_SHAPES for e in ("", "_early")}},
+             **{f"linear_w4_m{m}_k{k}_{t}_w{w}": "LinearParams" for t, w in NORM_DTYPES
+                if t != "f32" for m, k in LINEAR_WIDE_SHAPES}},
 ))
 
 # linear's few-row form on the tensor cores (ops.layers.TUNING["linear_mma"]: <= 8 rows, K <=

@@ -344,6 +344,7 @@ def test_linear_gpu_few_row_cta_rows(dtype, wdtype, N, K, cta_rows, variant, mon
     x, r, w, nw = _case(rng, 17, N, K, dtype, wdtype)
     full, full_s = _run(x, r, w, nw, dtype, wdtype, norm, res, epi)
     full, full_s = full.to_numpy(), full_s.to_numpy()
+    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", False)      # the CUDA-core forms
     monkeypatch.setitem(ops_layers.TUNING, "linear_cta_rows", cta_rows)
     monkeypatch.setitem(ops_layers.TUNING, "linear_cols_per_warp", 2)
     for M in range(1, ops_layers.LINEAR_FAST_MAX_ROWS + 1):
@@ -423,15 +424,16 @@ def _wide_cases():
     (9, 576, 576, None, None, 4, "linear_bf16_wbf16", 72, 1),                   # chunked
 ])
 def test_linear_cols_per_warp_launch(M, K, N, epi, cta_rows, cols, kernel, gx, gy):
-    """The launcher's choice (CPU, recorded launches): four columns a warp (the default)
-    where the shape has the form (K <= 1024, 1 or 2 rows a CTA), with a warp per 4 columns
-    (silu_mul: per 2 gates) and 4 warps a CTA; otherwise, or with TUNING's 2, the
-    two-column kernels and grid."""
+    """The launcher's choice with TUNING["linear_mma"] off (CPU, recorded launches): four
+    columns a warp (the CUDA-core default) where the shape has the form (K <= 1024, 1 or 2
+    rows a CTA), with a warp per 4 columns (silu_mul: per 2 gates) and 4 warps a CTA;
+    otherwise, or with TUNING's 2, the two-column kernels and grid."""
     import launch_record
     from specdec_lib import ops
     from specdec_lib.ops import layers as ops_layers
     with launch_record.LaunchRecorder("h200") as rec:
-        ops_layers.TUNING.update(linear_cta_rows=cta_rows, linear_cols_per_warp=cols)
+        ops_layers.TUNING.update(linear_cta_rows=cta_rows, linear_cols_per_warp=cols,
+                                 linear_mma=False)
         x = rec.array("x", (M, K), "bfloat16")
         w = rec.array("weight", (N, K), "bfloat16")
         o = rec.array("out", (M, N // 2 if epi else N), "bfloat16")
@@ -443,7 +445,7 @@ def test_linear_cols_per_warp_launch(M, K, N, epi, cta_rows, cols, kernel, gx, g
         ops.linear(x, w, o, **kw)
         (launch,) = rec.launches
     assert ops_layers.TUNING == {"linear_cta_rows": None, "linear_cols_per_warp": None,
-                                 "linear_mma": False, "linear_weights_early": False}
+                                 "linear_mma": True}
     a = launch["args"]
     assert (a["k"], a["gx"], a["gy"], a["block"]) == (f"kernel:linear/{kernel}", gx, gy, 128)
 
@@ -463,6 +465,7 @@ def test_linear_gpu_few_row_wide(dtype, wdtype, N, K, variant, cta_rows, monkeyp
     full = full.to_numpy()
     full_s = None if full_s is None else full_s.to_numpy()
     names = _spy_kernels(monkeypatch)
+    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", False)      # the CUDA-core forms
     monkeypatch.setitem(ops_layers.TUNING, "linear_cta_rows", cta_rows)
     monkeypatch.setitem(ops_layers.TUNING, "linear_cols_per_warp", 4)
     for M in range(1, ops_layers.LINEAR_FAST_MAX_ROWS + 1):
@@ -667,8 +670,9 @@ def test_linear_gpu_mma_norm_bit_identical_to_rms_norm(dtype, wdtype, K, unit_of
 @needs_gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_gpu_mma_switch_restores_default(dtype, monkeypatch, rng):
-    """TUNING["linear_mma"] only picks the kernel: on, the call runs linear_mma (the
-    reference's values, other bits); off again, the default few-row kernel and its bits."""
+    """TUNING["linear_mma"] only picks the kernel: by default the call runs linear_mma; off,
+    the CUDA-core few-row kernel (the reference's values, other bits); on again, linear_mma
+    and its bits."""
     from specdec_lib.ops import layers as ops_layers
     variant = VARIANTS[4]
     x, r, w, nw = _case(rng, 4, 960, 576, dtype, dtype)
@@ -676,41 +680,50 @@ def test_linear_gpu_mma_switch_restores_default(dtype, monkeypatch, rng):
     rows = [0, 1, 2, 3]
     default, _ = _call_rows(x, r, w, nw, dtype, rows, variant)
     first = list(names)
-    assert first and not any(n.startswith("linear_mma") for n in first), first
-    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", True)
-    del names[:]
-    mma, _ = _call_rows(x, r, w, nw, dtype, rows, variant)
-    assert names and all(n.startswith("linear_mma_k4_") for n in names), names
+    assert first and all(n.startswith("linear_mma_k4_") for n in first), first
     monkeypatch.setitem(ops_layers.TUNING, "linear_mma", False)
+    del names[:]
+    cuda_cores, _ = _call_rows(x, r, w, nw, dtype, rows, variant)
+    assert names and not any(n.startswith("linear_mma") for n in names), names
+    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", True)
     del names[:]
     again, _ = _call_rows(x, r, w, nw, dtype, rows, variant)
     assert names == first
     np.testing.assert_array_equal(_bits(again), _bits(default))
     _, want = _want(x, r, w, nw, dtype, True, True, "silu_mul")
-    for got in (default, mma):
+    for got in (default, cuda_cores):
         assert rel_err(from_host_storage(got, dtype), want) < TOL[dtype]
 
 
-@needs_gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("M,K,N", [(1, 576, 960), (2, 576, 3072), (4, 1536, 576), (5, 1024, 48),
-                                   (8, 2048, 16)])
-@pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[4]], ids=lambda v: v[0])
-def test_linear_gpu_weights_early_same_bits(dtype, M, K, N, variant, monkeypatch, rng):
-    """TUNING["linear_weights_early"] takes the few-row kernels' *_early forms (weights by
-    plain loads, before the PDL wait): only the load instruction differs, so the bits are the
-    default form's, for every row count and kernel shape."""
-    from specdec_lib.ops import layers as ops_layers
-    x, r, w, nw = _case(rng, M, N, K, dtype, dtype)
-    names = _spy_kernels(monkeypatch)
-    rows = list(range(M))
-    default, _ = _call_rows(x, r, w, nw, dtype, rows, variant)
-    assert names and not any(n.endswith("_early") for n in names), names
-    monkeypatch.setitem(ops_layers.TUNING, "linear_weights_early", True)
-    del names[:]
-    early, _ = _call_rows(x, r, w, nw, dtype, rows, variant)
-    assert names and all(n.endswith("_early") for n in names if n.startswith("linear_")), names
-    np.testing.assert_array_equal(_bits(early), _bits(default))
+def _ptx_entries(module, family):
+    """{kernel name: PTX body} of a shipped module's compute_<family> PTX."""
+    import re
+    from pathlib import Path
+    from specdec_lib import runtime
+    path = Path(runtime.CUBIN_DIR) / f"{module}.compute_{family}.ptx"
+    if not path.is_file():
+        pytest.skip(f"no {path.name} (the package is not built)")
+    text = path.read_text()
+    starts = [(m.group(1), m.start()) for m in re.finditer(r"\.entry\s+(\w+)\s*\(", text)]
+    return {name: text[at:(starts[i + 1][1] if i + 1 < len(starts) else len(text))]
+            for i, (name, at) in enumerate(starts)}
+
+
+@pytest.mark.parametrize("module,prefixes", [("linear", ("linear_m", "linear_w4_", "linear_bf16",
+                                                         "linear_f16")),
+                                             ("linear_mma", ("linear_mma_",))])
+def test_linear_weights_load_before_the_pdl_wait(module, prefixes):
+    """linear's kernels request weights before griddepcontrol.wait by plain ld.global, never
+    ld.global.nc: ptxas 13.0 schedules the wait (SASS ACQBULK) above .nc loads on sm_90, so
+    .nc weights never overlapped the previous kernel (s45; plain loads 10% faster in a
+    SmolLM2 chain, s46). In each kernel's compute_90 PTX: a 16-byte global load before the
+    wait and no .nc load there (the norm weight's, after the wait, may be .nc)."""
+    entries = {n: b for n, b in _ptx_entries(module, 90).items() if n.startswith(prefixes)}
+    assert entries
+    for name, body in entries.items():
+        wait = body.find("griddepcontrol.wait")
+        assert wait > 0, name
+        assert "ld.global.v4" in body[:wait] and "ld.global.nc" not in body[:wait], name
 
 
 @pytest.mark.parametrize("M,K,N,epi,wdt,env,kernel,gx,gy,block", [
@@ -750,7 +763,7 @@ def test_linear_mma_launch(M, K, N, epi, wdt, env, kernel, gx, gy, block):
                       residual_out=rec.array("s", (M, K), "bfloat16"))
         ops.linear(x, w, o, epilogue=epi, **kw)
         (launch,) = rec.launches
-    assert ops_layers.TUNING["linear_mma"] is False
+    assert ops_layers.TUNING["linear_mma"] is True      # restored (the default)
     a = launch["args"]
     module = "linear_mma" if kernel.startswith("linear_mma") else "linear"
     assert (a["k"], a["gx"], a["gy"], a["block"]) == (f"kernel:{module}/{kernel}", gx, gy, block)

@@ -146,7 +146,8 @@ def test_tiny_llama_row_invariant_block_equals_one_row_steps(rng, backend, monke
 
 
 def test_torch_math_routes_few_row_gemms_to_linear():
-    """The torch math's GEMMs: at most 5 rows (SMALL_ROWS_MAX) of K <= 2048 (K % 8 == 0) over a
+    """The torch math's GEMMs: at most 8 rows (small_rows_max(): linear_mma on, the default)
+    of K <= 2048 (K % 8 == 0) over a
     layer's weight (N <= 8192) go through the library's linear (its few-row kernels), the rest
     (prefill under bulk(), a batch, the lm_head's vocabulary, K past 2048) through cuBLAS;
     row-invariant: all of them; small_rows=False: none."""
@@ -156,7 +157,7 @@ def test_torch_math_routes_few_row_gemms_to_linear():
     m = _TorchMath(dev)
     assert m.small_rows and not m.row_invariant
     assert m.library_rows(1, 576, 960) and m.library_rows(2, 1536, 576)
-    assert m.library_rows(5, 576, 960) and not m.library_rows(6, 576, 960)
+    assert m.library_rows(8, 576, 960) and not m.library_rows(9, 576, 960)
     assert not m.library_rows(2, 4096, 960) and not m.library_rows(1, 580, 960)
     assert not m.library_rows(1, 576, 49152)
     with m.bulk():
@@ -168,18 +169,19 @@ def test_torch_math_routes_few_row_gemms_to_linear():
 
 
 def test_torch_math_routes_eight_rows_with_linear_mma(monkeypatch):
-    """While ops.layers.TUNING["linear_mma"] is on (linear's tensor-core few-row form), the
-    torch math sends passes of up to SMALL_ROWS_MAX_MMA = 8 rows to linear; off (the default),
-    up to SMALL_ROWS_MAX = 5."""
+    """While ops.layers.TUNING["linear_mma"] is on (linear's tensor-core few-row form, the
+    default), the torch math sends passes of up to SMALL_ROWS_MAX_MMA = 8 rows to linear; off,
+    up to SMALL_ROWS_MAX = 5 (where the CUDA-core kernels beat cuBLAS)."""
     torch = pytest.importorskip("torch", reason="torch is not installed")
     from specdec_lib.models.llama import SMALL_ROWS_MAX_MMA, _TorchMath, small_rows_max
     from specdec_lib.ops import layers as ops_layers
     dev = SimpleNamespace(device=torch.device("cpu"))
     m = _TorchMath(dev)
-    assert ops_layers.TUNING["linear_mma"] is False
+    assert ops_layers.TUNING["linear_mma"] is True
+    assert small_rows_max() == SMALL_ROWS_MAX_MMA == 8
+    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", False)
     assert small_rows_max() == SMALL_ROWS_MAX == 5 and not m.library_rows(6, 576, 960)
     monkeypatch.setitem(ops_layers.TUNING, "linear_mma", True)
-    assert small_rows_max() == SMALL_ROWS_MAX_MMA == 8
     assert m.library_rows(8, 576, 960) and not m.library_rows(9, 576, 960)
     assert not m.library_rows(8, 4096, 960) and not m.library_rows(8, 576, 49152)
     assert not _TorchMath(dev, small_rows=False).library_rows(2, 576, 960)
@@ -188,12 +190,12 @@ def test_torch_math_routes_eight_rows_with_linear_mma(monkeypatch):
 @needs_gpu
 @pytest.mark.parametrize("mma", [False, True], ids=["cuda_cores", "linear_mma"])
 def test_tiny_llama_few_row_decode_through_linear(rng, monkeypatch, mma):
-    """The default torch target (small_rows): a decode pass of <= SMALL_ROWS_MAX (5) rows
-    runs the fused layers on linear's few-row kernels (norms, silu_mul fused; every GEMM, the
+    """The default torch target (small_rows): a decode pass of <= small_rows_max() rows (8 on
+    the tensor-core form, the default; 5 on the CUDA-core one) runs the fused layers on
+    linear's few-row kernels (norms, silu_mul fused; every GEMM, the
     tiny lm_head too, through row_linear), so a 5-row verify block's logits equal five
     one-row passes' bit for bit; they agree with the cuBLAS target's (small_rows=False) to
-    bf16 rounding. With ops.layers.TUNING["linear_mma"] the same for 8 rows
-    (SMALL_ROWS_MAX_MMA) on the tensor-core few-row kernels."""
+    bf16 rounding."""
     skip_unless_torch_gpu()
     from specdec_lib import runtime
     if runtime.arch_family(0) < 80:

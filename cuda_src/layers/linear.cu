@@ -176,7 +176,7 @@ __device__ __forceinline__ void load_weights(Unit<T> (&wv)[kCols][kLaneUnits],
     for (int j = 0; j < kLaneUnits; ++j) {
       const int u = lane + 32 * j;
       if (ok[c] && u < su) {
-        wv[c][j] = load_u<T>(wrow[c], s0 + u, K, vec);
+        wv[c][j] = load_u<T, false>(wrow[c], s0 + u, K, vec);
       } else {
         wv[c][j] = zero_unit<T>();
       }
@@ -281,7 +281,10 @@ __device__ __forceinline__ void linear(const LinearParams& p) {
 
   // The first chunk's weights are requested before the PDL wait: no launch writes a weight,
   // so they may stream in while the predecessor drains (at decode sizes the weights are
-  // nearly all the bytes). Everything else is read after the wait (pdl.cuh).
+  // nearly all the bytes). Everything else is read after the wait (pdl.cuh). Weights load by
+  // plain ld.global everywhere in this file: ptxas 13.0 schedules griddepcontrol.wait (SASS
+  // ACQBULK) above ld.global.nc loads on sm_90, so .nc weights never overlapped the previous
+  // kernel (s45's SASS; plain loads: 10% off linear_chain at M = 1..8, H100 s46, same bits).
   Unit<T> wv[kCols][kLaneUnits];              // in flight during the wait and the staging
   load_weights<T>(wv, wrow, ok, 0, min(units, kSlabUnits), K, vec_w);
   pdl_begin();
@@ -356,7 +359,7 @@ __device__ __forceinline__ void linear(const LinearParams& p) {
 // rms_norm's norm_threads threads owns one unit at these K: virtual warp v = lane unit v).
 // No shared memory, no barrier: at batch 1 linear's staging, 16-row chunks and barriers were
 // most of its time (1.5x cuBLAS, s32).
-template <typename T, typename W, int MR, int kSmallUnits, bool Early>   // K <= 256 * kSmallUnits
+template <typename T, typename W, int MR, int kSmallUnits>   // K <= 256 * kSmallUnits
 __device__ __forceinline__ void linear_small(const LinearParams& p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int K = p.width, units = K / kUnit;    // vec: K % 8 == 0
@@ -373,7 +376,7 @@ __device__ __forceinline__ void linear_small(const LinearParams& p) {
 #pragma unroll
     for (int j = 0; j < kSmallUnits; ++j) {
       const int u = lane + 32 * j;
-      wv[c][j] = ok[c] && u < units ? load_u<T, !Early>(wrow, u, K, true) : zero_unit<T>();
+      wv[c][j] = ok[c] && u < units ? load_u<T, false>(wrow, u, K, true) : zero_unit<T>();
     }
   }
   pdl_begin();                               // everything below reads what a launch may write
@@ -539,7 +542,7 @@ __device__ __forceinline__ float reduce_scatter_sum(float (&v)[V], int lane) {
 template <int V> struct Log2 { static constexpr int value = 1 + Log2<V / 2>::value; };
 template <> struct Log2<1> { static constexpr int value = 0; };
 
-template <typename T, typename W, int MR, int kSmallUnits, bool Early>   // K <= 256 * kSmallUnits
+template <typename T, typename W, int MR, int kSmallUnits>   // K <= 256 * kSmallUnits
 __device__ __forceinline__ void linear_small_wide(const LinearParams& p) {
   constexpr int NC = kWideCols, V = MR * NC;
   constexpr int kShift = 5 - Log2<V>::value;  // lane >> kShift: the value a lane ends with
@@ -559,7 +562,7 @@ __device__ __forceinline__ void linear_small_wide(const LinearParams& p) {
 #pragma unroll
     for (int j = 0; j < kSmallUnits; ++j) {
       const int u = lane + 32 * j;
-      wv[c][j] = ok && u < units ? load_u<T, !Early>(wrow, u, K, true) : zero_unit<T>();
+      wv[c][j] = ok && u < units ? load_u<T, false>(wrow, u, K, true) : zero_unit<T>();
     }
   }
   pdl_begin();                               // everything below reads what a launch may write
@@ -610,18 +613,10 @@ SPECDEC_LINEAR(f16_wf32, __half, float)
 SPECDEC_LINEAR(bf16_wbf16, bf16_t, bf16_t)
 SPECDEC_LINEAR(bf16_wf32, bf16_t, float)
 
-// Each few-row kernel also as *_early: its weights read by plain loads, which ptxas keeps
-// before griddepcontrol.wait; the ld.global.nc ones of the default form it schedules after
-// the wait on sm_90 (SASS: ACQBULK first), so that form never overlaps its weight fetch with
-// the previous kernel (s45; ops.layers.TUNING["linear_weights_early"] picks, the same bits).
 #define SPECDEC_LINEAR_SMALL_MK(NAME, T, W, M, U)                                           \
   extern "C" __global__ void __launch_bounds__(kThreads) linear_m##M##_k##U##_##NAME(       \
       const LinearParams p) {                                                               \
-    linear_small<T, W, M, U, false>(p);                                                     \
-  }                                                                                         \
-  extern "C" __global__ void __launch_bounds__(kThreads) linear_m##M##_k##U##_##NAME##_early( \
-      const LinearParams p) {                                                               \
-    linear_small<T, W, M, U, true>(p);                                                      \
+    linear_small<T, W, M, U>(p);                                                            \
   }
 // units per lane 4 (K <= 1024) for 1, 2, 4 rows; 8 (K <= 2048) for 1, 2 rows, and for 4 rows
 // with a 16-bit norm weight (a float32 one spills there: ops.linear keeps linear_*)
@@ -639,11 +634,7 @@ SPECDEC_LINEAR_SMALL_MK(bf16_wbf16, bf16_t, bf16_t, 4, 8)
 #define SPECDEC_LINEAR_WIDE_MK(NAME, T, W, M, U)                                            \
   extern "C" __global__ void __launch_bounds__(kThreads) linear_w4_m##M##_k##U##_##NAME(    \
       const LinearParams p) {                                                               \
-    linear_small_wide<T, W, M, U, false>(p);                                                \
-  }                                                                                         \
-  extern "C" __global__ void __launch_bounds__(kThreads) linear_w4_m##M##_k##U##_##NAME##_early( \
-      const LinearParams p) {                                                               \
-    linear_small_wide<T, W, M, U, true>(p);                                                 \
+    linear_small_wide<T, W, M, U>(p);                                                       \
   }
 // four columns a warp (ops.layers.TUNING["linear_cols_per_warp"] = 4): units per lane 4
 // (K <= 1024) for 1 and 2 rows a CTA

@@ -34,8 +34,8 @@ from .llama_layer import decoder_layer, fuse_layer, layer_tensor_names
 # 4 / 5 / 6 rows, cuBLAS ~620); SmolLM2's B=1 EAGLE3 rounds (GPU us, few-row against cuBLAS):
 # k=3 934 against 1113, k=4 1008 against 1138.
 SMALL_ROWS_MAX = 5
-# ... and while ops.layers.TUNING["linear_mma"] is on (linear's tensor-core few-row form, meant
-# to cost nearly the same at 1..8 rows; off by default, unmeasured, s45): at most 8.
+# ... and while ops.layers.TUNING["linear_mma"] is on (the default: linear's tensor-core few-row
+# form costs nearly the same at 1..8 rows: 310 / 303 / 328 us at 1 / 4 / 8, H100 s46): at most 8.
 SMALL_ROWS_MAX_MMA = 8
 assert max(SMALL_ROWS_MAX, SMALL_ROWS_MAX_MMA) <= LINEAR_FAST_MAX_ROWS
 
@@ -55,7 +55,7 @@ class _RowInvariant:
     Prefill keeps the host's GEMM (``bulk``): it runs once per prompt in either mode (prompts
     prefilled in one call share its cuBLAS shape)."""
 
-    small_rows = False       # the torch math: decode GEMMs of <= 5 rows through ``linear`` too
+    small_rows = False       # the torch math: decode GEMMs of <= 8 rows through ``linear`` too
 
     def __init__(self, be=None, row_invariant=False):
         self.be, self.row_invariant = be, bool(row_invariant)
@@ -63,7 +63,7 @@ class _RowInvariant:
     def library_rows(self, rows, k, n):
         """Whether a [rows, k] @ [n, k].T GEMM goes through the library's ``linear``: always
         when row-invariant; with ``small_rows`` where linear's few-row kernels take it and
-        pay (at most SMALL_ROWS_MAX = 5 rows, 8 with TUNING["linear_mma"]: small_rows_max();
+        pay (at most 8 rows with TUNING["linear_mma"], the default, else 5: small_rows_max();
         K <= 2048) and the weight is a layer's, not a vocabulary (N <= 8192: the
         lm_head's 49k columns stay on the host's GEMM)."""
         return self.row_invariant or (
@@ -421,13 +421,14 @@ def kv_dtype_unsupported(backend, kv_dtype, head_dim):
 class LlamaTarget:
     """Host passes of a Llama target for ``SpeculativeDecoder`` (slot b = sequence b).
 
-    ``small_rows`` (torch backend, default on): a decode pass of at most 5 rows
-    (``SMALL_ROWS_MAX``; 8 while ``ops.layers.TUNING["linear_mma"]`` is on:
-    ``small_rows_max()``) whose layer GEMMs linear's few-row kernels take (K <= 2048) runs
+    ``small_rows`` (torch backend, default on): a decode pass of at most 8 rows
+    (``small_rows_max()``: 8 while ``ops.layers.TUNING["linear_mma"]`` is on, the default;
+    else ``SMALL_ROWS_MAX`` = 5) whose layer GEMMs linear's few-row kernels take (K <= 2048) runs
     ``_run_fused`` on them: norms and silu_mul fused, no cuBLAS but the lm_head (SmolLM2 B=1
     target-only 1.55x, s40; a k = 3 / 4 verify round 0.84 / 0.89x of cuBLAS's GPU time, s42).
-    Its rows are then row-invariant (a verify block of up to 5 rows gives what one-row passes
-    give)."""
+    Its rows are then row-invariant (a verify block of up to 8 rows gives what one-row passes
+    give; with linear_mma a k = 3 round costs 1.22x target-only's GPU time, 667 / 547 us, H100
+    s46))."""
     # prefill rows past a prompt (pads) only write dead cache rows: the decoder may pad a
     # prompt to a length bucket and replay one recorded prefill per bucket
     pads_prefill = True

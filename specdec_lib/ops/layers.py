@@ -248,17 +248,15 @@ LINEAR_FAST_MAX_K = 2048       # ... and K they take (16-byte aligned rows, K % 
 # SmolLM2's 30 layers in one graph (`bench linear_chain`, down's K 1536 on two columns), us
 # at M = 1 / 2 / 4 / 5 / 6 / 8: 317.9 / 371.6 / 494.7 / 536.6 / 623.8 / 706.2 against two
 # columns' 321.5 / 413.8 / 557.2 / 597.9 / 722.8 / 874.5 (cuBLAS ~620).
-# linear_mma: True takes the tensor-core few-row kernels (linear_mma_k*, cuda_src/layers/
-# linear_mma.cu) for the calls they serve (_linear_mma): mma m16n8k16 with the weights as A and
-# the <= 8 rows as the n = 8 columns, so the work of a row is nearly free up to 8 rows; a row's
-# bits then depend on that row alone as ever, but are not the CUDA-core kernels' (the tensor core
-# sums in its own order). False (default): unmeasured on a GPU so far (s45).
-# linear_weights_early: True takes the few-row kernels' *_early forms, whose weights are plain
-# loads that ptxas keeps before the PDL wait (the default's ld.global.nc loads it moves after
-# the wait on sm_90, so they never overlap the previous kernel); the same bits. False (default)
-# until measured (s45).
-TUNING = {"linear_cta_rows": None, "linear_cols_per_warp": None, "linear_mma": False,
-          "linear_weights_early": False}
+# linear_mma: True (default) takes the tensor-core few-row kernels (linear_mma_k*, cuda_src/
+# layers/linear_mma.cu) for the calls they serve (_linear_mma): mma m16n8k16 with the weights as
+# A and the <= 8 rows as the n = 8 columns, so a row's work is nearly free up to 8 rows; a row's
+# bits depend on that row alone as ever, but are not the CUDA-core kernels' (the tensor core sums
+# in its own order). H100 s46, SmolLM2's 30 layers in one graph, us at M = 1 / 2 / 4 / 5 / 8:
+# 310 / 304 / 303 / 304 / 328 against the CUDA-core kernels' 293 / 332 / 450 / 482 / 663 (cuBLAS
+# ~620); a k=3 SmolLM2 round 667 us against 873 (target-only 547 / 571). One form for every
+# row count, so a verify block's rows have target-only's bits. False: the CUDA-core kernels.
+TUNING = {"linear_cta_rows": None, "linear_cols_per_warp": None, "linear_mma": True}
 _LINEAR_MMA_THREADS = 256     # linear_mma: blockDim (kMmaWarps = 8: warp m stages row m)
 _LINEAR_MMA_COLS = 16         # ... output columns a CTA (silu_mul: 8 gates and their 8 ups)
 
@@ -298,17 +296,15 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     """out = h @ weight.T for a few rows (decode / verify, M <= 16 is the fast case), with
     rms_norm fused in front and silu_mul behind when asked; a row's bits depend only on that
     row (and the weights, N, K): never on M, the other rows, or the pointers' alignment.
-    ``LlamaTarget`` decodes through it at <= 5 rows (and always with ``row_invariant=True``),
+    ``LlamaTarget`` decodes through it at <= 8 rows (and always with ``row_invariant=True``),
     norms and silu_mul fused. At most 8 16-byte-aligned rows of K <= 2048 take the few-row
-    kernels (everything in registers, a CTA row per row, four output columns a warp at
-    K <= 1024; TUNING["linear_weights_early"]: weights requested before the PDL wait): in a
-    chain of SmolLM2's layers 0.51 / 0.60 / 0.80 / 0.87 / 1.01x cuBLAS at M = 1 / 2 / 4 / 5 /
-    6 (H100, docs/PERF.md s43); other calls take the chunked kernel, which serves row
-    invariance, not speed (2-18x cuBLAS at M=16-128). ``TUNING["linear_mma"] = True`` (off by
-    default, unmeasured) sends those few-row calls to tensor-core kernels instead
-    (``linear_mma_k*``: mma with the weights as A, the rows as its 8 columns), meant to cost
-    nearly the same at 1..8 rows; row-invariant within that form, with other bits than the
-    CUDA-core kernels' (same float32 accuracy).
+    kernels, by default on the tensor cores (``linear_mma_k*``: mma with the weights as A, the
+    rows as its 8 columns; ``TUNING["linear_mma"]``): 310 / 303 / 328 us at M = 1 / 4 / 8 in a
+    chain of SmolLM2's layers, cuBLAS ~620 (H100, docs/PERF.md s46). With TUNING["linear_mma"]
+    False, the CUDA-core few-row kernels (everything in registers, a CTA row per row, four
+    output columns a warp at K <= 1024: 293 / 450 / 663 us there), with other bits than the
+    tensor cores' (same float32 accuracy). Other calls take the chunked kernel, which serves
+    row invariance, not speed (2-18x cuBLAS at M=16-128).
 
     x [M, K] float16/bfloat16, last dimension contiguous (row stride free); weight [N, K]
     x's dtype, contiguous (nn.Linear layout); out [M, N] x's dtype (row stride free).
@@ -374,8 +370,7 @@ def _linear_plan(M, K, N, width, silu, vec, t, wdt, dev):
     if small is not None:                       # the same bits: weights and x in registers
         mr, ku, _ = small
         wide = "w4_" if cols == 4 else ""
-        early = "_early" if TUNING["linear_weights_early"] else ""
-        k = runtime.kernel("linear", f"linear_{wide}m{mr}_k{ku}_{t}_w{wdt}{early}", dev)
+        k = runtime.kernel("linear", f"linear_{wide}m{mr}_k{ku}_{t}_w{wdt}", dev)
         gy = -(-M // mr)
     else:
         k = runtime.kernel("linear", f"linear_{t}_w{wdt}", dev)

@@ -46,12 +46,10 @@ def main():
     p.add_argument("--small-rows-max", type=int, default=None, metavar="R", help="the target's "
                    "passes of <= R rows on linear's few-row kernels (models.llama.SMALL_ROWS_MAX, "
                    "default 5, and SMALL_ROWS_MAX_MMA, default 8; at most 8)")
-    p.add_argument("--linear-mma", action="store_true", help="linear's few-row calls on the "
-                   "tensor-core kernels (ops.layers.TUNING['linear_mma']; the target's passes of "
-                   "<= 8 rows on linear, models.llama.SMALL_ROWS_MAX_MMA)")
-    p.add_argument("--linear-weights-early", action="store_true", help="linear's few-row "
-                   "kernels' *_early forms, weights read before the PDL wait "
-                   "(ops.layers.TUNING['linear_weights_early'])")
+    p.add_argument("--cuda-core-linear", action="store_true", help="linear's few-row calls "
+                   "on the CUDA-core kernels (ops.layers.TUNING['linear_mma'] = False; the "
+                   "target's passes of <= 5 rows on linear, models.llama.SMALL_ROWS_MAX), not "
+                   "the default tensor-core ones")
     p.add_argument("--kernels", type=int, default=0, metavar="N", help="after each mode, N "
                    "replays of its most used graph under torch.profiler: GPU time per kernel "
                    "name (us a replay, launches a replay)")
@@ -60,8 +58,7 @@ def main():
         from specdec_lib.models import llama
         llama.SMALL_ROWS_MAX = llama.SMALL_ROWS_MAX_MMA = args.small_rows_max
     from specdec_lib.ops import layers as ops_layers
-    ops_layers.TUNING.update(linear_mma=args.linear_mma,
-                             linear_weights_early=args.linear_weights_early)
+    ops_layers.TUNING.update(linear_mma=not args.cuda_core_linear)
     if args.batch > 1:
         args.prompts = args.batch
     be = e2e.make_backend("torch")
