@@ -142,7 +142,8 @@ _TABLE = (
             "Tensor!? v_params=None) -> ()"),
     _OpSpec("linear", "(Tensor x, Tensor weight, Tensor! out, *, Tensor? norm_weight=None, "
             "float eps=1e-06, Tensor? residual=None, Tensor!? residual_out=None, "
-            "str? epilogue=None, bool unit_offset=False) -> ()", bf16_bits=True),
+            "str? epilogue=None, bool unit_offset=False, bool tensor_cores=False) -> ()",
+            bf16_bits=True),
     _OpSpec("ngram_propose", "(Tensor prompt, Tensor prompt_lens, Tensor output, Tensor output_lens, "
             "Tensor! draft_tokens, Tensor! num_draft, *, int min_n=1, int max_n=3, "
             "bool check_indices=True) -> ()"),

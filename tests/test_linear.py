@@ -159,6 +159,7 @@ def _op_args():
     (dict(norm_weight=_Fake((8,), "<f2", strides=(4,))), ValueError, "norm_weight"),
     (dict(norm_weight=_Fake((8,), "<f2"), eps=-1.0), ValueError, "eps"),
     (dict(unit_offset=True), ValueError, "unit_offset"),
+    (dict(tensor_cores=1), TypeError, "^tensor_cores: expected a bool"),
     (dict(residual=_Fake((3, 8), "<f2"), residual_out=_Fake((3, 8), "<f2")), ValueError,
      "residual: only with norm_weight"),
     (dict(norm_weight=_Fake((8,)), residual=_Fake((3, 8), "<f2")), ValueError,
@@ -278,7 +279,7 @@ def test_linear_gpu_fused(dtype, wdtype, N, K, M, variant, rng):
         np.testing.assert_array_equal(_host(s, dtype), s_want)
 
 
-def _call_rows(x, r, w, nw, dtype, rows, variant, offset=0):
+def _call_rows(x, r, w, nw, dtype, rows, variant, offset=0, tensor_cores=False):
     """ops.linear on x[rows] (and r[rows]) -> raw output bits; offset > 0: the inputs start
     ``offset`` elements into their buffers (unaligned: the scalar load path)."""
     from specdec_lib import DeviceArray, ops
@@ -300,7 +301,7 @@ def _call_rows(x, r, w, nw, dtype, rows, variant, offset=0):
         _, rv = put(r[rows])
         s = poison((M, K), dtype)
         kw.update(residual=rv, residual_out=s)
-    ops.linear(xv, _dev(w, dtype), out, **kw)
+    ops.linear(xv, _dev(w, dtype), out, tensor_cores=tensor_cores, **kw)
     return out.to_numpy(), None if s is None else s.to_numpy()
 
 
@@ -344,7 +345,6 @@ def test_linear_gpu_few_row_cta_rows(dtype, wdtype, N, K, cta_rows, variant, mon
     x, r, w, nw = _case(rng, 17, N, K, dtype, wdtype)
     full, full_s = _run(x, r, w, nw, dtype, wdtype, norm, res, epi)
     full, full_s = full.to_numpy(), full_s.to_numpy()
-    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", False)      # the CUDA-core forms
     monkeypatch.setitem(ops_layers.TUNING, "linear_cta_rows", cta_rows)
     monkeypatch.setitem(ops_layers.TUNING, "linear_cols_per_warp", 2)
     for M in range(1, ops_layers.LINEAR_FAST_MAX_ROWS + 1):
@@ -424,8 +424,8 @@ def _wide_cases():
     (9, 576, 576, None, None, 4, "linear_bf16_wbf16", 72, 1),                   # chunked
 ])
 def test_linear_cols_per_warp_launch(M, K, N, epi, cta_rows, cols, kernel, gx, gy):
-    """The launcher's choice with TUNING["linear_mma"] off (CPU, recorded launches): four
-    columns a warp (the CUDA-core default) where the shape has the form (K <= 1024, 1 or 2
+    """The launcher's choice (CPU, recorded launches; the CUDA-core kernels, TUNING["linear_mma"]
+    forcing them even where a call would ask for the tensor cores): four columns a warp where the shape has the form (K <= 1024, 1 or 2
     rows a CTA), with a warp per 4 columns (silu_mul: per 2 gates) and 4 warps a CTA;
     otherwise, or with TUNING's 2, the two-column kernels and grid."""
     import launch_record
@@ -442,10 +442,10 @@ def test_linear_cols_per_warp_launch(M, K, N, epi, cta_rows, cols, kernel, gx, g
             kw = dict(norm_weight=rec.array("nw", (K,), "bfloat16"), epilogue=epi,
                       residual=rec.array("r", (M, K), "bfloat16"),
                       residual_out=rec.array("s", (M, K), "bfloat16"))
-        ops.linear(x, w, o, **kw)
+        ops.linear(x, w, o, tensor_cores=True, **kw)
         (launch,) = rec.launches
     assert ops_layers.TUNING == {"linear_cta_rows": None, "linear_cols_per_warp": None,
-                                 "linear_mma": True}
+                                 "linear_mma": None}
     a = launch["args"]
     assert (a["k"], a["gx"], a["gy"], a["block"]) == (f"kernel:linear/{kernel}", gx, gy, 128)
 
@@ -465,7 +465,6 @@ def test_linear_gpu_few_row_wide(dtype, wdtype, N, K, variant, cta_rows, monkeyp
     full = full.to_numpy()
     full_s = None if full_s is None else full_s.to_numpy()
     names = _spy_kernels(monkeypatch)
-    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", False)      # the CUDA-core forms
     monkeypatch.setitem(ops_layers.TUNING, "linear_cta_rows", cta_rows)
     monkeypatch.setitem(ops_layers.TUNING, "linear_cols_per_warp", 4)
     for M in range(1, ops_layers.LINEAR_FAST_MAX_ROWS + 1):
@@ -670,9 +669,9 @@ def test_linear_gpu_mma_norm_bit_identical_to_rms_norm(dtype, wdtype, K, unit_of
 @needs_gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_gpu_mma_switch_restores_default(dtype, monkeypatch, rng):
-    """TUNING["linear_mma"] only picks the kernel: by default the call runs linear_mma; off,
-    the CUDA-core few-row kernel (the reference's values, other bits); on again, linear_mma
-    and its bits."""
+    """tensor_cores only picks the kernel: by default the CUDA-core few-row kernel, with
+    tensor_cores=True linear_mma (the reference's values, other bits), then the default again
+    with its bits; TUNING["linear_mma"] forces either form whatever the call asks."""
     from specdec_lib.ops import layers as ops_layers
     variant = VARIANTS[4]
     x, r, w, nw = _case(rng, 4, 960, 576, dtype, dtype)
@@ -680,19 +679,42 @@ def test_linear_gpu_mma_switch_restores_default(dtype, monkeypatch, rng):
     rows = [0, 1, 2, 3]
     default, _ = _call_rows(x, r, w, nw, dtype, rows, variant)
     first = list(names)
-    assert first and all(n.startswith("linear_mma_k4_") for n in first), first
-    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", False)
+    assert first and not any(n.startswith("linear_mma") for n in first), first
     del names[:]
-    cuda_cores, _ = _call_rows(x, r, w, nw, dtype, rows, variant)
-    assert names and not any(n.startswith("linear_mma") for n in names), names
-    monkeypatch.setitem(ops_layers.TUNING, "linear_mma", True)
+    mma, _ = _call_rows(x, r, w, nw, dtype, rows, variant, tensor_cores=True)
+    assert names and all(n.startswith("linear_mma_k4_") for n in names), names
     del names[:]
     again, _ = _call_rows(x, r, w, nw, dtype, rows, variant)
     assert names == first
     np.testing.assert_array_equal(_bits(again), _bits(default))
+    for force, want_mma in ((False, False), (True, True)):
+        monkeypatch.setitem(ops_layers.TUNING, "linear_mma", force)
+        del names[:]
+        forced, _ = _call_rows(x, r, w, nw, dtype, rows, variant, tensor_cores=not force)
+        assert names and all(n.startswith("linear_mma") == want_mma for n in names), names
+        np.testing.assert_array_equal(_bits(forced), _bits(mma if want_mma else default))
     _, want = _want(x, r, w, nw, dtype, True, True, "silu_mul")
-    for got in (default, cuda_cores):
+    for got in (default, mma):
         assert rel_err(from_host_storage(got, dtype), want) < TOL[dtype]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,K", [(960, 576), (576, 1536), (100, 72)])
+@pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[4]], ids=lambda v: v[0])
+def test_linear_gpu_tensor_cores_invariant_up_to_eight_rows(dtype, N, K, variant, rng):
+    """tensor_cores=True: a row's bits are the same alone and inside any call of <= 8 rows (the
+    contract that lets LlamaTarget's few-row decode verify k + 1 <= 8 rows against one-row
+    steps); a 9-row call takes the chunked kernel, whose bits are the CUDA-core ones."""
+    x, r, w, nw = _case(rng, 16, N, K, dtype, dtype)
+    alone = [_call_rows(x, r, w, nw, dtype, [i], variant, tensor_cores=True)[0][0] for i in range(9)]
+    for M in (2, 5, 8):
+        got, _ = _call_rows(x, r, w, nw, dtype, list(range(M))[::-1], variant, tensor_cores=True)
+        for pos in range(M):
+            np.testing.assert_array_equal(_bits(got[pos]), _bits(alone[M - 1 - pos]))
+    nine, _ = _call_rows(x, r, w, nw, dtype, list(range(9)), variant, tensor_cores=True)
+    cuda, _ = _call_rows(x, r, w, nw, dtype, [0], variant)
+    np.testing.assert_array_equal(_bits(nine[0]), _bits(cuda[0]))
 
 
 def _ptx_entries(module, family):
@@ -744,15 +766,14 @@ def test_linear_weights_load_before_the_pdl_wait(module, prefixes):
     (2, 76, 16, None, None, {}, "linear_bf16_wbf16", 2, 1, 128),
 ])
 def test_linear_mma_launch(M, K, N, epi, wdt, env, kernel, gx, gy, block):
-    """The launcher's choice with TUNING["linear_mma"] (CPU, recorded launches): the
+    """The launcher's choice with tensor_cores=True (CPU, recorded launches): the
     tensor-core kernel (units a lane 4 at K <= 1024, else 8) for <= 8 aligned rows of K <=
     2048, a CTA per 16 output columns (silu_mul: per 8 gates), 8 warps, one CTA row; other
-    calls the kernels they take with it off. TUNING is restored after the recorder."""
+    calls the kernels they take without it."""
     import launch_record
     from specdec_lib import ops
     from specdec_lib.ops import layers as ops_layers
     with launch_record.LaunchRecorder("h200", env) as rec:
-        ops_layers.TUNING["linear_mma"] = True
         x = rec.array("x", (M, K), "bfloat16")
         w = rec.array("weight", (N, K), "bfloat16")
         o = rec.array("out", (M, N // 2 if epi else N), "bfloat16")
@@ -761,9 +782,9 @@ def test_linear_mma_launch(M, K, N, epi, wdt, env, kernel, gx, gy, block):
             kw = dict(norm_weight=rec.array("nw", (K,), wdt),
                       residual=rec.array("r", (M, K), "bfloat16"),
                       residual_out=rec.array("s", (M, K), "bfloat16"))
-        ops.linear(x, w, o, epilogue=epi, **kw)
+        ops.linear(x, w, o, epilogue=epi, tensor_cores=True, **kw)
         (launch,) = rec.launches
-    assert ops_layers.TUNING["linear_mma"] is True      # restored (the default)
+    assert ops_layers.TUNING["linear_mma"] is None      # untouched: the call asked
     a = launch["args"]
     module = "linear_mma" if kernel.startswith("linear_mma") else "linear"
     assert (a["k"], a["gx"], a["gy"], a["block"]) == (f"kernel:{module}/{kernel}", gx, gy, block)
@@ -843,6 +864,9 @@ _LIN_BAD = [
     ("norm_weight_short", True, REFUSAL_PATHS, lambda a, p: a.update(norm_weight=a["norm_weight"][:7]),
      ValueError, r"^norm_weight: expected shape \[8\]"),
     ("eps_zero", True, REFUSAL_PATHS, lambda a, p: a.update(eps=0.0), ValueError, r"^eps"),
+    # (torch's schema types the flag itself)
+    ("tensor_cores_not_bool", False, ("reference",), lambda a, p: a.update(tensor_cores="yes"),
+     TypeError, r"^tensor_cores: expected a bool"),
     ("x_last_dim_strided", False, REFUSAL_PATHS, lambda a, p: a.update(x=strided_last(a["x"])),
      ValueError, r"^x: the last dimension must be contiguous"),
     ("out_rows_overlap", False, REFUSAL_PATHS, lambda a, p: a.update(out=_rows_overlap(a["out"])),

@@ -146,7 +146,7 @@ def test_tiny_llama_row_invariant_block_equals_one_row_steps(rng, backend, monke
 
 
 def test_torch_math_routes_few_row_gemms_to_linear():
-    """The torch math's GEMMs: at most 8 rows (small_rows_max(): linear_mma on, the default)
+    """The torch math's GEMMs: at most 8 rows (small_rows_max(): linear's tensor-core form)
     of K <= 2048 (K % 8 == 0) over a
     layer's weight (N <= 8192) go through the library's linear (its few-row kernels), the rest
     (prefill under bulk(), a batch, the lm_head's vocabulary, K past 2048) through cuBLAS;
@@ -169,16 +169,18 @@ def test_torch_math_routes_few_row_gemms_to_linear():
 
 
 def test_torch_math_routes_eight_rows_with_linear_mma(monkeypatch):
-    """While ops.layers.TUNING["linear_mma"] is on (linear's tensor-core few-row form, the
-    default), the torch math sends passes of up to SMALL_ROWS_MAX_MMA = 8 rows to linear; off,
-    up to SMALL_ROWS_MAX = 5 (where the CUDA-core kernels beat cuBLAS)."""
+    """The few-row torch math asks linear for its tensor-core form (tensor_cores) and sends
+    passes of up to SMALL_ROWS_MAX_MMA = 8 rows to it; where ops.layers.TUNING["linear_mma"]
+    forces the CUDA-core form, up to SMALL_ROWS_MAX = 5 (where those beat cuBLAS); the
+    row-invariant math keeps the CUDA-core form (its rows must agree at every M)."""
     torch = pytest.importorskip("torch", reason="torch is not installed")
     from specdec_lib.models.llama import SMALL_ROWS_MAX_MMA, _TorchMath, small_rows_max
     from specdec_lib.ops import layers as ops_layers
     dev = SimpleNamespace(device=torch.device("cpu"))
     m = _TorchMath(dev)
-    assert ops_layers.TUNING["linear_mma"] is True
+    assert ops_layers.TUNING["linear_mma"] is None
     assert small_rows_max() == SMALL_ROWS_MAX_MMA == 8
+    assert m.tensor_cores and not _TorchMath(dev, row_invariant=True).tensor_cores
     monkeypatch.setitem(ops_layers.TUNING, "linear_mma", False)
     assert small_rows_max() == SMALL_ROWS_MAX == 5 and not m.library_rows(6, 576, 960)
     monkeypatch.setitem(ops_layers.TUNING, "linear_mma", True)
@@ -188,12 +190,12 @@ def test_torch_math_routes_eight_rows_with_linear_mma(monkeypatch):
 
 
 @needs_gpu
-@pytest.mark.parametrize("mma", [False, True], ids=["cuda_cores", "linear_mma"])
+@pytest.mark.parametrize("mma", [False, None], ids=["cuda_cores", "linear_mma"])
 def test_tiny_llama_few_row_decode_through_linear(rng, monkeypatch, mma):
     """The default torch target (small_rows): a decode pass of <= small_rows_max() rows (8 on
-    the tensor-core form, the default; 5 on the CUDA-core one) runs the fused layers on
-    linear's few-row kernels (norms, silu_mul fused; every GEMM, the
-    tiny lm_head too, through row_linear), so a 5-row verify block's logits equal five
+    linear's tensor-core form, which it asks for; 5 where TUNING forces the CUDA-core one)
+    runs the fused layers on linear's few-row kernels (norms, silu_mul fused; every GEMM, the
+    tiny lm_head too, through row_linear), so an n-row verify block's logits equal n
     one-row passes' bit for bit; they agree with the cuBLAS target's (small_rows=False) to
     bf16 rounding."""
     skip_unless_torch_gpu()
@@ -208,12 +210,16 @@ def test_tiny_llama_few_row_decode_through_linear(rng, monkeypatch, mma):
     be = make_backend("torch")
     t = LlamaTarget(c, w, be, page_size=4)
     n = small_rows_max()
-    assert n == (SMALL_ROWS_MAX_MMA if mma else SMALL_ROWS_MAX)
+    assert n == (SMALL_ROWS_MAX if mma is False else SMALL_ROWS_MAX_MMA)
     assert t._fused(n) and not t._fused(n + 1) and not t.row_invariant
     calls = []
     lin = be.row_linear
-    monkeypatch.setattr(be, "row_linear",
-                        lambda *a, **kw: calls.append(a[0].shape[0]) or lin(*a, **kw))
+
+    def spy(*a, **kw):
+        assert kw["tensor_cores"] is True
+        calls.append(a[0].shape[0])
+        return lin(*a, **kw)
+    monkeypatch.setattr(be, "row_linear", spy)
     block, steps = _block_and_steps(t, np.random.default_rng(7), n=n)
     # per forward 4 GEMMs x 2 layers + lm_head (1 block + n one-row forwards), no prefill rows
     assert sorted(set(calls)) == [1, n] and len(calls) == 9 * (1 + n)

@@ -175,10 +175,10 @@ def bench_linear_chain(b: Bench):
     """SmolLM2-135M's 30 layers of decode GEMMs as one graph, each layer its own weights (212
     MB: they come from HBM, as in a round, not from L2 as in ``linear``'s rows of one call
     replayed): qkv (norm + residual fused), o, gate_up (norm + residual + silu_mul), down;
-    through linear (the tensor-core few-row kernels at M <= 8, linear_mma, the default; then
-    the CUDA-core few-row kernels, TUNING["linear_mma"] = False, at each rows-a-CTA choice,
-    then two columns a warp at 1 and 2 rows a CTA: their default's four serve qkv, o and
-    gate_up; down's K = 1536 has two either way) and through
+    through linear (its default CUDA-core few-row kernels at M <= 8, then tensor_cores=True's
+    linear_mma, what LlamaTarget's few-row decode asks for; then the CUDA-core kernels' other
+    rows-a-CTA choices, then two columns a warp at 1 and 2 rows a CTA: the default's four
+    serve qkv, o and gate_up; down's K = 1536 has two either way) and through
     cuBLAS (torch F.linear, with the library's rms_norm and silu_mul between, what
     LlamaTarget runs at small_rows=False)."""
     from ..arrays import DeviceArray
@@ -209,12 +209,15 @@ def bench_linear_chain(b: Bench):
                 linear(act, w["down"], mix, stream=st)
         shape = f"SmolLM2 30 layers x 4 GEMMs M={M} bf16 (one graph, weights from HBM)"
         b.report("linear_chain", shape, wbytes, b.time_graph(chain, per_graph=1))
-        # the CUDA-core few-row kernels (TUNING["linear_mma"] False) at each rows-a-CTA choice,
-        # then their two-column form (four where K <= 1024 by default) at 1 and 2 rows a CTA
-        choices = [(dict(linear_mma=False, linear_cta_rows=mr),
-                    f"linear (CUDA cores) {mr} rows a CTA") for mr in (1, 2, 4)]
-        choices += [(dict(linear_mma=False, linear_cta_rows=mr, linear_cols_per_warp=2),
-                     f"linear (CUDA cores) 2 columns a warp, {mr} rows a CTA") for mr in (1, 2)]
+        # the tensor-core form (TUNING["linear_mma"] forces what tensor_cores=True asks), each
+        # other rows-a-CTA choice (the default's above), then the two-column form (the
+        # default's four where K <= 1024) at 1 and 2 rows a CTA
+        default_mr = ops_layers._linear_small(M, H, True, True)[0]
+        choices = [(dict(linear_mma=True), "linear tensor_cores=True (linear_mma)")]
+        choices += [(dict(linear_cta_rows=mr), f"linear {mr} rows a CTA") for mr in (1, 2, 4)
+                    if mr != default_mr]
+        choices += [(dict(linear_cta_rows=mr, linear_cols_per_warp=2),
+                     f"linear 2 columns a warp, {mr} rows a CTA") for mr in (1, 2)]
         saved = dict(ops_layers.TUNING)
         for tuning, impl in choices:
             ops_layers.TUNING.update(tuning)

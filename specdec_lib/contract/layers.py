@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
+
 from .._args import DeviceArg
 from ._batch import FLOATS, extent, last_contiguous, overlaps  # noqa: F401 (public here too)
 from ._core import check
@@ -235,14 +237,17 @@ def linear_shapes(x_shape, weight_shape, out_shape, *, norm_shape=None, residual
 
 @check("linear")
 def linear(x, weight, out, *, norm_weight=None, eps=1e-6, residual=None, residual_out=None,
-           epilogue=None, unit_offset=False, arg=DeviceArg, values=None, **_):
+           epilogue=None, unit_offset=False, tensor_cores=False, arg=DeviceArg, values=None,
+           **_):
     """x [M, K] float16/bfloat16 (K >= 1); weight [N, K] x's dtype, contiguous; out
     [M, N] (or [M, N/2] with epilogue='silu_mul', N even) x's dtype; norm_weight [K]
     x's dtype or float32, contiguous, or None; residual / residual_out [M, K] x's dtype,
     only with norm_weight and together; unit_offset only with norm_weight; eps a finite
     float > 0; last dimensions contiguous, output rows disjoint; out overlaps no input,
-    residual_out neither an input nor out; K < 2^30, N < 2^31. Returns (x, weight, out,
-    norm_weight, residual, residual_out, M, K, N, width, eps)."""
+    residual_out neither an input nor out; K < 2^30, N < 2^31; tensor_cores a bool. Returns
+    (x, weight, out, norm_weight, residual, residual_out, M, K, N, width, eps)."""
+    if not isinstance(tensor_cores, (bool, np.bool_)):
+        raise TypeError(f"tensor_cores: expected a bool, got {type(tensor_cores).__name__}")
     xa = arg("x", x, dtype=("float16", "bfloat16"), ndim=2)
     dev = xa.device
     dt = xa.dtype

@@ -34,17 +34,19 @@ from .llama_layer import decoder_layer, fuse_layer, layer_tensor_names
 # 4 / 5 / 6 rows, cuBLAS ~620); SmolLM2's B=1 EAGLE3 rounds (GPU us, few-row against cuBLAS):
 # k=3 934 against 1113, k=4 1008 against 1138.
 SMALL_ROWS_MAX = 5
-# ... and while ops.layers.TUNING["linear_mma"] is on (the default: linear's tensor-core few-row
-# form costs nearly the same at 1..8 rows: 310 / 303 / 328 us at 1 / 4 / 8, H100 s46): at most 8.
+# ... and on linear's tensor-core few-row form (tensor_cores=True, what the few-row decode asks
+# unless ops.layers.TUNING["linear_mma"] is False): it costs nearly the same at 1..8 rows (310 /
+# 303 / 328 us at 1 / 4 / 8, H100 s46): at most 8.
 SMALL_ROWS_MAX_MMA = 8
 assert max(SMALL_ROWS_MAX, SMALL_ROWS_MAX_MMA) <= LINEAR_FAST_MAX_ROWS
 
 
 def small_rows_max():
     """The most rows of a pass that LlamaTarget(small_rows=True) runs on linear:
-    SMALL_ROWS_MAX, or SMALL_ROWS_MAX_MMA while ops.layers.TUNING["linear_mma"] is on (read
-    at each pass's planning: a decoder's graphs keep what they recorded)."""
-    return SMALL_ROWS_MAX_MMA if LINEAR_TUNING["linear_mma"] else SMALL_ROWS_MAX
+    SMALL_ROWS_MAX_MMA on the tensor-core form, SMALL_ROWS_MAX where ops.layers.TUNING
+    ["linear_mma"] forces the CUDA-core one (read at each pass's planning: a decoder's graphs
+    keep what they recorded)."""
+    return SMALL_ROWS_MAX if LINEAR_TUNING["linear_mma"] is False else SMALL_ROWS_MAX_MMA
 
 
 class _RowInvariant:
@@ -63,7 +65,7 @@ class _RowInvariant:
     def library_rows(self, rows, k, n):
         """Whether a [rows, k] @ [n, k].T GEMM goes through the library's ``linear``: always
         when row-invariant; with ``small_rows`` where linear's few-row kernels take it and
-        pay (at most 8 rows with TUNING["linear_mma"], the default, else 5: small_rows_max();
+        pay (at most 8 rows on the tensor-core form, 5 on the CUDA-core one: small_rows_max();
         K <= 2048) and the weight is a layer's, not a vocabulary (N <= 8192: the
         lm_head's 49k columns stay on the host's GEMM)."""
         return self.row_invariant or (
@@ -76,8 +78,15 @@ class _RowInvariant:
                 (len(x.shape) == 2 and self.library_rows(x.shape[0], w.shape[1], w.shape[0]))):
             return self.linear(x, w)
         out = self.empty((x.shape[0], w.shape[0]), x.dtype)
-        self.be.row_linear(x, w, out)
+        self.be.row_linear(x, w, out, tensor_cores=self.tensor_cores)
         return out
+
+    @property
+    def tensor_cores(self):
+        """linear's tensor-core few-row form for the few-row decode (its passes past 8 rows take
+        the host's GEMM, so only <= 8-row calls must agree); the CUDA-core kernels when
+        row-invariant (every M must agree with every other)."""
+        return not self.row_invariant
 
     @contextlib.contextmanager
     def bulk(self):
@@ -422,13 +431,14 @@ class LlamaTarget:
     """Host passes of a Llama target for ``SpeculativeDecoder`` (slot b = sequence b).
 
     ``small_rows`` (torch backend, default on): a decode pass of at most 8 rows
-    (``small_rows_max()``: 8 while ``ops.layers.TUNING["linear_mma"]`` is on, the default;
-    else ``SMALL_ROWS_MAX`` = 5) whose layer GEMMs linear's few-row kernels take (K <= 2048) runs
+    (``small_rows_max()``: 8 on linear's tensor-core form, ``tensor_cores=True``; 5 where
+    ``ops.layers.TUNING["linear_mma"]`` forces the CUDA-core one) whose layer GEMMs
+    linear's few-row kernels take (K <= 2048) runs
     ``_run_fused`` on them: norms and silu_mul fused, no cuBLAS but the lm_head (SmolLM2 B=1
     target-only 1.55x, s40; a k = 3 / 4 verify round 0.84 / 0.89x of cuBLAS's GPU time, s42).
-    Its rows are then row-invariant (a verify block of up to 8 rows gives what one-row passes
-    give; with linear_mma a k = 3 round costs 1.22x target-only's GPU time, 667 / 547 us, H100
-    s46))."""
+    Its rows are then row-invariant among passes of up to 8 rows (a verify block gives what
+    one-row passes give; a k = 3 round costs 1.22x target-only's GPU time, 667 / 547 us, H100
+    s46; row_invariant=True keeps linear's CUDA-core kernels, whose bits agree at every M)."""
     # prefill rows past a prompt (pads) only write dead cache rows: the decoder may pad a
     # prompt to a length bucket and replay one recorded prefill per bucket
     pads_prefill = True
@@ -670,10 +680,11 @@ class LlamaTarget:
         mix, act = m.empty((T, H)), m.empty((T, self.I))
         aux = m.empty((T, self.hidden_size)) if self.aux_taps else None
         a, resid = x, None              # layer i's stream is a + resid (a alone at layer 0)
+        tc = m.tensor_cores
         for i, L in enumerate(self.layers):
             xi = x if resid is None else xs[0]
             fuse = {} if resid is None else dict(residual=resid, residual_out=xi)
-            be.row_linear(a, L["qkv"], qkv, norm_weight=L["ln1"], eps=eps, **fuse)
+            be.row_linear(a, L["qkv"], qkv, norm_weight=L["ln1"], eps=eps, tensor_cores=tc, **fuse)
             if i in self.aux_taps:                               # EAGLE3: layer i-1's output
                 be.capture_hidden(xi, aux, self.aux_taps.index(i))
             q = qkv[:, :nq * D].reshape(T, nq, D)
@@ -681,10 +692,10 @@ class LlamaTarget:
             v = qkv[:, (nq + nkv) * D:].reshape(T, nkv, D)
             self.block_attention(attend, self.kv[i], self.page_table, positions, seq_lens, cu_q,
                                  finished, o, self.kv_quant[i], record)(q, k, v)
-            be.row_linear(o.reshape(T, nq * D), L["o"], mix)
+            be.row_linear(o.reshape(T, nq * D), L["o"], mix, tensor_cores=tc)
             be.row_linear(mix, L["gate_up"], act, norm_weight=L["ln2"], eps=eps, residual=xi,
-                          residual_out=xs[1], epilogue="silu_mul")
-            be.row_linear(act, L["down"], mix)
+                          residual_out=xs[1], epilogue="silu_mul", tensor_cores=tc)
+            be.row_linear(act, L["down"], mix, tensor_cores=tc)
             a, resid = mix, xs[1]
         if record:
             self._scales_pending = False

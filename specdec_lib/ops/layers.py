@@ -248,15 +248,16 @@ LINEAR_FAST_MAX_K = 2048       # ... and K they take (16-byte aligned rows, K % 
 # SmolLM2's 30 layers in one graph (`bench linear_chain`, down's K 1536 on two columns), us
 # at M = 1 / 2 / 4 / 5 / 6 / 8: 317.9 / 371.6 / 494.7 / 536.6 / 623.8 / 706.2 against two
 # columns' 321.5 / 413.8 / 557.2 / 597.9 / 722.8 / 874.5 (cuBLAS ~620).
-# linear_mma: True (default) takes the tensor-core few-row kernels (linear_mma_k*, cuda_src/
-# layers/linear_mma.cu) for the calls they serve (_linear_mma): mma m16n8k16 with the weights as
-# A and the <= 8 rows as the n = 8 columns, so a row's work is nearly free up to 8 rows; a row's
-# bits depend on that row alone as ever, but are not the CUDA-core kernels' (the tensor core sums
-# in its own order). H100 s46, SmolLM2's 30 layers in one graph, us at M = 1 / 2 / 4 / 5 / 8:
-# 310 / 304 / 303 / 304 / 328 against the CUDA-core kernels' 293 / 332 / 450 / 482 / 663 (cuBLAS
-# ~620); a k=3 SmolLM2 round 667 us against 873 (target-only 547 / 571). One form for every
-# row count, so a verify block's rows have target-only's bits. False: the CUDA-core kernels.
-TUNING = {"linear_cta_rows": None, "linear_cols_per_warp": None, "linear_mma": True}
+# linear_mma: None (default) leaves the few-row calls' form to each call's ``tensor_cores``;
+# True / False forces the tensor-core (linear_mma_k*, cuda_src/layers/linear_mma.cu) / CUDA-core
+# few-row kernels on every call (benchmarks, tests). The tensor-core form: mma m16n8k16 with
+# the weights as A and the <= 8 rows as the n = 8 columns, so a row's work is nearly free up to
+# 8 rows; a row's bits depend on that row alone among calls of <= 8 rows, but are not the
+# CUDA-core or chunked kernels' (the tensor core sums in its own order). H100 s46, SmolLM2's 30
+# layers in one graph, us at M = 1 / 2 / 4 / 5 / 8: 310 / 304 / 303 / 304 / 328 against the
+# CUDA-core kernels' 272-293 / 332 / 439-450 / 482 / 647-663 (cuBLAS ~620); a SmolLM2 k=3 B=1
+# round 667 us against 873 (target-only 547 / 571).
+TUNING = {"linear_cta_rows": None, "linear_cols_per_warp": None, "linear_mma": None}
 _LINEAR_MMA_THREADS = 256     # linear_mma: blockDim (kMmaWarps = 8: warp m stages row m)
 _LINEAR_MMA_COLS = 16         # ... output columns a CTA (silu_mul: 8 gates and their 8 ups)
 
@@ -277,13 +278,15 @@ def _linear_small(M, K, vec, norm_weight_16bit):
     return mr, k, 4 if wide else 2
 
 
-def _linear_mma(M, K, vec):
+def _linear_mma(M, K, vec, tensor_cores):
     """Units a lane (4: K <= 1024, 8: K <= 2048) of the linear_mma_k* kernel for M rows of
-    width K, or None: only where TUNING["linear_mma"] asks, at most LINEAR_FAST_MAX_ROWS rows
+    width K, or None: only where the call's tensor_cores asks (TUNING["linear_mma"], unless
+    None, overrides it), at most LINEAR_FAST_MAX_ROWS rows
     (the n = 8 of the mma) and every access 16 bytes (K % 8 == 0; a K past a multiple of 32
     is zero-padded in the kernel). f16 and bf16 on every code family (compute_75's bf16
     multiplies the same fragments on the CUDA cores)."""
-    if not TUNING["linear_mma"] or not vec or M > LINEAR_FAST_MAX_ROWS or K > LINEAR_FAST_MAX_K:
+    on = tensor_cores if TUNING["linear_mma"] is None else TUNING["linear_mma"]
+    if not on or not vec or M > LINEAR_FAST_MAX_ROWS or K > LINEAR_FAST_MAX_K:
         return None
     return next(u for u in _kernels.LINEAR_MMA_UNITS if K <= 256 * u)
 
@@ -292,19 +295,23 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
            norm_weight: Optional[ArrayLike] = None, eps: float = 1e-6,
            residual: Optional[ArrayLike] = None, residual_out: Optional[ArrayLike] = None,
            epilogue: Optional[str] = None, unit_offset: bool = False,
-           stream: Stream = None) -> ArrayLike:
+           tensor_cores: bool = False, stream: Stream = None) -> ArrayLike:
     """out = h @ weight.T for a few rows (decode / verify, M <= 16 is the fast case), with
     rms_norm fused in front and silu_mul behind when asked; a row's bits depend only on that
     row (and the weights, N, K): never on M, the other rows, or the pointers' alignment.
     ``LlamaTarget`` decodes through it at <= 8 rows (and always with ``row_invariant=True``),
     norms and silu_mul fused. At most 8 16-byte-aligned rows of K <= 2048 take the few-row
-    kernels, by default on the tensor cores (``linear_mma_k*``: mma with the weights as A, the
-    rows as its 8 columns; ``TUNING["linear_mma"]``): 310 / 303 / 328 us at M = 1 / 4 / 8 in a
-    chain of SmolLM2's layers, cuBLAS ~620 (H100, docs/PERF.md s46). With TUNING["linear_mma"]
-    False, the CUDA-core few-row kernels (everything in registers, a CTA row per row, four
-    output columns a warp at K <= 1024: 293 / 450 / 663 us there), with other bits than the
-    tensor cores' (same float32 accuracy). Other calls take the chunked kernel, which serves
+    kernels (everything in registers, a CTA row per row, four output columns a warp at
+    K <= 1024): in a chain of SmolLM2's layers 272 / 439 / 657 us at M = 1 / 4 / 8, cuBLAS ~620
+    (H100, docs/PERF.md s46); other calls take the chunked kernel (the same bits), which serves
     row invariance, not speed (2-18x cuBLAS at M=16-128).
+
+    ``tensor_cores=True`` sends those few-row calls to tensor-core kernels instead
+    (``linear_mma_k*``: mma with the weights as A, the rows as its 8 columns): 310 / 303 / 328
+    us there, nearly flat in M. A row's bits then depend on that row alone among calls of at
+    most 8 rows, but differ from a 9-or-more-row call's (same float32 accuracy): for a caller
+    whose passes past 8 rows are not meant to match (``LlamaTarget``'s few-row decode, whose
+    bigger passes take cuBLAS), not for one that needs every M to agree.
 
     x [M, K] float16/bfloat16, last dimension contiguous (row stride free); weight [N, K]
     x's dtype, contiguous (nn.Linear layout); out [M, N] x's dtype (row stride free).
@@ -329,7 +336,8 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     """
     xa, wa, o, nw, r, ro, M, K, N, width, eps = contract.linear(
         x, weight, out, norm_weight=norm_weight, eps=eps, residual=residual,
-        residual_out=residual_out, epilogue=epilogue, unit_offset=unit_offset)
+        residual_out=residual_out, epilogue=epilogue, unit_offset=unit_offset,
+        tensor_cores=tensor_cores)
     dev = xa.device
     dt = xa.dtype
     norm, fused = norm_weight is not None, residual is not None
@@ -341,7 +349,8 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
                             | (_row_bytes(r) | _row_bytes(ro) if fused else 0)) % 16 == 0
     vec_w = K % 8 == 0 and wa.ptr % 16 == 0
     wdt = _SHORT[nw.dtype if norm else dt]
-    k, gx, gy, block = _linear_plan(M, K, N, width, silu, vec_x and vec_w, _SHORT[dt], wdt, dev)
+    k, gx, gy, block = _linear_plan(M, K, N, width, silu, vec_x and vec_w, _SHORT[dt], wdt, dev,
+                                    tensor_cores)
     from .. import _layers
     _layers.launch_linear(k, gx, gy, block, stream_h, xa.ptr, r.ptr, ro.ptr, nw.ptr,
                           wa.ptr, o.ptr, xa.strides[0], r.strides[0] if fused else 0,
@@ -351,11 +360,11 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     return out
 
 
-def _linear_plan(M, K, N, width, silu, vec, t, wdt, dev):
+def _linear_plan(M, K, N, width, silu, vec, t, wdt, dev, tensor_cores=False):
     """(kernel, gridDim.x, gridDim.y, blockDim) of a linear call: M rows of width K, N weight
     rows (width output columns), x's dtype t and the norm weight's wdt as kernel suffixes,
-    vec: every access 16 bytes."""
-    mma = _linear_mma(M, K, vec)
+    vec: every access 16 bytes, tensor_cores: the call's."""
+    mma = _linear_mma(M, K, vec, tensor_cores)
     if mma is not None:             # a CTA per 16 weight rows (silu_mul: 8 gates + their ups)
         k = runtime.kernel("linear_mma", _kernels.linear_mma_kernel(mma, t, wdt), dev)
         cols = _LINEAR_MMA_COLS // 2 if silu else _LINEAR_MMA_COLS

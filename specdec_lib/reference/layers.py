@@ -166,7 +166,7 @@ def gated_rms_norm(x, z, weight, out, *, group_size, z_bias=None, eps=1e-6):
 
 @checked("linear")
 def linear(x, weight, out, *, norm_weight=None, eps=1e-6, residual=None, residual_out=None,
-           epilogue=None, unit_offset=False):
+           epilogue=None, unit_offset=False, tensor_cores=False):
     """out = h @ weight.T (nn.Linear layout), h = x or the fused rms_norm of x; optionally the
     SwiGLU epilogue. One rounding to x's dtype on the output.
 
@@ -180,6 +180,8 @@ def linear(x, weight, out, *, norm_weight=None, eps=1e-6, residual=None, residua
                   (the GPU's CTAs still read those while one of them writes residual_out).
     epilogue      None, or 'silu_mul': weight = [gate rows; up rows] (N = 2I) and out =
                   silu(g) * u of the unrounded products g = h @ gate.T, u = h @ up.T.
+    tensor_cores  the GPU's choice of kernel for a few rows (its summation order); the exact
+                  value is the same.
     """
     M = x.shape[0]
     width = out.shape[1]

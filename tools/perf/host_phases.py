@@ -49,7 +49,7 @@ def main():
     p.add_argument("--cuda-core-linear", action="store_true", help="linear's few-row calls "
                    "on the CUDA-core kernels (ops.layers.TUNING['linear_mma'] = False; the "
                    "target's passes of <= 5 rows on linear, models.llama.SMALL_ROWS_MAX), not "
-                   "the default tensor-core ones")
+                   "the tensor-core ones the few-row decode asks for")
     p.add_argument("--kernels", type=int, default=0, metavar="N", help="after each mode, N "
                    "replays of its most used graph under torch.profiler: GPU time per kernel "
                    "name (us a replay, launches a replay)")
@@ -58,7 +58,8 @@ def main():
         from specdec_lib.models import llama
         llama.SMALL_ROWS_MAX = llama.SMALL_ROWS_MAX_MMA = args.small_rows_max
     from specdec_lib.ops import layers as ops_layers
-    ops_layers.TUNING.update(linear_mma=not args.cuda_core_linear)
+    if args.cuda_core_linear:
+        ops_layers.TUNING.update(linear_mma=False)
     if args.batch > 1:
         args.prompts = args.batch
     be = e2e.make_backend("torch")
