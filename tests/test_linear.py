@@ -702,19 +702,28 @@ def test_linear_gpu_mma_switch_restores_default(dtype, monkeypatch, rng):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N,K", [(960, 576), (576, 1536), (100, 72)])
 @pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[4]], ids=lambda v: v[0])
-def test_linear_gpu_tensor_cores_invariant_up_to_eight_rows(dtype, N, K, variant, rng):
-    """tensor_cores=True: a row's bits are the same alone and inside any call of <= 8 rows (the
-    contract that lets LlamaTarget's few-row decode verify k + 1 <= 8 rows against one-row
-    steps); a 9-row call takes the chunked kernel, whose bits are the CUDA-core ones."""
-    x, r, w, nw = _case(rng, 16, N, K, dtype, dtype)
-    alone = [_call_rows(x, r, w, nw, dtype, [i], variant, tensor_cores=True)[0][0] for i in range(9)]
-    for M in (2, 5, 8):
-        got, _ = _call_rows(x, r, w, nw, dtype, list(range(M))[::-1], variant, tensor_cores=True)
-        for pos in range(M):
-            np.testing.assert_array_equal(_bits(got[pos]), _bits(alone[M - 1 - pos]))
-    nine, _ = _call_rows(x, r, w, nw, dtype, list(range(9)), variant, tensor_cores=True)
-    cuda, _ = _call_rows(x, r, w, nw, dtype, [0], variant)
-    np.testing.assert_array_equal(_bits(nine[0]), _bits(cuda[0]))
+def test_linear_gpu_tensor_cores_row_invariant(dtype, N, K, variant, rng):
+    """tensor_cores=True: a row's bits (and residual_out's) are the same alone and inside any
+    call of <= 256 rows, at any position -- one row group of 8 or several (gridDim.y) -- the
+    contract that lets LlamaTarget's few-row decode verify a block against one-row steps; a
+    257-row call takes the chunked kernel, whose bits are the CUDA-core ones."""
+    x, r, w, nw = _case(rng, 300, N, K, dtype, dtype)
+    alone = {i: _call_rows(x, r, w, nw, dtype, [i], variant, tensor_cores=True)
+             for i in (0, 3, 7, 8, 15, 40, 199)}
+    for M in (2, 5, 8, 9, 17, 64, 256):
+        rows = [i for i in range(M - 1, -1, -1)] if M < 200 else list(range(M))
+        got, got_s = _call_rows(x, r, w, nw, dtype, rows, variant, tensor_cores=True)
+        for pos, row in enumerate(rows):
+            if row not in alone:
+                continue
+            np.testing.assert_array_equal(_bits(got[pos]), _bits(alone[row][0][0]))
+            if got_s is not None:
+                np.testing.assert_array_equal(_bits(got_s[pos]), _bits(alone[row][1][0]))
+    big, _ = _call_rows(x, r, w, nw, dtype, list(range(257)), variant, tensor_cores=True)
+    cuda, _ = _call_rows(x, r, w, nw, dtype, [40], variant)
+    np.testing.assert_array_equal(_bits(big[40]), _bits(cuda[0]))
+    _, want = _want(x[:1], r[:1], w, nw, dtype, variant[1], variant[2], variant[3])
+    assert rel_err(from_host_storage(alone[0][0], dtype), want) < TOL[dtype]
 
 
 def _ptx_entries(module, family):
@@ -760,16 +769,20 @@ def test_linear_weights_load_before_the_pdl_wait(module, prefixes):
     # compute_75's bf16 multiplies the mma fragments on the CUDA cores: still this form
     (4, 576, 960, None, None, {"SPECDEC_FORCE_ARCH": "75"}, "linear_mma_k4_bf16_wbf16", 60, 1,
      256),
-    # not for it: 9 rows, K past 2048, K % 8 (no 16-byte rows): the kernels of TUNING's off
-    (9, 576, 576, None, None, {}, "linear_bf16_wbf16", 72, 1, 128),
+    # more rows: 8 a row group (gridDim.y), up to LINEAR_MMA_MAX_ROWS = 256
+    (9, 576, 576, None, None, {}, "linear_mma_k4_bf16_wbf16", 36, 2, 256),
+    (64, 576, 3072, "silu_mul", "bfloat16", {}, "linear_mma_k4_bf16_wbf16", 192, 8, 256),
+    (256, 1536, 576, None, None, {}, "linear_mma_k8_bf16_wbf16", 36, 32, 256),
+    # not for it: 257 rows, K past 2048, K % 8 (no 16-byte rows): the kernels they take without
+    (257, 576, 576, None, None, {}, "linear_bf16_wbf16", 72, 17, 128),
     (4, 2056, 576, None, None, {}, "linear_bf16_wbf16", 72, 1, 128),
     (2, 76, 16, None, None, {}, "linear_bf16_wbf16", 2, 1, 128),
 ])
 def test_linear_mma_launch(M, K, N, epi, wdt, env, kernel, gx, gy, block):
     """The launcher's choice with tensor_cores=True (CPU, recorded launches): the
-    tensor-core kernel (units a lane 4 at K <= 1024, else 8) for <= 8 aligned rows of K <=
-    2048, a CTA per 16 output columns (silu_mul: per 8 gates), 8 warps, one CTA row; other
-    calls the kernels they take without it."""
+    tensor-core kernel (units a lane 4 at K <= 1024, else 8) for <= 256 aligned rows of K <=
+    2048, a CTA per 16 output columns (silu_mul: per 8 gates), 8 warps, a CTA row per 8 rows;
+    other calls the kernels they take without it."""
     import launch_record
     from specdec_lib import ops
     from specdec_lib.ops import layers as ops_layers

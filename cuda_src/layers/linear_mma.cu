@@ -1,19 +1,23 @@
-// layers family: linear's few-row form on the tensor cores (linear_mma_k{4,8}_*), for the
-// k + 1 = 2 .. 8 verify rows of batch-1 speculative decoding, whose cost on the CUDA-core
-// few-row kernels (linear.cu) grows with the rows (SmolLM2's 30-layer chain, H100: 323 us at
-// M = 1, 558 at 4). Semantics: specdec_lib/reference/layers.py::linear, the LinearParams of
-// linear.cu (layers/linear_params.h); taken by ops.layers.linear where TUNING["linear_mma"]
-// asks and the call has <= 8 rows, 16-byte-aligned rows (K % 8 == 0) and K <= 2048.
+// layers family: linear's few-row form on the tensor cores (linear_mma_k{4,8}_*), first for
+// the k + 1 = 2 .. 8 verify rows of batch-1 speculative decoding, whose cost on the CUDA-core
+// few-row kernels (linear.cu) grows with the rows (SmolLM2's 30-layer chain, H100 s46: 272 us
+// at M = 1, 657 at 8; this form ~300-325 at every M <= 8), then for the 9 .. 256 rows of a
+// small batch's decode and verify passes, in groups of 8. Semantics: specdec_lib/reference/
+// layers.py::linear, the LinearParams of linear.cu (layers/linear_params.h); taken by
+// ops.layers.linear where the call asks (tensor_cores=True) and has <= 256 rows
+// (LINEAR_MMA_MAX_ROWS), 16-byte-aligned rows (K % 8 == 0) and K <= 2048.
 //
-//   x [M <= 8, K] f16/bf16 (+ residual -> residual_out), norm_weight [K] (x's dtype or f32),
+//   x [M, K] f16/bf16 (+ residual -> residual_out), norm_weight [K] (x's dtype or f32),
 //   weight [N, K] -> out [M, N], or [M, N/2] = silu(gate) * up (silu_mul).
 //
 // The product. mma.sync m16n8k16 (f32 accumulate) with the WEIGHTS as A (16 weight rows, the
-// CTA's output columns) and the rows' h as B (n = 8: row m is column m; the columns past M
-// are zero). A CTA owns 16 weight rows -- 16 output columns, or with silu_mul 8 gate rows
+// CTA's output columns) and a group of 8 rows' h as B (n = 8: row 8 y + m is column m of the
+// CTAs of blockIdx.y = y; the columns past M are zero). A CTA owns 16 weight rows -- 16 output
+// columns, or with silu_mul 8 gate rows
 // (A rows 0-7) and their 8 up rows (A rows 8-15), so a lane's D fragment holds a gate sum
 // (d0, d1) and its up sum (d2, d3) for the same (column, row): the epilogue is local. Grid:
-// ceil(N / 16) CTAs (silu_mul: ceil(I / 8)) of 8 warps; M alone never changes it.
+// ceil(N / 16) CTAs (silu_mul: ceil(I / 8)) of 8 warps, times ceil(M / 8) row groups (the
+// weights come from HBM once, then from L2 for the other groups).
 //
 // k order. The dot product does not care in which order k is visited as long as A and B use
 // the same one, so within each k-block of 32 elements (two k16 steps) fragment position
@@ -28,12 +32,11 @@
 // wait (no launch writes a weight: they stream in while the predecessor drains, as in
 // linear.cu's few-row kernels; everything else is read after pdl_begin). They are plain
 // ld.global, not ld.global.nc: ptxas 13.0 schedules griddepcontrol.wait (SASS ACQBULK) above
-// .nc loads (it does so in linear.cu's few-row kernels: their weights load after the wait on
-// sm_90), but keeps plain loads in front of it, as written. Then each warp
-// stages one row: warp m runs linear_common.cuh's few-row prologue (small_rows_wide) for row
-// m -- s = x or round(x + residual), residual_out stored by the CTA of blockIdx.x == 0, the
-// norm in rms_norm's order, so h is bit for bit what rms_norm stores -- and writes it to
-// shared memory (zeros for m >= M). After one barrier each warp runs two mma per k-block on
+// .nc loads, but keeps plain loads in front of it, as written. Then each warp stages one row:
+// warp m runs linear_common.cuh's few-row prologue (small_rows_wide) for row 8 y + m -- s = x
+// or round(x + residual), residual_out stored by the CTAs of blockIdx.x == 0, the norm in
+// rms_norm's order, so h is bit for bit what rms_norm stores -- and writes it to shared memory
+// (zeros past M). After one barrier each warp runs two mma per k-block on
 // its blocks; the 8 partial 16x8 tiles meet in shared memory and one thread per output adds
 // them in warp order 0..7 (fixed), then the epilogue (silu as linear's: accurate_silu) and
 // one rounding to out's dtype.
@@ -41,7 +44,7 @@
 // Row invariance (within this form): every row passes through the same instructions
 // whatever M and the other rows are -- its own warp's prologue, column m of every mma (a
 // column of D depends only on that column of B), the fixed-order reduction -- so a row's
-// bits do not depend on M (1..8), its position or its neighbours. The bits differ from
+// bits do not depend on M (1..256), its position or its neighbours. The bits differ from
 // linear.cu's kernels (the tensor core sums differently); the rows' values are the
 // reference's to float32 accumulation.
 //
@@ -62,7 +65,7 @@ namespace {
 
 constexpr int kMmaWarps = 8;                 // blockDim = 256 (ops.layers: _LINEAR_MMA_THREADS)
 constexpr int kMmaThreads = 32 * kMmaWarps;
-constexpr int kMmaRows = 8;                  // the n of m16n8k16: rows a call, one a warp
+constexpr int kMmaRows = 8;                  // the n of m16n8k16: rows a row group, one a warp
 constexpr int kTileRows = 16;                // weight rows a CTA (the m of m16n8k16)
 constexpr int kBlockUnits = 4;               // units of a k-block (32 elements, two k16 steps)
 static_assert(kMmaWarps == kMmaRows, "warp m stages row m");
@@ -125,11 +128,12 @@ __device__ __forceinline__ void linear_mma(const LinearParams& p) {
   }
   pdl_begin();                               // everything below reads what a launch may write
 
-  {  // warp m stages row m (zeros past M): linear's few-row prologue, one row, so the CTA of
-     // blockIdx.x == 0 stores every row's residual_out (each warp its own: `warp` 0 below)
+  const int64_t row0 = static_cast<int64_t>(kMmaRows) * blockIdx.y;   // this row group's first
+  {  // warp m stages row row0 + m (zeros past M): linear's few-row prologue, one row, so the
+     // CTAs of blockIdx.x == 0 store every row's residual_out (each warp its own: `warp` 0 below)
     const int m = warp;
     Unit<T> h[1][U];
-    small_rows_wide<T, W, 1, U>(p, lane, 0, m, m < p.rows ? 1 : 0, h);
+    small_rows_wide<T, W, 1, U>(p, lane, 0, row0 + m, row0 + m < p.rows ? 1 : 0, h);
 #pragma unroll
     for (int j = 0; j < U; ++j) {            // unit u: block u / 4, unit u % 4 of it
       const int u = lane + 32 * j;
@@ -169,8 +173,9 @@ __device__ __forceinline__ void linear_mma(const LinearParams& p) {
       gs += pf[(w * 32 + L) * 4 + j];
       us += pf[(w * 32 + L) * 4 + 2 + j];
     }
-    if (n < p.rows && gate < p.cols / 2)
-      static_cast<T*>(p.out)[n * p.out_stride + gate] = from_float<T>(accurate_silu(gs) * us);
+    if (row0 + n < p.rows && gate < p.cols / 2)
+      static_cast<T*>(p.out)[(row0 + n) * p.out_stride + gate] =
+          from_float<T>(accurate_silu(gs) * us);
   } else {                                   // 128 outputs
     if (i >= 32 * 4) return;
     const int L = i >> 2, e = i & 3, n = 2 * (L & 3) + (e & 1);
@@ -178,8 +183,8 @@ __device__ __forceinline__ void linear_mma(const LinearParams& p) {
     float s = pf[i];
 #pragma unroll
     for (int w = 1; w < kMmaWarps; ++w) s += pf[w * 128 + i];
-    if (n < p.rows && col < p.cols)
-      static_cast<T*>(p.out)[n * p.out_stride + col] = from_float<T>(s);
+    if (row0 + n < p.rows && col < p.cols)
+      static_cast<T*>(p.out)[(row0 + n) * p.out_stride + col] = from_float<T>(s);
   }
 }
 

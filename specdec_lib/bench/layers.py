@@ -174,8 +174,9 @@ def bench_gated_rms_norm(b: Bench):
 def bench_linear_chain(b: Bench):
     """SmolLM2-135M's 30 layers of decode GEMMs as one graph, each layer its own weights (212
     MB: they come from HBM, as in a round, not from L2 as in ``linear``'s rows of one call
-    replayed): qkv (norm + residual fused), o, gate_up (norm + residual + silu_mul), down;
-    through linear (its default CUDA-core few-row kernels at M <= 8, then tensor_cores=True's
+    replayed), at M = 1..8 and a small batch's 16..128 rows: qkv (norm + residual fused), o,
+    gate_up (norm + residual + silu_mul), down; through linear (its default CUDA-core few-row
+    kernels at M <= 8, the chunked one past that, then tensor_cores=True's
     linear_mma, what LlamaTarget's few-row decode asks for; then the CUDA-core kernels' other
     rows-a-CTA choices, then two columns a warp at 1 and 2 rows a CTA: the default's four
     serve qkv, o and gate_up; down's K = 1536 has two either way) and through
@@ -192,7 +193,7 @@ def bench_linear_chain(b: Bench):
               for i in range(L)]
     wbytes = L * (QKV * H + H * H + 2 * I * H + H * I) * _E
     from ..ops import layers as ops_layers
-    for M in range(1, 9):
+    for M in list(range(1, 9)) + [16, 32, 64, 128]:     # past 8: the decode of a small batch
         x, r = _rand((M, H), "bfloat16", d, 1), _rand((M, H), "bfloat16", d, 3)
         s = DeviceArray.empty((M, H), "bfloat16", d)
         qkv = DeviceArray.empty((M, QKV), "bfloat16", d)
@@ -212,12 +213,13 @@ def bench_linear_chain(b: Bench):
         # the tensor-core form (TUNING["linear_mma"] forces what tensor_cores=True asks), each
         # other rows-a-CTA choice (the default's above), then the two-column form (the
         # default's four where K <= 1024) at 1 and 2 rows a CTA
-        default_mr = ops_layers._linear_small(M, H, True, True)[0]
         choices = [(dict(linear_mma=True), "linear tensor_cores=True (linear_mma)")]
-        choices += [(dict(linear_cta_rows=mr), f"linear {mr} rows a CTA") for mr in (1, 2, 4)
-                    if mr != default_mr]
-        choices += [(dict(linear_cta_rows=mr, linear_cols_per_warp=2),
-                     f"linear 2 columns a warp, {mr} rows a CTA") for mr in (1, 2)]
+        if M <= 8:
+            default_mr = ops_layers._linear_small(M, H, True, True)[0]
+            choices += [(dict(linear_cta_rows=mr), f"linear {mr} rows a CTA")
+                        for mr in (1, 2, 4) if mr != default_mr]
+            choices += [(dict(linear_cta_rows=mr, linear_cols_per_warp=2),
+                         f"linear 2 columns a warp, {mr} rows a CTA") for mr in (1, 2)]
         saved = dict(ops_layers.TUNING)
         for tuning, impl in choices:
             ops_layers.TUNING.update(tuning)

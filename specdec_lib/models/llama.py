@@ -25,7 +25,8 @@ import contextlib
 
 import numpy as np
 
-from ..ops.layers import LINEAR_FAST_MAX_K, LINEAR_FAST_MAX_ROWS, TUNING as LINEAR_TUNING
+from ..ops.layers import (LINEAR_FAST_MAX_K, LINEAR_FAST_MAX_ROWS, LINEAR_MMA_MAX_ROWS,
+                          TUNING as LINEAR_TUNING)
 from .llama_layer import decoder_layer, fuse_layer, layer_tensor_names
 
 # The passes LlamaTarget(small_rows=True) runs on linear's few-row kernels: at most 5 rows.
@@ -38,7 +39,7 @@ SMALL_ROWS_MAX = 5
 # unless ops.layers.TUNING["linear_mma"] is False): it costs nearly the same at 1..8 rows (310 /
 # 303 / 328 us at 1 / 4 / 8, H100 s46): at most 8.
 SMALL_ROWS_MAX_MMA = 8
-assert max(SMALL_ROWS_MAX, SMALL_ROWS_MAX_MMA) <= LINEAR_FAST_MAX_ROWS
+assert SMALL_ROWS_MAX <= LINEAR_FAST_MAX_ROWS and SMALL_ROWS_MAX_MMA <= LINEAR_MMA_MAX_ROWS
 
 
 def small_rows_max():

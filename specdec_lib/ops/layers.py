@@ -234,6 +234,7 @@ def gated_rms_norm(x: ArrayLike, z: ArrayLike, weight: ArrayLike, out: ArrayLike
 
 LINEAR_FAST_MAX_ROWS = 8       # linear's few-row kernels (linear_m*_k*): rows ...
 LINEAR_FAST_MAX_K = 2048       # ... and K they take (16-byte aligned rows, K % 8 == 0)
+LINEAR_MMA_MAX_ROWS = 256      # rows the tensor-core form takes (tensor_cores=True; 8 a row group)
 # Rows a CTA of the few-row kernels takes (MR: 1, 2 or 4; gridDim.y = ceil(M / MR) CTA rows
 # over the same columns). A warp normalises and multiplies each of its rows in one dependent
 # chain, so more CTA rows of fewer rows each run faster at these sizes; the weights come
@@ -260,6 +261,7 @@ LINEAR_FAST_MAX_K = 2048       # ... and K they take (16-byte aligned rows, K % 
 TUNING = {"linear_cta_rows": None, "linear_cols_per_warp": None, "linear_mma": None}
 _LINEAR_MMA_THREADS = 256     # linear_mma: blockDim (kMmaWarps = 8: warp m stages row m)
 _LINEAR_MMA_COLS = 16         # ... output columns a CTA (silu_mul: 8 gates and their 8 ups)
+_LINEAR_MMA_ROWS = 8          # ... rows a CTA (gridDim.y: the row groups)
 
 
 def _linear_small(M, K, vec, norm_weight_16bit):
@@ -281,12 +283,12 @@ def _linear_small(M, K, vec, norm_weight_16bit):
 def _linear_mma(M, K, vec, tensor_cores):
     """Units a lane (4: K <= 1024, 8: K <= 2048) of the linear_mma_k* kernel for M rows of
     width K, or None: only where the call's tensor_cores asks (TUNING["linear_mma"], unless
-    None, overrides it), at most LINEAR_FAST_MAX_ROWS rows
+    None, overrides it), at most LINEAR_MMA_MAX_ROWS rows (in groups of 8, the n of the mma)
     (the n = 8 of the mma) and every access 16 bytes (K % 8 == 0; a K past a multiple of 32
     is zero-padded in the kernel). f16 and bf16 on every code family (compute_75's bf16
     multiplies the same fragments on the CUDA cores)."""
     on = tensor_cores if TUNING["linear_mma"] is None else TUNING["linear_mma"]
-    if not on or not vec or M > LINEAR_FAST_MAX_ROWS or K > LINEAR_FAST_MAX_K:
+    if not on or not vec or M > LINEAR_MMA_MAX_ROWS or K > LINEAR_FAST_MAX_K:
         return None
     return next(u for u in _kernels.LINEAR_MMA_UNITS if K <= 256 * u)
 
@@ -306,12 +308,13 @@ def linear(x: ArrayLike, weight: ArrayLike, out: ArrayLike, *,
     (H100, docs/PERF.md s46); other calls take the chunked kernel (the same bits), which serves
     row invariance, not speed (2-18x cuBLAS at M=16-128).
 
-    ``tensor_cores=True`` sends those few-row calls to tensor-core kernels instead
-    (``linear_mma_k*``: mma with the weights as A, the rows as its 8 columns): 310 / 303 / 328
-    us there, nearly flat in M. A row's bits then depend on that row alone among calls of at
-    most 8 rows, but differ from a 9-or-more-row call's (same float32 accuracy): for a caller
-    whose passes past 8 rows are not meant to match (``LlamaTarget``'s few-row decode, whose
-    bigger passes take cuBLAS), not for one that needs every M to agree.
+    ``tensor_cores=True`` sends calls of at most LINEAR_MMA_MAX_ROWS = 256 such rows to
+    tensor-core kernels instead (``linear_mma_k*``: mma with the weights as A, each group of 8
+    rows as its 8 columns): 310 / 303 / 328 us at M = 1 / 4 / 8 there, nearly flat in M. A
+    row's bits then depend on that row alone among calls of at most 256 rows, but differ from
+    the CUDA-core and chunked kernels' (same float32 accuracy): for a caller whose passes never
+    mix the two forms (``LlamaTarget``'s few-row decode, whose bigger passes take cuBLAS), not
+    for one that needs every M to agree.
 
     x [M, K] float16/bfloat16, last dimension contiguous (row stride free); weight [N, K]
     x's dtype, contiguous (nn.Linear layout); out [M, N] x's dtype (row stride free).
@@ -368,7 +371,7 @@ def _linear_plan(M, K, N, width, silu, vec, t, wdt, dev, tensor_cores=False):
     if mma is not None:             # a CTA per 16 weight rows (silu_mul: 8 gates + their ups)
         k = runtime.kernel("linear_mma", _kernels.linear_mma_kernel(mma, t, wdt), dev)
         cols = _LINEAR_MMA_COLS // 2 if silu else _LINEAR_MMA_COLS
-        return k, -(-width // cols), 1, _LINEAR_MMA_THREADS
+        return k, -(-width // cols), -(-M // _LINEAR_MMA_ROWS), _LINEAR_MMA_THREADS
     small = _linear_small(M, K, vec, wdt == t)
     cols = 2 if small is None else small[2]
     # a warp per column pair (silu_mul: a gate column and its up), or per four columns (two

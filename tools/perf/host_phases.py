@@ -44,8 +44,9 @@ def main():
                    "mode's timed runs, its most used graphs replayed N times in a row each "
                    "and N times alternating (the GPU time of a graph alone and after another)")
     p.add_argument("--small-rows-max", type=int, default=None, metavar="R", help="the target's "
-                   "passes of <= R rows on linear's few-row kernels (models.llama.SMALL_ROWS_MAX, "
-                   "default 5, and SMALL_ROWS_MAX_MMA, default 8; at most 8)")
+                   "passes of <= R rows on linear (models.llama.SMALL_ROWS_MAX_MMA, default 8, "
+                   "at most 256 on the tensor cores; SMALL_ROWS_MAX, default 5, at most 8, with "
+                   "--cuda-core-linear)")
     p.add_argument("--cuda-core-linear", action="store_true", help="linear's few-row calls "
                    "on the CUDA-core kernels (ops.layers.TUNING['linear_mma'] = False; the "
                    "target's passes of <= 5 rows on linear, models.llama.SMALL_ROWS_MAX), not "
@@ -56,7 +57,8 @@ def main():
     args = p.parse_args()
     if args.small_rows_max is not None:
         from specdec_lib.models import llama
-        llama.SMALL_ROWS_MAX = llama.SMALL_ROWS_MAX_MMA = args.small_rows_max
+        llama.SMALL_ROWS_MAX = min(args.small_rows_max, 8)
+        llama.SMALL_ROWS_MAX_MMA = args.small_rows_max
     from specdec_lib.ops import layers as ops_layers
     if args.cuda_core_linear:
         ops_layers.TUNING.update(linear_mma=False)
