@@ -401,6 +401,10 @@ def main():
     p.add_argument("--state-dtype", default="float32", help="--hybrid: the GDN state dtype")
     p.add_argument("--plain-state", action="store_true", help="--hybrid: gdn_commit / "
                    "conv1d_commit every round (fused_state=False), not the fused mode")
+    p.add_argument("--small-rows-max", type=int, default=None, metavar="R", help="the target's "
+                   "decode passes of <= R rows on linear's tensor-core form (models.llama."
+                   "SMALL_ROWS_MAX_MMA, default 8, at most 256: a small batch's passes too, "
+                   "then row-invariant; past R the host's GEMM)")
     p.add_argument("--gated-norm-op", action="store_true", help="--hybrid: the GDN layers' "
                    "gated norm as one gated_rms_norm launch (LlamaHybridTarget.gated_norm_op)")
     p.add_argument("--no-profile", action="store_true", help="skip the round / prefill "
@@ -441,6 +445,11 @@ def main():
                    "over its own replies should agree everywhere; ~128 eager calls per cache "
                    "dtype), up to 16 (fewer calls, GEMM bits of another shape)")
     args = p.parse_args()
+    if args.small_rows_max is not None and not 1 <= args.small_rows_max <= 256:
+        p.error("--small-rows-max: 1 .. 256 (LINEAR_MMA_MAX_ROWS)")
+    if args.small_rows_max is not None:
+        from specdec_lib.models import llama
+        llama.SMALL_ROWS_MAX_MMA = args.small_rows_max
     PREFILL = prefill_policy(args.prefill)
     BATCH_REPEATS = args.batch_repeats
     GENERAL_MIX = args.general_mix

@@ -55,6 +55,8 @@ def main():
                    "replays of its most used graph under torch.profiler: GPU time per kernel "
                    "name (us a replay, launches a replay)")
     args = p.parse_args()
+    if args.small_rows_max is not None and not 1 <= args.small_rows_max <= 256:
+        p.error("--small-rows-max: 1 .. 256 (LINEAR_MMA_MAX_ROWS)")
     if args.small_rows_max is not None:
         from specdec_lib.models import llama
         llama.SMALL_ROWS_MAX = min(args.small_rows_max, 8)
