@@ -29,7 +29,7 @@ from ..ops.layers import (LINEAR_FAST_MAX_K, LINEAR_FAST_MAX_ROWS, LINEAR_MMA_MA
                           TUNING as LINEAR_TUNING)
 from .llama_layer import decoder_layer, fuse_layer, layer_tensor_names
 
-# The passes LlamaTarget(small_rows=True) runs on linear's few-row kernels: at most 5 rows.
+# The passes LlamaTarget(small_rows=True) runs on linear's CUDA-core few-row kernels: at most 5.
 # linear takes up to LINEAR_FAST_MAX_ROWS = 8 that way (a CTA row per row since s42), but a
 # chain of SmolLM2's 30 layers on them beat cuBLAS only up to 5 (H100: 558 / 603 / 728 us at
 # 4 / 5 / 6 rows, cuBLAS ~620); SmolLM2's B=1 EAGLE3 rounds (GPU us, few-row against cuBLAS):

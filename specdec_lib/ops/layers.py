@@ -1,5 +1,5 @@
 """rms_norm, rope, silu_mul, gated_rms_norm, linear on the GPU (kernels:
-cuda_src/layers/layers.cu and, for linear, cuda_src/layers/linear.cu).
+cuda_src/layers/layers.cu and, for linear, cuda_src/layers/linear.cu and linear_mma.cu).
 
 The elementwise glue of a dense (Llama-type) layer, so that a host model's layer is a few
 library launches; semantics and argument order in ``specdec_lib.reference.layers`` (whose
@@ -252,9 +252,10 @@ LINEAR_MMA_MAX_ROWS = 256      # rows the tensor-core form takes (tensor_cores=T
 # linear_mma: None (default) leaves the few-row calls' form to each call's ``tensor_cores``;
 # True / False forces the tensor-core (linear_mma_k*, cuda_src/layers/linear_mma.cu) / CUDA-core
 # few-row kernels on every call (benchmarks, tests). The tensor-core form: mma m16n8k16 with
-# the weights as A and the <= 8 rows as the n = 8 columns, so a row's work is nearly free up to
-# 8 rows; a row's bits depend on that row alone among calls of <= 8 rows, but are not the
-# CUDA-core or chunked kernels' (the tensor core sums in its own order). H100 s46, SmolLM2's 30
+# the weights as A and each group of 8 rows as the n = 8 columns, so a row's work is nearly
+# free up to 8 rows; a row's bits depend on that row alone among its calls (up to
+# LINEAR_MMA_MAX_ROWS rows), but are not the CUDA-core or chunked kernels' (the tensor core
+# sums in its own order). H100 s46, SmolLM2's 30
 # layers in one graph, us at M = 1 / 2 / 4 / 5 / 8: 310 / 304 / 303 / 304 / 328 against the
 # CUDA-core kernels' 272-293 / 332 / 439-450 / 482 / 647-663 (cuBLAS ~620); a SmolLM2 k=3 B=1
 # round 667 us against 873 (target-only 547 / 571).
@@ -284,7 +285,7 @@ def _linear_mma(M, K, vec, tensor_cores):
     """Units a lane (4: K <= 1024, 8: K <= 2048) of the linear_mma_k* kernel for M rows of
     width K, or None: only where the call's tensor_cores asks (TUNING["linear_mma"], unless
     None, overrides it), at most LINEAR_MMA_MAX_ROWS rows (in groups of 8, the n of the mma)
-    (the n = 8 of the mma) and every access 16 bytes (K % 8 == 0; a K past a multiple of 32
+    and every access 16 bytes (K % 8 == 0; a K past a multiple of 32
     is zero-padded in the kernel). f16 and bf16 on every code family (compute_75's bf16
     multiplies the same fragments on the CUDA cores)."""
     on = tensor_cores if TUNING["linear_mma"] is None else TUNING["linear_mma"]
