@@ -103,7 +103,7 @@ def _block_and_steps(t, rng, n=6):
     host = (lambda a: a.double().cpu().numpy()) if xp.name == "torch" else np.asarray
 
     def run(rows):
-        t.reset(1, 16)
+        t.reset(1, max(16, 3 + n))
         fin = as_dev(np.zeros(1, np.uint8))
         t.prefill(as_dev(tok[:3]), as_dev(np.arange(3, dtype=np.int32)),
                   as_dev(np.array([0, 3], np.int32)), as_dev(np.zeros(1, np.int32)), fin,
@@ -146,7 +146,7 @@ def test_tiny_llama_row_invariant_block_equals_one_row_steps(rng, backend, monke
 
 
 def test_torch_math_routes_few_row_gemms_to_linear():
-    """The torch math's GEMMs: at most 8 rows (small_rows_max(): linear's tensor-core form)
+    """The torch math's GEMMs: at most 32 rows (small_rows_max(): linear's tensor-core form)
     of K <= 2048 (K % 8 == 0) over a
     layer's weight (N <= 8192) go through the library's linear (its few-row kernels), the rest
     (prefill under bulk(), a batch, the lm_head's vocabulary, K past 2048) through cuBLAS;
@@ -157,7 +157,7 @@ def test_torch_math_routes_few_row_gemms_to_linear():
     m = _TorchMath(dev)
     assert m.small_rows and not m.row_invariant
     assert m.library_rows(1, 576, 960) and m.library_rows(2, 1536, 576)
-    assert m.library_rows(8, 576, 960) and not m.library_rows(9, 576, 960)
+    assert m.library_rows(32, 576, 960) and not m.library_rows(33, 576, 960)
     assert not m.library_rows(2, 4096, 960) and not m.library_rows(1, 580, 960)
     assert not m.library_rows(1, 576, 49152)
     with m.bulk():
@@ -168,9 +168,9 @@ def test_torch_math_routes_few_row_gemms_to_linear():
     assert ri.library_rows(64, 4096, 49152)
 
 
-def test_torch_math_routes_eight_rows_with_linear_mma(monkeypatch):
+def test_torch_math_routes_small_batches_with_linear_mma(monkeypatch):
     """The few-row torch math asks linear for its tensor-core form (tensor_cores) and sends
-    passes of up to SMALL_ROWS_MAX_MMA = 8 rows to it; where ops.layers.TUNING["linear_mma"]
+    passes of up to SMALL_ROWS_MAX_MMA = 32 rows to it; where ops.layers.TUNING["linear_mma"]
     forces the CUDA-core form, up to SMALL_ROWS_MAX = 5 (where those beat cuBLAS); the
     row-invariant math keeps the CUDA-core form (its rows must agree at every M)."""
     torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -179,12 +179,13 @@ def test_torch_math_routes_eight_rows_with_linear_mma(monkeypatch):
     dev = SimpleNamespace(device=torch.device("cpu"))
     m = _TorchMath(dev)
     assert ops_layers.TUNING["linear_mma"] is None
-    assert small_rows_max() == SMALL_ROWS_MAX_MMA == 8
+    assert small_rows_max() == SMALL_ROWS_MAX_MMA == 32
+    assert m.library_rows(32, 576, 960) and not m.library_rows(33, 576, 960)
     assert m.tensor_cores and not _TorchMath(dev, row_invariant=True).tensor_cores
     monkeypatch.setitem(ops_layers.TUNING, "linear_mma", False)
     assert small_rows_max() == SMALL_ROWS_MAX == 5 and not m.library_rows(6, 576, 960)
     monkeypatch.setitem(ops_layers.TUNING, "linear_mma", True)
-    assert m.library_rows(8, 576, 960) and not m.library_rows(9, 576, 960)
+    assert m.library_rows(32, 576, 960) and not m.library_rows(33, 576, 960)
     assert not m.library_rows(8, 4096, 960) and not m.library_rows(8, 576, 49152)
     assert not _TorchMath(dev, small_rows=False).library_rows(2, 576, 960)
 
@@ -192,7 +193,7 @@ def test_torch_math_routes_eight_rows_with_linear_mma(monkeypatch):
 @needs_gpu
 @pytest.mark.parametrize("mma", [False, None], ids=["cuda_cores", "linear_mma"])
 def test_tiny_llama_few_row_decode_through_linear(rng, monkeypatch, mma):
-    """The default torch target (small_rows): a decode pass of <= small_rows_max() rows (8 on
+    """The default torch target (small_rows): a decode pass of <= small_rows_max() rows (32 on
     linear's tensor-core form, which it asks for; 5 where TUNING forces the CUDA-core one)
     runs the fused layers on linear's few-row kernels (norms, silu_mul fused; every GEMM, the
     tiny lm_head too, through row_linear), so an n-row verify block's logits equal n

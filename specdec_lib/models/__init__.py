@@ -31,8 +31,8 @@ def load_smollm2_target(backend: Any, *, path: str | os.PathLike | None = None,
     ``kv_dtype``: the target's KV cache, bfloat16, float16, fp8_e4m3 or int8 (LlamaTarget;
     refused before the weights are read where the backend cannot run it). ``max_position``:
     positions the rope table covers (default the model's context length). ``small_rows``
-    (torch): decode passes of <= 5 rows through the library's few-row ``linear`` kernels
-    (LlamaTarget; False: cuBLAS).
+    (torch): decode passes of few rows (<= 32: ``llama.small_rows_max()``) through the
+    library's ``linear`` on its tensor-core form (LlamaTarget; False: cuBLAS).
     ``progress``: a progress bar while dequantising (None: only when stderr is a terminal)."""
     from .llama import LlamaTarget, kv_dtype_unsupported
     from .smollm2 import EXPECTED, load_smollm2

@@ -35,10 +35,12 @@ from .llama_layer import decoder_layer, fuse_layer, layer_tensor_names
 # 4 / 5 / 6 rows, cuBLAS ~620); SmolLM2's B=1 EAGLE3 rounds (GPU us, few-row against cuBLAS):
 # k=3 934 against 1113, k=4 1008 against 1138.
 SMALL_ROWS_MAX = 5
-# ... and on linear's tensor-core few-row form (tensor_cores=True, what the few-row decode asks
-# unless ops.layers.TUNING["linear_mma"] is False): it costs nearly the same at 1..8 rows (310 /
-# 303 / 328 us at 1 / 4 / 8, H100 s46): at most 8.
-SMALL_ROWS_MAX_MMA = 8
+# ... and on linear's tensor-core form (tensor_cores=True, what the few-row decode asks unless
+# ops.layers.TUNING["linear_mma"] is False): the SmolLM2 chain costs nearly the same at 1..8 rows
+# (310 / 303 / 328 us at 1 / 4 / 8), 438 at 16 and 617 at 32 against cuBLAS's 625 / 635, 1127
+# at 64 against 640 (H100 s47): at most 32. (B=4 k=3, 16 rows: 821 us GPU a round against
+# cuBLAS's 1140; B=32 target-only 943 against 971.)
+SMALL_ROWS_MAX_MMA = 32
 assert SMALL_ROWS_MAX <= LINEAR_FAST_MAX_ROWS and SMALL_ROWS_MAX_MMA <= LINEAR_MMA_MAX_ROWS
 
 
@@ -58,7 +60,7 @@ class _RowInvariant:
     Prefill keeps the host's GEMM (``bulk``): it runs once per prompt in either mode (prompts
     prefilled in one call share its cuBLAS shape)."""
 
-    small_rows = False       # the torch math: decode GEMMs of <= 8 rows through ``linear`` too
+    small_rows = False       # the torch math: few-row decode GEMMs through ``linear`` too
 
     def __init__(self, be=None, row_invariant=False):
         self.be, self.row_invariant = be, bool(row_invariant)
@@ -66,7 +68,7 @@ class _RowInvariant:
     def library_rows(self, rows, k, n):
         """Whether a [rows, k] @ [n, k].T GEMM goes through the library's ``linear``: always
         when row-invariant; with ``small_rows`` where linear's few-row kernels take it and
-        pay (at most 8 rows on the tensor-core form, 5 on the CUDA-core one: small_rows_max();
+        pay (at most 32 rows on the tensor-core form, 5 on the CUDA-core one: small_rows_max();
         K <= 2048) and the weight is a layer's, not a vocabulary (N <= 8192: the
         lm_head's 49k columns stay on the host's GEMM)."""
         return self.row_invariant or (
@@ -84,8 +86,8 @@ class _RowInvariant:
 
     @property
     def tensor_cores(self):
-        """linear's tensor-core few-row form for the few-row decode (its passes past 8 rows take
-        the host's GEMM, so only <= 8-row calls must agree); the CUDA-core kernels when
+        """linear's tensor-core form for the few-row decode (its passes past small_rows_max()
+        take the host's GEMM, so only those calls must agree); the CUDA-core kernels when
         row-invariant (every M must agree with every other)."""
         return not self.row_invariant
 
@@ -431,15 +433,16 @@ def kv_dtype_unsupported(backend, kv_dtype, head_dim):
 class LlamaTarget:
     """Host passes of a Llama target for ``SpeculativeDecoder`` (slot b = sequence b).
 
-    ``small_rows`` (torch backend, default on): a decode pass of at most 8 rows
-    (``small_rows_max()``: 8 on linear's tensor-core form, ``tensor_cores=True``; 5 where
+    ``small_rows`` (torch backend, default on): a decode pass of at most 32 rows
+    (``small_rows_max()``: 32 on linear's tensor-core form, ``tensor_cores=True``; 5 where
     ``ops.layers.TUNING["linear_mma"]`` forces the CUDA-core one) whose layer GEMMs
     linear's few-row kernels take (K <= 2048) runs
     ``_run_fused`` on them: norms and silu_mul fused, no cuBLAS but the lm_head (SmolLM2 B=1
     target-only 1.55x, s40; a k = 3 / 4 verify round 0.84 / 0.89x of cuBLAS's GPU time, s42).
-    Its rows are then row-invariant among passes of up to 8 rows (a verify block gives what
-    one-row passes give; a k = 3 round costs 1.22x target-only's GPU time, 667 / 547 us, H100
-    s46; row_invariant=True keeps linear's CUDA-core kernels, whose bits agree at every M)."""
+    Its rows are then row-invariant among passes of up to 32 rows (a verify block gives what
+    one-row passes give, a small batch's rows what the request alone gives; a k = 3 round
+    costs 1.22x target-only's GPU time at B=1, 667 / 547 us, H100 s46; row_invariant=True
+    keeps linear's CUDA-core kernels, whose bits agree at every M)."""
     # prefill rows past a prompt (pads) only write dead cache rows: the decoder may pad a
     # prompt to a length bucket and replay one recorded prefill per bucket
     pads_prefill = True

@@ -403,7 +403,7 @@ def main():
                    "conv1d_commit every round (fused_state=False), not the fused mode")
     p.add_argument("--small-rows-max", type=int, default=None, metavar="R", help="the target's "
                    "decode passes of <= R rows on linear's tensor-core form (models.llama."
-                   "SMALL_ROWS_MAX_MMA, default 8, at most 256: a small batch's passes too, "
+                   "SMALL_ROWS_MAX_MMA, default 32, at most 256: a small batch's passes too, "
                    "then row-invariant; past R the host's GEMM)")
     p.add_argument("--gated-norm-op", action="store_true", help="--hybrid: the GDN layers' "
                    "gated norm as one gated_rms_norm launch (LlamaHybridTarget.gated_norm_op)")

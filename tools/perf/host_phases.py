@@ -44,7 +44,7 @@ def main():
                    "mode's timed runs, its most used graphs replayed N times in a row each "
                    "and N times alternating (the GPU time of a graph alone and after another)")
     p.add_argument("--small-rows-max", type=int, default=None, metavar="R", help="the target's "
-                   "passes of <= R rows on linear (models.llama.SMALL_ROWS_MAX_MMA, default 8, "
+                   "passes of <= R rows on linear (models.llama.SMALL_ROWS_MAX_MMA, default 32, "
                    "at most 256 on the tensor cores; SMALL_ROWS_MAX, default 5, at most 8, with "
                    "--cuda-core-linear)")
     p.add_argument("--cuda-core-linear", action="store_true", help="linear's few-row calls "
