@@ -747,20 +747,25 @@ def test_live_samples_need_every_slot_busy():
     assert not given._live and given.cost(1, 2) == 1.2
 
 
-def test_unpriced_k_on_the_live_line_where_steeper():
-    """A k without live samples: where two k's have them and their line is steeper than the
-    calibration, the line's value (issue 29, B=32: live samples came only for k = 3 and 2
+def test_unpriced_k_on_the_calibration_scaled_where_live_costs_rise_faster():
+    """A k without live samples: where two k's have them and their live costs rise more
+    between them than the calibrated ones, the nearest's live cost plus the calibration's
+    step scaled by that ratio (issue 29, B=32: live samples came only for k = 3 and 2
     before the first request ended, and k = 1 priced by k = 2's gap alone, 1.32 where it
-    cost 1.15, kept auto at k = 2, 0.88x of target-only against 0.99x for k = 1); where the
-    line is flatter than the calibration (noise), the calibrated cost moved by the nearest
-    k's gap, as with one live k."""
+    cost 1.15, kept auto at k = 2, 0.88x of target-only against 0.99x for k = 1); the
+    calibration's shape is kept (s47, B=4, tensor-core GEMMs by row groups of 8: a line
+    through the live k = 1 / 2 priced k = 3 at 931 us where it cost 821, and auto stayed at
+    k = 1); where the live costs rise less than the calibration (noise), the calibrated
+    cost moved by the nearest k's gap, as with one live k."""
     K, B = 3, 4
     for cal, live, want in (
-            # the calibration underprices each draft: below the live k's, the line
-            ([1.0, 1.03, 1.06, 1.10], {3: 1.55, 2: 1.35}, [0.95, 1.15, 1.35, 1.55]),
-            # above them too (and between two live k's)
-            ([1.0, 1.03, 1.06, 1.10], {0: 1.0, 1: 1.15}, [1.0, 1.15, 1.30, 1.45]),
-            ([1.0, 1.03, 1.06, 1.10], {0: 1.0, 3: 1.6}, [1.0, 1.2, 1.4, 1.6]),
+            # the calibration underprices each draft: below the live k's, its steps x 5
+            ([1.0, 1.03, 1.06, 1.10], {3: 1.55, 2: 1.35}, [1.05, 1.20, 1.35, 1.55]),
+            # above them too (and between two live k's: x 6)
+            ([1.0, 1.03, 1.06, 1.10], {0: 1.0, 1: 1.15}, [1.0, 1.15, 1.30, 1.50]),
+            ([1.0, 1.03, 1.06, 1.10], {0: 1.0, 3: 1.6}, [1.0, 1.18, 1.36, 1.6]),
+            # a flat calibration between the live k's: their line
+            ([1.0, 1.0, 1.0, 1.0], {0: 1.0, 1: 1.1}, [1.0, 1.1, 1.2, 1.3]),
             # a live line flatter than the calibration: the gap rule
             ([1.0, 1.15, 1.35, 1.55], {3: 1.45, 2: 1.35}, [1.0, 1.15, 1.35, 1.45]),
             ([1.0, 1.15, 1.35, 1.55], {0: 1.0, 1: 1.01}, [1.0, 1.01, 1.21, 1.41]),
@@ -772,3 +777,12 @@ def test_unpriced_k_on_the_live_line_where_steeper():
         for k, c in live.items():
             pol._live_sample(k, c)
         assert [pol.cost(B, k) for k in range(K + 1)] == pytest.approx(want), (cal, live)
+    # s47's B=4 round (H100, us): k = 3 priced near what it cost (821), so auto moves to it
+    pol = AutoK(4)
+    cal = [570.8, 643.8, 776.0, 838.7, 951.4]
+    pol.measured.update({(B, k): c for k, c in enumerate(cal)})
+    pol.start(B, True)
+    pol._live_sample(1, 637.6)
+    pol._live_sample(2, 784.2)
+    r = (784.2 - 637.6) / (776.0 - 643.8)
+    assert pol.cost(B, 3) == pytest.approx(784.2 + r * (838.7 - 776.0)) and pol.cost(B, 3) < 860

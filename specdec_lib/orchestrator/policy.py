@@ -63,14 +63,20 @@ ahead. Buffers are sized for ``k_max``; a recorded graph is kept per (verify, pr
   batches priced k = 4 below k = 3) and the same verify count as the round before gives its
   period; a k's cost is the median of its last ``LIVE_KEPT`` periods, a k without any its
   calibrated cost moved by the live-minus-calibrated gap at the nearest k that has them, or,
-  where two k's have them, the line through the two nearest where that line is steeper than
-  the calibration (below them: cheaper, above: dearer), fitted nondecreasing. The
+  where two k's have them and the two nearest's live costs rise more between them than the
+  calibrated ones, the calibration's steps from the nearest scaled by that ratio (below
+  them: cheaper, above: dearer), fitted nondecreasing. The
   calibration has underpriced each draft wherever checked (s30, s31; issue 29, H100 B=32: k =
   3 over k = 0 204 us calibrated, ~290 us decoding), and in a fixed batch every slot is busy
   only until the first request ends, so few k's get live samples: the gap alone priced k = 1
   from k = 2's and kept auto at k = 2 (autok_sim, true 1/1.15/1.35/1.55, calibrated
-  1/1.03/1.06/1.10: 0.88x of target-only where k = 1 ran 0.99x). A line flatter than the
-  calibration is taken for noise (a few periods of 3% jitter) and left out. Since the
+  1/1.03/1.06/1.10: 0.88x of target-only where k = 1 ran 0.99x). The steps are scaled, not
+  drawn as a line through the two live k's (s42-s46's rule), because the calibration has the
+  shape right where it misses the scale: a tensor-core GEMM costs by row groups of 8 (s47,
+  H100, B=4: calibrated 571 / 644 / 776 / 839 / 951 us at k = 0..4, live 638 / 784 at k =
+  1 / 2; the line priced k = 3 at 931, auto stayed at k = 1, 0.97x of k = 3). Live costs
+  rising less than the calibration are taken for noise (a few periods of 3% jitter) and
+  left out. Since the
   choice alone would only ever price the k that runs, after ``probe_every`` rounds at one k
   (``hold`` while it or the neighbour has no live cost) a probe proposes the neighbouring k
   whose live cost is oldest for ``PROBE_LEN`` rounds; a probe after which the choice
@@ -608,10 +614,12 @@ class AutoK:
         costs their median; any other its calibrated cost moved by the gap between live and
         calibrated cost at the nearest k that has live samples (what the calibration
         misses, a host share or the GPU's state while decoding, is partly the same at every
-        k), or, where two k's have live samples and the line through the two nearest is
-        steeper than the calibration from the nearest on (below it: cheaper; above it:
-        dearer), that line's value (the calibration underprices each draft: issue 29);
-        then fitted nondecreasing in k, a live cost weighted by its sample count."""
+        k), or, where two k's have live samples and the two nearest's costs rise more between
+        them than the calibration's, the nearest's live cost plus the calibration's step
+        from it scaled by that ratio (the calibration underprices each draft: issue 29; a
+        straight line through the two, s42's rule, missed the steps of a tensor-core GEMM's
+        row groups, s47), a flat calibration the line; then fitted nondecreasing in k, a
+        live cost weighted by its sample count."""
         K = self.k_max
         cal = [self.measured.get((B, k)) for k in range(K + 1)]
         cal = [self._extrapolated(B, k) if c is None else c for k, c in enumerate(cal)]
@@ -627,10 +635,12 @@ class AutoK:
             else:   # the nearest k's with live samples (the lower one at a tie)
                 ref, *other = [kk for kk in self._nearest[k] if live[kk] is not None][:2]
                 c = cal[k] + live[ref] - cal[ref]       # the gap rule
-                if other:       # the two nearest's line, where it is steeper (see above)
-                    o = other[0]
-                    line = live[ref] + (live[o] - live[ref]) * (k - ref) / (o - ref)
-                    c = min(c, line) if k < ref else max(c, line)
+                if other:       # the calibration's steps scaled to the live ones (see above)
+                    lo, hi = sorted((ref, other[0]))
+                    step, live_step = cal[hi] - cal[lo], live[hi] - live[lo]
+                    if live_step > max(step, 0.0):
+                        c = (live[ref] + live_step * (k - ref) / (hi - lo) if step <= 0.0
+                             else live[ref] + (cal[k] - cal[ref]) * live_step / step)
                 est.append(c)
                 w.append(1.0)
         return _nondecreasing(est, w)

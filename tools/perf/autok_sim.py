@@ -138,7 +138,8 @@ def serve_like(policy, ps, budgets, slots, costs, rng, noise=0.03) -> float:
 
 # (name, true costs, calibrated table): per slot count (B=32: the H100 SmolLM2 wall per round
 # of issue 29 and its calibration; the s30 H200 case; a calibration that overprices k; an
-# exact one. B=1: a round nearly flat in k, and one whose calibration underprices k)
+# exact one. B=1: a round nearly flat in k, and one whose calibration underprices k. B=4: the
+# H100 SmolLM2 GPU time per round of s47, tensor-core GEMMs by row groups of 8, and its table)
 SUITE_COSTS = {
     32: [("h100-i29", [1030, 1130, 1232, 1317], [1155.8, 1253.9, 1296.2, 1359.6]),
          ("steep", [1.0, 1.15, 1.35, 1.55], [1.0, 1.03, 1.06, 1.10]),
@@ -148,6 +149,7 @@ SUITE_COSTS = {
     1: [("flat", [850, 880, 905, 934, 975], [850, 880, 905, 934, 975]),
         ("flat-under", [850, 900, 950, 1000, 1050], [850, 860, 870, 880, 890]),
         ("flat-over", [850, 860, 870, 880, 890], [850, 900, 950, 1000, 1050])],
+    4: [("h100-s47", [554, 637, 773, 822, 941], [571, 644, 776, 839, 951])],
 }
 SUITE_BETA = [("p.25", (1.0, 3.0)), ("p.62", (2.5, 1.5))]
 
@@ -155,7 +157,7 @@ SUITE_BETA = [("p.25", (1.0, 3.0)), ("p.62", (2.5, 1.5))]
 def suite(seed: int, noise: float, trials: int) -> None:
     """Every scenario x cost case x acceptance: auto's speed-up over k = 0 and its ratio to
     the best fixed k (the mean over ``trials`` seeds of the summed times)."""
-    scen = [("batch", 32, 32, 10), ("b1", 1, 1, 32), ("stream", 32, 128, 3)]
+    scen = [("batch", 32, 32, 10), ("b1", 1, 1, 32), ("b4", 4, 16, 3), ("stream", 32, 128, 3)]
     print(f"{'scenario':<8} {'costs':<10} {'acc':<5} {'best':>9} {'auto/k0':>8} "
           f"{'auto/best':>9}  (batch: after 1 / 3 / 10 calls)")
     for sname, B, n_req, calls in scen:
