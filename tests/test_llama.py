@@ -94,28 +94,31 @@ def _tiny_target(rng, page_size=4, backend="reference", row_invariant=False, nq=
                        row_invariant=row_invariant, kv_dtype=kv_dtype)
 
 
-def _block_and_steps(t, rng, n=6):
-    """Logits of an n-row verify block after a 3-token prefill, and of the same n tokens fed
-    one row per forward (each row's K/V appended by its own pass), as host float64."""
+def _block_and_steps(t, rng, n=6, seqs=1):
+    """Logits of an n-row verify block of each of ``seqs`` sequences after a 3-token prefill
+    (one pass of seqs x n rows), and of the same tokens fed one row a sequence per forward
+    (each row's K/V appended by its own pass), as host float64 [seqs x n, V] (max_q given:
+    the attention plans min(T, 16) rows a block by default, at most 16)."""
     xp = t.m
-    tok = rng.integers(0, 50, 3 + n).astype(np.int32)
+    tok = rng.integers(0, 50, (seqs, 3 + n)).astype(np.int32)
     as_dev = (lambda a: xp.table(a)) if xp.name == "torch" else (lambda a: a)
     host = (lambda a: a.double().cpu().numpy()) if xp.name == "torch" else np.asarray
+    i32 = (lambda a: as_dev(np.ascontiguousarray(a, dtype=np.int32)))
 
     def run(rows):
-        t.reset(1, max(16, 3 + n))
-        fin = as_dev(np.zeros(1, np.uint8))
-        t.prefill(as_dev(tok[:3]), as_dev(np.arange(3, dtype=np.int32)),
-                  as_dev(np.array([0, 3], np.int32)), as_dev(np.zeros(1, np.int32)), fin,
-                  row_counts=[3])
+        t.reset(seqs, max(16, 3 + n))
+        fin = as_dev(np.zeros(seqs, np.uint8))
+        t.prefill(i32(tok[:, :3].ravel()), i32(np.tile(np.arange(3), seqs)),
+                  i32(3 * np.arange(seqs + 1)), i32(np.zeros(seqs)), fin,
+                  row_counts=[3] * seqs)
         out = []
         for r0 in range(0, n, rows):
-            lg, _ = t.forward(as_dev(tok[3 + r0:3 + r0 + rows]),
-                              as_dev(np.arange(3 + r0, 3 + r0 + rows, dtype=np.int32)),
-                              as_dev(np.array([0, rows], np.int32)),
-                              as_dev(np.array([3 + r0], np.int32)), fin)
-            out.append(host(lg))
-        return np.concatenate(out)
+            lg, _ = t.forward(i32(tok[:, 3 + r0:3 + r0 + rows].ravel()),
+                              i32(np.tile(np.arange(3 + r0, 3 + r0 + rows), seqs)),
+                              i32(rows * np.arange(seqs + 1)), i32(np.full(seqs, 3 + r0)), fin,
+                              **({"max_q": rows} if getattr(t, "takes_max_q", False) else {}))
+            out.append(host(lg).reshape(seqs, rows, -1))
+        return np.concatenate(out, axis=1).reshape(seqs * n, -1)
     return run(n), run(1)
 
 
@@ -196,8 +199,9 @@ def test_tiny_llama_few_row_decode_through_linear(rng, monkeypatch, mma):
     """The default torch target (small_rows): a decode pass of <= small_rows_max() rows (32 on
     linear's tensor-core form, which it asks for; 5 where TUNING forces the CUDA-core one)
     runs the fused layers on linear's few-row kernels (norms, silu_mul fused; every GEMM, the
-    tiny lm_head too, through row_linear), so an n-row verify block's logits equal n
-    one-row passes' bit for bit; they agree with the cuBLAS target's (small_rows=False) to
+    tiny lm_head too, through row_linear), so an n-row pass (blocks of two sequences where n
+    passes verify_attention's 16 rows a block) gives what one row a sequence gives, bit for
+    bit; they agree with the cuBLAS target's (small_rows=False) to
     bf16 rounding."""
     skip_unless_torch_gpu()
     from specdec_lib import runtime
@@ -221,14 +225,19 @@ def test_tiny_llama_few_row_decode_through_linear(rng, monkeypatch, mma):
         calls.append(a[0].shape[0])
         return lin(*a, **kw)
     monkeypatch.setattr(be, "row_linear", spy)
-    block, steps = _block_and_steps(t, np.random.default_rng(7), n=n)
-    # per forward 4 GEMMs x 2 layers + lm_head (1 block + n one-row forwards), no prefill rows
-    assert sorted(set(calls)) == [1, n] and len(calls) == 9 * (1 + n)
+    # the n rows as blocks of at most 16 (verify_attention's max_q) of `seqs` sequences
+    seqs = -(-n // 16)
+    q = n // seqs
+    assert seqs * q == n
+    block, steps = _block_and_steps(t, np.random.default_rng(7), n=q, seqs=seqs)
+    # per forward 4 GEMMs x 2 layers + lm_head (1 block + q one-row-a-sequence forwards), no
+    # prefill rows
+    assert sorted(set(calls)) == sorted({seqs, n}) and len(calls) == 9 * (1 + q)
     assert np.isfinite(block).all()
     np.testing.assert_array_equal(block, steps)
     host = LlamaTarget(c, w, be, page_size=4, small_rows=False)
     assert not host._fused(2)
-    hb, _ = _block_and_steps(host, np.random.default_rng(7), n=n)
+    hb, _ = _block_and_steps(host, np.random.default_rng(7), n=q, seqs=seqs)
     assert np.abs(hb - block).max() <= 0.05 * np.abs(hb).max()
 
 
