@@ -88,10 +88,12 @@ def run(policy, ps, budgets, slots, costs, rng, noise=0.03, stall=(0.0, 0.0)) ->
     return total
 
 
-def serve_like(policy, ps, budgets, slots, costs, rng, noise=0.03) -> float:
+def serve_like(policy, ps, budgets, slots, costs, rng, noise=0.03, told=None) -> float:
     """Like ``run``, with ``serve``'s timing: a round is told to the policy just after the
     next one is chosen (then ``prepare``), before an admission at once; a round that admitted
-    requests, and a call's first round, give no period (not clean)."""
+    requests, and a call's first round, give no period (not clean). ``told``: the budgets the
+    policy is given where they are not the lengths (a request that stops at EOS before its
+    max_new_tokens: the policy knows only the latter)."""
     n_req = len(ps)
     policy.start(slots, graphs=True)
     owner = [-1] * slots
@@ -112,7 +114,8 @@ def serve_like(policy, ps, budgets, slots, costs, rng, noise=0.03) -> float:
                 learn = None
             policy.admit(new)
             if hasattr(policy, "budget"):
-                policy.budget(new, [int(left[b]) for b in new], n_req - nxt)
+                policy.budget(new, [int(left[b] if told is None else told[owner[b]])
+                                    for b in new], n_req - nxt)
         busy = np.asarray([o >= 0 for o in owner])
         plan = policy.before_round(busy)
         v = plan.verify
