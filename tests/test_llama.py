@@ -367,3 +367,94 @@ def test_bucketed_prefill_graphs_replay_the_eager_pass(rng):
     captured = dec.metrics.capture_s
     again, _ = _serve_tiny(t, "bucketed", dec=dec)
     assert again == eager and dec.metrics.capture_s == captured
+
+
+class _HeadWeights(dict):
+    """Tensors by name plus the ``spec`` LlamaDraftHead reads (the registry's DraftWeights
+    without files)."""
+
+    def __init__(self, spec, tensors):
+        super().__init__(tensors)
+        self.spec = spec
+
+
+def _toy_head(t, layout, rng, I=40, Vd=24):
+    """A random MTP (deepseek_mtp) or EAGLE3 head for the toy target ``t`` (3+ layers)."""
+    from specdec_lib.models.llama_draft import LlamaDraftHead
+    from specdec_lib.models.llama_layer import head_tensor_names
+    H, nq, nkv, D = t.H, t.nq, t.nkv, t.D
+    pre = "midlayer." if layout == "eagle3" else f"model.layers.{len(t.layers)}."
+    A = 2 * H if layout == "eagle3" else H          # what q/k/v read
+    shapes = dict(q=(nq * D, A), k=(nkv * D, A), v=(nkv * D, A), o=(H, nq * D), gate=(I, H),
+                  up=(I, H), down=(H, I), ln1=(H,), ln2=(H,), norm_e=(H,), norm_h=(H,),
+                  final=(H,), fc=(H, 3 * H) if layout == "eagle3" else (H, 2 * H),
+                  lm_head=(Vd, H))
+    w = {}
+    for role, name in head_tensor_names(layout, pre).items():
+        shape = shapes[role]
+        w[name] = (1 + 0.1 * rng.standard_normal(shape) if len(shape) == 1
+                   else 0.3 * rng.standard_normal(shape))
+    if layout == "eagle3":
+        w["d2t"] = np.sort(rng.choice(t.V, Vd, replace=False)) - np.arange(Vd)
+    spec = SimpleNamespace(layout=layout, hidden_size=H, vocab_size=t.V, layer_prefixes=[pre],
+                           rms_norm_eps=1e-5, aux_capture_before_layers=(0, 1, 2))
+    return LlamaDraftHead(t, _HeadWeights(spec, w), page_size=4)
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("torch", marks=needs_gpu)])
+@pytest.mark.parametrize("layout", ["eagle3", "deepseek_mtp"])
+def test_draft_head_fused_step_equals_unfused(rng, layout, backend):
+    """LlamaDraftHead.fused_step: a step whose GEMMs the target math's linear takes runs the
+    norms in linear's prologues and silu_mul in gate_up's epilogue (``_step_fused``); on the
+    reference backend (float64, row-invariant math) its outputs, the K/V it appends (read
+    back by a second, one-row step) and its draft tokens equal the unfused step's to
+    rounding; on the GPU (torch, bf16, the few-row tensor-core linear) to bf16 rounding
+    (silu reads gate_up's float32 sums there). Off by default, and never where the math's
+    GEMMs are the host's."""
+    from specdec_lib.models.llama_draft import LlamaDraftHead
+    from specdec_lib.orchestrator import make_backend
+    if backend == "torch":
+        skip_unless_torch_gpu()
+    seed = int(rng.integers(1 << 30))
+    c, w = toy_llama(L=3, nq=4, nkv=2, rng=np.random.default_rng(seed))
+    t = LlamaTarget(c, w, make_backend(backend), page_size=4,
+                    row_invariant=backend == "reference")
+    head = _toy_head(t, layout, np.random.default_rng(seed + 1))
+    m = t.m
+    dev_f = (lambda a: m.param(a)) if backend == "torch" else (lambda a: a)
+    dev_i = (lambda a: m.table(a)) if backend == "torch" else (lambda a: a)
+    host = ((lambda a: a.double().cpu().numpy()) if backend == "torch"
+            else (lambda a: np.asarray(a, np.float64)))
+    assert LlamaDraftHead.fused_step is False and not head._fused(5)
+    R = 5
+    r = np.random.default_rng(seed + 2)
+    feat = r.standard_normal((R, 3 * t.H if layout == "eagle3" else t.H))
+    tokens = r.integers(0, t.V, R).astype(np.int32)
+    nxt = r.integers(0, t.V, 1).astype(np.int32)
+    outs = []
+    for fused in (False, True):
+        head.fused_step = fused
+        assert head._fused(R) == fused and head._fused(1) == fused
+        head.reset(1, 16)
+        fin = dev_i(np.zeros(1, np.uint8))
+        cu = dev_i(np.array([0, R], np.int32))
+        lens = dev_i(np.zeros(1, np.int32))
+        x, h = head._step(dev_f(feat), dev_i(tokens), dev_i(np.arange(R, dtype=np.int32)), cu,
+                          lens, fin, t.paged_attention(head.page_table, lens, cu, R))
+        lens1 = dev_i(np.array([R], np.int32))
+        cu1 = dev_i(np.array([0, 1], np.int32))
+        x1, h1 = head._step(x[-1:], dev_i(nxt), lens1, cu1, lens1, fin,
+                            t.paged_attention(head.page_table, lens1, cu1, 1))
+        ids = dev_i(np.zeros(R, np.int32))
+        head._token(h, ids)
+        outs.append([host(a) for a in (x, h, x1, h1)] + [np.asarray(host(ids), np.int64)])
+    tol = 1e-9 if backend == "reference" else 0.05
+    for a, b in zip(outs[0][:4], outs[1][:4]):
+        assert np.isfinite(b).all()
+        np.testing.assert_allclose(b, a, rtol=tol, atol=tol * np.abs(a).max())
+    if backend == "reference":
+        np.testing.assert_array_equal(outs[1][4], outs[0][4])
+    plain = LlamaTarget(c, w, make_backend("reference"), page_size=4)   # host GEMMs
+    head = _toy_head(plain, layout, np.random.default_rng(seed + 1))
+    head.fused_step = True
+    assert not head._fused(R)

@@ -39,8 +39,15 @@ from .llama_layer import draft_step, fuse_layer, head_tensor_names
 
 
 class LlamaDraftHead:
-    """An MTP (deepseek_mtp layout) or EAGLE3 head for ``target`` (a ``LlamaTarget``)."""
+    """An MTP (deepseek_mtp layout) or EAGLE3 head for ``target`` (a ``LlamaTarget``).
+
+    ``fused_step`` (default off until a GPU A/B): a step whose GEMMs linear's few-row forms
+    take (the target's ``library_rows``) runs each norm in the prologue of the linear behind
+    it and silu_mul in gate_up's epilogue (``_step_fused``, as ``LlamaTarget._run_fused``):
+    two launches a step fewer, the lm_head and fc on linear too; the same math, silu read
+    from gate_up's float32 sums (the unfused step rounds them to 16 bits first)."""
     uses_target_block = True
+    fused_step = False
 
     def __init__(self, target, weights, *, page_size=16):
         spec = weights.spec
@@ -113,17 +120,70 @@ class LlamaDraftHead:
         cache."""
         m, t = self.m, self.t
         R = tokens.shape[0]
+        if self._fused(R):
+            attend = t.block_attention(attend, self.kv, self.page_table, positions, lens, cu_q,
+                                       finished, m.empty((R, t.nq, t.D), m.kv))
+            return self._step_fused(hid, tokens, attend)
         ops = t.ops(m.empty((R, t.H)), m.empty((R, self.I)), self.eps)
         attend = t.block_attention(attend, self.kv, self.page_table, positions, lens, cu_q,
                                    finished, m.empty((R, t.nq, t.D), m.kv))
         return draft_step(ops, self.layout, self.L, t.embed, hid, tokens, attend,
                           (t.nq, t.nkv, t.D), t.H)
 
+    def _fused(self, R):
+        """Whether a step over R rows runs ``_step_fused``: ``fused_step`` and every layer
+        GEMM taken by the target math's ``linear`` (row-invariant, or few rows)."""
+        L = self.L
+        return self.fused_step and all(
+            self.m.library_rows(R, w.shape[1], w.shape[0])
+            for w in (L["qkv"], L["o"], L["gate_up"], L["down"]))
+
+    def _step_fused(self, hid, tokens, attend):
+        """``draft_step`` with the norms in linear's prologues and silu_mul in gate_up's
+        epilogue: EAGLE3 fc?, draft_combine, qkv, rope_append_kv, attention, o, gate_up (+ ln2
+        norm, residual, silu_mul), down, the final norm (+ residual); MTP the same with eh_proj
+        after draft_combine and ln1 in qkv's prologue. Returns (x, h) as ``_step``."""
+        be, m, t, L = self.be, self.m, self.t, self.L
+        R, H, eps = tokens.shape[0], t.H, self.eps
+        nq, nkv, D = t.nq, t.nkv, t.D
+        tc = m.tensor_cores
+
+        def lin(x, w, out, **kw):
+            be.row_linear(x, w, out, tensor_cores=tc, **kw)
+            return out
+        qkv = m.empty((R, (nq + 2 * nkv) * D))
+        if self.layout == "eagle3":
+            resid = hid if hid.shape[-1] == H else m.gemm(hid, L["fc"])    # fc of the aux taps
+            comb = m.empty((R, 2 * H))
+            be.draft_combine(t.embed, resid, L["norm_e"], L["norm_h"], comb, token_ids=tokens,
+                             eps=eps)
+            lin(comb, L["qkv"], qkv)                  # q/k/v read the combined row: no norm
+        else:
+            comb = m.empty((R, 2 * H))
+            be.draft_combine(t.embed, hid, L["norm_e"], L["norm_h"], comb, token_ids=tokens,
+                             eps=eps)
+            resid = m.gemm(comb, L["fc"])                                   # eh_proj
+            lin(resid, L["qkv"], qkv, norm_weight=L["ln1"], eps=eps)
+        o = attend(qkv[:, :nq * D].reshape(R, nq, D),
+                   qkv[:, nq * D:(nq + nkv) * D].reshape(R, nkv, D),
+                   qkv[:, (nq + nkv) * D:].reshape(R, nkv, D))
+        mix, x, act = m.empty((R, H)), m.empty((R, H)), m.empty((R, self.I))
+        lin(o.reshape(R, nq * D), L["o"], mix)
+        # x = round(resid + mix) (residual_out: never one of linear's inputs), act = mlp's
+        lin(mix, L["gate_up"], act, norm_weight=L["ln2"], eps=eps, residual=resid,
+            residual_out=x, epilogue="silu_mul")
+        lin(act, L["down"], mix)
+        h = m.empty((R, H))
+        be.rms_norm(mix, L["final"], h, eps=eps, residual=x, residual_out=x)
+        return x, h
+
     def _token(self, hn, out):
         """Greedy draft tokens from normed step outputs hn [B, H], as target ids into ``out``
         (int32 [B], contiguous): the argmax cast on its way in, or mapped through d2t."""
         be, m = self.be, self.m
-        ids = m.argmax_ids(m.linear(hn, self.lm_head))
+        logits = (m.gemm(hn, self.lm_head) if self._fused(hn.shape[0])
+                  else m.linear(hn, self.lm_head))
+        ids = m.argmax_ids(logits)
         if self.d2t is None:
             out[...] = ids
         else:

@@ -439,6 +439,9 @@ def main():
                    "cache agreement case: greedy replies of a bf16-cache target and of each "
                    "of these caches (comma-separated: fp8_e4m3,int8), --per-set prompts of "
                    "each of --sets in one batch, --new tokens each")
+    p.add_argument("--fused-head", action="store_true", help="the draft heads' steps with "
+                   "the norms in linear's prologues and silu_mul in its epilogue "
+                   "(LlamaDraftHead.fused_step = True)")
     p.add_argument("--block-rows", type=int, default=1, help="--kv-agreement: rows per "
                    "sequence of the teacher-forced pass's verify blocks: 1 (default) is the "
                    "target-only decode's own block shape (B rows a call: the bf16 target "
@@ -450,6 +453,9 @@ def main():
     if args.small_rows_max is not None:
         from specdec_lib.models import llama
         llama.SMALL_ROWS_MAX_MMA = args.small_rows_max
+    if args.fused_head:
+        from specdec_lib.models.llama_draft import LlamaDraftHead
+        LlamaDraftHead.fused_step = True
     PREFILL = prefill_policy(args.prefill)
     BATCH_REPEATS = args.batch_repeats
     GENERAL_MIX = args.general_mix

@@ -51,6 +51,9 @@ def main():
                    "on the CUDA-core kernels (ops.layers.TUNING['linear_mma'] = False; the "
                    "target's passes of <= 5 rows on linear, models.llama.SMALL_ROWS_MAX), not "
                    "the tensor-core ones the few-row decode asks for")
+    p.add_argument("--fused-head", action="store_true", help="the draft head's steps with "
+                   "the norms in linear's prologues and silu_mul in its epilogue "
+                   "(LlamaDraftHead.fused_step = True)")
     p.add_argument("--kernels", type=int, default=0, metavar="N", help="after each mode, N "
                    "replays of its most used graph under torch.profiler: GPU time per kernel "
                    "name (us a replay, launches a replay)")
@@ -61,6 +64,9 @@ def main():
         from specdec_lib.models import llama
         llama.SMALL_ROWS_MAX = min(args.small_rows_max, 8)
         llama.SMALL_ROWS_MAX_MMA = args.small_rows_max
+    if args.fused_head:
+        from specdec_lib.models.llama_draft import LlamaDraftHead
+        LlamaDraftHead.fused_step = True
     from specdec_lib.ops import layers as ops_layers
     if args.cuda_core_linear:
         ops_layers.TUNING.update(linear_mma=False)
