@@ -249,3 +249,50 @@ def test_draft_vocab_from_data_rechooses_the_vocabulary(toy, tmp_path):
 
 def test_draft_vocab_from_refuses_other_values(toy, capsys):
     _refused(capsys, _argv(toy, "G", "--draft-vocab-from", "target"), "--draft-vocab-from")
+
+
+def test_choose_vocab_data_then_rank():
+    """``choose_vocab``: "data" takes the most frequent ids; "data+rank" the ids seen at least
+    twice, most frequent first, then the lowest ids not chosen, up to the size; sorted."""
+    import torch
+    from specdec_lib.train.loop import choose_vocab
+    counts = torch.zeros(40, dtype=torch.int64)
+    counts[[30, 7, 21, 12]] = torch.tensor([9, 5, 1, 3])
+    assert choose_vocab(counts, 3, "data").tolist() == [7, 12, 30]
+    assert choose_vocab(counts, 6, "data+rank").tolist() == [0, 1, 2, 7, 12, 30]
+    assert choose_vocab(counts, 2, "data+rank").tolist() == [7, 30]
+    with pytest.raises(ValueError, match="how"):
+        choose_vocab(counts, 3, "rank")
+
+
+def test_draft_vocab_from_data_plus_rank(toy, tmp_path, monkeypatch):
+    """--draft-vocab-from data+rank: the vocabulary is ``choose_vocab(counts, 32,
+    "data+rank")`` of the training targets' counts (saved as the head's d2t); rows of tokens
+    the --init head had stay its rows."""
+    import torch
+    from specdec_lib.train import loop
+    from specdec_lib.train.cli import main
+    from specdec_lib.train.data import save_data
+    d, A = toy[0], toy[3]
+    calls = []
+    real = loop.choose_vocab
+
+    def spy(counts, size, how="data"):
+        out = real(counts, size, how)
+        calls.append((how, size, out.tolist(), int((counts >= 2).sum())))
+        return out
+    monkeypatch.setattr(loop, "choose_vocab", spy)
+    rng = np.random.default_rng(6)
+    save_data(str(tmp_path / "r.npz"), [rng.integers(3, 13, 20) for _ in range(30)],
+              [5] * 30, [0] * 24 + [1] * 6)
+    argv = ["--init", str(A / "smollm2_eagle3"), "--method", "eagle3", "--max-iters", "0",
+            "--data", str(tmp_path / "r.npz"), "--draft-vocab-from", "data+rank"]
+    assert main(_argv(toy, "R", *argv)) == 0
+    (_, ta), (cr, tr) = (_head(p) for p in (A / "smollm2_eagle3", d / "R" / "smollm2_eagle3"))
+    ids = (tr["d2t"] + torch.arange(len(tr["d2t"]))).tolist()
+    assert [c[:3] for c in calls] == [("data+rank", 32, ids)] and cr["draft_vocab_size"] == 32
+    assert calls[0][3] < 32 and ids[0] == 0          # fewer seen twice: the rank fill ran
+    old = {t: r for r, t in enumerate((ta["d2t"] + torch.arange(len(ta["d2t"]))).tolist())}
+    for r, t in enumerate(ids):
+        if t in old:
+            assert torch.equal(tr["lm_head.weight"][r], ta["lm_head.weight"][old[t]]), t

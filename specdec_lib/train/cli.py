@@ -42,10 +42,13 @@ def _parser():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--draft-vocab", type=int, default=None, help="EAGLE3 draft vocabulary "
                    "(default 2816; with --init the init head's)")
-    p.add_argument("--draft-vocab-from", choices=("init", "data"), default="init",
-                   help="with --init, an EAGLE3 head's draft vocabulary: the init's (default) "
-                   "or re-chosen from this data (same size; rows it had stay trained, new "
-                   "ones start as the target's lm_head rows)")
+    p.add_argument("--draft-vocab-from", choices=("init", "data", "data+rank"), default="init",
+                   help="an EAGLE3 head's draft vocabulary: with --init the init's (default) or "
+                   "re-chosen from this data (--draft-vocab tokens; rows it had stay trained, "
+                   "new ones start as the target's lm_head rows); data: the targets' most "
+                   "frequent ids (a fresh head's default); data+rank: the ids seen twice or "
+                   "more, then the lowest ids (the tokenizer's order) up to the size, for text "
+                   "the data lacks")
     p.add_argument("--eagle-intermediate", type=int, default=None, help="default 512; with "
                    "--init the init head's")
     p.add_argument("--mtp-intermediate", type=int, default=None, help="default: the target's; "

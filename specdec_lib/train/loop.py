@@ -36,13 +36,16 @@ def train_head(method, args, cfg, model, data, device, log, init=None):
         rows = tr.to(arg.device)
         valid = torch.arange(arg.shape[1], device=arg.device)[None] < lens[rows][:, None]
         counts = torch.bincount(arg[rows][valid], minlength=model.c.vocab_size)
-        if init is None or args.draft_vocab_from == "data":
-            ids = counts.argsort(descending=True)[:cfg["draft_vocab_size"]].sort().values
+        how_from = "data" if init is None and args.draft_vocab_from == "init" else \
+            args.draft_vocab_from
+        if how_from != "init":
+            ids = choose_vocab(counts, cfg["draft_vocab_size"], how_from)
         if init is None:
             head.set_vocab(ids)
-            how = ""
-        elif args.draft_vocab_from == "data":
-            how = f" (re-chosen from the data; {head.remap_vocab(ids)} kept from --init {init})"
+            how = "" if how_from == "data" else f" ({how_from})"
+        elif how_from != "init":
+            how = (f" (re-chosen: {how_from}; {head.remap_vocab(ids)} kept from --init "
+                   f"{init})")
         else:
             how = f" (--init {init}'s)"
         ids = head.d_ids.to(counts.device)
@@ -87,6 +90,27 @@ def train_head(method, args, cfg, model, data, device, log, init=None):
     log(f"{method}: {it} updates of {bsz} sequences in {time.perf_counter() - t0:.0f} s"
         + (f", last loss {loss.item():.3f}" if it else ""))
     return head, family_report(head, feat, tokens, lens, plens, arg, groups, args, amp)
+
+
+def choose_vocab(counts, size, how="data"):
+    """An EAGLE3 draft vocabulary of ``size`` target ids (sorted) from ``counts`` (the
+    training targets' counts per id): "data", the most frequent; "data+rank", the ids seen
+    at least twice, most frequent first, then the lowest ids not chosen -- the tokenizer's
+    own order, its most frequent pieces first for a BPE vocabulary -- so that text the data
+    lacks (held-out families, other languages) is still covered (s47, SmolLM2 greedy
+    replies to new prompts: 2,816 tokens from the data covered 87.5% of a general set and
+    71% of the held-out families; grown by rank to 8,192, 90% / 86%)."""
+    import torch
+    order = counts.argsort(descending=True, stable=True)
+    if how == "data":
+        return order[:size].sort().values
+    if how != "data+rank":
+        raise ValueError(f"how: {how!r}; 'data' or 'data+rank'")
+    seen = order[counts[order] >= 2][:size]
+    taken = torch.zeros(len(counts), dtype=torch.bool, device=counts.device)
+    taken[seen] = True
+    rest = torch.nonzero(~taken).flatten()[:size - len(seen)]
+    return torch.cat([seen, rest]).sort().values
 
 
 def family_report(head, feat, tokens, lens, plens, arg, groups, args, amp):
