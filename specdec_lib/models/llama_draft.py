@@ -120,13 +120,11 @@ class LlamaDraftHead:
         cache."""
         m, t = self.m, self.t
         R = tokens.shape[0]
-        if self._fused(R):
-            attend = t.block_attention(attend, self.kv, self.page_table, positions, lens, cu_q,
-                                       finished, m.empty((R, t.nq, t.D), m.kv))
-            return self._step_fused(hid, tokens, attend)
-        ops = t.ops(m.empty((R, t.H)), m.empty((R, self.I)), self.eps)
         attend = t.block_attention(attend, self.kv, self.page_table, positions, lens, cu_q,
                                    finished, m.empty((R, t.nq, t.D), m.kv))
+        if self._fused(R):
+            return self._step_fused(hid, tokens, attend)
+        ops = t.ops(m.empty((R, t.H)), m.empty((R, self.I)), self.eps)
         return draft_step(ops, self.layout, self.L, t.embed, hid, tokens, attend,
                           (t.nq, t.nkv, t.D), t.H)
 
@@ -150,19 +148,17 @@ class LlamaDraftHead:
 
         def lin(x, w, out, **kw):
             be.row_linear(x, w, out, tensor_cores=tc, **kw)
-            return out
+        eagle3 = self.layout == "eagle3"
+        if eagle3 and hid.shape[-1] != H:
+            hid = m.gemm(hid, L["fc"])                          # fc of the aux taps
+        comb = m.empty((R, 2 * H))
+        be.draft_combine(t.embed, hid, L["norm_e"], L["norm_h"], comb, token_ids=tokens, eps=eps)
         qkv = m.empty((R, (nq + 2 * nkv) * D))
-        if self.layout == "eagle3":
-            resid = hid if hid.shape[-1] == H else m.gemm(hid, L["fc"])    # fc of the aux taps
-            comb = m.empty((R, 2 * H))
-            be.draft_combine(t.embed, resid, L["norm_e"], L["norm_h"], comb, token_ids=tokens,
-                             eps=eps)
-            lin(comb, L["qkv"], qkv)                  # q/k/v read the combined row: no norm
-        else:
-            comb = m.empty((R, 2 * H))
-            be.draft_combine(t.embed, hid, L["norm_e"], L["norm_h"], comb, token_ids=tokens,
-                             eps=eps)
-            resid = m.gemm(comb, L["fc"])                                   # eh_proj
+        if eagle3:              # q/k/v read the combined row (no norm); the stream is hid
+            resid = hid
+            lin(comb, L["qkv"], qkv)
+        else:                   # eh_proj gives the stream; ln1 in qkv's prologue
+            resid = m.gemm(comb, L["fc"])
             lin(resid, L["qkv"], qkv, norm_weight=L["ln1"], eps=eps)
         o = attend(qkv[:, :nq * D].reshape(R, nq, D),
                    qkv[:, nq * D:(nq + nkv) * D].reshape(R, nkv, D),

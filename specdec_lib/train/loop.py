@@ -36,8 +36,9 @@ def train_head(method, args, cfg, model, data, device, log, init=None):
         rows = tr.to(arg.device)
         valid = torch.arange(arg.shape[1], device=arg.device)[None] < lens[rows][:, None]
         counts = torch.bincount(arg[rows][valid], minlength=model.c.vocab_size)
-        how_from = "data" if init is None and args.draft_vocab_from == "init" else \
-            args.draft_vocab_from
+        how_from = args.draft_vocab_from
+        if init is None and how_from == "init":     # a fresh head has no init's to keep
+            how_from = "data"
         if how_from != "init":
             ids = choose_vocab(counts, cfg["draft_vocab_size"], how_from)
         if init is None:

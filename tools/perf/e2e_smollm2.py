@@ -68,6 +68,30 @@ from specdec_lib.orchestrator.policy import _median  # noqa: E402
 PREFILL = PrefillPolicy()       # --prefill: every decoder's (one for all modes of a run)
 
 
+def add_decode_options(p):
+    """The target's and heads' decode switches (here and in host_phases.py)."""
+    p.add_argument("--small-rows-max", type=int, default=None, metavar="R", help="the target's "
+                   "decode passes of <= R rows on linear (models.llama.SMALL_ROWS_MAX_MMA, "
+                   "default 32, at most 256 on the tensor cores: a small batch's passes too, "
+                   "then row-invariant; past R the host's GEMM; SMALL_ROWS_MAX, default 5, at "
+                   "most 8, where linear's few-row calls are forced onto the CUDA cores)")
+    p.add_argument("--fused-head", action="store_true", help="the draft heads' steps with "
+                   "the norms in linear's prologues and silu_mul in its epilogue "
+                   "(LlamaDraftHead.fused_step = True)")
+
+
+def apply_decode_options(p, args):
+    """Set what ``add_decode_options``' flags ask (before any model is built)."""
+    R = args.small_rows_max
+    if R is not None:
+        if not 1 <= R <= 256:
+            p.error("--small-rows-max: 1 .. 256 (LINEAR_MMA_MAX_ROWS)")
+        from specdec_lib.models import llama
+        llama.SMALL_ROWS_MAX, llama.SMALL_ROWS_MAX_MMA = min(R, 8), R
+    if args.fused_head:
+        LlamaDraftHead.fused_step = True
+
+
 def prefill_policy(text):
     """--prefill: ``auto``, ``batched``, ``bucketed`` or ``auto:N`` (batched from bursts of N)."""
     mode, _, n = text.partition(":")
@@ -401,10 +425,6 @@ def main():
     p.add_argument("--state-dtype", default="float32", help="--hybrid: the GDN state dtype")
     p.add_argument("--plain-state", action="store_true", help="--hybrid: gdn_commit / "
                    "conv1d_commit every round (fused_state=False), not the fused mode")
-    p.add_argument("--small-rows-max", type=int, default=None, metavar="R", help="the target's "
-                   "decode passes of <= R rows on linear's tensor-core form (models.llama."
-                   "SMALL_ROWS_MAX_MMA, default 32, at most 256: a small batch's passes too, "
-                   "then row-invariant; past R the host's GEMM)")
     p.add_argument("--gated-norm-op", action="store_true", help="--hybrid: the GDN layers' "
                    "gated norm as one gated_rms_norm launch (LlamaHybridTarget.gated_norm_op)")
     p.add_argument("--no-profile", action="store_true", help="skip the round / prefill "
@@ -439,23 +459,14 @@ def main():
                    "cache agreement case: greedy replies of a bf16-cache target and of each "
                    "of these caches (comma-separated: fp8_e4m3,int8), --per-set prompts of "
                    "each of --sets in one batch, --new tokens each")
-    p.add_argument("--fused-head", action="store_true", help="the draft heads' steps with "
-                   "the norms in linear's prologues and silu_mul in its epilogue "
-                   "(LlamaDraftHead.fused_step = True)")
+    add_decode_options(p)
     p.add_argument("--block-rows", type=int, default=1, help="--kv-agreement: rows per "
                    "sequence of the teacher-forced pass's verify blocks: 1 (default) is the "
                    "target-only decode's own block shape (B rows a call: the bf16 target "
                    "over its own replies should agree everywhere; ~128 eager calls per cache "
                    "dtype), up to 16 (fewer calls, GEMM bits of another shape)")
     args = p.parse_args()
-    if args.small_rows_max is not None and not 1 <= args.small_rows_max <= 256:
-        p.error("--small-rows-max: 1 .. 256 (LINEAR_MMA_MAX_ROWS)")
-    if args.small_rows_max is not None:
-        from specdec_lib.models import llama
-        llama.SMALL_ROWS_MAX_MMA = args.small_rows_max
-    if args.fused_head:
-        from specdec_lib.models.llama_draft import LlamaDraftHead
-        LlamaDraftHead.fused_step = True
+    apply_decode_options(p, args)
     PREFILL = prefill_policy(args.prefill)
     BATCH_REPEATS = args.batch_repeats
     GENERAL_MIX = args.general_mix

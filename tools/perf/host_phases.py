@@ -43,30 +43,16 @@ def main():
     p.add_argument("--replay-probe", type=int, default=0, metavar="N", help="after each "
                    "mode's timed runs, its most used graphs replayed N times in a row each "
                    "and N times alternating (the GPU time of a graph alone and after another)")
-    p.add_argument("--small-rows-max", type=int, default=None, metavar="R", help="the target's "
-                   "passes of <= R rows on linear (models.llama.SMALL_ROWS_MAX_MMA, default 32, "
-                   "at most 256 on the tensor cores; SMALL_ROWS_MAX, default 5, at most 8, with "
-                   "--cuda-core-linear)")
+    e2e.add_decode_options(p)
     p.add_argument("--cuda-core-linear", action="store_true", help="linear's few-row calls "
                    "on the CUDA-core kernels (ops.layers.TUNING['linear_mma'] = False; the "
                    "target's passes of <= 5 rows on linear, models.llama.SMALL_ROWS_MAX), not "
                    "the tensor-core ones the few-row decode asks for")
-    p.add_argument("--fused-head", action="store_true", help="the draft head's steps with "
-                   "the norms in linear's prologues and silu_mul in its epilogue "
-                   "(LlamaDraftHead.fused_step = True)")
     p.add_argument("--kernels", type=int, default=0, metavar="N", help="after each mode, N "
                    "replays of its most used graph under torch.profiler: GPU time per kernel "
                    "name (us a replay, launches a replay)")
     args = p.parse_args()
-    if args.small_rows_max is not None and not 1 <= args.small_rows_max <= 256:
-        p.error("--small-rows-max: 1 .. 256 (LINEAR_MMA_MAX_ROWS)")
-    if args.small_rows_max is not None:
-        from specdec_lib.models import llama
-        llama.SMALL_ROWS_MAX = min(args.small_rows_max, 8)
-        llama.SMALL_ROWS_MAX_MMA = args.small_rows_max
-    if args.fused_head:
-        from specdec_lib.models.llama_draft import LlamaDraftHead
-        LlamaDraftHead.fused_step = True
+    e2e.apply_decode_options(p, args)
     from specdec_lib.ops import layers as ops_layers
     if args.cuda_core_linear:
         ops_layers.TUNING.update(linear_mma=False)
