@@ -247,6 +247,34 @@ def test_draft_vocab_from_data_rechooses_the_vocabulary(toy, tmp_path):
             assert torch.equal(te["lm_head.weight"][r], ta["lm_head.weight"][old[t]]), t
 
 
+def test_draft_vocab_grows_when_rechosen(toy, tmp_path, capsys):
+    """--init a 32-token EAGLE3 head with --draft-vocab 48 --draft-vocab-from data+rank: the
+    head has 48 tokens (the size an option the init's architecture does not fix once the
+    vocabulary is re-chosen), its trained rows kept; --draft-vocab 48 without re-choosing is
+    still refused."""
+    import torch
+    from specdec_lib.train.cli import main
+    from specdec_lib.train.data import save_data
+    d, A = toy[0], toy[3]
+    rng = np.random.default_rng(7)
+    save_data(str(tmp_path / "g.npz"), [rng.integers(3, 40, 20) for _ in range(30)],
+              [5] * 30, [0] * 24 + [1] * 6)
+    argv = ["--init", str(A / "smollm2_eagle3"), "--method", "eagle3", "--max-iters", "0",
+            "--data", str(tmp_path / "g.npz"), "--draft-vocab", "48"]
+    assert main(_argv(toy, "W", *argv, "--draft-vocab-from", "data+rank")) == 0
+    (_, ta), (cw, tw) = (_head(p) for p in (A / "smollm2_eagle3", d / "W" / "smollm2_eagle3"))
+    ids = (tw["d2t"] + torch.arange(len(tw["d2t"]))).tolist()
+    assert cw["draft_vocab_size"] == 48 and len(ids) == 48 == len(set(ids))
+    assert tw["lm_head.weight"].shape[0] == 48 and int(tw["t2d"].sum()) == 48
+    old = {t: r for r, t in enumerate((ta["d2t"] + torch.arange(len(ta["d2t"]))).tolist())}
+    kept = [t for t in ids if t in old]
+    assert kept
+    for r, t in enumerate(ids):
+        if t in old:
+            assert torch.equal(tw["lm_head.weight"][r], ta["lm_head.weight"][old[t]]), t
+    _refused(capsys, _argv(toy, "X", *argv), "--draft-vocab 48")
+
+
 def test_draft_vocab_from_refuses_other_values(toy, capsys):
     _refused(capsys, _argv(toy, "G", "--draft-vocab-from", "target"), "--draft-vocab-from")
 

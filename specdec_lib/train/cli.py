@@ -41,7 +41,8 @@ def _parser():
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--draft-vocab", type=int, default=None, help="EAGLE3 draft vocabulary "
-                   "(default 2816; with --init the init head's)")
+                   "(default 2816; with --init the init head's, unless re-chosen by "
+                   "--draft-vocab-from)")
     p.add_argument("--draft-vocab-from", choices=("init", "data", "data+rank"), default="init",
                    help="an EAGLE3 head's draft vocabulary: with --init the init's (default) or "
                    "re-chosen from this data (--draft-vocab tokens; rows it had stay trained, "
@@ -129,13 +130,19 @@ def init_heads(args, methods):
 
 def _head_sizes(args, init):
     """Fill --draft-vocab / --eagle-intermediate / --mtp-intermediate: the init heads' own
-    sizes (an explicit other value refused, naming the option) or the defaults."""
+    sizes (an explicit other value refused, naming the option, except --draft-vocab with a
+    re-chosen vocabulary: --draft-vocab-from data / data+rank) or the defaults."""
     keep = {"eagle3": [("draft_vocab", "draft_vocab_size"),
                        ("eagle_intermediate", "intermediate_size")],
             "mtp": [("mtp_intermediate", "intermediate_size")]}
     for m, (path, cfg) in init.items():
         for attr, key in keep[m]:
             mine, theirs = getattr(args, attr), cfg.get(key)
+            if attr == "draft_vocab" and args.draft_vocab_from != "init":
+                # a re-chosen vocabulary may grow or shrink: its rows are remapped
+                # (the init's trained rows kept, new ones from the target's)
+                setattr(args, attr, theirs if mine is None else mine)
+                continue
             if mine is not None and mine != theirs:
                 raise ValueError(f"--{attr.replace('_', '-')} {mine}: the --init head {path} "
                                  f"has {key} {theirs} (a continued head keeps its "
@@ -255,7 +262,11 @@ def run(args, argv=None):
             "eagle_aux_hidden_state_layer_ids"]
         taps = [i + 1 for i in ids] if "eagle3" in cfgs or args.eval else []
     t0 = time.perf_counter()
-    tokens, lens, hid, aux, arg = teacher(model, seqs, taps, device, 32768, args.quiet)
+    # the final hidden states only where an MTP head reads them (an EAGLE3-only run on 30k
+    # replies of 512 tokens would keep 18 GB of them besides the taps' 54)
+    final = bool(args.eval or args.hybrid or "mtp" in methods)
+    tokens, lens, hid, aux, arg = teacher(model, seqs, taps, device, 32768, args.quiet,
+                                          final=final)
     timing["teacher_s"] = round(time.perf_counter() - t0, 1)
     split_t = torch.tensor(split)
     tr = torch.nonzero(split_t == 0).flatten()

@@ -90,8 +90,9 @@ def hybrid_teacher(args, config, weights, device, dtype):
                                      init=tensors)), cfg
 
 
-def teacher(model, seqs, taps, device, bsz_tokens, quiet):
-    """Padded tensors of every sequence: tokens, lengths, features, target argmax."""
+def teacher(model, seqs, taps, device, bsz_tokens, quiet, final=True):
+    """Padded tensors of every sequence: tokens, lengths, features, target argmax; the final
+    hidden states None unless ``final``."""
     from tqdm import tqdm
     n = len(seqs)
     N = max(len(s) for s in seqs)
@@ -101,14 +102,16 @@ def teacher(model, seqs, taps, device, bsz_tokens, quiet):
         tokens[i, :len(s)] = torch.from_numpy(np.asarray(s, np.int64))
     tokens = tokens.to(device)
     lens = torch.tensor([len(s) for s in seqs], device=device)
-    hid = torch.zeros((n, N, c.hidden_size), dtype=model.dt, device=device)
+    hid = torch.zeros((n, N, c.hidden_size), dtype=model.dt, device=device) if final else None
     aux = torch.zeros((n, N, len(taps) * c.hidden_size), dtype=model.dt, device=device)
     arg = torch.zeros((n, N), dtype=torch.int64, device=device)
     step = max(1, bsz_tokens // N)
     with torch.no_grad():
         for i in tqdm(range(0, n, step), desc="teacher", disable=quiet):
             h, a, g = model.forward(tokens[i:i + step], taps)
-            hid[i:i + step], arg[i:i + step] = h, g
+            arg[i:i + step] = g
+            if final:
+                hid[i:i + step] = h
             if a is not None:
                 aux[i:i + step] = a
     return tokens, lens, hid, aux, arg
