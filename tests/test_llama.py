@@ -409,7 +409,7 @@ def test_draft_head_fused_step_equals_unfused(rng, layout, backend):
     reference backend (float64, row-invariant math) its outputs, the K/V it appends (read
     back by a second, one-row step) and its draft tokens equal the unfused step's to
     rounding; on the GPU (torch, bf16, the few-row tensor-core linear) to bf16 rounding
-    (silu reads gate_up's float32 sums there). Off by default, and never where the math's
+    (silu reads gate_up's float32 sums there). On by default, and never where the math's
     GEMMs are the host's."""
     from specdec_lib.models.llama_draft import LlamaDraftHead
     from specdec_lib.orchestrator import make_backend
@@ -425,7 +425,7 @@ def test_draft_head_fused_step_equals_unfused(rng, layout, backend):
     dev_i = (lambda a: m.table(a)) if backend == "torch" else (lambda a: a)
     host = ((lambda a: a.double().cpu().numpy()) if backend == "torch"
             else (lambda a: np.asarray(a, np.float64)))
-    assert LlamaDraftHead.fused_step is False and not head._fused(5)
+    assert LlamaDraftHead.fused_step is True and head._fused(5)
     R = 5
     r = np.random.default_rng(seed + 2)
     feat = r.standard_normal((R, 3 * t.H if layout == "eagle3" else t.H))

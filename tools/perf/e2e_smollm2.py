@@ -75,9 +75,9 @@ def add_decode_options(p):
                    "default 32, at most 256 on the tensor cores: a small batch's passes too, "
                    "then row-invariant; past R the host's GEMM; SMALL_ROWS_MAX, default 5, at "
                    "most 8, where linear's few-row calls are forced onto the CUDA cores)")
-    p.add_argument("--fused-head", action="store_true", help="the draft heads' steps with "
-                   "the norms in linear's prologues and silu_mul in its epilogue "
-                   "(LlamaDraftHead.fused_step = True)")
+    p.add_argument("--unfused-head", action="store_true", help="the draft heads' steps "
+                   "without the norms in linear's prologues and silu_mul in its epilogue "
+                   "(LlamaDraftHead.fused_step = False; the default fuses them)")
 
 
 def apply_decode_options(p, args):
@@ -88,8 +88,8 @@ def apply_decode_options(p, args):
             p.error("--small-rows-max: 1 .. 256 (LINEAR_MMA_MAX_ROWS)")
         from specdec_lib.models import llama
         llama.SMALL_ROWS_MAX, llama.SMALL_ROWS_MAX_MMA = min(R, 8), R
-    if args.fused_head:
-        LlamaDraftHead.fused_step = True
+    if args.unfused_head:
+        LlamaDraftHead.fused_step = False
 
 
 def prefill_policy(text):
