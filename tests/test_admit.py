@@ -328,3 +328,115 @@ def test_upload_views(name, be, torch):
         else:
             assert out.dtype == a.dtype and np.array_equal(out, a), k
     assert upload(xp, {}) == {}
+
+
+class _FakeEvent:
+    def __init__(self, log, i):
+        self.log, self.i = log, i
+
+    def record(self):
+        self.log.append(("record", self.i))
+
+    def synchronize(self):
+        self.log.append(("sync", self.i))
+
+
+def test_pinned_writes_ring():
+    """``_PinnedWrites`` (GPU backends' ``to_device_async``): each copy returns its words;
+    a staging buffer is refilled only after the event recorded behind its last copy was
+    waited for (never before its first use), a copy larger than the buffer gets a new one
+    (a power of two of words, at least 1,024), and the ring has RING buffers."""
+    from specdec_lib.orchestrator.backends import _PinnedWrites
+    log, made = [], []
+
+    def pinned(n):
+        made.append(n)
+        return np.full(n, -7, np.int32)
+
+    def copy(buf, n):
+        log.append(("copy", n))
+        return buf[:n].copy()
+    events = iter(range(100))
+    w = _PinnedWrites(pinned, lambda b: b, copy, lambda: _FakeEvent(log, next(events)))
+    R = w.RING
+    rng = np.random.default_rng(3)
+    sizes = [5, 0, 1024, 3, 1500, 7, 2, 9, 4100]
+    for i, n in enumerate(sizes):
+        words = rng.integers(-2**31, 2**31, n).astype(np.int32)
+        log.clear()
+        got = w(words)
+        assert got.dtype == np.int32 and np.array_equal(got, words), i
+        first = i < R
+        assert log == ([] if first else [("sync", i % R)]) + [("copy", n), ("record", i % R)]
+    assert made == [1024, 1024, 1024, 1024, 2048, 8192]
+
+
+def test_upload_through_a_copy_function():
+    """upload(..., copy): the same arrays, the one host array handed to ``copy`` (int32
+    words); ``device_copy`` gives the backend's ``to_device_async`` only with ASYNC_UPLOAD."""
+    from specdec_lib.orchestrator import state
+    seen = []
+
+    def copy(words):
+        seen.append(words.dtype)
+        return words.copy()
+    arrays = dict(a=np.arange(5, dtype=np.int32), c=np.array([2**40 + 3], np.int64),
+                  d=np.arange(7, dtype=np.uint8), e=np.linspace(0, 1, 6, dtype=np.float32))
+    want, got = upload(np, arrays), upload(np, arrays, copy)
+    assert seen == [np.int32] and list(got) == list(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]), k
+    be = SimpleNamespace(xp=np, to_device_async=copy)
+    assert state.device_copy(be) is None
+    try:
+        state.ASYNC_UPLOAD = True
+        assert state.device_copy(be) is copy
+        assert state.device_copy(reference_backend()) is None
+    finally:
+        state.ASYNC_UPLOAD = False
+
+
+@needs_gpu
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_to_device_async_on_gpu(backend):
+    """A GPU backend's ``to_device_async``: every copy arrives as its words, while the ring
+    goes round and its buffers grow, with later copies queued before earlier ones are read."""
+    from specdec_lib.orchestrator import make_backend
+    if backend == "cuda":
+        pytest.importorskip("cupy")
+    be = make_backend(backend)
+    rng = np.random.default_rng(11)
+    sent = [rng.integers(-2**31, 2**31, n).astype(np.int32)
+            for n in (3, 1024, 1, 0, 5000, 17, 70000, 2, 9)]
+    got = [be.to_device_async(w) for w in sent]
+    for w, g in zip(sent, got):
+        assert np.array_equal(be.to_host(g), w)
+
+
+@needs_gpu
+def test_admit_async_upload_on_gpu():
+    """With ASYNC_UPLOAD an admission on the GPU (torch) makes no synchronising call and
+    writes what the pageable copy writes, for every batch of admissions (the staging ring
+    goes round: more admissions than RING buffers)."""
+    torch = pytest.importorskip("torch")
+    from specdec_lib.orchestrator import make_backend, state
+    be = make_backend("torch")
+    B = 8
+    reqs = _requests(3 * B, seed=9)
+    batches = [[(2, reqs[0])], [(3, reqs[1]), (4, reqs[2]), (5, reqs[3])],
+               [(7, reqs[4]), (0, reqs[5]), (6, reqs[6])], [(b, reqs[8 + b]) for b in range(B)],
+               [(1, reqs[16])], [(b, reqs[16 + b]) for b in range(1, B)]]
+    snaps = {}
+    for on in (False, True):
+        _, st = _state(be, torch, reqs, B, 3, torch.float32)
+        parts = Parts(be, _FillTarget(torch, B), None, 3)      # (a reset without syncs)
+        parts.target.calls = []
+        state.ASYNC_UPLOAD = on
+        try:
+            for adm in batches:
+                n = _syncs(torch, lambda: admit(parts, st, adm))
+                assert n == (0 if on else 1), (on, n)
+        finally:
+            state.ASYNC_UPLOAD = False
+        snaps[on] = _snapshot(parts, st, torch)
+    _same(snaps[True], snaps[False], "async upload")

@@ -369,6 +369,24 @@ def test_bucketed_prefill_graphs_replay_the_eager_pass(rng):
     assert again == eager and dec.metrics.capture_s == captured
 
 
+@needs_gpu
+@pytest.mark.parametrize("prefill", ["bucketed", "batched"])
+def test_async_upload_serves_the_same_torch(rng, prefill):
+    """torch backend, graphs: ``state.ASYNC_UPLOAD`` (admissions' and prefills' copies
+    through the pinned staging ring) serves the tokens of the pageable copies, through the
+    bucketed and the batched prefill."""
+    from specdec_lib.orchestrator import state
+    skip_unless_torch_gpu()
+    t = _tiny_target(rng, backend="torch")
+    want, _ = _serve_tiny(t, prefill, cuda_graph=True, max_len=64)
+    try:
+        state.ASYNC_UPLOAD = True
+        got, _ = _serve_tiny(t, prefill, cuda_graph=True, max_len=64)
+    finally:
+        state.ASYNC_UPLOAD = False
+    assert got == want
+
+
 class _HeadWeights(dict):
     """Tensors by name plus the ``spec`` LlamaDraftHead reads (the registry's DraftWeights
     without files)."""

@@ -286,6 +286,28 @@ def test_demo_bad_k_refused(capsys, argv, msg):
 
 # ------------------------------------------------------------------------------ GPU
 
+
+@needs_gpu
+def test_async_upload_serves_the_same_cuda(demo):
+    """``state.ASYNC_UPLOAD`` (admissions and prefills copied through the backend's pinned
+    staging ring, no wait for the round run ahead): a served stream with more requests than
+    slots, arrivals and graphs emits what the pageable copies emit, sampled requests too
+    (torch: test_llama's twin)."""
+    pytest.importorskip("cupy")
+    from specdec_lib.orchestrator import cuda_backend, state
+    be = cuda_backend()
+    reqs = _mixed_requests(8) + _mixed_requests(9)
+    got = {}
+    for on in (False, True):
+        state.ASYNC_UPLOAD = on
+        try:
+            dec = _decoder(demo, 3, True, be, cuda_graph=True)
+            served = dec.serve(reqs, slots=3, arrivals=[0, 0, 1, 1, 9, 9] + [20] * 6)
+        finally:
+            state.ASYNC_UPLOAD = False
+        got[on] = [(r.tokens, r.finish_reason) for r in served]
+    assert got[True] == got[False]
+
 @needs_gpu
 @pytest.mark.parametrize("k", [1, 3, 7])
 def test_lossless_greedy_cuda(demo, k):

@@ -6,7 +6,8 @@ A backend is a namespace: ``name``; ``xp`` (numpy-style constructors: numpy, cup
 ``kv_dtype``, ``gdn_journal_width``; ``to_host(a)`` (numpy), ``to_host_async(a)`` (a read
 handle: calling it returns a numpy copy of ``a`` as the stream had it when the read was
 enqueued, waiting only for that point; a pinned buffer and an event on a GPU, so ``serve``
-can launch the next round before reading this one's), ``synchronize()`` (the round's
+can launch the next round before reading this one's), on a GPU ``to_device_async(words)``
+(int32 words to a new device array without waiting for the stream; ``state.upload``), ``synchronize()`` (the round's
 stream), ``device_synchronize()``, ``stream_scope()`` (a context the decoder runs in: cupy's
 current stream on cuda), ``capture(fn) -> replay`` (a CUDA graph of ``fn``'s work) and
 ``timer()`` (``start()`` / ``stop()`` record an event on the stream, ``seconds()`` the GPU
@@ -79,6 +80,40 @@ class _PinnedReads:
             ev.synchronize()
             return np.array(self._np(host))
         return wait
+
+
+class _PinnedWrites:
+    """``to_device_async`` of a GPU backend: int32 words (1-D numpy) -> a new device array,
+    copied from a page-locked staging buffer without waiting for the stream (torch's copy
+    from pageable memory waits for it: an admission then waited for the round run ahead).
+    A ring of ``RING`` staging buffers, each with an event recorded after the copy that read
+    it: a buffer is refilled only once that event has completed, and replaced by a larger one
+    (a power of two of words) when a copy needs more. ``pinned(n)`` a page-locked buffer of n
+    int32 words, ``as_numpy(buf)`` its numpy view, ``copy(buf, n)`` a new device array of its
+    first n words (enqueued), ``event()`` as ``_PinnedReads``'."""
+    RING = 4
+
+    def __init__(self, pinned, as_numpy, copy, event):
+        self._pinned, self._np, self._copy, self._event = pinned, as_numpy, copy, event
+        self._ring = [[None, None] for _ in range(self.RING)]
+        self._next = 0
+
+    def __call__(self, words):
+        words = np.ascontiguousarray(words, np.int32).reshape(-1)
+        n = words.size
+        slot = self._ring[self._next]
+        self._next = (self._next + 1) % self.RING
+        buf, ev = slot
+        if ev is None:
+            ev = slot[1] = self._event()
+        else:
+            ev.synchronize()                # the copy that last read this buffer is done
+        if buf is None or self._np(buf).size < n:
+            buf = slot[0] = self._pinned(max(1024, 1 << max(n - 1, 0).bit_length()))
+        self._np(buf)[:n] = words
+        dev = self._copy(buf, n)
+        ev.record()
+        return dev
 
 
 def reference_backend() -> Backend:
@@ -191,6 +226,14 @@ def cuda_backend(device: int = 0) -> Backend:
         ev = cupy.cuda.Event(disable_timing=True)
         return SimpleNamespace(record=lambda: ev.record(stream), synchronize=ev.synchronize)
     ns.to_host_async = _PinnedReads(pinned, copy, event, lambda h: h)
+
+    def write(buf, n):
+        d = cupy.empty(n, cupy.int32)
+        cupy.cuda.runtime.memcpyAsync(d.data.ptr, buf.ctypes.data, 4 * n,
+                                      cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        return d
+    ns.to_device_async = _PinnedWrites(lambda n: pinned(np.zeros(n, np.int32)), lambda b: b,
+                                       write, event)
     return ns
 
 
@@ -305,6 +348,10 @@ def torch_backend(device: int = 0) -> Backend:
         lambda a: torch.empty(tuple(a.shape), dtype=a.dtype, pin_memory=True),
         lambda host, a: host.copy_(a, non_blocking=True),
         lambda: torch.cuda.Event(), lambda h: h.numpy())
+    ns.to_device_async = _PinnedWrites(
+        lambda n: torch.empty(n, dtype=torch.int32, pin_memory=True), lambda b: b.numpy(),
+        lambda b, n: torch.empty(n, dtype=torch.int32, device=dev).copy_(b[:n], non_blocking=True),
+        lambda: torch.cuda.Event())
     return ns
 
 

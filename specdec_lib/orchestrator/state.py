@@ -192,13 +192,25 @@ def fresh(parts: Parts, shape: Shape) -> CallState:
                      _epochs(parts))
 
 
-def upload(xp, arrays: dict) -> dict:
+# admissions' copies through the backend's page-locked staging ring (``to_device_async``), so
+# that an admission does not wait for the round run ahead; off until a GPU A/B (s48)
+ASYNC_UPLOAD = False
+
+
+def device_copy(be):
+    """The host->device copy of ``upload``: the backend's ``to_device_async`` where
+    ``ASYNC_UPLOAD`` and the backend has one, else None (``xp.asarray``)."""
+    return getattr(be, "to_device_async", None) if ASYNC_UPLOAD else None
+
+
+def upload(xp, arrays: dict, copy=None) -> dict:
     """Several host arrays to the device in one host->device copy: ``arrays`` maps a name to
     a numpy array (the device array gets the dtype of the same name on ``xp``), or to
     (array, device dtype) of the same item size (the bytes read as that dtype). Returns name
     -> the device array (a view of the one copy, every block 16-byte aligned, so views of
     8-byte values are aligned too). One copy, so one wait where a copy from pageable host
-    memory waits for the stream (torch does), instead of one an array."""
+    memory waits for the stream (torch does), instead of one an array; none with ``copy``
+    (int32 words -> a device array: ``device_copy``)."""
     if not arrays:
         return {}
     blocks, off = [], 0
@@ -211,7 +223,7 @@ def upload(xp, arrays: dict) -> dict:
     host = np.zeros(off, np.int32)
     for name, a, dt, o, words in blocks:
         host[o:o + words].view(np.uint8)[:a.nbytes] = a.reshape(-1).view(np.uint8)
-    dev = xp.asarray(host)
+    dev = xp.asarray(host) if copy is None else copy(host)
     return {name: dev[o:o + words].view(getattr(xp, a.dtype.name) if dt is None else dt)
             [:a.size].reshape(a.shape) for name, a, dt, o, words in blocks}
 
@@ -271,7 +283,7 @@ def admit(parts: Parts, st: CallState, admitted: Sequence[tuple[int, Request]]) 
         raise TypeError("target: reusing a slot needs target.reset_slots(slot_ids)")
     if not admitted:
         return
-    dev = upload(xp, _stage(buf, st.carry, admitted))    # the admission's one copy
+    dev = upload(xp, _stage(buf, st.carry, admitted), device_copy(parts.be))   # one copy
     index = dev["index"]
     if reset is not None:
         reset(index)

@@ -78,6 +78,9 @@ def add_decode_options(p):
     p.add_argument("--unfused-head", action="store_true", help="the draft heads' steps "
                    "without the norms in linear's prologues and silu_mul in its epilogue "
                    "(LlamaDraftHead.fused_step = False; the default fuses them)")
+    p.add_argument("--async-upload", action="store_true", help="admissions' and prefills' "
+                   "host->device copies through a pinned staging ring, without waiting for "
+                   "the round run ahead (orchestrator.state.ASYNC_UPLOAD = True)")
 
 
 def apply_decode_options(p, args):
@@ -90,6 +93,9 @@ def apply_decode_options(p, args):
         llama.SMALL_ROWS_MAX, llama.SMALL_ROWS_MAX_MMA = min(R, 8), R
     if args.unfused_head:
         LlamaDraftHead.fused_step = False
+    if args.async_upload:
+        from specdec_lib.orchestrator import state
+        state.ASYNC_UPLOAD = True
 
 
 def prefill_policy(text):
