@@ -229,8 +229,9 @@ def cuda_backend(device: int = 0) -> Backend:
 
     def write(buf, n):
         d = cupy.empty(n, cupy.int32)
-        cupy.cuda.runtime.memcpyAsync(d.data.ptr, buf.ctypes.data, 4 * n,
-                                      cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        if n:
+            cupy.cuda.runtime.memcpyAsync(d.data.ptr, buf.ctypes.data, 4 * n,
+                                          cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
         return d
     ns.to_device_async = _PinnedWrites(lambda n: pinned(np.zeros(n, np.int32)), lambda b: b,
                                        write, event)
