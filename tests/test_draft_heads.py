@@ -102,7 +102,9 @@ def test_shipped_heads_load_through_the_registry(method):
     w = load_draft_weights(method, path)
     assert w.spec.hidden_size == 576 and w.spec.vocab_size == 49152
     size = os.path.getsize(os.path.join(path, "model.safetensors"))
-    assert size <= 10_000_000, f"{path}: {size} bytes (the shipped heads stay <= 10 MB)"
+    # (s48: EAGLE3's 8,192-token lm_head is 9.4 MB of its 16.2; the tree travels to the GPU
+    # machine with every call, so a head grows only where it pays: +3-4% B=1 tok/s here)
+    assert size <= 17_000_000, f"{path}: {size} bytes (the shipped heads stay <= 17 MB)"
     cfg = w.spec
     if method == "eagle3":
         assert cfg.aux_capture_before_layers == (2, 15, 27)
