@@ -27,7 +27,7 @@ import numpy as np
 
 from ..ops.layers import (LINEAR_FAST_MAX_K, LINEAR_FAST_MAX_ROWS, LINEAR_MMA_MAX_ROWS,
                           TUNING as LINEAR_TUNING)
-from .llama_layer import decoder_layer, fuse_layer, layer_tensor_names
+from .llama_layer import decoder_layer, fuse_layer, layer_tensor_names, split_qkv
 
 # The passes LlamaTarget(small_rows=True) runs on linear's CUDA-core few-row kernels: at most 5.
 # linear takes up to LINEAR_FAST_MAX_ROWS = 8 that way (a CTA row per row since s42), but a
@@ -691,11 +691,9 @@ class LlamaTarget:
             be.row_linear(a, L["qkv"], qkv, norm_weight=L["ln1"], eps=eps, tensor_cores=tc, **fuse)
             if i in self.aux_taps:                               # EAGLE3: layer i-1's output
                 be.capture_hidden(xi, aux, self.aux_taps.index(i))
-            q = qkv[:, :nq * D].reshape(T, nq, D)
-            k = qkv[:, nq * D:(nq + nkv) * D].reshape(T, nkv, D)
-            v = qkv[:, (nq + nkv) * D:].reshape(T, nkv, D)
             self.block_attention(attend, self.kv[i], self.page_table, positions, seq_lens, cu_q,
-                                 finished, o, self.kv_quant[i], record)(q, k, v)
+                                 finished, o, self.kv_quant[i], record)(
+                                     *split_qkv(qkv, (nq, nkv, D)))
             be.row_linear(o.reshape(T, nq * D), L["o"], mix, tensor_cores=tc)
             be.row_linear(mix, L["gate_up"], act, norm_weight=L["ln2"], eps=eps, residual=xi,
                           residual_out=xs[1], epilogue="silu_mul", tensor_cores=tc)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..registry import load_draft_weights
-from .llama_layer import draft_step, fuse_layer, head_tensor_names
+from .llama_layer import draft_step, fuse_layer, head_tensor_names, split_qkv
 
 
 class LlamaDraftHead:
@@ -161,9 +161,7 @@ class LlamaDraftHead:
         else:                   # eh_proj gives the stream; ln1 in qkv's prologue
             resid = m.gemm(comb, L["fc"])
             lin(resid, L["qkv"], qkv, norm_weight=L["ln1"], eps=eps)
-        o = attend(qkv[:, :nq * D].reshape(R, nq, D),
-                   qkv[:, nq * D:(nq + nkv) * D].reshape(R, nkv, D),
-                   qkv[:, (nq + nkv) * D:].reshape(R, nkv, D))
+        o = attend(*split_qkv(qkv, (nq, nkv, D)))
         mix, x, act = m.empty((R, H)), m.empty((R, H)), m.empty((R, self.I))
         lin(o.reshape(R, nq * D), L["o"], mix)
         # x = round(resid + mix) (residual_out: never one of linear's inputs), act = mlp's

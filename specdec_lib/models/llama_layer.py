@@ -60,6 +60,15 @@ def fuse_layer(p, cat_rows):
     return L
 
 
+def split_qkv(qkv, heads):
+    """q [.., nq, D], k and v [.., nkv, D]: views of a fused qkv projection's rows [.., F]."""
+    nq, nkv, D = heads
+    lead = tuple(qkv.shape[:-1])
+    return (qkv[..., :nq * D].reshape(*lead, nq, D),
+            qkv[..., nq * D:(nq + nkv) * D].reshape(*lead, nkv, D),
+            qkv[..., (nq + nkv) * D:].reshape(*lead, nkv, D))
+
+
 def decoder_layer(ops, L, a_in, resid, next_norm, attend, heads, out=None):
     """One decoder layer from its attention input on: the target's layers, the draft heads'
     one, at decode time and in training.
@@ -72,13 +81,10 @@ def decoder_layer(ops, L, a_in, resid, next_norm, attend, heads, out=None):
     input norm, or the final norm). ``heads`` = (nq, nkv, D); rows are the leading axes
     (``[T, F]`` or ``[B, N, F]``). ``out``: where ops that write in place put x (may be
     ``resid``)."""
-    nq, nkv, D = heads
+    nq, _, D = heads
     qkv = ops.gemm(a_in, L["qkv"])
+    o = attend(*split_qkv(qkv, heads))
     lead = tuple(qkv.shape[:-1])
-    q = qkv[..., :nq * D].reshape(*lead, nq, D)
-    k = qkv[..., nq * D:(nq + nkv) * D].reshape(*lead, nkv, D)
-    v = qkv[..., (nq + nkv) * D:].reshape(*lead, nkv, D)
-    o = attend(q, k, v)
     return layer_rest(ops, L, ops.gemm(o.reshape(*lead, nq * D), L["o"]), resid, next_norm, out)
 
 

@@ -22,7 +22,7 @@ import math
 import numpy as np
 import torch
 
-from ..models.llama_layer import fuse_layer, layer_tensor_names
+from ..models.llama_layer import fuse_layer, layer_tensor_names, split_qkv
 from ..models.llama_torch import TorchOps, attention, rope
 from ..models.smollm2_hybrid import base_projections, gdn_layers, layer_prefix, tensor_spec
 from ..reference.layers import rope_cos_sin_cache
@@ -107,12 +107,10 @@ class HybridModel:
     # ---------------------------------------------------------------- mixers
     def attention_mixer(self, L, h, N, want_heads=False):
         """SmolLM2's attention of one layer over h [B, N, H]: (o_proj output, head outputs)."""
-        nq, nkv, D = self.heads
+        nq, _, D = self.heads
         qkv = F.linear(h, L["qkv"])
         lead = qkv.shape[:-1]
-        q = qkv[..., :nq * D].reshape(*lead, nq, D)
-        k = qkv[..., nq * D:(nq + nkv) * D].reshape(*lead, nkv, D)
-        v = qkv[..., (nq + nkv) * D:].reshape(*lead, nkv, D)
+        q, k, v = split_qkv(qkv, self.heads)
         cs = self.cos_sin[:N]
         cos, sin = cs[:, :D // 2], cs[:, D // 2:]
         o = attention(rope(q, cos, sin), rope(k, cos, sin), v, causal=True).reshape(*lead, nq * D)
