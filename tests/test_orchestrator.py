@@ -286,7 +286,6 @@ def test_demo_bad_k_refused(capsys, argv, msg):
 
 # ------------------------------------------------------------------------------ GPU
 
-
 @needs_gpu
 def test_async_upload_serves_the_same_cuda(demo):
     """``state.ASYNC_UPLOAD`` (admissions and prefills copied through the backend's pinned
@@ -307,6 +306,7 @@ def test_async_upload_serves_the_same_cuda(demo):
             state.ASYNC_UPLOAD = False
         got[on] = [(r.tokens, r.finish_reason) for r in served]
     assert got[True] == got[False]
+
 
 @needs_gpu
 @pytest.mark.parametrize("k", [1, 3, 7])

@@ -7,12 +7,12 @@ A backend is a namespace: ``name``; ``xp`` (numpy-style constructors: numpy, cup
 handle: calling it returns a numpy copy of ``a`` as the stream had it when the read was
 enqueued, waiting only for that point; a pinned buffer and an event on a GPU, so ``serve``
 can launch the next round before reading this one's), on a GPU ``to_device_async(words)``
-(int32 words to a new device array without waiting for the stream; ``state.upload``), ``synchronize()`` (the round's
-stream), ``device_synchronize()``, ``stream_scope()`` (a context the decoder runs in: cupy's
-current stream on cuda), ``capture(fn) -> replay`` (a CUDA graph of ``fn``'s work) and
-``timer()`` (``start()`` / ``stop()`` record an event on the stream, ``seconds()`` the GPU
-time between them once ``stop``'s has completed); the last two are None on the reference
-backend. ``make_backend(name)`` builds one; cupy and torch are imported only
+(int32 words to a new device array without waiting for the stream; ``state.upload``),
+``synchronize()`` (the round's stream), ``device_synchronize()``, ``stream_scope()`` (a
+context the decoder runs in: cupy's current stream on cuda), ``capture(fn) -> replay`` (a
+CUDA graph of ``fn``'s work) and ``timer()`` (``start()`` / ``stop()`` record an event on the
+stream, ``seconds()`` the GPU time between them once ``stop``'s has completed); the last two
+are None on the reference backend. ``make_backend(name)`` builds one; cupy and torch are imported only
 by their backends.
 """
 from __future__ import annotations

@@ -263,8 +263,8 @@ def run(args, argv=None):
         taps = [i + 1 for i in ids] if "eagle3" in cfgs or args.eval else []
     t0 = time.perf_counter()
     # the final hidden states only where an MTP head reads them (an EAGLE3-only run on 30k
-    # replies of 512 tokens would keep 18 GB of them besides the taps' 54)
-    final = bool(args.eval or args.hybrid or "mtp" in methods)
+    # replies of 512 tokens would keep 18 GB of them besides the taps' 54; --hybrid: MTP)
+    final = bool(args.eval or "mtp" in methods)
     tokens, lens, hid, aux, arg = teacher(model, seqs, taps, device, 32768, args.quiet,
                                           final=final)
     timing["teacher_s"] = round(time.perf_counter() - t0, 1)
