@@ -86,6 +86,30 @@ def test_torch_prefill_plan_without_prompts_or_with_one(rng):
     assert torch.allclose(one, both[:7], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype,tol", [("float32", 2e-6), ("bfloat16", 2e-2)])
+def test_torch_prefill_plan_of_equal_prompts_is_one_batched_causal_call(rng, dtype, tol):
+    """A grouped bucket pass (P prompts of n rows each, back to back, empty slots between
+    them): the ``uniform`` plan, one causal SDPA call on a [P, n] view, gives the float64
+    oracle's per-prompt attention and writes no row outside the prompts."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from specdec_lib.models.llama import _TorchMath
+    m = _TorchMath(SimpleNamespace(device=torch.device("cpu")))
+    counts = [0, 16, 16, 0, 16, 0]
+    plan = m.prefill_plan(counts)
+    assert plan == {"uniform": (0, 3, 16)}
+    assert "rows" in m.prefill_plan([16, 15, 16])          # unequal: the padded, masked call
+    dt = getattr(torch, dtype)
+    q, k, v = (torch.from_numpy(a).to(dt) for a in _qkv(rng, 48 + 2))
+    out = torch.full(q.shape, float("nan"), dtype=dt)
+    m.prefill_attention(plan, q, k, v, 0.125, out)
+    assert torch.isnan(out[48:]).all()
+    oracle = np.full((48, 9, 64), np.nan)
+    _NumpyMath().prefill_attention(_NumpyMath().prefill_plan(counts),
+                                   *(a[:48].double().numpy() for a in (q, k, v)), 0.125, oracle)
+    got = out[:48].double().numpy()
+    assert np.linalg.norm(got - oracle) / np.linalg.norm(oracle) < tol
+
+
 def _tiny_target(rng, page_size=4, backend="reference", row_invariant=False, nq=4, nkv=2,
                  kv_dtype="bfloat16"):
     from specdec_lib.orchestrator import make_backend
@@ -295,7 +319,8 @@ def test_bucketed_prefill_equals_batched_and_target_only(rng):
     bucketed, dec = _serve_tiny(t, "bucketed")
     plain, _ = _serve_tiny(t, "batched", k=0)
     assert bucketed == batched == plain
-    assert sorted(dec._state.prefills) == [16, 32]
+    # (bucket, prompts): the two prompts admitted together share a pass (PrefillPolicy.group)
+    assert sorted(dec._state.prefills) == [(16, 1), (16, 2), (32, 1)]
     assert [dec.prefill_bucket(n, 1000) for n in (1, 16, 17, 300, 513, 600)] == \
         [16, 16, 32, 512, 768, 768]
     assert dec.prefill_bucket(40, 50) == 50             # never past the slot's positions
@@ -351,6 +376,61 @@ def test_prefill_policy_burst_threshold_is_a_parameter(rng):
     dec = SpeculativeDecoder(t, None, num_speculative_tokens=0, prefill=PrefillPolicy("bucketed"))
     assert dec.prefill == "bucketed" and dec.prefill_policy.mode == "bucketed"
     assert _serve_tiny(t, "bucketed", k=0, dec=dec)[0] == _serve_tiny(t, "batched", k=0)[0]
+
+
+def test_prefill_groups_take_prompts_by_length():
+    """PrefillPolicy.groups: at most ``group`` prompts a pass, shortest first, each pass
+    padded to its longest prompt's bucket; group 1 is a pass a prompt; bad values refused."""
+    from specdec_lib.orchestrator import PrefillPolicy
+    rows = [3, 40, 17, 5, 100]
+    assert PrefillPolicy(group=2).groups(rows, 1000) == [(16, [0, 3]), (64, [2, 1]),
+                                                         (128, [4])]
+    assert PrefillPolicy(group=1).groups(rows, 1000) == [
+        (16, [0]), (16, [3]), (32, [2]), (64, [1]), (128, [4])]
+    assert PrefillPolicy(group=8).groups(rows, 64) == [(64, [0, 3, 2, 1, 4])]
+    for kw in (dict(group=0), dict(hold_rounds=-1)):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            PrefillPolicy(**kw)
+
+
+def test_scheduler_holds_free_slots_for_a_group():
+    """Scheduler(hold=h, group=g): a free slot waits up to h rounds for g free slots (or for
+    every arrived request to fit, or while nobody runs); without hold it admits at once."""
+    from specdec_lib.orchestrator.serve import Scheduler
+    s = Scheduler([0] * 6, 3, group=2, hold=2)
+    assert [b for b, _ in s.admit(0)] == [0, 1, 2]          # nobody runs yet
+    s.release(1, 5)
+    assert s.admit(5) == [] and s.admit(6) == []             # one free of a group of two
+    assert s.admit(7) == [(1, 3)]                            # held two rounds: admitted
+    s.release(0, 9)
+    assert s.admit(9) == []
+    s.release(2, 10)
+    assert s.admit(10) == [(0, 4), (2, 5)]                   # two free: a group
+    assert s.stats["held_rounds"] == 3
+    s = Scheduler([0, 0, 0, 0], 2, group=2, hold=5)
+    s.admit(0)
+    s.release(0, 3)
+    assert s.admit(3) == []
+    s.release(1, 4)
+    s.waiting = s.waiting[:1]                                 # one request left: it fits
+    assert s.admit(4) == [(0, 2)]
+    free = Scheduler([0, 0, 0], 1, group=4)
+    free.admit(0)
+    free.release(0, 1)
+    assert free.admit(1) == [(0, 1)]
+
+
+def test_grouped_and_held_prefill_decode_what_single_passes_do(rng):
+    """Prompts admitted together share a bucket pass, and free slots held for a group
+    (hold_rounds) change when requests start, never what they decode (float64, token for
+    token)."""
+    from specdec_lib.orchestrator import PrefillPolicy
+    t = _tiny_target(rng)
+    single, _ = _serve_tiny(t, PrefillPolicy("bucketed", group=1))
+    grouped, dec = _serve_tiny(t, PrefillPolicy("bucketed", group=2, hold_rounds=3))
+    assert grouped == single
+    assert dec.slot_stats["held_rounds"] > 0
+    assert any(m == 2 for _, m in dec._state.prefills)
 
 
 @needs_gpu

@@ -88,7 +88,7 @@ class SpeculativeDecoder:
 
     @prefill.setter
     def prefill(self, mode: str) -> None:
-        policy = PrefillPolicy(mode, self.prefill_policy.batched_from)
+        policy = replace(self.prefill_policy, mode=mode)
         policy.check(self.target)
         self.prefill_policy = policy
 

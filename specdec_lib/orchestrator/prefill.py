@@ -2,9 +2,10 @@
 
 Two ways (``PrefillPolicy`` picks): *batched*, every prompt admitted at a round boundary in
 one eager pass of ``target.prefill`` (or, without it, blocks of <= 16 rows through
-``target.forward``); *bucketed*, one prompt at a time, its rows padded to a length bucket
-(pads are dead rows past the prompt, like rejected drafts), so the pass has one shape per
-bucket and, with graphs, is recorded once per bucket and replayed after.
+``target.forward``); *bucketed*, up to ``group`` prompts a pass, each one's rows padded to the
+group's length bucket (pads are dead rows past the prompt, like rejected drafts), so the pass
+has one shape per (bucket, prompts) and, with graphs, is recorded once per shape and replayed
+after.
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ MODES = ("auto", "batched", "bucketed")
 # draft head's prefill), one eager batched pass of 32 prompts 23 ms (s11), ~20 ms of it fixed
 # host enqueueing: 16 replays cost about one batched pass.
 BATCHED_PREFILL_FROM = 16
+# the default of PrefillPolicy.group: a bucket pass is ~300 launches whose GPU time barely
+# grows with its rows at these sizes, so prompts admitted together share one
+PREFILL_GROUP = 4
 
 
 @dataclass(frozen=True)
@@ -35,12 +39,18 @@ class PrefillPolicy:
                   batched otherwise, and batched for a burst of ``batched_from`` or more
                   prompts admitted at one round boundary.
     batched_from  the burst size from which ``"auto"`` prefills in one batched pass rather
-                  than one bucket replay per prompt; the default (16) is the H200's crossover
-                  for SmolLM2 (``BATCHED_PREFILL_FROM``). Other GPUs and models may want
-                  another value.
+                  than bucket replays; the default (16) is the H200's crossover for SmolLM2
+                  (``BATCHED_PREFILL_FROM``). Other GPUs and models may want another value.
+    group         at most this many prompts share a bucket pass (those admitted at one round
+                  boundary, by length: each padded to the longest's bucket); 1: a pass each.
+    hold_rounds   a serving call's free slots may wait up to this many rounds for more slots
+                  to free (until ``group`` are free or every waiting request fits), so that
+                  their prompts share a pass; 0: admit at the first boundary.
     """
     mode: str = "auto"
     batched_from: int = BATCHED_PREFILL_FROM
+    group: int = PREFILL_GROUP
+    hold_rounds: int = 0
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -48,6 +58,10 @@ class PrefillPolicy:
                 f"prefill: expected 'auto', 'batched' or 'bucketed', got {self.mode!r}")
         if int(self.batched_from) < 1:
             raise ValueError(f"prefill: batched_from must be >= 1, got {self.batched_from}")
+        if int(self.group) < 1:
+            raise ValueError(f"prefill: group must be >= 1, got {self.group}")
+        if int(self.hold_rounds) < 0:
+            raise ValueError(f"prefill: hold_rounds must be >= 0, got {self.hold_rounds}")
 
     def check(self, target: Any) -> None:
         if self.mode == "bucketed" and not getattr(target, "pads_prefill", False):
@@ -69,6 +83,15 @@ class PrefillPolicy:
         nb = max(16, 1 << (n - 1).bit_length()) if n <= 512 else -(-n // 256) * 256
         return min(nb, max_len)
 
+    def groups(self, rows: Sequence[int], max_len: int) -> list[tuple[int, list[int]]]:
+        """The bucket passes of prompts of ``rows`` prefill rows: [(bucket, indices)], at most
+        ``group`` prompts a pass, taken in order of length (so a pass pads little), each
+        padded to its longest prompt's bucket."""
+        order = sorted(range(len(rows)), key=lambda i: rows[i])
+        g = int(self.group)
+        return [(self.bucket(max(rows[i] for i in part), max_len), part)
+                for part in (order[j:j + g] for j in range(0, len(order), g))]
+
 
 def prefill(p: Parts, st: CallState, admitted: Sequence[tuple[int, Request]],
             policy: PrefillPolicy, can_capture: bool, metrics: Metrics) -> None:
@@ -78,85 +101,92 @@ def prefill(p: Parts, st: CallState, admitted: Sequence[tuple[int, Request]],
     long = [(b, r) for b, r in admitted if len(r.prompt) >= 2]
     if not policy.use_buckets(p.target, can_capture, len(long)):
         return _batched(p, st, admitted)
-    for (b, r), src in zip(long, _stage_buckets(p, st, long, policy)):
-        _bucketed(p, st, b, r, src, policy, can_capture, metrics)
+    # each pass's slots in increasing order: cu_q lays their blocks out in slot order
+    passes = [(nb, sorted((long[i] for i in part), key=lambda br: br[0]))
+              for nb, part in policy.groups([len(r.prompt) - 1 for _, r in long],
+                                            st.shape.max_len)]
+    for (nb, group), src in zip(passes, _stage_buckets(p, st, passes)):
+        _bucketed(p, st, nb, len(group), src, can_capture, metrics)
     if len(long) < len(admitted):
         _batched(p, st, [(b, r) for b, r in admitted if len(r.prompt) < 2])
 
 
-def _bucket_size(nb: int, B: int) -> int:
-    return 2 * nb + 2 * B + 2
+def _bucket_size(nb: int, m: int, B: int) -> int:
+    return 2 * m * nb + 2 * B + 1 + m
 
 
-def _bucket_fields(a, nb: int, B: int) -> SimpleNamespace:
-    """The fields of a prefill bucket's input array ``a`` (int32, ``_bucket_size``), as views:
-    tokens [nb], next [nb] (the draft head's token per row), cu_q [B+1], valid [B], slot [1];
-    the same layout on the host staging array and on the device buffer the graph reads."""
-    c, v = 2 * nb, 2 * nb + B + 1
-    return SimpleNamespace(all=a, tokens=a[:nb], next=a[nb:c], cu_q=a[c:v],
+def _bucket_fields(a, nb: int, m: int, B: int) -> SimpleNamespace:
+    """The fields of the input array ``a`` (int32, ``_bucket_size``) of a pass of ``m``
+    prompts padded to ``nb`` rows each, as views: tokens [m nb], next [m nb] (the draft head's
+    token per row), cu_q [B+1], valid [B], slot [m]; the same layout on the host staging
+    array and on the device buffer the graph reads."""
+    c, v = 2 * m * nb, 2 * m * nb + B + 1
+    return SimpleNamespace(all=a, tokens=a[:m * nb], next=a[m * nb:c], cu_q=a[c:v],
                            valid=a[v:v + B], slot=a[v + B:])
 
 
-def _stage_buckets(p: Parts, st: CallState, long: Sequence[tuple[int, Request]],
-                   policy: PrefillPolicy) -> list:
-    """The input array of each prompt's bucket (``_bucket_fields``), staged on the host and
-    copied to the device at once (``upload``): one host->device copy (which waits for the
-    stream) for all the prompts, so the copy into each bucket's buffer is device to device
-    and the host need not wait for one prompt's pass to end before enqueueing the next."""
-    B, L = st.shape.slots, st.shape.max_len
+def _stage_buckets(p: Parts, st: CallState, passes) -> list:
+    """The input array of each pass (``_bucket_fields``; ``passes``: [(bucket, [(slot,
+    request)] in slot order)]), staged on the host and copied to the device at once
+    (``upload``): one host->device copy for all of them, so the copy into each pass's buffer
+    is device to device and the host need not wait for one pass to end before enqueueing
+    the next."""
+    B = st.shape.slots
     host = {}
-    for i, (b, r) in enumerate(long):
-        n = len(r.prompt) - 1
-        nb = policy.bucket(n, L)
-        f = _bucket_fields(np.zeros(_bucket_size(nb, B), np.int32), nb, B)
-        f.tokens[:n] = r.prompt[:-1]
-        f.next[:n] = r.prompt[1:]
-        f.cu_q[b + 1:] = nb                             # slot b holds all nb rows
-        f.valid[b] = n
-        f.slot[0] = b
+    for i, (nb, group) in enumerate(passes):
+        m = len(group)
+        f = _bucket_fields(np.zeros(_bucket_size(nb, m, B), np.int32), nb, m, B)
+        rows = np.zeros(B + 1, np.int32)
+        for j, (b, r) in enumerate(group):
+            n = len(r.prompt) - 1
+            f.tokens[j * nb:j * nb + n] = r.prompt[:-1]
+            f.next[j * nb:j * nb + n] = r.prompt[1:]
+            rows[b + 1] = nb                            # slot b holds the j-th nb rows
+            f.valid[b] = n
+            f.slot[j] = b
+        f.cu_q[:] = np.cumsum(rows)
         host[f"bucket{i}"] = f.all
     dev = upload(p.be.xp, host, device_copy(p.be))
-    return [dev[f"bucket{i}"] for i in range(len(long))]
+    return [dev[f"bucket{i}"] for i in range(len(passes))]
 
 
-def _bucketed(p: Parts, st: CallState, b: int, r: Request, src, policy: PrefillPolicy,
-              can_capture: bool, metrics: Metrics) -> None:
-    """Prefill request ``r`` alone into slot ``b``, its n = len(prompt) - 1 rows padded
-    to the bucket's nb rows (token 0 at positions n..nb-1: their K/V land past the
-    committed length, dead rows that later appends overwrite, and the causal attention
-    keeps them out of the real rows). The pass reads only device buffers of the bucket
-    (tokens, the draft's next tokens, cu_q and the valid counts that name slot ``b``),
-    so with graphs it is recorded on its bucket's first use and replayed after. ``src``:
-    the bucket's input array on the device (``_stage_buckets``)."""
+def _bucketed(p: Parts, st: CallState, nb: int, m: int, src, can_capture: bool,
+              metrics: Metrics) -> None:
+    """Prefill ``m`` admitted requests in one pass, each one's n = len(prompt) - 1 rows
+    padded to ``nb`` (token 0 at positions n..nb-1: their K/V land past the committed
+    length, dead rows that later appends overwrite, and the causal attention keeps them out
+    of the real rows). The pass reads only device buffers (tokens, the draft's next tokens,
+    cu_q and the valid counts that name the slots), so with graphs it is recorded on the
+    first use of its shape (nb, m) and replayed after, whichever slots it fills. ``src``:
+    the pass's input array on the device (``_stage_buckets``)."""
     xp, B = p.be.xp, st.shape.slots
-    n = len(r.prompt) - 1
-    nb = policy.bucket(n, st.shape.max_len)
-    pb = st.prefills.get(nb)
+    pb = st.prefills.get((nb, m))
     if pb is None:
-        pb = st.prefills[nb] = _bucket_fields(xp.zeros(_bucket_size(nb, B), dtype=xp.int32),
-                                              nb, B)
-        pb.positions, pb.replay = xp.arange(nb, dtype=xp.int32), None
+        pb = st.prefills[nb, m] = _bucket_fields(
+            xp.zeros(_bucket_size(nb, m, B), dtype=xp.int32), nb, m, B)
+        pb.positions = xp.arange(m * nb, dtype=xp.int32) % nb
+        pb.replay = None
     pb.all[...] = src                                   # one copy for every field
 
     def bucket_pass():
-        _bucket_pass(p, st, pb, nb)
+        _bucket_pass(p, st, pb, nb, m)
     if pb.replay is not None:
         pb.replay()
         return
-    bucket_pass()           # the bucket's first use runs eagerly (libraries initialised)
+    bucket_pass()           # the shape's first use runs eagerly (libraries initialised)
     if can_capture:
         tc = time.perf_counter()
         pb.replay = p.be.capture(bucket_pass)
         metrics.capture_s += time.perf_counter() - tc
 
 
-def _bucket_pass(p: Parts, st: CallState, pb: SimpleNamespace, nb: int) -> None:
-    """The bucket's pass: target prefill, commit, carry and first drafts of the slot
-    that ``pb.slot`` names (other slots have 0 rows and keep their drafts)."""
+def _bucket_pass(p: Parts, st: CallState, pb: SimpleNamespace, nb: int, m: int) -> None:
+    """The pass's target prefill, commit, carry and first drafts of the ``m`` slots that
+    ``pb.slot`` names (other slots have 0 rows and keep their drafts)."""
     xp, be, buf, carry = p.be.xp, p.be, st.buf, st.carry
     B = st.shape.slots
-    counts = [nb] + [0] * (B - 1)       # the plan's row split (one prompt of nb rows);
-    # which slot holds it is device data (cu_q), so one recording serves every slot
+    counts = [nb] * m + [0] * (B - m)   # the plan's row split (m prompts of nb rows); which
+    # slots hold them is device data (cu_q), so one recording serves any m slots
     _, hidden = p.target.prefill(pb.tokens, pb.positions, pb.cu_q, buf.seq_lens,
                                  buf.finished, row_counts=counts)
     p.target.commit(pb.cu_q, pb.valid)

@@ -27,20 +27,36 @@ from .state import FINISH_REASONS, CallState, Parts, admit, split_control
 
 class Scheduler:
     """First come first served over ``slots`` slots: request i waits until round
-    ``arrivals[i]``, then takes the first free slot at a round boundary."""
+    ``arrivals[i]``, then takes the first free slot at a round boundary; with ``hold``,
+    free slots may wait up to ``hold`` rounds for ``group`` of them to be free (so the
+    admitted prompts share a prefill pass), unless every arrived request fits or no slot
+    is busy."""
 
-    def __init__(self, arrivals: Sequence[int], slots: int):
+    def __init__(self, arrivals: Sequence[int], slots: int, group: int = 1, hold: int = 0):
         self.arrivals = list(arrivals)
         self.waiting = sorted(range(len(arrivals)), key=lambda i: arrivals[i])
         self.free = list(range(slots))
         self.owner: list[Optional[int]] = [None] * slots     # slot -> request index
-        self.stats = {"admitted": 0, "released": 0, "max_busy": 0}
+        self.freed_at = [0] * slots     # the first round each slot could take a request again
+        self.group, self.hold = int(group), int(hold)
+        self.stats = {"admitted": 0, "released": 0, "max_busy": 0, "held_rounds": 0}
 
     def pending(self) -> bool:
         return bool(self.waiting) or any(o is not None for o in self.owner)
 
+    def _holds(self, now: int) -> bool:
+        """Whether the free slots wait a round more for others (``hold``)."""
+        if not self.hold or not self.free or not any(o is not None for o in self.owner):
+            return False
+        ready = sum(1 for i in self.waiting[:self.group] if self.arrivals[i] <= now)
+        oldest = min(self.freed_at[b] for b in self.free)
+        return 0 < len(self.free) < min(self.group, ready) and now - oldest < self.hold
+
     def admit(self, now: int) -> list[tuple[int, int]]:
         """[(slot, request index)] of the requests that start at round ``now``."""
+        if self._holds(now):
+            self.stats["held_rounds"] += 1
+            return []
         out = []
         while self.free and self.waiting and self.arrivals[self.waiting[0]] <= now:
             i, b = self.waiting.pop(0), self.free.pop(0)
@@ -55,10 +71,12 @@ class Scheduler:
     def busy(self) -> list[bool]:
         return [o is not None for o in self.owner]
 
-    def release(self, b: int) -> int:
-        """Free slot ``b``; returns the index of the request it held."""
+    def release(self, b: int, now: int = 0) -> int:
+        """Free slot ``b`` for the requests that start from round ``now``; returns the index
+        of the request it held."""
         i, self.owner[b] = self.owner[b], None
         self.free.append(b)
+        self.freed_at[b] = now
         self.stats["released"] += 1
         return i
 
@@ -76,7 +94,7 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
     control is read (``_Reader``)."""
     be, buf, m = p.be, st.buf, metrics
     B = st.shape.slots
-    sched = Scheduler(arrivals, B)
+    sched = Scheduler(arrivals, B, policy.group, policy.hold_rounds)
     results: list[Optional[Result]] = [None] * len(reqs)
     total = sum(r.max_new_tokens for r in reqs)
     now, emitted = 0, 0
@@ -157,7 +175,7 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
         if done:
             ended = []
             for b in done:
-                ended.append((sched.release(b), b, int(out_lens[b]), int(fin[b])))
+                ended.append((sched.release(b, now + 1), b, int(out_lens[b]), int(fin[b])))
                 emitted += int(out_lens[b])
                 if later is not None:
                     later.busy[b] = False       # computed there as a finished row, not run

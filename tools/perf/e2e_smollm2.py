@@ -98,10 +98,29 @@ def apply_decode_options(p, args):
         state.ASYNC_UPLOAD = True
 
 
-def prefill_policy(text):
-    """--prefill: ``auto``, ``batched``, ``bucketed`` or ``auto:N`` (batched from bursts of N)."""
-    mode, _, n = text.partition(":")
-    return PrefillPolicy(mode, batched_from=int(n)) if n else PrefillPolicy(mode)
+def add_prefill_options(p):
+    """Every decoder's prefill policy (here and in served_timeline.py)."""
+    p.add_argument("--prefill", default="auto", help="every decoder's prefill policy: auto "
+                   "(default: bursts of 16+ admissions batched and eager, others bucket "
+                   "replays), batched, bucketed, or auto:N (batched from bursts of N). "
+                   "s21: target-only's served requests finish in lockstep and burst; the 16 "
+                   "was tuned on SmolLM2, not the hybrid")
+    p.add_argument("--prefill-group", type=int, default=None, metavar="G", help="prompts a "
+                   "bucket pass may hold (PrefillPolicy.group; 1: a pass a prompt)")
+    p.add_argument("--prefill-hold", type=int, default=None, metavar="H", help="rounds a "
+                   "served stream's free slots may wait for a group (PrefillPolicy.hold_rounds)")
+
+
+def prefill_policy(args):
+    """The PrefillPolicy of ``add_prefill_options``' flags: --prefill ``auto``, ``batched``,
+    ``bucketed`` or ``auto:N`` (batched from bursts of N), --prefill-group, --prefill-hold."""
+    mode, _, n = args.prefill.partition(":")
+    kw = dict(batched_from=int(n)) if n else {}
+    if args.prefill_group is not None:
+        kw["group"] = args.prefill_group
+    if args.prefill_hold is not None:
+        kw["hold_rounds"] = args.prefill_hold
+    return PrefillPolicy(mode, **kw)
 
 
 class PinnedK(AutoK):
@@ -282,7 +301,7 @@ def prefill_profile(target, draft, k, be, reqs, replays=10):
     dec = decoder(target, draft, k, be, reqs)
     st = dec._state
     out = {}
-    for nb, pb in sorted(st.prefills.items()):
+    for (nb, m), pb in sorted(st.prefills.items()):
         ms = []
         for _ in range(replays):
             st.buf.seq_lens.zero_()
@@ -292,8 +311,8 @@ def prefill_profile(target, draft, k, be, reqs, replays=10):
             b.record()
             b.synchronize()
             ms.append(a.elapsed_time(b))
-        out[f"bucket_{nb}_ms"] = round(sorted(ms)[len(ms) // 2], 3)
-    nb, pb = max(st.prefills.items())
+        out[f"bucket_{nb}x{m}_ms"] = round(sorted(ms)[len(ms) // 2], 3)
+    (nb, m), pb = max(st.prefills.items(), key=lambda kv: kv[0][0] * kv[0][1])
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             st.buf.seq_lens.zero_()
@@ -304,7 +323,7 @@ def prefill_profile(target, draft, k, be, reqs, replays=10):
         t = getattr(ev, "self_device_time_total", 0) or getattr(ev, "self_cuda_time_total", 0)
         if t > 0:
             groups[ev.key[:60]] = groups.get(ev.key[:60], 0.0) + t / 5
-    out[f"bucket_{nb}_top_kernels_us"] = {g: round(t, 1) for g, t in
+    out[f"bucket_{nb}x{m}_top_kernels_us"] = {g: round(t, 1) for g, t in
                                           sorted(groups.items(), key=lambda x: -x[1])[:12]}
     return out
 
@@ -413,11 +432,7 @@ def main():
                    "stream R times in all (the same warm decoders, each mode's runs back to "
                    "back; runs after the first are not rescored): R ratios, as the served "
                    "ratio moves from run to run")
-    p.add_argument("--prefill", default="auto", help="every decoder's prefill policy: auto "
-                   "(default: bursts of 16+ admissions batched and eager, others one bucket "
-                   "replay each), batched, bucketed, or auto:N (batched from bursts of N). "
-                   "s21: target-only's served requests finish in lockstep and burst; the 16 "
-                   "was tuned on SmolLM2, not the hybrid")
+    add_prefill_options(p)
     p.add_argument("--row-invariant", action="store_true", help="decode GEMMs through the "
                    "library's linear (LlamaTarget row_invariant=True)")
     p.add_argument("--sets", default=None, help="B=1 prompt sets (default copy,open,heldout; "
@@ -473,7 +488,7 @@ def main():
                    "dtype), up to 16 (fewer calls, GEMM bits of another shape)")
     args = p.parse_args()
     apply_decode_options(p, args)
-    PREFILL = prefill_policy(args.prefill)
+    PREFILL = prefill_policy(args)
     BATCH_REPEATS = args.batch_repeats
     GENERAL_MIX = args.general_mix
     be = make_backend(args.backend)

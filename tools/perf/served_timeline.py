@@ -162,6 +162,7 @@ def split(marks, slots):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     e2e.add_decode_options(p)
+    e2e.add_prefill_options(p)
     p.add_argument("--gguf", default=None)
     p.add_argument("--drafts", default="eagle3")
     p.add_argument("-k", default="3", help="fixed k's, comma-separated")
@@ -169,12 +170,11 @@ def main():
     p.add_argument("--serve", type=int, default=128)
     p.add_argument("--slots", type=int, default=32)
     p.add_argument("--new", type=int, default=128)
-    p.add_argument("--prefill", default="auto", help="as e2e_smollm2's --prefill")
     p.add_argument("--repeats", type=int, default=2, help="traced runs a mode, in turns")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     e2e.apply_decode_options(p, args)
-    e2e.PREFILL = e2e.prefill_policy(args.prefill)
+    e2e.PREFILL = e2e.prefill_policy(args)
     import torch
     be = e2e.make_backend("torch")
     target, tok = e2e.load_smollm2_target(be, path=args.gguf, progress=False)
