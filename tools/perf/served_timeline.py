@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,6 +30,7 @@ import e2e_smollm2 as e2e  # noqa: E402
 
 from specdec_lib.orchestrator import decoder as decoder_mod  # noqa: E402
 from specdec_lib.orchestrator import serve as serve_mod  # noqa: E402
+from specdec_lib.orchestrator import state  # noqa: E402
 
 
 class Marks:
@@ -159,6 +162,16 @@ def split(marks, slots):
                 prefill_buckets=dict(sorted(buckets.items())))
 
 
+def variant(policy, text, upload):
+    """(PrefillPolicy, ASYNC_UPLOAD) of a --variants entry: "flags", or gG / hH / a."""
+    if text == "flags":
+        return policy, upload
+    m = re.fullmatch(r"g(\d+)(?:h(\d+))?(a?)", text)
+    if not m:
+        raise SystemExit(f"--variants: {text!r} is not gG[hH][a]")
+    return (replace(policy, group=int(m[1]), hold_rounds=int(m[2] or 0)), bool(m[3]))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     e2e.add_decode_options(p)
@@ -171,6 +184,10 @@ def main():
     p.add_argument("--slots", type=int, default=32)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2, help="traced runs a mode, in turns")
+    p.add_argument("--variants", default="", help="comma-separated prefill variants, each "
+                   "run on the same decoders in turns: gG (PrefillPolicy.group G), hH "
+                   "(hold_rounds H), a (state.ASYNC_UPLOAD), e.g. g1,g4,g4h4,g4h4a; default: "
+                   "the flags' policy alone")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     e2e.apply_decode_options(p, args)
@@ -195,9 +212,14 @@ def main():
         decs[name] = e2e.decoder(target, draft, k, be, reqs, B)
     report = dict(device=torch.cuda.get_device_name(), serve=args.serve, slots=B,
                   new=args.new, async_upload=bool(args.async_upload), runs={})
+    variants = {v: variant(e2e.PREFILL, v, args.async_upload)
+                for v in (args.variants.split(",") if args.variants else ["flags"])}
+    turns = [(v, m) for v in variants for m in modes]
     for rep in range(args.repeats):
-        for name, _, _ in (modes if rep % 2 == 0 else modes[::-1]):
+        for v, (name, _, _) in (turns if rep % 2 == 0 else turns[::-1]):
             dec = decs[name]
+            dec.prefill_policy, state.ASYNC_UPLOAD = variants[v]
+            name = f"{v}/{name}"
             dec.serve(reqs, slots=B)            # untimed: warm again
             dec.reset_metrics()
             marks = Marks(torch)
@@ -217,8 +239,8 @@ def main():
                        k_rounds=dict(sorted(m.k_rounds.items())))
             report["runs"].setdefault(name, []).append(out)
             print(name, json.dumps(out), flush=True)
-    base = report["runs"]["target_only"]
     for name, runs in report["runs"].items():
+        base = report["runs"][name.split("/")[0] + "/target_only"]
         tps = [r["tokens_per_s"] for r in runs]
         print(f"{name}: tok/s {tps}, over target-only "
               f"{[round(a / b['tokens_per_s'], 3) for a, b in zip(tps, base)]}")
