@@ -59,8 +59,13 @@ setup(
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},
     package_data={"specdec_lib": ["py.typed", "_cubin/*.cubin", "_cubin/*.ptx", "_cubin/MANIFEST",
+                                  # the trained weights: plain, or packed as they ship
+                                  # (models/packed.py)
                                   "models/heads/*/*.json", "models/heads/*/*.safetensors",
+                                  "models/heads/*/*.safetensors.packed",
                                   "models/hybrid/*/*.json", "models/hybrid/*/*.safetensors",
+                                  "models/hybrid/*/*.safetensors.packed",
                                   # the hybrid's MTP head, where train-draft --hybrid writes it
-                                  "models/hybrid/*/*/*.json", "models/hybrid/*/*/*.safetensors"]},
+                                  "models/hybrid/*/*/*.json", "models/hybrid/*/*/*.safetensors",
+                                  "models/hybrid/*/*/*.safetensors.packed"]},
 )

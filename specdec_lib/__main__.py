@@ -1,5 +1,6 @@
-"""``python -m specdec_lib {demo,inspect,bench,info,train-draft,train-hybrid,eval-hybrid}``
-(also the ``specdec`` console script); ``--version`` prints the package version."""
+"""``python -m specdec_lib {demo,inspect,bench,info,train-draft,train-hybrid,eval-hybrid,
+pack-weights}`` (also the ``specdec`` console script); ``--version`` prints the package
+version."""
 import json
 import sys
 
@@ -24,6 +25,9 @@ commands:
             a smollm2-hybrid's quality against its base: perplexity on held-out natural
             text, greedy replies to 16 held-out prompts, as JSON / markdown (needs torch
             and the model extra; --help lists the options)
+  pack-weights
+            pack weights directories' model.safetensors losslessly (model.safetensors.packed,
+            how the trained weights ship; --unpack restores them)
 """
 
 
@@ -49,6 +53,8 @@ def main(argv=None):
         from .train.hybrid import main as run
     elif cmd == "eval-hybrid":
         from .train.hybrid_eval import main as run
+    elif cmd == "pack-weights":
+        from .models.packed import main as run
     elif cmd == "info":
         from . import runtime
         print(json.dumps(runtime.info(load="--load" in rest), indent=1, default=str))

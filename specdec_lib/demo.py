@@ -94,9 +94,9 @@ def _parser():
                         "or --weights); tiny-hybrid: the embedded synthetic GDN + attention "
                         "model")
     p.add_argument("--weights", metavar="DIR", default=None,
-                   help="smollm2-hybrid: the hybrid weights directory (model.safetensors + "
-                        "config.json, written by python -m specdec_lib train-hybrid --out DIR; "
-                        "default: the shipped one)")
+                   help="smollm2-hybrid: the hybrid weights directory (model.safetensors, or "
+                        "its .packed form, + config.json, written by python -m specdec_lib "
+                        "train-hybrid --out DIR; default: the shipped one)")
     p.add_argument("--state-dtype", choices=("float32", "bfloat16", "float16"),
                    default="float32",
                    help="smollm2-hybrid: the GDN state (default float32); refused up front "

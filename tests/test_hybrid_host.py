@@ -257,13 +257,16 @@ def test_shipped_weights_pass_their_checks():
     report (its quality is eval-hybrid's to measure, not this test's)."""
     import os
     from specdec_lib.models.smollm2 import EXPECTED, GGUF_SHA256
+    from specdec_lib.models.packed import PACKED_SUFFIX
     from specdec_lib.models.smollm2_hybrid import SHIPPED_DIR, WEIGHTS_FILE, gdn_layers
     base = SimpleNamespace(hidden_size=EXPECTED["hidden_size"], num_layers=30,
                            num_heads=EXPECTED["num_heads"], head_dim=EXPECTED["head_dim"])
     cfg, t = load_hybrid_weights(SHIPPED_DIR, base=base)
     assert len(cfg["layer_pattern"]) == 30 and len(gdn_layers(cfg)) >= 15
     assert cfg["base_gguf_sha256"] == GGUF_SHA256
-    assert os.path.getsize(os.path.join(SHIPPED_DIR, WEIGHTS_FILE)) <= 12e6
+    assert cfg["weights_size"] <= 12e6
+    f = os.path.join(SHIPPED_DIR, WEIGHTS_FILE + PACKED_SUFFIX)   # it travels packed
+    assert os.path.isfile(f) and os.path.getsize(f) <= 0.75 * cfg["weights_size"]
     tr, chain = cfg["specdec_training"], []
     while tr is not None:
         chain.append(tr)
@@ -281,8 +284,9 @@ def test_shipped_hybrid_head():
     hybrid's sizes and the file stays small (the tree travels to the GPU whole)."""
     import json
     import os
-    from safetensors import safe_open
     from specdec_lib.models.heads import head_method, hybrid_head
+    from specdec_lib.models.packed import is_packed, weights_file
+    from specdec_lib.registry import open_safetensors
     from specdec_lib.models.smollm2 import EXPECTED
     from specdec_lib.models.smollm2_hybrid import SHIPPED_DIR
     base = SimpleNamespace(hidden_size=EXPECTED["hidden_size"], num_layers=30,
@@ -303,11 +307,10 @@ def test_shipped_hybrid_head():
     assert held["heldout_families"]
     for fam in held["heldout_families"]:
         assert tr["sequences_per_family"][fam][0] == 0 and held["families"][fam]["anchors"] > 0
-    f = os.path.join(path, "model.safetensors")
-    assert os.path.getsize(f) <= 12e6
+    f = weights_file(path)              # it travels packed
+    assert is_packed(f) and cfg["weights_size"] <= 12e6 and os.path.getsize(f) <= 8e6
     H = EXPECTED["hidden_size"]
-    with safe_open(f, "np") as st:
-        shapes = {k: tuple(st.get_slice(k).get_shape()) for k in st.keys()}
+    shapes = {k: t.shape for k, t in open_safetensors(f).items()}
     n = cfg["num_hidden_layers"]       # the MTP layer sits after the hybrid's 30
     assert n == 30 and shapes[f"model.layers.{n}.eh_proj.weight"] == (H, 2 * H)
     assert shapes[f"model.layers.{n}.mlp.gate_proj.weight"] == (cfg["intermediate_size"], H)

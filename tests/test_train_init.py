@@ -7,6 +7,7 @@ an init head of another method, one missing, two of a method, sizes that contrad
 --eval beside it, and a head of another target (another hidden size, model or GGUF)."""
 import hashlib
 import json
+import os
 import shutil
 
 import numpy as np
@@ -196,6 +197,28 @@ def test_continue_in_place(toy, tmp_path):
         assert cfg["specdec_training"]["init_sha256"] == sha[m]
         assert cfg["specdec_training"]["init"] == before[m][0]["specdec_training"]
         assert not _same_tensors(t, before[m][1])
+
+
+def test_init_from_packed_heads(toy, tmp_path):
+    """--init a packed copy of A (the shipped heads are packed): the same tensors as A's, the
+    recorded init_sha256 the plain file's (A's weights_sha256); continued in place, the
+    rewritten heads are plain files with no stale packed one beside them."""
+    from specdec_lib.models.packed import main as pack_weights
+    from specdec_lib.train.cli import main
+    A, pk = toy[3], tmp_path / "packed"
+    shutil.copytree(A, pk)
+    assert pack_weights([str(pk / f"smollm2_{m}") for m in METHODS]) == 0
+    assert main(_argv(toy, "P", "--init", str(pk), "--max-iters", "0")) == 0
+    for m in METHODS:
+        cfg, t = _head(toy[0] / "P" / f"smollm2_{m}")
+        assert _same_tensors(t, _head(A / f"smollm2_{m}")[1])
+        want = json.loads((A / f"smollm2_{m}" / "config.json").read_text())["weights_sha256"]
+        assert cfg["specdec_training"]["init_sha256"] == want
+    argv = _argv(toy, "x", "--init", str(pk), "--max-iters", "0")
+    argv[argv.index("--out") + 1] = str(pk)
+    assert main(argv) == 0
+    for m in METHODS:
+        assert sorted(os.listdir(pk / f"smollm2_{m}")) == ["config.json", "model.safetensors"]
 
 
 def test_remap_vocab_keeps_trained_rows_and_starts_new_ones_from_the_target():

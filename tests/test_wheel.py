@@ -72,8 +72,9 @@ def test_wheel_tags_from_the_file_name():
 
 
 def test_a_missing_draft_head_or_hybrid_fails(tmp_path):
-    path = _wheel(tmp_path, drop=("specdec_lib/models/heads/smollm2_mtp/model.safetensors",))
-    assert any("weights file" in p and "smollm2_mtp/model.safetensors" in p for p in _problems(path))
+    path = _wheel(tmp_path, drop=("specdec_lib/models/heads/smollm2_mtp/model.safetensors.packed",))
+    assert any("weights file" in p and "smollm2_mtp/model.safetensors.packed" in p
+               for p in _problems(path))
     path = _wheel(tmp_path, drop=("specdec_lib/models/hybrid/smollm2_hybrid/config.json",))
     assert _problems(path) == ["trained weights file specdec_lib/models/hybrid/smollm2_hybrid/"
                                "config.json missing"]

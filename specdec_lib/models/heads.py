@@ -1,6 +1,7 @@
 """Trained draft heads for Llama targets: their config.json, their files, the shipped ones.
 
-A head is an ordinary registry checkpoint (``model.safetensors`` + ``config.json``) in the
+A head is an ordinary registry checkpoint (``model.safetensors`` + ``config.json``; the shipped
+ones hold ``model.safetensors.packed`` instead: ``packed``) in the
 ``deepseek_mtp`` or ``eagle3`` layout; ``head_config`` writes the config a target implies,
 ``save_head`` the pair, ``smollm2_head(method)`` finds the heads shipped for SmolLM2 (trained
 by ``python -m specdec_lib train-draft`` (``specdec_lib.train``); the exact command is in each config's ``specdec_training``).
@@ -15,6 +16,7 @@ import os
 import numpy as np
 
 from .gguf_llama import sha256_of
+from .packed import PACKED_SUFFIX, weights_file
 
 HEADS_DIR = os.path.join(os.path.dirname(__file__), "heads")
 SMOLLM2_HEADS = {"mtp": "smollm2_mtp", "eagle3": "smollm2_eagle3"}
@@ -105,6 +107,8 @@ def save_head(path, tensors, config):
         from safetensors.numpy import save_file
     f = os.path.join(path, "model.safetensors")
     save_file(tensors, f)
+    if os.path.exists(f + PACKED_SUFFIX):      # a shipped head rewritten: its packing is stale
+        os.remove(f + PACKED_SUFFIX)
     config = dict(config, weights_size=os.path.getsize(f), weights_sha256=sha256_of(f))
     with open(os.path.join(path, "config.json"), "w") as fh:
         json.dump(config, fh, indent=1, sort_keys=True)
@@ -119,7 +123,7 @@ def smollm2_head(method: str) -> str:
         raise ValueError(f"method: SmolLM2 has trained heads for {sorted(SMOLLM2_HEADS)}, "
                          f"not {method!r}")
     path = os.path.join(HEADS_DIR, SMOLLM2_HEADS[key])
-    if not os.path.isfile(os.path.join(path, "model.safetensors")):
+    if weights_file(path) is None:
         raise FileNotFoundError(f"{path}: no trained head here (python -m specdec_lib train-draft makes it)")
     return path
 
@@ -131,12 +135,11 @@ def hybrid_head(weights, head=None) -> str:
     FileNotFoundError naming the head and the command that trains it; ValueError naming
     ``head`` for one that is no MTP head or whose hidden size is not the hybrid's."""
     path = os.fspath(head) if head is not None else os.path.join(os.fspath(weights), HYBRID_HEAD)
-    files = [os.path.join(path, f) for f in ("config.json", "model.safetensors")]
-    if not all(os.path.isfile(f) for f in files):
+    if not os.path.isfile(os.path.join(path, "config.json")) or weights_file(path) is None:
         raise FileNotFoundError(f"head {path}: no trained head here (model.safetensors + "
                                 f"config.json); train it with `python -m specdec_lib "
                                 f"train-draft --hybrid {weights}`")
-    with open(files[0]) as fh:
+    with open(os.path.join(path, "config.json")) as fh:
         cfg = json.load(fh)
     with open(os.path.join(weights, "config.json")) as fh:
         hidden = json.load(fh)["hidden_size"]

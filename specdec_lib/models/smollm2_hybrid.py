@@ -30,7 +30,8 @@ Design (issue 30):
   header: 10.2 MB <= 12 MB (``shipped_bytes``; r = 40 would be 12.6 MB). r = 16 in
   float32 is the same size (10,215,616 bytes).
 
-The file is ``DIR/model.safetensors`` + ``DIR/config.json``; ``load_hybrid_weights(DIR)``
+The file is ``DIR/model.safetensors`` (shipped packed: ``DIR/model.safetensors.packed``,
+``packed``) + ``DIR/config.json``; ``load_hybrid_weights(DIR)``
 checks, in this order, that every tensor the config implies is present with its shape and
 dtype, that no tensor lies outside the file (truncation) or belongs to a layer the pattern
 says is attention, and the sha256 and size the config records; each refusal names the
@@ -44,7 +45,8 @@ import struct
 
 import numpy as np
 
-from .gguf_llama import check_recorded_digest, sha256_of
+from .gguf_llama import sha256_of
+from .packed import PACKED_SUFFIX, check_digest, plain_size, resolve
 
 __all__ = ["HybridWeightsError", "DEFAULT_PATTERN", "expand_pattern", "hybrid_config",
            "gdn_layers", "tensor_spec", "shipped_bytes", "base_projections",
@@ -188,6 +190,8 @@ def save_hybrid_weights(path, tensors, cfg):
     os.makedirs(path, exist_ok=True)
     raw, _ = _header(spec)
     f = os.path.join(path, WEIGHTS_FILE)
+    if os.path.exists(f + PACKED_SUFFIX):      # the shipped hybrid rewritten: its packing is stale
+        os.remove(f + PACKED_SUFFIX)
     with open(f, "wb") as fh:
         fh.write(struct.pack("<Q", len(raw)))
         fh.write(raw)
@@ -227,7 +231,7 @@ def load_hybrid_weights(path, *, base=None):
     from ..registry import DraftWeightError, open_safetensors
     with open(os.path.join(path, "config.json")) as fh:
         cfg = json.load(fh)
-    f = os.path.join(path, cfg.get("weights_file", WEIGHTS_FILE))
+    f = resolve(os.path.join(path, cfg.get("weights_file", WEIGHTS_FILE)))
     _check_config(cfg, f)
     if base is not None:
         for key, want in (("hidden_size", base.hidden_size), ("num_hidden_layers", base.num_layers),
@@ -239,7 +243,7 @@ def load_hybrid_weights(path, *, base=None):
         found = open_safetensors(f)
     except (DraftWeightError, OSError) as e:
         raise HybridWeightsError(f"{f}: unreadable ({e})") from None
-    size = os.path.getsize(f)
+    size = plain_size(f)
     gdn = set(gdn_layers(cfg))
     for name, t in found.items():
         if name not in spec:
@@ -262,7 +266,7 @@ def load_hybrid_weights(path, *, base=None):
         if t._data_start + t._end > size or t._end - t._begin != int(np.prod(shape)) * _ST[dt][1]:
             raise HybridWeightsError(f"{f}: tensor {name} lies beyond the file's {size:,} bytes "
                                      "(truncated)")
-    check_recorded_digest(f, cfg["weights_size"], cfg["weights_sha256"], HybridWeightsError)
+    check_digest(f, cfg["weights_size"], cfg["weights_sha256"], HybridWeightsError)
     out = {name: np.array(found[name].float32()) for name in spec}
     for name, a in out.items():
         if not np.isfinite(a).all():
@@ -271,14 +275,14 @@ def load_hybrid_weights(path, *, base=None):
 
 
 def shipped_weights(weights=None):
-    """The weights directory of ``weights`` (a directory or its model.safetensors; None: the
-    shipped one, ``SHIPPED_DIR``); FileNotFoundError naming the missing file and the command
-    that trains it."""
+    """The weights directory of ``weights`` (a directory or its model.safetensors, plain or
+    packed; None: the shipped one, ``SHIPPED_DIR``); FileNotFoundError naming the missing file
+    and the command that trains it."""
     d = SHIPPED_DIR if weights is None else os.fspath(weights)
-    if os.path.isfile(d) and os.path.basename(d) == WEIGHTS_FILE:
+    if os.path.basename(d) in (WEIGHTS_FILE, WEIGHTS_FILE + PACKED_SUFFIX) and not os.path.isdir(d):
         d = os.path.dirname(d) or "."
     f = os.path.join(d, WEIGHTS_FILE)
-    if not os.path.isfile(f) or not os.path.isfile(os.path.join(d, "config.json")):
+    if not os.path.isfile(resolve(f)) or not os.path.isfile(os.path.join(d, "config.json")):
         what = "the shipped smollm2-hybrid weights are missing" if weights is None else \
             "no hybrid weights here"
         raise FileNotFoundError(f"{f}: {what} (model.safetensors + config.json); train them "

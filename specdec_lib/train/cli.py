@@ -91,6 +91,7 @@ def init_heads(args, methods):
     (what ``--out`` writes); exactly one head of every method in ``methods`` and none of
     another. ValueError naming --init."""
     from ..models.heads import head_method
+    from ..models.packed import weights_file
     found = {}
     for d in [d for d in args.init.split(",") if d]:
         if not os.path.isdir(d):
@@ -105,8 +106,9 @@ def init_heads(args, methods):
                                  + " in it")
             heads = [d]
         for h in heads:
-            if not os.path.isfile(os.path.join(h, "model.safetensors")):
-                raise ValueError(f"--init {h}: no model.safetensors beside its config.json")
+            if weights_file(h) is None:
+                raise ValueError(f"--init {h}: no model.safetensors (or its .packed form) beside "
+                                 "its config.json")
             with open(os.path.join(h, "config.json")) as fh:
                 cfg = json.load(fh)
             if "layer_pattern" in cfg:
@@ -185,8 +187,8 @@ def run(args, argv=None):
     """Generate (or read) the data, run the teacher, train and save (or evaluate) heads."""
     import torch
 
-    from ..models.gguf_llama import sha256_of
     from ..models.heads import check_same_target, head_config, head_method, save_head
+    from ..models.packed import plain_sha256, weights_file
     from .data import base_identity, load_base, training_data
     from .head import DraftHead
     from .loop import autocast, family_report, report_table, train_head
@@ -224,9 +226,9 @@ def run(args, argv=None):
                           hint="; pass the --hybrid it was trained for" if args.hybrid
                           or "target_hybrid_weights_sha256" in icfg
                           else "; pass the --gguf it was trained on")
-    # the files started from, hashed as they are read (an --out equal to --init rewrites them)
-    init_sha = {m: sha256_of(os.path.join(path, "model.safetensors"))
-                for m, (path, _) in init.items()}
+    # the files started from, hashed as they are read (an --out equal to --init rewrites them);
+    # a packed one's plain bytes, which its config's weights_sha256 records
+    init_sha = {m: plain_sha256(weights_file(path)) for m, (path, _) in init.items()}
     timing = {}
     seqs, plens, split, fams, temps = training_data(args, config, weights, tok, stop_ids, log,
                                                     timing)

@@ -139,6 +139,7 @@ class DraftHead:
         """Take the tensors of a saved head (the inverse of ``export``)."""
         from ..registry import open_safetensors
         dev = self.embed.device
+        # a shipped head's model.safetensors.packed is read in its place
         found = dict(open_safetensors(os.path.join(path, "model.safetensors")).items())
         if self.method == "eagle3":
             d2t = np.asarray(found["d2t"].numpy(), np.int64)

@@ -3,12 +3,11 @@
 # a call, each call sent within 30 s of the last (a warm machine keeps /tmp). The GGUF travels
 # in four ignored parts, .g0/g00 .. .g3/g03 (the gguf wheel in .g3): any call may carry one
 # (`carry: [".g1"]`); every step first copies the parts it finds to /tmp/m, and the steps that
-# need the model assemble it once all four are there. The tree is ~44 MB since s48 (32 MB of it
-# the shipped safetensors): a part (24.6 MB) and .whl (3.3 MB) no longer fit beside it under the
-# 64 MiB a call takes, so strip the safetensors first (git ls-files specdec_lib/models | grep
-# safetensors$ | xargs rm -f; `git checkout -- specdec_lib/models` restores), carry two parts a
-# call (build: .whl .g0 .g1; train: .g2 .g3, with the head it continues checked out again and
-# copied into /tmp/clean), as s48 did (docs/NOTES.md "Next steps").
+# need the model assemble it once all four are there. The tree is ~31 MB since the shipped
+# weights travel packed (specdec_lib/models/packed.py: 27 MB of it, 40 MB as plain
+# safetensors), so a part (24.6 MB) and .whl (3.3 MB) fit beside it again under the 64 MiB a
+# call takes, as the steps below carry them; no stripping of the safetensors (s48's route, when
+# the tree was ~44 MB) is needed.
 #
 #   build  carry .whl .g0  copy the tree to /tmp/clean, build, every GPU test on $FAMILIES
 #                          (default the three), `bench $BENCH` (default round_b1)   ~7 min;

@@ -68,13 +68,14 @@ def needed_libs(data: bytes):
 
 def weights_files(src):
     """The wheel paths of every trained weights file of the source tree ``src``: the draft
-    heads, the hybrid and its head (models/heads, models/hybrid: model.safetensors and
-    config.json, at any depth)."""
+    heads, the hybrid and its head (models/heads, models/hybrid: model.safetensors, or as
+    shipped model.safetensors.packed, and config.json, at any depth)."""
     out = []
+    names = ("model.safetensors", "model.safetensors.packed", "config.json")
     for kind in ("heads", "hybrid"):
         for root, _, files in sorted(os.walk(os.path.join(src, "specdec_lib", "models", kind))):
             out += [os.path.relpath(os.path.join(root, f), src).replace(os.sep, "/")
-                    for f in sorted(files) if f in ("model.safetensors", "config.json")]
+                    for f in sorted(files) if f in names]
     return out
 
 
