@@ -387,13 +387,15 @@ def test_upload_through_a_copy_function():
     for k in want:
         assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]), k
     be = SimpleNamespace(xp=np, to_device_async=copy)
-    assert state.device_copy(be) is None
+    was = state.ASYNC_UPLOAD
     try:
+        state.ASYNC_UPLOAD = False
+        assert state.device_copy(be) is None
         state.ASYNC_UPLOAD = True
         assert state.device_copy(be) is copy
         assert state.device_copy(reference_backend()) is None
     finally:
-        state.ASYNC_UPLOAD = False
+        state.ASYNC_UPLOAD = was
 
 
 @needs_gpu
@@ -426,7 +428,7 @@ def test_admit_async_upload_on_gpu():
     batches = [[(2, reqs[0])], [(3, reqs[1]), (4, reqs[2]), (5, reqs[3])],
                [(7, reqs[4]), (0, reqs[5]), (6, reqs[6])], [(b, reqs[8 + b]) for b in range(B)],
                [(1, reqs[16])], [(b, reqs[16 + b]) for b in range(1, B)]]
-    snaps = {}
+    snaps, was = {}, state.ASYNC_UPLOAD
     for on in (False, True):
         _, st = _state(be, torch, reqs, B, 3, torch.float32)
         parts = Parts(be, _FillTarget(torch, B), None, 3)      # (a reset without syncs)
@@ -437,6 +439,6 @@ def test_admit_async_upload_on_gpu():
                 n = _syncs(torch, lambda: admit(parts, st, adm))
                 assert n == (0 if on else 1), (on, n)
         finally:
-            state.ASYNC_UPLOAD = False
+            state.ASYNC_UPLOAD = was
         snaps[on] = _snapshot(parts, st, torch)
     _same(snaps[True], snaps[False], "async upload")

@@ -319,8 +319,9 @@ def test_bucketed_prefill_equals_batched_and_target_only(rng):
     bucketed, dec = _serve_tiny(t, "bucketed")
     plain, _ = _serve_tiny(t, "batched", k=0)
     assert bucketed == batched == plain
-    # (bucket, prompts): the two prompts admitted together share a pass (PrefillPolicy.group)
-    assert sorted(dec._state.prefills) == [(16, 1), (16, 2), (32, 1)]
+    # (bucket, prompts): prompts admitted together share a pass (PrefillPolicy.group), a free
+    # slot waiting for the other (hold_rounds): a one-token prompt takes the batched path
+    assert sorted(dec._state.prefills) == [(16, 2), (32, 1)]
     assert [dec.prefill_bucket(n, 1000) for n in (1, 16, 17, 300, 513, 600)] == \
         [16, 16, 32, 512, 768, 768]
     assert dec.prefill_bucket(40, 50) == 50             # never past the slot's positions
@@ -458,12 +459,14 @@ def test_async_upload_serves_the_same_torch(rng, prefill):
     from specdec_lib.orchestrator import state
     skip_unless_torch_gpu()
     t = _tiny_target(rng, backend="torch")
-    want, _ = _serve_tiny(t, prefill, cuda_graph=True, max_len=64)
+    was = state.ASYNC_UPLOAD
     try:
+        state.ASYNC_UPLOAD = False
+        want, _ = _serve_tiny(t, prefill, cuda_graph=True, max_len=64)
         state.ASYNC_UPLOAD = True
         got, _ = _serve_tiny(t, prefill, cuda_graph=True, max_len=64)
     finally:
-        state.ASYNC_UPLOAD = False
+        state.ASYNC_UPLOAD = was
     assert got == want
 
 

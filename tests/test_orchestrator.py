@@ -134,8 +134,9 @@ def test_serve_continuous_batching_matches_single_runs(demo):
     target, draft = _models(demo, be)
     dec = SpeculativeDecoder(target, draft, num_speculative_tokens=3, backend=be)
     got = dec.serve(reqs, slots=2, arrivals=[0, 0, 1, 9, 9, 60])
+    # (held_rounds: free slots waiting for a second one, PrefillPolicy.hold_rounds)
     assert dec.slot_stats == {"admitted": 6, "released": 6, "max_busy": 2,
-                              "held_rounds": 0}
+                              "held_rounds": 9}
     for r, g in zip(reqs, got):
         alone, _ = _run(demo, [r], 3)
         assert (g.tokens, g.finish_reason) == (alone[0].tokens, alone[0].finish_reason)
@@ -297,14 +298,14 @@ def test_async_upload_serves_the_same_cuda(demo):
     from specdec_lib.orchestrator import cuda_backend, state
     be = cuda_backend()
     reqs = _mixed_requests(8) + _mixed_requests(9)
-    got = {}
+    got, was = {}, state.ASYNC_UPLOAD
     for on in (False, True):
         state.ASYNC_UPLOAD = on
         try:
             dec = _decoder(demo, 3, True, be, cuda_graph=True)
             served = dec.serve(reqs, slots=3, arrivals=[0, 0, 1, 1, 9, 9] + [20] * 6)
         finally:
-            state.ASYNC_UPLOAD = False
+            state.ASYNC_UPLOAD = was
         got[on] = [(r.tokens, r.finish_reason) for r in served]
     assert got[True] == got[False]
 

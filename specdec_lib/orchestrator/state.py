@@ -193,8 +193,9 @@ def fresh(parts: Parts, shape: Shape) -> CallState:
 
 
 # admissions' copies through the backend's page-locked staging ring (``to_device_async``), so
-# that an admission does not wait for the round run ahead; off until a GPU A/B (s48)
-ASYNC_UPLOAD = False
+# that an admission does not wait for the round run ahead (s49, H100, served 128/32 with
+# grouped prefills: +4-6% tok/s with a head, +3.6% target-only; False: pageable copies)
+ASYNC_UPLOAD = True
 
 
 def device_copy(be):

@@ -78,9 +78,10 @@ def add_decode_options(p):
     p.add_argument("--unfused-head", action="store_true", help="the draft heads' steps "
                    "without the norms in linear's prologues and silu_mul in its epilogue "
                    "(LlamaDraftHead.fused_step = False; the default fuses them)")
-    p.add_argument("--async-upload", action="store_true", help="admissions' and prefills' "
-                   "host->device copies through a pinned staging ring, without waiting for "
-                   "the round run ahead (orchestrator.state.ASYNC_UPLOAD = True)")
+    p.add_argument("--pageable-upload", action="store_true", help="admissions' and "
+                   "prefills' host->device copies from pageable memory, which wait for the "
+                   "round run ahead (orchestrator.state.ASYNC_UPLOAD = False; the default "
+                   "copies through a pinned staging ring)")
 
 
 def apply_decode_options(p, args):
@@ -93,9 +94,9 @@ def apply_decode_options(p, args):
         llama.SMALL_ROWS_MAX, llama.SMALL_ROWS_MAX_MMA = min(R, 8), R
     if args.unfused_head:
         LlamaDraftHead.fused_step = False
-    if args.async_upload:
+    if args.pageable_upload:
         from specdec_lib.orchestrator import state
-        state.ASYNC_UPLOAD = True
+        state.ASYNC_UPLOAD = False
 
 
 def add_prefill_options(p):

@@ -11,7 +11,7 @@ ended before the host reached the admission), its second the admission's copies 
 passes (with any idle time inside), a round's the round (with any idle time before it).
 
   python3 tools/perf/served_timeline.py [--gguf PATH] --drafts eagle3 -k 3 [--auto 3]
-      [--serve 128 --slots 32 --new 128] [--async-upload] [--json OUT.json]
+      [--serve 128 --slots 32 --new 128] [--pageable-upload] [--json OUT.json]
 """
 from __future__ import annotations
 
@@ -211,8 +211,8 @@ def main():
     for name, draft, k in modes:
         decs[name] = e2e.decoder(target, draft, k, be, reqs, B)
     report = dict(device=torch.cuda.get_device_name(), serve=args.serve, slots=B,
-                  new=args.new, async_upload=bool(args.async_upload), runs={})
-    variants = {v: variant(e2e.PREFILL, v, args.async_upload)
+                  new=args.new, async_upload=bool(not args.pageable_upload), runs={})
+    variants = {v: variant(e2e.PREFILL, v, not args.pageable_upload)
                 for v in (args.variants.split(",") if args.variants else ["flags"])}
     turns = [(v, m) for v in variants for m in modes]
     for rep in range(args.repeats):
