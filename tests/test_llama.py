@@ -559,3 +559,85 @@ def test_draft_head_fused_step_equals_unfused(rng, layout, backend):
     head = _toy_head(plain, layout, np.random.default_rng(seed + 1))
     head.fused_step = True
     assert not head._fused(R)
+
+
+def test_live_rows_policy_gives_idle_slots_one_row():
+    """``policy.live_rows``: at most half the slots busy -> the busy ones and spare idle ones
+    up to the next power of two verify k, the rest none; one key per (k, live count bucket);
+    ragged, target-only and busier plans come back unchanged."""
+    from specdec_lib.orchestrator.policy import RoundPlan, live_rows
+    plan = RoundPlan(3, 3)
+    busy = np.zeros(8, bool)
+    busy[[2, 5, 6]] = True
+    got = live_rows(plan, busy)
+    assert got.num_draft == (3, 0, 3, 0, 0, 3, 3, 0) and got.live == 4   # slot 0: a spare
+    busy2 = np.zeros(8, bool)
+    busy2[[0, 7]] = True
+    other = live_rows(plan, busy2)
+    assert other.live == 2 and other.num_draft == (3, 0, 0, 0, 0, 0, 0, 3)
+    assert live_rows(plan, np.arange(8) % 3 == 1).key == got.key != other.key   # 3 busy too
+    for same in (live_rows(plan, np.ones(8, bool)), live_rows(plan, np.arange(8) < 5),
+                 live_rows(RoundPlan(0, 0), busy), live_rows(RoundPlan(3, 3, (1,) * 8), busy)):
+        assert same.live == 0
+    assert live_rows(plan, np.arange(8) < 4).live == 4
+
+
+@pytest.mark.parametrize("layout", ["eagle3", "deepseek_mtp"])
+def test_live_rows_rounds_decode_what_whole_blocks_do(rng, layout):
+    """``serve.LIVE_ROWS``: rounds with at most half the slots busy give idle slots one row,
+    the busy ones whole blocks (the row split and the draft head's gather refilled before
+    each round); every request decodes what it does with whole blocks (float64, token for
+    token) and the busy slots' drafts are accepted as often, through arrivals that leave
+    slots idle and a draining tail."""
+    from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend, serve
+    seed = int(rng.integers(1 << 30))
+    c, w = toy_llama(L=3, nq=4, nkv=2, rng=np.random.default_rng(seed))
+    t = LlamaTarget(c, w, make_backend("reference"), page_size=4, row_invariant=True)
+    head = _toy_head(t, layout, np.random.default_rng(seed + 1))
+    r = np.random.default_rng(seed + 2)
+    reqs = [Request(prompt=r.integers(0, t.V, int(n)).tolist(), max_new_tokens=int(m))
+            for n, m in zip(r.integers(2, 20, 7), r.integers(4, 24, 7))]
+    got, live = {}, {}
+    for on in (False, True):
+        serve.LIVE_ROWS = on
+        try:
+            dec = SpeculativeDecoder(t, head, num_speculative_tokens=3, backend=t.be)
+            out = dec.serve(reqs, slots=8, arrivals=[0, 0, 3, 9, 9, 14, 30])
+        finally:
+            serve.LIVE_ROWS = False
+        m = dec.metrics     # the busy slots' drafts too: same rounds, same acceptance
+        got[on] = ([(x.tokens, x.finish_reason) for x in out], m.rounds, m.proposed, m.accepted)
+        live[on] = [k for k in dec._state.row_gathers if k[0] == "live"]
+    assert got[True] == got[False]
+    assert not live[False] and live[True]
+
+
+@needs_gpu
+def test_live_rows_graphs_decode_what_whole_blocks_do_torch(rng):
+    """torch backend, recorded rounds: a live-rows round is recorded once per (k, live
+    count) and replayed whichever slots are busy (row split and the head's gather are
+    device buffers refilled before the replay); tokens, rounds and acceptance equal the
+    whole blocks' (row-invariant GEMMs: the fewer rows change no bit)."""
+    from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend, serve
+    skip_unless_torch_gpu()
+    seed = int(rng.integers(1 << 30))
+    c, w = toy_llama(L=3, nq=4, nkv=2, rng=np.random.default_rng(seed))
+    t = LlamaTarget(c, w, make_backend("torch"), page_size=4, row_invariant=True)
+    head = _toy_head(t, "eagle3", np.random.default_rng(seed + 1))
+    r = np.random.default_rng(seed + 2)
+    reqs = [Request(prompt=r.integers(0, t.V, int(n)).tolist(), max_new_tokens=int(m))
+            for n, m in zip(r.integers(2, 40, 9), r.integers(4, 30, 9))]
+    got, keys = {}, {}
+    for on in (False, True):
+        serve.LIVE_ROWS = on
+        try:
+            dec = SpeculativeDecoder(t, head, num_speculative_tokens=3, backend=t.be,
+                                     cuda_graph=True, max_len=96)
+            out = dec.serve(reqs, slots=8, arrivals=[0, 0, 2, 5, 5, 9, 15, 15, 40])
+            m = dec.metrics
+        finally:
+            serve.LIVE_ROWS = False
+        got[on] = ([(x.tokens, x.finish_reason) for x in out], m.rounds, m.accepted)
+        keys[on] = [k for k in dec._state.replays if k[2] and k[2][0] == "live"]
+    assert got[True] == got[False]
+    assert not keys[False] and keys[True]

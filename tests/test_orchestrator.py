@@ -436,3 +436,49 @@ def test_long_run_tool_cuda_graph():
     pytest.importorskip("cupy")
     out = _long_run("--backend", "cuda", "--rounds", "400", "--slots", "8", "--alone", "4")
     assert "graph True" in out
+
+
+@pytest.mark.parametrize("k", [3, "auto"])
+def test_live_rows_serve_the_same(demo, k):
+    """``serve.LIVE_ROWS`` (rounds with at most half the slots busy give idle slots one row)
+    with the demo's carry-fed MTP draft: the same tokens, finish reasons, rounds and accepted
+    drafts as whole blocks, greedy and sampled requests, arrivals leaving slots idle (auto:
+    the greedy replies)."""
+    from specdec_lib.orchestrator import serve
+    reqs = _mixed_requests(8) + _mixed_requests(9)
+    got = {}
+    for on in (False, True):
+        serve.LIVE_ROWS = on
+        try:
+            dec = _decoder(demo, k, True)
+            out = dec.serve(reqs, slots=6, arrivals=[0, 0, 1, 1, 9, 9] + [30] * 6)
+        finally:
+            serve.LIVE_ROWS = False
+        m = dec.metrics
+        got[on] = ([(r.tokens, r.finish_reason) for r in out], m.rounds, m.accepted)
+        if k == "auto":     # its choices follow measured round times: greedy replies only
+            got[on] = [got[on][0][i] for i, r in enumerate(reqs) if r.temperature == 0]
+    assert got[True] == got[False]
+
+
+@needs_gpu
+def test_live_rows_graphs_serve_the_same_cuda(demo):
+    """cuda backend, recorded rounds: live-rows rounds (one graph per live count, the row
+    split refilled before each replay) serve what whole blocks serve, sampled requests too
+    (torch with a draft head: test_llama's twin)."""
+    pytest.importorskip("cupy")
+    from specdec_lib.orchestrator import cuda_backend, serve
+    be = cuda_backend()
+    reqs = _mixed_requests(8) + _mixed_requests(9)
+    got = {}
+    for on in (False, True):
+        serve.LIVE_ROWS = on
+        try:
+            dec = _decoder(demo, 3, True, be, cuda_graph=True)
+            out = dec.serve(reqs, slots=6, arrivals=[0, 0, 1, 1, 9, 9] + [30] * 6)
+        finally:
+            serve.LIVE_ROWS = False
+        m = dec.metrics
+        got[on] = ([(r.tokens, r.finish_reason) for r in out], m.rounds, m.accepted,
+                   any(key[2] and key[2][0] == "live" for key in dec._state.replays))
+    assert got[True][:3] == got[False][:3] and got[True][3] and not got[False][3]

@@ -171,15 +171,38 @@ PROBE_BACKOFF = 8       # a probe that changes nothing doubles the interval, up 
 @dataclass(frozen=True)
 class RoundPlan:
     """One round: ``verify`` drafts per slot (``num_draft``: per slot, <= verify, when
-    ragged), ``propose`` drafts for the next round."""
+    ragged), ``propose`` drafts for the next round. ``live`` > 0: ``live`` slots verify
+    ``verify`` drafts and the others none (``serve``'s live-rows rounds); which slots they
+    are is device data, so one recording serves every such round."""
     verify: int
     propose: int
     num_draft: Optional[tuple] = None
+    live: int = 0
 
     @property
     def key(self) -> tuple:
         """What a recorded round depends on (one graph per key)."""
-        return (self.verify, self.propose, self.num_draft)
+        return (self.verify, self.propose, ("live", self.live) if self.live else self.num_draft)
+
+
+def live_rows(plan: RoundPlan, busy) -> RoundPlan:
+    """A round of whole blocks (``num_draft`` None) where at most half the slots are busy
+    (``busy``, bool [slots]), as a live-rows plan: the busy slots, and as many idle ones as
+    make the next power of two, verify ``plan.verify`` drafts, every other idle slot none (one
+    row: computed, never committed, as an idle slot's whole block was). The round's rows,
+    what its GEMMs, attention, sampling and draft steps cost, then follow the live slots:
+    B=32 at k=3 with 4 busy, 44 rows against 128. Other plans come back as they are."""
+    busy = np.asarray(busy, bool)
+    B, n = busy.size, int(busy.sum())
+    if plan.num_draft is not None or plan.verify == 0 or n == 0:
+        return plan
+    live = 1 << (n - 1).bit_length()
+    if 2 * live > B:
+        return plan
+    whole = busy.copy()
+    whole[np.flatnonzero(~busy)[:live - n]] = True
+    return RoundPlan(plan.verify, plan.propose,
+                     tuple(plan.verify if w else 0 for w in whole.tolist()), live)
 
 
 def _check_draft(draft: Any, k_max: int, what: str) -> None:

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from .policy import RoundPlan
-from .state import CallState, Parts
+from .state import CallState, Parts, device_copy, upload
 
-__all__ = ["block_rows", "emitted_rows", "run_round"]
+__all__ = ["block_rows", "emitted_rows", "run_round", "write_live_rows"]
 
 
 def block_rows(plan: RoundPlan, B: int) -> list[int]:
@@ -42,12 +42,39 @@ def emitted_rows(p: Parts, st: CallState, plan: RoundPlan):
     rows = block_rows(plan, B)
     if all(q == W for q in rows):
         return None
+    if plan.live:       # which slots have whole blocks changes: the index is refilled
+        key = ("live", plan.verify, plan.live)      # before each round (``write_live_rows``)
+        idx = st.row_gathers.get(key)
+        if idx is None:
+            idx = st.row_gathers[key] = p.be.xp.zeros(sum(rows), dtype=p.be.xp.int64)
+        return idx
     key = tuple(rows)
     idx = st.row_gathers.get(key)
     if idx is None:
-        host = np.concatenate([b * W + np.arange(q) for b, q in enumerate(rows)])
-        idx = st.row_gathers[key] = p.be.xp.asarray(host.astype(np.int64))
+        idx = st.row_gathers[key] = p.be.xp.asarray(_gather_index(rows, W))
     return idx
+
+
+def _gather_index(rows, W: int) -> np.ndarray:
+    """Row j of slot b's block reads ``emitted[b, j]`` (flat index b * W + j)."""
+    return np.concatenate([b * W + np.arange(q) for b, q in enumerate(rows)]).astype(np.int64)
+
+
+def write_live_rows(p: Parts, st: CallState, plan: RoundPlan) -> None:
+    """Before a live-rows round (``plan.live``; its ``num_draft`` already on the device):
+    ``emitted_rows``' index for this round's row split, copied into the buffer the recorded
+    round reads (stream-ordered, without waiting for it), where it changed."""
+    if not (plan.live and p.block_draft and plan.propose):
+        return
+    idx = emitted_rows(p, st, plan)
+    key = ("live", plan.verify, plan.live)
+    if idx is None or st.live_rows.get(key) == plan.num_draft:
+        return
+    rows = block_rows(plan, st.shape.slots)
+    src = upload(p.be.xp, {"int64": _gather_index(rows, st.buf.emitted.shape[1])},
+                 device_copy(p.be))["int64"]
+    idx[...] = src
+    st.live_rows[key] = plan.num_draft
 
 
 def run_round(p: Parts, st: CallState, plan: RoundPlan = None) -> None:

@@ -20,9 +20,15 @@ import numpy as np
 from .backends import immediate_read
 from .prefill import PrefillPolicy, prefill
 from .request import Metrics, Request, Result
-from .policy import RoundPlan
-from .round import block_rows, emitted_rows, run_round
-from .state import FINISH_REASONS, CallState, Parts, admit, split_control
+from .policy import RoundPlan, live_rows
+from .round import block_rows, emitted_rows, run_round, write_live_rows
+from .state import FINISH_REASONS, CallState, Parts, admit, device_copy, split_control, upload
+
+# rounds with at most half the slots busy (a stream's tail, slots held for a prefill group)
+# verify one row for each idle slot beyond the next power of two of the busy ones
+# (``policy.live_rows``): fewer rows for the same tokens. Off until a GPU run (s49: the tail
+# after a served stream's last admission is 31% of its time, 1.07x over target-only's)
+LIVE_ROWS = False
 
 
 class Scheduler:
@@ -218,9 +224,12 @@ def serve(p: Parts, st: CallState, reqs: Sequence[Request], arrivals: Sequence[i
         sched.stats["max_busy"] = max(sched.stats["max_busy"], sum(busy))
         busy_np = np.asarray(busy)
         plan = spec.before_round(busy_np)
+        if LIVE_ROWS and not getattr(spec, "measuring", False):    # (costs measured whole)
+            plan = live_rows(plan, busy_np)
         _set_num_draft(p, st, plan)
         if p.block_draft and plan.propose:
             emitted_rows(p, st, plan)      # its device index made before any recording
+            write_live_rows(p, st, plan)
         key = plan.key
         if can_capture and capture_first and key not in st.replays:
             st.replays[key] = record(plan)
@@ -319,9 +328,9 @@ def _set_num_draft(p: Parts, st: CallState, plan: RoundPlan) -> None:
     have = st.num_draft if st.num_draft is not None else (p.k,) * B
     if want != have:
         src = st.uniform_drafts.get(plan.verify) if plan.num_draft is None else None
-        if src is None:
-            src = p.be.xp.asarray(np.asarray(want, np.int32))
-            if plan.num_draft is None:
-                st.uniform_drafts[plan.verify] = src
+        if src is None and plan.num_draft is None:      # once per k
+            src = st.uniform_drafts[plan.verify] = p.be.xp.asarray(np.asarray(want, np.int32))
+        elif src is None:       # stream-ordered (a live-rows split changes every few rounds)
+            src = upload(p.be.xp, {"n": np.asarray(want, np.int32)}, device_copy(p.be))["n"]
         st.buf.num_draft[...] = src
     st.num_draft = want

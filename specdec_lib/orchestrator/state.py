@@ -154,6 +154,7 @@ class CallState:
         self.num_draft: Optional[tuple] = None     # what buf.num_draft holds (None: k_max)
         self.uniform_drafts: dict[int, Any] = {}
         self.row_gathers: dict[tuple, Any] = {}
+        self.live_rows: dict[tuple, tuple] = {}    # live-rows gather -> the split it holds
         self.prefills: dict[int, SimpleNamespace] = {}
         self.used = [False] * shape.slots
 

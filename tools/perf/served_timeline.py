@@ -162,14 +162,16 @@ def split(marks, slots):
                 prefill_buckets=dict(sorted(buckets.items())))
 
 
-def variant(policy, text, upload):
-    """(PrefillPolicy, ASYNC_UPLOAD) of a --variants entry: "flags", or gG / hH / a."""
+def variant(policy, text, upload, live):
+    """(PrefillPolicy, ASYNC_UPLOAD, LIVE_ROWS) of a --variants entry: "flags", or gG / hH / a
+    / l."""
     if text == "flags":
-        return policy, upload
-    m = re.fullmatch(r"g(\d+)(?:h(\d+))?(a?)", text)
+        return policy, upload, live
+    m = re.fullmatch(r"g(\d+)(?:h(\d+))?(a?)(l?)", text)
     if not m:
-        raise SystemExit(f"--variants: {text!r} is not gG[hH][a]")
-    return (replace(policy, group=int(m[1]), hold_rounds=int(m[2] or 0)), bool(m[3]))
+        raise SystemExit(f"--variants: {text!r} is not gG[hH][a][l]")
+    return (replace(policy, group=int(m[1]), hold_rounds=int(m[2] or 0)), bool(m[3]),
+            bool(m[4]))
 
 
 def main():
@@ -186,7 +188,8 @@ def main():
     p.add_argument("--repeats", type=int, default=2, help="traced runs a mode, in turns")
     p.add_argument("--variants", default="", help="comma-separated prefill variants, each "
                    "run on the same decoders in turns: gG (PrefillPolicy.group G), hH "
-                   "(hold_rounds H), a (state.ASYNC_UPLOAD), e.g. g1,g4,g4h4,g4h4a; default: "
+                   "(hold_rounds H), a (state.ASYNC_UPLOAD), l (serve.LIVE_ROWS), e.g. "
+                   "g1,g4,g4h4,g8h6a,g8h6al; default: "
                    "the flags' policy alone")
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -212,13 +215,13 @@ def main():
         decs[name] = e2e.decoder(target, draft, k, be, reqs, B)
     report = dict(device=torch.cuda.get_device_name(), serve=args.serve, slots=B,
                   new=args.new, async_upload=bool(not args.pageable_upload), runs={})
-    variants = {v: variant(e2e.PREFILL, v, not args.pageable_upload)
+    variants = {v: variant(e2e.PREFILL, v, not args.pageable_upload, args.live_rows)
                 for v in (args.variants.split(",") if args.variants else ["flags"])}
     turns = [(v, m) for v in variants for m in modes]
     for rep in range(args.repeats):
         for v, (name, _, _) in (turns if rep % 2 == 0 else turns[::-1]):
             dec = decs[name]
-            dec.prefill_policy, state.ASYNC_UPLOAD = variants[v]
+            dec.prefill_policy, state.ASYNC_UPLOAD, serve_mod.LIVE_ROWS = variants[v]
             name = f"{v}/{name}"
             dec.serve(reqs, slots=B)            # untimed: warm again
             dec.reset_metrics()
