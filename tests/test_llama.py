@@ -380,8 +380,9 @@ def test_prefill_policy_burst_threshold_is_a_parameter(rng):
 
 
 def test_prefill_groups_take_prompts_by_length():
-    """PrefillPolicy.groups: at most ``group`` prompts a pass, shortest first, each pass
-    padded to its longest prompt's bucket; group 1 is a pass a prompt; bad values refused."""
+    """PrefillPolicy.groups: at most ``group`` prompts and ``group_rows`` padded rows a pass,
+    shortest first, each pass padded to its longest prompt's bucket; group 1 is a pass a
+    prompt; bad values refused."""
     from specdec_lib.orchestrator import PrefillPolicy
     rows = [3, 40, 17, 5, 100]
     assert PrefillPolicy(group=2).groups(rows, 1000) == [(16, [0, 3]), (64, [2, 1]),
@@ -389,7 +390,10 @@ def test_prefill_groups_take_prompts_by_length():
     assert PrefillPolicy(group=1).groups(rows, 1000) == [
         (16, [0]), (16, [3]), (32, [2]), (64, [1]), (128, [4])]
     assert PrefillPolicy(group=8).groups(rows, 64) == [(64, [0, 3, 2, 1, 4])]
-    for kw in (dict(group=0), dict(hold_rounds=-1)):
+    long = [100] * 6 + [600]            # buckets 128 (4 a pass within 512 rows) and 768
+    assert PrefillPolicy(group=8, group_rows=512).groups(long, 4096) == [
+        (128, [0, 1, 2, 3]), (128, [4, 5]), (768, [6])]
+    for kw in (dict(group=0), dict(hold_rounds=-1), dict(group_rows=0)):
         with pytest.raises(ValueError, match=next(iter(kw))):
             PrefillPolicy(**kw)
 

@@ -31,6 +31,9 @@ BATCHED_PREFILL_FROM = 16
 # k=3: group 1 -> 4 -> 4 held 3 rounds -> 8 held 6: 1.21 -> 1.29 -> 1.35 -> 1.37x)
 PREFILL_GROUP = 8
 PREFILL_HOLD_ROUNDS = 6
+# and the rows a grouped pass may pad to (8 prompts of a 256-row bucket): long prompts' passes
+# are compute-bound, so they gain little from sharing one and would make large graphs
+PREFILL_GROUP_ROWS = 2048
 
 
 @dataclass(frozen=True)
@@ -52,11 +55,14 @@ class PrefillPolicy:
                   their prompts share a pass; 0: admit at the first boundary (default
                   ``PREFILL_HOLD_ROUNDS``, 6: a request may start ~6 rounds later, and the
                   stream runs faster).
+    group_rows    at most this many rows (prompts x the pass's bucket) a grouped pass; a
+                  prompt whose bucket is longer has a pass of its own (default 2048).
     """
     mode: str = "auto"
     batched_from: int = BATCHED_PREFILL_FROM
     group: int = PREFILL_GROUP
     hold_rounds: int = PREFILL_HOLD_ROUNDS
+    group_rows: int = PREFILL_GROUP_ROWS
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -66,6 +72,8 @@ class PrefillPolicy:
             raise ValueError(f"prefill: batched_from must be >= 1, got {self.batched_from}")
         if int(self.group) < 1:
             raise ValueError(f"prefill: group must be >= 1, got {self.group}")
+        if int(self.group_rows) < 1:
+            raise ValueError(f"prefill: group_rows must be >= 1, got {self.group_rows}")
         if int(self.hold_rounds) < 0:
             raise ValueError(f"prefill: hold_rounds must be >= 0, got {self.hold_rounds}")
 
@@ -91,12 +99,18 @@ class PrefillPolicy:
 
     def groups(self, rows: Sequence[int], max_len: int) -> list[tuple[int, list[int]]]:
         """The bucket passes of prompts of ``rows`` prefill rows: [(bucket, indices)], at most
-        ``group`` prompts a pass, taken in order of length (so a pass pads little), each
-        padded to its longest prompt's bucket."""
-        order = sorted(range(len(rows)), key=lambda i: rows[i])
-        g = int(self.group)
-        return [(self.bucket(max(rows[i] for i in part), max_len), part)
-                for part in (order[j:j + g] for j in range(0, len(order), g))]
+        ``group`` prompts and ``group_rows`` padded rows a pass (a longer prompt alone),
+        taken in order of length (so a pass pads little), each padded to its longest
+        prompt's bucket."""
+        out: list = []
+        for i in sorted(range(len(rows)), key=lambda i: rows[i]):
+            nb = self.bucket(rows[i], max_len)      # the pass's longest so far
+            if out and len(out[-1][1]) < self.group \
+                    and (len(out[-1][1]) + 1) * nb <= self.group_rows:
+                out[-1] = (nb, out[-1][1] + [i])
+            else:
+                out.append((nb, [i]))
+        return out
 
 
 def prefill(p: Parts, st: CallState, admitted: Sequence[tuple[int, Request]],
