@@ -104,6 +104,19 @@ def poison(shape, dtype, device=0):
     return DeviceArray.empty(shape, dtype, device).fill_bytes(0xFF)
 
 
+def switched(module, name, run):
+    """{False: run(), True: run()} with the module switch ``module.name`` set to each (its
+    value restored after): the A/B of an orchestrator switch (serve.LIVE_ROWS, ...)."""
+    was, out = getattr(module, name), {}
+    try:
+        for on in (False, True):
+            setattr(module, name, on)
+            out[on] = run()
+    finally:
+        setattr(module, name, was)
+    return out
+
+
 def rel_err(out, ref):
     """||out - ref|| / ||ref|| in float64; inf when out holds NaN/inf the reference lacks."""
     out = np.asarray(out, dtype=np.float64)

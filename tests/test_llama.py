@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from conftest import needs_gpu
+from conftest import needs_gpu, switched
 from toy_models import skip_unless_torch_gpu, toy_llama
 from specdec_lib.models.llama import SMALL_ROWS_MAX, LlamaTarget, _NumpyMath
 
@@ -463,15 +463,9 @@ def test_async_upload_serves_the_same_torch(rng, prefill):
     from specdec_lib.orchestrator import state
     skip_unless_torch_gpu()
     t = _tiny_target(rng, backend="torch")
-    was = state.ASYNC_UPLOAD
-    try:
-        state.ASYNC_UPLOAD = False
-        want, _ = _serve_tiny(t, prefill, cuda_graph=True, max_len=64)
-        state.ASYNC_UPLOAD = True
-        got, _ = _serve_tiny(t, prefill, cuda_graph=True, max_len=64)
-    finally:
-        state.ASYNC_UPLOAD = was
-    assert got == want
+    got = switched(state, "ASYNC_UPLOAD",
+                   lambda: _serve_tiny(t, prefill, cuda_graph=True, max_len=64)[0])
+    assert got[True] == got[False]
 
 
 class _HeadWeights(dict):
@@ -586,34 +580,50 @@ def test_live_rows_policy_gives_idle_slots_one_row():
     assert live_rows(plan, np.arange(8) < 4).live == 4
 
 
+def _live_rows_ab(rng, layout, backend, **kw):
+    """A toy Llama (row-invariant GEMMs: fewer rows change no bit) and head serving ragged
+    requests through 8 slots, arrivals leaving slots idle and a draining tail, with
+    ``serve.LIVE_ROWS`` off and on: {on: (results, rounds, proposed, accepted, live-rows
+    graphs / gathers)}."""
+    from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend, serve
+    from specdec_lib.orchestrator.policy import RoundPlan
+    from specdec_lib.orchestrator.round import block_rows
+    seed = int(rng.integers(1 << 30))
+    c, w = toy_llama(L=3, nq=4, nkv=2, rng=np.random.default_rng(seed))
+    t = LlamaTarget(c, w, make_backend(backend), page_size=4, row_invariant=True)
+    head = _toy_head(t, layout, np.random.default_rng(seed + 1))
+    r = np.random.default_rng(seed + 2)
+    reqs = [Request(prompt=r.integers(0, t.V, int(n)).tolist(), max_new_tokens=int(m))
+            for n, m in zip(r.integers(2, 30, 9), r.integers(4, 28, 9))]
+
+    def run():         # (max_len: the toy's 64 positions)
+        dec = SpeculativeDecoder(t, head, num_speculative_tokens=3, backend=t.be,
+                                 max_len=64, **kw)
+        out = dec.serve(reqs, slots=8, arrivals=[0, 0, 2, 5, 5, 9, 15, 15, 40])
+        m, st = dec.metrics, dec._state     # the busy slots' drafts too: same acceptance
+        live = [k for k in list(st.row_gathers) + [k[2] for k in st.replays]
+                if k and k[0] == "live"]
+        # each live-rows gather holds the index of the split it was last filled for (the
+        # toy heads' drafts are rarely accepted, so acceptance alone would miss a stale one)
+        for key, split in st.live_rows.items():
+            rows = block_rows(RoundPlan(3, 3, split, key[2]), 8)
+            want = np.concatenate([b * st.buf.emitted.shape[1] + np.arange(q)
+                                   for b, q in enumerate(rows)])
+            assert np.array_equal(np.asarray(t.m.host_rows(st.row_gathers[key])), want), key
+        return [(x.tokens, x.finish_reason) for x in out], m.rounds, m.proposed, \
+            m.accepted, live
+    return switched(serve, "LIVE_ROWS", run)
+
+
 @pytest.mark.parametrize("layout", ["eagle3", "deepseek_mtp"])
 def test_live_rows_rounds_decode_what_whole_blocks_do(rng, layout):
     """``serve.LIVE_ROWS``: rounds with at most half the slots busy give idle slots one row,
     the busy ones whole blocks (the row split and the draft head's gather refilled before
     each round); every request decodes what it does with whole blocks (float64, token for
-    token) and the busy slots' drafts are accepted as often, through arrivals that leave
-    slots idle and a draining tail."""
-    from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend, serve
-    seed = int(rng.integers(1 << 30))
-    c, w = toy_llama(L=3, nq=4, nkv=2, rng=np.random.default_rng(seed))
-    t = LlamaTarget(c, w, make_backend("reference"), page_size=4, row_invariant=True)
-    head = _toy_head(t, layout, np.random.default_rng(seed + 1))
-    r = np.random.default_rng(seed + 2)
-    reqs = [Request(prompt=r.integers(0, t.V, int(n)).tolist(), max_new_tokens=int(m))
-            for n, m in zip(r.integers(2, 20, 7), r.integers(4, 24, 7))]
-    got, live = {}, {}
-    for on in (False, True):
-        serve.LIVE_ROWS = on
-        try:
-            dec = SpeculativeDecoder(t, head, num_speculative_tokens=3, backend=t.be)
-            out = dec.serve(reqs, slots=8, arrivals=[0, 0, 3, 9, 9, 14, 30])
-        finally:
-            serve.LIVE_ROWS = False
-        m = dec.metrics     # the busy slots' drafts too: same rounds, same acceptance
-        got[on] = ([(x.tokens, x.finish_reason) for x in out], m.rounds, m.proposed, m.accepted)
-        live[on] = [k for k in dec._state.row_gathers if k[0] == "live"]
-    assert got[True] == got[False]
-    assert not live[False] and live[True]
+    token) and the busy slots' drafts are accepted as often."""
+    got = _live_rows_ab(rng, layout, "reference")
+    assert got[True][:4] == got[False][:4]
+    assert not got[False][4] and got[True][4]
 
 
 @needs_gpu
@@ -621,27 +631,8 @@ def test_live_rows_graphs_decode_what_whole_blocks_do_torch(rng):
     """torch backend, recorded rounds: a live-rows round is recorded once per (k, live
     count) and replayed whichever slots are busy (row split and the head's gather are
     device buffers refilled before the replay); tokens, rounds and acceptance equal the
-    whole blocks' (row-invariant GEMMs: the fewer rows change no bit)."""
-    from specdec_lib.orchestrator import Request, SpeculativeDecoder, make_backend, serve
+    whole blocks'."""
     skip_unless_torch_gpu()
-    seed = int(rng.integers(1 << 30))
-    c, w = toy_llama(L=3, nq=4, nkv=2, rng=np.random.default_rng(seed))
-    t = LlamaTarget(c, w, make_backend("torch"), page_size=4, row_invariant=True)
-    head = _toy_head(t, "eagle3", np.random.default_rng(seed + 1))
-    r = np.random.default_rng(seed + 2)
-    reqs = [Request(prompt=r.integers(0, t.V, int(n)).tolist(), max_new_tokens=int(m))
-            for n, m in zip(r.integers(2, 40, 9), r.integers(4, 30, 9))]
-    got, keys = {}, {}
-    for on in (False, True):
-        serve.LIVE_ROWS = on
-        try:
-            dec = SpeculativeDecoder(t, head, num_speculative_tokens=3, backend=t.be,
-                                     cuda_graph=True, max_len=96)
-            out = dec.serve(reqs, slots=8, arrivals=[0, 0, 2, 5, 5, 9, 15, 15, 40])
-            m = dec.metrics
-        finally:
-            serve.LIVE_ROWS = False
-        got[on] = ([(x.tokens, x.finish_reason) for x in out], m.rounds, m.accepted)
-        keys[on] = [k for k in dec._state.replays if k[2] and k[2][0] == "live"]
-    assert got[True] == got[False]
-    assert not keys[False] and keys[True]
+    got = _live_rows_ab(rng, "eagle3", "torch", cuda_graph=True)
+    assert got[True][:4] == got[False][:4]
+    assert not got[False][4] and got[True][4]

@@ -3,7 +3,7 @@ sampled determinism and distribution (reference backend on CPU; cuda on a GPU)."
 import numpy as np
 import pytest
 
-from conftest import needs_gpu
+from conftest import needs_gpu, switched
 from specdec_lib.models import TinyHybridTarget, TinyMTPDraft
 from specdec_lib.orchestrator import Request, SpeculativeDecoder, reference_backend
 
@@ -298,15 +298,12 @@ def test_async_upload_serves_the_same_cuda(demo):
     from specdec_lib.orchestrator import cuda_backend, state
     be = cuda_backend()
     reqs = _mixed_requests(8) + _mixed_requests(9)
-    got, was = {}, state.ASYNC_UPLOAD
-    for on in (False, True):
-        state.ASYNC_UPLOAD = on
-        try:
-            dec = _decoder(demo, 3, True, be, cuda_graph=True)
-            served = dec.serve(reqs, slots=3, arrivals=[0, 0, 1, 1, 9, 9] + [20] * 6)
-        finally:
-            state.ASYNC_UPLOAD = was
-        got[on] = [(r.tokens, r.finish_reason) for r in served]
+
+    def run():
+        dec = _decoder(demo, 3, True, be, cuda_graph=True)
+        served = dec.serve(reqs, slots=3, arrivals=[0, 0, 1, 1, 9, 9] + [20] * 6)
+        return [(r.tokens, r.finish_reason) for r in served]
+    got = switched(state, "ASYNC_UPLOAD", run)
     assert got[True] == got[False]
 
 
@@ -438,26 +435,30 @@ def test_long_run_tool_cuda_graph():
     assert "graph True" in out
 
 
+def _live_rows_served(demo, k, be=None, cuda_graph=False):
+    """The demo (carry-fed MTP draft) serving greedy and sampled requests through 6 slots,
+    arrivals leaving slots idle, with ``serve.LIVE_ROWS`` off and on: {on: (results,
+    rounds, accepted, whether a live-rows graph was recorded)}."""
+    from specdec_lib.orchestrator import serve
+    reqs = _mixed_requests(8) + _mixed_requests(9)
+
+    def run():
+        dec = _decoder(demo, k, True, be, cuda_graph=cuda_graph)
+        out = dec.serve(reqs, slots=6, arrivals=[0, 0, 1, 1, 9, 9] + [30] * 6)
+        res = [(r.tokens, r.finish_reason) for r in out]
+        if k == "auto":     # its choices follow measured round times: greedy replies only
+            return [res[i] for i, r in enumerate(reqs) if r.temperature == 0]
+        return (res, dec.metrics.rounds, dec.metrics.accepted,
+                any(key[2] and key[2][0] == "live" for key in dec._state.replays))
+    return switched(serve, "LIVE_ROWS", run)
+
+
 @pytest.mark.parametrize("k", [3, "auto"])
 def test_live_rows_serve_the_same(demo, k):
     """``serve.LIVE_ROWS`` (rounds with at most half the slots busy give idle slots one row)
     with the demo's carry-fed MTP draft: the same tokens, finish reasons, rounds and accepted
-    drafts as whole blocks, greedy and sampled requests, arrivals leaving slots idle (auto:
-    the greedy replies)."""
-    from specdec_lib.orchestrator import serve
-    reqs = _mixed_requests(8) + _mixed_requests(9)
-    got = {}
-    for on in (False, True):
-        serve.LIVE_ROWS = on
-        try:
-            dec = _decoder(demo, k, True)
-            out = dec.serve(reqs, slots=6, arrivals=[0, 0, 1, 1, 9, 9] + [30] * 6)
-        finally:
-            serve.LIVE_ROWS = False
-        m = dec.metrics
-        got[on] = ([(r.tokens, r.finish_reason) for r in out], m.rounds, m.accepted)
-        if k == "auto":     # its choices follow measured round times: greedy replies only
-            got[on] = [got[on][0][i] for i, r in enumerate(reqs) if r.temperature == 0]
+    drafts as whole blocks, greedy and sampled requests (auto: the greedy replies)."""
+    got = _live_rows_served(demo, k)
     assert got[True] == got[False]
 
 
@@ -467,18 +468,6 @@ def test_live_rows_graphs_serve_the_same_cuda(demo):
     split refilled before each replay) serve what whole blocks serve, sampled requests too
     (torch with a draft head: test_llama's twin)."""
     pytest.importorskip("cupy")
-    from specdec_lib.orchestrator import cuda_backend, serve
-    be = cuda_backend()
-    reqs = _mixed_requests(8) + _mixed_requests(9)
-    got = {}
-    for on in (False, True):
-        serve.LIVE_ROWS = on
-        try:
-            dec = _decoder(demo, 3, True, be, cuda_graph=True)
-            out = dec.serve(reqs, slots=6, arrivals=[0, 0, 1, 1, 9, 9] + [30] * 6)
-        finally:
-            serve.LIVE_ROWS = False
-        m = dec.metrics
-        got[on] = ([(r.tokens, r.finish_reason) for r in out], m.rounds, m.accepted,
-                   any(key[2] and key[2][0] == "live" for key in dec._state.replays))
+    from specdec_lib.orchestrator import cuda_backend
+    got = _live_rows_served(demo, 3, cuda_backend(), cuda_graph=True)
     assert got[True][:3] == got[False][:3] and got[True][3] and not got[False][3]
