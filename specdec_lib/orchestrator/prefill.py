@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .request import Metrics, Request
-from .state import MAX_BLOCK_ROWS, CallState, Parts, device_copy, upload
+from .state import MAX_BLOCK_ROWS, CallState, Parts, upload_to
 
 MODES = ("auto", "batched", "bucketed")
 # the default of PrefillPolicy.batched_from, tuned on the H200: a SmolLM2 bucket replay
@@ -166,7 +166,7 @@ def _stage_buckets(p: Parts, st: CallState, passes) -> list:
             f.slot[j] = b
         f.cu_q[:] = np.cumsum(rows)
         host[f"bucket{i}"] = f.all
-    dev = upload(p.be.xp, host, device_copy(p.be))
+    dev = upload_to(p.be, host)
     return [dev[f"bucket{i}"] for i in range(len(passes))]
 
 
@@ -267,7 +267,7 @@ def _batched(p: Parts, st: CallState, admitted: Sequence[tuple[int, Request]]) -
         done = [done[b] + qs[b] for b in range(B)]
     if p.k:
         host["rows"] = np.asarray([b for b, _ in admitted], np.int64)
-    dev = upload(xp, host, device_copy(p.be))
+    dev = upload_to(p.be, host)
     proposal = None
     for i, qs in enumerate(plans):
         cu_q, acc = dev[f"cu_q{i}"], dev[f"valid{i}"]

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from .policy import RoundPlan
-from .state import CallState, Parts, device_copy, upload
+from .state import CallState, Parts, upload_to
 
 __all__ = ["block_rows", "emitted_rows", "run_round", "write_live_rows"]
 
@@ -71,8 +71,7 @@ def write_live_rows(p: Parts, st: CallState, plan: RoundPlan) -> None:
     if idx is None or st.live_rows.get(key) == plan.num_draft:
         return
     rows = block_rows(plan, st.shape.slots)
-    src = upload(p.be.xp, {"int64": _gather_index(rows, st.buf.emitted.shape[1])},
-                 device_copy(p.be))["int64"]
+    src = upload_to(p.be, {"int64": _gather_index(rows, st.buf.emitted.shape[1])})["int64"]
     idx[...] = src
     st.live_rows[key] = plan.num_draft
 

@@ -22,7 +22,7 @@ from .prefill import PrefillPolicy, prefill
 from .request import Metrics, Request, Result
 from .policy import RoundPlan, live_rows
 from .round import block_rows, emitted_rows, run_round, write_live_rows
-from .state import FINISH_REASONS, CallState, Parts, admit, device_copy, split_control, upload
+from .state import FINISH_REASONS, CallState, Parts, admit, split_control, upload_to
 
 # rounds with at most half the slots busy (a stream's tail, slots held for a prefill group)
 # verify one row for each idle slot beyond the next power of two of the busy ones
@@ -331,6 +331,6 @@ def _set_num_draft(p: Parts, st: CallState, plan: RoundPlan) -> None:
         if src is None and plan.num_draft is None:      # once per k
             src = st.uniform_drafts[plan.verify] = p.be.xp.asarray(np.asarray(want, np.int32))
         elif src is None:       # stream-ordered (a live-rows split changes every few rounds)
-            src = upload(p.be.xp, {"n": np.asarray(want, np.int32)}, device_copy(p.be))["n"]
+            src = upload_to(p.be, {"n": np.asarray(want, np.int32)})["n"]
         st.buf.num_draft[...] = src
     st.num_draft = want

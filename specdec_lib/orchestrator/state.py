@@ -143,8 +143,9 @@ class CallState:
     buffers), ``carry`` [B, H] (the draft's input), ``replays`` (``RoundPlan.key`` -> the
     recorded round), ``num_draft`` (the host copy of ``buf.num_draft``; ``uniform_drafts``:
     k -> a device row of B k's, what a whole-block plan copies into it), ``row_gathers``
-    (block rows -> the device index of ``round.emitted_rows``), ``prefills`` (bucket rows ->
-    the bucket's buffers and recorded pass), ``used`` (slots that have held a request), and
+    (block rows -> the device index of ``round.emitted_rows``; ``live_rows``: the split a
+    live-rows index holds), ``prefills`` ((bucket rows, prompts) -> the pass's buffers and
+    recording), ``used`` (slots that have held a request), and
     the ``epochs`` of the caches the graphs hold."""
 
     def __init__(self, shape: Shape, buf: SimpleNamespace, carry, carry_dtype, epochs: list):
@@ -155,7 +156,7 @@ class CallState:
         self.uniform_drafts: dict[int, Any] = {}
         self.row_gathers: dict[tuple, Any] = {}
         self.live_rows: dict[tuple, tuple] = {}    # live-rows gather -> the split it holds
-        self.prefills: dict[int, SimpleNamespace] = {}
+        self.prefills: dict[tuple, SimpleNamespace] = {}
         self.used = [False] * shape.slots
 
     @property
@@ -203,6 +204,12 @@ def device_copy(be):
     """The host->device copy of ``upload``: the backend's ``to_device_async`` where
     ``ASYNC_UPLOAD`` and the backend has one, else None (``xp.asarray``)."""
     return getattr(be, "to_device_async", None) if ASYNC_UPLOAD else None
+
+
+def upload_to(be, arrays: dict) -> dict:
+    """``upload`` onto backend ``be``'s device, through its staging ring where
+    ``ASYNC_UPLOAD`` (``device_copy``): what every admission, prefill and round plan sends."""
+    return upload(be.xp, arrays, device_copy(be))
 
 
 def upload(xp, arrays: dict, copy=None) -> dict:
@@ -274,18 +281,18 @@ def admit(parts: Parts, st: CallState, admitted: Sequence[tuple[int, Request]]) 
     carry, and running status. ``admitted`` is [(slot, Request)], slots distinct.
 
     Every value is staged on the host (``_stage``) and goes to the device in one copy
-    (``upload``); then one write a buffer for all the admitted slots (a slice where they are
+    (``upload_to``); then one write a buffer for all the admitted slots (a slice where they are
     a run of consecutive slots, else the device index of them), and ``target.reset_slots``
     gets that index (int64). No python scalar is written to a device array: torch copies it
     to the device first and waits (for an element, or through a device index)."""
-    xp, buf = parts.be.xp, st.buf
+    buf = st.buf
     slots = [int(b) for b, _ in admitted]
     reset = getattr(parts.target, "reset_slots", None)
     if reset is None and any(st.used[b] for b in slots):
         raise TypeError("target: reusing a slot needs target.reset_slots(slot_ids)")
     if not admitted:
         return
-    dev = upload(xp, _stage(buf, st.carry, admitted), device_copy(parts.be))   # one copy
+    dev = upload_to(parts.be, _stage(buf, st.carry, admitted))     # one copy
     index = dev["index"]
     if reset is not None:
         reset(index)
