@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from .gguf_llama import sha256_of
-from .packed import PACKED_SUFFIX, weights_file
+from .packed import drop_packed, weights_file
 
 HEADS_DIR = os.path.join(os.path.dirname(__file__), "heads")
 SMOLLM2_HEADS = {"mtp": "smollm2_mtp", "eagle3": "smollm2_eagle3"}
@@ -107,8 +107,7 @@ def save_head(path, tensors, config):
         from safetensors.numpy import save_file
     f = os.path.join(path, "model.safetensors")
     save_file(tensors, f)
-    if os.path.exists(f + PACKED_SUFFIX):      # a shipped head rewritten: its packing is stale
-        os.remove(f + PACKED_SUFFIX)
+    drop_packed(f)
     config = dict(config, weights_size=os.path.getsize(f), weights_sha256=sha256_of(f))
     with open(os.path.join(path, "config.json"), "w") as fh:
         json.dump(config, fh, indent=1, sort_keys=True)

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..registry import DraftWeightError
 
-__all__ = ["PACKED_SUFFIX", "pack", "unpack_bytes", "is_packed", "resolve", "weights_file",
+__all__ = ["PACKED_SUFFIX", "drop_packed", "pack", "unpack_bytes", "is_packed", "resolve", "weights_file",
            "plain_size", "plain_sha256", "check_digest", "main"]
 
 PACKED_SUFFIX = ".packed"
@@ -62,6 +62,13 @@ def weights_file(directory, name="model.safetensors") -> str | None:
     """The weights file of ``directory``: plain, else packed, else None."""
     f = resolve(os.path.join(os.fspath(directory), name))
     return f if os.path.isfile(f) else None
+
+
+def drop_packed(plain) -> None:
+    """Remove the packed twin of the plain file ``plain`` about to be (re)written: a shipped
+    directory trained again must not keep a packing of the old weights beside the new."""
+    if os.path.exists(os.fspath(plain) + PACKED_SUFFIX):
+        os.remove(os.fspath(plain) + PACKED_SUFFIX)
 
 
 def pack(src, dst) -> None:

@@ -46,7 +46,7 @@ import struct
 import numpy as np
 
 from .gguf_llama import sha256_of
-from .packed import PACKED_SUFFIX, check_digest, plain_size, resolve
+from .packed import PACKED_SUFFIX, check_digest, drop_packed, plain_size, resolve
 
 __all__ = ["HybridWeightsError", "DEFAULT_PATTERN", "expand_pattern", "hybrid_config",
            "gdn_layers", "tensor_spec", "shipped_bytes", "base_projections",
@@ -190,8 +190,7 @@ def save_hybrid_weights(path, tensors, cfg):
     os.makedirs(path, exist_ok=True)
     raw, _ = _header(spec)
     f = os.path.join(path, WEIGHTS_FILE)
-    if os.path.exists(f + PACKED_SUFFIX):      # the shipped hybrid rewritten: its packing is stale
-        os.remove(f + PACKED_SUFFIX)
+    drop_packed(f)
     with open(f, "wb") as fh:
         fh.write(struct.pack("<Q", len(raw)))
         fh.write(raw)
