@@ -541,8 +541,8 @@ def load_draft_weights(method: str, path: str | os.PathLike,
         with open(cfg_path) as fh:
             config = json.load(fh)
     spec = weight_spec(method, config)
-    check_weights_digest(path, config)
-    found = open_safetensors(path)
+    found = open_safetensors(path)      # a packed file unpacked (its own sha256 checked) once
+    check_weights_digest(path, config, unpacked=True)
     validate_draft_tensors(spec, {k: (v.dtype, v.shape) for k, v in found.items()})
     mine = {k: v for k, v in found.items() if _in_namespace(k, spec)}
     shared = {k: v for k, v in found.items() if k in spec.shared_with_target}
@@ -551,17 +551,18 @@ def load_draft_weights(method: str, path: str | os.PathLike,
     return DraftWeights(spec, mine, shared)
 
 
-def check_weights_digest(path: str | os.PathLike, config: dict) -> None:
+def check_weights_digest(path: str | os.PathLike, config: dict, unpacked: bool = False) -> None:
     """A single-file checkpoint whose config records ``weights_size`` / ``weights_sha256``
     (``models.heads.save_head`` writes both) must match them: DraftWeightError naming the
-    file otherwise (an altered or truncated download), before any tensor is read."""
+    file otherwise (an altered or truncated download), before any tensor is read.
+    ``unpacked``: a packed file was opened already (``packed.check_digest``)."""
     want = config.get("weights_sha256")
     from .models.packed import check_digest, resolve
     f = os.path.join(path, "model.safetensors") if os.path.isdir(path) else os.fspath(path)
     f = resolve(f)      # a packed file: its size and sha256 unpacked are the plain file's
     if want is None or not os.path.isfile(f) or f.endswith(".json"):
         return
-    check_digest(f, config.get("weights_size"), want, DraftWeightError)
+    check_digest(f, config.get("weights_size"), want, DraftWeightError, unpacked)
 
 
 def validate_draft_tensors(spec: DraftWeightSpec, found: dict[str, tuple[str, Any]]) -> None:

@@ -195,6 +195,18 @@ def test_load_from_packed_equals_plain(tmp_path):
     assert all(np.array_equal(ta[n], tb[n]) for n in ta)
 
 
+def test_loaders_unpack_a_packed_file_once(monkeypatch):
+    """A load unpacks the packed file once: the digest check reads the sha256 that unpacking
+    checked, not a second unpacking (s50: the EAGLE3 head was unpacked twice, ~0.25 s)."""
+    calls = []
+    real = packed.unpack_bytes
+    monkeypatch.setattr(packed, "unpack_bytes", lambda p: calls.append(p) or real(p))
+    load_draft_weights("mtp", smollm2_head("mtp"))
+    load_hybrid_weights(SHIPPED_DIR)
+    assert [os.path.basename(os.path.dirname(c)) for c in calls] == ["smollm2_mtp",
+                                                                     "smollm2_hybrid"]
+
+
 def test_load_hybrid_weights_refuses_a_damaged_packed_file(tmp_path):
     d = _copy(SHIPPED_DIR, tmp_path / "hybrid")
     _damaged(packed.weights_file(d), "plane")

@@ -163,17 +163,24 @@ def unpack_bytes(path) -> bytes:
     return data
 
 
-def plain_sha256(path) -> str:
-    """sha256 (hex) of the plain safetensors bytes of ``path`` (plain or packed)."""
+def plain_sha256(path, unpacked=False) -> str:
+    """sha256 (hex) of the plain safetensors bytes of ``path`` (plain or packed). ``unpacked``:
+    the packed file was unpacked already (``unpack_bytes`` checked its bytes against the
+    sha256 its header records), so that record is read instead of unpacking it again."""
     if is_packed(path):
+        if unpacked:
+            with open(path, "rb") as fh:
+                return _fixed(path, fh.read(_FIXED.size))[1].hex()
         return hashlib.sha256(unpack_bytes(path)).hexdigest()
     from .gguf_llama import sha256_of
     return sha256_of(path)
 
 
-def check_digest(path, size, sha256, error) -> None:
+def check_digest(path, size, sha256, error, unpacked=False) -> None:
     """``gguf_llama.check_recorded_digest`` for a weights file, plain or packed: a config's
-    size / sha256 (``None``: not checked) are the plain bytes'; ``error`` names ``path``."""
+    size / sha256 (``None``: not checked) are the plain bytes'; ``error`` names ``path``.
+    ``unpacked``: a loader that opened the packed file first (``open_safetensors`` unpacks
+    and checks it), so it is not unpacked twice (~0.25 s for the EAGLE3 head)."""
     if not is_packed(path):
         from .gguf_llama import check_recorded_digest
         check_recorded_digest(path, size, sha256, error)
@@ -182,7 +189,7 @@ def check_digest(path, size, sha256, error) -> None:
     if size is not None and got != size:
         raise error(f"{path}: unpacks to {got:,} bytes, config says {size:,}")
     if sha256 is not None:
-        digest = plain_sha256(path)
+        digest = plain_sha256(path, unpacked)
         if digest != sha256:
             raise error(f"{path}: unpacked sha256 {digest}, config says {sha256} (altered file)")
 

@@ -265,7 +265,8 @@ def load_hybrid_weights(path, *, base=None):
         if t._data_start + t._end > size or t._end - t._begin != int(np.prod(shape)) * _ST[dt][1]:
             raise HybridWeightsError(f"{f}: tensor {name} lies beyond the file's {size:,} bytes "
                                      "(truncated)")
-    check_digest(f, cfg["weights_size"], cfg["weights_sha256"], HybridWeightsError)
+    check_digest(f, cfg["weights_size"], cfg["weights_sha256"], HybridWeightsError,
+                 unpacked=True)         # (open_safetensors unpacked and checked it)
     out = {name: np.array(found[name].float32()) for name in spec}
     for name, a in out.items():
         if not np.isfinite(a).all():
