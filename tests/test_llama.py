@@ -561,9 +561,12 @@ def test_draft_head_fused_step_equals_unfused(rng, layout, backend):
 
 def test_live_rows_policy_gives_idle_slots_one_row():
     """``policy.live_rows``: at most half the slots busy -> the busy ones and spare idle ones
-    up to the next power of two verify k, the rest none; one key per (k, live count bucket);
-    ragged, target-only and busier plans come back unchanged."""
-    from specdec_lib.orchestrator.policy import RoundPlan, live_rows
+    up to the smallest live count that holds them (an eighth or a half of the slots) verify
+    k, the rest none; one key per (k, live count); ragged, target-only and busier plans come
+    back unchanged. ``live_variants``: one plan per live count, the keys those rounds use."""
+    from specdec_lib.orchestrator.policy import RoundPlan, live_counts, live_rows, live_variants
+    assert [live_counts(B) for B in (1, 2, 6, 8, 32, 64)] == [(), (1,), (3,), (1, 4), (4, 16),
+                                                               (8, 32)]
     plan = RoundPlan(3, 3)
     busy = np.zeros(8, bool)
     busy[[2, 5, 6]] = True
@@ -572,12 +575,18 @@ def test_live_rows_policy_gives_idle_slots_one_row():
     busy2 = np.zeros(8, bool)
     busy2[[0, 7]] = True
     other = live_rows(plan, busy2)
-    assert other.live == 2 and other.num_draft == (3, 0, 0, 0, 0, 0, 0, 3)
-    assert live_rows(plan, np.arange(8) % 3 == 1).key == got.key != other.key   # 3 busy too
+    assert other.live == 4 and other.num_draft == (3, 3, 3, 0, 0, 0, 0, 3)
+    one = live_rows(plan, np.arange(8) == 6)
+    assert one.live == 1 and one.num_draft == (0,) * 6 + (3, 0)
+    assert live_rows(plan, np.arange(8) % 3 == 1).key == got.key == other.key != one.key
     for same in (live_rows(plan, np.ones(8, bool)), live_rows(plan, np.arange(8) < 5),
                  live_rows(RoundPlan(0, 0), busy), live_rows(RoundPlan(3, 3, (1,) * 8), busy)):
         assert same.live == 0
     assert live_rows(plan, np.arange(8) < 4).live == 4
+    assert [q.key for q in live_variants(plan, 8)] == [one.key, got.key]
+    assert [q.key for q in live_variants(RoundPlan(2, 1), 32)] == [
+        (2, 1, ("live", 4)), (2, 1, ("live", 16))]
+    assert live_variants(RoundPlan(0, 1), 8) == live_variants(plan, 1) == []
 
 
 def _live_rows_ab(rng, layout, backend, **kw):
@@ -627,12 +636,14 @@ def test_live_rows_rounds_decode_what_whole_blocks_do(rng, layout):
 
 
 @needs_gpu
-def test_live_rows_graphs_decode_what_whole_blocks_do_torch(rng):
+@pytest.mark.parametrize("capture_first", [False, True])
+def test_live_rows_graphs_decode_what_whole_blocks_do_torch(rng, capture_first):
     """torch backend, recorded rounds: a live-rows round is recorded once per (k, live
     count) and replayed whichever slots are busy (row split and the head's gather are
     device buffers refilled before the replay); tokens, rounds and acceptance equal the
-    whole blocks'."""
+    whole blocks'. ``capture_first``: the live-rows graphs recorded with the whole-block
+    one, before the first round ran (s50)."""
     skip_unless_torch_gpu()
-    got = _live_rows_ab(rng, "eagle3", "torch", cuda_graph=True)
+    got = _live_rows_ab(rng, "eagle3", "torch", cuda_graph=True, capture_first=capture_first)
     assert got[True][:4] == got[False][:4]
     assert not got[False][4] and got[True][4]

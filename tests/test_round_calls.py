@@ -167,7 +167,7 @@ def test_auto_at_k_max_makes_the_fixed_k_calls_smollm2(method):
 
 def test_calibrated_auto_records_its_plans_before_decoding(demo):
     """A calibrated AutoK (given costs) records every plan it may switch to (each (k, k)
-    and (k, k +- 1)) before a call's first round, so a call that moves k records nothing
+    and (k, k +- 1), and their live-rows plans) before a call's first round, so a call that moves k records nothing
     inside its rounds; a FixedK records its one plan at the first round, as before."""
     cfg, tensors, dw = demo
     reqs = _requests(40)
@@ -183,6 +183,8 @@ def test_calibrated_auto_records_its_plans_before_decoding(demo):
     first = kinds.index("replay")
     assert "capture" not in kinds[first:]
     want = {(v, p, None) for v in range(K + 1) for p in (v - 1, v, v + 1) if 0 <= p <= K}
+    # and, live rows on (serve.LIVE_ROWS), each verifying plan's live-rows one (2 slots: 1)
+    want |= {(v, p, ("live", 1)) for v, p, _ in want if v > 0}
     assert want <= set(dec._state.replays)
     assert kinds[:first].count("capture") >= len(want)
     assert len(set(dec.spec.choices)) > 1            # k moved: every plan was there

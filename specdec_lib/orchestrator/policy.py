@@ -185,24 +185,41 @@ class RoundPlan:
         return (self.verify, self.propose, ("live", self.live) if self.live else self.num_draft)
 
 
+def live_counts(slots: int) -> tuple:
+    """The live counts of ``slots`` slots' live-rows rounds, ascending: a half and an eighth
+    of the slots (where that is a slot or more). Two, so that a plan's live-rows graphs are
+    few enough to record with it (``live_variants``), not inside a decoding call (s50, H100,
+    B=32 k=3: a round with 16 live slots 1,307-1,334 us, with 8 / 4 / 2 1,288-1,305 /
+    1,273-1,287 / 1,269-1,280, with whole blocks 1,338-1,364: the rows matter little)."""
+    return tuple(sorted({c for c in (slots // 8, slots // 2) if c > 0}))
+
+
 def live_rows(plan: RoundPlan, busy) -> RoundPlan:
     """A round of whole blocks (``num_draft`` None) where at most half the slots are busy
     (``busy``, bool [slots]), as a live-rows plan: the busy slots, and as many idle ones as
-    make the next power of two, verify ``plan.verify`` drafts, every other idle slot none (one
-    row: computed, never committed, as an idle slot's whole block was). The round's rows,
-    what its GEMMs, attention, sampling and draft steps cost, then follow the live slots:
-    B=32 at k=3 with 4 busy, 44 rows against 128. Other plans come back as they are."""
+    make the smallest live count that holds them (``live_counts``), verify ``plan.verify``
+    drafts, every other idle slot none (one row: computed, never committed, as an idle
+    slot's whole block was). The round's rows, what its GEMMs, attention, sampling and draft
+    steps cost, then follow the live slots: B=32 at k=3 with 4 busy, 60 rows against 128.
+    Other plans come back as they are."""
     busy = np.asarray(busy, bool)
     B, n = busy.size, int(busy.sum())
     if plan.num_draft is not None or plan.verify == 0 or n == 0:
         return plan
-    live = 1 << (n - 1).bit_length()
-    if 2 * live > B:
+    live = next((c for c in live_counts(B) if n <= c), 0)
+    if not live:
         return plan
     whole = busy.copy()
     whole[np.flatnonzero(~busy)[:live - n]] = True
     return RoundPlan(plan.verify, plan.propose,
                      tuple(plan.verify if w else 0 for w in whole.tolist()), live)
+
+
+def live_variants(plan: RoundPlan, slots: int) -> list:
+    """The live-rows plans ``live_rows`` may make of ``plan`` over ``slots`` slots, one per
+    live count (none for a ragged or target-only plan): recorded with ``plan``."""
+    return [q for q in (live_rows(plan, np.arange(slots) < c) for c in live_counts(slots))
+            if q.live]
 
 
 def _check_draft(draft: Any, k_max: int, what: str) -> None:

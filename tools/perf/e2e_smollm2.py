@@ -78,9 +78,10 @@ def add_decode_options(p):
     p.add_argument("--unfused-head", action="store_true", help="the draft heads' steps "
                    "without the norms in linear's prologues and silu_mul in its epilogue "
                    "(LlamaDraftHead.fused_step = False; the default fuses them)")
-    p.add_argument("--live-rows", action="store_true", help="rounds with at most half the "
-                   "slots busy verify one row for each idle slot past the next power of two "
-                   "of the busy ones (orchestrator.serve.LIVE_ROWS = True)")
+    p.add_argument("--whole-blocks", action="store_true", help="every slot verifies a whole "
+                   "block every round, idle ones included (orchestrator.serve.LIVE_ROWS = "
+                   "False; by default rounds with at most half the slots busy verify one row "
+                   "for each idle slot past the next power of two of the busy ones)")
     p.add_argument("--pageable-upload", action="store_true", help="admissions' and "
                    "prefills' host->device copies from pageable memory, which wait for the "
                    "round run ahead (orchestrator.state.ASYNC_UPLOAD = False; the default "
@@ -100,9 +101,9 @@ def apply_decode_options(p, args):
     if args.pageable_upload:
         from specdec_lib.orchestrator import state
         state.ASYNC_UPLOAD = False
-    if args.live_rows:
+    if args.whole_blocks:
         from specdec_lib.orchestrator import serve
-        serve.LIVE_ROWS = True
+        serve.LIVE_ROWS = False
 
 
 def add_prefill_options(p):

@@ -130,6 +130,7 @@ def split(marks, slots):
     per_admission = Counter()
     buckets = Counter()
     rounds_full = []
+    tail = []           # (busy slots, us) of each round after the last admission
     last_admit = max((i for i, (k, _, _) in enumerate(marks.all) if k == "admit"), default=0)
     prev = marks.all[0][1]
     for i, (kind, ev, info) in enumerate(marks.all[1:], 1):
@@ -147,6 +148,8 @@ def split(marks, slots):
                 rounds_full.append(ms)
             else:
                 key = "rounds_tail" if i > last_admit else "rounds_idle_slots"
+                if i > last_admit:
+                    tail.append((info["busy"], round(1e3 * ms, 1)))
         else:
             key = kind
         seg[key] += ms
@@ -159,7 +162,8 @@ def split(marks, slots):
                 round_full_median_us=round(1e3 * rounds_full[len(rounds_full) // 2], 1)
                 if rounds_full else None,
                 requests_per_admission=dict(sorted(per_admission.items())),
-                prefill_buckets=dict(sorted(buckets.items())))
+                prefill_buckets=dict(sorted(buckets.items())),
+                tail_rounds=tail)
 
 
 def variant(policy, text, upload, live):
@@ -215,7 +219,7 @@ def main():
         decs[name] = e2e.decoder(target, draft, k, be, reqs, B)
     report = dict(device=torch.cuda.get_device_name(), serve=args.serve, slots=B,
                   new=args.new, async_upload=bool(not args.pageable_upload), runs={})
-    variants = {v: variant(e2e.PREFILL, v, not args.pageable_upload, args.live_rows)
+    variants = {v: variant(e2e.PREFILL, v, not args.pageable_upload, not args.whole_blocks)
                 for v in (args.variants.split(",") if args.variants else ["flags"])}
     turns = [(v, m) for v in variants for m in modes]
     for rep in range(args.repeats):
@@ -241,7 +245,13 @@ def main():
                            1e3 * m.prefill_s, 2), admissions=m.admissions,
                        k_rounds=dict(sorted(m.k_rounds.items())))
             report["runs"].setdefault(name, []).append(out)
-            print(name, json.dumps(out), flush=True)
+            # (the tail's rounds one by one go to --json only; here their mean by busy slots)
+            by = {}
+            for busy, us in out["tail_rounds"]:
+                by.setdefault(busy, []).append(us)
+            print(name, json.dumps({k: v for k, v in out.items() if k != "tail_rounds"}),
+                  "tail us by busy:", {b: round(sum(v) / len(v)) for b, v in sorted(by.items())},
+                  flush=True)
     for name, runs in report["runs"].items():
         base = report["runs"][name.split("/")[0] + "/target_only"]
         tps = [r["tokens_per_s"] for r in runs]
