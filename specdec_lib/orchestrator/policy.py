@@ -200,7 +200,7 @@ def live_rows(plan: RoundPlan, busy) -> RoundPlan:
     make the smallest live count that holds them (``live_counts``), verify ``plan.verify``
     drafts, every other idle slot none (one row: computed, never committed, as an idle
     slot's whole block was). The round's rows, what its GEMMs, attention, sampling and draft
-    steps cost, then follow the live slots: B=32 at k=3 with 4 busy, 60 rows against 128.
+    steps cost, then follow the live slots: B=32 at k=3 with 4 busy, 44 rows against 128.
     Other plans come back as they are."""
     busy = np.asarray(busy, bool)
     B, n = busy.size, int(busy.sum())

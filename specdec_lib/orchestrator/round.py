@@ -43,7 +43,7 @@ def emitted_rows(p: Parts, st: CallState, plan: RoundPlan):
     if all(q == W for q in rows):
         return None
     if plan.live:       # which slots have whole blocks changes: the index is refilled
-        key = ("live", plan.verify, plan.live)      # before each round (``write_live_rows``)
+        key = _live_key(plan)                       # before each round (``write_live_rows``)
         idx = st.row_gathers.get(key)
         if idx is None:
             idx = st.row_gathers[key] = p.be.xp.zeros(sum(rows), dtype=p.be.xp.int64)
@@ -53,6 +53,11 @@ def emitted_rows(p: Parts, st: CallState, plan: RoundPlan):
     if idx is None:
         idx = st.row_gathers[key] = p.be.xp.asarray(_gather_index(rows, W))
     return idx
+
+
+def _live_key(plan: RoundPlan) -> tuple:
+    """The gather of a live-rows plan: one per (verify, live count), whichever slots are live."""
+    return ("live", plan.verify, plan.live)
 
 
 def _gather_index(rows, W: int) -> np.ndarray:
@@ -67,7 +72,7 @@ def write_live_rows(p: Parts, st: CallState, plan: RoundPlan) -> None:
     if not (plan.live and p.block_draft and plan.propose):
         return
     idx = emitted_rows(p, st, plan)
-    key = ("live", plan.verify, plan.live)
+    key = _live_key(plan)
     if idx is None or st.live_rows.get(key) == plan.num_draft:
         return
     rows = block_rows(plan, st.shape.slots)

@@ -146,10 +146,11 @@ def split(marks, slots):
             if info["busy"] == slots:
                 key = "rounds_full"
                 rounds_full.append(ms)
+            elif i > last_admit:
+                key = "rounds_tail"
+                tail.append((info["busy"], round(1e3 * ms, 1)))
             else:
-                key = "rounds_tail" if i > last_admit else "rounds_idle_slots"
-                if i > last_admit:
-                    tail.append((info["busy"], round(1e3 * ms, 1)))
+                key = "rounds_idle_slots"
         else:
             key = kind
         seg[key] += ms
