@@ -556,6 +556,11 @@ def main():
         base, mb = run(target, None, 0, be, reqs)
         entry = report[key] = dict(target_only=summary(mb), of=len(reqs),
                                    rescoring_target_only=rescore(reqs, base))
+        # (target-only's own replies rescored too: a spec mismatch in a reply identical to
+        # target-only's is the batch's numerics, not speculation; s51 had to infer it)
+        tchk = entry["rescoring_target_only"]
+        print(f"{label}: target-only rescored: {tchk['mismatches']} mismatches "
+              f"({tchk['ties']} ties)", flush=True)
         for name, kk in runs:
             spec, ms = run(target, drafts[name], kk, be, reqs)
             same = sum(x.tokens == y.tokens for x, y in zip(base, spec))
