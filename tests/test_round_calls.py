@@ -167,8 +167,9 @@ def test_auto_at_k_max_makes_the_fixed_k_calls_smollm2(method):
 
 def test_calibrated_auto_records_its_plans_before_decoding(demo):
     """A calibrated AutoK (given costs) records every plan it may switch to (each (k, k)
-    and (k, k +- 1), and their live-rows plans) before a call's first round, so a call that moves k records nothing
-    inside its rounds; a FixedK records its one plan at the first round, as before."""
+    and (k, k +- 1), and their live-rows plans) before a call's first round, so a call that
+    moves k records nothing inside its rounds; a FixedK records its one plan at the first
+    round, as before."""
     cfg, tensors, dw = demo
     reqs = _requests(40)
     be = TracingBackend()

@@ -113,12 +113,17 @@ def _fixed(path, buf):
     return size, sha, head_len
 
 
+def _read_fixed(path):
+    """(plain size, plain sha256, header length) from a packed file's fixed header."""
+    with open(path, "rb") as fh:
+        return _fixed(path, fh.read(_FIXED.size))
+
+
 def plain_size(path) -> int:
     """The size of the plain safetensors bytes of ``path`` (packed: read from its header)."""
     if not is_packed(path):
         return os.path.getsize(path)
-    with open(path, "rb") as fh:
-        return _fixed(path, fh.read(_FIXED.size))[0]
+    return _read_fixed(path)[0]
 
 
 def unpack_bytes(path) -> bytes:
@@ -169,8 +174,7 @@ def plain_sha256(path, unpacked=False) -> str:
     sha256 its header records), so that record is read instead of unpacking it again."""
     if is_packed(path):
         if unpacked:
-            with open(path, "rb") as fh:
-                return _fixed(path, fh.read(_FIXED.size))[1].hex()
+            return _read_fixed(path)[1].hex()
         return hashlib.sha256(unpack_bytes(path)).hexdigest()
     from .gguf_llama import sha256_of
     return sha256_of(path)

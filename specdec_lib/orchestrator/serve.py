@@ -26,10 +26,11 @@ from .state import FINISH_REASONS, CallState, Parts, admit, split_control, uploa
 
 # rounds with at most half the slots busy (a stream's tail, slots held for a prefill group)
 # verify one row for each idle slot beyond the smallest live count (an eighth or a half of
-# the slots) that holds the busy ones (``policy.live_rows``): fewer rows for the same tokens. s50 (H100, served 128 requests
-# through 32 slots, EAGLE3 k=3, 7 runs each): median 30,610 tok/s against 29,330 with whole
-# blocks (+4%, and 30,061-31,288 against 25,388-31,349), tail rounds 1,270-1,320 us against
-# 1,340-1,350; lossless under rescoring; its GPU tests pass. False: whole blocks always
+# the slots) that holds the busy ones (``policy.live_rows``): fewer rows for the same tokens.
+# s50 (H100, served 128 requests through 32 slots, EAGLE3 k=3, 7 runs each): median 30,610
+# tok/s against 29,330 with whole blocks (+4%, and 30,061-31,288 against 25,388-31,349), tail
+# rounds 1,270-1,320 us against 1,340-1,350; lossless under rescoring; its GPU tests pass.
+# False: whole blocks always
 LIVE_ROWS = True
 
 

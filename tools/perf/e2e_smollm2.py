@@ -81,7 +81,8 @@ def add_decode_options(p):
     p.add_argument("--whole-blocks", action="store_true", help="every slot verifies a whole "
                    "block every round, idle ones included (orchestrator.serve.LIVE_ROWS = "
                    "False; by default rounds with at most half the slots busy verify one row "
-                   "for each idle slot past the next power of two of the busy ones)")
+                   "for each idle slot past the smallest live count, an eighth or a half of "
+                   "the slots, that holds the busy ones)")
     p.add_argument("--pageable-upload", action="store_true", help="admissions' and "
                    "prefills' host->device copies from pageable memory, which wait for the "
                    "round run ahead (orchestrator.state.ASYNC_UPLOAD = False; the default "
